@@ -1,0 +1,363 @@
+"""Immutable records the core plans over: the snapshot in, the plan out.
+
+The core never reads Kubernetes objects, files or the clock.  A driver (the
+extender service or the simulator) translates its world into a
+:class:`Snapshot`, calls :func:`elastico_extender.core.planner.plan`, and
+applies the returned :class:`Plan`.  Everything here is frozen so a published
+plan can be read from many threads without locks.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+import numpy as np
+
+from elastico_extender.core.resources import NUM_RESOURCES, RESOURCE_NAMES
+from elastico_extender.errors import InvalidProfileError, InvalidSnapshotError
+
+__all__ = [
+    "Action",
+    "Assignment",
+    "Configuration",
+    "DeviceRef",
+    "GpuDevice",
+    "Job",
+    "JobKind",
+    "KnobValue",
+    "Mode",
+    "Node",
+    "Plan",
+    "ProfileFamily",
+    "Snapshot",
+]
+
+KnobValue = int | float | bool | str
+DeviceRef = tuple[str, int]
+"""``(node name, GPU index on that node)``: one physical device."""
+
+
+class JobKind(StrEnum):
+    """The two workload classes of spec 3.1, tuned through different knobs."""
+
+    TRAINING = "training"
+    INFERENCE = "inference"
+
+
+class Mode(StrEnum):
+    """``elastic``: the scheduler may pick any allowed configuration (RST).
+    ``fixed``: the job keeps the configuration it asked for; it may still share a GPU."""
+
+    ELASTIC = "elastic"
+    FIXED = "fixed"
+
+
+class Action(StrEnum):
+    """What the driver must do for a job to follow the plan (spec 3.4, runtime adaptation)."""
+
+    KEEP = "keep"  # nothing changes
+    RECONFIGURE = "reconfigure"  # same devices, new configuration (in place; preferred)
+    MIGRATE = "migrate"  # new devices (with or without a new configuration)
+    ADMIT = "admit"  # a pending job starts
+    PREEMPT = "preempt"  # a running job could not be kept (documented last resort)
+
+
+@dataclass(frozen=True, slots=True)
+class GpuDevice:
+    """One GPU: its index on the node and its memory in MiB."""
+
+    index: int
+    memory_mib: float
+    product: str = "unknown"
+
+
+@dataclass(frozen=True, slots=True)
+class Node:
+    """A node with its GPU devices and the host resources left for GPU jobs."""
+
+    name: str
+    gpus: tuple[GpuDevice, ...]
+    cpu_cores: float = 64.0
+    host_mem_mib: float = 512.0 * 1024
+
+    @property
+    def hardware_signature(self) -> str:
+        """Products of this node's GPUs, the key under which profiles are valid."""
+        return ",".join(sorted({g.product for g in self.gpus})) or "none"
+
+
+@dataclass(frozen=True, slots=True)
+class Configuration:
+    """One point of a job's knob space, e.g. ``batch_size=64, checkpointing=True, amp=False``."""
+
+    knobs: tuple[tuple[str, KnobValue], ...]
+
+    def __getitem__(self, name: str) -> KnobValue:
+        for key, value in self.knobs:
+            if key == name:
+                return value
+        raise KeyError(name)
+
+    def get(self, name: str, default: KnobValue | None = None) -> KnobValue | None:
+        try:
+            return self[name]
+        except KeyError:
+            return default
+
+    def as_dict(self) -> dict[str, KnobValue]:
+        return dict(self.knobs)
+
+    @property
+    def label(self) -> str:
+        """Compact stable text form, used in annotations and logs: ``batch_size=64,amp=on``."""
+        parts = []
+        for key, value in self.knobs:
+            shown = ("on" if value else "off") if isinstance(value, bool) else value
+            parts.append(f"{key}={shown}")
+        return ",".join(parts)
+
+    @classmethod
+    def from_dict(cls, knobs: Mapping[str, KnobValue]) -> Configuration:
+        return cls(tuple(knobs.items()))
+
+
+def _readonly(array: np.ndarray) -> np.ndarray:
+    array = np.ascontiguousarray(array)
+    array.setflags(write=False)
+    return array
+
+
+@dataclass(frozen=True, eq=False)
+class ProfileFamily:
+    """RST output for one workload on one hardware signature: K profiles p = (R(c), T(c)).
+
+    Arrays are row-aligned with ``configs``:
+
+    * ``resources``  (K, 4)  per-GPU demand, units of :mod:`.resources`
+    * ``throughput`` (K,)    isolated throughput T(c) in ``throughput_unit`` (> 0)
+    * ``estimated``  (K,)    True where T/R came from nearest-neighbour fill, not measurement
+    * ``features``   (K, 14) per-job interference features (see ``interference.features``)
+
+    Construction validates everything: NaN, infinities, negative numbers or a
+    shape mismatch raise :class:`InvalidProfileError` naming the workload and row.
+    """
+
+    workload: str
+    kind: JobKind
+    configs: tuple[Configuration, ...]
+    resources: np.ndarray
+    throughput: np.ndarray
+    features: np.ndarray
+    estimated: np.ndarray | None = None
+    hardware: str = "A100-SXM4-40GB"
+    throughput_unit: str = "samples/s"
+    param_count: float = 0.0
+
+    def __post_init__(self) -> None:
+        k = len(self.configs)
+        name = self.workload
+        if k == 0:
+            raise InvalidProfileError(f"workload {name!r}: profile family has no configurations")
+        resources = np.asarray(self.resources, dtype=np.float64)
+        throughput = np.asarray(self.throughput, dtype=np.float64)
+        features = np.asarray(self.features, dtype=np.float32)
+        estimated = (
+            np.zeros(k, dtype=bool)
+            if self.estimated is None
+            else np.asarray(self.estimated, dtype=bool)
+        )
+        expected = {
+            "resources": (resources, (k, NUM_RESOURCES)),
+            "throughput": (throughput, (k,)),
+            "estimated": (estimated, (k,)),
+        }
+        for label, (array, shape) in expected.items():
+            if array.shape != shape:
+                raise InvalidProfileError(
+                    f"workload {name!r}: {label} has shape {array.shape}, expected {shape}"
+                )
+        if features.ndim != 2 or features.shape[0] != k:
+            raise InvalidProfileError(
+                f"workload {name!r}: features has shape {features.shape}, expected ({k}, F)"
+            )
+        for label, array in (("resources", resources), ("throughput", throughput)):
+            bad = ~np.isfinite(array)
+            if bad.any():
+                row = int(np.argwhere(bad)[0][0])
+                raise InvalidProfileError(
+                    f"workload {name!r}: {label} of {self.configs[row].label!r} is not finite"
+                )
+            negative = array < 0
+            if negative.any():
+                row = int(np.argwhere(negative)[0][0])
+                raise InvalidProfileError(
+                    f"workload {name!r}: {label} of {self.configs[row].label!r} is negative"
+                )
+        if not np.isfinite(features).all():
+            raise InvalidProfileError(f"workload {name!r}: interference features are not finite")
+        zero = throughput <= 0
+        if zero.any():
+            row = int(np.argmax(zero))
+            raise InvalidProfileError(
+                f"workload {name!r}: throughput of {self.configs[row].label!r} must be > 0"
+            )
+        over = resources[:, 0] > 1.0 + 1e-9
+        if over.any():
+            row = int(np.argmax(over))
+            raise InvalidProfileError(
+                f"workload {name!r}: SM share of {self.configs[row].label!r} exceeds one GPU"
+            )
+        object.__setattr__(self, "resources", _readonly(resources))
+        object.__setattr__(self, "throughput", _readonly(throughput))
+        object.__setattr__(self, "features", _readonly(features))
+        object.__setattr__(self, "estimated", _readonly(estimated))
+
+    @property
+    def size(self) -> int:
+        return len(self.configs)
+
+    @property
+    def fastest_index(self) -> int:
+        """c_max = argmax T(c): the default configuration of a job that asks for none."""
+        return int(np.argmax(self.throughput))
+
+    def index_of(self, config: Configuration | Mapping[str, KnobValue]) -> int:
+        """Row of ``config``; raises KeyError naming the configuration when absent."""
+        wanted = config.as_dict() if isinstance(config, Configuration) else dict(config)
+        for i, candidate in enumerate(self.configs):
+            if candidate.as_dict() == wanted:
+                return i
+        raise KeyError(f"{self.workload}: no configuration {wanted}")
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """A training or offline-inference job as the planner sees it.
+
+    ``min_throughput`` is L_j in the family's throughput unit (0 = no floor).
+    ``allowed`` restricts the configuration rows (None = every row; a ``fixed``
+    job has exactly one).  ``devices`` is empty while the job is pending.
+    """
+
+    id: str
+    family: str
+    kind: JobKind = JobKind.TRAINING
+    gpus: int = 1
+    weight: float = 1.0
+    min_throughput: float = 0.0
+    mode: Mode = Mode.ELASTIC
+    allowed: tuple[int, ...] | None = None
+    current_config: int | None = None
+    devices: tuple[DeviceRef, ...] = ()
+    arrival_time: float = 0.0
+
+    @property
+    def running(self) -> bool:
+        return bool(self.devices)
+
+    def problems(self) -> list[str]:
+        """Every reason this record cannot be planned (empty when valid)."""
+        found = []
+        if not self.id:
+            found.append("job id is empty")
+        if self.gpus < 1:
+            found.append(f"job {self.id}: gpus must be >= 1, got {self.gpus}")
+        if not (math.isfinite(self.weight) and self.weight > 0):
+            found.append(f"job {self.id}: weight must be a positive number, got {self.weight}")
+        if not (math.isfinite(self.min_throughput) and self.min_throughput >= 0):
+            found.append(
+                f"job {self.id}: min_throughput must be >= 0, got {self.min_throughput}"
+            )
+        if self.running and len(self.devices) != self.gpus:
+            found.append(
+                f"job {self.id}: runs on {len(self.devices)} devices but asks for {self.gpus}"
+            )
+        if self.running and self.current_config is None:
+            found.append(f"job {self.id}: running but has no current configuration")
+        return found
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """Everything one planning epoch needs, as pure data."""
+
+    nodes: tuple[Node, ...]
+    jobs: tuple[Job, ...]
+    families: Mapping[str, ProfileFamily]
+    epoch: int = 0
+
+    def validate(self) -> None:
+        """Raise :class:`InvalidSnapshotError` listing every problem found."""
+        problems: list[str] = []
+        node_names = [n.name for n in self.nodes]
+        if len(set(node_names)) != len(node_names):
+            problems.append("duplicate node names")
+        devices = {(n.name, g.index): g for n in self.nodes for g in n.gpus}
+        for node in self.nodes:
+            for gpu in node.gpus:
+                if not (math.isfinite(gpu.memory_mib) and gpu.memory_mib >= 0):
+                    problems.append(f"node {node.name} gpu {gpu.index}: bad memory {gpu.memory_mib}")
+        ids = [j.id for j in self.jobs]
+        if len(set(ids)) != len(ids):
+            problems.append("duplicate job ids")
+        for job in self.jobs:
+            problems.extend(job.problems())
+            family = self.families.get(job.family)
+            if family is None:
+                problems.append(f"job {job.id}: unknown workload family {job.family!r}")
+                continue
+            if job.current_config is not None and not 0 <= job.current_config < family.size:
+                problems.append(f"job {job.id}: current configuration row out of range")
+            if job.allowed is not None and any(not 0 <= c < family.size for c in job.allowed):
+                problems.append(f"job {job.id}: allowed configuration row out of range")
+            for ref in job.devices:
+                if ref not in devices:
+                    problems.append(f"job {job.id}: runs on unknown device {ref[0]}/gpu{ref[1]}")
+        if problems:
+            raise InvalidSnapshotError("; ".join(problems))
+
+
+@dataclass(frozen=True, slots=True)
+class Assignment:
+    """The plan's decision for one job that runs (or starts) this epoch."""
+
+    job_id: str
+    config_index: int
+    configuration: Configuration
+    devices: tuple[DeviceRef, ...]
+    memory_budget_mib: float
+    throughput: float
+    predicted_slowdown: float
+    tolerance: float
+    action: Action
+    estimated: bool = False
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The core's output: who runs where with which configuration, and the prices.
+
+    ``queued`` holds pending jobs that could not start; ``rejected`` maps jobs
+    that can never run as submitted (e.g. no configuration meets their floor)
+    to a human-readable reason.  ``stats`` carries counters and, when the driver
+    passed a timer, per-phase milliseconds.
+    """
+
+    epoch: int
+    prices: np.ndarray
+    assignments: Mapping[str, Assignment]
+    queued: tuple[str, ...] = ()
+    rejected: Mapping[str, str] = field(default_factory=dict)
+    preempted: tuple[str, ...] = ()
+    violations: tuple[tuple[str, str, float], ...] = ()
+    stats: Mapping[str, float] = field(default_factory=dict)
+
+    def price_map(self) -> dict[str, float]:
+        return {name: float(p) for name, p in zip(RESOURCE_NAMES, self.prices, strict=True)}
+
+    @classmethod
+    def empty(cls) -> Plan:
+        return cls(epoch=0, prices=np.zeros(NUM_RESOURCES), assignments={})

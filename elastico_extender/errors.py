@@ -1,0 +1,71 @@
+"""ElastiCo's exception tree.
+
+Every error the package raises on purpose derives from :class:`ElasticoError`,
+so a caller can catch one type at the edge (the HTTP service turns these into
+4xx replies or an extender ``Error`` field; the CLI prints them)::
+
+    ElasticoError
+    ├── InvalidInputError          bad numbers or shapes handed to the core
+    │   ├── InvalidProfileError    NaN / negative / inconsistent profile data
+    │   └── InvalidSnapshotError   a snapshot that cannot be planned (duplicate ids, ...)
+    ├── AnnotationError            a pod's elastico.io/ annotations are invalid (carries every problem)
+    ├── UnknownWorkloadError       a workload family with no profile and no catalog entry
+    ├── ProfileStoreError          the SQLite profile store cannot be read or written
+    └── PredictorError             the interference model is missing, corrupt or got bad features
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "AnnotationError",
+    "ElasticoError",
+    "InvalidInputError",
+    "InvalidProfileError",
+    "InvalidSnapshotError",
+    "PredictorError",
+    "ProfileStoreError",
+    "UnknownWorkloadError",
+]
+
+
+class ElasticoError(Exception):
+    """Base class of every error ElastiCo raises deliberately."""
+
+
+class InvalidInputError(ElasticoError, ValueError):
+    """Input numbers or shapes the core cannot work with."""
+
+
+class InvalidProfileError(InvalidInputError):
+    """A resource/performance profile holds NaN, negative or inconsistent values."""
+
+
+class InvalidSnapshotError(InvalidInputError):
+    """A cluster snapshot that cannot be planned (duplicate ids, unknown family, ...)."""
+
+
+class AnnotationError(ElasticoError, ValueError):
+    """One or more invalid ``elastico.io/`` annotations.
+
+    ``problems`` holds every ``(annotation, message)`` pair, not only the first,
+    so the pod's event tells the user everything to fix at once.
+    """
+
+    def __init__(self, problems: list[tuple[str, str]]) -> None:
+        self.problems = list(problems)
+        super().__init__("; ".join(f"{key}: {msg}" for key, msg in self.problems))
+
+
+class UnknownWorkloadError(ElasticoError, KeyError):
+    """A workload family that has neither stored profiles nor a catalog entry."""
+
+    def __str__(self) -> str:  # KeyError quotes its argument; we want plain text
+        return str(self.args[0]) if self.args else "unknown workload"
+
+
+class ProfileStoreError(ElasticoError):
+    """The profile store could not be opened, read or written."""
+
+
+class PredictorError(ElasticoError):
+    """The interference predictor is unusable (missing/corrupt model, bad features)."""
