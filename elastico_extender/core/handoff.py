@@ -1,0 +1,101 @@
+"""Framework-native settings for a decision (spec 4.2): no user code changes.
+
+Pure translation of "job j runs configuration c on GPU g with a memory budget
+of M_j MiB" into the environment variables and launcher arguments that the
+frameworks already understand.  The extender writes these into the pod's
+ConfigMap at bind time; ``elastico-run`` reads them inside the container.
+
+==================  ==========================================================
+framework           setting
+==================  ==========================================================
+vLLM                ``--gpu-memory-utilization M_j / M_GPU`` (+ the chosen
+                    ``--max-num-seqs``, ``--max-model-len``,
+                    ``--enable-prefix-caching``)
+PyTorch             ``PYTORCH_CUDA_ALLOC_CONF=max_split_size_mb:M_j`` and
+                    ``ELASTICO_MEMORY_FRACTION`` = M_j / M_GPU, applied by the
+                    launcher through ``torch.cuda.set_per_process_memory_fraction``
+MPS                 ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=<M_j>M`` and
+                    ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` from the SM share
+all                 ``CUDA_VISIBLE_DEVICES`` / ``NVIDIA_VISIBLE_DEVICES`` = device
+                    index; ``ELASTICO_*`` knobs for training scripts that read them
+==================  ==========================================================
+"""
+
+from __future__ import annotations
+
+import math
+
+from elastico_extender.core.model import Configuration, JobKind
+
+__all__ = ["ENV_PREFIX", "framework_settings", "vllm_arguments"]
+
+ENV_PREFIX = "ELASTICO_"
+
+
+def _knob_env(name: str) -> str:
+    return ENV_PREFIX + name.upper()
+
+
+def vllm_arguments(configuration: Configuration, memory_fraction: float) -> list[str]:
+    """vLLM engine flags for an inference configuration and its memory share."""
+    args = [f"--gpu-memory-utilization={memory_fraction:.4f}"]
+    seqs = configuration.get("max_num_seqs")
+    if seqs is not None:
+        args.append(f"--max-num-seqs={seqs}")
+    length = configuration.get("max_model_len")
+    if length is not None:
+        args.append(f"--max-model-len={length}")
+    if configuration.get("prefix_caching"):
+        args.append("--enable-prefix-caching")
+    elif configuration.get("prefix_caching") is not None:
+        args.append("--no-enable-prefix-caching")
+    return args
+
+
+def framework_settings(
+    *,
+    kind: JobKind,
+    configuration: Configuration,
+    memory_budget_mib: float,
+    device_memory_mib: float,
+    device_indices: tuple[int, ...],
+    sm_share: float = 1.0,
+    mps: bool = True,
+) -> dict[str, str]:
+    """Environment for the workload container; every value is a string.
+
+    Raises ValueError on a budget that is not a positive number no larger than
+    the device, so a bad decision never reaches a pod.
+    """
+    if not (math.isfinite(memory_budget_mib) and 0 < memory_budget_mib <= device_memory_mib):
+        raise ValueError(
+            f"memory budget {memory_budget_mib} MiB must be in (0, {device_memory_mib}] MiB"
+        )
+    if not device_indices:
+        raise ValueError("at least one device index is required")
+    fraction = memory_budget_mib / device_memory_mib
+    budget = int(memory_budget_mib)
+    visible = ",".join(str(i) for i in device_indices)
+    env = {
+        "CUDA_VISIBLE_DEVICES": visible,
+        "NVIDIA_VISIBLE_DEVICES": visible,
+        _knob_env("WORKLOAD_KIND"): kind.value,
+        _knob_env("CONFIGURATION"): configuration.label,
+        _knob_env("MEMORY_BUDGET_MIB"): str(budget),
+        _knob_env("MEMORY_FRACTION"): f"{fraction:.4f}",
+    }
+    for name, value in configuration.knobs:
+        shown = ("1" if value else "0") if isinstance(value, bool) else str(value)
+        env[_knob_env(name)] = shown
+    if kind is JobKind.INFERENCE:
+        env[_knob_env("VLLM_ARGS")] = " ".join(vllm_arguments(configuration, fraction))
+        env["VLLM_GPU_MEMORY_UTILIZATION"] = f"{fraction:.4f}"
+    else:
+        env["PYTORCH_CUDA_ALLOC_CONF"] = f"max_split_size_mb:{budget}"
+    if mps:
+        # Inside the container the device is renumbered from 0 by CUDA_VISIBLE_DEVICES.
+        env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = ",".join(
+            f"{i}={budget}M" for i in range(len(device_indices))
+        )
+        env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(max(1, min(100, round(sm_share * 100))))
+    return env

@@ -1,0 +1,199 @@
+"""The profile store: measured (R, T, features) per (workload, hardware, configuration).
+
+An embedded SQLite file by default (``:memory:`` for throw-away use).  The
+store is the only place measured profiles live; :meth:`ProfileStore.family`
+merges them over a base family (the built-in catalog, or a user's own) and
+fills every unmeasured configuration by nearest neighbour (flagged estimated).
+Measured rows always take precedence.  Rows are keyed by hardware signature,
+so a node with different GPUs never reuses another GPU's numbers, and
+:meth:`invalidate` drops what a hardware or framework change made stale.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sqlite3
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from elastico_extender.core.interference.features import NUM_JOB_FEATURES
+from elastico_extender.core.model import Configuration, ProfileFamily
+from elastico_extender.core.resources import NUM_RESOURCES
+from elastico_extender.core.shapes.estimate import nearest_measured
+from elastico_extender.errors import InvalidProfileError, ProfileStoreError
+
+__all__ = ["ProfileRecord", "ProfileStore"]
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS profiles (
+    workload      TEXT NOT NULL,
+    hardware      TEXT NOT NULL,
+    configuration TEXT NOT NULL,   -- canonical JSON of the knob values
+    resources     TEXT NOT NULL,   -- JSON list, units of core.resources
+    throughput    REAL NOT NULL,
+    features      TEXT,            -- JSON list of the 14 per-job IAC features, or NULL
+    measured_at   REAL NOT NULL,   -- seconds since the epoch, supplied by the caller
+    PRIMARY KEY (workload, hardware, configuration)
+);
+"""
+
+
+def _config_key(configuration: Configuration) -> str:
+    return json.dumps(configuration.as_dict(), sort_keys=True)
+
+
+@dataclass(frozen=True)
+class ProfileRecord:
+    workload: str
+    hardware: str
+    configuration: Configuration
+    resources: np.ndarray
+    throughput: float
+    features: np.ndarray | None
+    measured_at: float
+
+
+class ProfileStore:
+    """Thread-safe SQLite store of measured profiles."""
+
+    def __init__(self, path: str | Path = ":memory:") -> None:
+        self.path = str(path)
+        try:
+            self._db = sqlite3.connect(self.path, check_same_thread=False)
+            self._db.executescript(_SCHEMA)
+        except sqlite3.Error as exc:
+            raise ProfileStoreError(f"cannot open profile store {self.path}: {exc}") from exc
+        self._lock = threading.Lock()
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    def put(
+        self,
+        workload: str,
+        hardware: str,
+        configuration: Configuration,
+        resources: np.ndarray,
+        throughput: float,
+        features: np.ndarray | None = None,
+        measured_at: float = 0.0,
+    ) -> None:
+        """Insert or replace one measured profile; rejects NaN / negative numbers."""
+        r = np.asarray(resources, dtype=np.float64)
+        if r.shape != (NUM_RESOURCES,) or not np.isfinite(r).all() or (r < 0).any():
+            raise InvalidProfileError(
+                f"{workload} {configuration.label}: resources must be {NUM_RESOURCES} "
+                f"finite non-negative numbers, got {r.tolist()}"
+            )
+        if not (math.isfinite(throughput) and throughput > 0):
+            raise InvalidProfileError(
+                f"{workload} {configuration.label}: throughput must be > 0, got {throughput}"
+            )
+        feats = None
+        if features is not None:
+            f = np.asarray(features, dtype=np.float64)
+            if f.shape != (NUM_JOB_FEATURES,) or not np.isfinite(f).all():
+                raise InvalidProfileError(
+                    f"{workload} {configuration.label}: features must be "
+                    f"{NUM_JOB_FEATURES} finite numbers"
+                )
+            feats = json.dumps(f.tolist())
+        row = (
+            workload, hardware, _config_key(configuration), json.dumps(r.tolist()),
+            float(throughput), feats, float(measured_at),
+        )
+        with self._lock, self._db:
+            self._db.execute("INSERT OR REPLACE INTO profiles VALUES (?,?,?,?,?,?,?)", row)
+
+    def records(self, workload: str, hardware: str) -> list[ProfileRecord]:
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT configuration, resources, throughput, features, measured_at "
+                "FROM profiles WHERE workload=? AND hardware=? ORDER BY configuration",
+                (workload, hardware),
+            ).fetchall()
+        return [
+            ProfileRecord(
+                workload=workload,
+                hardware=hardware,
+                configuration=Configuration.from_dict(json.loads(cfg)),
+                resources=np.array(json.loads(res)),
+                throughput=tput,
+                features=None if feats is None else np.array(json.loads(feats)),
+                measured_at=at,
+            )
+            for cfg, res, tput, feats, at in rows
+        ]
+
+    def invalidate(self, *, hardware: str | None = None, workload: str | None = None) -> int:
+        """Delete stale rows (by hardware signature and/or workload); returns how many."""
+        clauses, args = [], []
+        if hardware is not None:
+            clauses.append("hardware=?")
+            args.append(hardware)
+        if workload is not None:
+            clauses.append("workload=?")
+            args.append(workload)
+        where = " WHERE " + " AND ".join(clauses) if clauses else ""
+        with self._lock, self._db:
+            return self._db.execute(f"DELETE FROM profiles{where}", args).rowcount
+
+    def keep_only_hardware(self, current: set[str]) -> int:
+        """Drop every row whose hardware signature is no longer in the cluster."""
+        with self._lock, self._db:
+            marks = ",".join("?" * len(current)) or "''"
+            return self._db.execute(
+                f"DELETE FROM profiles WHERE hardware NOT IN ({marks})", sorted(current)
+            ).rowcount
+
+    def family(self, base: ProfileFamily, hardware: str | None = None) -> ProfileFamily:
+        """``base`` with measured rows substituted and the rest estimated from them.
+
+        With no measured rows the base family is returned unchanged (its rows
+        keep their own ``estimated`` flags).  Measured configurations that the
+        base family does not list are ignored (the knob space defines the family).
+        """
+        signature = hardware or base.hardware
+        records = self.records(base.workload, signature)
+        if not records:
+            return base
+        index = {_config_key(c): i for i, c in enumerate(base.configs)}
+        rows = [(index[_config_key(r.configuration)], r) for r in records
+                if _config_key(r.configuration) in index]
+        if not rows:
+            return base
+        resources = np.array(base.resources)
+        throughput = np.array(base.throughput)
+        features = np.array(base.features)
+        measured_mask = np.zeros(base.size, dtype=bool)
+        for i, rec in rows:
+            resources[i] = rec.resources
+            throughput[i] = rec.throughput
+            if rec.features is not None:
+                features[i] = rec.features
+            measured_mask[i] = True
+        measured_rows = np.flatnonzero(measured_mask)
+        missing = np.flatnonzero(~measured_mask)
+        if missing.size:
+            nearest = measured_rows[nearest_measured(resources[missing], resources[measured_rows])]
+            # Scale the neighbour's throughput by the base model's ratio between the two rows,
+            # so the estimate keeps the catalog's shape but the measurement's level.
+            ratio = base.throughput[missing] / base.throughput[nearest]
+            throughput[missing] = throughput[nearest] * ratio
+        return ProfileFamily(
+            workload=base.workload,
+            kind=base.kind,
+            configs=base.configs,
+            resources=resources,
+            throughput=throughput,
+            features=features,
+            estimated=~measured_mask,
+            hardware=signature,
+            throughput_unit=base.throughput_unit,
+            param_count=base.param_count,
+        )
