@@ -8,7 +8,7 @@ so a caller can catch one type at the edge (the HTTP service turns these into
     ├── InvalidInputError          bad numbers or shapes handed to the core
     │   ├── InvalidProfileError    NaN / negative / inconsistent profile data
     │   └── InvalidSnapshotError   a snapshot that cannot be planned (duplicate ids, ...)
-    ├── AnnotationError            a pod's elastico.io/ annotations are invalid (carries every problem)
+    ├── AnnotationError            invalid elastico.io/ pod annotations (carries every problem)
     ├── UnknownWorkloadError       a workload family with no profile and no catalog entry
     ├── ProfileStoreError          the SQLite profile store cannot be read or written
     └── PredictorError             the interference model is missing, corrupt or got bad features

@@ -268,9 +268,7 @@ class Job:
         if not (math.isfinite(self.weight) and self.weight > 0):
             found.append(f"job {self.id}: weight must be a positive number, got {self.weight}")
         if not (math.isfinite(self.min_throughput) and self.min_throughput >= 0):
-            found.append(
-                f"job {self.id}: min_throughput must be >= 0, got {self.min_throughput}"
-            )
+            found.append(f"job {self.id}: min_throughput must be >= 0, got {self.min_throughput}")
         if self.running and len(self.devices) != self.gpus:
             found.append(
                 f"job {self.id}: runs on {len(self.devices)} devices but asks for {self.gpus}"
@@ -299,13 +297,36 @@ class Snapshot:
         for node in self.nodes:
             for gpu in node.gpus:
                 if not (math.isfinite(gpu.memory_mib) and gpu.memory_mib >= 0):
-                    problems.append(f"node {node.name} gpu {gpu.index}: bad memory {gpu.memory_mib}")
-        ids = [j.id for j in self.jobs]
-        if len(set(ids)) != len(ids):
+                    problems.append(
+                        f"node {node.name} gpu {gpu.index}: bad memory {gpu.memory_mib}"
+                    )
+        ids = {j.id for j in self.jobs}
+        if len(ids) != len(self.jobs):
             problems.append("duplicate job ids")
+        families = self.families
         for job in self.jobs:
+            family = families.get(job.family)
+            # Fast path: the common, valid record needs no message building.
+            if (
+                family is not None
+                and job.gpus >= 1
+                and job.weight > 0
+                and math.isfinite(job.weight)
+                and job.min_throughput >= 0
+                and math.isfinite(job.min_throughput)
+                and (
+                    not job.devices
+                    or (
+                        len(job.devices) == job.gpus
+                        and job.current_config is not None
+                        and 0 <= job.current_config < family.size
+                        and all(ref in devices for ref in job.devices)
+                    )
+                )
+                and job.allowed is None
+            ):
+                continue
             problems.extend(job.problems())
-            family = self.families.get(job.family)
             if family is None:
                 problems.append(f"job {job.id}: unknown workload family {job.family!r}")
                 continue

@@ -104,8 +104,13 @@ class ProfileStore:
                 )
             feats = json.dumps(f.tolist())
         row = (
-            workload, hardware, _config_key(configuration), json.dumps(r.tolist()),
-            float(throughput), feats, float(measured_at),
+            workload,
+            hardware,
+            _config_key(configuration),
+            json.dumps(r.tolist()),
+            float(throughput),
+            feats,
+            float(measured_at),
         )
         with self._lock, self._db:
             self._db.execute("INSERT OR REPLACE INTO profiles VALUES (?,?,?,?,?,?,?)", row)
@@ -163,8 +168,11 @@ class ProfileStore:
         if not records:
             return base
         index = {_config_key(c): i for i, c in enumerate(base.configs)}
-        rows = [(index[_config_key(r.configuration)], r) for r in records
-                if _config_key(r.configuration) in index]
+        rows = [
+            (index[_config_key(r.configuration)], r)
+            for r in records
+            if _config_key(r.configuration) in index
+        ]
         if not rows:
             return base
         resources = np.array(base.resources)

@@ -50,19 +50,21 @@ class ContentionPredictor:
     """A transparent additive contention model, no training needed.
 
     S_hat = 1 + a * sm_j * sm_i + b * dram_j * dram_i / (sm_i + eps)
-              + c * max(0, memory_pressure - 0.85)
+              + c * max(0, memory_pressure - 0.97)
 
     i.e. slowdown grows with how much of the contended resource each job
     keeps busy: SM time shared (first term), DRAM bandwidth shared, weighted
     by how memory-bound the victim is (second term), and a steep term once the
     pair crowds device memory (allocator pressure, MPS paging).  Coefficients
-    (a=0.9, b=0.6, c=4.0) put typical training pairs around 1.2-1.8x, the
+    (a=0.9, b=0.6, c=2.0) put typical training pairs around 1.2-1.8x, the
     spread of Gavel's measured pairs (median 1.73x, ../shared/data/README.md).
     """
 
     name = "contention-heuristic"
 
-    def __init__(self, sm_weight: float = 0.9, dram_weight: float = 0.6, pressure_weight: float = 4.0):
+    def __init__(
+        self, sm_weight: float = 0.9, dram_weight: float = 0.6, pressure_weight: float = 2.0
+    ):
         self.sm_weight = sm_weight
         self.dram_weight = dram_weight
         self.pressure_weight = pressure_weight
@@ -76,6 +78,6 @@ class ContentionPredictor:
             1.0
             + self.sm_weight * sm_i * sm_j
             + self.dram_weight * dram_i * dram_j / (sm_i + 0.1)
-            + self.pressure_weight * np.maximum(0.0, pressure - 0.85)
+            + self.pressure_weight * np.maximum(0.0, pressure - 0.97)
         )
         return np.maximum(slowdown, 1.0)

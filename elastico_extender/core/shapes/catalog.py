@@ -138,29 +138,133 @@ CATALOG: Mapping[str, TrainingSpec | InferenceSpec] = MappingProxyType(
     {
         s.name: s
         for s in (
-            _T("resnet50", (12, 24), powers_of_two(32, 512), 1100.0, 48.0, 25.6e6, 0.45, 0.55,
-               0.45, anchors=(11.0, 13.0, 0.0), k_amp=3.0 / 13.0),
-            _T("bert", (24, 36), powers_of_two(32, 128), 180.0, 16.0, 340e6, 0.50, 0.45, 0.55,
-               anchors=(22.0, 14.0, 0.0), k_ck=2.0 / 14.0),
+            _T(
+                "resnet50",
+                (12, 24),
+                powers_of_two(32, 512),
+                1100.0,
+                48.0,
+                25.6e6,
+                0.45,
+                0.55,
+                0.45,
+                anchors=(11.0, 13.0, 0.0),
+                k_amp=3.0 / 13.0,
+            ),
+            _T(
+                "bert",
+                (24, 36),
+                powers_of_two(32, 128),
+                180.0,
+                16.0,
+                340e6,
+                0.50,
+                0.45,
+                0.55,
+                anchors=(22.0, 14.0, 0.0),
+                k_ck=2.0 / 14.0,
+            ),
             _T("dcgan", (8, 16), powers_of_two(32, 512), 2500.0, 64.0, 3.6e6, 0.40, 0.50, 0.30),
-            _T("pointnet", (12, 20), powers_of_two(32, 512), 1800.0, 40.0, 3.5e6, 0.35, 0.40,
-               0.20),
-            _T("transformer", (20, 38), powers_of_two(32, 512), 420.0, 40.0, 65e6, 0.55, 0.50,
-               0.50),
-            _T("lstm", (4, 12), powers_of_two(32, 4096), 9000.0, 256.0, 20e6, 0.30, 0.35, 0.25,
-               ck_factor=0.8),
-            _T("ncf", (4, 16), powers_of_two(32, 8192), 250_000.0, 512.0, 30e6, 0.25, 0.60, 0.10,
-               ck_factor=0.85, amp_factor=0.97),
-            _T("ppo", (8, 24), powers_of_two(32, 4096), 6000.0, 128.0, 1e6, 0.30, 0.30, 0.10,
-               ck_factor=0.85, amp_factor=0.97),
-            _I("deepseek-1.5b", 1.78e9, 28, 2, 128, 2400.0, (1, 2, 4), (4096, 8192, 16384),
-               (0.4, 0.9), 8192, 1024, 0.5),
-            _I("qwen-1.7b", 1.72e9, 28, 8, 128, 2200.0, (1, 2, 4), (4096, 8192, 16384),
-               (0.4, 0.9), 6144, 1536, 0.5),
-            _I("mistral-7b", 7.24e9, 32, 8, 128, 900.0, (1, 2, 4), (1024, 2048, 4096),
-               (0.7, 0.9), 2048, 1024, 0.4, sm_peak=0.55),
-            _I("llama3-7b", 8.03e9, 32, 8, 128, 850.0, (1, 2, 4), (1024, 2048, 4096),
-               (0.7, 0.9), 2048, 1024, 0.4, sm_peak=0.55),
+            _T("pointnet", (12, 20), powers_of_two(32, 512), 1800.0, 40.0, 3.5e6, 0.35, 0.40, 0.20),
+            _T(
+                "transformer", (20, 38), powers_of_two(32, 512), 420.0, 40.0, 65e6, 0.55, 0.50, 0.50
+            ),
+            _T(
+                "lstm",
+                (4, 12),
+                powers_of_two(32, 4096),
+                9000.0,
+                256.0,
+                20e6,
+                0.30,
+                0.35,
+                0.25,
+                ck_factor=0.8,
+            ),
+            _T(
+                "ncf",
+                (4, 16),
+                powers_of_two(32, 8192),
+                250_000.0,
+                512.0,
+                30e6,
+                0.25,
+                0.60,
+                0.10,
+                ck_factor=0.85,
+                amp_factor=0.97,
+            ),
+            _T(
+                "ppo",
+                (8, 24),
+                powers_of_two(32, 4096),
+                6000.0,
+                128.0,
+                1e6,
+                0.30,
+                0.30,
+                0.10,
+                ck_factor=0.85,
+                amp_factor=0.97,
+            ),
+            _I(
+                "deepseek-1.5b",
+                1.78e9,
+                28,
+                2,
+                128,
+                2400.0,
+                (1, 2, 4),
+                (4096, 8192, 16384),
+                (0.4, 0.9),
+                8192,
+                1024,
+                0.5,
+            ),
+            _I(
+                "qwen-1.7b",
+                1.72e9,
+                28,
+                8,
+                128,
+                2200.0,
+                (1, 2, 4),
+                (4096, 8192, 16384),
+                (0.4, 0.9),
+                6144,
+                1536,
+                0.5,
+            ),
+            _I(
+                "mistral-7b",
+                7.24e9,
+                32,
+                8,
+                128,
+                900.0,
+                (1, 2, 4),
+                (1024, 2048, 4096),
+                (0.7, 0.9),
+                2048,
+                1024,
+                0.4,
+                sm_peak=0.55,
+            ),
+            _I(
+                "llama3-7b",
+                8.03e9,
+                32,
+                8,
+                128,
+                850.0,
+                (1, 2, 4),
+                (1024, 2048, 4096),
+                (0.7, 0.9),
+                2048,
+                1024,
+                0.4,
+                sm_peak=0.55,
+            ),
         )
     }
 )
@@ -191,8 +295,11 @@ def _training_family(spec: TrainingSpec, device_mib: float, hardware: str) -> Pr
     eff = bs / (bs + spec.batch_half)
     eff_max = bs.max() / (bs.max() + spec.batch_half)
     throughput = (
-        spec.peak_throughput * eff / eff_max
-        * np.where(ck, spec.ck_factor, 1.0) * np.where(amp, spec.amp_factor, 1.0)
+        spec.peak_throughput
+        * eff
+        / eff_max
+        * np.where(ck, spec.ck_factor, 1.0)
+        * np.where(amp, spec.amp_factor, 1.0)
     )
     sm = np.minimum(
         1.0, spec.sm_peak * (0.6 + 0.4 * s) * np.where(ck, 1.05, 1.0) * np.where(amp, 0.9, 1.0)
@@ -250,7 +357,8 @@ def _inference_family(spec: InferenceSpec, device_mib: float, hardware: str) -> 
         prefix, spec.prefix_share * np.clip(kv_free_gib / working_set_gib, 0.0, 1.0), 0.0
     )
     raw = (
-        (seqs / (seqs + 0.6)) / (4 / 4.6)
+        (seqs / (seqs + 0.6))
+        / (4 / 4.6)
         * np.minimum(1.0, max_len / spec.request_len) ** 0.5
         * (1.0 + 0.6 * hit)
     )

@@ -1,0 +1,142 @@
+"""The per-epoch device table: free memory and SM per GPU, CPU/RAM per node, occupants.
+
+Bin-packing (PDS) and the extender's on-the-spot placement both work on this
+one structure, so there is a single definition of "fits on a device":
+
+    mem_free[g] >= R[GPU_MEM]     (device memory minus the driver/MPS margin)
+    sm_free[g]  >= R[GPU_SM]      (SM shares on a device sum to at most 1)
+    node CPU and host RAM of the device's node cover R[CPU], R[HOST_MEM]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from elastico_extender.core.model import DeviceRef, Node
+from elastico_extender.core.resources import CPU, GPU_MEM, GPU_SM, HOST_MEM
+
+__all__ = ["DeviceTable"]
+
+_EPS = 1e-9
+
+
+class DeviceTable:
+    """Mutable capacity ledger over all GPUs of a snapshot (rebuilt every epoch)."""
+
+    def __init__(self, nodes: Sequence[Node], memory_margin_mib: float) -> None:
+        refs: list[DeviceRef] = []
+        node_of: list[int] = []
+        memory: list[float] = []
+        for n, node in enumerate(nodes):
+            for gpu in node.gpus:
+                refs.append((node.name, gpu.index))
+                node_of.append(n)
+                memory.append(gpu.memory_mib)
+        self.refs = refs
+        self.index = {ref: i for i, ref in enumerate(refs)}
+        self.node_of = np.array(node_of, dtype=np.intp)
+        self.memory_total = np.array(memory, dtype=np.float64)
+        self.memory_capacity = np.maximum(self.memory_total - memory_margin_mib, 0.0)
+        self.mem_free = self.memory_capacity.copy()
+        self.sm_free = np.ones(len(refs))
+        self.cpu_free = np.array([n.cpu_cores for n in nodes], dtype=np.float64)
+        self.ram_free = np.array([n.host_mem_mib for n in nodes], dtype=np.float64)
+        self.occupants: list[list[int]] = [[] for _ in refs]
+
+    @property
+    def size(self) -> int:
+        return len(self.refs)
+
+    def fits(self, per_gpu: np.ndarray) -> np.ndarray:
+        """(G,) mask of devices with room for one worker of ``per_gpu`` (node checks included)."""
+        node_ok = (self.cpu_free >= per_gpu[CPU] - _EPS) & (
+            self.ram_free >= per_gpu[HOST_MEM] - _EPS
+        )
+        return (
+            (self.mem_free >= per_gpu[GPU_MEM] - _EPS)
+            & (self.sm_free >= per_gpu[GPU_SM] - _EPS)
+            & node_ok[self.node_of]
+        )
+
+    def fits_on(self, devices: Sequence[int], per_gpu: np.ndarray) -> bool:
+        """Whether one worker fits on each of ``devices`` (node totals counted once per worker)."""
+        idx = np.asarray(devices, dtype=np.intp)
+        if not np.all(self.mem_free[idx] >= per_gpu[GPU_MEM] - _EPS):
+            return False
+        if not np.all(self.sm_free[idx] >= per_gpu[GPU_SM] - _EPS):
+            return False
+        workers = np.bincount(self.node_of[idx], minlength=len(self.cpu_free))
+        return bool(
+            np.all(self.cpu_free >= workers * per_gpu[CPU] - _EPS)
+            and np.all(self.ram_free >= workers * per_gpu[HOST_MEM] - _EPS)
+        )
+
+    def place(self, row: int, devices: Sequence[int], per_gpu: np.ndarray) -> None:
+        self._apply(row, devices, per_gpu, -1.0)
+
+    def remove(self, row: int, devices: Sequence[int], per_gpu: np.ndarray) -> None:
+        self._apply(row, devices, per_gpu, +1.0)
+
+    def _apply(self, row: int, devices: Sequence[int], per_gpu: np.ndarray, sign: float) -> None:
+        for d in devices:
+            self.mem_free[d] += sign * per_gpu[GPU_MEM]
+            self.sm_free[d] += sign * per_gpu[GPU_SM]
+            node = self.node_of[d]
+            self.cpu_free[node] += sign * per_gpu[CPU]
+            self.ram_free[node] += sign * per_gpu[HOST_MEM]
+            if sign < 0:
+                self.occupants[d].append(row)
+            else:
+                self.occupants[d].remove(row)
+
+    def place_many(self, rows: np.ndarray, devices: np.ndarray, per_gpu: np.ndarray) -> None:
+        """Vectorised :meth:`place`, one worker per entry: rows, devices (W,), per_gpu (W, R)."""
+        np.subtract.at(self.mem_free, devices, per_gpu[:, GPU_MEM])
+        np.subtract.at(self.sm_free, devices, per_gpu[:, GPU_SM])
+        nodes = self.node_of[devices]
+        np.subtract.at(self.cpu_free, nodes, per_gpu[:, CPU])
+        np.subtract.at(self.ram_free, nodes, per_gpu[:, HOST_MEM])
+        for row, d in zip(rows.tolist(), devices.tolist(), strict=True):
+            self.occupants[d].append(row)
+
+    def choose(
+        self, candidates: np.ndarray, per_gpu: np.ndarray, gpus: int, best_fit: bool
+    ) -> list[int] | None:
+        """Pick ``gpus`` devices among ``candidates`` (a (G,) mask) for a gang of workers.
+
+        Prefers one node (tightest node that can hold the whole gang, so large
+        free nodes stay whole for large jobs); spreads over nodes only when no
+        single node can.  Within a node, best fit leaves the least memory free,
+        first fit takes the lowest device index.
+        """
+        idx = np.flatnonzero(candidates)
+        if idx.size < gpus:
+            return None
+        if gpus == 1:
+            if best_fit:
+                return [int(idx[np.argmin(self.mem_free[idx])])]
+            return [int(idx[0])]
+        nodes = self.node_of[idx]
+        counts = np.bincount(nodes, minlength=len(self.cpu_free))
+        # Node-level CPU/RAM also bound how many workers a node can take.
+        cpu_room = np.floor((self.cpu_free + _EPS) / max(per_gpu[CPU], _EPS))
+        ram_room = np.floor((self.ram_free + _EPS) / max(per_gpu[HOST_MEM], _EPS))
+        counts = np.minimum(counts, np.minimum(cpu_room, ram_room)).astype(np.intp)
+        whole = np.flatnonzero(counts >= gpus)
+        order_key = self.mem_free if best_fit else np.arange(self.size, dtype=np.float64)
+        if whole.size:
+            node = whole[np.argmin(counts[whole])] if best_fit else whole[0]
+            local = idx[nodes == node]
+            return [int(d) for d in local[np.argsort(order_key[local], kind="stable")][:gpus]]
+        chosen: list[int] = []
+        for node in np.argsort(-counts, kind="stable"):
+            if counts[node] == 0 or len(chosen) >= gpus:
+                break
+            local = idx[nodes == node]
+            take = local[np.argsort(order_key[local], kind="stable")][
+                : min(counts[node], gpus - len(chosen))
+            ]
+            chosen.extend(int(d) for d in take)
+        return chosen if len(chosen) == gpus else None

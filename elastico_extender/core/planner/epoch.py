@@ -1,0 +1,655 @@
+"""PDS: one scheduling epoch, Algorithm 1 of the spec.
+
+    C_eff <- C - gamma * sum_{j in Q} R_j^min               (queue-aware reservation)
+    Gamma <- 0
+    for m in 1..M:
+        lambda* <- ESP tatonnement over running + pending jobs (warm start)
+        c_j*    <- argmin_c Score_j(c; lambda*)
+        A       <- bin-pack onto GPU devices (running jobs first, in place when possible)
+        V       <- co-located pairs with S_hat > tau (one batched IAC call)
+        if V empty: break
+        Gamma   += alpha * (S_hat - tau) on the offending configurations; forbid those pairs
+    apply switches, placements, migrations; admit from the queue
+
+Pending jobs take part in ESP with a "wait" option (see ``pricing.scoring``),
+so admissions come out of the same price signal; a pending job whose chosen
+configuration cannot be packed tries its next-best configurations (by score,
+never worse than waiting) before it stays queued.  Running jobs are placed
+first, in place; a job whose new configuration no longer fits its devices
+falls back to its current configuration, then migrates, and only as a last
+resort is preempted (reported in ``Plan.preempted``).
+
+The function is pure: the snapshot and the previous plan in, a new plan out.
+Timing is measured only if the driver passes a ``timer`` (a monotonic clock).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from elastico_extender.core.interference.features import pair_features
+from elastico_extender.core.interference.predictor import ContentionPredictor, SlowdownPredictor
+from elastico_extender.core.interference.tolerance import adaptive_tolerance
+from elastico_extender.core.model import Action, Assignment, Plan, Snapshot
+from elastico_extender.core.planner.devices import DeviceTable
+from elastico_extender.core.planner.placement import Placer
+from elastico_extender.core.planner.tables import JobTables, build_tables
+from elastico_extender.core.pricing.scoring import PricingProblem, Selection, select
+from elastico_extender.core.pricing.tatonnement import tatonnement
+from elastico_extender.core.resources import CPU, GPU_MEM, GPU_SM, HOST_MEM, NUM_RESOURCES
+from elastico_extender.core.settings import PlannerSettings
+from elastico_extender.errors import InvalidInputError
+
+__all__ = ["plan"]
+
+Timer = Callable[[], float]
+
+SQUEEZE_LIMIT = 64
+"""Queued jobs per packing pass that may ask co-tenants to shrink (bounds epoch cost)."""
+SQUEEZE_OPTIONS = 8
+"""Best configurations of a queued job tried when squeezing."""
+SQUEEZE_DEVICES = 8
+"""Devices with the smallest memory deficit tried per configuration."""
+
+
+class _Clock:
+    """Accumulates per-phase milliseconds when the driver supplies a timer."""
+
+    def __init__(self, timer: Timer | None) -> None:
+        self.timer = timer
+        self.phases: dict[str, float] = {}
+        self._last = timer() if timer else 0.0
+
+    def lap(self, phase: str) -> None:
+        if self.timer is None:
+            return
+        now = self.timer()
+        self.phases[phase] = self.phases.get(phase, 0.0) + (now - self._last) * 1000.0
+        self._last = now
+
+
+def plan(
+    snapshot: Snapshot,
+    previous: Plan | None = None,
+    *,
+    settings: PlannerSettings | None = None,
+    predictor: SlowdownPredictor | None = None,
+    timer: Timer | None = None,
+) -> Plan:
+    """Run one PDS epoch over ``snapshot``; see the module docstring.
+
+    ``predictor`` defaults to the core's :class:`ContentionPredictor`; pass the
+    ONNX model in production.  Raises :class:`InvalidInputError` (or a subclass)
+    listing every problem when the snapshot or settings are invalid.
+    """
+    settings = settings or PlannerSettings()
+    problems = settings.problems()
+    if problems:
+        raise InvalidInputError("invalid planner settings: " + "; ".join(problems))
+    snapshot.validate()
+    if not settings.interference_check:
+        predictor = None  # ablation "w/o IAC": co-locations are admitted unchecked
+    elif predictor is None:
+        predictor = ContentionPredictor()
+    clock = _Clock(timer)
+    tables = build_tables(snapshot, settings)
+    epoch = _Epoch(snapshot, tables, settings, predictor, previous)
+    clock.lap("build")
+    return epoch.run(clock)
+
+
+class _Epoch:
+    def __init__(
+        self,
+        snapshot: Snapshot,
+        tables: JobTables,
+        settings: PlannerSettings,
+        predictor: SlowdownPredictor | None,
+        previous: Plan | None,
+    ) -> None:
+        self.snapshot = snapshot
+        self.t = tables
+        self.settings = settings
+        self.predictor = predictor
+        self.previous = previous
+        self.device_probe = DeviceTable(snapshot.nodes, settings.memory_margin_mib)
+        self.units = self._units()
+        self.utilization = self._current_utilization()
+
+    # -- set-up -------------------------------------------------------------
+    def _units(self) -> np.ndarray:
+        """What one average GPU slot offers, per resource: the GPU-equivalent."""
+        table = self.device_probe
+        g = max(table.size, 1)
+        units = np.ones(NUM_RESOURCES)
+        units[GPU_SM] = 1.0
+        units[GPU_MEM] = max(float(table.memory_capacity.sum()) / g, 1.0)
+        units[CPU] = max(float(table.cpu_free.sum()) / g, 1e-9)
+        units[HOST_MEM] = max(float(table.ram_free.sum()) / g, 1e-9)
+        return units
+
+    def _current_utilization(self) -> float:
+        """U(t) for tau: offered load, the busier of SM and memory.
+
+        Running jobs count at their current configuration, pending ones at their
+        smallest, relative to cluster capacity; a long queue therefore raises U
+        above target and tau with it (spec 3.3.3: "when the queue is long,
+        ElastiCo tolerates slightly more interference").
+        """
+        t, table = self.t, self.device_probe
+        if len(t.jobs) == 0 or table.size == 0:
+            return 0.0
+        smallest = t.smallest.copy()
+        rows = np.flatnonzero(t.running)
+        smallest[rows] = t.per_gpu[rows, t.current[rows]]
+        smallest *= t.gpus[:, None]
+        sm = smallest[:, GPU_SM].sum() / table.size
+        mem = smallest[:, GPU_MEM].sum() / max(float(table.memory_capacity.sum()), 1.0)
+        return float(max(sm, mem))
+
+    def tolerance(self, rows: np.ndarray, configs: np.ndarray) -> np.ndarray:
+        s = self.settings
+        return adaptive_tolerance(
+            self.t.throughput[rows, configs],
+            self.t.floor[rows],
+            self.utilization,
+            tau_default=s.tau_default,
+            beta=s.beta,
+            beta_max=s.beta_max,
+            utilization_target=s.utilization_target,
+        )
+
+    def problem(self) -> PricingProblem:
+        t, s = self.t, self.settings
+        n = len(t.jobs)
+        scale = t.gpus[:, None] / self.units[None, :]  # (N, R)
+        # Divide by the GPU-equivalent at family level, then gather: one (R, N, K) pass.
+        demand = (t.demand_table / self.units[:, None, None])[:, t.family_index]
+        if n and not np.all(t.gpus == 1.0):
+            demand *= t.gpus[None, :, None]
+        tput = np.where(t.valid, t.throughput, 0.0)
+        tmax = tput.max(axis=1, initial=0.0)
+        base = tput
+        base /= -np.maximum(tmax, 1e-12)[:, None]
+        base += 1.0
+        base *= t.weight[:, None]
+        base[~t.valid] = np.inf
+        run = np.flatnonzero(t.running)
+        if s.coordination and s.switch_cost > 0 and run.size:
+            current = base[run, t.current[run]]
+            base[run] += s.switch_cost
+            base[run, t.current[run]] = current
+        wait = np.where(t.running, np.inf, t.weight)
+        reserve = np.zeros((NUM_RESOURCES, n))
+        if s.coordination and s.reservation > 0 and n:
+            reserve = (s.reservation * t.smallest * scale).T * (~t.running)[None, :]
+        capacity = np.full(NUM_RESOURCES, float(self.device_probe.size))
+        return PricingProblem(
+            demand=demand,
+            base=base,
+            wait_score=wait,
+            capacity=capacity,
+            reserve=np.ascontiguousarray(reserve),
+        )
+
+    # -- the loop -----------------------------------------------------------
+    def run(self, clock: _Clock) -> Plan:
+        t, s = self.t, self.settings
+        n = len(t.jobs)
+        problem = self.problem()
+        clock.lap("scoring")
+        prices = np.zeros(NUM_RESOURCES)
+        if s.pricing and self.previous is not None and self.previous.prices.shape == prices.shape:
+            prices = np.maximum(self.previous.prices.astype(np.float64), 0.0)
+        penalty = np.zeros(problem.base.shape)
+        forbidden: set[tuple[int, int, int, int]] = set()
+        iterations = 0
+        converged = True
+        rounds = 0
+        violations: list[tuple[int, int, float]] = []
+        for rounds in range(1, s.max_rounds + 1):
+            if s.pricing and n:
+                result = tatonnement(problem, prices, s, penalty)
+                prices, selection = result.prices, result.selection
+                iterations += result.iterations
+                converged = result.converged
+            else:
+                selection = select(problem, np.zeros(NUM_RESOURCES), penalty)
+            clock.lap("tatonnement")
+            placer, queued, preempted = self.pack(problem, selection, prices, penalty, forbidden)
+            clock.lap("binpacking")
+            violations, slowdown = self.check(placer)
+            clock.lap("interference")
+            if not violations:
+                break
+            if rounds < s.max_rounds:
+                for victim, partner, excess in violations:
+                    vc = placer.occupants[victim].config
+                    pc = placer.occupants[partner].config
+                    penalty[victim, vc] += s.interference_weight * excess
+                    penalty[partner, pc] += s.interference_weight * excess
+                    forbidden.add((victim, vc, partner, pc))
+                    forbidden.add((partner, pc, victim, vc))
+        queued, violations, slowdown = self.repair(placer, queued, violations, slowdown)
+        clock.lap("coordination")
+        return self.build_plan(
+            placer,
+            queued,
+            preempted,
+            violations,
+            slowdown,
+            prices,
+            {
+                "rounds": float(rounds),
+                "price_iterations": float(iterations),
+                "converged": float(converged),
+                **clock.phases,
+            },
+        )
+
+    # -- bin-packing --------------------------------------------------------
+    def pack(
+        self,
+        problem: PricingProblem,
+        selection: Selection,
+        prices: np.ndarray,
+        penalty: np.ndarray,
+        forbidden: set[tuple[int, int, int, int]],
+    ) -> tuple[Placer, list[int], list[int]]:
+        t, s = self.t, self.settings
+        table = DeviceTable(self.snapshot.nodes, s.memory_margin_mib)
+        placer = Placer(table, self.predictor, forbidden)
+        choice = selection.choice
+        preempted: list[int] = []
+        run_rows = np.flatnonzero(t.running)
+        if run_rows.size:
+            preempted = self._pack_running(placer, run_rows, choice)
+        pending = np.flatnonzero(~t.running & selection.running)
+        order = sorted(
+            pending.tolist(), key=lambda r: (-t.weight[r], t.jobs[r].arrival_time, t.jobs[r].id)
+        )
+        queued = sorted(set(np.flatnonzero(~t.running).tolist()) - set(order))
+        scores = problem.scores(prices, penalty) if order else None
+        for row in order:
+            assert scores is not None
+            row_scores = scores[row]
+            options = np.flatnonzero(row_scores < problem.wait_score[row])
+            options = options[np.argsort(row_scores[options], kind="stable")]
+            if options.size == 0 or options[0] != choice[row]:
+                options = np.concatenate([[choice[row]], options[options != choice[row]]])
+            configs = np.arange(t.per_gpu.shape[1])
+            placed = placer.try_place(
+                row,
+                int(t.gpus[row]),
+                options.tolist(),
+                t.per_gpu[row],
+                t.features(np.full(configs.size, row), configs),
+                self.tolerance(np.full(configs.size, row), configs),
+                best_fit=s.pricing,
+            )
+            if placed is None:
+                queued.append(row)
+        if queued and s.reshape and s.coordination:
+            queued = self._squeeze(placer, problem, penalty, queued)
+        return placer, sorted(queued), preempted
+
+    def _squeeze(
+        self, placer: Placer, problem: PricingProblem, penalty: np.ndarray, queued: list[int]
+    ) -> list[int]:
+        """Coordinated reconfiguration: shrink co-tenants to admit a queued job.
+
+        Prices are a relaxation: when the jobs' configurations are lumpy, no
+        price vector may support a selection that packs (a duality gap), and a
+        job stays queued although co-tenants could step down to a slightly
+        slower configuration to make room (spec 5.3, Cases 1 and 2).  For each
+        queued single-GPU job (priority order, at most ``SQUEEZE_LIMIT``), try
+        its best few configurations on the devices with the smallest memory
+        deficit; shrink each co-tenant to its cheapest configuration that frees
+        enough, and accept only if the primal objective improves:
+
+            gain  = wait_j - Score_j(c; 0)                  (value of starting j)
+            loss  = sum_o Score_o(c'_o; 0) - Score_o(c_o; 0)  (co-tenants' loss)
+            accept when gain > loss and the interference check passes.
+        """
+        t = self.t
+        primal = problem.scores(np.zeros(NUM_RESOURCES), penalty)
+        table = placer.table
+        still: list[int] = []
+        order = sorted(queued, key=lambda r: (-t.weight[r], t.jobs[r].arrival_time, r))
+        tried = 0
+        for row in order:
+            if t.gpus[row] != 1 or not np.isfinite(problem.wait_score[row]) or row in t.reasons:
+                still.append(row)
+                continue
+            if tried >= SQUEEZE_LIMIT:
+                still.append(row)
+                continue
+            tried += 1
+            if not self._squeeze_one(placer, table, primal, problem, row):
+                still.append(row)
+        return still
+
+    def _squeeze_one(
+        self,
+        placer: Placer,
+        table: DeviceTable,
+        primal: np.ndarray,
+        problem: PricingProblem,
+        row: int,
+    ) -> bool:
+        t = self.t
+        wait = problem.wait_score[row]
+        options = np.flatnonzero(primal[row] < wait)
+        options = options[np.argsort(primal[row][options], kind="stable")][:SQUEEZE_OPTIONS]
+        every = np.arange(t.per_gpu.shape[1])
+        feats = t.features(np.full(every.size, row), every)
+        tol = self.tolerance(np.full(every.size, row), every)
+        for config in options.tolist():
+            need = t.per_gpu[row, config]
+            gain = wait - primal[row, config]
+            deficit = need[GPU_MEM] - table.mem_free
+            candidates = np.flatnonzero((deficit > 0) & (table.memory_capacity >= need[GPU_MEM]))
+            candidates = candidates[np.argsort(deficit[candidates], kind="stable")][
+                :SQUEEZE_DEVICES
+            ]
+            for d in candidates.tolist():
+                plan_ = self._shrink_plan(placer, table, primal, d, need)
+                if plan_ is None:
+                    continue
+                changes, loss = plan_
+                if loss >= gain:
+                    continue
+                undo = [(o, placer.occupants[o].config) for o, _ in changes]
+                for o, new in changes:
+                    self._reconfigure(placer, o, new)
+                placed = placer.try_place(
+                    row,
+                    1,
+                    [config],
+                    t.per_gpu[row],
+                    feats,
+                    tol,
+                    allowed_devices=self._only(table, d),
+                )
+                if placed is not None:
+                    return True
+                for o, old in undo:
+                    self._reconfigure(placer, o, old)
+        return False
+
+    def _shrink_plan(
+        self, placer: Placer, table: DeviceTable, primal: np.ndarray, device: int, need: np.ndarray
+    ) -> tuple[list[tuple[int, int]], float] | None:
+        """Cheapest single-GPU co-tenant reconfigurations that free ``need`` on ``device``."""
+        t = self.t
+        mem_short = need[GPU_MEM] - table.mem_free[device]
+        sm_short = need[GPU_SM] - table.sm_free[device]
+        changes: list[tuple[int, int]] = []
+        loss = 0.0
+        for o in sorted(table.occupants[device]):
+            if mem_short <= 1e-9 and sm_short <= 1e-9:
+                break
+            if t.gpus[o] != 1:
+                continue
+            cur = placer.occupants[o].config
+            res = t.per_gpu[o]
+            freed_mem = res[cur, GPU_MEM] - res[:, GPU_MEM]
+            freed_sm = res[cur, GPU_SM] - res[:, GPU_SM]
+            ok = (
+                t.valid[o]
+                & np.isfinite(primal[o])
+                & (freed_mem >= min(mem_short, res[cur, GPU_MEM]))
+                & (freed_sm >= min(sm_short, 0.0))
+            )
+            if not ok.any():
+                continue
+            cost = np.where(ok, primal[o] - primal[o, cur], np.inf)
+            best = int(np.argmin(cost))
+            changes.append((o, best))
+            loss += float(cost[best])
+            mem_short -= freed_mem[best]
+            sm_short -= freed_sm[best]
+        if mem_short > 1e-9 or sm_short > 1e-9:
+            return None
+        return changes, loss
+
+    def _reconfigure(self, placer: Placer, row: int, config: int) -> None:
+        """Switch a placed single-GPU job to ``config`` on the same device."""
+        t = self.t
+        devices = placer.devices_of[row]
+        placer.release(row, t.per_gpu[row, placer.occupants[row].config])
+        placer.commit(
+            row,
+            config,
+            devices,
+            t.per_gpu[row, config],
+            t.features(np.array([row]), np.array([config]))[0],
+            float(self.tolerance(np.array([row]), np.array([config]))[0]),
+        )
+
+    @staticmethod
+    def _only(table: DeviceTable, device: int) -> np.ndarray:
+        mask = np.zeros(table.size, dtype=bool)
+        mask[device] = True
+        return mask
+
+    def _pack_running(self, placer: Placer, rows: np.ndarray, choice: np.ndarray) -> list[int]:
+        """Place running jobs: in place in bulk where nothing overflows, one by one otherwise."""
+        t, table = self.t, placer.table
+        index = table.index
+        cur_devs = [tuple(index[r] for r in t.jobs[row].devices) for row in rows.tolist()]
+        worker_rows = np.repeat(rows, [len(d) for d in cur_devs])
+        worker_devs = np.fromiter(
+            (d for devs in cur_devs for d in devs), dtype=np.intp, count=worker_rows.size
+        )
+        cfg = choice.copy()
+        cfg[rows] = np.where(t.valid[rows, choice[rows]], choice[rows], t.current[rows])
+        demand = t.per_gpu[worker_rows, cfg[worker_rows]]
+        mem = np.bincount(worker_devs, demand[:, GPU_MEM], table.size)
+        sm = np.bincount(worker_devs, demand[:, GPU_SM], table.size)
+        node_n = len(table.cpu_free)
+        nodes = table.node_of[worker_devs]
+        cpu = np.bincount(nodes, demand[:, CPU], node_n)
+        ram = np.bincount(nodes, demand[:, HOST_MEM], node_n)
+        over_node = (cpu > table.cpu_free + 1e-9) | (ram > table.ram_free + 1e-9)
+        over = (
+            (mem > table.mem_free + 1e-9) | (sm > table.sm_free + 1e-9) | over_node[table.node_of]
+        )
+        conflicted = set(worker_rows[over[worker_devs]].tolist())
+        if placer.forbidden:
+            conflicted |= self._forbidden_running(placer, rows, cfg, cur_devs)
+        ok = np.ones(rows.size, dtype=bool)
+        if conflicted:
+            ok = ~np.isin(rows, np.fromiter(conflicted, dtype=np.intp))
+        keep_rows = rows[ok]
+        keep_workers = ~np.isin(worker_rows, rows[~ok]) if conflicted else slice(None)
+        placer.commit_many(
+            keep_rows,
+            cfg[keep_rows],
+            [d for d, keep in zip(cur_devs, ok.tolist(), strict=True) if keep],
+            worker_rows[keep_workers],
+            worker_devs[keep_workers],
+            demand[keep_workers],
+            t.features(keep_rows, cfg[keep_rows]),
+            self.tolerance(keep_rows, cfg[keep_rows]),
+        )
+        preempted: list[int] = []
+        by_row = dict(zip(rows.tolist(), cur_devs, strict=True))
+        pending = sorted(conflicted, key=lambda r: t.per_gpu[r, cfg[r], GPU_MEM])
+        for row in pending:
+            if not self._replace_running(placer, row, int(cfg[row]), by_row[row]):
+                preempted.append(row)
+        return preempted
+
+    def _forbidden_running(
+        self, placer: Placer, rows: np.ndarray, cfg: np.ndarray, cur_devs: list[tuple[int, ...]]
+    ) -> set[int]:
+        """Running jobs that share a device with a partner forbidden this epoch."""
+        where: dict[int, list[int]] = {}
+        for row, devs in zip(rows.tolist(), cur_devs, strict=True):
+            for d in devs:
+                where.setdefault(d, []).append(row)
+        hit: set[int] = set()
+        for members in where.values():
+            for a in members:
+                for b in members:
+                    if a != b and (a, int(cfg[a]), b, int(cfg[b])) in placer.forbidden:
+                        hit.add(max(a, b, key=lambda r: (-self.t.weight[r], r)))
+        return hit
+
+    def _replace_running(
+        self, placer: Placer, row: int, chosen: int, devices: tuple[int, ...]
+    ) -> bool:
+        """In place (new config, then current), else migrate (new, then current)."""
+        t = self.t
+        current = int(t.current[row])
+        configs = [chosen] if chosen == current else [chosen, current]
+        every = np.arange(t.per_gpu.shape[1])
+        feats = t.features(np.full(every.size, row), every)
+        tol = self.tolerance(np.full(every.size, row), every)
+        for config in configs:
+            demand = t.per_gpu[row, config]
+            devs = list(devices)
+            if placer.table.fits_on(devs, demand) and not placer.is_forbidden(row, config, devs):
+                placer.commit(row, config, devs, demand, feats[config], float(tol[config]))
+                return True
+        placed = placer.try_place(
+            row,
+            int(t.gpus[row]),
+            configs,
+            t.per_gpu[row],
+            feats,
+            tol,
+            best_fit=self.settings.pricing,
+        )
+        return placed is not None
+
+    # -- interference check ---------------------------------------------------
+    def check(self, placer: Placer) -> tuple[list[tuple[int, int, float]], dict[int, float]]:
+        """All co-located pairs in one predictor call: violations and per-job worst S_hat."""
+        slowdown: dict[int, float] = {}
+        if self.predictor is None:
+            return [], slowdown
+        victims: list[int] = []
+        partners: list[int] = []
+        memory: list[float] = []
+        table = placer.table
+        for d, members in enumerate(table.occupants):
+            if len(members) < 2:
+                continue
+            for a in members:
+                for b in members:
+                    if a != b:
+                        victims.append(a)
+                        partners.append(b)
+                        memory.append(table.memory_total[d] / 1024.0)
+        if not victims:
+            return [], slowdown
+        occ = placer.occupants
+        va = np.stack([occ[v].features for v in victims])
+        pa = np.stack([occ[p].features for p in partners])
+        s_hat = np.asarray(self.predictor.predict(pair_features(va, pa, np.array(memory))))
+        tol = np.array([occ[v].tolerance for v in victims])
+        violations: dict[tuple[int, int], float] = {}
+        for v, p, s_v, tau in zip(victims, partners, s_hat.tolist(), tol.tolist(), strict=True):
+            slowdown[v] = max(slowdown.get(v, 1.0), s_v)
+            if s_v > tau + 1e-9:
+                key = (v, p)
+                violations[key] = max(violations.get(key, 0.0), s_v - tau)
+        return [(v, p, e) for (v, p), e in violations.items()], slowdown
+
+    def repair(
+        self,
+        placer: Placer,
+        queued: list[int],
+        violations: list[tuple[int, int, float]],
+        slowdown: dict[int, float],
+    ) -> tuple[list[int], list[tuple[int, int, float]], dict[int, float]]:
+        """After M rounds: newly admitted jobs in a violating pair go back to the queue."""
+        if not violations:
+            return queued, violations, slowdown
+        t = self.t
+        evicted: set[int] = set()
+        for victim, partner, _ in violations:
+            fresh = [r for r in (victim, partner) if not t.running[r] and r not in evicted]
+            if fresh and victim not in evicted and partner not in evicted:
+                drop = max(fresh, key=lambda r: (t.jobs[r].arrival_time, -t.weight[r], r))
+                placer.release(drop, t.per_gpu[drop, placer.occupants[drop].config])
+                evicted.add(drop)
+        if not evicted:
+            return queued, violations, slowdown
+        remaining, slowdown = self.check(placer)
+        return sorted(set(queued) | evicted), remaining, slowdown
+
+    # -- output ---------------------------------------------------------------
+    def build_plan(
+        self,
+        placer: Placer,
+        queued: list[int],
+        preempted: list[int],
+        violations: list[tuple[int, int, float]],
+        slowdown: dict[int, float],
+        prices: np.ndarray,
+        stats: dict[str, float],
+    ) -> Plan:
+        t = self.t
+        refs = placer.table.refs
+        rows = np.fromiter(placer.occupants, dtype=np.intp, count=len(placer.occupants))
+        configs = np.fromiter(
+            (o.config for o in placer.occupants.values()), dtype=np.intp, count=rows.size
+        )
+        tolerance = [o.tolerance for o in placer.occupants.values()]
+        memory = t.per_gpu[rows, configs, GPU_MEM]
+        sm = t.per_gpu[rows, configs, GPU_SM]
+        throughput = t.throughput[rows, configs].tolist()
+        estimated = t.estimated_table[t.family_index[rows], configs].tolist()
+        families = self.snapshot.families
+        assignments: dict[str, Assignment] = {}
+        workers = 0
+        for k, row in enumerate(rows.tolist()):
+            job = t.jobs[row]
+            config = int(configs[k])
+            devices = tuple(refs[d] for d in placer.devices_of[row])
+            workers += len(devices)
+            if not job.devices:
+                action = Action.ADMIT
+            elif devices != job.devices and set(devices) != set(job.devices):
+                action = Action.MIGRATE
+            elif config != job.current_config:
+                action = Action.RECONFIGURE
+            else:
+                action = Action.KEEP
+            assignments[job.id] = Assignment(
+                job_id=job.id,
+                config_index=config,
+                configuration=families[job.family].configs[config],
+                devices=devices,
+                memory_budget_mib=float(memory[k]),
+                throughput=throughput[k],
+                predicted_slowdown=slowdown.get(row, 1.0),
+                tolerance=tolerance[k],
+                action=action,
+                estimated=estimated[k],
+            )
+        rejected = {t.jobs[r].id: reason for r, reason in t.reasons.items() if not t.running[r]}
+        waiting = tuple(t.jobs[r].id for r in queued if t.jobs[r].id not in rejected)
+        per_job_gpus = t.gpus[rows]
+        table = placer.table
+        stats = dict(stats)
+        stats["sm_allocated"] = float((sm * per_job_gpus).sum()) / max(table.size, 1)
+        stats["memory_allocated"] = float((memory * per_job_gpus).sum()) / max(
+            float(table.memory_total.sum()), 1.0
+        )
+        stats["colocated_devices"] = float(sum(len(m) >= 2 for m in table.occupants))
+        return Plan(
+            epoch=self.snapshot.epoch,
+            prices=prices.copy(),
+            assignments=assignments,
+            queued=waiting,
+            rejected=rejected,
+            preempted=tuple(t.jobs[r].id for r in preempted),
+            violations=tuple((t.jobs[v].id, t.jobs[p].id, float(e)) for v, p, e in violations),
+            stats=stats,
+        )

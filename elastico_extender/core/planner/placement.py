@@ -1,0 +1,240 @@
+"""Interference-aware placement of one job: the step both PDS admission and the
+extender's per-pod filter take ("where can this job run, in which configuration?").
+
+A :class:`Placer` wraps a :class:`DeviceTable` and remembers, for every job it
+has placed, its per-job IAC features and tolerance.  To place a job it tries
+configurations in the order given (best ESP score first), and for each one:
+
+1. keeps the devices with room (``DeviceTable.fits``);
+2. drops devices where the pair is forbidden this epoch (a violation found in an
+   earlier ESP-IAC round);
+3. if interference checking is on, predicts S_hat in both directions against
+   every occupant of the best candidate devices in **one** batched predictor
+   call, and keeps devices where the newcomer stays within its tolerance and
+   no occupant leaves its own (spec 3.3: "permits co-location only if the
+   predicted slowdown for all participating jobs falls within tau");
+4. picks devices by best fit (tightest memory) or first fit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from elastico_extender.core.interference.features import pair_features
+from elastico_extender.core.interference.predictor import SlowdownPredictor
+from elastico_extender.core.planner.devices import DeviceTable
+from elastico_extender.core.resources import GPU_MEM, GPU_SM
+
+__all__ = ["Placed", "Placer"]
+
+MAX_CHECKED_DEVICES = 32
+"""Occupied candidate devices whose interference is predicted per attempt (best fit first);
+bounds one placement's cost on a large cluster while keeping the tightest options."""
+
+
+@dataclass(frozen=True, slots=True)
+class Placed:
+    config: int
+    devices: tuple[int, ...]
+    slowdown: float  # worst predicted S_hat of the newcomer on its devices (1.0 alone)
+
+
+@dataclass(slots=True)
+class _Occupant:
+    config: int
+    features: np.ndarray  # (14,)
+    tolerance: float
+
+
+class Placer:
+    """Places jobs onto a :class:`DeviceTable`, checking interference when given a predictor."""
+
+    def __init__(
+        self,
+        table: DeviceTable,
+        predictor: SlowdownPredictor | None,
+        forbidden: set[tuple[int, int, int, int]] | None = None,
+    ) -> None:
+        self.table = table
+        self.predictor = predictor
+        self.forbidden = forbidden or set()
+        self.forbidden_rows = {key[0] for key in self.forbidden}
+        self.occupants: dict[int, _Occupant] = {}
+        self.devices_of: dict[int, tuple[int, ...]] = {}
+
+    # -- bookkeeping --------------------------------------------------------
+    def commit(
+        self,
+        row: int,
+        config: int,
+        devices: Sequence[int],
+        per_gpu: np.ndarray,
+        features: np.ndarray,
+        tolerance: float,
+    ) -> None:
+        self.table.place(row, devices, per_gpu)
+        self.occupants[row] = _Occupant(config, features, tolerance)
+        self.devices_of[row] = tuple(devices)
+
+    def commit_many(
+        self,
+        rows: np.ndarray,
+        configs: np.ndarray,
+        devices: list[tuple[int, ...]],
+        worker_rows: np.ndarray,
+        worker_devices: np.ndarray,
+        worker_demand: np.ndarray,
+        features: np.ndarray,
+        tolerance: np.ndarray,
+    ) -> None:
+        """Bulk commit of jobs already known to fit; ``devices[k]`` belongs to ``rows[k]``."""
+        self.table.place_many(worker_rows, worker_devices, worker_demand)
+        for row, config, devs, feats, tol in zip(
+            rows.tolist(), configs.tolist(), devices, features, tolerance.tolist(), strict=True
+        ):
+            self.occupants[row] = _Occupant(config, feats, tol)
+            self.devices_of[row] = devs
+
+    def release(self, row: int, per_gpu: np.ndarray) -> None:
+        devices = self.devices_of.pop(row)
+        self.table.remove(row, devices, per_gpu)
+        del self.occupants[row]
+
+    # -- checks ------------------------------------------------------------
+    def is_forbidden(self, row: int, config: int, devices: Sequence[int]) -> bool:
+        if row not in self.forbidden_rows:
+            return False
+        for d in devices:
+            for other in self.table.occupants[d]:
+                if other == row:
+                    continue
+                occ = self.occupants.get(other)
+                if occ is not None and (row, config, other, occ.config) in self.forbidden:
+                    return True
+        return False
+
+    def predict_against(
+        self, devices: np.ndarray, features: np.ndarray, tolerance: float
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """For each device: (safe?, newcomer's worst S_hat) next to that device's occupants.
+
+        Empty devices are safe with S_hat 1.  One predictor call covers all pairs.
+        """
+        safe = np.ones(len(devices), dtype=bool)
+        worst = np.ones(len(devices))
+        if self.predictor is None or len(devices) == 0:
+            return safe, worst
+        pair_dev: list[int] = []
+        partners: list[_Occupant] = []
+        for k, d in enumerate(devices.tolist()):
+            for other in self.table.occupants[d]:
+                occ = self.occupants.get(other)
+                if occ is not None:
+                    pair_dev.append(k)
+                    partners.append(occ)
+        if not partners:
+            return safe, worst
+        p = len(partners)
+        mine = np.broadcast_to(features, (p, features.shape[0]))
+        theirs = np.stack([o.features for o in partners])
+        memory_gib = self.table.memory_total[devices[np.array(pair_dev)]] / 1024.0
+        x = np.concatenate(
+            [pair_features(mine, theirs, memory_gib), pair_features(theirs, mine, memory_gib)]
+        )
+        s = np.asarray(self.predictor.predict(x), dtype=np.float64)
+        s_new, s_old = s[:p], s[p:]
+        their_tol = np.array([o.tolerance for o in partners])
+        bad = (s_new > tolerance) | (s_old > their_tol)
+        idx = np.array(pair_dev)
+        np.maximum.at(worst, idx, s_new)
+        safe[np.unique(idx[bad])] = False
+        return safe, worst
+
+    # -- placement -----------------------------------------------------------
+    def try_place(
+        self,
+        row: int,
+        gpus: int,
+        options: Sequence[int],
+        per_gpu: np.ndarray,
+        features: np.ndarray,
+        tolerance: np.ndarray,
+        *,
+        best_fit: bool = True,
+        allowed_devices: np.ndarray | None = None,
+        commit: bool = True,
+    ) -> Placed | None:
+        """Place ``row`` in the first configuration of ``options`` that fits safely.
+
+        ``per_gpu`` (K, R), ``features`` (K, 14) and ``tolerance`` (K,) are the
+        job's rows for every configuration; ``allowed_devices`` optionally limits
+        the devices (the extender asks node by node).
+        """
+        table = self.table
+        largest_mem = float(table.mem_free.max()) if table.size else 0.0
+        largest_sm = float(table.sm_free.max()) if table.size else 0.0
+        for config in options:
+            demand = per_gpu[config]
+            if demand[GPU_MEM] > largest_mem + 1e-9 or demand[GPU_SM] > largest_sm + 1e-9:
+                continue
+            mask = table.fits(demand)
+            if allowed_devices is not None:
+                mask &= allowed_devices
+            if mask.sum() < gpus:
+                continue
+            slowdown_of = np.ones(table.size)
+            if self.predictor is not None or row in self.forbidden_rows:
+                mask, slowdown_of = self._screen(
+                    row,
+                    config,
+                    mask,
+                    demand,
+                    features[config],
+                    float(tolerance[config]),
+                    gpus,
+                    best_fit,
+                )
+            devices = table.choose(mask, demand, gpus, best_fit)
+            if devices is None:
+                continue
+            placed = Placed(config, tuple(devices), float(slowdown_of[devices].max()))
+            if commit:
+                self.commit(
+                    row, config, devices, demand, features[config], float(tolerance[config])
+                )
+            return placed
+        return None
+
+    def _screen(
+        self,
+        row: int,
+        config: int,
+        mask: np.ndarray,
+        demand: np.ndarray,
+        features: np.ndarray,
+        tolerance: float,
+        gpus: int,
+        best_fit: bool,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Restrict ``mask`` to devices that are not forbidden and are interference-safe."""
+        table = self.table
+        idx = np.flatnonzero(mask)
+        occupied = np.array([bool(table.occupants[d]) for d in idx], dtype=bool)
+        busy = idx[occupied]
+        key = table.mem_free[busy] if best_fit else busy.astype(np.float64)
+        checked = busy[np.argsort(key, kind="stable")[: max(MAX_CHECKED_DEVICES, 4 * gpus)]]
+        screened = np.zeros_like(mask)
+        screened[idx[~occupied]] = True
+        slowdown_of = np.ones(table.size)
+        if checked.size:
+            keep = np.array(
+                [not self.is_forbidden(row, config, [int(d)]) for d in checked], dtype=bool
+            )
+            checked = checked[keep]
+            safe, worst = self.predict_against(checked, features, tolerance)
+            screened[checked[safe]] = True
+            slowdown_of[checked] = worst
+        return screened, slowdown_of

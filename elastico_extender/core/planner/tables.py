@@ -1,0 +1,184 @@
+"""Padded per-epoch arrays: every job x every configuration of its family.
+
+Families are stacked once into (F, K_max, ...) tables and gathered by each
+job's family index, so building the (N, K_max) problem is a few fancy-index
+operations rather than a loop over jobs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from elastico_extender.core.interference.features import NUM_JOB_FEATURES
+from elastico_extender.core.model import Job, Mode, Snapshot
+from elastico_extender.core.resources import CPU, GPU_MEM, GPU_SM, HOST_MEM, NUM_RESOURCES
+from elastico_extender.core.settings import PlannerSettings
+
+__all__ = ["JobTables", "build_tables"]
+
+
+@dataclass(eq=False)
+class JobTables:
+    jobs: tuple[Job, ...]
+    family_index: np.ndarray  # (N,)
+    sizes: np.ndarray  # (N,) K_j
+    per_gpu: np.ndarray  # (N, K, R) per-GPU demand
+    throughput: np.ndarray  # (N, K) T_j(c); 1.0 in padding
+    valid: np.ndarray  # (N, K) bool
+    default: np.ndarray  # (N,) the configuration a non-reshaped job runs
+    current: np.ndarray  # (N,) current configuration or -1
+    gpus: np.ndarray  # (N,)
+    weight: np.ndarray  # (N,)
+    floor: np.ndarray  # (N,)
+    running: np.ndarray  # (N,) bool
+    demand_table: np.ndarray  # (R, F, K) per-GPU demand, resource-major (for ESP)
+    smallest: np.ndarray  # (N, R) R_j^min over valid configurations (0 where none)
+    feature_table: np.ndarray  # (F, K, 14)
+    estimated_table: np.ndarray  # (F, K) bool
+    reasons: dict[int, str]  # row -> why no configuration is valid
+
+    def features(self, rows: np.ndarray, configs: np.ndarray) -> np.ndarray:
+        return self.feature_table[self.family_index[rows], configs]
+
+
+def build_tables(snapshot: Snapshot, settings: PlannerSettings) -> JobTables:
+    jobs = snapshot.jobs
+    names = sorted({j.family for j in jobs})
+    families = [snapshot.families[n] for n in names]
+    where = {n: i for i, n in enumerate(names)}
+    k_max = max((f.size for f in families), default=1)
+    f_count = len(families)
+    res_table = np.zeros((f_count, k_max, NUM_RESOURCES))
+    tput_table = np.ones((f_count, k_max))
+    real = np.zeros((f_count, k_max), dtype=bool)
+    feat_table = np.zeros((f_count, k_max, NUM_JOB_FEATURES), dtype=np.float32)
+    est_table = np.zeros((f_count, k_max), dtype=bool)
+    fastest = np.zeros(f_count, dtype=np.intp)
+    for i, fam in enumerate(families):
+        res_table[i, : fam.size] = fam.resources
+        tput_table[i, : fam.size] = fam.throughput
+        real[i, : fam.size] = True
+        feat_table[i, : fam.size, : fam.features.shape[1]] = fam.features[:, :NUM_JOB_FEATURES]
+        est_table[i, : fam.size] = fam.estimated
+        fastest[i] = fam.fastest_index
+
+    n = len(jobs)
+    fam_idx = np.fromiter((where[j.family] for j in jobs), dtype=np.intp, count=len(jobs))
+    per_gpu = res_table[fam_idx]
+    throughput = tput_table[fam_idx]
+    valid = real[fam_idx]  # fancy indexing already copies
+    gpus = np.fromiter((j.gpus for j in jobs), dtype=np.float64, count=n)
+    weight = np.fromiter((j.weight for j in jobs), dtype=np.float64, count=n)
+    floor = np.fromiter((j.min_throughput for j in jobs), dtype=np.float64, count=n)
+    running = np.fromiter((bool(j.devices) for j in jobs), dtype=bool, count=n)
+    current = np.fromiter(
+        (-1 if j.current_config is None else j.current_config for j in jobs),
+        dtype=np.intp,
+        count=n,
+    )
+
+    # User restrictions (allowed knob ranges, fixed mode) and the default configuration.
+    default = fastest[fam_idx].copy() if n else np.zeros(0, dtype=np.intp)
+    for row, job in enumerate(jobs):
+        if job.allowed is None and job.mode is Mode.ELASTIC:
+            continue
+        if job.allowed is not None:
+            mask = np.zeros(k_max, dtype=bool)
+            mask[list(job.allowed)] = True
+            valid[row] &= mask
+            if job.allowed:
+                allowed = np.array(job.allowed)
+                default[row] = allowed[np.argmax(throughput[row, allowed])]
+        if job.mode is Mode.FIXED and job.current_config is not None:
+            default[row] = job.current_config
+    reasons: dict[int, str] = {}
+    no_allowed = ~valid.any(axis=1)
+    for blocked in np.flatnonzero(no_allowed).tolist():
+        reasons[blocked] = "no configuration is allowed by the job's knob ranges"
+
+    fixed = np.fromiter((j.mode is Mode.FIXED for j in jobs), dtype=bool, count=n)
+    pinned = fixed | (not settings.reshape)
+    if pinned.any():
+        only = np.zeros_like(valid)
+        rows = np.flatnonzero(pinned)
+        only[rows, default[rows]] = True
+        valid = np.where(pinned[:, None], valid & only, valid)
+
+    # Floors: T_j(c) >= L_j (spec Eq. perf_constraint); only jobs that set one.
+    floored = np.flatnonzero(floor > 0)
+    if floored.size:
+        before = valid[floored]
+        after = before & (throughput[floored] >= floor[floored, None])
+        valid[floored] = after
+        for row in floored[before.any(axis=1) & ~after.any(axis=1)].tolist():
+            best = throughput[row][before[floored.tolist().index(row)]].max()
+            reasons[row] = (
+                f"no configuration meets the throughput floor {floor[row]:g} "
+                f"(best allowed: {best:g})"
+            )
+
+    # A configuration must fit on some device of the cluster (decided per family).
+    devices = [(g.memory_mib, node) for node in snapshot.nodes for g in node.gpus]
+    if devices:
+        mem_cap = max(m for m, _ in devices) - settings.memory_margin_mib
+        cpu_cap = max(node.cpu_cores for _, node in devices)
+        ram_cap = max(node.host_mem_mib for _, node in devices)
+        family_fits = (
+            (res_table[:, :, GPU_MEM] <= mem_cap + 1e-9)
+            & (res_table[:, :, GPU_SM] <= 1.0 + 1e-9)
+            & (res_table[:, :, CPU] <= cpu_cap + 1e-9)
+            & (res_table[:, :, HOST_MEM] <= ram_cap + 1e-9)
+        )
+        if not family_fits[real].all():
+            before = valid.copy()
+            valid &= family_fits[fam_idx]
+            for row in np.flatnonzero(before.any(axis=1) & ~valid.any(axis=1)).tolist():
+                need = per_gpu[row][before[row]][:, GPU_MEM].min()
+                reasons[row] = (
+                    f"no allowed configuration fits any GPU (smallest needs {need:.0f} MiB, "
+                    f"largest device offers {mem_cap:.0f} MiB after the driver margin)"
+                )
+    else:
+        for row in range(n):
+            reasons.setdefault(row, "the cluster has no GPU devices")
+        valid[:] = False
+
+    # A running job always keeps its current configuration as a fallback.
+    run_rows = np.flatnonzero(running)
+    if run_rows.size:
+        valid[run_rows, current[run_rows]] = True
+
+    # R_min per job: per family where the job is unrestricted, per job otherwise.
+    family_min = (
+        np.where(real[:, :, None], res_table, np.inf).min(axis=1)
+        if f_count
+        else np.zeros((0, NUM_RESOURCES))
+    )
+    smallest = family_min[fam_idx] if n else np.zeros((0, NUM_RESOURCES))
+    restricted = np.flatnonzero(
+        (valid.sum(axis=1) != real.sum(axis=1)[fam_idx]) if n else np.zeros(0, dtype=bool)
+    )
+    if restricted.size:
+        sub = np.where(valid[restricted][:, :, None], per_gpu[restricted], np.inf).min(axis=1)
+        smallest[restricted] = np.where(np.isfinite(sub), sub, 0.0)
+    return JobTables(
+        jobs=jobs,
+        family_index=fam_idx,
+        sizes=np.array([f.size for f in families])[fam_idx] if n else np.zeros(0, dtype=np.intp),
+        per_gpu=per_gpu,
+        throughput=throughput,
+        valid=valid,
+        default=default,
+        current=current,
+        gpus=gpus,
+        weight=weight,
+        floor=floor,
+        running=running,
+        demand_table=np.ascontiguousarray(np.transpose(res_table, (2, 0, 1))),
+        smallest=smallest,
+        feature_table=feat_table,
+        estimated_table=est_table,
+        reasons=reasons,
+    )

@@ -1,0 +1,95 @@
+"""ESP scoring (spec 3.2, Eq. esp_score), vectorised over all jobs x configurations.
+
+    Score_j(c; lambda) = w_j * (1 - T_j(c) / T_j(c_max))      performance cost
+                       + sum_r lambda_r * D_j(c)[r]             resource rent
+                       + gamma0 * 1[c != c_cur]                 switching cost
+                       + Gamma_j(c)                             interference penalty
+
+D_j(c) is the job's whole demand (per-GPU vector times its GPU count) in
+*GPU-equivalents*: each resource divided by what one average GPU slot of the
+cluster offers (1 SM share, mean device memory, CPU and RAM per GPU), so one
+price unit means the same scarcity for every resource and any cluster size.
+
+Pending jobs may also *wait*, worth w_j (their performance cost with no
+throughput); a pending job starts only if some configuration scores below
+that, i.e. when its normalised value exceeds its rent.  Running jobs cannot
+choose to wait.  Invalid rows (padding, disallowed by the user, below the
+floor L_j) score +inf.
+
+Everything is held as padded (N, K) arrays so one selection is a handful of
+numpy operations, never a per-job Python loop.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from elastico_extender.core.resources import NUM_RESOURCES
+
+__all__ = ["PricingProblem", "Selection", "select"]
+
+
+@dataclass(frozen=True, eq=False)
+class PricingProblem:
+    """The padded arrays one epoch prices over.
+
+    demand     (R, N, K)  D_j(c) in GPU-equivalents (resource-major for fast rent sums)
+    base       (N, K)     performance cost + switching cost; +inf where invalid
+    wait_score (N,)       score of waiting (w_j for pending, +inf for running jobs)
+    capacity   (R,)       physical capacity C in GPU-equivalents
+    reserve    (R, N)     gamma * R_min of each pending job, counted while it waits:
+                          C_eff = C - gamma * sum_{j in Q} R_j^min (spec Eq. effective_capacity)
+    """
+
+    demand: np.ndarray
+    base: np.ndarray
+    wait_score: np.ndarray
+    capacity: np.ndarray
+    reserve: np.ndarray
+
+    @property
+    def num_jobs(self) -> int:
+        return int(self.base.shape[0])
+
+    def scores(self, prices: np.ndarray, penalty: np.ndarray | None = None) -> np.ndarray:
+        """(N, K) Score_j(c; lambda) including the interference penalty Gamma."""
+        total = self.base.copy()
+        for r in range(NUM_RESOURCES):
+            if prices[r] != 0.0:
+                total += prices[r] * self.demand[r]
+        if penalty is not None:
+            total += penalty
+        return total
+
+
+@dataclass(frozen=True, eq=False)
+class Selection:
+    choice: np.ndarray  # (N,) argmin configuration row
+    running: np.ndarray  # (N,) bool: the job takes a configuration (does not wait)
+    usage: np.ndarray  # (R,) aggregate demand U of running jobs + reservations of waiting ones
+
+
+def select(
+    problem: PricingProblem, prices: np.ndarray, penalty: np.ndarray | None = None
+) -> Selection:
+    """Every job's argmin configuration at ``prices``, and the aggregate demand U."""
+    scores = problem.scores(prices, penalty)
+    n = problem.num_jobs
+    if n == 0:
+        return Selection(
+            np.zeros(0, dtype=np.intp), np.zeros(0, dtype=bool), np.zeros(NUM_RESOURCES)
+        )
+    choice = np.argmin(scores, axis=1)
+    rows = np.arange(n)
+    best = scores[rows, choice]
+    running = np.isfinite(best) & (best < problem.wait_score)
+    waiting = ~running
+    usage = np.array(
+        [
+            problem.demand[r][rows, choice][running].sum() + problem.reserve[r][waiting].sum()
+            for r in range(NUM_RESOURCES)
+        ]
+    )
+    return Selection(choice=choice, running=running, usage=usage)

@@ -1,0 +1,93 @@
+"""Planner settings: every default in one place, with its unit and why.
+
+Symbols follow the spec (section 3): gamma0 switching cost, alpha interference
+weight, gamma queue reservation, M rounds, eta step size, tau/beta tolerance.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, fields
+from enum import StrEnum
+
+__all__ = ["PlannerSettings", "StepSchedule"]
+
+
+class StepSchedule(StrEnum):
+    FIXED = "fixed"  # eta_t = eta0
+    SQRT = "sqrt"  # eta_t = eta0 / sqrt(t): guaranteed to settle, spec 3.2
+
+
+@dataclass(frozen=True)
+class PlannerSettings:
+    # --- ESP (3.2) -------------------------------------------------------
+    step_size: float = 1.0
+    """eta0: price change per unit of *relative* over-demand (U - C) / C; dimensionless.
+    1.0 means 10% over-demand raises the price by 0.1 score units per GPU-equivalent."""
+    step_schedule: StepSchedule = StepSchedule.SQRT
+    max_price_iterations: int = 40
+    """Cap on tatonnement iterations I per round (spec: 3-5 typical with warm start)."""
+    feasibility_slack: float = 0.0
+    """Relative over-demand tolerated when declaring convergence (0 = strict)."""
+    switch_cost: float = 0.05
+    """gamma0: score added to every configuration other than the current one. 5% of a
+    job's peak throughput: enough to stop flapping between near-equal configurations."""
+    # --- IAC (3.3) -------------------------------------------------------
+    interference_weight: float = 1.0
+    """alpha: penalty per unit of slowdown above tolerance."""
+    tau_default: float = 1.5
+    """tau_base for a job without a throughput floor: keep >= 67% of solo throughput
+    (spec Table 'interference cases': harmful pairs retain < 0.6)."""
+    beta: float = 0.2
+    """Sensitivity of tau to utilisation above/below target."""
+    beta_max: float = 0.3
+    """Hard cap on the utilisation bonus added to tau."""
+    utilization_target: float = 0.8
+    """U_target for tau, as a fraction of cluster SM capacity."""
+    # --- PDS (3.4) -------------------------------------------------------
+    max_rounds: int = 3
+    """M: ESP -> pack -> IAC rounds per epoch (spec: 2-3)."""
+    reservation: float = 0.5
+    """gamma in C_eff = C - gamma * sum_{queued} R_min (0 ignores the queue, 1 reserves all)."""
+    memory_margin_mib: float = 512.0
+    """M_sys: per-device memory kept free for the driver and MPS (spec 4.2)."""
+    # --- ablation switches (spec 5.2); all True is full ElastiCo --------
+    reshape: bool = True
+    """RST: False pins every job to its default (fastest) configuration."""
+    pricing: bool = True
+    """ESP: False replaces price-driven selection with greedy first-fit."""
+    interference_check: bool = True
+    """IAC: False admits co-locations without predicting slowdown."""
+    coordination: bool = True
+    """PDS: False drops queue reservation and switching cost (uncoordinated reconfiguration)."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.step_schedule, StepSchedule):
+            with contextlib.suppress(ValueError):  # an invalid value is reported by problems()
+                object.__setattr__(self, "step_schedule", StepSchedule(self.step_schedule))
+
+    def problems(self) -> list[str]:
+        """Every invalid setting, each naming the field."""
+        found = []
+        if not isinstance(self.step_schedule, StepSchedule):
+            found.append(
+                f"step_schedule must be one of {[m.value for m in StepSchedule]}, "
+                f"got {self.step_schedule!r}"
+            )
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name == "step_schedule" or isinstance(value, bool):
+                continue
+            if not isinstance(value, int | float) or value != value or value < 0:
+                found.append(f"{f.name} must be a non-negative number, got {value!r}")
+        if self.max_rounds < 1:
+            found.append("max_rounds must be >= 1")
+        if self.max_price_iterations < 1:
+            found.append("max_price_iterations must be >= 1")
+        if not 0 <= self.reservation <= 1:
+            found.append("reservation must lie in [0, 1]")
+        if self.tau_default < 1:
+            found.append("tau_default must be >= 1 (a slowdown ratio)")
+        if self.utilization_target <= 0:
+            found.append("utilization_target must be > 0")
+        return found
