@@ -1,0 +1,50 @@
+"""ElastiCo itself as a policy, and its ablations (spec 5.2) as settings of the same core."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+
+from elastico_extender.core.interference.predictor import SlowdownPredictor
+from elastico_extender.core.model import Plan, Snapshot
+from elastico_extender.core.planner import plan
+from elastico_extender.core.settings import PlannerSettings
+
+__all__ = ["ABLATIONS", "ElasticoPolicy"]
+
+ABLATIONS: dict[str, dict[str, bool]] = {
+    "elastico": {},
+    "elastico-no-rst": {"reshape": False},
+    "elastico-no-esp": {"pricing": False},
+    "elastico-no-iac": {"interference_check": False},
+    "elastico-no-pds": {"coordination": False},
+}
+"""Registry names of the full system and each 'w/o X' variant of the ablation table."""
+
+
+class ElasticoPolicy:
+    """Runs the core PDS planner (Algorithm 1) with the given settings and predictor."""
+
+    def __init__(
+        self,
+        settings: PlannerSettings | None = None,
+        predictor: SlowdownPredictor | None = None,
+        timer: Callable[[], float] | None = None,
+        name: str = "elastico",
+    ) -> None:
+        self.name = name
+        self.settings = settings or PlannerSettings()
+        self.predictor = predictor
+        self.timer = timer
+
+    @classmethod
+    def ablation(cls, name: str, **kwargs: object) -> ElasticoPolicy:
+        """The registry variant ``name`` (see :data:`ABLATIONS`)."""
+        base = kwargs.pop("settings", None) or PlannerSettings()
+        assert isinstance(base, PlannerSettings)
+        return cls(settings=replace(base, **ABLATIONS[name]), name=name, **kwargs)  # type: ignore[arg-type]
+
+    def plan(self, snapshot: Snapshot, previous: Plan | None = None) -> Plan:
+        return plan(
+            snapshot, previous, settings=self.settings, predictor=self.predictor, timer=self.timer
+        )
