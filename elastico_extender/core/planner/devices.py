@@ -17,7 +17,7 @@ import numpy as np
 from elastico_extender.core.model import DeviceRef, Node
 from elastico_extender.core.resources import CPU, GPU_MEM, GPU_SM, HOST_MEM
 
-__all__ = ["DeviceTable"]
+__all__ = ["DeviceTable", "gpu_equivalent"]
 
 _EPS = 1e-9
 
@@ -140,3 +140,19 @@ class DeviceTable:
             ]
             chosen.extend(int(d) for d in take)
         return chosen if len(chosen) == gpus else None
+
+
+def gpu_equivalent(table: DeviceTable) -> np.ndarray:
+    """What one average GPU slot of the cluster offers, per resource (ESP's price unit).
+
+    SM: one device; memory: mean usable device memory; CPU and host RAM: node
+    totals divided by the number of GPUs.  Dividing demands by this makes one
+    price unit mean the same scarcity for every resource and any cluster size.
+    """
+    g = max(table.size, 1)
+    units = np.ones(4)
+    units[GPU_SM] = 1.0
+    units[GPU_MEM] = max(float(table.memory_capacity.sum()) / g, 1.0)
+    units[CPU] = max(float(table.cpu_free.sum()) / g, 1e-9)
+    units[HOST_MEM] = max(float(table.ram_free.sum()) / g, 1e-9)
+    return units

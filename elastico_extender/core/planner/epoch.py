@@ -33,7 +33,7 @@ from elastico_extender.core.interference.features import pair_features
 from elastico_extender.core.interference.predictor import ContentionPredictor, SlowdownPredictor
 from elastico_extender.core.interference.tolerance import adaptive_tolerance
 from elastico_extender.core.model import Action, Assignment, Plan, Snapshot
-from elastico_extender.core.planner.devices import DeviceTable
+from elastico_extender.core.planner.devices import DeviceTable, gpu_equivalent
 from elastico_extender.core.planner.placement import Placer
 from elastico_extender.core.planner.tables import JobTables, build_tables
 from elastico_extender.core.pricing.scoring import PricingProblem, Selection, select
@@ -120,15 +120,7 @@ class _Epoch:
 
     # -- set-up -------------------------------------------------------------
     def _units(self) -> np.ndarray:
-        """What one average GPU slot offers, per resource: the GPU-equivalent."""
-        table = self.device_probe
-        g = max(table.size, 1)
-        units = np.ones(NUM_RESOURCES)
-        units[GPU_SM] = 1.0
-        units[GPU_MEM] = max(float(table.memory_capacity.sum()) / g, 1.0)
-        units[CPU] = max(float(table.cpu_free.sum()) / g, 1e-9)
-        units[HOST_MEM] = max(float(table.ram_free.sum()) / g, 1e-9)
-        return units
+        return gpu_equivalent(self.device_probe)
 
     def _current_utilization(self) -> float:
         """U(t) for tau: offered load, the busier of SM and memory.
