@@ -68,7 +68,8 @@ class PricingProblem:
 class Selection:
     choice: np.ndarray  # (N,) argmin configuration row
     running: np.ndarray  # (N,) bool: the job takes a configuration (does not wait)
-    usage: np.ndarray  # (R,) aggregate demand U of running jobs + reservations of waiting ones
+    usage: np.ndarray  # (R,) aggregate demand U of the jobs that run
+    reserved: np.ndarray  # (R,) gamma * R_min of the pending jobs that wait
 
 
 def select(
@@ -78,18 +79,13 @@ def select(
     scores = problem.scores(prices, penalty)
     n = problem.num_jobs
     if n == 0:
-        return Selection(
-            np.zeros(0, dtype=np.intp), np.zeros(0, dtype=bool), np.zeros(NUM_RESOURCES)
-        )
+        empty = np.zeros(NUM_RESOURCES)
+        return Selection(np.zeros(0, dtype=np.intp), np.zeros(0, dtype=bool), empty, empty)
     choice = np.argmin(scores, axis=1)
     rows = np.arange(n)
     best = scores[rows, choice]
     running = np.isfinite(best) & (best < problem.wait_score)
     waiting = ~running
-    usage = np.array(
-        [
-            problem.demand[r][rows, choice][running].sum() + problem.reserve[r][waiting].sum()
-            for r in range(NUM_RESOURCES)
-        ]
-    )
-    return Selection(choice=choice, running=running, usage=usage)
+    usage = np.array([problem.demand[r][rows, choice][running].sum() for r in range(NUM_RESOURCES)])
+    reserved = problem.reserve[:, waiting].sum(axis=1)
+    return Selection(choice=choice, running=running, usage=usage, reserved=reserved)

@@ -1,16 +1,23 @@
 """ESP price discovery (spec 3.2, Eq. price_update): projected subgradient "tatonnement".
 
-    lambda_r <- max(0, lambda_r + eta_t * (U_r - C_r) / C_r)
+    lambda_r <- max(0, lambda_r + eta_t * (U_r + Res_r - C_r) / C_r)
+
+where Res_r = gamma * sum R_min over the pending jobs that currently wait:
+prices see C_eff = C - Res (spec Eq. effective_capacity), so running jobs are
+pushed to leave room for the queue.  Feasibility, though, is judged against
+the physical C: a waiting job's reservation never blocks another job's
+admission by itself (that would let two queued jobs lock each other out).
 
 with eta_t = eta0 (fixed) or eta0 / sqrt(t) (diminishing).  The subgradient is
 taken relative to capacity so eta is dimensionless.  Prices are warm-started
 from the previous epoch, so a steady cluster converges in a few iterations.
 
-Convergence rule: stop as soon as the selection is feasible (U <= C_eff within
-``feasibility_slack``) and is a fixed point, i.e. the selection at the updated
-prices is the same; otherwise stop after ``max_price_iterations`` and return the
-best feasible selection seen (highest total value), or the last one if none
-was feasible (bin-packing then queues what does not fit).
+Convergence rule: stop as soon as the selection is feasible (U <= C within
+``feasibility_slack``) and either is a fixed point (the selection at the
+updated prices is the same) or sits on the edge of feasibility (the update
+would lower prices into an over-committed selection); otherwise stop after
+``max_price_iterations`` and return the best feasible selection seen (highest
+total value), or the last one if none was feasible (bin-packing then queues what does not fit).
 """
 
 from __future__ import annotations
@@ -58,7 +65,7 @@ def tatonnement(
     best: tuple[float, np.ndarray, Selection] | None = None
     since_best = 0
     for t in range(1, settings.max_price_iterations + 1):
-        excess = (selection.usage - problem.capacity) / capacity
+        excess = (selection.usage + selection.reserved - problem.capacity) / capacity
         new_prices = np.maximum(0.0, prices + _step(settings, t) * excess)
         feasible = _feasible(problem, selection.usage, settings.feasibility_slack)
         if feasible:
@@ -71,8 +78,12 @@ def tatonnement(
             if since_best > PATIENCE:
                 return PriceResult(best[1], best[2], t, False)
         new_selection = select(problem, new_prices, penalty)
-        if feasible and _same(selection, new_selection):
-            return PriceResult(new_prices, new_selection, t, True)
+        if feasible and (
+            _same(selection, new_selection)
+            or not _feasible(problem, new_selection.usage, settings.feasibility_slack)
+        ):
+            # A fixed point, or the edge of feasibility: any lower price over-commits.
+            return PriceResult(prices, selection, t, True)
         prices, selection = new_prices, new_selection
     if _feasible(problem, selection.usage, settings.feasibility_slack):
         return PriceResult(prices, selection, settings.max_price_iterations, True)

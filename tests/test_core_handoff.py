@@ -1,0 +1,70 @@
+"""Framework-native settings (spec 4.2): vLLM, PyTorch and MPS receive the budget."""
+
+from __future__ import annotations
+
+import pytest
+
+from elastico_extender.core.handoff import framework_settings
+from elastico_extender.core.model import JobKind
+
+
+def test_vllm_memory_utilization_is_budget_over_device_memory(families):
+    fam = families["qwen-1.7b"]
+    config = fam.configs[
+        fam.index_of(
+            {
+                "max_num_seqs": 2,
+                "max_model_len": 8192,
+                "prefix_caching": True,
+                "gpu_memory_utilization": 0.5,
+            }
+        )
+    ]
+    env = framework_settings(
+        kind=JobKind.INFERENCE,
+        configuration=config,
+        memory_budget_mib=20480,
+        device_memory_mib=40960,
+        device_indices=(3,),
+        sm_share=0.42,
+    )
+    assert env["VLLM_GPU_MEMORY_UTILIZATION"] == "0.5000"
+    args = env["ELASTICO_VLLM_ARGS"].split()
+    assert "--gpu-memory-utilization=0.5000" in args
+    assert "--max-num-seqs=2" in args and "--max-model-len=8192" in args
+    assert "--enable-prefix-caching" in args
+    assert env["CUDA_VISIBLE_DEVICES"] == "3"
+    assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=20480M"
+    assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "42"
+    assert "PYTORCH_CUDA_ALLOC_CONF" not in env
+
+
+def test_pytorch_allocator_cap_and_fraction(families):
+    fam = families["bert"]
+    config = fam.configs[0]
+    env = framework_settings(
+        kind=JobKind.TRAINING,
+        configuration=config,
+        memory_budget_mib=24576,
+        device_memory_mib=40960,
+        device_indices=(0, 1),
+        mps=False,
+    )
+    assert env["PYTORCH_CUDA_ALLOC_CONF"] == "max_split_size_mb:24576"
+    assert env["ELASTICO_MEMORY_FRACTION"] == "0.6000"
+    assert env["ELASTICO_BATCH_SIZE"] == str(config["batch_size"])
+    assert env["ELASTICO_CHECKPOINTING"] in {"0", "1"}
+    assert env["CUDA_VISIBLE_DEVICES"] == "0,1"
+    assert "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT" not in env
+
+
+@pytest.mark.parametrize("budget", [0, -5, 50000, float("nan")])
+def test_impossible_budget_is_refused(families, budget):
+    with pytest.raises(ValueError, match="memory budget"):
+        framework_settings(
+            kind=JobKind.TRAINING,
+            configuration=families["bert"].configs[0],
+            memory_budget_mib=budget,
+            device_memory_mib=40960,
+            device_indices=(0,),
+        )

@@ -1,0 +1,271 @@
+"""PDS epoch planner (spec 3.4, Algorithm 1): behaviour on the spec's cases and invariants."""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+
+import numpy as np
+import pytest
+from conftest import a100_nodes
+
+from elastico_extender.core.model import (
+    Action,
+    GpuDevice,
+    Job,
+    JobKind,
+    Mode,
+    Node,
+    Plan,
+    ProfileFamily,
+    Snapshot,
+)
+from elastico_extender.core.planner import plan
+from elastico_extender.core.resources import GPU_MEM, GPU_SM
+from elastico_extender.core.settings import PlannerSettings
+from elastico_extender.errors import InvalidInputError, InvalidProfileError, InvalidSnapshotError
+
+MARGIN = PlannerSettings().memory_margin_mib
+
+
+def assert_capacity_feasible(snapshot: Snapshot, result: Plan) -> None:
+    """Every device: memory <= capacity - margin and SM share <= 1."""
+    memory = {(n.name, g.index): g.memory_mib for n in snapshot.nodes for g in n.gpus}
+    used_mem: dict = defaultdict(float)
+    used_sm: dict = defaultdict(float)
+    jobs = {j.id: j for j in snapshot.jobs}
+    for a in result.assignments.values():
+        family = snapshot.families[jobs[a.job_id].family]
+        assert len(a.devices) == jobs[a.job_id].gpus
+        assert len(set(a.devices)) == len(a.devices)
+        for ref in a.devices:
+            used_mem[ref] += family.resources[a.config_index, GPU_MEM]
+            used_sm[ref] += family.resources[a.config_index, GPU_SM]
+    for ref, mem in used_mem.items():
+        assert mem <= memory[ref] - MARGIN + 1e-6, f"{ref} over memory: {mem}"
+        assert used_sm[ref] <= 1.0 + 1e-9, f"{ref} over SM: {used_sm[ref]}"
+
+
+def running_from(snapshot: Snapshot, result: Plan) -> Snapshot:
+    """The next epoch's snapshot: every assignment applied, the rest still pending."""
+    jobs = []
+    for job in snapshot.jobs:
+        a = result.assignments.get(job.id)
+        if a is None:
+            jobs.append(
+                Job(
+                    job.id,
+                    job.family,
+                    job.kind,
+                    job.gpus,
+                    job.weight,
+                    job.min_throughput,
+                    job.mode,
+                    job.allowed,
+                    arrival_time=job.arrival_time,
+                )
+            )
+        else:
+            jobs.append(
+                Job(
+                    job.id,
+                    job.family,
+                    job.kind,
+                    job.gpus,
+                    job.weight,
+                    job.min_throughput,
+                    job.mode,
+                    job.allowed,
+                    a.config_index,
+                    a.devices,
+                    job.arrival_time,
+                )
+            )
+    return Snapshot(snapshot.nodes, tuple(jobs), snapshot.families, snapshot.epoch + 1)
+
+
+def test_case1_bert_and_resnet_reshape_to_share_one_40gb_gpu(families):
+    """Spec 5.3 Case 1: 36 GB + 24 GB at peak do not fit; reshaped they share one A100."""
+    bert, resnet = families["bert"], families["resnet50"]
+    peak = (
+        bert.resources[bert.fastest_index, GPU_MEM]
+        + resnet.resources[resnet.fastest_index, GPU_MEM]
+    )
+    assert peak > 40 * 1024 - MARGIN  # the premise: rigid peak configurations cannot co-locate
+    snapshot = Snapshot(
+        a100_nodes(1, 1), (Job("bert", "bert"), Job("resnet", "resnet50")), families
+    )
+    result = plan(snapshot)
+    assert set(result.assignments) == {"bert", "resnet"}, result.queued
+    chosen = [
+        families[j].configs[result.assignments[i].config_index]
+        for i, j in (("bert", "bert"), ("resnet", "resnet50"))
+    ]
+    assert any(c["checkpointing"] or c["amp"] for c in chosen)
+    assert_capacity_feasible(snapshot, result)
+    used = sum(a.memory_budget_mib for a in result.assignments.values())
+    assert used <= 40 * 1024 - MARGIN
+
+
+def test_case1_without_reshaping_one_job_queues(families):
+    snapshot = Snapshot(
+        a100_nodes(1, 1), (Job("bert", "bert"), Job("resnet", "resnet50")), families
+    )
+    result = plan(snapshot, settings=PlannerSettings(reshape=False))
+    assert len(result.assignments) == 1
+    assert len(result.queued) == 1
+
+
+def test_case2_four_training_jobs_start_at_once_on_two_gpus(families):
+    """Spec 5.3 Case 2: ResNet-50, BERT, PPO and NCF arrive together on a two-GPU node."""
+    names = ("resnet50", "bert", "ppo", "ncf")
+    snapshot = Snapshot(a100_nodes(1, 2), tuple(Job(n, n) for n in names), families)
+    result = plan(snapshot)
+    assert set(result.assignments) == set(names), f"queued: {result.queued}"
+    assert all(a.action is Action.ADMIT for a in result.assignments.values())
+    assert_capacity_feasible(snapshot, result)
+    # Lower-memory configurations than peak were needed to fit four jobs on two GPUs.
+    peak = sum(families[n].resources[families[n].fastest_index, GPU_MEM] for n in names)
+    assert sum(a.memory_budget_mib for a in result.assignments.values()) < peak
+
+
+def random_snapshot(families, seed: int, jobs: int, nodes: int) -> Snapshot:
+    rng = np.random.default_rng(seed)
+    names = sorted(families)
+    records = []
+    for i in range(jobs):
+        name = names[rng.integers(len(names))]
+        fam = families[name]
+        gpus = int(rng.choice([1, 1, 1, 2, 4])) if fam.kind is JobKind.TRAINING else 1
+        floor = float(fam.throughput.max() * rng.choice([0.0, 0.3, 0.6]))
+        records.append(
+            Job(
+                f"j{i}",
+                name,
+                fam.kind,
+                gpus,
+                float(rng.uniform(0.5, 2.0)),
+                floor,
+                arrival_time=float(i),
+            )
+        )
+    return Snapshot(a100_nodes(nodes), tuple(records), families)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_plans_are_capacity_feasible_and_respect_floors_over_epochs(families, seed):
+    snapshot = random_snapshot(families, seed, jobs=60, nodes=3)
+    result = plan(snapshot)
+    for _ in range(3):
+        assert_capacity_feasible(snapshot, result)
+        jobs = {j.id: j for j in snapshot.jobs}
+        for a in result.assignments.values():
+            assert a.throughput >= jobs[a.job_id].min_throughput - 1e-9
+            assert a.predicted_slowdown <= a.tolerance + 1e-9 or a.job_id in {
+                v for pair in result.violations for v in pair[:2]
+            }
+        assert np.all(result.prices >= 0)
+        snapshot = running_from(snapshot, result)
+        result = plan(snapshot, result)
+    placed = set(result.assignments)
+    assert placed | set(result.queued) | set(result.rejected) == {j.id for j in snapshot.jobs}
+
+
+def test_memory_price_rises_when_memory_is_over_demanded(families):
+    crowd = Snapshot(a100_nodes(1, 2), tuple(Job(f"b{i}", "bert") for i in range(4)), families)
+    result = plan(crowd)
+    assert result.prices[GPU_MEM] > 0
+    calm = Snapshot(a100_nodes(1, 8), (Job("b0", "bert"),), families)
+    assert plan(calm).prices[GPU_MEM] == 0
+
+
+def test_no_flapping_when_nothing_changed(families):
+    snapshot = random_snapshot(families, 11, jobs=40, nodes=2)
+    result = plan(snapshot)
+    for _ in range(4):
+        snapshot = running_from(snapshot, result)
+        result = plan(snapshot, result)
+    steady = running_from(snapshot, result)
+    again = plan(steady, result)
+    moved = [a for a in again.assignments.values() if a.action is not Action.KEEP]
+    assert moved == []
+
+
+def test_fixed_mode_keeps_the_requested_configuration(families):
+    bert = families["bert"]
+    wanted = bert.index_of({"batch_size": 64, "checkpointing": False, "amp": True})
+    job = Job("fixed", "bert", mode=Mode.FIXED, allowed=(wanted,))
+    result = plan(Snapshot(a100_nodes(1, 1), (job, Job("other", "resnet50")), families))
+    assert result.assignments["fixed"].config_index == wanted
+
+
+def test_unreachable_floor_is_rejected_with_a_reason(families):
+    job = Job("greedy", "ncf", min_throughput=1e12)
+    result = plan(Snapshot(a100_nodes(1, 1), (job,), families))
+    assert "greedy" in result.rejected
+    assert "throughput floor" in result.rejected["greedy"]
+    assert "greedy" not in result.queued
+
+
+def test_zero_capacity_cluster_queues_nothing_and_crashes_nothing(families):
+    empty = Snapshot((Node("cpu-only", ()),), (Job("a", "bert"),), families)
+    result = plan(empty)
+    assert result.assignments == {}
+    assert "no GPU" in result.rejected["a"]
+    tiny = Snapshot((Node("small", (GpuDevice(0, 0.0),)),), (Job("a", "bert"),), families)
+    result = plan(tiny)
+    assert result.assignments == {} and "fits any GPU" in result.rejected["a"]
+
+
+def test_job_larger_than_any_gpu_is_rejected_not_queued(families):
+    small = Snapshot((Node("n", (GpuDevice(0, 16 * 1024),)),), (Job("big", "bert"),), families)
+    assert "fits any GPU" in plan(small).rejected["big"]
+
+
+@pytest.mark.parametrize("bad", [math.nan, -1.0, math.inf])
+def test_bad_numbers_in_a_profile_are_refused_with_the_workload_named(families, bad):
+    base = families["lstm"]
+    resources = np.array(base.resources)
+    resources[3, GPU_MEM] = bad
+    with pytest.raises(InvalidProfileError, match="lstm"):
+        ProfileFamily("lstm", base.kind, base.configs, resources, base.throughput, base.features)
+
+
+def test_zero_throughput_profile_is_refused(families):
+    base = families["lstm"]
+    throughput = np.array(base.throughput)
+    throughput[0] = 0.0
+    with pytest.raises(InvalidProfileError, match="throughput"):
+        ProfileFamily("lstm", base.kind, base.configs, base.resources, throughput, base.features)
+
+
+def test_invalid_snapshot_lists_every_problem(families):
+    jobs = (Job("a", "bert", gpus=0), Job("a", "nope"), Job("c", "bert", weight=-1))
+    with pytest.raises(InvalidSnapshotError) as err:
+        plan(Snapshot(a100_nodes(1), jobs, families))
+    text = str(err.value)
+    for fragment in ("duplicate job ids", "gpus must be", "unknown workload family", "weight"):
+        assert fragment in text
+
+
+def test_invalid_settings_are_reported(families):
+    with pytest.raises(InvalidInputError, match="max_rounds"):
+        plan(Snapshot(a100_nodes(1), (), families), settings=PlannerSettings(max_rounds=0))
+
+
+def test_running_jobs_are_never_silently_dropped(families):
+    snapshot = random_snapshot(families, 3, jobs=80, nodes=2)
+    result = plan(snapshot)
+    nxt = running_from(snapshot, result)
+    following = plan(nxt, result)
+    running = {j.id for j in nxt.jobs if j.running}
+    assert running <= set(following.assignments) | set(following.preempted)
+
+
+def test_timer_gives_the_latency_breakdown(families):
+    ticks = iter(range(1000))
+    result = plan(
+        Snapshot(a100_nodes(1), (Job("a", "bert"),), families), timer=lambda: float(next(ticks))
+    )
+    for phase in ("tatonnement", "binpacking", "interference", "scoring"):
+        assert result.stats[phase] > 0

@@ -1,0 +1,98 @@
+"""The SQLite profile store: measured profiles win, gaps are estimated, stale rows go."""
+
+from __future__ import annotations
+
+import sqlite3
+
+import numpy as np
+import pytest
+
+from elastico_extender.errors import InvalidProfileError, ProfileStoreError
+from elastico_extender.profiles import ProfileStore
+
+
+@pytest.fixture
+def store(tmp_path):
+    db = ProfileStore(tmp_path / "profiles.sqlite")
+    yield db
+    db.close()
+
+
+def test_profiles_persist_in_a_real_sqlite_file(tmp_path, families):
+    path = tmp_path / "p.sqlite"
+    fam = families["resnet50"]
+    first = ProfileStore(path)
+    first.put(
+        "resnet50",
+        fam.hardware,
+        fam.configs[0],
+        fam.resources[0],
+        123.0,
+        fam.features[0],
+        measured_at=10.0,
+    )
+    first.close()
+    rows = sqlite3.connect(path).execute("SELECT workload, throughput FROM profiles").fetchall()
+    assert rows == [("resnet50", 123.0)]
+    again = ProfileStore(path)
+    assert again.records("resnet50", fam.hardware)[0].throughput == 123.0
+    again.close()
+
+
+def test_measured_rows_take_precedence_and_the_rest_are_estimated(store, families):
+    fam = families["resnet50"]
+    measured = [0, 5, 11]
+    for row in measured:
+        store.put(
+            "resnet50",
+            fam.hardware,
+            fam.configs[row],
+            fam.resources[row] * 1.1,
+            fam.throughput[row] * 0.8,
+        )
+    merged = store.family(fam)
+    assert merged.estimated.sum() == fam.size - len(measured)
+    for row in measured:
+        assert not merged.estimated[row]
+        assert merged.throughput[row] == pytest.approx(fam.throughput[row] * 0.8)
+        assert np.allclose(merged.resources[row], fam.resources[row] * 1.1)
+    # Estimates borrow the nearest measurement's level (here 0.8x the catalog model).
+    missing = np.flatnonzero(merged.estimated)
+    assert np.allclose(merged.throughput[missing], fam.throughput[missing] * 0.8)
+
+
+def test_without_measurements_the_base_family_is_returned(store, families):
+    fam = families["bert"]
+    assert store.family(fam) is fam
+
+
+def test_profiles_are_keyed_by_hardware_and_invalidated_on_change(store, families):
+    fam = families["dcgan"]
+    store.put("dcgan", "A100-SXM4-40GB", fam.configs[0], fam.resources[0], 1.0)
+    store.put("dcgan", "H100-SXM5-80GB", fam.configs[0], fam.resources[0], 2.0)
+    assert store.family(fam, "H100-SXM5-80GB").throughput[0] == 2.0
+    removed = store.keep_only_hardware({"H100-SXM5-80GB"})
+    assert removed == 1
+    assert store.records("dcgan", "A100-SXM4-40GB") == []
+    assert store.invalidate(workload="dcgan") == 1
+
+
+@pytest.mark.parametrize(
+    ("resources", "throughput"),
+    [
+        ([0.5, float("nan"), 1, 1], 1.0),
+        ([0.5, -1, 1, 1], 1.0),
+        ([0.5, 1, 1, 1], 0.0),
+        ([0.5, 1, 1], 1.0),
+    ],
+)
+def test_bad_measurements_are_refused(store, families, resources, throughput):
+    fam = families["lstm"]
+    with pytest.raises(InvalidProfileError):
+        store.put("lstm", fam.hardware, fam.configs[0], np.array(resources), throughput)
+    assert store.records("lstm", fam.hardware) == []
+
+
+def test_unopenable_store_raises_a_clear_error(tmp_path):
+    with pytest.raises(ProfileStoreError, match="cannot open"):
+        ProfileStore(tmp_path / "missing-dir" / "p.sqlite")
