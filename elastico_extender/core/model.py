@@ -13,6 +13,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import NamedTuple
 
 import numpy as np
 
@@ -341,9 +342,12 @@ class Snapshot:
             raise InvalidSnapshotError("; ".join(problems))
 
 
-@dataclass(frozen=True, slots=True)
-class Assignment:
-    """The plan's decision for one job that runs (or starts) this epoch."""
+class Assignment(NamedTuple):
+    """The plan's decision for one job that runs (or starts) this epoch.
+
+    A NamedTuple rather than a frozen dataclass: a plan holds one per job and is
+    rebuilt every epoch, and tuples are several times cheaper to create.
+    """
 
     job_id: str
     config_index: int

@@ -44,6 +44,25 @@ class DeviceTable:
         self.cpu_free = np.array([n.cpu_cores for n in nodes], dtype=np.float64)
         self.ram_free = np.array([n.host_mem_mib for n in nodes], dtype=np.float64)
         self.occupants: list[list[int]] = [[] for _ in refs]
+        self._cpu_total = self.cpu_free.copy()
+        self._ram_total = self.ram_free.copy()
+
+    def fresh(self) -> DeviceTable:
+        """An empty copy (same devices, nothing placed): cheaper than rebuilding."""
+        twin = object.__new__(DeviceTable)
+        twin.refs = self.refs
+        twin.index = self.index
+        twin.node_of = self.node_of
+        twin.memory_total = self.memory_total
+        twin.memory_capacity = self.memory_capacity
+        twin.mem_free = self.memory_capacity.copy()
+        twin.sm_free = np.ones(len(self.refs))
+        twin.cpu_free = self._cpu_total.copy()
+        twin.ram_free = self._ram_total.copy()
+        twin._cpu_total = self._cpu_total
+        twin._ram_total = self._ram_total
+        twin.occupants = [[] for _ in self.refs]
+        return twin
 
     @property
     def size(self) -> int:

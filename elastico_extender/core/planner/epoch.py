@@ -251,7 +251,7 @@ class _Epoch:
         forbidden: set[tuple[int, int, int, int]],
     ) -> tuple[Placer, list[int], list[int]]:
         t, s = self.t, self.settings
-        table = DeviceTable(self.snapshot.nodes, s.memory_margin_mib)
+        table = self.device_probe.fresh()
         placer = Placer(table, self.predictor, forbidden)
         choice = selection.choice
         preempted: list[int] = []
@@ -259,8 +259,13 @@ class _Epoch:
         if run_rows.size:
             preempted = self._pack_running(placer, run_rows, choice)
         pending = np.flatnonzero(~t.running & selection.running)
+        # Best-fit decreasing within a priority class: heavier jobs first, then the
+        # largest per-GPU memory (packs with less fragmentation), then arrival order.
+        size = t.per_gpu[pending, choice[pending], GPU_MEM] * t.gpus[pending]
+        big = dict(zip(pending.tolist(), size.tolist(), strict=True))
         order = sorted(
-            pending.tolist(), key=lambda r: (-t.weight[r], t.jobs[r].arrival_time, t.jobs[r].id)
+            pending.tolist(),
+            key=lambda r: (-t.weight[r], -big[r], t.jobs[r].arrival_time, t.jobs[r].id),
         )
         queued = sorted(set(np.flatnonzero(~t.running).tolist()) - set(order))
         scores = problem.scores(prices, penalty) if order else None
