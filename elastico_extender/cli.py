@@ -130,7 +130,7 @@ def _resolve(name: str) -> Callable[[Sequence[str]], int]:
     if name in BUILTIN:
         return BUILTIN[name][0]
     module, _, func = SUBCOMMANDS[name][0].partition(":")
-    return getattr(importlib.import_module(module), func)  # type: ignore[no-any-return]
+    return getattr(importlib.import_module(module), func)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -13,6 +13,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
+from functools import cached_property
 from typing import NamedTuple
 
 import numpy as np
@@ -27,6 +28,7 @@ __all__ = [
     "DeviceRef",
     "GpuDevice",
     "Job",
+    "JobColumns",
     "JobKind",
     "KnobValue",
     "Mode",
@@ -279,6 +281,44 @@ class Job:
         return found
 
 
+@dataclass(frozen=True, eq=False)
+class JobColumns:
+    """The numeric fields of every job as arrays (one pass over the records)."""
+
+    gpus: np.ndarray  # float
+    weight: np.ndarray
+    floor: np.ndarray
+    held: np.ndarray  # int: devices the job runs on now
+    current: np.ndarray  # int: current configuration row, -1 when none
+    fixed: np.ndarray  # bool: mode is fixed
+
+
+def job_columns(jobs: tuple[Job, ...]) -> JobColumns:
+    fixed = Mode.FIXED
+    table = np.array(
+        [
+            (
+                j.gpus,
+                j.weight,
+                j.min_throughput,
+                len(j.devices),
+                -1 if j.current_config is None else j.current_config,
+                j.mode is fixed,
+            )
+            for j in jobs
+        ],
+        dtype=np.float64,
+    ).reshape(len(jobs), 6)
+    return JobColumns(
+        gpus=table[:, 0],
+        weight=table[:, 1],
+        floor=table[:, 2],
+        held=table[:, 3].astype(np.intp),
+        current=table[:, 4].astype(np.intp),
+        fixed=table[:, 5].astype(bool),
+    )
+
+
 @dataclass(frozen=True)
 class Snapshot:
     """Everything one planning epoch needs, as pure data."""
@@ -287,6 +327,11 @@ class Snapshot:
     jobs: tuple[Job, ...]
     families: Mapping[str, ProfileFamily]
     epoch: int = 0
+
+    @cached_property
+    def columns(self) -> JobColumns:
+        """Job fields as arrays, computed once per snapshot (validation and planning share it)."""
+        return job_columns(self.jobs)
 
     def validate(self) -> None:
         """Raise :class:`InvalidSnapshotError` listing every problem found."""
@@ -301,45 +346,65 @@ class Snapshot:
                     problems.append(
                         f"node {node.name} gpu {gpu.index}: bad memory {gpu.memory_mib}"
                     )
-        ids = {j.id for j in self.jobs}
-        if len(ids) != len(self.jobs):
+        jobs = self.jobs
+        if len({j.id for j in jobs}) != len(jobs):
             problems.append("duplicate job ids")
+        # Vectorised screen first; messages are built only for the records that fail it.
+        n = len(jobs)
         families = self.families
-        for job in self.jobs:
+        sizes = {name: fam.size for name, fam in families.items()}
+        cols = self.columns
+        gpus, weight, floor, held, current = (
+            cols.gpus,
+            cols.weight,
+            cols.floor,
+            cols.held,
+            cols.current,
+        )
+        size = np.fromiter((sizes.get(j.family, 0) for j in jobs), np.intp, n)
+        with np.errstate(invalid="ignore"):
+            bad = (
+                (gpus < 1)
+                | ~(weight > 0)
+                | ~np.isfinite(weight)
+                | ~(floor >= 0)
+                | ~np.isfinite(floor)
+                | (size == 0)
+                | ((held > 0) & ((held != gpus) | (current < 0) | (current >= size)))
+                | ((current >= size) & (size > 0))
+            )
+        used = {ref for j in jobs for ref in j.devices}
+        if not used <= devices.keys():
+            unknown = used - devices.keys()
+            bad |= np.fromiter((any(r in unknown for r in j.devices) for j in jobs), bool, n)
+        for row in np.flatnonzero(bad).tolist():
+            problems.extend(_job_problems(jobs[row], families.get(jobs[row].family), devices))
+        for job in jobs:
             family = families.get(job.family)
-            # Fast path: the common, valid record needs no message building.
             if (
-                family is not None
-                and job.gpus >= 1
-                and job.weight > 0
-                and math.isfinite(job.weight)
-                and job.min_throughput >= 0
-                and math.isfinite(job.min_throughput)
-                and (
-                    not job.devices
-                    or (
-                        len(job.devices) == job.gpus
-                        and job.current_config is not None
-                        and 0 <= job.current_config < family.size
-                        and all(ref in devices for ref in job.devices)
-                    )
-                )
-                and job.allowed is None
+                job.allowed is not None
+                and family is not None
+                and any(not 0 <= c < family.size for c in job.allowed)
             ):
-                continue
-            problems.extend(job.problems())
-            if family is None:
-                problems.append(f"job {job.id}: unknown workload family {job.family!r}")
-                continue
-            if job.current_config is not None and not 0 <= job.current_config < family.size:
-                problems.append(f"job {job.id}: current configuration row out of range")
-            if job.allowed is not None and any(not 0 <= c < family.size for c in job.allowed):
                 problems.append(f"job {job.id}: allowed configuration row out of range")
-            for ref in job.devices:
-                if ref not in devices:
-                    problems.append(f"job {job.id}: runs on unknown device {ref[0]}/gpu{ref[1]}")
         if problems:
             raise InvalidSnapshotError("; ".join(problems))
+
+
+def _job_problems(
+    job: Job, family: ProfileFamily | None, devices: Mapping[DeviceRef, GpuDevice]
+) -> list[str]:
+    """Every problem of one job record within a snapshot (used to build error messages)."""
+    found = job.problems()
+    if family is None:
+        found.append(f"job {job.id}: unknown workload family {job.family!r}")
+        return found
+    if job.current_config is not None and not 0 <= job.current_config < family.size:
+        found.append(f"job {job.id}: current configuration row out of range")
+    for ref in job.devices:
+        if ref not in devices:
+            found.append(f"job {job.id}: runs on unknown device {ref[0]}/gpu{ref[1]}")
+    return found
 
 
 class Assignment(NamedTuple):

@@ -268,7 +268,7 @@ class PlacementView:
         """Keep empty devices and occupied ones whose pairs stay within tolerance."""
         table = self.table
         idx = np.flatnonzero(mask)
-        occupied = np.fromiter((bool(table.occupants[d]) for d in idx), dtype=bool, count=idx.size)
+        occupied = table.count[idx] > 0
         busy = idx[occupied]
         busy = busy[np.argsort(table.mem_free[busy], kind="stable")][:MAX_SCREENED_DEVICES]
         screened = np.zeros_like(mask)

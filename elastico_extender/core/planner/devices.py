@@ -10,6 +10,7 @@ one structure, so there is a single definition of "fits on a device":
 
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Sequence
 
 import numpy as np
@@ -26,24 +27,23 @@ class DeviceTable:
     """Mutable capacity ledger over all GPUs of a snapshot (rebuilt every epoch)."""
 
     def __init__(self, nodes: Sequence[Node], memory_margin_mib: float) -> None:
-        refs: list[DeviceRef] = []
-        node_of: list[int] = []
-        memory: list[float] = []
-        for n, node in enumerate(nodes):
-            for gpu in node.gpus:
-                refs.append((node.name, gpu.index))
-                node_of.append(n)
-                memory.append(gpu.memory_mib)
+        refs: list[DeviceRef] = [(node.name, gpu.index) for node in nodes for gpu in node.gpus]
         self.refs = refs
-        self.index = {ref: i for i, ref in enumerate(refs)}
-        self.node_of = np.array(node_of, dtype=np.intp)
-        self.memory_total = np.array(memory, dtype=np.float64)
+        self.index = dict(zip(refs, range(len(refs)), strict=True))
+        self.node_of = np.repeat(
+            np.arange(len(nodes), dtype=np.intp), [len(node.gpus) for node in nodes]
+        )
+        self.memory_total = np.fromiter(
+            (gpu.memory_mib for node in nodes for gpu in node.gpus), np.float64, len(refs)
+        )
         self.memory_capacity = np.maximum(self.memory_total - memory_margin_mib, 0.0)
         self.mem_free = self.memory_capacity.copy()
         self.sm_free = np.ones(len(refs))
         self.cpu_free = np.array([n.cpu_cores for n in nodes], dtype=np.float64)
         self.ram_free = np.array([n.host_mem_mib for n in nodes], dtype=np.float64)
-        self.occupants: list[list[int]] = [[] for _ in refs]
+        # Job rows per device; only devices that ever held a job get a list.
+        self.occupants: defaultdict[int, list[int]] = defaultdict(list)
+        self.count = np.zeros(len(refs), dtype=np.intp)  # jobs per device, for vector checks
         self._cpu_total = self.cpu_free.copy()
         self._ram_total = self.ram_free.copy()
 
@@ -61,7 +61,8 @@ class DeviceTable:
         twin.ram_free = self._ram_total.copy()
         twin._cpu_total = self._cpu_total
         twin._ram_total = self._ram_total
-        twin.occupants = [[] for _ in self.refs]
+        twin.occupants = defaultdict(list)
+        twin.count = np.zeros(len(self.refs), dtype=np.intp)
         return twin
 
     @property
@@ -107,8 +108,10 @@ class DeviceTable:
             self.ram_free[node] += sign * per_gpu[HOST_MEM]
             if sign < 0:
                 self.occupants[d].append(row)
+                self.count[d] += 1
             else:
                 self.occupants[d].remove(row)
+                self.count[d] -= 1
 
     def place_many(self, rows: np.ndarray, devices: np.ndarray, per_gpu: np.ndarray) -> None:
         """Vectorised :meth:`place`, one worker per entry: rows, devices (W,), per_gpu (W, R)."""
@@ -117,8 +120,10 @@ class DeviceTable:
         nodes = self.node_of[devices]
         np.subtract.at(self.cpu_free, nodes, per_gpu[:, CPU])
         np.subtract.at(self.ram_free, nodes, per_gpu[:, HOST_MEM])
+        np.add.at(self.count, devices, 1)
+        occupants = self.occupants
         for row, d in zip(rows.tolist(), devices.tolist(), strict=True):
-            self.occupants[d].append(row)
+            occupants[d].append(row)
 
     def choose(
         self, candidates: np.ndarray, per_gpu: np.ndarray, gpus: int, best_fit: bool
@@ -175,3 +180,8 @@ def gpu_equivalent(table: DeviceTable) -> np.ndarray:
     units[CPU] = max(float(table.cpu_free.sum()) / g, 1e-9)
     units[HOST_MEM] = max(float(table.ram_free.sum()) / g, 1e-9)
     return units
+
+
+def shared_devices(table: DeviceTable) -> list[tuple[int, list[int]]]:
+    """(device, occupant rows) for every device holding two or more jobs."""
+    return [(d, members) for d, members in table.occupants.items() if len(members) >= 2]

@@ -33,7 +33,7 @@ from elastico_extender.core.interference.features import pair_features
 from elastico_extender.core.interference.predictor import ContentionPredictor, SlowdownPredictor
 from elastico_extender.core.interference.tolerance import adaptive_tolerance
 from elastico_extender.core.model import Action, Assignment, Plan, Snapshot
-from elastico_extender.core.planner.devices import DeviceTable, gpu_equivalent
+from elastico_extender.core.planner.devices import DeviceTable, gpu_equivalent, shared_devices
 from elastico_extender.core.planner.placement import Placer
 from elastico_extender.core.planner.tables import JobTables, build_tables
 from elastico_extender.core.pricing.scoring import PricingProblem, Selection, select
@@ -533,9 +533,7 @@ class _Epoch:
         partners: list[int] = []
         memory: list[float] = []
         table = placer.table
-        for d, members in enumerate(table.occupants):
-            if len(members) < 2:
-                continue
+        for d, members in shared_devices(table):
             for a in members:
                 for b in members:
                     if a != b:
@@ -598,17 +596,22 @@ class _Epoch:
             (o.config for o in placer.occupants.values()), dtype=np.intp, count=rows.size
         )
         tolerance = [o.tolerance for o in placer.occupants.values()]
-        memory = t.per_gpu[rows, configs, GPU_MEM]
+        memory_arr = t.per_gpu[rows, configs, GPU_MEM]
+        memory = memory_arr.tolist()
         sm = t.per_gpu[rows, configs, GPU_SM]
         throughput = t.throughput[rows, configs].tolist()
         estimated = t.estimated_table[t.family_index[rows], configs].tolist()
         families = self.snapshot.families
         assignments: dict[str, Assignment] = {}
         workers = 0
+        in_place = placer.kept_in_place
         for k, row in enumerate(rows.tolist()):
             job = t.jobs[row]
             config = int(configs[k])
-            devices = tuple(refs[d] for d in placer.devices_of[row])
+            if row in in_place:
+                devices = job.devices
+            else:
+                devices = tuple(refs[d] for d in placer.devices_of[row])
             workers += len(devices)
             if not job.devices:
                 action = Action.ADMIT
@@ -619,16 +622,16 @@ class _Epoch:
             else:
                 action = Action.KEEP
             assignments[job.id] = Assignment(
-                job_id=job.id,
-                config_index=config,
-                configuration=families[job.family].configs[config],
-                devices=devices,
-                memory_budget_mib=float(memory[k]),
-                throughput=throughput[k],
-                predicted_slowdown=slowdown.get(row, 1.0),
-                tolerance=tolerance[k],
-                action=action,
-                estimated=estimated[k],
+                job.id,
+                config,
+                families[job.family].configs[config],
+                devices,
+                memory[k],
+                throughput[k],
+                slowdown.get(row, 1.0),
+                tolerance[k],
+                action,
+                estimated[k],
             )
         rejected = {t.jobs[r].id: reason for r, reason in t.reasons.items() if not t.running[r]}
         waiting = tuple(t.jobs[r].id for r in queued if t.jobs[r].id not in rejected)
@@ -636,10 +639,10 @@ class _Epoch:
         table = placer.table
         stats = dict(stats)
         stats["sm_allocated"] = float((sm * per_job_gpus).sum()) / max(table.size, 1)
-        stats["memory_allocated"] = float((memory * per_job_gpus).sum()) / max(
+        stats["memory_allocated"] = float((memory_arr * per_job_gpus).sum()) / max(
             float(table.memory_total.sum()), 1.0
         )
-        stats["colocated_devices"] = float(sum(len(m) >= 2 for m in table.occupants))
+        stats["colocated_devices"] = float(np.count_nonzero(table.count >= 2))
         return Plan(
             epoch=self.snapshot.epoch,
             prices=prices.copy(),

@@ -64,6 +64,7 @@ class Placer:
         self.forbidden_rows = {key[0] for key in self.forbidden}
         self.occupants: dict[int, _Occupant] = {}
         self.devices_of: dict[int, tuple[int, ...]] = {}
+        self.kept_in_place: set[int] = set()  # rows committed in bulk on their own devices
 
     # -- bookkeeping --------------------------------------------------------
     def commit(
@@ -97,8 +98,10 @@ class Placer:
         ):
             self.occupants[row] = _Occupant(config, feats, tol)
             self.devices_of[row] = devs
+        self.kept_in_place.update(rows.tolist())
 
     def release(self, row: int, per_gpu: np.ndarray) -> None:
+        self.kept_in_place.discard(row)
         devices = self.devices_of.pop(row)
         self.table.remove(row, devices, per_gpu)
         del self.occupants[row]
@@ -222,10 +225,14 @@ class Placer:
         """Restrict ``mask`` to devices that are not forbidden and are interference-safe."""
         table = self.table
         idx = np.flatnonzero(mask)
-        occupied = np.array([bool(table.occupants[d]) for d in idx], dtype=bool)
+        occupied = table.count[idx] > 0
         busy = idx[occupied]
         key = table.mem_free[busy] if best_fit else busy.astype(np.float64)
-        checked = busy[np.argsort(key, kind="stable")[: max(MAX_CHECKED_DEVICES, 4 * gpus)]]
+        limit = max(MAX_CHECKED_DEVICES, 4 * gpus)
+        if busy.size > limit:
+            top = np.argpartition(key, limit - 1)[:limit]
+            busy, key = busy[top], key[top]
+        checked = busy[np.argsort(key, kind="stable")]
         screened = np.zeros_like(mask)
         screened[idx[~occupied]] = True
         slowdown_of = np.ones(table.size)

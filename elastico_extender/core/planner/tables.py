@@ -69,15 +69,9 @@ def build_tables(snapshot: Snapshot, settings: PlannerSettings) -> JobTables:
     per_gpu = res_table[fam_idx]
     throughput = tput_table[fam_idx]
     valid = real[fam_idx]  # fancy indexing already copies
-    gpus = np.fromiter((j.gpus for j in jobs), dtype=np.float64, count=n)
-    weight = np.fromiter((j.weight for j in jobs), dtype=np.float64, count=n)
-    floor = np.fromiter((j.min_throughput for j in jobs), dtype=np.float64, count=n)
-    running = np.fromiter((bool(j.devices) for j in jobs), dtype=bool, count=n)
-    current = np.fromiter(
-        (-1 if j.current_config is None else j.current_config for j in jobs),
-        dtype=np.intp,
-        count=n,
-    )
+    cols = snapshot.columns
+    gpus, weight, floor, current = cols.gpus, cols.weight, cols.floor, cols.current
+    running = cols.held > 0
 
     # User restrictions (allowed knob ranges, fixed mode) and the default configuration.
     default = fastest[fam_idx].copy() if n else np.zeros(0, dtype=np.intp)
@@ -98,7 +92,7 @@ def build_tables(snapshot: Snapshot, settings: PlannerSettings) -> JobTables:
     for blocked in np.flatnonzero(no_allowed).tolist():
         reasons[blocked] = "no configuration is allowed by the job's knob ranges"
 
-    fixed = np.fromiter((j.mode is Mode.FIXED for j in jobs), dtype=bool, count=n)
+    fixed = cols.fixed
     pinned = fixed | (not settings.reshape)
     if pinned.any():
         only = np.zeros_like(valid)
@@ -120,11 +114,12 @@ def build_tables(snapshot: Snapshot, settings: PlannerSettings) -> JobTables:
             )
 
     # A configuration must fit on some device of the cluster (decided per family).
-    devices = [(g.memory_mib, node) for node in snapshot.nodes for g in node.gpus]
-    if devices:
-        mem_cap = max(m for m, _ in devices) - settings.memory_margin_mib
-        cpu_cap = max(node.cpu_cores for _, node in devices)
-        ram_cap = max(node.host_mem_mib for _, node in devices)
+    gpu_nodes = [node for node in snapshot.nodes if node.gpus]
+    if gpu_nodes:
+        mem_cap = max(g.memory_mib for node in gpu_nodes for g in node.gpus)
+        mem_cap -= settings.memory_margin_mib
+        cpu_cap = max(node.cpu_cores for node in gpu_nodes)
+        ram_cap = max(node.host_mem_mib for node in gpu_nodes)
         family_fits = (
             (res_table[:, :, GPU_MEM] <= mem_cap + 1e-9)
             & (res_table[:, :, GPU_SM] <= 1.0 + 1e-9)
