@@ -212,6 +212,10 @@ class Engine:
                 log.exception("epoch.failed")
 
     @property
+    def has_plan(self) -> bool:
+        return self._published is not None
+
+    @property
     def ready(self) -> bool:
         return self._published is not None and self.cluster.state.is_synced
 
