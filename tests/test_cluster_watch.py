@@ -135,8 +135,9 @@ def test_bind_writes_configmap_annotations_and_binding(server, cluster):
     assert cm["metadata"]["ownerReferences"][0]["uid"] == a["metadata"]["uid"]
     assert server.bindings[0]["target"]["name"] == "gpu-0"
     assert wait_for(
-        lambda: (cluster.state.pod_by_name("ml", "a") or {}).get("spec", {}).get("nodeName")
-        == "gpu-0"
+        lambda: (
+            (cluster.state.pod_by_name("ml", "a") or {}).get("spec", {}).get("nodeName") == "gpu-0"
+        )
     )
     pod_a = cluster.state.pod_by_name("ml", "a") or {}
     assert pod_a["metadata"]["annotations"]["elastico.io/assigned-devices"] == "1"

@@ -68,9 +68,7 @@ def test_scheduler_configuration_calls_the_extender_service():
     for key in ("filterVerb", "prioritizeVerb", "bindVerb", "weight", "nodeCacheCapable",
                 "managedResources", "httpTimeout"):  # fmt: skip
         assert key in extender
-    assert extender["managedResources"] == [
-        {"name": "nvidia.com/gpu", "ignoredByScheduler": True}
-    ]
+    assert extender["managedResources"] == [{"name": "nvidia.com/gpu", "ignoredByScheduler": True}]
     url = urlparse(extender["urlPrefix"])
     service = by_kind("Service")["elastico-extender"]
     assert url.hostname == f"{service['metadata']['name']}.{service['metadata']['namespace']}.svc"

@@ -25,7 +25,10 @@ def gpu_node(name: str, gpus: int = 1, memory_mib: int = 40960) -> dict:
 
 
 def elastic_pod(name: str, family: str = "bert", **extra: str) -> dict:
-    annotations = {"elastico.io/family": family, **{f"elastico.io/{k}": v for k, v in extra.items()}}
+    annotations = {
+        "elastico.io/family": family,
+        **{f"elastico.io/{k}": v for k, v in extra.items()},
+    }
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -75,8 +78,11 @@ def args(pod: dict, names: list[str]) -> dict:
         (b"[1, 2]", 400, "ExtenderArgs"),
         (json.dumps({"Pod": "x", "NodeNames": ["g0"]}).encode(), 400, "Pod"),
         (json.dumps({"Pod": {"metadata": {}}, "NodeNames": "g0"}).encode(), 400, "NodeNames"),
-        (json.dumps({"Pod": {"metadata": {}}, "Nodes": {"items": [{"spec": {}}]}}).encode(), 400,
-         "metadata.name"),
+        (
+            json.dumps({"Pod": {"metadata": {}}, "Nodes": {"items": [{"spec": {}}]}}).encode(),
+            400,
+            "metadata.name",
+        ),
         (json.dumps({"Pod": {"metadata": 7}, "NodeNames": []}).encode(), 400, "metadata"),
     ],
 )
@@ -144,7 +150,9 @@ def test_in_flight_bind_counts_against_capacity(one_gpu):
     assert body["NodeNames"] == []
     assert "memory" in body["FailedNodes"]["g0"] or "compute" in body["FailedNodes"]["g0"]
     # an epoch in between keeps the assumption
-    assert httpx.post(f"{url}/epoch", headers={"Authorization": f"Bearer {token}"}).status_code == 200
+    assert (
+        httpx.post(f"{url}/epoch", headers={"Authorization": f"Bearer {token}"}).status_code == 200
+    )
     assert call(url, "filter", args(b, ["g0"])).json()["NodeNames"] == []
     bind_b = {"PodName": "b", "PodNamespace": "ml", "PodUID": "uid-b", "Node": "g0"}
     assert "cannot take" in call(url, "bind", bind_b, token).json()["Error"]
@@ -184,7 +192,7 @@ def test_restarted_extender_rebuilds_placements_from_the_api_server():
 
 def test_rest_views_and_operations():
     cluster = EmbeddedCluster.from_file()
-    server, token = start(cluster)
+    server, _token = start(cluster)
     try:
         url = server.url
         prices = httpx.get(f"{url}/prices").json()
@@ -202,7 +210,9 @@ def test_rest_views_and_operations():
         health = httpx.get(f"{url}/healthz").json()
         assert health["predictor"] and "degraded_predictor" in health
         assert httpx.post(f"{url}/epoch").status_code == 401
-        assert httpx.post(f"{url}/epoch", headers={"Authorization": "Bearer nope"}).status_code == 401
+        assert (
+            httpx.post(f"{url}/epoch", headers={"Authorization": "Bearer nope"}).status_code == 401
+        )
         call(url, "filter", args(elastic_pod("x"), ["gpu-a100-0", "ghost"]))
         metrics = httpx.get(f"{url}/metrics").text
         for name in ("elastico_extender_request_seconds_bucket", "elastico_epoch_seconds",

@@ -112,7 +112,9 @@ def test_two_gpu_pod_then_one_gpu_pod_follow_the_capacity(service):
             assert got == want
         if req["verb"] == "bind":
             assert reply.json() == {"Error": ""}
-    bound = {p["metadata"]["name"]: p["spec"].get("nodeName") for p in cluster.state.pods().values()}
+    bound = {
+        p["metadata"]["name"]: p["spec"].get("nodeName") for p in cluster.state.pods().values()
+    }
     assert bound == {"gpu-pod-a": "gpu-node-3", "gpu-pod-b": "gpu-node-3"}
 
 
@@ -131,8 +133,10 @@ def test_every_captured_request_parses_and_gets_an_answer(service):
                 names = req["body"]["NodeNames"] or [
                     n["metadata"]["name"] for n in req["body"]["Nodes"]["items"]
                 ]
-                answered = set(body["NodeNames"]) | set(body["FailedNodes"]) | set(
-                    body["FailedAndUnresolvableNodes"]
+                answered = (
+                    set(body["NodeNames"])
+                    | set(body["FailedNodes"])
+                    | set(body["FailedAndUnresolvableNodes"])
                 )
                 assert answered == set(names)
             if req["verb"] == "preempt":

@@ -174,6 +174,8 @@ class Engine:
             OrderedDict()
         )
         self._epoch = 0
+        self._version = 0  # bumps whenever the view changes (publish, assume, forget)
+        self._verdict_cache: OrderedDict[str, tuple[int, dict[str, NodeVerdict]]] = OrderedDict()
         self._published: Published | None = None
         self.history: deque[dict[str, Any]] = deque(maxlen=settings.price_history)
         self.last_epoch_error: str | None = None
@@ -469,6 +471,7 @@ class Engine:
             self._published = Published(
                 snapshot, new_plan, view, meta, time.time(), elapsed * 1000.0, invalid
             )
+            self._version += 1
         self.last_epoch_error = None
         self.history.append(
             {"epoch": snapshot.epoch, "time": time.time(), "prices": new_plan.price_map()}
@@ -484,7 +487,24 @@ class Engine:
 
     # -- per-pod questions --------------------------------------------------------------
     def _verdicts(self, pub: Published, pj: PodJob, names: list[str]) -> dict[str, NodeVerdict]:
-        """Verdicts for ``names``; call with ``self._lock`` held."""
+        """Verdicts for ``names``; call with ``self._lock`` held.
+
+        Prioritize follows filter for the same pod with a subset of its nodes: while
+        the view is unchanged, the verdicts filter computed are reused."""
+        cached = self._verdict_cache.get(pj.job.id)
+        if cached is not None and cached[0] == self._version:
+            known = cached[1]
+            if all(n in known for n in names):
+                return {n: known[n] for n in names}
+        verdicts = self._compute_verdicts(pub, pj, names)
+        self._verdict_cache[pj.job.id] = (self._version, verdicts)
+        if len(self._verdict_cache) > 256:
+            self._verdict_cache.popitem(last=False)
+        return verdicts
+
+    def _compute_verdicts(
+        self, pub: Published, pj: PodJob, names: list[str]
+    ) -> dict[str, NodeVerdict]:
         view, job = pub.view, pj.job
         if not view.holds(job.id):
             return view.evaluate(job, pj.family, names)
@@ -630,6 +650,7 @@ class Engine:
                 else:
                     if held:
                         pub.view.forget(job.id)
+                        self._version += 1
                     verdict = pub.view.evaluate(job, pj.family, [node])[node]
                     if not verdict.feasible:
                         self.metrics.bind("rejected")
@@ -638,6 +659,7 @@ class Engine:
             self._assumed[job.id] = Assumed(
                 pj, verdict, self.clock() + self.settings.assume_ttl_seconds
             )
+            self._version += 1
         return self._write(self._bind_request(pod, pj, verdict, pub.plan.epoch), pj)
 
     def _bind_request(
@@ -690,6 +712,7 @@ class Engine:
                 with self._lock:
                     self._assumed.pop(pj.job.id, None)
                     self.published.view.forget(pj.job.id)
+                    self._version += 1
             self.metrics.bind("error")
             log.warning(
                 "bind.failed",
