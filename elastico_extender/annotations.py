@@ -345,7 +345,7 @@ def parse_intent(
         elif mode is Mode.FIXED:
             allowed = (family.fastest_index,) if allowed is None else allowed[:1]
         if floor > 0:
-            rows = list(allowed) if allowed is not None else list(range(family.size))
+            rows = tuple(allowed) if allowed is not None else tuple(range(family.size))
             best = max((float(family.throughput[r]) for r in rows), default=0.0)
             if rows and best < floor:
                 problems.append(

@@ -196,14 +196,17 @@ class KubeCluster:
         ns, name = request.namespace, request.name
         try:
             if request.configmap is not None:
-                body = configmap_object(request, request.uid)
+                body: Any = configmap_object(request, request.uid)
                 try:
                     self.api.create_namespaced_config_map(ns, body, _preload_content=False)
                 except ApiException as exc:
                     if exc.status != 409:
                         raise
                     self.api.replace_namespaced_config_map(
-                        request.configmap, ns, body, _preload_content=False
+                        request.configmap,
+                        ns,
+                        body,
+                        _preload_content=False,
                     )
             if request.annotations:
                 self.api.patch_namespaced_pod(
@@ -212,14 +215,19 @@ class KubeCluster:
                     {"metadata": {"annotations": request.annotations}},
                     _preload_content=False,
                 )
-            binding = {
+            binding: Any = {
                 "apiVersion": "v1",
                 "kind": "Binding",
                 "metadata": {"name": name, "namespace": ns, "uid": request.uid},
                 "target": {"apiVersion": "v1", "kind": "Node", "name": request.node},
             }
             # _preload_content=False: the client's Binding model rejects the Status reply.
-            self.api.create_namespaced_pod_binding(name, ns, binding, _preload_content=False)
+            self.api.create_namespaced_pod_binding(
+                name,
+                ns,
+                binding,
+                _preload_content=False,
+            )
         except ApiException as exc:
             raise ClusterError(f"API server answered {exc.status}: {exc.reason}") from exc
         except Exception as exc:  # urllib3 connection errors and the like

@@ -47,7 +47,7 @@ LABEL_COUNT = "nvidia.com/gpu.count"
 LABEL_MEMORY = "nvidia.com/gpu.memory"
 LABEL_PRODUCT = "nvidia.com/gpu.product"
 
-_SUFFIX = {
+_SUFFIX: dict[str, int | Decimal] = {
     "Ki": 2**10,
     "Mi": 2**20,
     "Gi": 2**30,

@@ -825,7 +825,7 @@ class Engine:
         rows = []
         for node in pub.snapshot.nodes:
             gpus = []
-            pairs = []
+            pairs: list[list[str]] = []
             for g in node.gpus:
                 here = occupants.get((node.name, g.index), [])
                 gpus.append(

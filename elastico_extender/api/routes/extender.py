@@ -15,6 +15,7 @@ from typing import Any
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
+from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
 
 from elastico_extender.api.deps import (
@@ -42,7 +43,7 @@ log = logging.getLogger(__name__)
 router = APIRouter(tags=["extender"])
 
 
-def _body(model: type) -> dict[str, Any]:
+def _body(model: type[BaseModel]) -> dict[str, Any]:
     return {
         "requestBody": {
             "required": True,
