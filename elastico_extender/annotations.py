@@ -1,0 +1,411 @@
+"""The ``elastico.io/`` pod annotations: how a pod opts in, and how decisions are written back.
+
+Input annotations (set by the user; any one of them opts the pod in)::
+
+    elastico.io/family          workload family, the profile key (required), e.g. ``bert``
+    elastico.io/mode            ``elastic`` (default: ElastiCo picks the configuration)
+                                or ``fixed`` (the pod keeps one configuration)
+    elastico.io/kind            ``training`` | ``inference``; optional, must match the family
+    elastico.io/min-throughput  floor L_j in the family's unit (samples/s or tokens/s), >= 0
+    elastico.io/weight          priority weight w_j, a positive number (default 1)
+    elastico.io/allowed         allowed knob ranges, ``;``-separated: ``knob=low..high``
+                                (inclusive, numeric) or ``knob=v1|v2`` (a set of values),
+                                e.g. ``batch_size=32..128; amp=on``
+    elastico.io/configuration   ``fixed`` mode only: the configuration to run,
+                                ``knob=value,knob=value`` (unset knobs: the fastest row's)
+
+Decision annotations (written by bind; read back to rebuild state after a restart)::
+
+    elastico.io/assigned-node, assigned-devices (``0,1``), assigned-configuration
+    (the configuration label), memory-budget-mib, predicted-slowdown, price-epoch,
+    configmap (the per-pod ConfigMap holding the framework settings)
+
+:func:`parse_intent` validates everything and raises :class:`AnnotationError`
+with every ``(annotation, message)`` pair, so the pod's event lists all fixes.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from elastico_extender.core.model import (
+    Configuration,
+    JobKind,
+    KnobValue,
+    Mode,
+    ProfileFamily,
+)
+from elastico_extender.core.shapes.knobs import KnobRange, KnobSpace
+from elastico_extender.errors import AnnotationError, UnknownWorkloadError
+
+__all__ = [
+    "DECISION_KEYS",
+    "INPUT_KEYS",
+    "PREFIX",
+    "Decision",
+    "PodIntent",
+    "decision_annotations",
+    "family_knob_space",
+    "is_opted_in",
+    "parse_intent",
+    "read_decision",
+]
+
+PREFIX = "elastico.io/"
+
+FAMILY = "family"
+MODE = "mode"
+KIND = "kind"
+MIN_THROUGHPUT = "min-throughput"
+WEIGHT = "weight"
+ALLOWED = "allowed"
+CONFIGURATION = "configuration"
+INPUT_KEYS = (FAMILY, MODE, KIND, MIN_THROUGHPUT, WEIGHT, ALLOWED, CONFIGURATION)
+
+ASSIGNED_NODE = "assigned-node"
+ASSIGNED_DEVICES = "assigned-devices"
+ASSIGNED_CONFIGURATION = "assigned-configuration"
+MEMORY_BUDGET = "memory-budget-mib"
+PREDICTED_SLOWDOWN = "predicted-slowdown"
+PRICE_EPOCH = "price-epoch"
+CONFIGMAP = "configmap"
+DECISION_KEYS = (
+    ASSIGNED_NODE,
+    ASSIGNED_DEVICES,
+    ASSIGNED_CONFIGURATION,
+    MEMORY_BUDGET,
+    PREDICTED_SLOWDOWN,
+    PRICE_EPOCH,
+    CONFIGMAP,
+)
+
+_TRUE = {"true", "on", "yes", "1"}
+_FALSE = {"false", "off", "no", "0"}
+
+FamilyResolver = Callable[[str], ProfileFamily]
+"""Returns the profile family for a name; raises :class:`UnknownWorkloadError` when none."""
+
+
+@dataclass(frozen=True)
+class PodIntent:
+    """What an opted-in pod asks for, validated against its profile family."""
+
+    family: ProfileFamily = field(repr=False)
+    mode: Mode
+    kind: JobKind
+    min_throughput: float
+    weight: float
+    allowed: tuple[int, ...] | None  # configuration rows; None = every row
+
+    @property
+    def family_name(self) -> str:
+        return self.family.workload
+
+
+@dataclass(frozen=True)
+class Decision:
+    """A bind decision as recorded on the pod."""
+
+    node: str
+    devices: tuple[int, ...]
+    configuration: str
+    memory_budget_mib: float
+
+
+def _key(name: str) -> str:
+    return PREFIX + name
+
+
+def is_opted_in(annotations: Mapping[str, str] | None) -> bool:
+    """Whether any input annotation is present (decision keys alone do not opt in)."""
+    if not annotations:
+        return False
+    return any(_key(k) in annotations for k in INPUT_KEYS)
+
+
+def family_knob_space(family: ProfileFamily) -> KnobSpace:
+    """The knob space spanned by a family's configurations (values in first-seen order)."""
+    values: dict[str, list[KnobValue]] = {}
+    for config in family.configs:
+        for name, value in config.knobs:
+            seen = values.setdefault(name, [])
+            if value not in seen:
+                seen.append(value)
+    return KnobSpace.of(**values)
+
+
+def _match_value(token: str, candidates: tuple[KnobValue, ...]) -> KnobValue | None:
+    """The knob value written as ``token`` (bools as on/off/true/false, numbers by value)."""
+    text = token.strip().lower()
+    for value in candidates:
+        if isinstance(value, bool):
+            if (value and text in _TRUE) or (not value and text in _FALSE):
+                return value
+        elif isinstance(value, int | float):
+            try:
+                if math.isclose(float(text), float(value), rel_tol=1e-9, abs_tol=1e-12):
+                    return value
+            except ValueError:
+                continue
+        elif text == str(value).lower():
+            return value
+    return None
+
+
+def _number(key: str, raw: str, problems: list[tuple[str, str]]) -> float | None:
+    try:
+        value = float(raw)
+    except ValueError:
+        problems.append((key, f"must be a number, got {raw!r}"))
+        return None
+    if not math.isfinite(value):
+        problems.append((key, f"must be a finite number, got {raw!r}"))
+        return None
+    return value
+
+
+def _parse_allowed(
+    raw: str, space: KnobSpace, problems: list[tuple[str, str]]
+) -> dict[str, KnobRange]:
+    key = _key(ALLOWED)
+    knobs = {k.name: k for k in space.knobs}
+    ranges: dict[str, KnobRange] = {}
+    for part in (p.strip() for p in raw.split(";")):
+        if not part:
+            continue
+        name, sep, spec = part.partition("=")
+        name, spec = name.strip(), spec.strip()
+        if not sep or not name or not spec:
+            problems.append((key, f"{part!r} is not of the form knob=low..high or knob=a|b"))
+            continue
+        knob = knobs.get(name)
+        if knob is None:
+            problems.append((key, f"unknown knob {name!r}; known: {', '.join(space.names)}"))
+            continue
+        if name in ranges:
+            problems.append((key, f"knob {name!r} is given twice"))
+            continue
+        if ".." in spec:
+            low_text, _, high_text = spec.partition("..")
+            try:
+                low, high = float(low_text), float(high_text)
+            except ValueError:
+                problems.append((key, f"{name}: range {spec!r} needs two numbers"))
+                continue
+            if not (math.isfinite(low) and math.isfinite(high)) or low > high:
+                problems.append((key, f"{name}: range {spec!r} is empty or not finite"))
+                continue
+            if not any(isinstance(v, int | float) and not isinstance(v, bool) for v in knob.values):
+                problems.append((key, f"{name}: not a numeric knob; list values with a|b"))
+                continue
+            ranges[name] = (low, high)
+            continue
+        chosen: set[KnobValue] = set()
+        for token in spec.split("|"):
+            value = _match_value(token, knob.values)
+            if value is None:
+                shown = ", ".join(str(v) for v in knob.values)
+                problems.append((key, f"{name}: {token.strip()!r} is not one of {shown}"))
+            else:
+                chosen.add(value)
+        if chosen:
+            ranges[name] = frozenset(chosen)
+    return ranges
+
+
+def _parse_configuration(
+    raw: str, family: ProfileFamily, space: KnobSpace, problems: list[tuple[str, str]]
+) -> int | None:
+    key = _key(CONFIGURATION)
+    wanted = dict(family.configs[family.fastest_index].knobs)
+    knobs = {k.name: k for k in space.knobs}
+    ok = True
+    for part in (p.strip() for p in raw.split(",")):
+        if not part:
+            continue
+        name, sep, text = part.partition("=")
+        name = name.strip()
+        knob = knobs.get(name)
+        if not sep or knob is None:
+            problems.append((key, f"{part!r}: expected knob=value with a knob of {space.names}"))
+            ok = False
+            continue
+        value = _match_value(text, knob.values)
+        if value is None:
+            shown = ", ".join(str(v) for v in knob.values)
+            problems.append((key, f"{name}: {text.strip()!r} is not one of {shown}"))
+            ok = False
+            continue
+        wanted[name] = value
+    if not ok:
+        return None
+    try:
+        return family.index_of(wanted)
+    except KeyError:
+        problems.append((key, f"{Configuration.from_dict(wanted).label} is not in the family"))
+        return None
+
+
+def parse_intent(
+    annotations: Mapping[str, str] | None, resolve: FamilyResolver
+) -> PodIntent | None:
+    """The pod's request, or None when it has not opted in.
+
+    Raises :class:`AnnotationError` listing every invalid annotation (unknown
+    keys under the prefix included, so a typo is reported, not ignored).
+    """
+    if not is_opted_in(annotations):
+        return None
+    assert annotations is not None
+    problems: list[tuple[str, str]] = []
+    known = {_key(k) for k in INPUT_KEYS + DECISION_KEYS}
+    for key in annotations:
+        if key.startswith(PREFIX) and key not in known:
+            problems.append(
+                (key, f"unknown annotation; known: {', '.join(_key(k) for k in INPUT_KEYS)}")
+            )
+
+    def get(name: str) -> str | None:
+        value = annotations.get(_key(name))
+        return None if value is None else str(value).strip()
+
+    mode = Mode.ELASTIC
+    raw_mode = get(MODE)
+    if raw_mode is not None:
+        try:
+            mode = Mode(raw_mode.lower())
+        except ValueError:
+            problems.append((_key(MODE), f"must be elastic or fixed, got {raw_mode!r}"))
+    kind: JobKind | None = None
+    raw_kind = get(KIND)
+    if raw_kind is not None:
+        try:
+            kind = JobKind(raw_kind.lower())
+        except ValueError:
+            problems.append((_key(KIND), f"must be training or inference, got {raw_kind!r}"))
+    weight = 1.0
+    raw_weight = get(WEIGHT)
+    if raw_weight is not None:
+        value = _number(_key(WEIGHT), raw_weight, problems)
+        if value is not None and value <= 0:
+            problems.append((_key(WEIGHT), f"must be > 0, got {raw_weight!r}"))
+        elif value is not None:
+            weight = value
+    floor = 0.0
+    raw_floor = get(MIN_THROUGHPUT)
+    if raw_floor is not None:
+        value = _number(_key(MIN_THROUGHPUT), raw_floor, problems)
+        if value is not None and value < 0:
+            problems.append((_key(MIN_THROUGHPUT), f"must be >= 0, got {raw_floor!r}"))
+        elif value is not None:
+            floor = value
+
+    family: ProfileFamily | None = None
+    raw_family = get(FAMILY)
+    if not raw_family:
+        problems.append((_key(FAMILY), "is required for a pod that uses elastico.io/ annotations"))
+    else:
+        try:
+            family = resolve(raw_family)
+        except UnknownWorkloadError as exc:
+            problems.append((_key(FAMILY), str(exc)))
+
+    allowed: tuple[int, ...] | None = None
+    if family is not None:
+        if kind is not None and kind is not family.kind:
+            problems.append(
+                (
+                    _key(KIND),
+                    f"{kind.value} does not match family {family.workload!r} ({family.kind.value})",
+                )
+            )
+        space = family_knob_space(family)
+        raw_allowed = get(ALLOWED)
+        raw_config = get(CONFIGURATION)
+        if raw_allowed:
+            ranges = _parse_allowed(raw_allowed, space, problems)
+            if ranges:
+                rows = space.allowed_rows(family.configs, ranges)
+                if not rows:
+                    problems.append((_key(ALLOWED), "no configuration of the family satisfies it"))
+                allowed = rows
+        if raw_config is not None:
+            if mode is not Mode.FIXED:
+                problems.append((_key(CONFIGURATION), "is only valid with elastico.io/mode: fixed"))
+            else:
+                row = _parse_configuration(raw_config, family, space, problems)
+                if row is not None:
+                    if allowed is not None and row not in allowed:
+                        problems.append(
+                            (_key(CONFIGURATION), "is outside the elastico.io/allowed ranges")
+                        )
+                    allowed = (row,)
+        elif mode is Mode.FIXED:
+            allowed = (family.fastest_index,) if allowed is None else allowed[:1]
+        if floor > 0:
+            rows = tuple(allowed) if allowed is not None else tuple(range(family.size))
+            best = max((float(family.throughput[r]) for r in rows), default=0.0)
+            if rows and best < floor:
+                problems.append(
+                    (
+                        _key(MIN_THROUGHPUT),
+                        f"{floor:g} {family.throughput_unit} exceeds the best allowed "
+                        f"configuration's {best:.4g} {family.throughput_unit}",
+                    )
+                )
+    if problems:
+        raise AnnotationError(problems)
+    assert family is not None
+    return PodIntent(
+        family=family,
+        mode=mode,
+        kind=family.kind,
+        min_throughput=floor,
+        weight=weight,
+        allowed=allowed,
+    )
+
+
+def decision_annotations(
+    *,
+    node: str,
+    devices: tuple[int, ...],
+    configuration: Configuration,
+    memory_budget_mib: float,
+    predicted_slowdown: float,
+    price_epoch: int,
+    configmap: str,
+) -> dict[str, str]:
+    """The annotations bind writes on the pod (all strings)."""
+    return {
+        _key(ASSIGNED_NODE): node,
+        _key(ASSIGNED_DEVICES): ",".join(str(d) for d in devices),
+        _key(ASSIGNED_CONFIGURATION): configuration.label,
+        _key(MEMORY_BUDGET): f"{memory_budget_mib:.0f}",
+        _key(PREDICTED_SLOWDOWN): f"{predicted_slowdown:.3f}",
+        _key(PRICE_EPOCH): str(price_epoch),
+        _key(CONFIGMAP): configmap,
+    }
+
+
+def read_decision(annotations: Mapping[str, str] | None) -> Decision | None:
+    """The decision bind recorded, or None when absent or unreadable."""
+    if not annotations:
+        return None
+    node = annotations.get(_key(ASSIGNED_NODE))
+    devices = annotations.get(_key(ASSIGNED_DEVICES))
+    if not node or devices is None:
+        return None
+    try:
+        indices = tuple(int(d) for d in devices.split(",") if d.strip())
+        budget = float(annotations.get(_key(MEMORY_BUDGET), "0") or 0)
+    except ValueError:
+        return None
+    return Decision(
+        node=node,
+        devices=indices,
+        configuration=annotations.get(_key(ASSIGNED_CONFIGURATION), ""),
+        memory_budget_mib=budget,
+    )

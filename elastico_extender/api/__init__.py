@@ -1,0 +1,1 @@
+"""The HTTP edge: extender verbs, REST views, webhook, operations (see :mod:`.app`)."""

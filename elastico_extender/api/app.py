@@ -1,0 +1,123 @@
+"""The app factory: ``create_app(settings, cluster)`` -> a FastAPI app (STYLE habit 13).
+
+Settings and the cluster are passed in, never built at import.  The app's
+lifespan starts the cluster view and the epoch loop and stops them again.
+Routes: extender verbs under ``/scheduler`` (the KubeSchedulerConfiguration's
+``urlPrefix``), REST views at the root, the webhook at ``/mutate``, and
+``/healthz``, ``/readyz``, ``/metrics``; OpenAPI docs at ``/docs``.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from elastico_extender import __version__
+from elastico_extender.api.deps import ApiError, json_response
+from elastico_extender.api.routes import extender, ops, rest, webhook
+from elastico_extender.cluster.base import Cluster
+from elastico_extender.core.interference.predictor import SlowdownPredictor
+from elastico_extender.core.settings import PlannerSettings
+from elastico_extender.profiles.store import ProfileStore
+from elastico_extender.service.engine import Engine
+from elastico_extender.service.families import FamilyResolver
+from elastico_extender.service.metrics import PrometheusMetrics
+from elastico_extender.service.predictor import resolve_predictor
+from elastico_extender.service.settings import ServiceSettings
+
+__all__ = ["EXTENDER_PREFIX", "create_app"]
+
+log = logging.getLogger(__name__)
+
+EXTENDER_PREFIX = "/scheduler"
+
+
+def _token(settings: ServiceSettings) -> tuple[str, bool]:
+    if settings.token_file:
+        token = Path(settings.token_file).read_text().strip()
+        if not token:
+            raise ValueError(f"token_file {settings.token_file} is empty")
+        return token, False
+    return secrets.token_urlsafe(32), True
+
+
+def create_app(
+    settings: ServiceSettings,
+    cluster: Cluster,
+    *,
+    planner_settings: PlannerSettings | None = None,
+    predictor: SlowdownPredictor | None = None,
+    predictor_degraded: str | None = None,
+    store: ProfileStore | None = None,
+) -> FastAPI:
+    """Build the service. ``predictor`` is injectable; by default it is resolved from
+    ``settings.predictor_model`` (the core's contention heuristic when none)."""
+    if predictor is None:
+        predictor, predictor_degraded = resolve_predictor(settings.predictor_model)
+    if store is None and settings.profile_store:
+        store = ProfileStore(settings.profile_store)
+    metrics = PrometheusMetrics()
+    if predictor_degraded:
+        metrics.degraded.labels(predictor_degraded).set(1)
+    engine = Engine(
+        settings,
+        cluster,
+        planner_settings=planner_settings,
+        predictor=predictor,
+        predictor_degraded=predictor_degraded,
+        families=FamilyResolver(settings.default_gpu_memory_mib, store=store),
+        metrics=metrics,
+    )
+    token, generated = _token(settings)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        cluster.start()
+        engine.start()
+        log.info("service.started", extra={"cluster": cluster.description})
+        try:
+            yield
+        finally:
+            engine.stop()
+            cluster.stop()
+
+    app = FastAPI(
+        title="ElastiCo scheduler extender",
+        version=__version__,
+        description=(
+            "kube-scheduler extender (filter/prioritize/bind/preempt), REST views of the "
+            "ElastiCo plan, and the pod mutating webhook."
+        ),
+        lifespan=lifespan,
+    )
+    app.state.settings = settings
+    app.state.engine = engine
+    app.state.metrics = metrics
+    app.state.token = token
+    app.state.token_generated = generated
+
+    @app.exception_handler(ApiError)
+    async def api_error(request: Request, exc: ApiError) -> Response:
+        return json_response({"Error": exc.message}, exc.status, exc.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, exc: RequestValidationError) -> Response:
+        return json_response({"Error": str(exc.errors()[:5])}, 400)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        return json_response({"Error": str(exc.detail)}, exc.status_code)
+
+    app.include_router(extender.router, prefix=EXTENDER_PREFIX)
+    app.include_router(rest.router)
+    app.include_router(webhook.router)
+    app.include_router(ops.router)
+    return app

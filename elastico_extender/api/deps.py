@@ -1,0 +1,128 @@
+"""Shared pieces of the HTTP edge: request bodies with limits, JSON replies, auth."""
+
+from __future__ import annotations
+
+import hmac
+import json
+from typing import Any, TypeVar
+
+import orjson
+from fastapi import Request
+from fastapi.responses import Response
+from pydantic import BaseModel, ValidationError
+
+from elastico_extender.service.engine import Engine
+from elastico_extender.service.metrics import PrometheusMetrics
+from elastico_extender.service.settings import ServiceSettings
+
+__all__ = [
+    "ApiError",
+    "engine_of",
+    "json_response",
+    "metrics_of",
+    "read_model",
+    "require_auth",
+    "settings_of",
+]
+
+M = TypeVar("M", bound=BaseModel)
+
+
+class ApiError(Exception):
+    """A client error: rendered as ``{"Error": message}`` with ``status`` (4xx)."""
+
+    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.headers = headers or {}
+
+
+def json_response(
+    content: Any, status: int = 200, headers: dict[str, str] | None = None
+) -> Response:
+    return Response(
+        orjson.dumps(content, option=orjson.OPT_SERIALIZE_NUMPY),
+        status_code=status,
+        media_type="application/json",
+        headers=headers,
+    )
+
+
+def engine_of(request: Request) -> Engine:
+    engine: Engine = request.app.state.engine
+    return engine
+
+
+def settings_of(request: Request) -> ServiceSettings:
+    settings: ServiceSettings = request.app.state.settings
+    return settings
+
+
+def metrics_of(request: Request) -> PrometheusMetrics:
+    metrics: PrometheusMetrics = request.app.state.metrics
+    return metrics
+
+
+async def read_body(request: Request) -> bytes:
+    """The request body, refusing more than ``max_body_bytes`` (413) before reading it all."""
+    limit = settings_of(request).max_body_bytes
+    declared = request.headers.get("content-length")
+    if declared is not None:
+        try:
+            size = int(declared)
+        except ValueError:
+            raise ApiError(400, "Content-Length is not a number") from None
+        if size > limit:
+            raise ApiError(413, f"request body of {size} bytes exceeds the limit of {limit}")
+    chunks = []
+    total = 0
+    async for chunk in request.stream():
+        total += len(chunk)
+        if total > limit:
+            raise ApiError(413, f"request body exceeds the limit of {limit} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _describe(exc: ValidationError) -> str:
+    parts = []
+    for err in exc.errors()[:10]:
+        where = ".".join(str(p) for p in err.get("loc", ())) or "body"
+        parts.append(f"{where}: {err.get('msg')}")
+    return "; ".join(parts)
+
+
+async def read_model(request: Request, model: type[M]) -> M:
+    """Parse and validate a JSON body into ``model``; 400 names every wrong field."""
+    body = await read_body(request)
+    if not body.strip():
+        raise ApiError(400, "empty request body; expected a JSON object")
+    try:
+        return model.model_validate_json(body)
+    except ValidationError as exc:
+        if any(e.get("type") == "json_invalid" for e in exc.errors()):
+            try:
+                json.loads(body)
+            except (json.JSONDecodeError, UnicodeDecodeError) as err:
+                raise ApiError(400, f"malformed JSON: {err}") from None
+        raise ApiError(400, f"invalid {model.__name__}: {_describe(exc)}") from None
+
+
+def require_auth(request: Request) -> None:
+    """State-changing endpoints: a verified client certificate (the mTLS listener) or
+    ``Authorization: Bearer <token>``; 401 otherwise."""
+    settings = settings_of(request)
+    server = request.scope.get("server") or (None, None)
+    if settings.client_ca_file and server[1] == settings.port:
+        return  # uvicorn required a client certificate signed by client_ca_file
+    token: str = request.app.state.token
+    header = request.headers.get("authorization", "")
+    scheme, _, given = header.partition(" ")
+    if scheme.lower() == "bearer" and given and hmac.compare_digest(given.strip(), token):
+        return
+    raise ApiError(
+        401,
+        "authentication required: Authorization: Bearer <token> or a client certificate",
+        {"WWW-Authenticate": "Bearer"},
+    )

@@ -1,0 +1,1 @@
+"""One router per resource: extender verbs, REST state, webhook, operations."""

@@ -1,0 +1,197 @@
+"""The kube-scheduler extender verbs: filter, prioritize, bind, preempt.
+
+Bodies are parsed straight from bytes into the :mod:`..extender_v1` models and
+replies are written with the Go field names.  Client mistakes get a 4xx with an
+``Error`` field; anything unexpected inside a verb is logged and answered with
+an ``Error`` field (the scheduler retries the pod) rather than a 500.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import Response
+from pydantic import BaseModel
+from starlette.concurrency import run_in_threadpool
+
+from elastico_extender.api.deps import (
+    ApiError,
+    engine_of,
+    json_response,
+    metrics_of,
+    read_model,
+    require_auth,
+)
+from elastico_extender.api.extender_v1 import (
+    ExtenderArgs,
+    ExtenderBindingArgs,
+    ExtenderBindingResult,
+    ExtenderFilterResult,
+    ExtenderPreemptionArgs,
+    ExtenderPreemptionResult,
+    HostPriority,
+)
+
+__all__ = ["router"]
+
+log = logging.getLogger(__name__)
+
+router = APIRouter(tags=["extender"])
+
+
+def _body(model: type[BaseModel]) -> dict[str, Any]:
+    return {
+        "requestBody": {
+            "required": True,
+            "content": {
+                "application/json": {
+                    "schema": model.model_json_schema(by_alias=True, ref_template="#/$defs/{model}")
+                }
+            },
+        }
+    }
+
+
+async def _timed(
+    request: Request, verb: str, handler: Callable[[], Awaitable[Response]], error_body: Any
+) -> Response:
+    started = time.perf_counter()
+    try:
+        return await handler()
+    except ApiError:
+        raise
+    except Exception as exc:  # degrade, don't crash: the scheduler sees the Error and retries
+        log.exception("verb.failed", extra={"verb": verb})
+        body = error_body(f"elastico internal error in {verb}: {type(exc).__name__}: {exc}")
+        return json_response(body)
+    finally:
+        metrics_of(request).request.labels(verb).observe(time.perf_counter() - started)
+
+
+def _names(args: ExtenderArgs) -> list[str]:
+    if args.nodes is None:
+        return list(args.node_names or [])
+    names = []
+    for i, item in enumerate(args.nodes.items):
+        name = (item.get("metadata") or {}).get("name") if isinstance(item, dict) else None
+        if not isinstance(name, str) or not name:
+            raise ApiError(400, f"Nodes.items[{i}] has no metadata.name")
+        names.append(name)
+    return names
+
+
+def _filter_error(message: str) -> dict[str, Any]:
+    return {"NodeNames": [], "FailedNodes": {}, "FailedAndUnresolvableNodes": {}, "Error": message}
+
+
+@router.post(
+    "/filter",
+    response_model=ExtenderFilterResult,
+    openapi_extra=_body(ExtenderArgs),
+    summary="Extender filter (ExtenderArgs -> ExtenderFilterResult)",
+)
+async def filter_nodes(request: Request) -> Response:
+    async def handle() -> Response:
+        args = await read_model(request, ExtenderArgs)
+        if not isinstance(args.pod.get("metadata"), dict):
+            raise ApiError(400, "Pod.metadata must be an object")
+        names = _names(args)
+        outcome = engine_of(request).filter(args.pod, names)
+        reply: dict[str, Any] = {
+            "NodeNames": outcome.passed,
+            "FailedNodes": outcome.failed,
+            "FailedAndUnresolvableNodes": outcome.unresolvable,
+            "Error": "",
+        }
+        if args.nodes is not None:
+            # nodeCacheCapable false: the scheduler reads only Nodes from the reply.
+            keep = set(outcome.passed)
+            reply["Nodes"] = {
+                "metadata": args.nodes.metadata,
+                "items": [n for n in args.nodes.items if n["metadata"]["name"] in keep],
+            }
+        return json_response(reply)
+
+    return await _timed(request, "filter", handle, _filter_error)
+
+
+@router.post(
+    "/prioritize",
+    response_model=list[HostPriority],
+    openapi_extra=_body(ExtenderArgs),
+    summary="Extender prioritize (ExtenderArgs -> HostPriorityList, scores 0..10)",
+)
+async def prioritize_nodes(request: Request) -> Response:
+    async def handle() -> Response:
+        args = await read_model(request, ExtenderArgs)
+        if not isinstance(args.pod.get("metadata"), dict):
+            raise ApiError(400, "Pod.metadata must be an object")
+        scores = engine_of(request).prioritize(args.pod, _names(args))
+        return json_response([{"Host": n, "Score": s} for n, s in scores])
+
+    def error(message: str) -> Any:
+        raise ApiError(503, message)
+
+    return await _timed(request, "prioritize", handle, error)
+
+
+@router.post(
+    "/bind",
+    response_model=ExtenderBindingResult,
+    openapi_extra=_body(ExtenderBindingArgs),
+    dependencies=[Depends(require_auth)],
+    summary="Extender bind: pick the GPU, write ConfigMap + annotations, create the Binding",
+)
+async def bind_pod(request: Request) -> Response:
+    async def handle() -> Response:
+        args = await read_model(request, ExtenderBindingArgs)
+        if not args.pod_name or not args.node:
+            raise ApiError(400, "PodName and Node are required")
+        error = await run_in_threadpool(
+            engine_of(request).bind,
+            args.pod_namespace or "default",
+            args.pod_name,
+            args.pod_uid,
+            args.node,
+        )
+        return json_response({"Error": error})
+
+    return await _timed(request, "bind", handle, lambda m: {"Error": m})
+
+
+@router.post(
+    "/preempt",
+    response_model=ExtenderPreemptionResult,
+    openapi_extra=_body(ExtenderPreemptionArgs),
+    summary="Extender preempt: keep candidate victims that really run on known nodes",
+)
+async def preempt(request: Request) -> Response:
+    async def handle() -> Response:
+        args = await read_model(request, ExtenderPreemptionArgs)
+        candidates: dict[str, list[str]] = {}
+        pdb: dict[str, int] = {}
+        if args.node_name_to_meta_victims is not None:
+            for node, meta in args.node_name_to_meta_victims.items():
+                candidates[node] = [p.uid for p in meta.pods]
+                pdb[node] = meta.num_pdb_violations
+        elif args.node_name_to_victims is not None:
+            for node, victims in args.node_name_to_victims.items():
+                candidates[node] = [
+                    str((p.get("metadata") or {}).get("uid", "")) for p in victims.pods
+                ]
+                pdb[node] = victims.num_pdb_violations
+        kept = engine_of(request).victims(candidates)
+        return json_response(
+            {
+                "NodeNameToMetaVictims": {
+                    node: {"Pods": [{"UID": u} for u in uids], "NumPDBViolations": pdb[node]}
+                    for node, uids in kept.items()
+                }
+            }
+        )
+
+    return await _timed(request, "preempt", handle, lambda m: {"NodeNameToMetaVictims": {}})

@@ -1,0 +1,46 @@
+"""Operations: liveness, readiness, Prometheus metrics."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from elastico_extender.api.deps import engine_of, json_response, metrics_of
+
+__all__ = ["router"]
+
+router = APIRouter(tags=["operations"])
+
+
+@router.get("/healthz", summary="Liveness, with the predictor in use and why it is degraded")
+async def healthz(request: Request) -> Response:
+    engine = engine_of(request)
+    return json_response(
+        {
+            "status": "ok",
+            "cluster": engine.cluster.description,
+            "predictor": engine.predictor_name,
+            "degraded_predictor": engine.predictor_degraded,
+            "last_epoch_error": engine.last_epoch_error,
+        }
+    )
+
+
+@router.get("/readyz", summary="Ready once the cluster view is synced and a plan is published")
+async def readyz(request: Request) -> Response:
+    engine = engine_of(request)
+    ready = engine.ready
+    body = {
+        "ready": ready,
+        "cluster_synced": engine.cluster.state.is_synced,
+        "plan_published": engine.has_plan,
+    }
+    return json_response(body, status=200 if ready else 503)
+
+
+@router.get("/metrics", summary="Prometheus metrics")
+async def metrics(request: Request) -> Response:
+    engine = engine_of(request)
+    body = metrics_of(request).render(engine.assumed_count)
+    return Response(body, media_type=CONTENT_TYPE_LATEST)

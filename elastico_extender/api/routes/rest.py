@@ -1,0 +1,59 @@
+"""REST views of the scheduler: prices, jobs, nodes, plan; POST /epoch to replan now."""
+
+from __future__ import annotations
+
+import time
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import Response
+from starlette.concurrency import run_in_threadpool
+
+from elastico_extender.api.deps import engine_of, json_response, metrics_of, require_auth
+
+__all__ = ["router"]
+
+router = APIRouter(tags=["scheduler state"])
+
+
+def _observe(request: Request, verb: str, started: float) -> None:
+    metrics_of(request).request.labels(verb).observe(time.perf_counter() - started)
+
+
+@router.get("/prices", summary="Current shadow price per resource and recent history")
+async def prices(request: Request) -> Response:
+    started = time.perf_counter()
+    reply = json_response(engine_of(request).prices())
+    _observe(request, "prices", started)
+    return reply
+
+
+@router.get("/jobs", summary="Jobs: chosen configuration, predicted slowdown, floor, state")
+async def jobs(request: Request) -> Response:
+    started = time.perf_counter()
+    reply = json_response(engine_of(request).jobs())
+    _observe(request, "jobs", started)
+    return reply
+
+
+@router.get("/nodes", summary="Per-GPU occupancy and co-located pairs")
+async def nodes(request: Request) -> Response:
+    started = time.perf_counter()
+    reply = json_response(engine_of(request).nodes())
+    _observe(request, "nodes", started)
+    return reply
+
+
+@router.get("/plan", summary="The latest published plan")
+async def current_plan(request: Request) -> Response:
+    return json_response(engine_of(request).plan_summary())
+
+
+@router.post(
+    "/epoch",
+    dependencies=[Depends(require_auth)],
+    summary="Run one planning epoch now (authenticated) and return the new plan",
+)
+async def run_epoch(request: Request) -> Response:
+    engine = engine_of(request)
+    await run_in_threadpool(engine.run_epoch)
+    return json_response(engine.plan_summary())

@@ -1,0 +1,1 @@
+"""The cluster view: Kubernetes list/watch + bind, or the embedded file-backed cluster."""

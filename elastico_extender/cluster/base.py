@@ -1,0 +1,53 @@
+"""What the service needs from a cluster: a live view and a way to bind.
+
+Two implementations: :class:`~.kube.KubeCluster` (the API server through the
+official client) and :class:`~.embedded.EmbeddedCluster` (a file of real
+Node/Pod objects, the no-cluster default and the test fixture).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+from elastico_extender.cluster.state import ClusterState
+from elastico_extender.errors import ElasticoError
+
+__all__ = ["BindRequest", "Cluster", "ClusterError"]
+
+
+class ClusterError(ElasticoError):
+    """A write to the cluster (ConfigMap, annotations, Binding) failed; the message says which."""
+
+
+@dataclass(frozen=True)
+class BindRequest:
+    """Everything bind writes, in order: ConfigMap, pod annotations, Binding.
+
+    ``configmap`` is None for pods that did not opt in (they are bound untouched).
+    """
+
+    namespace: str
+    name: str
+    uid: str
+    node: str
+    annotations: dict[str, str] = field(default_factory=dict)
+    configmap: str | None = None
+    data: dict[str, str] = field(default_factory=dict)
+
+
+@runtime_checkable
+class Cluster(Protocol):
+    """Contract: ``state`` is kept current by the implementation once ``start`` returns
+    (it may still be syncing: see ``state.is_synced``); ``bind`` performs the writes of
+    a :class:`BindRequest` and raises :class:`ClusterError` on failure; ``stop`` ends
+    every background thread it started.  ``description`` is one line for logs."""
+
+    state: ClusterState
+    description: str
+
+    def start(self) -> None: ...
+
+    def stop(self) -> None: ...
+
+    def bind(self, request: BindRequest) -> None: ...

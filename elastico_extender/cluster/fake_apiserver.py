@@ -1,0 +1,263 @@
+"""A small Kubernetes API server that speaks the real list/watch protocol (STYLE habit 12).
+
+It serves, over real HTTP/1.1 on 127.0.0.1:
+
+* ``GET /api/v1/nodes``, ``GET /api/v1/pods``: lists with ``metadata.resourceVersion``;
+* the same with ``?watch=true&resourceVersion=N``: a chunked stream of JSON
+  watch events (ADDED / MODIFIED / DELETED / BOOKMARK) after N, held open until
+  ``timeoutSeconds``; a version older than the last compaction gets an
+  ``ERROR`` event carrying a ``410 Expired`` Status, as etcd compaction causes;
+* ``POST .../pods/{name}/binding``, ``PATCH .../pods/{name}`` (merge patch of
+  metadata), ``POST``/``PUT .../configmaps``: the writes bind performs.
+
+Test hooks: :meth:`compact` (older versions expire), :meth:`drop_watches`
+(cut every open stream mid-chunk, as a dying load balancer would),
+:meth:`bookmark`.  The official ``kubernetes`` client talks to it unchanged.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+import socket
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import parse_qs, urlparse
+
+__all__ = ["FakeApiServer"]
+
+_POD = re.compile(r"^/api/v1/namespaces/([^/]+)/pods/([^/]+)(/binding)?$")
+_CM = re.compile(r"^/api/v1/namespaces/([^/]+)/configmaps(?:/([^/]+))?$")
+
+
+class FakeApiServer:
+    def __init__(self) -> None:
+        self.cond = threading.Condition()
+        self.rv = 100
+        self.objects: dict[str, dict[str, dict[str, Any]]] = {"nodes": {}, "pods": {}}
+        self.events: dict[str, list[tuple[int, str, dict[str, Any]]]] = {"nodes": [], "pods": []}
+        self.compacted = 0
+        self.drops = 0
+        self.configmaps: dict[tuple[str, str], dict[str, Any]] = {}
+        self.bindings: list[dict[str, Any]] = []
+        self.requests: list[str] = []
+        self.watch_count = {"nodes": 0, "pods": 0}
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: Any) -> None:
+                return None
+
+            def do_GET(self) -> None:
+                outer._get(self)
+
+            def do_POST(self) -> None:
+                outer._write(self, "POST")
+
+            def do_PATCH(self) -> None:
+                outer._write(self, "PATCH")
+
+            def do_PUT(self) -> None:
+                outer._write(self, "PUT")
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+
+    # -- lifecycle -------------------------------------------------------------
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.httpd.server_address[1]}"
+
+    def start(self) -> FakeApiServer:
+        self.thread.start()
+        return self
+
+    def stop(self) -> None:
+        with self.cond:
+            self.drops += 1
+            self.cond.notify_all()
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+    # -- world changes -----------------------------------------------------------
+    @staticmethod
+    def key(kind: str, obj: dict[str, Any]) -> str:
+        meta = obj["metadata"]
+        return (
+            meta["name"]
+            if kind == "nodes"
+            else f"{meta.get('namespace', 'default')}/{meta['name']}"
+        )
+
+    def put(self, kind: str, obj: dict[str, Any]) -> dict[str, Any]:
+        """Create or replace an object (ADDED or MODIFIED event)."""
+        with self.cond:
+            self.rv += 1
+            obj = copy.deepcopy(obj)
+            meta = obj.setdefault("metadata", {})
+            meta["resourceVersion"] = str(self.rv)
+            if kind == "pods":
+                meta.setdefault("namespace", "default")
+                meta.setdefault("uid", f"uid-{meta['name']}")
+            key = self.key(kind, obj)
+            event = "MODIFIED" if key in self.objects[kind] else "ADDED"
+            self.objects[kind][key] = obj
+            self.events[kind].append((self.rv, event, obj))
+            self.cond.notify_all()
+            return obj
+
+    def delete(self, kind: str, key: str) -> None:
+        with self.cond:
+            obj = self.objects[kind].pop(key)
+            self.rv += 1
+            obj = copy.deepcopy(obj)
+            obj["metadata"]["resourceVersion"] = str(self.rv)
+            self.events[kind].append((self.rv, "DELETED", obj))
+            self.cond.notify_all()
+
+    def bookmark(self, kind: str) -> None:
+        with self.cond:
+            self.rv += 1
+            marker = {"kind": "Pod" if kind == "pods" else "Node", "apiVersion": "v1",
+                      "metadata": {"resourceVersion": str(self.rv)}}  # fmt: skip
+            self.events[kind].append((self.rv, "BOOKMARK", marker))
+            self.cond.notify_all()
+
+    def compact(self) -> None:
+        """Every version up to now expires: a watch from it gets 410 Gone."""
+        with self.cond:
+            self.compacted = self.rv
+            self.cond.notify_all()
+
+    def drop_watches(self) -> None:
+        """Cut every open watch stream without a proper end."""
+        with self.cond:
+            self.drops += 1
+            self.cond.notify_all()
+
+    # -- HTTP ------------------------------------------------------------------------
+    @staticmethod
+    def _send_json(handler: BaseHTTPRequestHandler, status: int, body: Any) -> None:
+        data = json.dumps(body).encode()
+        handler.send_response(status)
+        handler.send_header("Content-Type", "application/json")
+        handler.send_header("Content-Length", str(len(data)))
+        handler.end_headers()
+        handler.wfile.write(data)
+
+    def _get(self, handler: BaseHTTPRequestHandler) -> None:
+        url = urlparse(handler.path)
+        query = {k: v[0] for k, v in parse_qs(url.query).items()}
+        self.requests.append(handler.path)
+        kind = {"/api/v1/nodes": "nodes", "/api/v1/pods": "pods"}.get(url.path)
+        if kind is None:
+            self._send_json(handler, 404, {"kind": "Status", "code": 404, "message": "not found"})
+            return
+        if query.get("watch") in ("true", "1", "True"):
+            self._watch(handler, kind, query)
+            return
+        with self.cond:
+            items = [copy.deepcopy(o) for o in self.objects[kind].values()]
+            rv = self.rv
+        list_kind = "NodeList" if kind == "nodes" else "PodList"
+        self._send_json(
+            handler,
+            200,
+            {"kind": list_kind, "apiVersion": "v1", "metadata": {"resourceVersion": str(rv)},
+             "items": items},
+        )  # fmt: skip
+
+    def _chunk(self, handler: BaseHTTPRequestHandler, event: dict[str, Any]) -> None:
+        data = json.dumps(event).encode() + b"\n"
+        handler.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+        handler.wfile.flush()
+
+    def _watch(self, handler: BaseHTTPRequestHandler, kind: str, query: dict[str, str]) -> None:
+        since = int(query.get("resourceVersion") or 0)
+        timeout = float(query.get("timeoutSeconds") or 30)
+        deadline = time.monotonic() + timeout
+        self.watch_count[kind] += 1
+        handler.send_response(200)
+        handler.send_header("Content-Type", "application/json")
+        handler.send_header("Transfer-Encoding", "chunked")
+        handler.end_headers()
+        with self.cond:
+            drops = self.drops
+        try:
+            if since < self.compacted:
+                self._chunk(handler, {"type": "ERROR", "object": {
+                    "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                    "message": f"too old resource version: {since} ({self.compacted})",
+                    "reason": "Expired", "code": 410}})  # fmt: skip
+                handler.wfile.write(b"0\r\n\r\n")
+                return
+            sent = since
+            while True:
+                with self.cond:
+                    pending = [e for e in self.events[kind] if e[0] > sent]
+                    if not pending and self.drops == drops:
+                        self.cond.wait(max(0.0, min(0.2, deadline - time.monotonic())))
+                        pending = [e for e in self.events[kind] if e[0] > sent]
+                    dropped = self.drops != drops
+                if dropped:
+                    handler.wfile.write(b'7f\r\n{"type": "MOD')  # half a chunk, then cut
+                    handler.wfile.flush()
+                    handler.connection.shutdown(socket.SHUT_RDWR)
+                    handler.close_connection = True
+                    return
+                for rv, etype, obj in pending:
+                    self._chunk(handler, {"type": etype, "object": obj})
+                    sent = rv
+                if time.monotonic() >= deadline:
+                    handler.wfile.write(b"0\r\n\r\n")
+                    return
+        except (BrokenPipeError, ConnectionResetError, OSError):
+            handler.close_connection = True
+
+    def _write(self, handler: BaseHTTPRequestHandler, method: str) -> None:
+        length = int(handler.headers.get("Content-Length") or 0)
+        body = json.loads(handler.rfile.read(length) or b"{}")
+        path = urlparse(handler.path).path
+        self.requests.append(f"{method} {path}")
+        pod = _POD.match(path)
+        cm = _CM.match(path)
+        if pod:
+            ns, name, binding = pod.groups()
+            with self.cond:
+                current = self.objects["pods"].get(f"{ns}/{name}")
+            if current is None:
+                self._send_json(handler, 404, {"kind": "Status", "code": 404,
+                                               "message": f"pods {name!r} not found"})  # fmt: skip
+                return
+            updated = copy.deepcopy(current)
+            if binding and method == "POST":
+                if updated["spec"].get("nodeName"):
+                    self._send_json(handler, 409, {"kind": "Status", "code": 409,
+                                                   "message": "pod already bound"})  # fmt: skip
+                    return
+                updated["spec"]["nodeName"] = body["target"]["name"]
+                self.bindings.append(body)
+                self.put("pods", updated)
+                self._send_json(handler, 201, {"kind": "Status", "status": "Success", "code": 201})
+                return
+            if method == "PATCH":
+                anns = (body.get("metadata") or {}).get("annotations") or {}
+                updated["metadata"].setdefault("annotations", {}).update(anns)
+                self._send_json(handler, 200, self.put("pods", updated))
+                return
+        if cm:
+            ns, name = cm.groups()
+            key = (ns, name or body["metadata"]["name"])
+            if method == "POST" and key in self.configmaps:
+                self._send_json(handler, 409, {"kind": "Status", "code": 409, "message": "exists"})
+                return
+            self.configmaps[key] = body
+            self._send_json(handler, 201 if method == "POST" else 200, body)
+            return
+        self._send_json(handler, 404, {"kind": "Status", "code": 404, "message": "not found"})

@@ -1,0 +1,234 @@
+"""The real cluster through the official ``kubernetes`` client: list + watch, and bind.
+
+One thread per resource (nodes, pods) runs the informer loop kube-scheduler's
+own cache follows:
+
+1. **list** (``resourceVersion`` of the list remembered), replacing the view;
+2. **watch** from that version with bookmarks; each event replaces one object;
+   a normal end of the watch (server timeout) resumes from the last version;
+3. **relist** on ``410 Gone`` (an ERROR event or status), on a dropped or broken
+   stream, and every ``resync_seconds`` (periodic resync).
+
+Objects are kept as raw JSON dicts (``_preload_content=False``, watch
+``deserialize=False``): the extender reads a few fields and never pays for the
+client's model classes.  Bind writes, in order: the per-pod ConfigMap (owned by
+the pod), the pod's decision annotations (merge patch), the ``v1 Binding``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from kubernetes import client, config, watch
+from kubernetes.client.rest import ApiException
+
+from elastico_extender.cluster.base import BindRequest, ClusterError
+from elastico_extender.cluster.embedded import configmap_object
+from elastico_extender.cluster.state import ClusterState
+
+__all__ = ["KubeCluster", "api_client_from"]
+
+log = logging.getLogger(__name__)
+
+HTTP_GONE = 410
+
+
+def api_client_from(kubeconfig: str | None) -> client.ApiClient:
+    """In-cluster config when running in a pod and no kubeconfig is given."""
+    if kubeconfig:
+        return config.new_client_from_config(config_file=kubeconfig)
+    config.load_incluster_config()
+    return client.ApiClient()
+
+
+class _Informer:
+    def __init__(
+        self,
+        kind: str,
+        state: ClusterState,
+        list_call: Callable[..., Any],
+        stop: threading.Event,
+        resync_seconds: float,
+        watch_timeout: int,
+        on_relist: Callable[[str, str], None],
+    ) -> None:
+        self.kind = kind
+        self.state = state
+        self.list_call = list_call
+        self.stop = stop
+        self.resync_seconds = resync_seconds
+        self.watch_timeout = watch_timeout
+        self.on_relist = on_relist
+        self.watcher: watch.Watch | None = None
+        self.relists = 0
+
+    def relist(self) -> str:
+        resp = self.list_call(_preload_content=False, _request_timeout=60)
+        doc = json.loads(resp.data)
+        rv = str((doc.get("metadata") or {}).get("resourceVersion", ""))
+        self.state.replace(self.kind, doc.get("items") or [], rv)
+        self.relists += 1
+        return rv
+
+    def run(self) -> None:
+        backoff = 0.2
+        rv = ""
+        listed_at = 0.0
+        while not self.stop.is_set():
+            try:
+                if not rv or time.monotonic() - listed_at >= self.resync_seconds:
+                    rv = self.relist()
+                    listed_at = time.monotonic()
+                    self.on_relist(self.kind, rv)
+                remaining = self.resync_seconds - (time.monotonic() - listed_at)
+                rv = self._watch(rv, max(1, min(self.watch_timeout, int(remaining) + 1)))
+                backoff = 0.2
+            except ApiException as exc:
+                if exc.status == HTTP_GONE:
+                    log.info("watch.gone", extra={"kind": self.kind, "rv": rv})
+                else:
+                    log.warning("watch.api_error", extra={"kind": self.kind, "status": exc.status})
+                    self._sleep(backoff)
+                    backoff = min(backoff * 2, 30.0)
+                rv = ""  # relist
+            except Exception as exc:  # dropped connection, protocol error: relist
+                if self.stop.is_set():
+                    break
+                log.warning("watch.dropped", extra={"kind": self.kind, "error": repr(exc)})
+                self._sleep(backoff)
+                backoff = min(backoff * 2, 30.0)
+                rv = ""
+
+    def _sleep(self, seconds: float) -> None:
+        self.stop.wait(seconds * (0.5 + random.random()))
+
+    def _watch(self, rv: str, timeout: int) -> str:
+        w = watch.Watch()
+        self.watcher = w
+        try:
+            for event in w.stream(
+                self.list_call,
+                resource_version=rv,
+                timeout_seconds=timeout,
+                allow_watch_bookmarks=True,
+                deserialize=False,
+                _request_timeout=timeout + 30,
+            ):
+                kind = event.get("type")
+                obj = event.get("object") or {}
+                if kind == "BOOKMARK":
+                    rv = str((obj.get("metadata") or {}).get("resourceVersion", rv))
+                    self.state.set_resource_version(self.kind, rv)
+                elif kind in ("ADDED", "MODIFIED", "DELETED"):
+                    self.state.apply(self.kind, kind, obj)
+                    rv = str((obj.get("metadata") or {}).get("resourceVersion", rv))
+                if self.stop.is_set():
+                    break
+        finally:
+            self.watcher = None
+        return rv
+
+
+class KubeCluster:
+    """A :class:`~.base.Cluster` backed by a Kubernetes API server."""
+
+    def __init__(
+        self,
+        api_client: client.ApiClient,
+        *,
+        resync_seconds: float = 300.0,
+        watch_timeout_seconds: int = 240,
+        description: str | None = None,
+    ) -> None:
+        self.api = client.CoreV1Api(api_client)
+        self.state = ClusterState()
+        host = api_client.configuration.host
+        self.description = description or f"Kubernetes API server at {host}"
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self.relists: dict[str, int] = {"nodes": 0, "pods": 0}
+        self.informers = {
+            "nodes": _Informer(
+                "nodes", self.state, self.api.list_node, self._stop, resync_seconds,
+                watch_timeout_seconds, self._count,
+            ),
+            "pods": _Informer(
+                "pods", self.state, self.api.list_pod_for_all_namespaces, self._stop,
+                resync_seconds, watch_timeout_seconds, self._count,
+            ),
+        }  # fmt: skip
+
+    def _count(self, kind: str, rv: str) -> None:
+        self.relists[kind] += 1
+        log.info("cluster.relist", extra={"kind": kind, "rv": rv})
+
+    def start(self) -> None:
+        self._stop.clear()
+        for kind, informer in self.informers.items():
+            thread = threading.Thread(target=informer.run, name=f"watch-{kind}", daemon=True)
+            thread.start()
+            self._threads.append(thread)
+
+    def wait_synced(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.state.is_synced:
+                return True
+            time.sleep(0.02)
+        return self.state.is_synced
+
+    def stop(self) -> None:
+        self._stop.set()
+        for informer in self.informers.values():
+            if informer.watcher is not None:
+                informer.watcher.stop()
+        for thread in self._threads:
+            thread.join(timeout=5)
+        self._threads.clear()
+
+    def bind(self, request: BindRequest) -> None:
+        ns, name = request.namespace, request.name
+        try:
+            if request.configmap is not None:
+                body: Any = configmap_object(request, request.uid)
+                try:
+                    self.api.create_namespaced_config_map(ns, body, _preload_content=False)
+                except ApiException as exc:
+                    if exc.status != 409:
+                        raise
+                    self.api.replace_namespaced_config_map(
+                        request.configmap,
+                        ns,
+                        body,
+                        _preload_content=False,
+                    )
+            if request.annotations:
+                self.api.patch_namespaced_pod(
+                    name,
+                    ns,
+                    {"metadata": {"annotations": request.annotations}},
+                    _preload_content=False,
+                )
+            binding: Any = {
+                "apiVersion": "v1",
+                "kind": "Binding",
+                "metadata": {"name": name, "namespace": ns, "uid": request.uid},
+                "target": {"apiVersion": "v1", "kind": "Node", "name": request.node},
+            }
+            # _preload_content=False: the client's Binding model rejects the Status reply.
+            self.api.create_namespaced_pod_binding(
+                name,
+                ns,
+                binding,
+                _preload_content=False,
+            )
+        except ApiException as exc:
+            raise ClusterError(f"API server answered {exc.status}: {exc.reason}") from exc
+        except Exception as exc:  # urllib3 connection errors and the like
+            raise ClusterError(f"API server unreachable: {exc}") from exc

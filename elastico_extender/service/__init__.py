@@ -1,0 +1,1 @@
+"""The extender service: engine (epoch loop + per-pod answers), settings, metrics, CLI."""

@@ -1,0 +1,142 @@
+"""``elastico serve``: run the extender (``serve_main(argv)``; ``main`` is the same).
+
+Command:
+
+    python -m elastico_extender.service.cli --port 8888            # embedded cluster
+    python -m elastico_extender.service.cli --kubeconfig ~/.kube/config
+
+With no ``--kubeconfig``, no ``--embedded`` and not running inside a pod, the
+extender serves the embedded cluster shipped with the package and says so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import os
+import ssl
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import uvicorn
+
+from elastico_extender.cluster.base import Cluster
+from elastico_extender.cluster.embedded import EmbeddedCluster
+from elastico_extender.service.settings import ServiceSettings
+
+__all__ = ["build_cluster", "main", "parser", "serve_main"]
+
+log = logging.getLogger(__name__)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="elastico serve",
+        description="Serve the ElastiCo kube-scheduler extender, REST views and webhook.",
+        epilog="Every flag also reads ELASTICO_<NAME> from the environment; --config takes a "
+        "JSON/YAML file of the same names. Defaults: elastico_extender/service/settings.py.",
+    )
+    p.add_argument("--config", help="settings file (JSON or YAML)")
+    p.add_argument("--host", help="listen address (default 127.0.0.1)")
+    p.add_argument("--port", type=int, help="extender/REST port (default 8888)")
+    p.add_argument("--webhook-port", type=int, help="separate TLS port for the webhook")
+    p.add_argument("--kubeconfig", help="kubeconfig path (default: in-cluster config)")
+    p.add_argument("--embedded", help="v1 List file of Node/Pod objects to serve instead")
+    p.add_argument("--epoch-seconds", type=float, help="planning interval (default 5 s)")
+    p.add_argument("--tls-cert", help="PEM server certificate")
+    p.add_argument("--tls-key", help="PEM server key")
+    p.add_argument("--client-ca-file", help="require client certificates signed by this CA")
+    p.add_argument("--token-file", help="bearer token for state-changing endpoints")
+    p.add_argument("--scheduler-name", help="schedulerName of pods to plan for")
+    p.add_argument("--predictor-model", help="ONNX interference model")
+    p.add_argument("--profile-store", help="SQLite profile store")
+    p.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+    return p
+
+
+def settings_from(args: argparse.Namespace) -> ServiceSettings:
+    overrides = {k: v for k, v in vars(args).items() if k != "config" and v is not None}
+    return ServiceSettings.load(args.config, overrides=overrides)
+
+
+def build_cluster(settings: ServiceSettings) -> Cluster:
+    """Kubernetes when configured (kubeconfig or in a pod), else the embedded file."""
+    in_pod = bool(os.environ.get("KUBERNETES_SERVICE_HOST"))
+    if settings.kubeconfig or (in_pod and not settings.embedded):
+        from elastico_extender.cluster.kube import KubeCluster, api_client_from
+
+        return KubeCluster(
+            api_client_from(settings.kubeconfig),
+            resync_seconds=settings.resync_seconds,
+            watch_timeout_seconds=settings.watch_timeout_seconds,
+        )
+    return EmbeddedCluster.from_file(settings.embedded)
+
+
+def _config(app: Any, settings: ServiceSettings, port: int, mtls: bool) -> uvicorn.Config:
+    kwargs: dict[str, Any] = {}
+    if settings.tls_cert:
+        kwargs.update(ssl_certfile=settings.tls_cert, ssl_keyfile=settings.tls_key)
+        if mtls and settings.client_ca_file:
+            kwargs.update(ssl_ca_certs=settings.client_ca_file, ssl_cert_reqs=ssl.CERT_REQUIRED)
+    return uvicorn.Config(
+        app, host=settings.host, port=port, log_config=None, access_log=False, **kwargs
+    )
+
+
+def serve_main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        settings = settings_from(args)
+    except (ValueError, OSError) as exc:
+        print(f"elastico serve: {exc}", file=sys.stderr)
+        return 2
+    logging.basicConfig(
+        level=settings.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s %(message)s",
+    )
+    from elastico_extender.api.app import create_app
+
+    try:
+        cluster = build_cluster(settings)
+        app = create_app(settings, cluster)
+    except Exception as exc:  # reported, not a traceback: usually a bad path or kubeconfig
+        print(f"elastico serve: cannot start: {exc}", file=sys.stderr)
+        return 1
+    if isinstance(cluster, EmbeddedCluster):
+        print(
+            f"elastico: no Kubernetes cluster configured; serving the {cluster.description}",
+            file=sys.stderr,
+        )
+    if app.state.token_generated:
+        print(
+            f"elastico: state-changing endpoints need 'Authorization: Bearer {app.state.token}'"
+            " (generated; pass --token-file to fix one)",
+            file=sys.stderr,
+        )
+    scheme = "https" if settings.tls_cert else "http"
+    print(
+        f"elastico: extender at {scheme}://{settings.host}:{settings.port}/scheduler, "
+        f"docs at {scheme}://{settings.host}:{settings.port}/docs",
+        file=sys.stderr,
+    )
+    servers = [uvicorn.Server(_config(app, settings, settings.port, mtls=True))]
+    if settings.webhook_port is not None:
+        servers.append(uvicorn.Server(_config(app, settings, settings.webhook_port, mtls=False)))
+        servers[1].config.lifespan = "off"  # the app's lifespan runs once, with the first
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(_serve_all(servers))
+    return 0
+
+
+async def _serve_all(servers: list[uvicorn.Server]) -> None:
+    await asyncio.gather(*(s.serve() for s in servers))
+
+
+main = serve_main
+
+if __name__ == "__main__":
+    sys.exit(serve_main())

@@ -1,0 +1,84 @@
+"""Prometheus metrics of one service instance (its own registry, so apps never collide).
+
+==========================================  =========  ====================================
+metric                                      type       labels
+==========================================  =========  ====================================
+elastico_extender_request_seconds           histogram  verb (filter, prioritize, bind, ...)
+elastico_epoch_seconds                      histogram
+elastico_price                              gauge      resource (shadow price lambda)
+elastico_colocated_devices                  gauge      GPUs with >= 2 tenants in the plan
+elastico_queued_jobs                        gauge
+elastico_rejections_total                   counter    reason (bounded label set)
+elastico_binds_total                        counter    result
+elastico_assumed_placements                 gauge      binds in flight
+elastico_predictor_degraded                 gauge      reason (1 while degraded)
+==========================================  =========  ====================================
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from elastico_extender.core.model import Plan
+from elastico_extender.service.engine import Metrics
+
+__all__ = ["PrometheusMetrics"]
+
+_LATENCY_BUCKETS = (
+    0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+)  # fmt: skip
+
+
+class PrometheusMetrics(Metrics):
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.request = Histogram(
+            "elastico_extender_request_seconds",
+            "Latency of extender and REST requests",
+            ["verb"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.epoch_seconds = Histogram(
+            "elastico_epoch_seconds", "Latency of one planning epoch", buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )  # fmt: skip
+        self.price = Gauge("elastico_price", "Shadow price per resource", ["resource"], registry=r)
+        self.colocated = Gauge(
+            "elastico_colocated_devices", "GPUs shared by two or more jobs", registry=r
+        )
+        self.queued = Gauge("elastico_queued_jobs", "Jobs the plan keeps queued", registry=r)
+        self.rejections = Counter(
+            "elastico_rejections_total", "Nodes rejected in filter, by reason", ["reason"],
+            registry=r,
+        )  # fmt: skip
+        self.binds = Counter("elastico_binds_total", "Bind results", ["result"], registry=r)
+        self.assumed = Gauge(
+            "elastico_assumed_placements", "Bound placements not yet confirmed", registry=r
+        )
+        self.degraded = Gauge(
+            "elastico_predictor_degraded",
+            "1 while the interference predictor runs degraded",
+            ["reason"],
+            registry=r,
+        )
+
+    def epoch(self, seconds: float, plan: Plan) -> None:
+        self.epoch_seconds.observe(seconds)
+        for name, value in plan.price_map().items():
+            self.price.labels(name).set(value)
+        self.colocated.set(float(plan.stats.get("colocated_devices", 0.0)))
+        self.queued.set(len(plan.queued))
+
+    def rejection(self, reason: str, count: int = 1) -> None:
+        self.rejections.labels(reason).inc(count)
+
+    def bind(self, result: str) -> None:
+        self.binds.labels(result).inc()
+
+    def render(self, assumed: Callable[[], int]) -> bytes:
+        self.assumed.set(assumed())
+        return generate_latest(self.registry)

@@ -1,0 +1,34 @@
+"""Which interference predictor the service uses, and why it is degraded if it is.
+
+The ONNX model loader lives in ``elastico_extender.interference`` (optional at
+this layer): ``load_predictor(path) -> (predictor, degradation_reason | None)``.
+Without it, or without a model path, the core's ContentionPredictor is used and
+the reason is reported by /healthz and the ``elastico_predictor_degraded`` metric.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+
+from elastico_extender.core.interference.predictor import ContentionPredictor, SlowdownPredictor
+
+__all__ = ["resolve_predictor"]
+
+log = logging.getLogger(__name__)
+
+
+def resolve_predictor(model_path: str | None) -> tuple[SlowdownPredictor, str | None]:
+    """The predictor to inject and the degradation reason (None when healthy)."""
+    try:
+        module = importlib.import_module("elastico_extender.interference")
+        loader = module.load_predictor
+    except (ImportError, AttributeError):
+        reason = "ONNX interference predictor not installed; using the contention heuristic"
+        return ContentionPredictor(), reason if model_path else None
+    try:
+        predictor, reason = loader(model_path)
+    except Exception as exc:  # a broken model must not stop the extender (degrade, don't crash)
+        log.warning("predictor.load_failed", extra={"error": str(exc)})
+        return ContentionPredictor(), f"model {model_path} failed to load: {exc}"
+    return predictor, reason

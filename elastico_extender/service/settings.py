@@ -1,0 +1,181 @@
+"""Service settings: every default in one place, with its unit and why (STYLE habit 6).
+
+Precedence, lowest first: these defaults, a settings file (``--config``, JSON
+or YAML with these field names), environment variables ``ELASTICO_<FIELD>``
+(upper case), command-line flags.  :meth:`ServiceSettings.problems` returns
+every invalid field with its name, not only the first.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import MISSING, dataclass, fields, replace
+from pathlib import Path
+from typing import Any
+
+__all__ = ["ENV_PREFIX", "ServiceSettings"]
+
+ENV_PREFIX = "ELASTICO_"
+
+
+@dataclass(frozen=True)
+class ServiceSettings:
+    # --- listeners -------------------------------------------------------
+    host: str = "127.0.0.1"
+    """Address to listen on; loopback by default, the Deployment passes 0.0.0.0."""
+    port: int = 8888
+    """Extender + REST port (kube-scheduler's urlPrefix points here)."""
+    webhook_port: int | None = None
+    """Optional second TLS listener for the mutating webhook (the API server presents no
+    client certificate, so it cannot share a listener that requires one). None: the
+    webhook is served on ``port``."""
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    """PEM server certificate and key; both or neither."""
+    client_ca_file: str | None = None
+    """PEM CA: when set, ``port`` requires a client certificate signed by it (mTLS); the
+    kube-scheduler presents one through the extender's ``tlsConfig``, and requests on
+    that listener count as authenticated."""
+    token_file: str | None = None
+    """File holding the bearer token for state-changing endpoints (bind, POST /epoch).
+    None: a random token is generated at start-up and logged once."""
+    max_body_bytes: int = 64 * 2**20
+    """Largest request body accepted, bytes. A filter body with nodeCacheCapable off
+    carries every node (about 5 KiB each with managedFields): 64 MiB covers ~10k nodes."""
+    # --- cluster ---------------------------------------------------------
+    kubeconfig: str | None = None
+    """Path of a kubeconfig; None: in-cluster config when running in a pod."""
+    embedded: str | None = None
+    """Path of a v1 List of Node/Pod objects to serve instead of a real cluster; used
+    (with the packaged file) when no cluster is configured."""
+    scheduler_name: str = "elastico-scheduler"
+    """Pending pods of this schedulerName take part in planning ('' = every scheduler)."""
+    default_gpu_memory_mib: float = 40960.0
+    """Per-GPU memory, MiB, of nodes without the ``nvidia.com/gpu.memory`` GFD label
+    (A100-SXM4-40GB, the spec's testbed)."""
+    resync_seconds: float = 300.0
+    """Full relist period of the watch, seconds (on top of relists after 410/drops)."""
+    watch_timeout_seconds: int = 240
+    """Server-side timeout of one watch request, seconds (below typical LB idle cuts)."""
+    # --- scheduling ------------------------------------------------------
+    epoch_seconds: float = 5.0
+    """Delta T of the background planning loop, seconds (spec 3.4 default)."""
+    assume_ttl_seconds: float = 60.0
+    """How long a bound-but-unconfirmed placement counts against capacity, seconds; the
+    watch normally confirms it within a second."""
+    price_history: int = 120
+    """Epochs of price history kept for GET /prices (10 minutes at 5 s)."""
+    profile_store: str | None = None
+    """SQLite profile store whose measured rows override the catalog (None: catalog only)."""
+    predictor_model: str | None = None
+    """ONNX interference model; None: the core's contention heuristic."""
+    mps: bool = True
+    """Emit CUDA_MPS_* limits in the hand-off (spec 4.2 iii)."""
+    log_level: str = "info"
+
+    # -- construction --------------------------------------------------------
+    @classmethod
+    def field_names(cls) -> list[str]:
+        return [f.name for f in fields(cls)]
+
+    @classmethod
+    def load(
+        cls,
+        file: str | Path | None = None,
+        env: Mapping[str, str] | None = None,
+        overrides: Mapping[str, Any] | None = None,
+    ) -> ServiceSettings:
+        """Defaults < file < environment < overrides (flags); raises ValueError listing
+        every problem."""
+        values: dict[str, Any] = {}
+        problems: list[str] = []
+        if file is not None:
+            text = Path(file).read_text()
+            try:
+                doc = json.loads(text)
+            except json.JSONDecodeError:
+                import yaml
+
+                doc = yaml.safe_load(text)
+            if not isinstance(doc, dict):
+                raise ValueError(f"{file}: settings file must hold a mapping")
+            values.update(doc)
+        env = os.environ if env is None else env
+        for name in cls.field_names():
+            key = ENV_PREFIX + name.upper()
+            if key in env:
+                values[name] = env[key]
+        values.update({k: v for k, v in (overrides or {}).items() if v is not None})
+        known = set(cls.field_names())
+        problems.extend(f"{k}: unknown setting" for k in values if k not in known)
+        coerced: dict[str, Any] = {}
+        for f in fields(cls):
+            if f.name not in values:
+                continue
+            raw = values[f.name]
+            default = f.default if f.default is not MISSING else None
+            try:
+                coerced[f.name] = _coerce(raw, default, f.type)
+            except (TypeError, ValueError) as exc:
+                problems.append(f"{f.name}: {exc}")
+        settings = replace(cls(), **coerced)
+        problems.extend(settings.problems())
+        if problems:
+            raise ValueError("invalid settings: " + "; ".join(problems))
+        return settings
+
+    def problems(self) -> list[str]:
+        found = []
+        if not 0 < self.port < 65536:
+            found.append(f"port: must be 1..65535, got {self.port}")
+        if self.webhook_port is not None and not 0 < self.webhook_port < 65536:
+            found.append(f"webhook_port: must be 1..65535, got {self.webhook_port}")
+        if (self.tls_cert is None) != (self.tls_key is None):
+            found.append("tls_cert/tls_key: give both or neither")
+        if self.client_ca_file and not self.tls_cert:
+            found.append("client_ca_file: needs tls_cert and tls_key")
+        if self.webhook_port is not None and not self.tls_cert:
+            found.append("webhook_port: the API server only calls webhooks over TLS")
+        for name in ("epoch_seconds", "assume_ttl_seconds", "resync_seconds"):
+            if not getattr(self, name) > 0:
+                found.append(f"{name}: must be > 0 seconds")
+        if self.max_body_bytes < 1024:
+            found.append("max_body_bytes: must be >= 1024")
+        if not self.default_gpu_memory_mib > 0:
+            found.append("default_gpu_memory_mib: must be > 0")
+        if self.price_history < 1:
+            found.append("price_history: must be >= 1")
+        if self.log_level.lower() not in ("debug", "info", "warning", "error"):
+            found.append("log_level: must be debug, info, warning or error")
+        return found
+
+
+def _coerce(raw: Any, default: Any, declared: Any) -> Any:
+    text = str(declared)
+    if raw is None:
+        return None
+    if "bool" in text:
+        if isinstance(raw, bool):
+            return raw
+        lowered = str(raw).strip().lower()
+        if lowered in ("1", "true", "yes", "on"):
+            return True
+        if lowered in ("0", "false", "no", "off"):
+            return False
+        raise ValueError(f"expected a boolean, got {raw!r}")
+    if text.startswith("int"):
+        if isinstance(raw, bool):
+            raise TypeError(f"expected an integer, got {raw!r}")
+        return int(raw)
+    if text.startswith("float"):
+        if isinstance(raw, bool):
+            raise TypeError(f"expected a number, got {raw!r}")
+        return float(raw)
+    if "int" in text:  # int | None
+        return None if str(raw).strip().lower() in ("", "none", "null") else int(raw)
+    if isinstance(raw, dict | list):
+        raise TypeError(f"expected a string, got {type(raw).__name__}")
+    del default
+    return str(raw)

@@ -1,0 +1,89 @@
+"""elastico.io/ annotations: opt-in, validation reporting every problem with its key."""
+
+from __future__ import annotations
+
+import pytest
+
+from elastico_extender.annotations import decision_annotations, parse_intent, read_decision
+from elastico_extender.core.model import JobKind, Mode
+from elastico_extender.core.shapes.catalog import build_family
+from elastico_extender.errors import AnnotationError
+
+
+def resolve(name: str):
+    return build_family(name)
+
+
+def test_pods_without_input_annotations_are_not_opted_in():
+    assert parse_intent(None, resolve) is None
+    assert parse_intent({"app": "x", "elastico.io/assigned-node": "n"}, resolve) is None
+
+
+def test_a_full_elastic_intent_narrows_the_configuration_rows():
+    intent = parse_intent(
+        {"elastico.io/family": "bert", "elastico.io/allowed": "batch_size=32..64; amp=on",
+         "elastico.io/weight": "2", "elastico.io/min-throughput": "50"},
+        resolve,
+    )  # fmt: skip
+    assert intent is not None and intent.mode is Mode.ELASTIC and intent.kind is JobKind.TRAINING
+    assert intent.weight == 2.0 and intent.min_throughput == 50.0
+    configs = [intent.family.configs[r].as_dict() for r in intent.allowed or ()]
+    assert configs and all(c["amp"] is True and c["batch_size"] <= 64 for c in configs)
+
+
+def test_fixed_mode_pins_one_configuration():
+    intent = parse_intent(
+        {"elastico.io/family": "ncf", "elastico.io/mode": "fixed",
+         "elastico.io/configuration": "batch_size=1024,amp=on"},
+        resolve,
+    )  # fmt: skip
+    assert intent is not None and intent.allowed is not None and len(intent.allowed) == 1
+    chosen = intent.family.configs[intent.allowed[0]].as_dict()
+    assert chosen["batch_size"] == 1024 and chosen["amp"] is True
+
+
+@pytest.mark.parametrize(
+    ("annotations", "keys"),
+    [
+        ({"elastico.io/mode": "elastic"}, {"elastico.io/family"}),
+        ({"elastico.io/family": "gpt-17"}, {"elastico.io/family"}),
+        (
+            {"elastico.io/family": "bert", "elastico.io/weigth": "1", "elastico.io/weight": "0",
+             "elastico.io/min-throughput": "fast", "elastico.io/kind": "inference"},
+            {"elastico.io/weigth", "elastico.io/weight", "elastico.io/min-throughput",
+             "elastico.io/kind"},
+        ),
+        (
+            {"elastico.io/family": "bert", "elastico.io/allowed": "batch_size=7..9; amp=maybe"},
+            {"elastico.io/allowed"},
+        ),
+        ({"elastico.io/family": "bert", "elastico.io/configuration": "amp=on"},
+         {"elastico.io/configuration"}),
+        ({"elastico.io/family": "bert", "elastico.io/min-throughput": "100000"},
+         {"elastico.io/min-throughput"}),
+    ],
+)  # fmt: skip
+def test_every_problem_is_reported_with_its_annotation(annotations, keys):
+    with pytest.raises(AnnotationError) as info:
+        parse_intent(annotations, resolve)
+    assert {key for key, _ in info.value.problems} == keys
+    for key in keys:
+        assert key in str(info.value)
+
+
+def test_a_typo_in_a_knob_name_lists_the_known_knobs():
+    with pytest.raises(AnnotationError) as info:
+        parse_intent({"elastico.io/family": "bert", "elastico.io/allowed": "bs=32"}, resolve)
+    assert "batch_size" in str(info.value)
+
+
+def test_decision_annotations_round_trip():
+    family = build_family("bert")
+    written = decision_annotations(
+        node="n1", devices=(2, 3), configuration=family.configs[5], memory_budget_mib=20480.4,
+        predicted_slowdown=1.12, price_epoch=7, configmap="elastico-x",
+    )  # fmt: skip
+    decision = read_decision(written)
+    assert decision is not None and decision.node == "n1" and decision.devices == (2, 3)
+    assert decision.configuration == family.configs[5].label
+    assert read_decision({"elastico.io/assigned-node": "n1"}) is None

@@ -1,0 +1,149 @@
+"""The Kubernetes cluster view against a server speaking the real list/watch protocol."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+
+import pytest
+from kubernetes import client
+
+from elastico_extender.cluster.base import BindRequest
+from elastico_extender.cluster.fake_apiserver import FakeApiServer
+from elastico_extender.cluster.kube import KubeCluster
+
+
+def node(name: str, gpus: int = 4) -> dict:
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": name, "labels": {"nvidia.com/gpu.count": str(gpus)}},
+        "spec": {},
+        "status": {"allocatable": {"cpu": "32", "memory": "256Gi", "nvidia.com/gpu": str(gpus)}},
+    }
+
+
+def pod(name: str, node_name: str | None = None) -> dict:
+    spec: dict = {"containers": [{"name": "main", "image": "busybox"}]}
+    if node_name:
+        spec["nodeName"] = node_name
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "ml"},
+            "spec": spec, "status": {"phase": "Pending"}}  # fmt: skip
+
+
+def wait_for(condition: Callable[[], bool], timeout: float = 15.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.02)
+    return condition()
+
+
+@pytest.fixture
+def server() -> Iterator[FakeApiServer]:
+    srv = FakeApiServer().start()
+    srv.put("nodes", node("gpu-0"))
+    srv.put("nodes", node("gpu-1", 8))
+    srv.put("pods", pod("a"))
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture
+def cluster(server: FakeApiServer) -> Iterator[KubeCluster]:
+    config = client.Configuration(host=server.url)
+    kube = KubeCluster(client.ApiClient(config), resync_seconds=300, watch_timeout_seconds=30)
+    kube.start()
+    assert kube.wait_synced(15)
+    yield kube
+    kube.stop()
+
+
+def names(kube: KubeCluster) -> set[str]:
+    return {p["metadata"]["name"] for p in kube.state.pods().values()}
+
+
+def test_list_then_watch_sees_adds_modifications_and_deletes(server, cluster):
+    assert set(cluster.state.nodes()) == {"gpu-0", "gpu-1"}
+    assert names(cluster) == {"a"}
+    server.put("pods", pod("b"))
+    server.put("pods", pod("a", node_name="gpu-0"))
+    server.delete("nodes", "gpu-1")
+    assert wait_for(lambda: names(cluster) == {"a", "b"} and "gpu-1" not in cluster.state.nodes())
+    bound = cluster.state.pod_by_name("ml", "a")
+    assert bound is not None and bound["spec"]["nodeName"] == "gpu-0"
+    server.delete("pods", "ml/b")
+    assert wait_for(lambda: names(cluster) == {"a"})
+    assert cluster.relists["pods"] == 1  # events alone, no relist needed
+
+
+def test_bookmark_advances_the_resource_version(server, cluster):
+    server.bookmark("pods")
+    assert wait_for(lambda: cluster.state.resource_version["pods"] == str(server.rv))
+
+
+def test_dropped_stream_relists_without_losing_a_pod(server, cluster):
+    watches = server.watch_count["pods"]
+    server.drop_watches()
+    # Changes while no watch is open are only visible through the relist.
+    server.put("pods", pod("during-outage"))
+    server.delete("pods", "ml/a")
+    assert wait_for(lambda: names(cluster) == {"during-outage"})
+    assert cluster.relists["pods"] >= 2
+    assert wait_for(lambda: server.watch_count["pods"] > watches)
+    server.put("pods", pod("after"))
+    assert wait_for(lambda: names(cluster) == {"during-outage", "after"})
+
+
+def test_410_gone_relists_and_resumes(server, cluster):
+    relists = cluster.relists["pods"]
+    server.drop_watches()  # the client reconnects ...
+    server.compact()  # ... but its version is gone by then: ERROR 410 on the watch
+    server.put("pods", pod("c"))
+    assert wait_for(lambda: "c" in names(cluster))
+    assert cluster.relists["pods"] > relists
+    server.put("pods", pod("d"))
+    assert wait_for(lambda: names(cluster) == {"a", "c", "d"})
+
+
+def test_410_on_a_live_watch_is_recovered(server, cluster):
+    relists = cluster.relists["nodes"]
+    server.compact()
+    server.drop_watches()
+    server.put("nodes", node("gpu-2"))
+    assert wait_for(lambda: set(cluster.state.nodes()) == {"gpu-0", "gpu-1", "gpu-2"})
+    assert cluster.relists["nodes"] > relists
+    assert any("watch=" in r and "/nodes" in r for r in server.requests)
+
+
+def test_bind_writes_configmap_annotations_and_binding(server, cluster):
+    a = cluster.state.pod_by_name("ml", "a")
+    assert a is not None
+    request = BindRequest(
+        namespace="ml",
+        name="a",
+        uid=a["metadata"]["uid"],
+        node="gpu-0",
+        annotations={"elastico.io/assigned-devices": "1"},
+        configmap="elastico-a",
+        data={"CUDA_VISIBLE_DEVICES": "1"},
+    )
+    cluster.bind(request)
+    cm = server.configmaps[("ml", "elastico-a")]
+    assert cm["data"] == {"CUDA_VISIBLE_DEVICES": "1"}
+    assert cm["metadata"]["ownerReferences"][0]["uid"] == a["metadata"]["uid"]
+    assert server.bindings[0]["target"]["name"] == "gpu-0"
+    assert wait_for(
+        lambda: (
+            (cluster.state.pod_by_name("ml", "a") or {}).get("spec", {}).get("nodeName") == "gpu-0"
+        )
+    )
+    pod_a = cluster.state.pod_by_name("ml", "a") or {}
+    assert pod_a["metadata"]["annotations"]["elastico.io/assigned-devices"] == "1"
+    order = [r for r in server.requests if r.startswith(("POST", "PATCH"))]
+    assert order == [
+        "POST /api/v1/namespaces/ml/configmaps",
+        "PATCH /api/v1/namespaces/ml/pods/a",
+        "POST /api/v1/namespaces/ml/pods/a/binding",
+    ]

@@ -1,0 +1,129 @@
+"""deploy/ manifests parse into the Kubernetes models and reference each other consistently."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from urllib.parse import urlparse
+
+import pytest
+import yaml
+from kubernetes.client import ApiClient
+
+from elastico_extender.annotations import parse_intent
+from elastico_extender.core.shapes.catalog import build_family
+from elastico_extender.service.cli import parser
+
+DEPLOY = Path(__file__).resolve().parents[1] / "deploy"
+MODELS = {
+    ("v1", "Namespace"): "V1Namespace",
+    ("v1", "ServiceAccount"): "V1ServiceAccount",
+    ("v1", "ConfigMap"): "V1ConfigMap",
+    ("v1", "Service"): "V1Service",
+    ("v1", "Pod"): "V1Pod",
+    ("apps/v1", "Deployment"): "V1Deployment",
+    ("rbac.authorization.k8s.io/v1", "ClusterRole"): "V1ClusterRole",
+    ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding"): "V1ClusterRoleBinding",
+    ("rbac.authorization.k8s.io/v1", "Role"): "V1Role",
+    ("rbac.authorization.k8s.io/v1", "RoleBinding"): "V1RoleBinding",
+    ("admissionregistration.k8s.io/v1", "MutatingWebhookConfiguration"):
+        "V1MutatingWebhookConfiguration",
+}  # fmt: skip
+
+
+def documents() -> list[dict]:
+    docs = []
+    for path in sorted(DEPLOY.rglob("*.yaml")):
+        docs.extend(d for d in yaml.safe_load_all(path.read_text()) if d)
+    return docs
+
+
+def by_kind(kind: str) -> dict[str, dict]:
+    return {d["metadata"]["name"]: d for d in documents() if d["kind"] == kind}
+
+
+def test_every_manifest_parses_into_its_kubernetes_model():
+    api = ApiClient()
+    docs = documents()
+    assert len(docs) >= 15
+    for doc in docs:
+        model = MODELS.get((doc["apiVersion"], doc["kind"]))
+        assert model is not None, f"unexpected {doc['apiVersion']} {doc['kind']}"
+        obj = api.deserialize(json.dumps(doc), model, "application/json")
+        assert obj.metadata.name == doc["metadata"]["name"]
+        # nothing silently dropped: the model round-trips to the same document
+        assert api.sanitize_for_serialization(obj) == doc
+
+
+def scheduler_config() -> dict:
+    text = by_kind("ConfigMap")["elastico-scheduler-config"]["data"]["config.yaml"]
+    return yaml.safe_load(text)
+
+
+def test_scheduler_configuration_calls_the_extender_service():
+    config = scheduler_config()
+    assert config["apiVersion"] == "kubescheduler.config.k8s.io/v1"
+    assert config["kind"] == "KubeSchedulerConfiguration"
+    (extender,) = config["extenders"]
+    for key in ("filterVerb", "prioritizeVerb", "bindVerb", "weight", "nodeCacheCapable",
+                "managedResources", "httpTimeout"):  # fmt: skip
+        assert key in extender
+    assert extender["managedResources"] == [{"name": "nvidia.com/gpu", "ignoredByScheduler": True}]
+    url = urlparse(extender["urlPrefix"])
+    service = by_kind("Service")["elastico-extender"]
+    assert url.hostname == f"{service['metadata']['name']}.{service['metadata']['namespace']}.svc"
+    assert url.port in {p["port"] for p in service["spec"]["ports"]}
+    assert url.path == "/scheduler"
+    deployment = by_kind("Deployment")["elastico-extender"]
+    args = parser().parse_args(deployment["spec"]["template"]["spec"]["containers"][0]["args"][1:])
+    assert args.port == url.port and args.client_ca_file  # the scheduler's port is mTLS
+    # the client certificate the scheduler presents is mounted where tlsConfig says
+    sched = by_kind("Deployment")["elastico-scheduler"]["spec"]["template"]["spec"]
+    mounts = {m["mountPath"] for m in sched["containers"][0]["volumeMounts"]}
+    assert str(Path(extender["tlsConfig"]["certFile"]).parent) in mounts
+    assert {v["name"] for v in sched["volumes"]} >= {"config", "client-tls"}
+
+
+def test_service_selects_the_extender_and_the_webhook_targets_it():
+    service = by_kind("Service")["elastico-extender"]
+    pods = by_kind("Deployment")["elastico-extender"]["spec"]["template"]
+    assert service["spec"]["selector"].items() <= pods["metadata"]["labels"].items()
+    ports = {p["name"]: p["containerPort"] for p in pods["spec"]["containers"][0]["ports"]}
+    for port in service["spec"]["ports"]:
+        assert port["targetPort"] in ports
+    (hook,) = by_kind("MutatingWebhookConfiguration")["elastico-pod-settings"]["webhooks"]
+    ref = hook["clientConfig"]["service"]
+    assert (ref["name"], ref["namespace"]) == ("elastico-extender", "elastico-system")
+    assert ref["port"] in {p["port"] for p in service["spec"]["ports"]}
+    assert ref["path"] == "/mutate"
+    args = parser().parse_args(pods["spec"]["containers"][0]["args"][1:])
+    assert args.webhook_port == ports[next(p["targetPort"] for p in service["spec"]["ports"]
+                                           if p["port"] == ref["port"])]  # fmt: skip
+
+
+def test_rbac_is_least_privilege_and_bound_to_the_deployments_accounts():
+    role = by_kind("ClusterRole")["elastico-extender"]
+    granted = {(r, v) for rule in role["rules"] for r in rule["resources"] for v in rule["verbs"]}
+    assert ("pods/binding", "create") in granted and ("configmaps", "create") in granted
+    assert ("pods", "patch") in granted and ("nodes", "watch") in granted
+    assert not any(v in {"*", "delete", "deletecollection"} for _, v in granted)
+    assert not any(r == "*" or r == "secrets" for r, _ in granted)
+    accounts = set(by_kind("ServiceAccount"))
+    for name in ("elastico-extender", "elastico-scheduler"):
+        spec = by_kind("Deployment")[name]["spec"]["template"]["spec"]
+        assert spec["serviceAccountName"] in accounts
+    bound = {
+        s["name"] for kind in ("ClusterRoleBinding", "RoleBinding")
+        for b in by_kind(kind).values() for s in b["subjects"]
+    }  # fmt: skip
+    assert accounts <= bound
+
+
+@pytest.mark.parametrize("name", ["bert-finetune", "llama3-batch-infer"])
+def test_example_pods_use_the_scheduler_and_valid_annotations(name):
+    pod = by_kind("Pod")[name]
+    assert pod["spec"]["schedulerName"] == scheduler_config()["profiles"][0]["schedulerName"]
+    intent = parse_intent(pod["metadata"]["annotations"], build_family)
+    assert intent is not None
+    limits = pod["spec"]["containers"][0]["resources"]["limits"]
+    assert "nvidia.com/gpu" in limits  # so the scheduler sends it to the extender
