@@ -28,7 +28,12 @@ from elastico_extender.errors import ElasticoError
 __all__ = ["main"]
 
 # name -> ("module:function", help); the function takes argv and returns an exit code.
-SUBCOMMANDS: dict[str, tuple[str, str]] = {}
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "serve": (
+        "elastico_extender.service.cli:serve_main",
+        "run the scheduler extender (embedded demo cluster unless --kubeconfig or in-cluster)",
+    ),
+}
 
 
 def _plan_demo(argv: Sequence[str]) -> int:

@@ -24,13 +24,22 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
 from elastico_extender.core.interference.predictor import ContentionPredictor, SlowdownPredictor
 from elastico_extender.core.interference.tolerance import adaptive_tolerance
-from elastico_extender.core.model import Assignment, DeviceRef, Job, Plan, ProfileFamily, Snapshot
+from elastico_extender.core.model import (
+    Assignment,
+    DeviceRef,
+    GpuDevice,
+    Job,
+    Node,
+    Plan,
+    ProfileFamily,
+    Snapshot,
+)
 from elastico_extender.core.planner.devices import DeviceTable, gpu_equivalent
 from elastico_extender.core.planner.placement import Placer
 from elastico_extender.core.planner.tables import build_tables
@@ -43,13 +52,14 @@ MAX_SCREENED_DEVICES = 256
 """Occupied devices whose interference is predicted per configuration tried (tightest
 fit first); bounds filter latency on a busy cluster.  Devices beyond it are skipped
 for that configuration, never admitted unchecked."""
+SCREENED_PER_NODE = 2
+"""Occupied candidate devices per node whose interference is predicted (tightest first)."""
 MAX_OPTIONS = 16
 """Configurations tried per call, best score first."""
 
 
-@dataclass(frozen=True, slots=True)
-class NodeVerdict:
-    """Whether ``node`` can take the job now, and how."""
+class NodeVerdict(NamedTuple):
+    """Whether ``node`` can take the job now, and how (a tuple: one is built per node)."""
 
     node: str
     feasible: bool
@@ -86,6 +96,20 @@ class PlacementView:
         self.node_index = {node.name: i for i, node in enumerate(snapshot.nodes)}
         self._rows: dict[str, int] = {}
         self._next_row = 0
+        self._valid_cache: dict[tuple[object, ...], tuple[np.ndarray, str | None]] = {}
+        gpu_nodes = [n for n in snapshot.nodes if n.gpus]
+        self._caps_node: tuple[Node, ...] = (
+            (
+                Node(
+                    "largest",
+                    (GpuDevice(0, max(g.memory_mib for n in gpu_nodes for g in n.gpus)),),
+                    max(n.cpu_cores for n in gpu_nodes),
+                    max(n.host_mem_mib for n in gpu_nodes),
+                ),
+            )
+            if gpu_nodes
+            else ()
+        )
         self._demand: dict[int, np.ndarray] = {}
         self._assumed: set[str] = set()
         utilization = max(
@@ -166,50 +190,75 @@ class PlacementView:
         return True
 
     # -- the question ---------------------------------------------------------
+    def _validity(self, job: Job, family: ProfileFamily) -> tuple[np.ndarray, str | None]:
+        """Valid configuration rows of ``job`` (the epoch's own rules), cached per job shape."""
+        key = (
+            job.family,
+            id(family),
+            job.allowed,
+            job.mode,
+            job.min_throughput,
+            job.gpus,
+            job.current_config,
+        )
+        hit = self._valid_cache.get(key)
+        if hit is None:
+            probe = Snapshot(self._caps_node, (job,), {job.family: family})
+            tables = build_tables(probe, self.settings)
+            hit = (tables.valid[0, : family.size].copy(), tables.reasons.get(0))
+            if len(self._valid_cache) > 1024:
+                self._valid_cache.clear()
+            self._valid_cache[key] = hit
+        return hit
+
     def scores(self, job: Job, family: ProfileFamily) -> tuple[np.ndarray, str | None]:
         """ESP score of every configuration at current prices (+inf where invalid),
         and the reason when no configuration is valid at all."""
-        snapshot = Snapshot(self.nodes, (job,), {job.family: family})
-        tables = build_tables(snapshot, self.settings)
-        valid = tables.valid[0, : family.size]
+        valid, reason = self._validity(job, family)
         throughput = family.throughput
         best = throughput[valid].max() if valid.any() else 1.0
-        rent = (family.resources * job.gpus / self.units) @ self.prices
+        rent = (family.resources * (job.gpus / self.units)) @ self.prices
         score = job.weight * (1.0 - throughput / best) + rent
-        return np.where(valid, score, np.inf), tables.reasons.get(0)
+        return np.where(valid, score, np.inf), reason
 
     def evaluate(
         self, job: Job, family: ProfileFamily, node_names: Iterable[str] | None = None
     ) -> dict[str, NodeVerdict]:
         """A verdict for every requested node (all nodes when ``node_names`` is None).
 
-        Unknown node names get an infeasible verdict saying so (never an exception).
+        Vectorised over devices and nodes: per configuration tried (best score
+        first) one capacity mask, one batched interference screen, and a
+        per-node best fit by sorting.  Unknown node names get an infeasible
+        verdict saying so (never an exception).
         """
         names = list(self.node_index) if node_names is None else list(node_names)
-        verdicts: dict[str, NodeVerdict] = {}
-        known = [n for n in names if n in self.node_index]
-        for name in names:
-            if name not in self.node_index:
-                verdicts[name] = NodeVerdict(
-                    name,
-                    False,
-                    reason="node has no GPU inventory known to ElastiCo (not in its cluster view)",
-                )
+        index = self.node_index
+        known = [n for n in names if n in index]
+        unknown = NodeVerdict(
+            "",
+            False,
+            reason="node has no GPU inventory known to ElastiCo (not in its cluster view)",
+        )
         scores, invalid_reason = self.scores(job, family)
         if invalid_reason is not None or not np.isfinite(scores).any():
             reason = invalid_reason or "no valid configuration"
-            for name in known:
-                verdicts[name] = NodeVerdict(name, False, reason=reason)
-            return verdicts
-        row = self._row_for(job.id) if not self.holds(job.id) else None
+            return {
+                n: NodeVerdict(n, False, reason=reason) if n in index else unknown._replace(node=n)
+                for n in names
+            }
         table = self.table
-        wanted_nodes = np.array([self.node_index[n] for n in known], dtype=np.intp)
-        open_node = np.zeros(len(self.nodes), dtype=bool)
-        open_node[wanted_nodes] = True
+        node_count = len(self.nodes)
+        open_node = np.zeros(node_count, dtype=bool)
+        open_node[np.fromiter((index[n] for n in known), np.intp, len(known))] = True
+        chosen_config = np.full(node_count, -1, dtype=np.intp)
+        chosen_slow = np.ones(node_count)
+        chosen_tol = np.full(node_count, np.inf)
+        chosen_devices: dict[int, list[int]] = {}
+        worst_seen = np.full(node_count, np.nan)
         options = np.flatnonzero(np.isfinite(scores))
         options = options[np.argsort(scores[options], kind="stable")][:MAX_OPTIONS]
-        worst_seen = np.full(len(self.nodes), np.nan)
         gpus = job.gpus
+        screen = self.placer.predictor is not None
         for config in options.tolist():
             if not open_node.any():
                 break
@@ -217,35 +266,48 @@ class PlacementView:
             mask = table.fits(demand) & open_node[table.node_of]
             if not mask.any():
                 continue
-            tolerance = float(self._tolerance(job, family, config))
-            slowdown = np.ones(table.size)
-            if self.placer.predictor is not None and row is not None:
-                mask, slowdown, rejected = self._screen(mask, family.features[config], tolerance)
-                np.fmax.at(worst_seen, table.node_of[rejected[0]], rejected[1])
-            for node, devices in self._per_node(mask, gpus):
-                name = self.nodes[node].name
-                refs = tuple(table.refs[d] for d in devices)
-                verdicts[name] = NodeVerdict(
-                    name,
-                    True,
-                    config_index=config,
-                    devices=refs,
-                    predicted_slowdown=float(slowdown[devices].max()),
-                    tolerance=tolerance,
-                    score=float(scores[config]),
-                    memory_budget_mib=float(demand[GPU_MEM]),
+            tolerance = self._tolerance(job, family, config)
+            slowdown = None
+            if screen:
+                mask, slowdown, (bad_devs, bad_slow) = self._screen(
+                    mask, family.features[config], tolerance
                 )
-                open_node[node] = False
-        for node in np.flatnonzero(open_node).tolist():
-            name = self.nodes[node].name
-            verdicts[name] = NodeVerdict(
+                if bad_devs.size:
+                    np.fmax.at(worst_seen, table.node_of[bad_devs], bad_slow)
+            nodes, picks = self._per_node(mask, gpus)
+            if nodes.size == 0:
+                continue
+            chosen_config[nodes] = config
+            chosen_tol[nodes] = tolerance
+            if slowdown is not None:
+                chosen_slow[nodes] = slowdown[picks].max(axis=1)
+            for node, devs in zip(nodes.tolist(), picks.tolist(), strict=True):
+                chosen_devices[node] = devs
+            open_node[nodes] = False
+        refs = table.refs
+        reasons = self._why_not(np.flatnonzero(open_node), family, scores, gpus, worst_seen)
+        result: dict[str, NodeVerdict] = {}
+        for name in names:
+            node = index.get(name)
+            if node is None:
+                result[name] = unknown._replace(node=name)
+                continue
+            config = int(chosen_config[node])
+            if config < 0:
+                result[name] = NodeVerdict(name, False, reason=reasons.get(node, "no capacity"))
+                continue
+            result[name] = NodeVerdict(
                 name,
-                False,
-                reason=self._why_not(node, family, scores, gpus, float(worst_seen[node])),
+                True,
+                config,
+                tuple(refs[d] for d in chosen_devices[node]),
+                float(chosen_slow[node]),
+                float(chosen_tol[node]),
+                float(scores[config]),
+                float(family.resources[config, GPU_MEM]),
+                "",
             )
-        if row is not None and not self.holds(job.id):
-            self._rows.pop(job.id, None)  # evaluation only; keep row ids compact
-        return {name: verdicts[name] for name in names}
+        return result
 
     # -- helpers ----------------------------------------------------------------
     def _tolerance(self, job: Job, family: ProfileFamily, config: int) -> float:
@@ -265,67 +327,97 @@ class PlacementView:
     def _screen(
         self, mask: np.ndarray, features: np.ndarray, tolerance: float
     ) -> tuple[np.ndarray, np.ndarray, tuple[np.ndarray, np.ndarray]]:
-        """Keep empty devices and occupied ones whose pairs stay within tolerance."""
+        """Keep empty devices and occupied ones whose pairs stay within tolerance.
+
+        Per node only its ``SCREENED_PER_NODE`` tightest occupied candidates are
+        predicted (and at most ``MAX_SCREENED_DEVICES`` in all), so a busy
+        cluster costs one bounded batched predictor call.
+        """
         table = self.table
         idx = np.flatnonzero(mask)
         occupied = table.count[idx] > 0
         busy = idx[occupied]
-        busy = busy[np.argsort(table.mem_free[busy], kind="stable")][:MAX_SCREENED_DEVICES]
         screened = np.zeros_like(mask)
         screened[idx[~occupied]] = True
         slowdown = np.ones(table.size)
         rejected = (np.zeros(0, dtype=np.intp), np.zeros(0))
         if busy.size:
+            order = np.lexsort((table.mem_free[busy], table.node_of[busy]))
+            busy = busy[order]
+            node = table.node_of[busy]
+            first = np.r_[True, node[1:] != node[:-1]]
+            rank = np.arange(busy.size) - np.maximum.accumulate(
+                np.where(first, np.arange(busy.size), 0)
+            )
+            busy = busy[rank < SCREENED_PER_NODE][:MAX_SCREENED_DEVICES]
             safe, worst = self.placer.predict_against(busy, features, tolerance)
             screened[busy[safe]] = True
             slowdown[busy] = worst
             rejected = (busy[~safe], worst[~safe])
         return screened, slowdown, rejected
 
-    def _per_node(self, mask: np.ndarray, gpus: int) -> list[tuple[int, list[int]]]:
-        """For each node with >= ``gpus`` usable devices, its tightest-fitting ones."""
+    def _per_node(self, mask: np.ndarray, gpus: int) -> tuple[np.ndarray, np.ndarray]:
+        """Nodes with >= ``gpus`` usable devices, and (nodes, gpus) of their tightest fits."""
         table = self.table
         idx = np.flatnonzero(mask)
         if idx.size == 0:
-            return []
-        order = np.lexsort((table.mem_free[idx], table.node_of[idx]))
-        idx = idx[order]
+            return np.zeros(0, dtype=np.intp), np.zeros((0, gpus), dtype=np.intp)
+        idx = idx[np.lexsort((table.mem_free[idx], table.node_of[idx]))]
         nodes = table.node_of[idx]
         starts = np.flatnonzero(np.r_[True, nodes[1:] != nodes[:-1]])
         counts = np.diff(np.r_[starts, idx.size])
-        return [
-            (int(nodes[s]), idx[s : s + gpus].tolist())
-            for s, c in zip(starts.tolist(), counts.tolist(), strict=True)
-            if c >= gpus
-        ]
+        ok = counts >= gpus
+        starts = starts[ok]
+        picks = idx[starts[:, None] + np.arange(gpus)[None, :]]
+        return nodes[starts], picks
 
     def _why_not(
-        self, node: int, family: ProfileFamily, scores: np.ndarray, gpus: int, worst: float
-    ) -> str:
+        self,
+        nodes: np.ndarray,
+        family: ProfileFamily,
+        scores: np.ndarray,
+        gpus: int,
+        worst_seen: np.ndarray,
+    ) -> dict[int, str]:
+        """One reason per infeasible node, computed for all of them at once."""
+        if nodes.size == 0:
+            return {}
         table = self.table
-        devices = np.flatnonzero(table.node_of == node)
-        if devices.size < gpus:
-            return f"node has {devices.size} GPU(s), job needs {gpus}"
         valid = np.isfinite(scores)
         need_mem = float(family.resources[valid, GPU_MEM].min())
         need_sm = float(family.resources[valid, GPU_SM].min())
-        free_mem = float(table.mem_free[devices].max())
-        free_sm = float(table.sm_free[devices].max())
-        if not math.isnan(worst):
-            return (
-                f"predicted co-location slowdown {worst:.2f}x exceeds the tolerance "
-                f"of this job or of a GPU's current tenant"
-            )
-        if need_mem > free_mem + 1e-9:
-            return (
-                f"insufficient GPU memory: smallest configuration needs {need_mem:.0f} MiB, "
-                f"most free on one GPU here is {free_mem:.0f} MiB"
-            )
-        if need_sm > free_sm + 1e-9:
-            return (
-                f"insufficient GPU compute: needs SM share {need_sm:.2f}, most free {free_sm:.2f}"
-            )
-        return "insufficient host CPU or memory on the node for any allowed configuration"
+        count = len(self.nodes)
+        free_mem = np.full(count, -np.inf)
+        free_sm = np.full(count, -np.inf)
+        np.maximum.at(free_mem, table.node_of, table.mem_free)
+        np.maximum.at(free_sm, table.node_of, table.sm_free)
+        devices = np.bincount(table.node_of, minlength=count)
+        reasons: dict[int, str] = {}
+        for node in nodes.tolist():
+            if devices[node] < gpus:
+                reasons[node] = f"node has {devices[node]} GPU(s), job needs {gpus}"
+            elif not math.isnan(worst_seen[node]):
+                reasons[node] = (
+                    f"predicted co-location slowdown {worst_seen[node]:.2f}x exceeds "
+                    "the tolerance of this job or of a GPU's current tenant"
+                )
+            elif need_mem > free_mem[node] + 1e-9:
+                reasons[node] = (
+                    f"insufficient GPU memory: smallest configuration needs "
+                    f"{need_mem:.0f} MiB, most free on one GPU here is "
+                    f"{max(free_mem[node], 0.0):.0f} MiB"
+                )
+            elif need_sm > free_sm[node] + 1e-9:
+                reasons[node] = (
+                    f"insufficient GPU compute: needs SM share {need_sm:.2f}, "
+                    f"most free {max(free_sm[node], 0.0):.2f}"
+                )
+            else:
+                reasons[node] = (
+                    "insufficient host CPU or memory on the node, or too few GPUs "
+                    "free together, for any allowed configuration"
+                )
+        return reasons
 
 
 def prices_of(plan: Plan) -> np.ndarray:

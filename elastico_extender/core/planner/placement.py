@@ -140,15 +140,21 @@ class Placer:
                     partners.append(occ)
         if not partners:
             return safe, worst
-        p = len(partners)
-        mine = np.broadcast_to(features, (p, features.shape[0]))
         theirs = np.stack([o.features for o in partners])
         memory_gib = self.table.memory_total[devices[np.array(pair_dev)]] / 1024.0
+        # Many devices host the same partner configuration: predict each distinct
+        # (partner features, device memory) once, then map back.
+        keyed = np.column_stack([theirs, memory_gib.astype(np.float32)])
+        unique, inverse = np.unique(keyed, axis=0, return_inverse=True)
+        inverse = inverse.reshape(-1)
+        u_theirs, u_memory = unique[:, :-1], unique[:, -1]
+        mine = np.broadcast_to(features, (unique.shape[0], features.shape[0]))
         x = np.concatenate(
-            [pair_features(mine, theirs, memory_gib), pair_features(theirs, mine, memory_gib)]
+            [pair_features(mine, u_theirs, u_memory), pair_features(u_theirs, mine, u_memory)]
         )
         s = np.asarray(self.predictor.predict(x), dtype=np.float64)
-        s_new, s_old = s[:p], s[p:]
+        half = unique.shape[0]
+        s_new, s_old = s[:half][inverse], s[half:][inverse]
         their_tol = np.array([o.tolerance for o in partners])
         bad = (s_new > tolerance) | (s_old > their_tol)
         idx = np.array(pair_dev)
