@@ -34,16 +34,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
+import subprocess
+import sys
+import tempfile
 import threading
 import time
 
 import httpx
 
-from elastico_extender.api.app import create_app
 from elastico_extender.cluster.embedded import EmbeddedCluster
-from elastico_extender.service.server import ServerThread
-from elastico_extender.service.settings import ServiceSettings
 
 FAMILIES = ("bert", "resnet50", "ncf", "lstm", "dcgan", "ppo")
 
@@ -101,13 +102,18 @@ def pod(name: str, family: str, node_name: str | None = None, device: int = 0) -
             "spec": spec, "status": {"phase": "Running" if node_name else "Pending"}}  # fmt: skip
 
 
-def cluster(n: int) -> tuple[EmbeddedCluster, list[dict]]:
-    nodes = [node(i) for i in range(n)]
-    running = [
+def running_pods(nodes: list[dict]) -> list[dict]:
+    """About one running opted-in pod per two GPUs, already bound."""
+    return [
         pod(f"run-{i}", FAMILIES[i % len(FAMILIES)], nodes[i // 2]["metadata"]["name"], i % 2)
-        for i in range(2 * n)
+        for i in range(2 * len(nodes))
     ]
-    return EmbeddedCluster(nodes + running, f"benchmark ({n} nodes)"), nodes
+
+
+def cluster(n: int) -> tuple[EmbeddedCluster, list[dict]]:
+    """The same cluster as an in-process EmbeddedCluster (for profiling the engine)."""
+    nodes = [node(i) for i in range(n)]
+    return EmbeddedCluster(nodes + running_pods(nodes), f"benchmark ({n} nodes)"), nodes
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -170,6 +176,42 @@ def throughput(url: str, nodes: list[dict], seconds: float, clients: int) -> tup
     return sum(done) / (time.perf_counter() - started), sum(done)
 
 
+class ServerProcess:
+    """``elastico serve`` on an embedded cluster file, in its own process (as deployed):
+    the client's Python never shares a GIL with the server."""
+
+    def __init__(self, objects: list[dict], port: int) -> None:
+        self.file = tempfile.NamedTemporaryFile("w", suffix=".json", delete=False)  # noqa: SIM115
+        json.dump({"apiVersion": "v1", "kind": "List", "items": objects}, self.file)
+        self.file.close()
+        self.url = f"http://127.0.0.1:{port}"
+        self.port = port
+
+    def __enter__(self) -> ServerProcess:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "elastico_extender.cli", "serve", "--embedded", self.file.name,
+             "--port", str(self.port), "--epoch-seconds", "3600", "--log-level", "warning"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+        deadline = time.time() + 300
+        while time.time() < deadline:
+            try:
+                if httpx.get(self.url + "/readyz", timeout=5).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        raise RuntimeError("server did not become ready")
+
+    def epoch_ms(self) -> float:
+        return float(httpx.get(self.url + "/plan", timeout=30).json().get("epoch_ms", float("nan")))
+
+    def __exit__(self, *exc: object) -> None:
+        self.proc.terminate()
+        self.proc.wait(timeout=30)
+        os.unlink(self.file.name)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
@@ -180,10 +222,10 @@ def main() -> None:
     rows = []
     tp = None
     for n in (int(s) for s in opts.sizes.split(",")):
-        c, nodes = cluster(n)
-        app = create_app(ServiceSettings(epoch_seconds=3600), c)
-        with ServerThread(app) as server:
-            epoch_ms = app.state.engine.published.epoch_ms
+        nodes = [node(i) for i in range(n)]
+        objects = nodes + running_pods(nodes)
+        with ServerProcess(objects, 18800 + n % 1000) as server:
+            epoch_ms = server.epoch_ms()
             for node_cache in (True, False):
                 reps = 200 if node_cache else max(10, 20000 // n)
                 if opts.quick:
