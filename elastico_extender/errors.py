@@ -11,6 +11,7 @@ so a caller can catch one type at the edge (the HTTP service turns these into
     ├── AnnotationError            invalid elastico.io/ pod annotations (carries every problem)
     ├── UnknownWorkloadError       a workload family with no profile and no catalog entry
     ├── ProfileStoreError          the SQLite profile store cannot be read or written
+    ├── ClusterError               a write to the cluster (ConfigMap, annotations, Binding) failed
     └── PredictorError             the interference model is missing, corrupt or got bad features
 """
 
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 __all__ = [
     "AnnotationError",
+    "ClusterError",
     "ElasticoError",
     "InvalidInputError",
     "InvalidProfileError",
@@ -69,3 +71,7 @@ class ProfileStoreError(ElasticoError):
 
 class PredictorError(ElasticoError):
     """The interference predictor is unusable (missing/corrupt model, bad features)."""
+
+
+class ClusterError(ElasticoError):
+    """A write to the cluster (ConfigMap, annotations, Binding) failed; the message says which."""

@@ -253,3 +253,33 @@ def test_webhook_adds_configmap_env_and_downward_api():
         assert httpx.post(f"{server.url}/mutate", content=b"{").status_code == 400
     finally:
         server.stop()
+
+
+def test_epoch_reconfigures_a_running_pod_in_place_to_admit_another():
+    """Spec 5.3 Case 1 end to end: BERT runs at its peak on the only GPU; when ResNet-50
+    arrives the epoch reshapes BERT in place and writes the new configuration to its
+    ConfigMap and annotations (what elastico-run reads), without a new Binding."""
+    cluster = EmbeddedCluster([gpu_node("g0")], "test")
+    cluster.add_pod(elastic_pod("bert-a", "bert"))
+    server, token = start(cluster)
+    auth = {"Authorization": f"Bearer {token}"}
+    try:
+        bind = {"PodName": "bert-a", "PodNamespace": "ml", "PodUID": "uid-bert-a", "Node": "g0"}
+        assert call(server.url, "bind", bind, token).json() == {"Error": ""}
+        before = dict(cluster.state.pod_by_name("ml", "bert-a")["metadata"]["annotations"])
+        assert float(before["elastico.io/memory-budget-mib"]) > 30 * 1024  # peak: 36 GB
+        cluster.add_pod(elastic_pod("resnet-b", "resnet50"))
+        assert httpx.post(f"{server.url}/epoch", headers=auth).status_code == 200
+        after = cluster.state.pod_by_name("ml", "bert-a")["metadata"]["annotations"]
+        assert after["elastico.io/assigned-configuration"] != before["elastico.io/assigned-configuration"]
+        assert float(after["elastico.io/memory-budget-mib"]) < float(
+            before["elastico.io/memory-budget-mib"])
+        assert after["elastico.io/assigned-node"] == "g0"  # in place: same node, same GPU
+        assert len(cluster.bindings) == 1  # no second Binding
+        data = cluster.configmaps[("ml", after["elastico.io/configmap"])]["data"]
+        assert data["ELASTICO_CONFIGURATION"] == after["elastico.io/assigned-configuration"]
+        # and ResNet-50 now fits next to it
+        pod_b = cluster.state.pod_by_name("ml", "resnet-b")
+        assert call(server.url, "filter", args(pod_b, ["g0"])).json()["NodeNames"] == ["g0"]
+    finally:
+        server.stop()

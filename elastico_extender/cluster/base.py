@@ -11,13 +11,9 @@ from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 from elastico_extender.cluster.state import ClusterState
-from elastico_extender.errors import ElasticoError
+from elastico_extender.errors import ClusterError
 
 __all__ = ["BindRequest", "Cluster", "ClusterError"]
-
-
-class ClusterError(ElasticoError):
-    """A write to the cluster (ConfigMap, annotations, Binding) failed; the message says which."""
 
 
 @dataclass(frozen=True)
@@ -40,7 +36,8 @@ class BindRequest:
 class Cluster(Protocol):
     """Contract: ``state`` is kept current by the implementation once ``start`` returns
     (it may still be syncing: see ``state.is_synced``); ``bind`` performs the writes of
-    a :class:`BindRequest` and raises :class:`ClusterError` on failure; ``stop`` ends
+    a :class:`BindRequest` and raises :class:`ClusterError` on failure (``reconfigure``
+    the same writes without the Binding, for a pod already bound); ``stop`` ends
     every background thread it started.  ``description`` is one line for logs."""
 
     state: ClusterState
@@ -51,3 +48,9 @@ class Cluster(Protocol):
     def stop(self) -> None: ...
 
     def bind(self, request: BindRequest) -> None: ...
+
+    def reconfigure(self, request: BindRequest) -> None:
+        """Rewrite a bound pod's ConfigMap and decision annotations (no Binding): the
+        runtime reconfiguration path (spec 4.2); ``elastico-run`` sees the new
+        annotations through its downward-API file and restarts the workload."""
+        ...

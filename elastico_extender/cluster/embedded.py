@@ -134,6 +134,26 @@ class EmbeddedCluster:
             self.bindings.append(binding_object(request))
             self.state.apply("pods", "MODIFIED", updated)
 
+    def reconfigure(self, request: BindRequest) -> None:
+        with self._lock:
+            pod = self.state.pod_by_name(request.namespace, request.name)
+            if pod is None:
+                raise ClusterError(f"pod {request.namespace}/{request.name} not found")
+            if (pod.get("spec") or {}).get("nodeName") != request.node:
+                raise ClusterError(
+                    f"pod {request.namespace}/{request.name} is not bound to {request.node}"
+                )
+            uid = str(pod["metadata"].get("uid"))
+            if request.configmap is not None:
+                self.configmaps[(request.namespace, request.configmap)] = configmap_object(
+                    request, uid
+                )
+            updated: dict[str, Any] = copy.deepcopy(pod)
+            meta = updated["metadata"]
+            meta.setdefault("annotations", {}).update(request.annotations)
+            meta["resourceVersion"] = str(next(self._rv))
+            self.state.apply("pods", "MODIFIED", updated)
+
 
 def configmap_object(request: BindRequest, pod_uid: str) -> KubeObject:
     """The per-pod ConfigMap, owned by the pod so it is garbage-collected with it."""

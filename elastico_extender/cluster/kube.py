@@ -193,6 +193,32 @@ class KubeCluster:
         self._threads.clear()
 
     def bind(self, request: BindRequest) -> None:
+        self._write_decision(request)
+        ns, name = request.namespace, request.name
+        try:
+            binding: Any = {
+                "apiVersion": "v1",
+                "kind": "Binding",
+                "metadata": {"name": name, "namespace": ns, "uid": request.uid},
+                "target": {"apiVersion": "v1", "kind": "Node", "name": request.node},
+            }
+            # _preload_content=False: the client's Binding model rejects the Status reply.
+            self.api.create_namespaced_pod_binding(
+                name,
+                ns,
+                binding,
+                _preload_content=False,
+            )
+        except ApiException as exc:
+            raise ClusterError(f"API server answered {exc.status}: {exc.reason}") from exc
+        except Exception as exc:  # urllib3 connection errors and the like
+            raise ClusterError(f"API server unreachable: {exc}") from exc
+
+    def reconfigure(self, request: BindRequest) -> None:
+        self._write_decision(request)
+
+    def _write_decision(self, request: BindRequest) -> None:
+        """ConfigMap first (the webhook's env refers to it), then the pod's annotations."""
         ns, name = request.namespace, request.name
         try:
             if request.configmap is not None:
@@ -215,19 +241,6 @@ class KubeCluster:
                     {"metadata": {"annotations": request.annotations}},
                     _preload_content=False,
                 )
-            binding: Any = {
-                "apiVersion": "v1",
-                "kind": "Binding",
-                "metadata": {"name": name, "namespace": ns, "uid": request.uid},
-                "target": {"apiVersion": "v1", "kind": "Node", "name": request.node},
-            }
-            # _preload_content=False: the client's Binding model rejects the Status reply.
-            self.api.create_namespaced_pod_binding(
-                name,
-                ns,
-                binding,
-                _preload_content=False,
-            )
         except ApiException as exc:
             raise ClusterError(f"API server answered {exc.status}: {exc.reason}") from exc
         except Exception as exc:  # urllib3 connection errors and the like

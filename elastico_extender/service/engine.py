@@ -50,7 +50,7 @@ from elastico_extender.cluster.objects import (
 )
 from elastico_extender.core.handoff import framework_settings
 from elastico_extender.core.interference.predictor import SlowdownPredictor
-from elastico_extender.core.model import Job, Mode, Node, Plan, ProfileFamily, Snapshot
+from elastico_extender.core.model import Action, Job, Mode, Node, Plan, ProfileFamily, Snapshot
 from elastico_extender.core.planner import NodeVerdict, PlacementView, plan
 from elastico_extender.core.resources import GPU_MEM, GPU_SM, RESOURCE_NAMES
 from elastico_extender.core.settings import PlannerSettings
@@ -473,11 +473,52 @@ class Engine:
             )
             self._version += 1
         self.last_epoch_error = None
+        self._apply_reconfigurations(new_plan, meta)
         self.history.append(
             {"epoch": snapshot.epoch, "time": time.time(), "prices": new_plan.price_map()}
         )
         self.metrics.epoch(elapsed, new_plan)
         return new_plan
+
+    def _apply_reconfigurations(self, new_plan: Plan, pods: Mapping[str, PodJob]) -> None:
+        """Push in-place reconfigurations of bound pods to the cluster (spec 4.2).
+
+        The plan prefers RECONFIGURE (same GPU, new configuration) to MIGRATE; the
+        new ConfigMap and decision annotations reach the workload through
+        ``elastico-run``.  A MIGRATE is logged only: moving a pod means deleting
+        it so its controller recreates it, which is left to the operator.
+        """
+        for job_id, a in new_plan.assignments.items():
+            if a.action is Action.MIGRATE:
+                log.info("migration.suggested", extra={"job": job_id, "to": a.devices})
+                continue
+            if a.action is not Action.RECONFIGURE:
+                continue
+            pj = pods.get(job_id)
+            pod = self.cluster.state.pod(job_id)
+            if pj is None or pj.intent is None or pod is None or not a.devices:
+                continue
+            verdict = NodeVerdict(
+                a.devices[0][0],
+                True,
+                a.config_index,
+                a.devices,
+                a.predicted_slowdown,
+                a.tolerance,
+                0.0,
+                a.memory_budget_mib,
+            )
+            request = self._bind_request(pod, pj, verdict, new_plan.epoch)
+            try:
+                self.cluster.reconfigure(request)
+            except (ClusterError, OSError) as exc:
+                self.metrics.bind("reconfigure-error")
+                log.warning("reconfigure.failed", extra={"pod": pj.key, "error": str(exc)})
+                continue
+            self.metrics.bind("reconfigured")
+            log.info(
+                "reconfigure.ok", extra={"pod": pj.key, "configuration": a.configuration.label}
+            )
 
     @property
     def published(self) -> Published:
