@@ -271,9 +271,13 @@ def test_epoch_reconfigures_a_running_pod_in_place_to_admit_another():
         cluster.add_pod(elastic_pod("resnet-b", "resnet50"))
         assert httpx.post(f"{server.url}/epoch", headers=auth).status_code == 200
         after = cluster.state.pod_by_name("ml", "bert-a")["metadata"]["annotations"]
-        assert after["elastico.io/assigned-configuration"] != before["elastico.io/assigned-configuration"]
+        assert (
+            after["elastico.io/assigned-configuration"]
+            != before["elastico.io/assigned-configuration"]
+        )
         assert float(after["elastico.io/memory-budget-mib"]) < float(
-            before["elastico.io/memory-budget-mib"])
+            before["elastico.io/memory-budget-mib"]
+        )
         assert after["elastico.io/assigned-node"] == "g0"  # in place: same node, same GPU
         assert len(cluster.bindings) == 1  # no second Binding
         data = cluster.configmaps[("ml", after["elastico.io/configmap"])]["data"]
