@@ -1,4 +1,4 @@
-"""Per-epoch scheduling latency of the core planner (issue 2; spec table 'Per-epoch scheduling latency').
+"""Per-epoch latency of the core planner (issue 2; spec table "Per-epoch scheduling latency").
 
 Run:  python benchmarks/epoch_latency.py            (full table, a few minutes)
       python benchmarks/epoch_latency.py --quick    (small sizes only)
@@ -26,14 +26,14 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from elastico_extender.core.model import GpuDevice, Job, JobKind, Node, Snapshot  # noqa: E402
-from elastico_extender.core.planner import plan  # noqa: E402
-from elastico_extender.core.shapes.catalog import (  # noqa: E402
+from elastico_extender.core.model import GpuDevice, Job, Node, Snapshot
+from elastico_extender.core.planner import plan
+from elastico_extender.core.shapes.catalog import (
     CATALOG,
     TrainingSpec,
+    _training_family,
     build_family,
 )
-from elastico_extender.core.shapes.catalog import _training_family  # noqa: E402
 
 PHASES = ("build", "scoring", "tatonnement", "binpacking", "interference", "coordination")
 
@@ -65,8 +65,7 @@ def scenario(n_jobs: int, k: int, gpus: int, seed: int = 0) -> tuple[Snapshot, o
     )
     kinds = {n: fams[n].kind for n in names}
     jobs = tuple(
-        Job(f"j{i}", names[rng.integers(len(names))], arrival_time=float(i))
-        for i in range(n_jobs)
+        Job(f"j{i}", names[rng.integers(len(names))], arrival_time=float(i)) for i in range(n_jobs)
     )
     jobs = tuple(Job(j.id, j.family, kinds[j.family], arrival_time=j.arrival_time) for j in jobs)
     cold = plan(Snapshot(nodes, jobs, fams))
@@ -76,8 +75,16 @@ def scenario(n_jobs: int, k: int, gpus: int, seed: int = 0) -> tuple[Snapshot, o
         if a is None:
             running.append(job)
         else:
-            running.append(Job(job.id, job.family, job.kind, current_config=a.config_index,
-                               devices=a.devices, arrival_time=job.arrival_time))
+            running.append(
+                Job(
+                    job.id,
+                    job.family,
+                    job.kind,
+                    current_config=a.config_index,
+                    devices=a.devices,
+                    arrival_time=job.arrival_time,
+                )
+            )
     arrivals = max(1, n_jobs // 50)
     for i in range(arrivals):
         name = names[rng.integers(len(names))]
@@ -113,15 +120,29 @@ def main(argv: list[str] | None = None) -> int:
     print(f"# command: python benchmarks/epoch_latency.py {' '.join(argv or sys.argv[1:])}")
     cases = [(30, 198, 64), (200, 198, 512), (500, 198, 512), (500, 8, 512)]
     if not args.quick:
-        cases += [(1000, 64, 2048), (2000, 64, 4096), (5000, 64, 10000), (10000, 64, 20000),
-                  (500, 16, 512), (500, 64, 512)]
+        cases += [
+            (1000, 64, 2048),
+            (2000, 64, 4096),
+            (5000, 64, 10000),
+            (10000, 64, 20000),
+            (500, 16, 512),
+            (500, 64, 512),
+        ]
     header = ("N", "K", "GPUs", *PHASES, "total", "p95", "rounds", "iters")
     print(" | ".join(f"{h:>12}" for h in header))
     for n_jobs, k, gpus in cases:
         repeats = args.repeats if n_jobs <= 2000 else max(3, args.repeats // 2)
         row = measure(n_jobs, k, gpus, repeats)
-        cells = [n_jobs, k, gpus, *(f"{row[p]:.2f}" for p in PHASES), f"{row['total']:.2f}",
-                 f"{row['p95']:.2f}", int(row["rounds"]), int(row["iterations"])]
+        cells = [
+            n_jobs,
+            k,
+            gpus,
+            *(f"{row[p]:.2f}" for p in PHASES),
+            f"{row['total']:.2f}",
+            f"{row['p95']:.2f}",
+            int(row["rounds"]),
+            int(row["iterations"]),
+        ]
         print(" | ".join(f"{c:>12}" for c in cells), flush=True)
     return 0
 

@@ -189,9 +189,22 @@ class ServerProcess:
 
     def __enter__(self) -> ServerProcess:
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "elastico_extender.cli", "serve", "--embedded", self.file.name,
-             "--port", str(self.port), "--epoch-seconds", "3600", "--log-level", "warning"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            [
+                sys.executable,
+                "-m",
+                "elastico_extender.cli",
+                "serve",
+                "--embedded",
+                self.file.name,
+                "--port",
+                str(self.port),
+                "--epoch-seconds",
+                "3600",
+                "--log-level",
+                "warning",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
         )
         deadline = time.time() + 300
         while time.time() < deadline:
