@@ -31,8 +31,8 @@ from elastico_extender.core.planner import plan
 from elastico_extender.core.shapes.catalog import (
     CATALOG,
     TrainingSpec,
-    _training_family,
     build_family,
+    family_from_spec,
 )
 
 PHASES = ("build", "scoring", "tatonnement", "binpacking", "interference", "coordination")
@@ -49,9 +49,7 @@ def families_with_k(k: int) -> dict:
         spec = CATALOG[name]
         assert isinstance(spec, TrainingSpec)
         sizes = tuple(32 * (i + 1) for i in range(k // 4))
-        fams[name] = _training_family(
-            TrainingSpec(**{**spec.__dict__, "batch_sizes": sizes}), 40960.0, "A100-SXM4-40GB"
-        )
+        fams[name] = family_from_spec(TrainingSpec(**{**spec.__dict__, "batch_sizes": sizes}))
     return fams
 
 

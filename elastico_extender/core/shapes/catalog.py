@@ -67,6 +67,7 @@ __all__ = [
     "TrainingSpec",
     "build_family",
     "catalog_families",
+    "family_from_spec",
     "knob_space",
 ]
 
@@ -400,6 +401,17 @@ def _inference_family(spec: InferenceSpec, device_mib: float, hardware: str) -> 
     )
 
 
+def family_from_spec(
+    spec: TrainingSpec | InferenceSpec,
+    device_mib: float = REFERENCE_DEVICE_MIB,
+    hardware: str = A100_40GB,
+) -> ProfileFamily:
+    """The profile family a (possibly user-defined) workload spec describes."""
+    if isinstance(spec, TrainingSpec):
+        return _training_family(spec, device_mib, hardware)
+    return _inference_family(spec, device_mib, hardware)
+
+
 def build_family(
     name: str, device_mib: float = REFERENCE_DEVICE_MIB, hardware: str = A100_40GB
 ) -> ProfileFamily:
@@ -409,9 +421,7 @@ def build_family(
         raise UnknownWorkloadError(
             f"unknown workload {name!r}; catalog has: {', '.join(sorted(CATALOG))}"
         )
-    if isinstance(spec, TrainingSpec):
-        return _training_family(spec, device_mib, hardware)
-    return _inference_family(spec, device_mib, hardware)
+    return family_from_spec(spec, device_mib, hardware)
 
 
 def catalog_families(
