@@ -269,3 +269,30 @@ def test_timer_gives_the_latency_breakdown(families):
     )
     for phase in ("tatonnement", "binpacking", "interference", "scoring"):
         assert result.stats[phase] > 0
+
+
+def test_many_identical_queued_gang_jobs_fill_an_idle_cluster(families):
+    """Lumpy demand (40 identical 8-GPU jobs, room for 8): prices cycle between "all run"
+    and "all wait"; PDS must still fill the cluster, at fast configurations, and the
+    prices must not ratchet up epoch after epoch."""
+    jobs = tuple(Job(f"bert-{i:02d}", "bert", gpus=8, arrival_time=float(i)) for i in range(40))
+    snapshot = Snapshot(a100_nodes(8), jobs, families)
+    result = plan(snapshot)
+    assert len(result.assignments) == 8
+    assert sorted(result.assignments) == [f"bert-{i:02d}" for i in range(8)]  # FIFO among equals
+    fastest = families["bert"].fastest_index
+    assert all(a.config_index == fastest for a in result.assignments.values())
+    for _ in range(3):
+        snapshot = running_from(snapshot, result)
+        result = plan(snapshot, result)
+        assert len(result.assignments) == 8
+        assert all(a.action is Action.KEEP for a in result.assignments.values())
+    assert result.prices.max() < 5.0
+
+
+def test_residual_capacity_admits_a_job_that_chose_to_wait(families):
+    """After packing, a queued job that fits in what is left starts (Algorithm 1, last line)."""
+    jobs = (Job("big", "transformer", gpus=4, weight=2.0), Job("small", "lstm"))
+    result = plan(Snapshot(a100_nodes(1, 4), jobs, families))
+    assert set(result.assignments) == {"big", "small"}
+    assert_capacity_feasible(Snapshot(a100_nodes(1, 4), jobs, families), result)

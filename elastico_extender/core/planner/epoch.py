@@ -46,6 +46,8 @@ __all__ = ["plan"]
 
 Timer = Callable[[], float]
 
+RESIDUAL_LIMIT = 128
+"""Queued jobs per packing pass tried for residual admission (bounds epoch cost)."""
 SQUEEZE_LIMIT = 64
 """Queued jobs per packing pass that may ask co-tenants to shrink (bounds epoch cost)."""
 SQUEEZE_OPTIONS = 8
@@ -178,12 +180,15 @@ class _Epoch:
         if s.coordination and s.reservation > 0 and n:
             reserve = (s.reservation * t.smallest * scale).T * (~t.running)[None, :]
         capacity = np.full(NUM_RESOURCES, float(self.device_probe.size))
+        arrival = np.fromiter((j.arrival_time for j in t.jobs), np.float64, n)
+        priority = np.lexsort((np.arange(n), arrival, -t.weight))  # heavier, then older first
         return PricingProblem(
             demand=demand,
             base=base,
             wait_score=wait,
             capacity=capacity,
             reserve=np.ascontiguousarray(reserve),
+            priority=priority,
         )
 
     # -- the loop -----------------------------------------------------------
@@ -290,7 +295,54 @@ class _Epoch:
                 queued.append(row)
         if queued and s.reshape and s.coordination:
             queued = self._squeeze(placer, problem, penalty, queued)
+        if queued:
+            queued = self._admit_residual(placer, problem, prices, penalty, queued)
         return placer, sorted(queued), preempted
+
+    def _admit_residual(
+        self,
+        placer: Placer,
+        problem: PricingProblem,
+        prices: np.ndarray,
+        penalty: np.ndarray,
+        queued: list[int],
+    ) -> list[int]:
+        """Algorithm 1's last step: "admit jobs from Q if residual capacity permits".
+
+        Queued jobs (priority order, at most ``RESIDUAL_LIMIT`` tries) start in the
+        best-scoring configuration that still fits somewhere, even if at the final
+        prices they chose to wait: an idle GPU earns nothing, and prices over lumpy
+        demand can overshoot.  Placement goes through the same interference screen.
+        """
+        t, s = self.t, self.settings
+        scores = problem.scores(prices, penalty)
+        every = np.arange(t.per_gpu.shape[1])
+        still: list[int] = []
+        order = sorted(queued, key=lambda r: (-t.weight[r], t.jobs[r].arrival_time, r))
+        tried = 0
+        for row in order:
+            if row in t.reasons or t.running[row] or tried >= RESIDUAL_LIMIT:
+                still.append(row)
+                continue
+            row_scores = scores[row]
+            options = np.flatnonzero(np.isfinite(row_scores))
+            if options.size == 0:
+                still.append(row)
+                continue
+            tried += 1
+            options = options[np.argsort(row_scores[options], kind="stable")]
+            placed = placer.try_place(
+                row,
+                int(t.gpus[row]),
+                options.tolist(),
+                t.per_gpu[row],
+                t.features(np.full(every.size, row), every),
+                self.tolerance(np.full(every.size, row), every),
+                best_fit=s.pricing,
+            )
+            if placed is None:
+                still.append(row)
+        return still
 
     def _squeeze(
         self, placer: Placer, problem: PricingProblem, penalty: np.ndarray, queued: list[int]
@@ -472,13 +524,103 @@ class _Epoch:
             t.features(keep_rows, cfg[keep_rows]),
             self.tolerance(keep_rows, cfg[keep_rows]),
         )
-        preempted: list[int] = []
         by_row = dict(zip(rows.tolist(), cur_devs, strict=True))
-        pending = sorted(conflicted, key=lambda r: t.per_gpu[r, cfg[r], GPU_MEM])
-        for row in pending:
-            if not self._replace_running(placer, row, int(cfg[row]), by_row[row]):
+        return self._place_conflicted(placer, sorted(conflicted), cfg, by_row)
+
+    def _place_conflicted(
+        self,
+        placer: Placer,
+        rows: list[int],
+        cfg: np.ndarray,
+        devices_of: dict[int, tuple[int, ...]],
+    ) -> list[int]:
+        """Running jobs whose devices would overflow, or that sit next to a forbidden partner.
+
+        1. Every one goes back in place, at its chosen configuration if that needs no
+           more of any resource than the current one, else at the current one: they
+           all fit before, so this always fits and nobody is dropped for another's
+           growth.
+        2. Jobs next to a forbidden partner try to migrate (chosen, then current).
+        3. Jobs that wanted to grow try their chosen configuration in place.
+        Only a job that fits nowhere, not even where it ran, is preempted.
+        """
+        t = self.t
+        preempted: list[int] = []
+        every = np.arange(t.per_gpu.shape[1])
+        lower: dict[int, int] = {}
+        for row in rows:
+            chosen, current = int(cfg[row]), int(t.current[row])
+            # The chosen configuration only if it needs no more of anything than the current.
+            shrinks = bool(np.all(t.per_gpu[row, chosen] <= t.per_gpu[row, current] + 1e-9))
+            small = chosen if shrinks else current
+            devs = list(devices_of[row])
+            if placer.table.fits_on(devs, t.per_gpu[row, small]):
+                self._commit_row(placer, row, small, devs, every)
+                lower[row] = small
+            else:
                 preempted.append(row)
-        return preempted
+        for row in rows:
+            if row not in lower:
+                continue
+            chosen, current = int(cfg[row]), int(t.current[row])
+            devs = list(devices_of[row])
+            if placer.is_forbidden(row, lower[row], devs):
+                placer.release(row, t.per_gpu[row, lower[row]])
+                feats = t.features(np.full(every.size, row), every)
+                tol = self.tolerance(np.full(every.size, row), every)
+                configs = [chosen] if chosen == current else [chosen, current]
+                moved = placer.try_place(
+                    row,
+                    int(t.gpus[row]),
+                    configs,
+                    t.per_gpu[row],
+                    feats,
+                    tol,
+                    best_fit=self.settings.pricing,
+                )
+                if moved is None:  # stay put; the violation is reported
+                    self._commit_row(placer, row, lower[row], devs, every)
+                continue
+            if chosen != lower[row]:
+                placer.release(row, t.per_gpu[row, lower[row]])
+                if placer.table.fits_on(devs, t.per_gpu[row, chosen]) and not (
+                    placer.is_forbidden(row, chosen, devs)
+                ):
+                    self._commit_row(placer, row, chosen, devs, every)
+                else:
+                    self._commit_row(placer, row, lower[row], devs, every)
+        still = []
+        for row in preempted:  # could not even go back where it ran: try anywhere
+            chosen, current = int(cfg[row]), int(t.current[row])
+            feats = t.features(np.full(every.size, row), every)
+            tol = self.tolerance(np.full(every.size, row), every)
+            configs = [chosen] if chosen == current else [chosen, current]
+            if (
+                placer.try_place(
+                    row,
+                    int(t.gpus[row]),
+                    configs,
+                    t.per_gpu[row],
+                    feats,
+                    tol,
+                    best_fit=self.settings.pricing,
+                )
+                is None
+            ):
+                still.append(row)
+        return still
+
+    def _commit_row(
+        self, placer: Placer, row: int, config: int, devices: list[int], every: np.ndarray
+    ) -> None:
+        placer.commit(
+            row,
+            config,
+            devices,
+            self.t.per_gpu[row, config],
+            self.t.features(np.array([row]), np.array([config]))[0],
+            float(self.tolerance(np.array([row]), np.array([config]))[0]),
+        )
 
     def _forbidden_running(
         self, placer: Placer, rows: np.ndarray, cfg: np.ndarray, cur_devs: list[tuple[int, ...]]
@@ -495,33 +637,6 @@ class _Epoch:
                     if a != b and (a, int(cfg[a]), b, int(cfg[b])) in placer.forbidden:
                         hit.add(max(a, b, key=lambda r: (-self.t.weight[r], r)))
         return hit
-
-    def _replace_running(
-        self, placer: Placer, row: int, chosen: int, devices: tuple[int, ...]
-    ) -> bool:
-        """In place (new config, then current), else migrate (new, then current)."""
-        t = self.t
-        current = int(t.current[row])
-        configs = [chosen] if chosen == current else [chosen, current]
-        every = np.arange(t.per_gpu.shape[1])
-        feats = t.features(np.full(every.size, row), every)
-        tol = self.tolerance(np.full(every.size, row), every)
-        for config in configs:
-            demand = t.per_gpu[row, config]
-            devs = list(devices)
-            if placer.table.fits_on(devs, demand) and not placer.is_forbidden(row, config, devs):
-                placer.commit(row, config, devs, demand, feats[config], float(tol[config]))
-                return True
-        placed = placer.try_place(
-            row,
-            int(t.gpus[row]),
-            configs,
-            t.per_gpu[row],
-            feats,
-            tol,
-            best_fit=self.settings.pricing,
-        )
-        return placed is not None
 
     # -- interference check ---------------------------------------------------
     def check(self, placer: Placer) -> tuple[list[tuple[int, int, float]], dict[int, float]]:

@@ -41,6 +41,8 @@ class PricingProblem:
     capacity   (R,)       physical capacity C in GPU-equivalents
     reserve    (R, N)     gamma * R_min of each pending job, counted while it waits:
                           C_eff = C - gamma * sum_{j in Q} R_j^min (spec Eq. effective_capacity)
+    priority   (N,)       row order in which pending jobs are rationed (highest first);
+                          None means row order
     """
 
     demand: np.ndarray
@@ -48,6 +50,7 @@ class PricingProblem:
     wait_score: np.ndarray
     capacity: np.ndarray
     reserve: np.ndarray
+    priority: np.ndarray | None = None
 
     @property
     def num_jobs(self) -> int:
@@ -66,26 +69,52 @@ class PricingProblem:
 
 @dataclass(frozen=True, eq=False)
 class Selection:
+    """The jobs' choices at one price vector.
+
+    ``wants`` marks jobs whose best configuration beats waiting (running jobs
+    always); ``running`` those that get to run after *rationing*: pending jobs
+    that want to run are admitted in priority order while the aggregate
+    capacity holds, so ``usage`` never exceeds C through pending jobs.
+    ``desired`` is the unrationed demand, which drives the price update.
+    """
+
     choice: np.ndarray  # (N,) argmin configuration row
-    running: np.ndarray  # (N,) bool: the job takes a configuration (does not wait)
-    usage: np.ndarray  # (R,) aggregate demand U of the jobs that run
-    reserved: np.ndarray  # (R,) gamma * R_min of the pending jobs that wait
+    running: np.ndarray  # (N,) bool: runs (running jobs, and pending jobs admitted by rationing)
+    wants: np.ndarray  # (N,) bool: prefers running to waiting at these prices
+    usage: np.ndarray  # (R,) aggregate demand of the jobs that run
+    desired: np.ndarray  # (R,) aggregate demand of every job that wants to run
+    reserved: np.ndarray  # (R,) gamma * R_min of the pending jobs that choose to wait
 
 
 def select(
     problem: PricingProblem, prices: np.ndarray, penalty: np.ndarray | None = None
 ) -> Selection:
-    """Every job's argmin configuration at ``prices``, and the aggregate demand U."""
+    """Every job's argmin configuration at ``prices``, rationed to the aggregate capacity."""
     scores = problem.scores(prices, penalty)
     n = problem.num_jobs
     if n == 0:
         empty = np.zeros(NUM_RESOURCES)
-        return Selection(np.zeros(0, dtype=np.intp), np.zeros(0, dtype=bool), empty, empty)
+        none = np.zeros(0, dtype=bool)
+        return Selection(np.zeros(0, dtype=np.intp), none, none, empty, empty, empty)
     choice = np.argmin(scores, axis=1)
     rows = np.arange(n)
     best = scores[rows, choice]
-    running = np.isfinite(best) & (best < problem.wait_score)
-    waiting = ~running
-    usage = np.array([problem.demand[r][rows, choice][running].sum() for r in range(NUM_RESOURCES)])
-    reserved = problem.reserve[:, waiting].sum(axis=1)
-    return Selection(choice=choice, running=running, usage=usage, reserved=reserved)
+    wants = np.isfinite(best) & (best < problem.wait_score)
+    chosen = np.stack([problem.demand[r][rows, choice] for r in range(NUM_RESOURCES)])  # (R, N)
+    chosen[:, ~wants] = 0.0
+    incumbent = ~np.isfinite(problem.wait_score)  # running jobs: never wait
+    base_usage = chosen[:, incumbent].sum(axis=1)
+    desired = chosen.sum(axis=1)
+    running = wants.copy()
+    pending = wants & ~incumbent
+    if pending.any() and np.any(desired > problem.capacity + 1e-9):
+        order = problem.priority if problem.priority is not None else rows
+        queue = order[pending[order]]
+        cumulative = np.cumsum(chosen[:, queue], axis=1) + base_usage[:, None]
+        fits = np.logical_and.accumulate(
+            np.all(cumulative <= problem.capacity[:, None] + 1e-9, axis=0)
+        )
+        running[queue[~fits]] = False
+    usage = chosen[:, running].sum(axis=1)
+    reserved = problem.reserve[:, ~wants].sum(axis=1)
+    return Selection(choice, running, wants, usage, desired, reserved)

@@ -1,23 +1,25 @@
 """ESP price discovery (spec 3.2, Eq. price_update): projected subgradient "tatonnement".
 
-    lambda_r <- max(0, lambda_r + eta_t * (U_r + Res_r - C_r) / C_r)
+    lambda_r <- max(0, lambda_r + eta_t * (D_r + Res_r - C_r) / C_r)
 
-where Res_r = gamma * sum R_min over the pending jobs that currently wait:
-prices see C_eff = C - Res (spec Eq. effective_capacity), so running jobs are
-pushed to leave room for the queue.  Feasibility, though, is judged against
-the physical C: a waiting job's reservation never blocks another job's
-admission by itself (that would let two queued jobs lock each other out).
+with eta_t = eta0 (fixed) or eta0 / sqrt(t) (diminishing).  D is the demand of
+every job that wants to run at these prices and Res_r = gamma * sum R_min over
+the pending jobs that choose to wait, so prices see C_eff = C - Res (spec Eq.
+effective_capacity) and running jobs are pushed to leave room for the queue.
+The subgradient is taken relative to capacity so eta is dimensionless, and
+prices are warm-started from the previous epoch.
 
-with eta_t = eta0 (fixed) or eta0 / sqrt(t) (diminishing).  The subgradient is
-taken relative to capacity so eta is dimensionless.  Prices are warm-started
-from the previous epoch, so a steady cluster converges in a few iterations.
+Feasibility and value are judged on the *rationed* selection (pending jobs
+admitted in priority order while the aggregate capacity holds, see
+``scoring.select``): demand made of many identical lumps (say 40 queued 8-GPU
+jobs with room for 8) flips from "all run" to "all wait" at one price step,
+and without rationing the best feasible answer would be to leave the GPUs idle.
 
-Convergence rule: stop as soon as the selection is feasible (U <= C within
-``feasibility_slack``) and either is a fixed point (the selection at the
-updated prices is the same) or sits on the edge of feasibility (the update
-would lower prices into an over-committed selection); otherwise stop after
-``max_price_iterations`` and return the best feasible selection seen (highest
-total value), or the last one if none was feasible (bin-packing then queues what does not fit).
+Convergence rule: stop when the unrationed demand fits (D <= C within
+``feasibility_slack``) and the selection is a fixed point or sits on the edge
+of feasibility (a lower price would over-commit), or when the best value has
+not improved for ``PATIENCE`` iterations, or after ``max_price_iterations``.
+The selection returned is the best-valued (rationed) one seen, with its prices.
 """
 
 from __future__ import annotations
@@ -64,32 +66,41 @@ def tatonnement(
     selection = select(problem, prices, penalty)
     best: tuple[float, np.ndarray, Selection] | None = None
     since_best = 0
+    converged = False
+    iterations = settings.max_price_iterations
     for t in range(1, settings.max_price_iterations + 1):
-        excess = (selection.usage + selection.reserved - problem.capacity) / capacity
-        new_prices = np.maximum(0.0, prices + _step(settings, t) * excess)
-        feasible = _feasible(problem, selection.usage, settings.feasibility_slack)
-        if feasible:
-            value = _value(problem, selection, penalty)
-            if best is None or value > best[0] + 1e-12:
-                best = (value, prices, selection)
-                since_best = 0
-        if best is not None:
+        value = _value(problem, selection, penalty)
+        # Running jobs cannot be rationed: a selection where they over-commit is not a candidate.
+        if _feasible(problem, selection.usage, settings.feasibility_slack) and (
+            best is None or value > best[0] + 1e-12
+        ):
+            best = (value, prices, selection)
+            since_best = 0
+        elif best is not None:
             since_best += 1
-            if since_best > PATIENCE:
-                return PriceResult(best[1], best[2], t, False)
+        excess = (selection.desired + selection.reserved - problem.capacity) / capacity
+        new_prices = np.maximum(0.0, prices + _step(settings, t) * excess)
         new_selection = select(problem, new_prices, penalty)
-        if feasible and (
-            _same(selection, new_selection)
-            or not _feasible(problem, new_selection.usage, settings.feasibility_slack)
+        if _fits(problem, selection, settings) and (
+            _same(selection, new_selection) or not _fits(problem, new_selection, settings)
         ):
             # A fixed point, or the edge of feasibility: any lower price over-commits.
-            return PriceResult(prices, selection, t, True)
+            converged, iterations = True, t
+            if best is None or value >= best[0] - 1e-12:
+                best = (value, prices, selection)
+            break
+        if since_best > PATIENCE:
+            iterations = t
+            break
         prices, selection = new_prices, new_selection
-    if _feasible(problem, selection.usage, settings.feasibility_slack):
-        return PriceResult(prices, selection, settings.max_price_iterations, True)
-    if best is not None:
-        return PriceResult(best[1], best[2], settings.max_price_iterations, False)
-    return PriceResult(prices, selection, settings.max_price_iterations, False)
+    if best is None:
+        return PriceResult(prices, selection, iterations, converged)
+    return PriceResult(best[1], best[2], iterations, converged)
+
+
+def _fits(problem: PricingProblem, selection: Selection, settings: PlannerSettings) -> bool:
+    """Whether every job that wants to run fits the aggregate capacity, unrationed."""
+    return _feasible(problem, selection.desired, settings.feasibility_slack)
 
 
 def _same(a: Selection, b: Selection) -> bool:
