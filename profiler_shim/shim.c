@@ -105,18 +105,16 @@ static inline void *es_next(int api) {
 
 enum { ES_UNINIT = 0, ES_ACTIVE = 1, ES_DISABLED = 2 };
 
-typedef struct es_key {
-    uint64_t func, stream;
-    uint32_t grid[3], block[3], smem;
-    uint8_t api, flags;
-    uint16_t pad; /* always zero so keys compare as words */
-} es_key;
-_Static_assert(sizeof(es_key) == 48, "key is six words");
-
+/* A launch key packed into six words, built in registers: (function, stream,
+ * grid x|y, grid z|block x, block y|z, shared memory|api<<32|flags<<40).  Building it
+ * as 32-bit fields on the stack and comparing 64-bit words defeats store forwarding and
+ * costs ~20 ns per launch. */
 typedef struct es_slot {
-    es_key key;
+    uint64_t w[6];
     uint64_t count;
-} es_slot;
+    uint64_t pad;
+} __attribute__((aligned(64))) es_slot;
+_Static_assert(sizeof(es_slot) == 64, "one slot per cache line");
 
 typedef struct es_thread {
     uint64_t epoch;
@@ -215,10 +213,14 @@ static void es_emit_tick(uint16_t flags) {
 
 /* ---- per-thread launch aggregation ----------------------------------------------- */
 static void es_publish(es_slot *s) {
+    uint16_t flags = (uint16_t)(s->w[5] >> 40);
+    uint32_t grid[3] = {(uint32_t)s->w[2], (uint32_t)(s->w[2] >> 32), (uint32_t)s->w[3]};
+    uint32_t block[3] = {(uint32_t)(s->w[3] >> 32), (uint32_t)s->w[4],
+                         (uint32_t)(s->w[4] >> 32)};
     es_add(&es_g.hdr->launches, s->count);
-    if (s->key.flags & ES_FLAG_ERROR) es_add(&es_g.hdr->launch_errors, s->count);
-    es_emit(ES_KIND_LAUNCH, s->key.api, s->key.flags, s->key.smem, s->key.func, s->key.stream,
-            s->count, s->key.grid, s->key.block);
+    if (flags & ES_FLAG_ERROR) es_add(&es_g.hdr->launch_errors, s->count);
+    es_emit(ES_KIND_LAUNCH, (uint8_t)(s->w[5] >> 32), flags, (uint32_t)s->w[5], s->w[0],
+            s->w[1], s->count, grid, block);
     s->count = 0;
 }
 
@@ -352,7 +354,11 @@ static es_thread *es_thread_attach(void) {
     return t;
 }
 
-static inline void es_note_launch(uint8_t api, const void *func, uint32_t gx, uint32_t gy,
+#define ES_INLINE __attribute__((always_inline)) static inline
+
+/* Inlined into each launch wrapper: an out-of-line call with eleven arguments costs more
+ * than the aggregation itself. */
+ES_INLINE void es_note_launch(uint8_t api, const void *func, uint32_t gx, uint32_t gy,
                                   uint32_t gz, uint32_t bx, uint32_t by, uint32_t bz,
                                   uint32_t smem, const void *stream, int failed) {
     es_thread *t = es_tls;
@@ -368,28 +374,26 @@ static inline void es_note_launch(uint8_t api, const void *func, uint32_t gx, ui
         es_thread_flush(t);
         t->epoch = epoch;
     }
-    es_key k = {.func = (uint64_t)(uintptr_t)func,
-                .stream = (uint64_t)(uintptr_t)stream,
-                .grid = {gx, gy, gz},
-                .block = {bx, by, bz},
-                .smem = smem,
-                .api = api,
-                .flags = failed ? ES_FLAG_ERROR : 0,
-                .pad = 0};
-    uint64_t hash = k.func * 0x9e3779b97f4a7c15ull;
-    hash ^= (k.stream + ((uint64_t)gx << 32 | bx) + ((uint64_t)gy << 40 | by << 20 | gz)) *
-            0xc2b2ae3d27d4eb4full;
-    hash ^= ((uint64_t)smem << 16 | (uint64_t)api << 8 | k.flags | (uint64_t)bz << 40);
-    hash ^= hash >> 29;
-    es_slot *s = &t->slot[(hash * 0x94d049bb133111ebull >> 40) & (ES_CACHE_SLOTS - 1)];
-    const uint64_t *a = (const uint64_t *)&s->key, *b = (const uint64_t *)&k;
-    if (ES_LIKELY(s->count && a[0] == b[0] && a[1] == b[1] && a[2] == b[2] && a[3] == b[3] &&
-                  a[4] == b[4] && a[5] == b[5])) {
+    const uint64_t w0 = (uint64_t)(uintptr_t)func, w1 = (uint64_t)(uintptr_t)stream;
+    const uint64_t w2 = gx | (uint64_t)gy << 32, w3 = gz | (uint64_t)bx << 32;
+    const uint64_t w4 = by | (uint64_t)bz << 32;
+    const uint64_t w5 =
+        smem | (uint64_t)api << 32 | (uint64_t)(failed ? ES_FLAG_ERROR : 0) << 40;
+    uint64_t hash = (w0 ^ w1 * 0xc2b2ae3d27d4eb4full ^ w2 * 0x165667b19e3779f9ull ^ w3 ^
+                     w4 * 0x27d4eb2f165667c5ull ^ w5) * 0x9e3779b97f4a7c15ull;
+    es_slot *s = &t->slot[(hash >> 40) & (ES_CACHE_SLOTS - 1)];
+    if (ES_LIKELY(s->count && s->w[0] == w0 && s->w[1] == w1 && s->w[2] == w2 &&
+                  s->w[3] == w3 && s->w[4] == w4 && s->w[5] == w5)) {
         s->count++;
         return;
     }
     if (s->count) es_publish(s);
-    s->key = k;
+    s->w[0] = w0;
+    s->w[1] = w1;
+    s->w[2] = w2;
+    s->w[3] = w3;
+    s->w[4] = w4;
+    s->w[5] = w5;
     s->count = 1;
 }
 
@@ -480,7 +484,7 @@ static void es_note_collective(uint8_t api, size_t count, ncclDataType_t type, i
     if (ES_UNLIKELY(!(next))) return fail;       \
     if (es_depth) return (next) args
 
-static inline CUresult es_launch(int api, es_fn_cuLaunchKernel *next, CUfunction f,
+ES_INLINE CUresult es_launch(int api, es_fn_cuLaunchKernel *next, CUfunction f,
                                  unsigned gx, unsigned gy, unsigned gz, unsigned bx,
                                  unsigned by, unsigned bz, unsigned smem, CUstream s,
                                  void **params, void **extra) {
