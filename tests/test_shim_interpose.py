@@ -152,7 +152,7 @@ def test_coexists_with_another_preload_hook(built, tmp_path: Path, order: str) -
         libs.reverse()
     report = tmp_path / "other.txt"
     run_workload(built, tmp_path, "2", "50", preload=" ".join(libs), OTHER_HOOK_OUT=str(report))
-    launches, mallocs = map(int, report.read_text().split())
+    launches, mallocs = map(int, report.read_text().split())  # one process, one line
     assert launches == 2 * (50 + 1)  # every direct cuLaunchKernel also reached the other hook
     assert mallocs == 2 * (5 + 1)
     with RingReader(only_ring(tmp_path)) as ring:

@@ -1,6 +1,6 @@
 /* Another preload hook (standing in for e.g. HAMi-core from /etc/ld.so.preload): wraps
- * cuLaunchKernel and cudaMalloc with RTLD_NEXT and reports its counts at exit to the file
- * named by OTHER_HOOK_OUT, so a test can check both hooks saw every call. */
+ * cuLaunchKernel and cudaMalloc with RTLD_NEXT and appends "launches mallocs" at exit to the
+ * file named by OTHER_HOOK_OUT, so a test can check both hooks saw every call. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <stdio.h>
@@ -23,7 +23,7 @@ cudaError_t cudaMalloc(void **p, size_t n) {
 }
 __attribute__((destructor)) static void report(void) {
     const char *out = getenv("OTHER_HOOK_OUT");
-    FILE *f = out ? fopen(out, "w") : NULL;
+    FILE *f = out ? fopen(out, "a") : NULL;
     if (!f) return;
     fprintf(f, "%llu %llu\n", launches, mallocs);
     fclose(f);
