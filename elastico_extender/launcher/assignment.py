@@ -96,6 +96,10 @@ def _lookup(name: str, annotations: Mapping[str, str], environ: Mapping[str, str
     return environ.get(env), env
 
 
+def _sources(name: str) -> str:
+    return f"annotation {PREFIX}{name} or environment variable {FIELDS[name]}"
+
+
 def read_assignment(annotations: Mapping[str, str], environ: Mapping[str, str]) -> Assignment:
     """Parse and validate; raises AnnotationError naming every bad or missing field."""
     problems: list[tuple[str, str]] = []
@@ -104,7 +108,7 @@ def read_assignment(annotations: Mapping[str, str], environ: Mapping[str, str]) 
         raw, where = _lookup(name, annotations, environ)
         if raw is None or raw == "":
             if default is None:
-                problems.append((where, "required"))
+                problems.append((where, f"required ({_sources(name)})"))
                 return math.nan
             return default
         try:
@@ -128,7 +132,7 @@ def read_assignment(annotations: Mapping[str, str], environ: Mapping[str, str]) 
     raw_kind, where = _lookup("kind", annotations, environ)
     kind = JobKind.TRAINING
     if raw_kind is None:
-        problems.append((where, "required (training or inference)"))
+        problems.append((where, f"required: training or inference ({_sources('kind')})"))
     else:
         try:
             kind = JobKind(raw_kind.strip().lower())

@@ -155,11 +155,7 @@ class NvmlSource:
     name = "nvml"
 
     def __init__(self, index: int = 0, nvml: Any = None) -> None:
-        if nvml is None:
-            import pynvml as nvml  # type: ignore[import-not-found,no-redef]
-
-            nvml.nvmlInit()
-        self._nvml = nvml
+        self._nvml = nvml if nvml is not None else _load_pynvml()
         self._handle = nvml.nvmlDeviceGetHandleByIndex(index)
 
     def sample(self) -> HardwareSample | None:
@@ -174,6 +170,13 @@ class NvmlSource:
     def signature(self) -> str | None:
         name = self._nvml.nvmlDeviceGetName(self._handle)
         return name.decode() if isinstance(name, bytes) else str(name)
+
+
+def _load_pynvml() -> Any:
+    import pynvml  # optional: nvidia-ml-py
+
+    pynvml.nvmlInit()
+    return pynvml
 
 
 class NullSource:

@@ -157,8 +157,9 @@ def _dtype(fields: tuple[tuple[str, str], ...], itemsize: int) -> np.dtype:
 
 RECORD_DTYPE = _dtype(RECORD_FIELDS, RECORD_SIZE)
 HEADER_DTYPE = _dtype(HEADER_FIELDS, HEADER_SIZE)
-HEAD_OFFSET = HEADER_DTYPE.fields["head"][1]
-TAIL_OFFSET = HEADER_DTYPE.fields["tail"][1]
+_HEADER_OFFSETS = dict(zip((n for n, _ in HEADER_FIELDS), _offsets(HEADER_FIELDS), strict=True))
+HEAD_OFFSET = _HEADER_OFFSETS["head"]
+TAIL_OFFSET = _HEADER_OFFSETS["tail"]
 
 
 def describe() -> str:

@@ -87,7 +87,7 @@ class RingReader:
             self.close()
             raise RingFormatError(f"{self.path}: " + "; ".join(problems))
         self.capacity = int(head["capacity"])
-        self._slots = np.frombuffer(
+        self._slots: np.ndarray | None = np.frombuffer(
             self._map, dtype=RECORD_DTYPE, count=self.capacity, offset=HEADER_SIZE
         )
         self.incomplete = 0

@@ -15,6 +15,7 @@ import importlib.machinery
 import importlib.util
 import os
 import sys
+import types
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -46,7 +47,9 @@ class _AfterTorchCuda(importlib.abc.MetaPathFinder):
     def __init__(self, fraction: float) -> None:
         self.fraction = fraction
 
-    def find_spec(self, fullname, path, target=None):  # type: ignore[no-untyped-def]
+    def find_spec(
+        self, fullname: str, path: object = None, target: object = None
+    ) -> importlib.machinery.ModuleSpec | None:
         if fullname != "torch.cuda":
             return None
         sys.meta_path.remove(self)
@@ -57,10 +60,12 @@ class _AfterTorchCuda(importlib.abc.MetaPathFinder):
         fraction = self.fraction
 
         class Loader(importlib.abc.Loader):
-            def create_module(self, spec):  # type: ignore[no-untyped-def]
+            def create_module(
+                self, spec: importlib.machinery.ModuleSpec
+            ) -> types.ModuleType | None:
                 return loader.create_module(spec)
 
-            def exec_module(self, module):  # type: ignore[no-untyped-def]
+            def exec_module(self, module: types.ModuleType) -> None:
                 loader.exec_module(module)
                 _patch(module, fraction)
 
