@@ -18,6 +18,7 @@ Everything else about the project lives in pyproject.toml.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 from pathlib import Path
 
@@ -28,6 +29,7 @@ HERE = Path(__file__).resolve().parent
 SHIM_PACKAGE_DIR = Path("elastico_extender", "_shim")
 
 
+@functools.cache
 def _shim_builder():
     path = HERE / "profiler_shim" / "build.py"
     spec = importlib.util.spec_from_file_location("elastico_shim_build", path)

@@ -480,15 +480,15 @@ static void es_note_collective(uint8_t api, size_t count, ncclDataType_t type, i
 
 /* ---- wrappers --------------------------------------------------------------------- */
 /* A missing real symbol gets the list's failure value; a nested call passes through. */
-#define ES_PASS_OR_FAIL(name, next, fail, args) \
-    if (ES_UNLIKELY(!(next))) return fail;       \
+#define ES_PASS_OR_FAIL(next, fail, args)     \
+    if (ES_UNLIKELY(!(next))) return fail; \
     if (es_depth) return (next) args
 
 ES_INLINE CUresult es_launch(int api, es_fn_cuLaunchKernel *next, CUfunction f,
                                  unsigned gx, unsigned gy, unsigned gz, unsigned bx,
                                  unsigned by, unsigned bz, unsigned smem, CUstream s,
                                  void **params, void **extra) {
-    ES_PASS_OR_FAIL(cuLaunchKernel, next, CUDA_ERROR_NOT_FOUND,
+    ES_PASS_OR_FAIL(next, CUDA_ERROR_NOT_FOUND,
                     (f, gx, gy, gz, bx, by, bz, smem, s, params, extra));
     es_depth++;
     CUresult r = next(f, gx, gy, gz, bx, by, bz, smem, s, params, extra);
@@ -500,7 +500,7 @@ ES_INLINE CUresult es_launch(int api, es_fn_cuLaunchKernel *next, CUfunction f,
 static inline CUresult es_launch_ex(int api, es_fn_cuLaunchKernelEx *next,
                                     const CUlaunchConfig *c, CUfunction f, void **params,
                                     void **extra) {
-    ES_PASS_OR_FAIL(cuLaunchKernelEx, next, CUDA_ERROR_NOT_FOUND, (c, f, params, extra));
+    ES_PASS_OR_FAIL(next, CUDA_ERROR_NOT_FOUND, (c, f, params, extra));
     es_depth++;
     CUresult r = next(c, f, params, extra);
     if (c)
@@ -514,7 +514,7 @@ static inline CUresult es_launch_ex(int api, es_fn_cuLaunchKernelEx *next,
 static inline cudaError_t es_rt_launch(int api, es_fn_cudaLaunchKernel *next, const void *func,
                                        dim3 g, dim3 b, void **args, size_t smem,
                                        cudaStream_t s) {
-    ES_PASS_OR_FAIL(cudaLaunchKernel, next, cudaErrorSymbolNotFound,
+    ES_PASS_OR_FAIL(next, cudaErrorSymbolNotFound,
                     (func, g, b, args, smem, s));
     es_depth++;
     cudaError_t r = next(func, g, b, args, smem, s);
@@ -525,7 +525,7 @@ static inline cudaError_t es_rt_launch(int api, es_fn_cudaLaunchKernel *next, co
 }
 
 static inline CUresult es_mem_alloc(es_fn_cuMemAlloc_v2 *next, CUdeviceptr *p, size_t n) {
-    ES_PASS_OR_FAIL(cuMemAlloc_v2, next, CUDA_ERROR_NOT_FOUND, (p, n));
+    ES_PASS_OR_FAIL(next, CUDA_ERROR_NOT_FOUND, (p, n));
     es_depth++;
     CUresult r = next(p, n);
     es_note_alloc(ES_API_cuMemAlloc_v2, (r == CUDA_SUCCESS && p) ? *p : 0, n, NULL,
@@ -535,7 +535,7 @@ static inline CUresult es_mem_alloc(es_fn_cuMemAlloc_v2 *next, CUdeviceptr *p, s
 }
 
 static inline CUresult es_mem_free(es_fn_cuMemFree_v2 *next, CUdeviceptr p) {
-    ES_PASS_OR_FAIL(cuMemFree_v2, next, CUDA_ERROR_NOT_FOUND, (p));
+    ES_PASS_OR_FAIL(next, CUDA_ERROR_NOT_FOUND, (p));
     es_depth++;
     CUresult r = next(p);
     es_note_free(ES_API_cuMemFree_v2, p, NULL, r != CUDA_SUCCESS);
@@ -587,7 +587,7 @@ ES_EXPORT cudaError_t cudaLaunchKernel_ptsz ES_RT_LAUNCH_PARAMS {
 
 ES_EXPORT cudaError_t cudaMalloc(void **devPtr, size_t size) {
     es_fn_cudaMalloc *next = ES_NEXT(cudaMalloc);
-    ES_PASS_OR_FAIL(cudaMalloc, next, cudaErrorSymbolNotFound, (devPtr, size));
+    ES_PASS_OR_FAIL(next, cudaErrorSymbolNotFound, (devPtr, size));
     es_depth++;
     cudaError_t r = next(devPtr, size);
     es_note_alloc(ES_API_cudaMalloc, (r == cudaSuccess && devPtr) ? (uintptr_t)*devPtr : 0,
@@ -598,7 +598,7 @@ ES_EXPORT cudaError_t cudaMalloc(void **devPtr, size_t size) {
 
 ES_EXPORT cudaError_t cudaFree(void *devPtr) {
     es_fn_cudaFree *next = ES_NEXT(cudaFree);
-    ES_PASS_OR_FAIL(cudaFree, next, cudaErrorSymbolNotFound, (devPtr));
+    ES_PASS_OR_FAIL(next, cudaErrorSymbolNotFound, (devPtr));
     es_depth++;
     cudaError_t r = next(devPtr);
     es_note_free(ES_API_cudaFree, (uintptr_t)devPtr, NULL, r != cudaSuccess);
@@ -608,7 +608,7 @@ ES_EXPORT cudaError_t cudaFree(void *devPtr) {
 
 ES_EXPORT cudaError_t cudaMallocAsync(void **devPtr, size_t size, cudaStream_t hStream) {
     es_fn_cudaMallocAsync *next = ES_NEXT(cudaMallocAsync);
-    ES_PASS_OR_FAIL(cudaMallocAsync, next, cudaErrorSymbolNotFound, (devPtr, size, hStream));
+    ES_PASS_OR_FAIL(next, cudaErrorSymbolNotFound, (devPtr, size, hStream));
     es_depth++;
     cudaError_t r = next(devPtr, size, hStream);
     es_note_alloc(ES_API_cudaMallocAsync,
@@ -620,7 +620,7 @@ ES_EXPORT cudaError_t cudaMallocAsync(void **devPtr, size_t size, cudaStream_t h
 
 ES_EXPORT cudaError_t cudaFreeAsync(void *devPtr, cudaStream_t hStream) {
     es_fn_cudaFreeAsync *next = ES_NEXT(cudaFreeAsync);
-    ES_PASS_OR_FAIL(cudaFreeAsync, next, cudaErrorSymbolNotFound, (devPtr, hStream));
+    ES_PASS_OR_FAIL(next, cudaErrorSymbolNotFound, (devPtr, hStream));
     es_depth++;
     cudaError_t r = next(devPtr, hStream);
     es_note_free(ES_API_cudaFreeAsync, (uintptr_t)devPtr, hStream, r != cudaSuccess);
@@ -631,7 +631,7 @@ ES_EXPORT cudaError_t cudaFreeAsync(void *devPtr, cudaStream_t hStream) {
 #define ES_NCCL_WRAP(name, params, args, count, type, op, peer)                      \
     ES_EXPORT ncclResult_t name params {                                              \
         es_fn_##name *next = ES_NEXT(name);                                           \
-        ES_PASS_OR_FAIL(name, next, ncclInternalError, args);                         \
+        ES_PASS_OR_FAIL(next, ncclInternalError, args);                         \
         es_depth++;                                                                   \
         ncclResult_t r = next args;                                                   \
         es_note_collective(ES_API_##name, count, type, op, peer, comm, stream,        \

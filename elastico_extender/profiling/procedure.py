@@ -114,15 +114,16 @@ class MeasuredProfile:
     notes: tuple[str, ...] = field(default=())
 
 
+def _warmed_up(plan: ProfilingPlan, started: float, now: float, iterations: float) -> bool:
+    """Warm-up is over at the iteration budget or the time budget, whichever comes first."""
+    return iterations >= plan.warmup_iterations or now - started >= plan.warmup_seconds
+
+
 def _window(samples: Sequence[Sample], plan: ProfilingPlan) -> list[Sample]:
     if len(samples) < 2:
         raise ProfilingError("fewer than two samples")
     t0 = samples[0].time
-    warm = next(
-        (s for s in samples
-         if s.iterations >= plan.warmup_iterations or s.time - t0 >= plan.warmup_seconds),
-        None,
-    )
+    warm = next((s for s in samples if _warmed_up(plan, t0, s.time, s.iterations)), None)
     if warm is None:
         raise ProfilingError("the job never finished its warm-up")
     end = warm.time + plan.window_seconds
@@ -324,8 +325,7 @@ class ProfilingSession:
             cpu, rss = self.process.read() if self.process is not None else (None, None)
             if math.isfinite(iterations):
                 samples.append(Sample(now, iterations, items, self.hardware.sample(), cpu, rss))
-                if warm_at is None and (iterations >= plan.warmup_iterations
-                                        or now - start >= plan.warmup_seconds):
+                if warm_at is None and _warmed_up(plan, start, now, iterations):
                     warm_at = now
             if warm_at is not None and now >= warm_at + plan.window_seconds:
                 return samples
