@@ -1,0 +1,180 @@
+"""The configuration ElastiCo assigned to this pod, and what it means for the workload.
+
+Read from the downward-API annotations (written by the extender at bind time and
+updated on reconfiguration) with environment variables as the fallback for anything
+the annotations do not say.  Every problem is collected and raised together as one
+:class:`~elastico_extender.errors.AnnotationError`.
+
+=============================== ============================ ==========================
+annotation                      environment fallback         meaning
+=============================== ============================ ==========================
+``elastico.io/kind``            ``ELASTICO_WORKLOAD_KIND``   ``training`` | ``inference``
+``elastico.io/configuration``   ``ELASTICO_CONFIGURATION_JSON`` JSON object of knob values
+``elastico.io/memory-budget-mib`` ``ELASTICO_MEMORY_BUDGET_MIB`` M_j, MiB (> 0)
+``elastico.io/device-memory-mib`` ``ELASTICO_DEVICE_MEMORY_MIB`` M_GPU, MiB (>= M_j)
+``elastico.io/gpu-indices``     ``ELASTICO_GPU_INDICES``     ``0`` or ``0,1`` (default 0)
+``elastico.io/sm-share``        ``ELASTICO_SM_SHARE``        (0, 1], default 1
+``elastico.io/mps``             ``ELASTICO_MPS``             MPS limits on/off, default off
+``elastico.io/profiling``       ``ELASTICO_PROFILING``       preload the shim, default off
+=============================== ============================ ==========================
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from elastico_extender.core.handoff import framework_settings, vllm_arguments
+from elastico_extender.core.model import Configuration, JobKind
+from elastico_extender.errors import AnnotationError
+
+__all__ = ["PREFIX", "Assignment", "LaunchSettings", "read_assignment"]
+
+PREFIX = "elastico.io/"
+FIELDS: dict[str, str] = {
+    "kind": "ELASTICO_WORKLOAD_KIND",
+    "configuration": "ELASTICO_CONFIGURATION_JSON",
+    "memory-budget-mib": "ELASTICO_MEMORY_BUDGET_MIB",
+    "device-memory-mib": "ELASTICO_DEVICE_MEMORY_MIB",
+    "gpu-indices": "ELASTICO_GPU_INDICES",
+    "sm-share": "ELASTICO_SM_SHARE",
+    "mps": "ELASTICO_MPS",
+    "profiling": "ELASTICO_PROFILING",
+}
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+
+
+@dataclass(frozen=True)
+class LaunchSettings:
+    """What changes in the workload's launch: environment additions and extra arguments."""
+
+    env: Mapping[str, str]
+    vllm_args: tuple[str, ...]
+    profiling: bool
+
+
+@dataclass(frozen=True)
+class Assignment:
+    kind: JobKind
+    configuration: Configuration
+    memory_budget_mib: float
+    device_memory_mib: float
+    gpu_indices: tuple[int, ...]
+    sm_share: float
+    mps: bool
+    profiling: bool
+
+    def settings(self) -> LaunchSettings:
+        """Framework-native settings from ``core.handoff`` (the one mapping)."""
+        env = framework_settings(
+            kind=self.kind,
+            configuration=self.configuration,
+            memory_budget_mib=self.memory_budget_mib,
+            device_memory_mib=self.device_memory_mib,
+            device_indices=self.gpu_indices,
+            sm_share=self.sm_share,
+            mps=self.mps,
+        )
+        args: tuple[str, ...] = ()
+        if self.kind is JobKind.INFERENCE:
+            fraction = self.memory_budget_mib / self.device_memory_mib
+            args = tuple(vllm_arguments(self.configuration, fraction))
+        return LaunchSettings(env=env, vllm_args=args, profiling=self.profiling)
+
+
+def _lookup(name: str, annotations: Mapping[str, str], environ: Mapping[str, str]) -> tuple[
+    str | None, str
+]:
+    """The raw value and where it came from (for error messages)."""
+    key = PREFIX + name
+    if key in annotations:
+        return annotations[key], key
+    env = FIELDS[name]
+    return environ.get(env), env
+
+
+def _sources(name: str) -> str:
+    return f"annotation {PREFIX}{name} or environment variable {FIELDS[name]}"
+
+
+def read_assignment(annotations: Mapping[str, str], environ: Mapping[str, str]) -> Assignment:
+    """Parse and validate; raises AnnotationError naming every bad or missing field."""
+    problems: list[tuple[str, str]] = []
+
+    def number(name: str, default: float | None = None) -> float:
+        raw, where = _lookup(name, annotations, environ)
+        if raw is None or raw == "":
+            if default is None:
+                problems.append((where, f"required ({_sources(name)})"))
+                return math.nan
+            return default
+        try:
+            value = float(raw)
+        except ValueError:
+            problems.append((where, f"not a number: {raw!r}"))
+            return math.nan
+        if not math.isfinite(value) or value <= 0:
+            problems.append((where, f"must be a positive number, got {raw!r}"))
+        return value
+
+    def flag(name: str) -> bool:
+        raw, where = _lookup(name, annotations, environ)
+        text = (raw or "").strip().lower()
+        if text in _TRUE:
+            return True
+        if text not in _FALSE:
+            problems.append((where, f"expected true or false, got {raw!r}"))
+        return False
+
+    raw_kind, where = _lookup("kind", annotations, environ)
+    kind = JobKind.TRAINING
+    if raw_kind is None:
+        problems.append((where, f"required: training or inference ({_sources('kind')})"))
+    else:
+        try:
+            kind = JobKind(raw_kind.strip().lower())
+        except ValueError:
+            problems.append((where, f"expected training or inference, got {raw_kind!r}"))
+
+    raw_config, where = _lookup("configuration", annotations, environ)
+    configuration = Configuration(())
+    if raw_config:
+        try:
+            knobs = json.loads(raw_config)
+        except json.JSONDecodeError as exc:
+            problems.append((where, f"not JSON: {exc.msg}"))
+        else:
+            if not isinstance(knobs, dict) or not all(
+                isinstance(v, int | float | bool | str) for v in knobs.values()
+            ):
+                problems.append((where, "must be a JSON object of scalar knob values"))
+            else:
+                configuration = Configuration.from_dict(knobs)
+
+    budget = number("memory-budget-mib")
+    device = number("device-memory-mib")
+    if math.isfinite(budget) and math.isfinite(device) and budget > device:
+        problems.append((PREFIX + "memory-budget-mib",
+                         f"budget {budget:g} MiB exceeds device memory {device:g} MiB"))
+    sm_share = number("sm-share", default=1.0)
+    if math.isfinite(sm_share) and sm_share > 1:
+        problems.append((_lookup("sm-share", annotations, environ)[1], "must be in (0, 1]"))
+
+    raw_gpus, where = _lookup("gpu-indices", annotations, environ)
+    gpus: tuple[int, ...] = (0,)
+    if raw_gpus:
+        try:
+            gpus = tuple(int(part) for part in raw_gpus.split(","))
+            if any(g < 0 for g in gpus):
+                raise ValueError
+        except ValueError:
+            problems.append((where, f"expected comma-separated GPU indices, got {raw_gpus!r}"))
+
+    mps = flag("mps")
+    profiling = flag("profiling")
+    if problems:
+        raise AnnotationError(problems)
+    return Assignment(kind, configuration, budget, device, gpus, sm_share, mps, profiling)

@@ -1,0 +1,219 @@
+"""``elastico-run [options] -- COMMAND [ARGS...]``: run a workload under its assigned configuration.
+
+1. Read the assignment (downward-API annotations file, environment fallback) and map it
+   to framework-native settings with ``core.handoff``: vLLM flags appended to a vLLM
+   command line, ``PYTORCH_CUDA_ALLOC_CONF`` plus the per-process memory fraction for
+   PyTorch (applied by ``_site/sitecustomize.py``), MPS limits, visible devices.
+2. With profiling on, append the profiler shim to ``LD_PRELOAD`` (kept after any hook
+   already there, e.g. HAMi-core).
+3. Run the command in its own process group; forward SIGTERM/SIGINT to it; exit with
+   its status (128 + signal number when a signal ended it).
+4. Every poll interval re-read the annotations; when the settings they imply change,
+   restart gracefully: SIGTERM to the group, wait the grace period, SIGKILL, relaunch.
+   A new assignment that is invalid is logged and ignored: the running workload stays.
+
+Exit status 2 with a one-line reason when the starting assignment is invalid or the
+shim is missing while profiling is requested.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from elastico_extender.errors import AnnotationError, ElasticoError
+from elastico_extender.launcher.assignment import LaunchSettings, read_assignment
+from elastico_extender.launcher.downward import parse_annotations
+from elastico_extender.profiling.shim import shim_path
+
+__all__ = ["Supervisor", "build_launch", "compose_preload", "load_settings", "main"]
+
+log = logging.getLogger(__name__)
+
+DEFAULT_ANNOTATIONS = "/etc/podinfo/annotations"
+SITE_DIR = Path(__file__).resolve().parent / "_site"
+
+
+def compose_preload(existing: str | None, library: Path) -> str:
+    """``LD_PRELOAD`` with ``library`` appended (once) after what is already there."""
+    entries = (existing or "").replace(":", " ").split()
+    if str(library) not in entries:
+        entries.append(str(library))
+    return " ".join(entries)
+
+
+def load_settings(annotations_path: Path, environ: Mapping[str, str]) -> LaunchSettings:
+    """Settings from the annotations file (if present) and the environment."""
+    annotations: dict[str, str] = {}
+    if annotations_path.is_file():
+        annotations, problems = parse_annotations(annotations_path.read_text())
+        bad = [(k, m) for k, m in problems if k.startswith("elastico.io/")]
+        if bad:
+            raise AnnotationError(bad)
+    return read_assignment(annotations, environ).settings()
+
+
+def _is_vllm(command: Sequence[str]) -> bool:
+    return any("vllm" in Path(part).name for part in command[:3])
+
+
+def build_launch(
+    command: Sequence[str], settings: LaunchSettings, environ: Mapping[str, str]
+) -> tuple[list[str], dict[str, str]]:
+    """The argv and environment the workload is started with."""
+    env = {**environ, **settings.env}
+    argv = list(command)
+    if settings.vllm_args and _is_vllm(command):
+        argv.extend(settings.vllm_args)  # later flags win in vLLM's argparse
+    if "ELASTICO_MEMORY_FRACTION" in settings.env and not settings.vllm_args:
+        env["PYTHONPATH"] = os.pathsep.join(
+            p for p in (str(SITE_DIR), environ.get("PYTHONPATH", "")) if p
+        )
+    if settings.profiling:
+        env["LD_PRELOAD"] = compose_preload(environ.get("LD_PRELOAD"), shim_path())
+    return argv, env
+
+
+class Supervisor:
+    """Runs the workload and restarts it when its assigned settings change."""
+
+    def __init__(
+        self,
+        command: Sequence[str],
+        annotations_path: Path,
+        environ: Mapping[str, str],
+        *,
+        grace_seconds: float = 30.0,
+        poll_seconds: float = 2.0,
+    ) -> None:
+        self.command = list(command)
+        self.annotations_path = annotations_path
+        self.environ = dict(environ)
+        self.grace = grace_seconds
+        self.poll = poll_seconds
+        self.restarts = 0
+        self._stop = threading.Event()
+        self._stop_signal = signal.SIGTERM
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    def request_stop(self, signum: int = signal.SIGTERM) -> None:
+        self._stop_signal = signal.Signals(signum)
+        self._stop.set()
+
+    def _start(self, settings: LaunchSettings) -> subprocess.Popen[bytes]:
+        argv, env = build_launch(self.command, settings, self.environ)
+        log.info("starting workload: %s (restarts=%d)", " ".join(argv), self.restarts)
+        return subprocess.Popen(argv, env=env, start_new_session=True)
+
+    def _terminate(self, proc: subprocess.Popen[bytes], signum: int) -> int:
+        """Signal the group, wait the grace period, then SIGKILL; returns the status."""
+        if proc.poll() is None:
+            self._signal_group(proc, signum)
+            try:
+                proc.wait(timeout=self.grace)
+            except subprocess.TimeoutExpired:
+                log.warning("grace period over, killing workload (pid %d)", proc.pid)
+                self._signal_group(proc, signal.SIGKILL)
+                proc.wait()
+        return proc.returncode
+
+    @staticmethod
+    def _signal_group(proc: subprocess.Popen[bytes], signum: int) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signum)
+
+    def run(self) -> int:
+        settings = load_settings(self.annotations_path, self.environ)
+        proc = self._proc = self._start(settings)
+        seen = self._read_text()
+        next_poll = time.monotonic() + self.poll
+        while True:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=min(0.1, self.poll))
+            if self._stop.is_set():
+                return _status(self._terminate(proc, self._stop_signal))
+            if proc.returncode is not None:
+                return _status(proc.returncode)
+            if time.monotonic() < next_poll:
+                continue
+            next_poll = time.monotonic() + self.poll
+            text = self._read_text()
+            if text == seen:
+                continue
+            seen = text
+            try:
+                new = load_settings(self.annotations_path, self.environ)
+            except ElasticoError as exc:
+                log.error("ignoring invalid new assignment: %s", exc)
+                continue
+            if new == settings:
+                continue
+            log.info("assignment changed, restarting workload (pid %d)", proc.pid)
+            self._terminate(proc, signal.SIGTERM)
+            self.restarts += 1
+            settings = new
+            proc = self._proc = self._start(settings)
+
+    def _read_text(self) -> str | None:
+        try:
+            return self.annotations_path.read_text()
+        except OSError:
+            return None
+
+
+def _status(returncode: int) -> int:
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="elastico-run",
+        description="Run a workload under its ElastiCo-assigned configuration.",
+    )
+    environ = os.environ
+    parser.add_argument(
+        "--annotations", type=Path,
+        default=Path(environ.get("ELASTICO_ANNOTATIONS_FILE", DEFAULT_ANNOTATIONS)),
+        help="downward-API annotations file (default %(default)s)",
+    )
+    parser.add_argument(
+        "--grace-period", type=float, default=float(environ.get("ELASTICO_GRACE_SECONDS", 30)),
+        help="seconds between SIGTERM and SIGKILL on restart or stop (default %(default)s)",
+    )
+    parser.add_argument(
+        "--poll-interval", type=float, default=float(environ.get("ELASTICO_POLL_SECONDS", 2)),
+        help="seconds between reads of the annotations file (default %(default)s)",
+    )
+    parser.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND [ARGS...]")
+    args = parser.parse_args(argv)
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        parser.error("no command given (elastico-run [options] -- COMMAND ...)")
+    logging.basicConfig(level=logging.INFO, format="elastico-run: %(levelname)s %(message)s")
+    supervisor = Supervisor(
+        command, args.annotations, environ,
+        grace_seconds=args.grace_period, poll_seconds=args.poll_interval,
+    )
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda s, _f: supervisor.request_stop(s))
+    try:
+        return supervisor.run()
+    except ElasticoError as exc:
+        print(f"elastico-run: {exc}", file=sys.stderr)
+        return 2
+    except FileNotFoundError as exc:
+        print(f"elastico-run: cannot run {command[0]!r}: {exc.strerror}", file=sys.stderr)
+        return 127
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

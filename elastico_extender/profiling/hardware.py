@@ -1,0 +1,203 @@
+"""TDOP hardware dimension: the five IAC hardware metrics from DCGM or NVML (spec 4.1).
+
+==================  ==================================  ==================================
+metric              DCGM field (dcgm-exporter name)     NVML fallback
+==================  ==================================  ==================================
+sm_active           DCGM_FI_PROF_SM_ACTIVE (0..1)       utilization.gpu / 100 (a proxy:
+                                                        any kernel running, not SM share)
+sm_occupancy        DCGM_FI_PROF_SM_OCCUPANCY (0..1)    absent
+dram_active         DCGM_FI_PROF_DRAM_ACTIVE (0..1)     absent
+fb_used_mib         DCGM_FI_DEV_FB_USED (MiB)           memory used / 2**20
+tensor_active       DCGM_FI_PROF_PIPE_TENSOR_ACTIVE     absent
+==================  ==================================  ==================================
+
+A metric that no source provides is ``None`` (never a made-up zero); with neither DCGM
+nor NVML, :func:`detect_source` returns a :class:`NullSource` whose samples are empty,
+and profiling proceeds on the software dimension alone.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+import urllib.request
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, fields
+from typing import Any, Protocol
+
+__all__ = [
+    "DCGM_FIELDS",
+    "DcgmExporterSource",
+    "HardwareSample",
+    "HardwareSource",
+    "NullSource",
+    "NvmlSource",
+    "detect_source",
+    "http_get",
+    "parse_prometheus",
+]
+
+log = logging.getLogger(__name__)
+
+DCGM_FIELDS: dict[str, str] = {
+    "DCGM_FI_PROF_SM_ACTIVE": "sm_active",
+    "DCGM_FI_PROF_SM_OCCUPANCY": "sm_occupancy",
+    "DCGM_FI_PROF_DRAM_ACTIVE": "dram_active",
+    "DCGM_FI_DEV_FB_USED": "fb_used_mib",
+    "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE": "tensor_active",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class HardwareSample:
+    """One reading; None where the source cannot measure the metric."""
+
+    sm_active: float | None = None
+    sm_occupancy: float | None = None
+    dram_active: float | None = None
+    fb_used_mib: float | None = None
+    tensor_active: float | None = None
+
+    @classmethod
+    def metric_names(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in fields(cls))
+
+
+class HardwareSource(Protocol):
+    """Where hardware samples come from.
+
+    ``sample()`` returns the current reading (None when the source failed this time:
+    callers skip it); ``signature()`` names the GPU product (for the profile store's
+    hardware key) or None when unknown.  Neither raises for a missing device.
+    """
+
+    name: str
+
+    def sample(self) -> HardwareSample | None: ...
+
+    def signature(self) -> str | None: ...
+
+
+_SAMPLE = re.compile(r"^(?P<name>[A-Za-z_:][A-Za-z0-9_:]*)(?:\{(?P<labels>.*)\})?\s+(?P<value>\S+)")
+_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+
+
+def parse_prometheus(text: str) -> list[tuple[str, dict[str, str], float]]:
+    """``(metric, labels, value)`` for every sample line of a text exposition."""
+    out = []
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        match = _SAMPLE.match(line)
+        if not match:
+            continue
+        try:
+            value = float(match["value"])
+        except ValueError:
+            continue
+        labels = dict(_LABEL.findall(match["labels"] or ""))
+        out.append((match["name"], labels, value))
+    return out
+
+
+class DcgmExporterSource:
+    """dcgm-exporter's Prometheus endpoint (e.g. ``http://localhost:9400/metrics``)."""
+
+    name = "dcgm-exporter"
+
+    def __init__(
+        self,
+        url: str,
+        gpu: str = "0",
+        *,
+        timeout: float = 2.0,
+        fetch: Callable[[str, float], str] | None = None,
+    ) -> None:
+        self.url = url
+        self.gpu = gpu
+        self.timeout = timeout
+        self._fetch = fetch or http_get
+        self._model: str | None = None
+
+    def sample(self) -> HardwareSample | None:
+        try:
+            text = self._fetch(self.url, self.timeout)
+        except OSError as exc:
+            log.warning("dcgm-exporter unreachable: %s", exc)
+            return None
+        values: dict[str, float] = {}
+        for name, labels, value in parse_prometheus(text):
+            metric = DCGM_FIELDS.get(name)
+            if metric is None or not math.isfinite(value):
+                continue
+            if labels.get("gpu", self.gpu) != self.gpu:
+                continue
+            values[metric] = value
+            self._model = labels.get("modelName", self._model)
+        return HardwareSample(**values) if values else None
+
+    def signature(self) -> str | None:
+        if self._model is None:
+            self.sample()
+        return self._model
+
+
+def http_get(url: str, timeout: float) -> str:
+    """GET ``url`` as text (OSError on failure)."""
+    with urllib.request.urlopen(url, timeout=timeout) as reply:
+        return reply.read().decode("utf-8", errors="replace")
+
+
+class NvmlSource:
+    """NVML through the optional ``pynvml`` module (``nvidia-ml-py``)."""
+
+    name = "nvml"
+
+    def __init__(self, index: int = 0, nvml: Any = None) -> None:
+        self._nvml = nvml if nvml is not None else _load_pynvml()
+        self._handle = nvml.nvmlDeviceGetHandleByIndex(index)
+
+    def sample(self) -> HardwareSample | None:
+        try:
+            util = self._nvml.nvmlDeviceGetUtilizationRates(self._handle)
+            memory = self._nvml.nvmlDeviceGetMemoryInfo(self._handle)
+        except Exception as exc:  # NVMLError and friends: degrade to "no sample"
+            log.warning("NVML sample failed: %s", exc)
+            return None
+        return HardwareSample(sm_active=util.gpu / 100.0, fb_used_mib=memory.used / 2**20)
+
+    def signature(self) -> str | None:
+        name = self._nvml.nvmlDeviceGetName(self._handle)
+        return name.decode() if isinstance(name, bytes) else str(name)
+
+
+def _load_pynvml() -> Any:
+    import pynvml  # optional: nvidia-ml-py
+
+    pynvml.nvmlInit()
+    return pynvml
+
+
+class NullSource:
+    """No hardware telemetry on this node."""
+
+    name = "none"
+
+    def sample(self) -> HardwareSample | None:
+        return None
+
+    def signature(self) -> str | None:
+        return None
+
+
+def detect_source(environ: Mapping[str, str], gpu: int = 0) -> HardwareSource:
+    """``ELASTICO_DCGM_URL`` if set, else NVML when importable and initialisable, else none."""
+    url = environ.get("ELASTICO_DCGM_URL")
+    if url:
+        return DcgmExporterSource(url, str(gpu))
+    try:
+        return NvmlSource(gpu)
+    except Exception as exc:  # ImportError, NVMLError_LibraryNotFound, no device, ...
+        log.info("no hardware metrics source (DCGM unset, NVML unavailable: %s)", exc)
+        return NullSource()

@@ -1,0 +1,55 @@
+"""Compile the profiler shim (stdlib only: setup.py and the tests both load this file).
+
+The shim is a plain C shared library loaded with LD_PRELOAD, not a Python extension
+module, so it is built by invoking the C compiler directly rather than through
+``setuptools.Extension`` (which would expect a ``PyInit_*`` symbol and Python headers).
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+from collections.abc import Sequence
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+SOURCES = (HERE / "shim.c",)
+HEADERS = (HERE / "hooks.h", HERE / "layout.h")
+LIBRARY_NAME = "libelastico_shim.so"
+CFLAGS = (
+    "-O2",
+    "-g",
+    "-std=gnu11",
+    "-fPIC",
+    "-shared",
+    "-fvisibility=hidden",
+    "-pthread",
+    "-Wall",
+    "-Wextra",
+    "-Wno-unused-parameter",
+    "-Werror",
+)
+LIBS = ("-ldl",)
+
+
+def compiler() -> list[str]:
+    return shlex.split(os.environ.get("CC", "gcc"))
+
+
+def compile_shim(output: Path, *, extra_cflags: Sequence[str] = ()) -> Path:
+    """Build the shim into ``output`` (a file path); raises CalledProcessError on failure."""
+    output = Path(output)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    command = [
+        *compiler(), *CFLAGS, *extra_cflags, "-I", str(HERE),
+        "-o", str(output), *map(str, SOURCES), *LIBS,
+    ]
+    subprocess.run(command, check=True)
+    return output
+
+
+if __name__ == "__main__":  # pragma: no cover - manual use: python profiler_shim/build.py OUT
+    import sys
+
+    print(compile_shim(Path(sys.argv[1] if len(sys.argv) > 1 else LIBRARY_NAME)))

@@ -1,0 +1,149 @@
+/*
+ * The one list of hooked symbols (STYLE habit 15).
+ *
+ * ES_HOOKED_SYMBOLS(X) expands X(name, return type, (parameters), (arguments), failure value)
+ * once per interposed entry point.  Everything else reads this list:
+ *   - shim.c: the API index enum (the record's `api` byte), the name table used to
+ *     resolve the real symbol with dlsym(RTLD_NEXT), the function-pointer typedefs
+ *     and a compile-time check that every exported wrapper has exactly this signature;
+ *   - elastico_shim_layout(): the API names the Python decoder twin must agree with;
+ *   - tests/test_shim_layout.py: the dynamic symbol table of the built library must
+ *     export exactly these names (plus the elastico_shim_* introspection calls).
+ * The failure value is returned only when the real symbol cannot be found at all
+ * (the shim never invents a result for a call that reached the real library).
+ *
+ * Signatures are those of cuda.h (12.x), cuda_runtime_api.h and nccl.h; the minimal
+ * type declarations below are ABI-compatible with those headers so that the shim
+ * builds without a CUDA toolkit.
+ */
+#ifndef ELASTICO_SHIM_HOOKS_H
+#define ELASTICO_SHIM_HOOKS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* ---- cuda.h ---------------------------------------------------------------------- */
+typedef enum cudaError_enum {
+    CUDA_SUCCESS = 0,
+    CUDA_ERROR_INVALID_VALUE = 1,
+    CUDA_ERROR_OUT_OF_MEMORY = 2,
+    CUDA_ERROR_NOT_FOUND = 500
+} CUresult;
+typedef struct CUfunc_st *CUfunction;
+typedef struct CUstream_st *CUstream;
+typedef unsigned long long CUdeviceptr;
+typedef uint64_t cuuint64_t;
+typedef struct CUlaunchAttribute_st CUlaunchAttribute;
+typedef struct CUlaunchConfig_st {
+    unsigned int gridDimX, gridDimY, gridDimZ;
+    unsigned int blockDimX, blockDimY, blockDimZ;
+    unsigned int sharedMemBytes;
+    CUstream hStream;
+    CUlaunchAttribute *attrs;
+    unsigned int numAttrs;
+} CUlaunchConfig;
+typedef enum CUdriverProcAddressQueryResult_enum {
+    CU_GET_PROC_ADDRESS_SUCCESS = 0,
+    CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND = 1,
+    CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT = 2
+} CUdriverProcAddressQueryResult;
+#define CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM (1ULL << 1)
+
+/* ---- cuda_runtime_api.h ------------------------------------------------------------ */
+typedef enum cudaError {
+    cudaSuccess = 0,
+    cudaErrorInvalidValue = 1,
+    cudaErrorMemoryAllocation = 2,
+    cudaErrorSymbolNotFound = 500
+} cudaError_t;
+typedef struct CUstream_st *cudaStream_t;
+typedef struct dim3 { unsigned int x, y, z; } dim3;
+
+/* ---- nccl.h ------------------------------------------------------------------------ */
+typedef enum { ncclSuccess = 0, ncclUnhandledCudaError = 1, ncclSystemError = 2,
+               ncclInternalError = 3, ncclInvalidArgument = 4 } ncclResult_t;
+typedef enum { ncclInt8 = 0, ncclUint8 = 1, ncclInt32 = 2, ncclUint32 = 3, ncclInt64 = 4,
+               ncclUint64 = 5, ncclFloat16 = 6, ncclFloat32 = 7, ncclFloat64 = 8,
+               ncclBfloat16 = 9, ncclFloat8e4m3 = 10, ncclFloat8e5m2 = 11 } ncclDataType_t;
+typedef enum { ncclSum = 0, ncclProd = 1, ncclMax = 2, ncclMin = 3, ncclAvg = 4 } ncclRedOp_t;
+typedef struct ncclComm *ncclComm_t;
+
+/* ---- the list --------------------------------------------------------------------- */
+#define ES_LAUNCH_PARAMS (CUfunction f, unsigned int gridDimX, unsigned int gridDimY, \
+    unsigned int gridDimZ, unsigned int blockDimX, unsigned int blockDimY, unsigned int blockDimZ, \
+    unsigned int sharedMemBytes, CUstream hStream, void **kernelParams, void **extra)
+#define ES_LAUNCH_ARGS (f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, \
+    sharedMemBytes, hStream, kernelParams, extra)
+#define ES_LAUNCH_EX_PARAMS (const CUlaunchConfig *config, CUfunction f, void **kernelParams, \
+    void **extra)
+#define ES_LAUNCH_EX_ARGS (config, f, kernelParams, extra)
+#define ES_RT_LAUNCH_PARAMS (const void *func, dim3 gridDim, dim3 blockDim, void **args, \
+    size_t sharedMem, cudaStream_t stream)
+#define ES_RT_LAUNCH_ARGS (func, gridDim, blockDim, args, sharedMem, stream)
+
+#define ES_HOOKED_SYMBOLS(X)                                                                  \
+    /* driver API: symbol lookup (CUDA 11.3+ runtimes reach the driver through it) */          \
+    X(cuGetProcAddress, CUresult,                                                             \
+      (const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags),                     \
+      (symbol, pfn, cudaVersion, flags), CUDA_ERROR_NOT_FOUND)                                 \
+    X(cuGetProcAddress_v2, CUresult,                                                          \
+      (const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags,                      \
+       CUdriverProcAddressQueryResult *symbolStatus),                                          \
+      (symbol, pfn, cudaVersion, flags, symbolStatus), CUDA_ERROR_NOT_FOUND)                   \
+    /* driver API: kernel launches */                                                          \
+    X(cuLaunchKernel, CUresult, ES_LAUNCH_PARAMS, ES_LAUNCH_ARGS, CUDA_ERROR_NOT_FOUND)        \
+    X(cuLaunchKernel_ptsz, CUresult, ES_LAUNCH_PARAMS, ES_LAUNCH_ARGS, CUDA_ERROR_NOT_FOUND)   \
+    X(cuLaunchKernelEx, CUresult, ES_LAUNCH_EX_PARAMS, ES_LAUNCH_EX_ARGS, CUDA_ERROR_NOT_FOUND) \
+    X(cuLaunchKernelEx_ptsz, CUresult, ES_LAUNCH_EX_PARAMS, ES_LAUNCH_EX_ARGS,                 \
+      CUDA_ERROR_NOT_FOUND)                                                                    \
+    /* driver API: memory */                                                                   \
+    X(cuMemAlloc_v2, CUresult, (CUdeviceptr *dptr, size_t bytesize), (dptr, bytesize),         \
+      CUDA_ERROR_NOT_FOUND)                                                                    \
+    X(cuMemFree_v2, CUresult, (CUdeviceptr dptr), (dptr), CUDA_ERROR_NOT_FOUND)                \
+    /* runtime API */                                                                          \
+    X(cudaLaunchKernel, cudaError_t, ES_RT_LAUNCH_PARAMS, ES_RT_LAUNCH_ARGS,                   \
+      cudaErrorSymbolNotFound)                                                                 \
+    X(cudaLaunchKernel_ptsz, cudaError_t, ES_RT_LAUNCH_PARAMS, ES_RT_LAUNCH_ARGS,              \
+      cudaErrorSymbolNotFound)                                                                 \
+    X(cudaMalloc, cudaError_t, (void **devPtr, size_t size), (devPtr, size),                   \
+      cudaErrorSymbolNotFound)                                                                 \
+    X(cudaFree, cudaError_t, (void *devPtr), (devPtr), cudaErrorSymbolNotFound)                \
+    X(cudaMallocAsync, cudaError_t, (void **devPtr, size_t size, cudaStream_t hStream),        \
+      (devPtr, size, hStream), cudaErrorSymbolNotFound)                                        \
+    X(cudaFreeAsync, cudaError_t, (void *devPtr, cudaStream_t hStream), (devPtr, hStream),     \
+      cudaErrorSymbolNotFound)                                                                 \
+    /* NCCL collectives and point-to-point */                                                  \
+    X(ncclAllReduce, ncclResult_t,                                                            \
+      (const void *sendbuff, void *recvbuff, size_t count, ncclDataType_t datatype,            \
+       ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream),                                  \
+      (sendbuff, recvbuff, count, datatype, op, comm, stream), ncclInternalError)              \
+    X(ncclAllGather, ncclResult_t,                                                            \
+      (const void *sendbuff, void *recvbuff, size_t sendcount, ncclDataType_t datatype,        \
+       ncclComm_t comm, cudaStream_t stream),                                                  \
+      (sendbuff, recvbuff, sendcount, datatype, comm, stream), ncclInternalError)              \
+    X(ncclReduceScatter, ncclResult_t,                                                        \
+      (const void *sendbuff, void *recvbuff, size_t recvcount, ncclDataType_t datatype,        \
+       ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream),                                  \
+      (sendbuff, recvbuff, recvcount, datatype, op, comm, stream), ncclInternalError)          \
+    X(ncclBroadcast, ncclResult_t,                                                            \
+      (const void *sendbuff, void *recvbuff, size_t count, ncclDataType_t datatype, int root,  \
+       ncclComm_t comm, cudaStream_t stream),                                                  \
+      (sendbuff, recvbuff, count, datatype, root, comm, stream), ncclInternalError)            \
+    X(ncclSend, ncclResult_t,                                                                 \
+      (const void *sendbuff, size_t count, ncclDataType_t datatype, int peer, ncclComm_t comm, \
+       cudaStream_t stream),                                                                   \
+      (sendbuff, count, datatype, peer, comm, stream), ncclInternalError)                      \
+    X(ncclRecv, ncclResult_t,                                                                 \
+      (void *recvbuff, size_t count, ncclDataType_t datatype, int peer, ncclComm_t comm,       \
+       cudaStream_t stream),                                                                   \
+      (recvbuff, count, datatype, peer, comm, stream), ncclInternalError)
+
+/* Plain prototypes of the listed API, for the fake libraries and test programs (which
+ * thereby fail to compile if their signatures drift from the list). */
+#ifdef ES_DECLARE_PROTOTYPES
+#define ES_PROTOTYPE(name, ret, params, args, fail) ret name params;
+ES_HOOKED_SYMBOLS(ES_PROTOTYPE)
+#undef ES_PROTOTYPE
+#endif
+
+#endif /* ELASTICO_SHIM_HOOKS_H */

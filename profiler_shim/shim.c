@@ -1,0 +1,862 @@
+/*
+ * ElastiCo TDOP software dimension (spec 4.1): an LD_PRELOAD interposition library.
+ *
+ * Every entry point in hooks.h gets a wrapper that calls the real symbol (resolved once
+ * with dlsym(RTLD_NEXT), so another preload hook such as HAMi-core further down the
+ * chain keeps working), returns its result untouched, and notes what happened:
+ *
+ *   kernel launches   aggregated per thread in a small direct-mapped cache keyed by
+ *                     (api, function, grid, block, shared memory, stream, error); a key
+ *                     is published to the ring as one LAUNCH record with its count when
+ *                     it is evicted, when the flush epoch moves on (every flush interval)
+ *                     and when the thread or the process ends.  The hot path touches only
+ *                     thread-local memory: no lock, no atomic read-modify-write.
+ *   allocations       one ALLOC / FREE record each; a pointer->size map gives frees
+ *                     their size and keeps live and peak bytes in the header.
+ *   NCCL calls        one COLLECTIVE record each.
+ *
+ * The ring is a bounded file mapping (layout.h) that the agent reads; a full ring drops
+ * the record and counts it, it never blocks the application.  Nested calls (the runtime
+ * calling the driver inside cudaMalloc, ...) are passed straight through by a per-thread
+ * reentrancy depth, so one user call is one record.  cuGetProcAddress is wrapped so that
+ * driver entry points fetched by name still go through the wrappers.
+ *
+ * Environment: ELASTICO_SHIM_DIR (default /dev/shm, else /tmp), ELASTICO_SHIM_BUFFER_BYTES
+ * (default 4 MiB, the whole mapping), ELASTICO_SHIM_FLUSH_MS (default 2000),
+ * ELASTICO_SHIM_DISABLE=1 (pure pass-through).  fork() gives the child a ring of its own.
+ */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "hooks.h"
+#include "layout.h"
+
+#define ES_EXPORT __attribute__((visibility("default")))
+#define ES_LIKELY(x) __builtin_expect(!!(x), 1)
+#define ES_UNLIKELY(x) __builtin_expect(!!(x), 0)
+
+/* ---- generated from the list ------------------------------------------------------ */
+enum {
+#define ES_ENUM(name, ret, params, args, fail) ES_API_##name,
+    ES_HOOKED_SYMBOLS(ES_ENUM)
+#undef ES_ENUM
+    ES_API_COUNT
+};
+_Static_assert(ES_API_COUNT < 256, "api index must fit the record's byte");
+
+static const char *const es_api_names[ES_API_COUNT] = {
+#define ES_NAME(name, ret, params, args, fail) #name,
+    ES_HOOKED_SYMBOLS(ES_NAME)
+#undef ES_NAME
+};
+
+#define ES_TYPEDEF(name, ret, params, args, fail) typedef ret es_fn_##name params;
+ES_HOOKED_SYMBOLS(ES_TYPEDEF)
+#undef ES_TYPEDEF
+
+/* Every symbol in the list has an exported wrapper of exactly the listed signature. */
+#define ES_DECLARE(name, ret, params, args, fail) ES_EXPORT ret name params;
+ES_HOOKED_SYMBOLS(ES_DECLARE)
+#undef ES_DECLARE
+
+enum {
+#define ES_KIND_ENUM(name, value) ES_KIND_##name = value,
+    ES_KINDS(ES_KIND_ENUM)
+#undef ES_KIND_ENUM
+};
+enum {
+#define ES_FLAG_ENUM(name, value) ES_FLAG_##name = value,
+    ES_FLAGS(ES_FLAG_ENUM)
+#undef ES_FLAG_ENUM
+};
+
+/* ---- real symbols: resolved once each, lazily (libnccl may be loaded late) -------- */
+static void *es_real[ES_API_COUNT];
+
+static void *es_resolve(int api) {
+    int saved = errno;
+    void *p = dlsym(RTLD_NEXT, es_api_names[api]);
+    if (p) __atomic_store_n(&es_real[api], p, __ATOMIC_RELEASE);
+    errno = saved;
+    return p;
+}
+
+static inline void *es_next(int api) {
+    void *p = __atomic_load_n(&es_real[api], __ATOMIC_ACQUIRE);
+    return ES_LIKELY(p != NULL) ? p : es_resolve(api);
+}
+
+/* ---- process state ---------------------------------------------------------------- */
+#define ES_CACHE_SLOTS 1024 /* per thread; power of two */
+#define ES_ALLOC_SLOTS (1u << 15)
+#define ES_DEFAULT_BUFFER (4u << 20)
+#define ES_DEFAULT_FLUSH_MS 2000
+
+enum { ES_UNINIT = 0, ES_ACTIVE = 1, ES_DISABLED = 2 };
+
+/* A launch key packed into six words, built in registers: (function, stream,
+ * grid x|y, grid z|block x, block y|z, shared memory|api<<32|flags<<40).  Building it
+ * as 32-bit fields on the stack and comparing 64-bit words defeats store forwarding and
+ * costs ~20 ns per launch. */
+typedef struct es_slot {
+    uint64_t w[6];
+    uint64_t count;
+    uint64_t pad;
+} __attribute__((aligned(64))) es_slot;
+_Static_assert(sizeof(es_slot) == 64, "one slot per cache line");
+
+typedef struct es_thread {
+    uint64_t epoch;
+    es_slot slot[ES_CACHE_SLOTS];
+} es_thread;
+
+typedef struct es_alloc_entry {
+    uint64_t ptr; /* 0 empty, 1 tombstone */
+    uint64_t size;
+} es_alloc_entry;
+
+static struct {
+    int state;
+    uint64_t epoch;
+    es_header *hdr;
+    es_record *ring;
+    size_t map_bytes;
+    uint32_t capacity;
+    uint64_t flush_ns;
+    pthread_mutex_t lock; /* init, fork */
+    pthread_mutex_t alloc_lock;
+    es_alloc_entry *allocs;
+    pthread_key_t thread_key;
+    int key_ok;
+    char path[512];
+} es_g = {.lock = PTHREAD_MUTEX_INITIALIZER, .alloc_lock = PTHREAD_MUTEX_INITIALIZER};
+
+static __thread int es_depth __attribute__((tls_model("initial-exec")));
+static __thread es_thread *es_tls __attribute__((tls_model("initial-exec")));
+
+static uint64_t es_realtime_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* ---- the ring --------------------------------------------------------------------- */
+static inline void es_add(uint64_t *counter, uint64_t n) {
+    __atomic_fetch_add(counter, n, __ATOMIC_RELAXED);
+}
+
+/* Reserve a slot, or count a drop and return NULL.  `launches` is what a drop loses. */
+static es_record *es_reserve(uint64_t launches, uint64_t *pos) {
+    es_header *h = es_g.hdr;
+    uint64_t head = __atomic_load_n(&h->head, __ATOMIC_RELAXED);
+    for (;;) {
+        uint64_t tail = __atomic_load_n(&h->tail, __ATOMIC_ACQUIRE);
+        if (head - tail >= es_g.capacity) {
+            es_add(&h->dropped_records, 1);
+            if (launches) es_add(&h->dropped_launches, launches);
+            return NULL;
+        }
+        if (__atomic_compare_exchange_n(&h->head, &head, head + 1, 1, __ATOMIC_ACQ_REL,
+                                        __ATOMIC_RELAXED))
+            break;
+    }
+    *pos = head;
+    return &es_g.ring[head % es_g.capacity];
+}
+
+static inline void es_commit(es_record *r, uint64_t pos) {
+    __atomic_store_n(&r->seq, pos + 1, __ATOMIC_RELEASE);
+}
+
+static void es_emit(uint8_t kind, uint8_t api, uint16_t flags, uint32_t aux, uint64_t handle,
+                    uint64_t stream, uint64_t value, const uint32_t grid[3],
+                    const uint32_t block[3]) {
+    uint64_t pos;
+    es_record *r = es_reserve(kind == ES_KIND_LAUNCH ? value : 0, &pos);
+    if (!r) return;
+    r->kind = kind;
+    r->api = api;
+    r->flags = flags;
+    r->aux = aux;
+    r->handle = handle;
+    r->stream = stream;
+    r->value = value;
+    r->grid_x = grid ? grid[0] : 0;
+    r->grid_y = grid ? grid[1] : 0;
+    r->grid_z = grid ? grid[2] : 0;
+    r->block_x = block ? block[0] : 0;
+    r->block_y = block ? block[1] : 0;
+    r->block_z = block ? block[2] : 0;
+    es_commit(r, pos);
+}
+
+static void es_emit_tick(uint16_t flags) {
+    es_header *h = es_g.hdr;
+    uint64_t now = es_realtime_ns();
+    uint64_t n = __atomic_add_fetch(&h->flushes, 1, __ATOMIC_RELAXED);
+    __atomic_store_n(&h->last_flush_realtime_ns, now, __ATOMIC_RELAXED);
+    uint32_t grid[3] = {(uint32_t)n, 0, 0};
+    es_emit(ES_KIND_TICK, 0, flags, 0, __atomic_load_n(&h->live_bytes, __ATOMIC_RELAXED),
+            __atomic_load_n(&h->peak_bytes, __ATOMIC_RELAXED), now, grid, NULL);
+}
+
+/* ---- per-thread launch aggregation ----------------------------------------------- */
+static void es_publish(es_slot *s) {
+    uint16_t flags = (uint16_t)(s->w[5] >> 40);
+    uint32_t grid[3] = {(uint32_t)s->w[2], (uint32_t)(s->w[2] >> 32), (uint32_t)s->w[3]};
+    uint32_t block[3] = {(uint32_t)(s->w[3] >> 32), (uint32_t)s->w[4],
+                         (uint32_t)(s->w[4] >> 32)};
+    es_add(&es_g.hdr->launches, s->count);
+    if (flags & ES_FLAG_ERROR) es_add(&es_g.hdr->launch_errors, s->count);
+    es_emit(ES_KIND_LAUNCH, (uint8_t)(s->w[5] >> 32), flags, (uint32_t)s->w[5], s->w[0],
+            s->w[1], s->count, grid, block);
+    s->count = 0;
+}
+
+static void es_thread_flush(es_thread *t) {
+    for (unsigned i = 0; i < ES_CACHE_SLOTS; i++)
+        if (t->slot[i].count) es_publish(&t->slot[i]);
+}
+
+static void es_thread_exit(void *arg) {
+    es_thread *t = arg;
+    int saved = es_depth;
+    es_depth = 1;
+    if (es_g.state == ES_ACTIVE) es_thread_flush(t);
+    es_tls = NULL;
+    es_depth = saved;
+    munmap(t, sizeof *t);
+}
+
+static void *es_flusher(void *arg) {
+    (void)arg;
+    es_depth = 1; /* nothing this thread does is the application's */
+    struct timespec ts = {(time_t)(es_g.flush_ns / 1000000000ull),
+                          (long)(es_g.flush_ns % 1000000000ull)};
+    for (;;) {
+        while (nanosleep(&ts, NULL) != 0 && errno == EINTR) {
+        }
+        if (es_g.state != ES_ACTIVE) return NULL;
+        __atomic_fetch_add(&es_g.epoch, 1, __ATOMIC_RELEASE);
+        es_emit_tick(0);
+    }
+}
+
+static uint64_t es_env_u64(const char *name, uint64_t fallback, uint64_t low) {
+    const char *s = getenv(name);
+    if (!s || !*s) return fallback;
+    char *end;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (*end || v < low) {
+        fprintf(stderr, "elastico-shim: ignoring %s=%s (need an integer >= %llu)\n", name, s,
+                (unsigned long long)low);
+        return fallback;
+    }
+    return v;
+}
+
+static const char *es_dir(void) {
+    const char *d = getenv("ELASTICO_SHIM_DIR");
+    if (d && *d) return d;
+    struct stat st;
+    if (stat("/dev/shm", &st) == 0 && S_ISDIR(st.st_mode) && access("/dev/shm", W_OK) == 0)
+        return "/dev/shm";
+    return "/tmp";
+}
+
+/* Called with es_g.lock held. */
+static void es_init_locked(void) {
+    const char *off = getenv("ELASTICO_SHIM_DISABLE");
+    if (off && *off && strcmp(off, "0") != 0) {
+        es_g.state = ES_DISABLED;
+        return;
+    }
+    uint64_t bytes = es_env_u64("ELASTICO_SHIM_BUFFER_BYTES", ES_DEFAULT_BUFFER,
+                                ES_HEADER_SIZE + 16 * ES_RECORD_SIZE);
+    uint64_t capacity = (bytes - ES_HEADER_SIZE) / ES_RECORD_SIZE;
+    if (capacity > UINT32_MAX) capacity = UINT32_MAX;
+    bytes = ES_HEADER_SIZE + capacity * ES_RECORD_SIZE;
+    uint64_t flush_ms = es_env_u64("ELASTICO_SHIM_FLUSH_MS", ES_DEFAULT_FLUSH_MS, 10);
+
+    snprintf(es_g.path, sizeof es_g.path, "%s/elastico-shim-%ld.ring", es_dir(), (long)getpid());
+    int fd = open(es_g.path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    void *map = MAP_FAILED;
+    if (fd >= 0 && ftruncate(fd, (off_t)bytes) == 0)
+        map = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    int err = errno;
+    if (fd >= 0) close(fd);
+    if (map == MAP_FAILED) {
+        fprintf(stderr, "elastico-shim: cannot map %s (%s); profiling is off\n", es_g.path,
+                strerror(err));
+        es_g.state = ES_DISABLED;
+        return;
+    }
+    es_g.hdr = map;
+    es_g.ring = (es_record *)((char *)map + ES_HEADER_SIZE);
+    es_g.map_bytes = bytes;
+    es_g.capacity = (uint32_t)capacity;
+    es_g.flush_ns = flush_ms * 1000000ull;
+    es_header *h = es_g.hdr;
+    h->version = ES_LAYOUT_VERSION;
+    h->record_size = ES_RECORD_SIZE;
+    h->header_size = ES_HEADER_SIZE;
+    h->capacity = es_g.capacity;
+    h->pid = (uint64_t)getpid();
+    h->flush_interval_ns = es_g.flush_ns;
+    h->start_realtime_ns = es_realtime_ns();
+    h->buffer_bytes = bytes;
+    __atomic_store_n(&h->magic, ES_MAGIC, __ATOMIC_RELEASE); /* readers wait for this */
+
+    __atomic_store_n(&es_g.state, ES_ACTIVE, __ATOMIC_RELEASE);
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old); /* the flusher never takes a signal */
+    pthread_t tid;
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    if (pthread_create(&tid, &attr, es_flusher, NULL) != 0)
+        fprintf(stderr, "elastico-shim: no flusher thread; records publish on eviction/exit\n");
+    pthread_attr_destroy(&attr);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+}
+
+static int es_ready(void) {
+    int s = __atomic_load_n(&es_g.state, __ATOMIC_ACQUIRE);
+    if (ES_LIKELY(s != ES_UNINIT)) return s == ES_ACTIVE;
+    int saved = errno;
+    pthread_mutex_lock(&es_g.lock);
+    if (es_g.state == ES_UNINIT) es_init_locked();
+    pthread_mutex_unlock(&es_g.lock);
+    errno = saved;
+    return es_g.state == ES_ACTIVE;
+}
+
+static es_thread *es_thread_attach(void) {
+    if (!es_ready()) return NULL;
+    es_thread *t = mmap(NULL, sizeof *t, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
+                        -1, 0);
+    if (t == MAP_FAILED) return NULL;
+    t->epoch = __atomic_load_n(&es_g.epoch, __ATOMIC_ACQUIRE);
+    if (es_g.key_ok) pthread_setspecific(es_g.thread_key, t); /* flush at thread exit */
+    es_tls = t;
+    return t;
+}
+
+#define ES_INLINE __attribute__((always_inline)) static inline
+
+/* Inlined into each launch wrapper: an out-of-line call with eleven arguments costs more
+ * than the aggregation itself. */
+ES_INLINE void es_note_launch(uint8_t api, const void *func, uint32_t gx, uint32_t gy,
+                                  uint32_t gz, uint32_t bx, uint32_t by, uint32_t bz,
+                                  uint32_t smem, const void *stream, int failed) {
+    es_thread *t = es_tls;
+    if (ES_UNLIKELY(!t)) {
+        if (__atomic_load_n(&es_g.state, __ATOMIC_RELAXED) == ES_DISABLED) return;
+        int saved = errno;
+        t = es_thread_attach();
+        errno = saved;
+        if (!t) return;
+    }
+    uint64_t epoch = __atomic_load_n(&es_g.epoch, __ATOMIC_RELAXED);
+    if (ES_UNLIKELY(t->epoch != epoch)) {
+        es_thread_flush(t);
+        t->epoch = epoch;
+    }
+    const uint64_t w0 = (uint64_t)(uintptr_t)func, w1 = (uint64_t)(uintptr_t)stream;
+    const uint64_t w2 = gx | (uint64_t)gy << 32, w3 = gz | (uint64_t)bx << 32;
+    const uint64_t w4 = by | (uint64_t)bz << 32;
+    const uint64_t w5 =
+        smem | (uint64_t)api << 32 | (uint64_t)(failed ? ES_FLAG_ERROR : 0) << 40;
+    uint64_t hash = (w0 ^ w1 * 0xc2b2ae3d27d4eb4full ^ w2 * 0x165667b19e3779f9ull ^ w3 ^
+                     w4 * 0x27d4eb2f165667c5ull ^ w5) * 0x9e3779b97f4a7c15ull;
+    es_slot *s = &t->slot[(hash >> 40) & (ES_CACHE_SLOTS - 1)];
+    if (ES_LIKELY(s->count && s->w[0] == w0 && s->w[1] == w1 && s->w[2] == w2 &&
+                  s->w[3] == w3 && s->w[4] == w4 && s->w[5] == w5)) {
+        s->count++;
+        return;
+    }
+    if (s->count) es_publish(s);
+    s->w[0] = w0;
+    s->w[1] = w1;
+    s->w[2] = w2;
+    s->w[3] = w3;
+    s->w[4] = w4;
+    s->w[5] = w5;
+    s->count = 1;
+}
+
+/* ---- allocation tracking ---------------------------------------------------------- */
+static es_alloc_entry *es_alloc_find(uint64_t ptr, int for_insert) {
+    if (!es_g.allocs) {
+        if (!for_insert) return NULL;
+        void *m = mmap(NULL, ES_ALLOC_SLOTS * sizeof(es_alloc_entry), PROT_READ | PROT_WRITE,
+                       MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (m == MAP_FAILED) return NULL;
+        es_g.allocs = m;
+    }
+    uint32_t i = (uint32_t)((ptr * 0x9e3779b97f4a7c15ull) >> 40) & (ES_ALLOC_SLOTS - 1);
+    es_alloc_entry *tomb = NULL;
+    for (uint32_t n = 0; n < ES_ALLOC_SLOTS; n++, i = (i + 1) & (ES_ALLOC_SLOTS - 1)) {
+        es_alloc_entry *e = &es_g.allocs[i];
+        if (e->ptr == ptr) return e;
+        if (e->ptr == 1 && !tomb) tomb = e;
+        if (e->ptr == 0) return for_insert ? (tomb ? tomb : e) : NULL;
+    }
+    return for_insert ? tomb : NULL;
+}
+
+static void es_note_alloc(uint8_t api, uint64_t ptr, uint64_t size, const void *stream,
+                          int failed) {
+    if (!es_ready()) return;
+    es_header *h = es_g.hdr;
+    if (failed) {
+        es_add(&h->alloc_failures, 1);
+    } else {
+        es_add(&h->allocs, 1);
+        es_add(&h->alloc_bytes, size);
+        pthread_mutex_lock(&es_g.alloc_lock);
+        es_alloc_entry *e = ptr > 1 ? es_alloc_find(ptr, 1) : NULL;
+        if (e) {
+            if (e->ptr == ptr) h->live_bytes -= e->size; /* reused without a seen free */
+            e->ptr = ptr;
+            e->size = size;
+        }
+        uint64_t live = __atomic_add_fetch(&h->live_bytes, size, __ATOMIC_RELAXED);
+        if (live > h->peak_bytes) __atomic_store_n(&h->peak_bytes, live, __ATOMIC_RELAXED);
+        pthread_mutex_unlock(&es_g.alloc_lock);
+    }
+    es_emit(ES_KIND_ALLOC, api, failed ? ES_FLAG_ERROR : 0, 0, ptr, (uint64_t)(uintptr_t)stream,
+            size, NULL, NULL);
+}
+
+static void es_note_free(uint8_t api, uint64_t ptr, const void *stream, int failed) {
+    if (!ptr || !es_ready()) return; /* cudaFree(0) only initialises the context */
+    es_header *h = es_g.hdr;
+    uint64_t size = 0;
+    uint16_t flags = failed ? ES_FLAG_ERROR : 0;
+    if (!failed) {
+        es_add(&h->frees, 1);
+        pthread_mutex_lock(&es_g.alloc_lock);
+        es_alloc_entry *e = es_alloc_find(ptr, 0);
+        if (e) {
+            size = e->size;
+            e->ptr = 1;
+            __atomic_sub_fetch(&h->live_bytes, size, __ATOMIC_RELAXED);
+        }
+        pthread_mutex_unlock(&es_g.alloc_lock);
+        if (!e) {
+            flags |= ES_FLAG_SIZE_UNKNOWN;
+            es_add(&h->untracked_frees, 1);
+        }
+    }
+    es_emit(ES_KIND_FREE, api, flags, 0, ptr, (uint64_t)(uintptr_t)stream, size, NULL, NULL);
+}
+
+static const uint8_t es_nccl_type_bytes[12] = {1, 1, 4, 4, 8, 8, 2, 4, 8, 2, 1, 1};
+
+static void es_note_collective(uint8_t api, size_t count, ncclDataType_t type, int op,
+                               int peer, const void *comm, const void *stream, int failed) {
+    if (!es_ready()) return;
+    uint32_t width = (unsigned)type < 12 ? es_nccl_type_bytes[type] : 0;
+    es_add(&es_g.hdr->collectives, 1);
+    es_add(&es_g.hdr->collective_bytes, (uint64_t)count * width);
+    uint32_t grid[3] = {(uint32_t)peer, width, 0};
+    es_emit(ES_KIND_COLLECTIVE, api, (uint16_t)((failed ? ES_FLAG_ERROR : 0) | (op << 8)),
+            (uint32_t)type, (uint64_t)(uintptr_t)comm, (uint64_t)(uintptr_t)stream,
+            (uint64_t)count, grid, NULL);
+}
+
+/* ---- wrappers --------------------------------------------------------------------- */
+/* A missing real symbol gets the list's failure value; a nested call passes through. */
+#define ES_PASS_OR_FAIL(next, fail, args)     \
+    if (ES_UNLIKELY(!(next))) return fail; \
+    if (es_depth) return (next) args
+
+ES_INLINE CUresult es_launch(int api, es_fn_cuLaunchKernel *next, CUfunction f,
+                                 unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+                                 unsigned by, unsigned bz, unsigned smem, CUstream s,
+                                 void **params, void **extra) {
+    ES_PASS_OR_FAIL(next, CUDA_ERROR_NOT_FOUND,
+                    (f, gx, gy, gz, bx, by, bz, smem, s, params, extra));
+    es_depth++;
+    CUresult r = next(f, gx, gy, gz, bx, by, bz, smem, s, params, extra);
+    es_note_launch((uint8_t)api, f, gx, gy, gz, bx, by, bz, smem, s, r != CUDA_SUCCESS);
+    es_depth--;
+    return r;
+}
+
+static inline CUresult es_launch_ex(int api, es_fn_cuLaunchKernelEx *next,
+                                    const CUlaunchConfig *c, CUfunction f, void **params,
+                                    void **extra) {
+    ES_PASS_OR_FAIL(next, CUDA_ERROR_NOT_FOUND, (c, f, params, extra));
+    es_depth++;
+    CUresult r = next(c, f, params, extra);
+    if (c)
+        es_note_launch((uint8_t)api, f, c->gridDimX, c->gridDimY, c->gridDimZ, c->blockDimX,
+                       c->blockDimY, c->blockDimZ, c->sharedMemBytes, c->hStream,
+                       r != CUDA_SUCCESS);
+    es_depth--;
+    return r;
+}
+
+static inline cudaError_t es_rt_launch(int api, es_fn_cudaLaunchKernel *next, const void *func,
+                                       dim3 g, dim3 b, void **args, size_t smem,
+                                       cudaStream_t s) {
+    ES_PASS_OR_FAIL(next, cudaErrorSymbolNotFound,
+                    (func, g, b, args, smem, s));
+    es_depth++;
+    cudaError_t r = next(func, g, b, args, smem, s);
+    es_note_launch((uint8_t)api, func, g.x, g.y, g.z, b.x, b.y, b.z, (uint32_t)smem, s,
+                   r != cudaSuccess);
+    es_depth--;
+    return r;
+}
+
+static inline CUresult es_mem_alloc(es_fn_cuMemAlloc_v2 *next, CUdeviceptr *p, size_t n) {
+    ES_PASS_OR_FAIL(next, CUDA_ERROR_NOT_FOUND, (p, n));
+    es_depth++;
+    CUresult r = next(p, n);
+    es_note_alloc(ES_API_cuMemAlloc_v2, (r == CUDA_SUCCESS && p) ? *p : 0, n, NULL,
+                  r != CUDA_SUCCESS);
+    es_depth--;
+    return r;
+}
+
+static inline CUresult es_mem_free(es_fn_cuMemFree_v2 *next, CUdeviceptr p) {
+    ES_PASS_OR_FAIL(next, CUDA_ERROR_NOT_FOUND, (p));
+    es_depth++;
+    CUresult r = next(p);
+    es_note_free(ES_API_cuMemFree_v2, p, NULL, r != CUDA_SUCCESS);
+    es_depth--;
+    return r;
+}
+
+#define ES_NEXT(name) ((es_fn_##name *)es_next(ES_API_##name))
+
+ES_EXPORT CUresult cuLaunchKernel ES_LAUNCH_PARAMS {
+    return es_launch(ES_API_cuLaunchKernel, ES_NEXT(cuLaunchKernel), f, gridDimX, gridDimY,
+                     gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes, hStream,
+                     kernelParams, extra);
+}
+
+ES_EXPORT CUresult cuLaunchKernel_ptsz ES_LAUNCH_PARAMS {
+    return es_launch(ES_API_cuLaunchKernel_ptsz, ES_NEXT(cuLaunchKernel_ptsz), f, gridDimX,
+                     gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes,
+                     hStream, kernelParams, extra);
+}
+
+ES_EXPORT CUresult cuLaunchKernelEx ES_LAUNCH_EX_PARAMS {
+    return es_launch_ex(ES_API_cuLaunchKernelEx, ES_NEXT(cuLaunchKernelEx), config, f,
+                        kernelParams, extra);
+}
+
+ES_EXPORT CUresult cuLaunchKernelEx_ptsz ES_LAUNCH_EX_PARAMS {
+    return es_launch_ex(ES_API_cuLaunchKernelEx_ptsz, ES_NEXT(cuLaunchKernelEx_ptsz), config, f,
+                        kernelParams, extra);
+}
+
+ES_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize) {
+    return es_mem_alloc(ES_NEXT(cuMemAlloc_v2), dptr, bytesize);
+}
+
+ES_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr) {
+    return es_mem_free(ES_NEXT(cuMemFree_v2), dptr);
+}
+
+ES_EXPORT cudaError_t cudaLaunchKernel ES_RT_LAUNCH_PARAMS {
+    return es_rt_launch(ES_API_cudaLaunchKernel, ES_NEXT(cudaLaunchKernel), func, gridDim,
+                        blockDim, args, sharedMem, stream);
+}
+
+ES_EXPORT cudaError_t cudaLaunchKernel_ptsz ES_RT_LAUNCH_PARAMS {
+    return es_rt_launch(ES_API_cudaLaunchKernel_ptsz, ES_NEXT(cudaLaunchKernel_ptsz), func,
+                        gridDim, blockDim, args, sharedMem, stream);
+}
+
+ES_EXPORT cudaError_t cudaMalloc(void **devPtr, size_t size) {
+    es_fn_cudaMalloc *next = ES_NEXT(cudaMalloc);
+    ES_PASS_OR_FAIL(next, cudaErrorSymbolNotFound, (devPtr, size));
+    es_depth++;
+    cudaError_t r = next(devPtr, size);
+    es_note_alloc(ES_API_cudaMalloc, (r == cudaSuccess && devPtr) ? (uintptr_t)*devPtr : 0,
+                  size, NULL, r != cudaSuccess);
+    es_depth--;
+    return r;
+}
+
+ES_EXPORT cudaError_t cudaFree(void *devPtr) {
+    es_fn_cudaFree *next = ES_NEXT(cudaFree);
+    ES_PASS_OR_FAIL(next, cudaErrorSymbolNotFound, (devPtr));
+    es_depth++;
+    cudaError_t r = next(devPtr);
+    es_note_free(ES_API_cudaFree, (uintptr_t)devPtr, NULL, r != cudaSuccess);
+    es_depth--;
+    return r;
+}
+
+ES_EXPORT cudaError_t cudaMallocAsync(void **devPtr, size_t size, cudaStream_t hStream) {
+    es_fn_cudaMallocAsync *next = ES_NEXT(cudaMallocAsync);
+    ES_PASS_OR_FAIL(next, cudaErrorSymbolNotFound, (devPtr, size, hStream));
+    es_depth++;
+    cudaError_t r = next(devPtr, size, hStream);
+    es_note_alloc(ES_API_cudaMallocAsync,
+                  (r == cudaSuccess && devPtr) ? (uintptr_t)*devPtr : 0, size, hStream,
+                  r != cudaSuccess);
+    es_depth--;
+    return r;
+}
+
+ES_EXPORT cudaError_t cudaFreeAsync(void *devPtr, cudaStream_t hStream) {
+    es_fn_cudaFreeAsync *next = ES_NEXT(cudaFreeAsync);
+    ES_PASS_OR_FAIL(next, cudaErrorSymbolNotFound, (devPtr, hStream));
+    es_depth++;
+    cudaError_t r = next(devPtr, hStream);
+    es_note_free(ES_API_cudaFreeAsync, (uintptr_t)devPtr, hStream, r != cudaSuccess);
+    es_depth--;
+    return r;
+}
+
+#define ES_NCCL_WRAP(name, params, args, count, type, op, peer)                      \
+    ES_EXPORT ncclResult_t name params {                                              \
+        es_fn_##name *next = ES_NEXT(name);                                           \
+        ES_PASS_OR_FAIL(next, ncclInternalError, args);                         \
+        es_depth++;                                                                   \
+        ncclResult_t r = next args;                                                   \
+        es_note_collective(ES_API_##name, count, type, op, peer, comm, stream,        \
+                           r != ncclSuccess);                                         \
+        es_depth--;                                                                   \
+        return r;                                                                     \
+    }
+
+ES_NCCL_WRAP(ncclAllReduce,
+             (const void *sendbuff, void *recvbuff, size_t count, ncclDataType_t datatype,
+              ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream),
+             (sendbuff, recvbuff, count, datatype, op, comm, stream), count, datatype, op, -1)
+ES_NCCL_WRAP(ncclAllGather,
+             (const void *sendbuff, void *recvbuff, size_t sendcount, ncclDataType_t datatype,
+              ncclComm_t comm, cudaStream_t stream),
+             (sendbuff, recvbuff, sendcount, datatype, comm, stream), sendcount, datatype, 0, -1)
+ES_NCCL_WRAP(ncclReduceScatter,
+             (const void *sendbuff, void *recvbuff, size_t recvcount, ncclDataType_t datatype,
+              ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream),
+             (sendbuff, recvbuff, recvcount, datatype, op, comm, stream), recvcount, datatype,
+             op, -1)
+ES_NCCL_WRAP(ncclBroadcast,
+             (const void *sendbuff, void *recvbuff, size_t count, ncclDataType_t datatype,
+              int root, ncclComm_t comm, cudaStream_t stream),
+             (sendbuff, recvbuff, count, datatype, root, comm, stream), count, datatype, 0, root)
+ES_NCCL_WRAP(ncclSend,
+             (const void *sendbuff, size_t count, ncclDataType_t datatype, int peer,
+              ncclComm_t comm, cudaStream_t stream),
+             (sendbuff, count, datatype, peer, comm, stream), count, datatype, 0, peer)
+ES_NCCL_WRAP(ncclRecv,
+             (void *recvbuff, size_t count, ncclDataType_t datatype, int peer, ncclComm_t comm,
+              cudaStream_t stream),
+             (recvbuff, count, datatype, peer, comm, stream), count, datatype, 0, peer)
+
+/* ---- cuGetProcAddress --------------------------------------------------------------
+ * The runtime asks the driver for entry points by base name ("cuLaunchKernel"), with
+ * flags choosing the per-thread-default-stream variant and cudaVersion choosing the ABI
+ * version.  When the answer is one of our driver symbols, the caller gets a trampoline
+ * that records and then calls exactly the pointer the driver (or the next hook) returned,
+ * so the variant and version the caller asked for are preserved.  The first pointer seen
+ * for a variant is kept; a different later answer is handed back unwrapped. */
+#define ES_GPA_TARGETS(X)                                   \
+    X(0, cuLaunchKernel, "cuLaunchKernel", 0, 0)                \
+    X(1, cuLaunchKernel_ptsz, "cuLaunchKernel", 1, 0)           \
+    X(2, cuLaunchKernelEx, "cuLaunchKernelEx", 0, 0)            \
+    X(3, cuLaunchKernelEx_ptsz, "cuLaunchKernelEx", 1, 0)       \
+    X(4, cuMemAlloc_v2, "cuMemAlloc", -1, 3020)                 \
+    X(5, cuMemFree_v2, "cuMemFree", -1, 3020)                   \
+    X(6, cuGetProcAddress, "cuGetProcAddress", -1, -12000)      \
+    X(7, cuGetProcAddress_v2, "cuGetProcAddress", -1, 12000)
+#define ES_GPA_COUNT 8
+static void *es_gpa_next[ES_GPA_COUNT];
+
+static void *es_gpa_wrap(const char *symbol, void *real, int version, cuuint64_t flags);
+
+static CUresult es_gpa_t0 ES_LAUNCH_PARAMS {
+    return es_launch(ES_API_cuLaunchKernel, (es_fn_cuLaunchKernel *)es_gpa_next[0], f, gridDimX,
+                     gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes,
+                     hStream, kernelParams, extra);
+}
+static CUresult es_gpa_t1 ES_LAUNCH_PARAMS {
+    return es_launch(ES_API_cuLaunchKernel_ptsz, (es_fn_cuLaunchKernel *)es_gpa_next[1], f,
+                     gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ,
+                     sharedMemBytes, hStream, kernelParams, extra);
+}
+static CUresult es_gpa_t2 ES_LAUNCH_EX_PARAMS {
+    return es_launch_ex(ES_API_cuLaunchKernelEx, (es_fn_cuLaunchKernelEx *)es_gpa_next[2],
+                        config, f, kernelParams, extra);
+}
+static CUresult es_gpa_t3 ES_LAUNCH_EX_PARAMS {
+    return es_launch_ex(ES_API_cuLaunchKernelEx_ptsz, (es_fn_cuLaunchKernelEx *)es_gpa_next[3],
+                        config, f, kernelParams, extra);
+}
+static CUresult es_gpa_t4(CUdeviceptr *dptr, size_t bytesize) {
+    return es_mem_alloc((es_fn_cuMemAlloc_v2 *)es_gpa_next[4], dptr, bytesize);
+}
+static CUresult es_gpa_t5(CUdeviceptr dptr) {
+    return es_mem_free((es_fn_cuMemFree_v2 *)es_gpa_next[5], dptr);
+}
+static CUresult es_gpa_t6(const char *symbol, void **pfn, int version, cuuint64_t flags) {
+    es_fn_cuGetProcAddress *next = (es_fn_cuGetProcAddress *)es_gpa_next[6];
+    CUresult r = next(symbol, pfn, version, flags);
+    if (r == CUDA_SUCCESS && pfn && *pfn) *pfn = (void *)es_gpa_wrap(symbol, *pfn, version, flags);
+    return r;
+}
+static CUresult es_gpa_t7(const char *symbol, void **pfn, int version, cuuint64_t flags,
+                          CUdriverProcAddressQueryResult *status) {
+    es_fn_cuGetProcAddress_v2 *next = (es_fn_cuGetProcAddress_v2 *)es_gpa_next[7];
+    CUresult r = next(symbol, pfn, version, flags, status);
+    if (r == CUDA_SUCCESS && pfn && *pfn) *pfn = (void *)es_gpa_wrap(symbol, *pfn, version, flags);
+    return r;
+}
+
+static void *const es_gpa_trampolines[ES_GPA_COUNT] = {
+    (void *)es_gpa_t0, (void *)es_gpa_t1, (void *)es_gpa_t2, (void *)es_gpa_t3,
+    (void *)es_gpa_t4, (void *)es_gpa_t5, (void *)es_gpa_t6, (void *)es_gpa_t7};
+
+/* version rule: v > 0 means cudaVersion >= v, v < 0 means cudaVersion < -v, 0 any. */
+static void *es_gpa_wrap(const char *symbol, void *real, int version, cuuint64_t flags) {
+    if (!symbol) return real;
+    int ptds = (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) != 0;
+#define ES_GPA_MATCH(i, api, base, want_ptds, vrule)                                         \
+    if (strcmp(symbol, base) == 0 && ((want_ptds) < 0 || (want_ptds) == ptds) &&              \
+        ((vrule) == 0 || ((vrule) > 0 && version >= (vrule)) ||                               \
+         ((vrule) < 0 && version < -(vrule)))) {                                              \
+        void *expected = NULL;                                                                \
+        if (real == es_gpa_trampolines[i]) return real;                                       \
+        if (!__atomic_compare_exchange_n(&es_gpa_next[i], &expected, real, 0,                 \
+                                         __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE) &&               \
+            expected != real)                                                                 \
+            return real;                                                                      \
+        return es_gpa_trampolines[i];                                                         \
+    }
+    ES_GPA_TARGETS(ES_GPA_MATCH)
+#undef ES_GPA_MATCH
+    return real;
+}
+
+ES_EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion,
+                                    cuuint64_t flags) {
+    es_fn_cuGetProcAddress *next = ES_NEXT(cuGetProcAddress);
+    if (ES_UNLIKELY(!next)) return CUDA_ERROR_NOT_FOUND;
+    CUresult r = next(symbol, pfn, cudaVersion, flags);
+    if (r == CUDA_SUCCESS && pfn && *pfn) *pfn = es_gpa_wrap(symbol, *pfn, cudaVersion, flags);
+    return r;
+}
+
+ES_EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion,
+                                       cuuint64_t flags,
+                                       CUdriverProcAddressQueryResult *symbolStatus) {
+    es_fn_cuGetProcAddress_v2 *next = ES_NEXT(cuGetProcAddress_v2);
+    if (ES_UNLIKELY(!next)) return CUDA_ERROR_NOT_FOUND;
+    CUresult r = next(symbol, pfn, cudaVersion, flags, symbolStatus);
+    if (r == CUDA_SUCCESS && pfn && *pfn) *pfn = es_gpa_wrap(symbol, *pfn, cudaVersion, flags);
+    return r;
+}
+
+/* Compile-time consistency check: every listed symbol is defined with the listed type. */
+#define ES_CHECK(name, ret, params, args, fail) \
+    __attribute__((unused)) static es_fn_##name *const es_check_##name = name;
+ES_HOOKED_SYMBOLS(ES_CHECK)
+#undef ES_CHECK
+
+/* ---- lifecycle: fork, thread exit, process exit ----------------------------------- */
+static void es_fork_prepare(void) {
+    pthread_mutex_lock(&es_g.lock);
+    pthread_mutex_lock(&es_g.alloc_lock);
+}
+
+static void es_fork_parent(void) {
+    pthread_mutex_unlock(&es_g.alloc_lock);
+    pthread_mutex_unlock(&es_g.lock);
+}
+
+/* The child starts a ring of its own on its first call; nothing of the parent's pending
+ * counts or allocations is attributed to it. */
+static void es_fork_child(void) {
+    pthread_mutex_init(&es_g.lock, NULL);
+    pthread_mutex_init(&es_g.alloc_lock, NULL);
+    if (es_g.state == ES_ACTIVE) {
+        munmap(es_g.hdr, es_g.map_bytes);
+        es_g.hdr = NULL;
+        es_g.ring = NULL;
+        es_g.state = ES_UNINIT;
+    }
+    if (es_g.allocs) memset(es_g.allocs, 0, ES_ALLOC_SLOTS * sizeof(es_alloc_entry));
+    if (es_tls) memset(es_tls->slot, 0, sizeof es_tls->slot);
+    es_g.epoch = 0;
+    if (es_tls) es_tls->epoch = 0;
+}
+
+__attribute__((constructor)) static void es_constructor(void) {
+    es_g.key_ok = pthread_key_create(&es_g.thread_key, es_thread_exit) == 0;
+    pthread_atfork(es_fork_prepare, es_fork_parent, es_fork_child);
+}
+
+/* Threads still running at exit keep whatever their caches hold; joined threads and the
+ * exiting thread have published everything. */
+__attribute__((destructor)) static void es_destructor(void) {
+    if (__atomic_load_n(&es_g.state, __ATOMIC_ACQUIRE) != ES_ACTIVE) return;
+    es_depth++;
+    if (es_tls) es_thread_flush(es_tls);
+    es_emit_tick(ES_FLAG_FINAL);
+    es_depth--;
+}
+
+/* ---- introspection for the decoder twin and the tests ---------------------------- */
+ES_EXPORT const char *elastico_shim_layout(void) {
+    static char text[4096];
+    static int done;
+    if (__atomic_load_n(&done, __ATOMIC_ACQUIRE)) return text;
+    pthread_mutex_lock(&es_g.lock);
+    if (!done) {
+        size_t n = 0;
+#define ES_PUT(...) n += (size_t)snprintf(text + n, sizeof text - n, __VA_ARGS__)
+        ES_PUT("version=%d\nrecord=%d", ES_LAYOUT_VERSION, ES_RECORD_SIZE);
+#define ES_RF(ctype, name, code) \
+    ES_PUT(" %s:%s@%zu", #name, code, (size_t)__builtin_offsetof(es_record, name));
+        ES_RECORD_FIELDS(ES_RF)
+#undef ES_RF
+        ES_PUT("\nheader=%d", ES_HEADER_SIZE);
+#define ES_HF(ctype, name, code) \
+    ES_PUT(" %s:%s@%zu", #name, code, (size_t)__builtin_offsetof(es_header, name));
+        ES_HEADER_FIELDS(ES_HF)
+#undef ES_HF
+        ES_PUT("\nmagic=%u\napis=", ES_MAGIC);
+        for (int i = 0; i < ES_API_COUNT; i++) ES_PUT("%s%s", i ? "," : "", es_api_names[i]);
+        ES_PUT("\nkinds=");
+#define ES_KP(name, value) ES_PUT("%s=%d,", #name, value);
+        ES_KINDS(ES_KP)
+#undef ES_KP
+        text[n - 1] = '\n';
+        ES_PUT("flags=");
+#define ES_FP(name, value) ES_PUT("%s=%d,", #name, value);
+        ES_FLAGS(ES_FP)
+#undef ES_FP
+        text[n - 1] = '\0';
+#undef ES_PUT
+        __atomic_store_n(&done, 1, __ATOMIC_RELEASE);
+    }
+    pthread_mutex_unlock(&es_g.lock);
+    return text;
+}
+
+/* Path of this process's ring ("" before the first hooked call or when disabled). */
+ES_EXPORT const char *elastico_shim_ring_path(void) {
+    return es_g.state == ES_ACTIVE ? es_g.path : "";
+}

@@ -1,0 +1,57 @@
+"""Build the fake CUDA/NCCL libraries, the test programs and a shim for the tests.
+
+Stdlib only; loaded by path from tests/test_shim_*.py and benchmarks/shim_overhead.py.
+Everything lands in one directory: libcuda.so, libcudart.so, libnccl.so,
+libotherhook.so, workload, bench_launch and libelastico_shim.so.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+from pathlib import Path
+from typing import NamedTuple
+
+HERE = Path(__file__).resolve().parent
+SHIM_DIR = HERE.parent
+WARN = ("-Wall", "-Wextra", "-Wno-unused-parameter", "-Werror", "-DES_DECLARE_PROTOTYPES")
+
+
+def _load_build():
+    spec = importlib.util.spec_from_file_location("elastico_shim_build", SHIM_DIR / "build.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+build = _load_build()
+
+
+class Built(NamedTuple):
+    directory: Path
+    shim: Path
+    workload: Path
+    bench: Path
+    other_hook: Path
+
+
+def _cc(*args: str | Path) -> None:
+    subprocess.run([*build.compiler(), *map(str, args)], check=True)
+
+
+def build_all(directory: Path, *, opt: str = "-O2", shim_flags: tuple[str, ...] = ()) -> Built:
+    d = Path(directory)
+    d.mkdir(parents=True, exist_ok=True)
+    common = (opt, "-g", *WARN, "-I", str(SHIM_DIR))
+    lib = (*common, "-fPIC", "-shared")
+    _cc(*lib, "-o", d / "libcuda.so", HERE / "fake_cuda.c")
+    _cc(*lib, "-o", d / "libcudart.so", HERE / "fake_cudart.c", f"-L{d}", "-lcuda", "-pthread")
+    _cc(*lib, "-o", d / "libnccl.so", HERE / "fake_nccl.c")
+    _cc(*lib, "-o", d / "libotherhook.so", HERE / "other_hook.c", "-ldl")
+    rpath = f"-Wl,-rpath,{d}"
+    libs = (f"-L{d}", "-lcudart", "-lcuda", "-lnccl", "-pthread", rpath)
+    _cc(*common, "-o", d / "workload", HERE / "workload.c", *libs)
+    _cc(*common, "-o", d / "bench_launch", HERE / "bench_launch.c", *libs)
+    shim = build.compile_shim(d / build.LIBRARY_NAME, extra_cflags=shim_flags)
+    return Built(d, shim, d / "workload", d / "bench_launch", d / "libotherhook.so")

@@ -1,0 +1,288 @@
+"""elastico-run: annotations parsing, settings, LD_PRELOAD, real subprocess restarts."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from elastico_extender.errors import AnnotationError
+from elastico_extender.launcher.assignment import read_assignment
+from elastico_extender.launcher.downward import parse_annotations, unquote_go
+from elastico_extender.launcher.run import build_launch, compose_preload, load_settings, main
+from elastico_extender.profiling.ring import RingReader, find_rings, summarize
+
+ROOT = Path(__file__).resolve().parents[1]
+_spec = importlib.util.spec_from_file_location("shim_fakes", ROOT / "profiler_shim/tests/fakes.py")
+assert _spec and _spec.loader
+fakes = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(fakes)
+
+TRAINING = {
+    "elastico.io/kind": "training",
+    "elastico.io/configuration": json.dumps({"batch_size": 32, "checkpointing": True}),
+    "elastico.io/memory-budget-mib": "10240",
+    "elastico.io/device-memory-mib": "40960",
+}
+
+
+def go_quote(value: str) -> str:
+    return json.dumps(value)  # JSON escapes are a subset of Go's for these tests
+
+
+def write_annotations(path: Path, annotations: dict[str, str]) -> None:
+    text = "".join(f"{k}={go_quote(v)}\n" for k, v in sorted(annotations.items()))
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)  # the kubelet swaps the file atomically too
+
+
+@pytest.mark.parametrize(
+    ("literal", "expected"),
+    [
+        (r'"plain"', "plain"),
+        (r'"quote \" and backslash \\"', 'quote " and backslash \\'),
+        (r'"a\nb\tc"', "a\nb\tc"),
+        (r'"\x41\101\u00e9\U0001F600"', "AAé😀"),
+        (r'"{\"batch_size\":64}"', '{"batch_size":64}'),
+    ],
+)
+def test_go_string_literals_decode(literal: str, expected: str) -> None:
+    assert unquote_go(literal) == expected
+
+
+@pytest.mark.parametrize("literal", [r'"bad \q"', r'"\x4"', '"open', r'"a"b"'])
+def test_malformed_go_literals_are_rejected(literal: str) -> None:
+    with pytest.raises(ValueError):
+        unquote_go(literal)
+
+
+def test_annotations_file_lines_and_problems() -> None:
+    found, problems = parse_annotations('a="1"\nelastico.io/kind="training"\nnot a line\n')
+    assert found == {"a": "1", "elastico.io/kind": "training"}
+    assert problems and problems[0][0] == "line 3"
+
+
+def test_training_assignment_maps_through_handoff() -> None:
+    settings = read_assignment(TRAINING, {}).settings()
+    assert settings.env["PYTORCH_CUDA_ALLOC_CONF"] == "max_split_size_mb:10240"
+    assert settings.env["ELASTICO_MEMORY_FRACTION"] == "0.2500"
+    assert settings.env["ELASTICO_BATCH_SIZE"] == "32"
+    assert settings.env["CUDA_VISIBLE_DEVICES"] == "0"
+    assert "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT" not in settings.env  # MPS off by default
+    assert settings.vllm_args == () and not settings.profiling
+
+
+def test_environment_fills_what_annotations_do_not_say() -> None:
+    env = {"ELASTICO_WORKLOAD_KIND": "inference", "ELASTICO_MEMORY_BUDGET_MIB": "20480",
+           "ELASTICO_DEVICE_MEMORY_MIB": "81920", "ELASTICO_MPS": "true",
+           "ELASTICO_GPU_INDICES": "1"}
+    annotations = {"elastico.io/configuration": '{"max_num_seqs": 64, "prefix_caching": true}'}
+    settings = read_assignment(annotations, env).settings()
+    assert settings.vllm_args == ("--gpu-memory-utilization=0.2500", "--max-num-seqs=64",
+                                  "--enable-prefix-caching")
+    assert settings.env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=20480M"
+    assert settings.env["CUDA_VISIBLE_DEVICES"] == "1"
+
+
+def test_every_problem_is_reported_at_once() -> None:
+    bad = {"elastico.io/kind": "serving", "elastico.io/configuration": "[1]",
+           "elastico.io/memory-budget-mib": "50000", "elastico.io/device-memory-mib": "40960",
+           "elastico.io/sm-share": "2", "elastico.io/gpu-indices": "a",
+           "elastico.io/profiling": "maybe"}
+    with pytest.raises(AnnotationError) as err:
+        read_assignment(bad, {})
+    where = {key for key, _ in err.value.problems}
+    assert where == {"elastico.io/kind", "elastico.io/configuration",
+                     "elastico.io/memory-budget-mib", "elastico.io/sm-share",
+                     "elastico.io/gpu-indices", "elastico.io/profiling"}
+
+
+def test_missing_fields_name_both_sources() -> None:
+    with pytest.raises(AnnotationError) as err:
+        read_assignment({}, {})
+    assert {k for k, _ in err.value.problems} == {
+        "ELASTICO_WORKLOAD_KIND", "ELASTICO_MEMORY_BUDGET_MIB", "ELASTICO_DEVICE_MEMORY_MIB"}
+
+
+def test_preload_is_appended_after_existing_hooks_once() -> None:
+    shim = Path("/opt/elastico/libelastico_shim.so")
+    assert compose_preload(None, shim) == str(shim)
+    assert compose_preload("/usr/lib/libvgpu.so", shim) == f"/usr/lib/libvgpu.so {shim}"
+    assert compose_preload(f"a.so:{shim}", shim) == f"a.so {shim}"
+
+
+def test_profiling_without_a_shim_is_a_clear_error(tmp_path: Path, monkeypatch, capsys) -> None:
+    annotations = tmp_path / "annotations"
+    write_annotations(annotations, {**TRAINING, "elastico.io/profiling": "true"})
+    monkeypatch.setenv("ELASTICO_SHIM_PATH", str(tmp_path / "missing.so"))
+    assert main(["--annotations", str(annotations), "--", "true"]) == 2
+    assert "ELASTICO_SHIM_PATH" in capsys.readouterr().err
+
+
+def test_invalid_configuration_exits_2_naming_the_annotation(tmp_path: Path, capsys) -> None:
+    annotations = tmp_path / "annotations"
+    write_annotations(annotations, {**TRAINING, "elastico.io/memory-budget-mib": "-1"})
+    assert main(["--annotations", str(annotations), "--", "true"]) == 2
+    assert "elastico.io/memory-budget-mib" in capsys.readouterr().err
+
+
+def test_vllm_command_gets_engine_flags(tmp_path: Path) -> None:
+    settings = read_assignment(
+        {**TRAINING, "elastico.io/kind": "inference",
+         "elastico.io/configuration": '{"max_num_seqs": 8}'}, {}).settings()
+    argv, env = build_launch(["vllm", "serve", "m"], settings, {})
+    assert argv == ["vllm", "serve", "m", "--gpu-memory-utilization=0.2500", "--max-num-seqs=8"]
+    argv, _ = build_launch(["python", "train.py"], settings, {})
+    assert argv == ["python", "train.py"]
+    assert env["VLLM_GPU_MEMORY_UTILIZATION"] == "0.2500"
+
+
+def test_pytorch_memory_fraction_is_applied_after_cuda_init(tmp_path: Path) -> None:
+    torch = tmp_path / "fake" / "torch"
+    torch.mkdir(parents=True)
+    (torch / "__init__.py").write_text("")
+    (torch / "cuda.py").write_text(
+        "calls = []\n"
+        "def _lazy_init():\n    calls.append('init')\n"
+        "def device_count():\n    return 2\n"
+        "def set_per_process_memory_fraction(f, d):\n    _lazy_init(); calls.append((f, d))\n"
+    )
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "sitecustomize.py").write_text("import builtins\nbuiltins.OTHER_SITE = True\n")
+    settings = load_settings(tmp_path / "none", {
+        "ELASTICO_WORKLOAD_KIND": "training", "ELASTICO_MEMORY_BUDGET_MIB": "1024",
+        "ELASTICO_DEVICE_MEMORY_MIB": "4096"})
+    environ = {**os.environ, "PYTHONPATH": f"{tmp_path / 'fake'}{os.pathsep}{other}"}
+    argv, env = build_launch([sys.executable, "-c", (
+        "import builtins, torch.cuda as c; before = list(c.calls); c._lazy_init(); "
+        "c._lazy_init(); print(before, c.calls, builtins.OTHER_SITE)")], settings, environ)
+    out = subprocess.run(argv, env=env, capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[] ['init', 'init', (0.25, 0), 'init', (0.25, 1), 'init'] True"
+
+
+CHILD = r"""
+import os, signal, sys, time
+log, mode = sys.argv[1], sys.argv[2]
+def note(text):
+    with open(log, "a") as f:
+        f.write(text + "\n")
+def on_term(signum, frame):
+    note("term")
+    sys.exit(0)
+signal.signal(signal.SIGTERM, signal.SIG_IGN if mode == "stubborn" else on_term)
+note("start " + os.environ["ELASTICO_MEMORY_BUDGET_MIB"] + " " + os.environ.get("LD_PRELOAD", ""))
+with open(log + ".pids", "a") as f:
+    f.write(f"{os.getpid()}\n")
+while True:
+    time.sleep(0.05)
+"""
+
+
+@contextlib.contextmanager
+def stop_all(proc: subprocess.Popen, log: Path) -> Iterator[None]:
+    """On a failed assertion, kill the launcher and its workload's group (never left behind)."""
+    try:
+        yield
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+        for pid in lines(log.with_name(log.name + ".pids")):  # each workload leads a group
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(int(pid), signal.SIGKILL)
+
+
+def wait_for(predicate, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.02)
+    raise AssertionError("timed out")
+
+
+def lines(path: Path) -> list[str]:
+    return path.read_text().splitlines() if path.exists() else []
+
+
+def launcher(tmp_path: Path, annotations: Path, mode: str, grace: str = "5") -> subprocess.Popen:
+    """The launcher in a subprocess; callers stop it with SIGTERM (or stop_all on failure)."""
+    script = tmp_path / "child.py"
+    script.write_text(CHILD)
+    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+    env["PYTHONPATH"] = str(ROOT)
+    return subprocess.Popen(
+        [sys.executable, "-m", "elastico_extender.launcher.run", "--annotations",
+         str(annotations), "--poll-interval", "0.05", "--grace-period", grace, "--",
+         sys.executable, str(script), str(tmp_path / "log"), mode],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+
+
+def test_restarts_gracefully_when_the_assignment_changes(tmp_path: Path) -> None:
+    annotations = tmp_path / "annotations"
+    write_annotations(annotations, TRAINING)
+    log = tmp_path / "log"
+    proc = launcher(tmp_path, annotations, "polite")
+    with stop_all(proc, log):
+        wait_for(lambda: lines(log) == ["start 10240 "])
+        write_annotations(annotations, {**TRAINING, "elastico.io/owner": "x"})  # no change
+        time.sleep(0.3)
+        write_annotations(annotations, {**TRAINING, "elastico.io/memory-budget-mib": "oops"})
+        time.sleep(0.3)  # invalid: logged, the workload keeps running
+        assert lines(log) == ["start 10240 "]
+        write_annotations(annotations, {**TRAINING, "elastico.io/memory-budget-mib": "20480"})
+        wait_for(lambda: lines(log) == ["start 10240 ", "term", "start 20480 "])
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=10)
+    assert proc.returncode == 0
+    assert lines(log) == ["start 10240 ", "term", "start 20480 ", "term"]
+    assert "ignoring invalid new assignment" in err
+
+
+def test_grace_period_ends_in_sigkill_and_relaunch(tmp_path: Path) -> None:
+    annotations = tmp_path / "annotations"
+    write_annotations(annotations, TRAINING)
+    log = tmp_path / "log"
+    proc = launcher(tmp_path, annotations, "stubborn", grace="0.3")
+    with stop_all(proc, log):
+        wait_for(lambda: lines(log) == ["start 10240 "])
+        write_annotations(annotations, {**TRAINING, "elastico.io/memory-budget-mib": "512"})
+        wait_for(lambda: lines(log) == ["start 10240 ", "start 512 "])
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=10)
+    assert proc.returncode == 128 + signal.SIGKILL
+    assert "grace period over" in err
+
+
+def test_profiling_run_preloads_the_shim_over_the_real_workload(tmp_path: Path) -> None:
+    built = fakes.build_all(tmp_path / "build")
+    annotations = tmp_path / "annotations"
+    write_annotations(annotations, {**TRAINING, "elastico.io/profiling": "true"})
+    rings = tmp_path / "rings"
+    rings.mkdir()
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "ELASTICO_SHIM_PATH": str(built.shim),
+           "ELASTICO_SHIM_DIR": str(rings), "LD_PRELOAD": str(built.other_hook),
+           "OTHER_HOOK_OUT": str(tmp_path / "other.txt")}
+    done = subprocess.run(
+        [sys.executable, "-m", "elastico_extender.launcher.run", "--annotations",
+         str(annotations), "--", str(built.workload), "2", "30"],
+        env=env, capture_output=True, text=True, timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    (ring_path,) = find_rings(rings).values()
+    with RingReader(ring_path) as ring:
+        assert summarize(ring.peek(), ring.header()).launches == 2 * (4 * 30 + 1)
+    # the other hook is preloaded into the launcher too; its line for the workload counts all
+    assert f"{2 * 31} {2 * 4}" in (tmp_path / "other.txt").read_text().splitlines()

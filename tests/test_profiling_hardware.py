@@ -1,0 +1,92 @@
+"""Hardware dimension: dcgm-exporter text, NVML, graceful absence; progress sources."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from elastico_extender.profiling import hardware
+from elastico_extender.profiling.hardware import (
+    DcgmExporterSource,
+    HardwareSample,
+    NullSource,
+    NvmlSource,
+    detect_source,
+    parse_prometheus,
+)
+from elastico_extender.profiling.procedure import FileProgress, PrometheusProgress
+
+EXPORTER = """\
+# HELP DCGM_FI_DEV_FB_USED Framebuffer memory used (in MiB).
+# TYPE DCGM_FI_DEV_FB_USED gauge
+DCGM_FI_DEV_FB_USED{gpu="0",modelName="NVIDIA A100-SXM4-40GB"} 10240
+DCGM_FI_DEV_FB_USED{gpu="1",modelName="NVIDIA A100-SXM4-40GB"} 512
+DCGM_FI_PROF_SM_ACTIVE{gpu="0",modelName="NVIDIA A100-SXM4-40GB"} 0.625
+DCGM_FI_PROF_SM_OCCUPANCY{gpu="0",modelName="NVIDIA A100-SXM4-40GB"} 0.31
+DCGM_FI_PROF_DRAM_ACTIVE{gpu="0",modelName="NVIDIA A100-SXM4-40GB"} 0.42
+DCGM_FI_PROF_PIPE_TENSOR_ACTIVE{gpu="0",modelName="NVIDIA A100-SXM4-40GB"} 0.2
+DCGM_FI_DEV_GPU_TEMP{gpu="0",UUID="GPU-a1",device="nvidia0",Hostname="n1"} 55
+"""
+
+
+def test_prometheus_text_parses_names_labels_values() -> None:
+    rows = parse_prometheus(EXPORTER)
+    assert len(rows) == 7
+    name, labels, value = rows[0]
+    assert name == "DCGM_FI_DEV_FB_USED" and labels["gpu"] == "0" and value == 10240.0
+
+
+def test_dcgm_exporter_source_picks_its_gpu() -> None:
+    source = DcgmExporterSource("http://x/metrics", "0", fetch=lambda url, t: EXPORTER)
+    assert source.sample() == HardwareSample(0.625, 0.31, 0.42, 10240.0, 0.2)
+    assert source.signature() == "NVIDIA A100-SXM4-40GB"
+    other = DcgmExporterSource("http://x/metrics", "1", fetch=lambda url, t: EXPORTER)
+    assert other.sample() == HardwareSample(fb_used_mib=512.0)  # the rest is not measured
+
+
+def test_unreachable_exporter_degrades_to_no_sample() -> None:
+    def fail(url: str, timeout: float) -> str:
+        raise OSError("connection refused")
+
+    assert DcgmExporterSource("http://x", fetch=fail).sample() is None
+
+
+def test_nvml_source_reads_utilisation_and_memory() -> None:
+    fake = SimpleNamespace(
+        nvmlDeviceGetHandleByIndex=lambda i: ("h", i),
+        nvmlDeviceGetUtilizationRates=lambda h: SimpleNamespace(gpu=73, memory=20),
+        nvmlDeviceGetMemoryInfo=lambda h: SimpleNamespace(used=3 * 2**30, total=40 * 2**30),
+        nvmlDeviceGetName=lambda h: b"NVIDIA H100 80GB HBM3",
+    )
+    source = NvmlSource(0, nvml=fake)
+    assert source.sample() == HardwareSample(sm_active=0.73, fb_used_mib=3072.0)
+    assert source.signature() == "NVIDIA H100 80GB HBM3"
+
+
+def test_detection_prefers_dcgm_and_degrades_to_none(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert isinstance(detect_source({"ELASTICO_DCGM_URL": "http://x:9400/metrics"}),
+                      DcgmExporterSource)
+
+    def no_nvml(index: int = 0, nvml: object = None) -> NvmlSource:
+        raise ImportError("No module named 'pynvml'")
+
+    monkeypatch.setattr(hardware, "NvmlSource", no_nvml)
+    source = detect_source({})
+    assert isinstance(source, NullSource)
+    assert source.sample() is None and source.signature() is None
+
+
+def test_progress_sources(tmp_path) -> None:
+    path = tmp_path / "progress"
+    path.write_text("120 3840\n")
+    assert FileProgress(path).read() == (120.0, 3840.0)
+    path.write_text("")
+    with pytest.raises(OSError):
+        FileProgress(path).read()
+    text = ('vllm:num_requests_success_total{finished_reason="stop"} 10\n'
+            'vllm:num_requests_success_total{finished_reason="length"} 5\n'
+            'vllm:generation_tokens_total{model_name="m"} 4096\n')
+    progress = PrometheusProgress("http://x/metrics", "vllm:num_requests_success_total",
+                                  "vllm:generation_tokens_total", fetch=lambda u, t: text)
+    assert progress.read() == (15.0, 4096.0)

@@ -1,0 +1,254 @@
+"""The shim under LD_PRELOAD over fake libcuda/libcudart/libnccl: real compile, real runs.
+
+The test program (profiler_shim/tests/workload.c) documents its call pattern; the
+expectations below rebuild it and compare with what the decoder reads from the ring.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+import subprocess
+import time
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from elastico_extender.profiling.layout import API_NAMES, Kind
+from elastico_extender.profiling.ring import (
+    KernelKey,
+    RingFormatError,
+    RingReader,
+    find_rings,
+    summarize,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+_spec = importlib.util.spec_from_file_location("shim_fakes", ROOT / "profiler_shim/tests/fakes.py")
+assert _spec and _spec.loader
+fakes = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(fakes)
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory):
+    return fakes.build_all(tmp_path_factory.mktemp("fakes"))
+
+
+def run_workload(built, ring_dir: Path, *args: str, preload: str | None = None, **env: str):
+    environment = {
+        **os.environ,
+        "LD_PRELOAD": preload if preload is not None else str(built.shim),
+        "ELASTICO_SHIM_DIR": str(ring_dir),
+        **env,
+    }
+    done = subprocess.run(
+        [str(built.workload), *args], env=environment, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    return done
+
+
+def expected_kernels(threads: int, iterations: int) -> Counter[KernelKey]:
+    want: Counter[KernelKey] = Counter()
+    for t in range(threads):
+        s = 0x200 + t
+        want[KernelKey("cuLaunchKernel", 0x9000, (0, 1, 1), (1, 1, 1), 0, s, True)] += 1
+        for i in range(iterations):
+            grid = (1 + i % 5, 2, 1)
+            want[KernelKey("cuLaunchKernel", 0x1000 + t, grid, (128, 1, 1), (i % 2) * 1024, s,
+                           False)] += 1
+            want[KernelKey("cudaLaunchKernel", 0x3000 + t, (4, 1, 1), (256, 1, 1), 0, s,
+                           False)] += 1
+            # launched through the pointer cuGetProcAddress_v2 returned
+            want[KernelKey("cuLaunchKernel", 0x5000 + t, (8, 8, 1), (32, 4, 1), 0, 0,
+                           False)] += 1
+            want[KernelKey("cuLaunchKernelEx", 0x6000 + t, (2, 2, 2), (64, 1, 1), 512, s,
+                           False)] += 1
+    return want
+
+
+def expected_memory(threads: int, iterations: int) -> tuple[int, int]:
+    rounds = [i for i in range(iterations) if i % 10 == 0]
+    count = threads * len(rounds) * 3
+    size = sum((t + 1) * 4096 + i + (1 << 20) + 777 for t in range(threads) for i in rounds)
+    return count, size
+
+
+def expected_collectives(threads: int, iterations: int) -> tuple[Counter[str], int]:
+    rounds = [i for i in range(iterations) if i % 10 == 0]
+    calls = Counter({name: threads * len(rounds) for name in (
+        "ncclAllReduce", "ncclAllGather", "ncclReduceScatter", "ncclBroadcast", "ncclSend",
+        "ncclRecv")})
+    calls["ncclAllReduce"] += threads  # the failing call
+    per_round = 500 * 2 + 250 * 2 + 100 + 64 * 8 * 2
+    size = threads * (4 + sum((1000 + i) * 4 + per_round for i in rounds))
+    return calls, size
+
+
+def only_ring(ring_dir: Path) -> Path:
+    rings = find_rings(ring_dir)
+    assert len(rings) == 1, rings
+    return next(iter(rings.values()))
+
+
+def test_decoded_records_match_what_the_program_did(built, tmp_path: Path) -> None:
+    threads, iterations = 4, 1000
+    out = run_workload(built, tmp_path, str(threads), str(iterations))
+    pid = int(out.stdout.split()[-1])
+    with RingReader(find_rings(tmp_path)[pid]) as ring:
+        header = ring.header()
+        records = ring.peek()
+        assert ring.incomplete == 0
+    got = summarize(records, header)
+    assert header["pid"] == pid
+    assert got.dropped_records == 0 and got.dropped_launches == 0
+    assert got.kernels == expected_kernels(threads, iterations)
+    assert got.launches == header["launches"] == threads * (4 * iterations + 1)
+    assert got.launch_errors == header["launch_errors"] == threads
+    # cudaLaunchKernel's nested driver launch and cudaMalloc's nested cuMemAlloc_v2
+    # are one user call each: the reentrancy guard keeps them from being counted twice.
+    assert got.launches_by_api["cudaLaunchKernel"] == threads * iterations
+    count, size = expected_memory(threads, iterations)
+    assert (got.allocs, got.alloc_bytes) == (count, size)
+    assert (got.frees, got.freed_bytes) == (count, size)
+    assert header["alloc_failures"] == threads and header["live_bytes"] == 0
+    assert header["peak_bytes"] >= (1 << 20)
+    calls, volume = expected_collectives(threads, iterations)
+    assert got.collectives == calls
+    assert got.collective_bytes == header["collective_bytes"] == volume
+    allocs = records[(records["kind"] == Kind.ALLOC) & (records["flags"] & 1 == 0)]
+    apis = Counter(API_NAMES[int(a)] for a in allocs["api"])
+    assert apis == {"cudaMalloc": count // 3, "cuMemAlloc_v2": count // 3,
+                    "cudaMallocAsync": count // 3}
+    assert records[records["kind"] == Kind.TICK]["flags"][-1] & 4  # final tick at exit
+
+
+def test_fork_child_gets_a_ring_of_its_own(built, tmp_path: Path) -> None:
+    out = run_workload(built, tmp_path, "2", "20", "fork")
+    lines = out.stdout.split("\n")
+    child = int(lines[0].split()[1])
+    parent = int(lines[1].split()[1])
+    rings = find_rings(tmp_path)
+    assert set(rings) == {parent, child}
+    with RingReader(rings[parent]) as ring:
+        p = summarize(ring.peek(), ring.header())
+    with RingReader(rings[child]) as ring:
+        c = summarize(ring.peek(), ring.header())
+        assert ring.header()["pid"] == child
+    assert p.kernels == expected_kernels(2, 20)
+    assert c.launches == 4 * 10 + 1  # one worker (t=7) of 10 iterations, nothing inherited
+    assert {k.function for k in c.kernels} == {0x9000, 0x1007, 0x3007, 0x5007, 0x6007}
+    assert c.allocs == 1 + 3 and c.frees == 3
+
+
+@pytest.mark.parametrize("order", ["shim-first", "other-first"])
+def test_coexists_with_another_preload_hook(built, tmp_path: Path, order: str) -> None:
+    libs = [str(built.shim), str(built.other_hook)]
+    if order == "other-first":
+        libs.reverse()
+    report = tmp_path / "other.txt"
+    run_workload(built, tmp_path, "2", "50", preload=" ".join(libs), OTHER_HOOK_OUT=str(report))
+    launches, mallocs = map(int, report.read_text().split())  # one process, one line
+    assert launches == 2 * (50 + 1)  # every direct cuLaunchKernel also reached the other hook
+    assert mallocs == 2 * (5 + 1)
+    with RingReader(only_ring(tmp_path)) as ring:
+        got = summarize(ring.peek(), ring.header())
+    assert got.kernels == expected_kernels(2, 50)
+
+
+def test_disabled_shim_passes_through_and_writes_nothing(built, tmp_path: Path) -> None:
+    run_workload(built, tmp_path, "2", "50", ELASTICO_SHIM_DISABLE="1")
+    assert find_rings(tmp_path) == {}
+
+
+def test_buffer_size_and_flush_interval_are_configurable(built, tmp_path: Path) -> None:
+    run_workload(built, tmp_path, "1", "10", ELASTICO_SHIM_BUFFER_BYTES="65536",
+                 ELASTICO_SHIM_FLUSH_MS="25")
+    path = only_ring(tmp_path)
+    assert path.stat().st_size == 65536
+    with RingReader(path) as ring:
+        header = ring.header()
+    assert header["capacity"] == (65536 - 512) // 64
+    assert header["flush_interval_ns"] == 25_000_000
+
+
+def test_full_buffer_drops_and_counts_without_blocking(built, tmp_path: Path) -> None:
+    threads, iterations = 4, 3000
+    run_workload(built, tmp_path, str(threads), str(iterations),
+                 ELASTICO_SHIM_BUFFER_BYTES=str(512 + 64 * 256))
+    with RingReader(only_ring(tmp_path)) as ring:
+        header = ring.header()
+        records = ring.peek()
+        assert ring.incomplete == 0
+    got = summarize(records, header)
+    assert len(records) == 256 and header["dropped_records"] > 0
+    assert header["launches"] == threads * (4 * iterations + 1)
+    assert got.launches + got.dropped_launches == header["launches"]
+    count, _ = expected_memory(threads, iterations)
+    assert header["allocs"] == count
+    _check_values(records)
+
+
+def _check_values(records: np.ndarray) -> None:
+    """Every decoded record is one the program could have produced (no torn writes)."""
+    allowed_sizes = {1 << 20, 777}
+    allowed_sizes |= {(t + 1) * 4096 + i for t in range(8) for i in range(0, 30000, 10)}
+    for rec in records:
+        kind = int(rec["kind"])
+        if kind == Kind.ALLOC and not rec["flags"] & 1:
+            assert int(rec["value"]) in allowed_sizes
+        elif kind == Kind.COLLECTIVE:
+            assert int(rec["handle"]) in {0} | {0xC0 + t for t in range(8)}
+        elif kind == Kind.LAUNCH:
+            assert int(rec["handle"]) >> 12 in {1, 3, 5, 6, 9}
+            assert int(rec["value"]) >= 1
+
+
+def test_stress_with_a_live_consumer_loses_nothing_beyond_counted_drops(
+    built, tmp_path: Path
+) -> None:
+    threads, iterations = 4, 20000
+    env = {**os.environ, "LD_PRELOAD": str(built.shim), "ELASTICO_SHIM_DIR": str(tmp_path),
+           "ELASTICO_SHIM_BUFFER_BYTES": str(512 + 64 * 1024), "ELASTICO_SHIM_FLUSH_MS": "50"}
+    proc = subprocess.Popen([str(built.workload), str(threads), str(iterations)], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    chunks = []
+    ring = None
+    try:
+        while proc.poll() is None or ring is None:
+            if ring is None:
+                rings = find_rings(tmp_path)
+                if rings:
+                    with contextlib.suppress(RingFormatError):  # header not written yet
+                        ring = RingReader(next(iter(rings.values())))
+                if proc.poll() is not None and ring is None:
+                    break
+            else:
+                chunks.append(ring.drain())
+            time.sleep(0.001)
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode == 0, err
+        assert ring is not None
+        chunks.append(ring.drain())
+        header = ring.header()
+        assert ring.incomplete == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate()
+        if ring is not None:
+            ring.close()
+    records = np.concatenate(chunks)
+    got = summarize(records, header)
+    assert header["head"] == header["tail"] == len(records)
+    assert len(records) + header["dropped_records"] > 4 * 2000 * 12
+    assert got.launches + got.dropped_launches == threads * (4 * iterations + 1)
+    count, size = expected_memory(threads, iterations)
+    if header["dropped_records"] == 0:
+        assert got.kernels == expected_kernels(threads, iterations)
+        assert (got.allocs, got.alloc_bytes) == (count, size)
+    _check_values(records)

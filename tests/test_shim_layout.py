@@ -1,0 +1,59 @@
+"""The C record layout and hook list agree with their Python twin and the exports."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from elastico_extender.profiling import layout
+
+ROOT = Path(__file__).resolve().parents[1]
+_spec = importlib.util.spec_from_file_location("shim_fakes", ROOT / "profiler_shim/tests/fakes.py")
+assert _spec and _spec.loader
+fakes = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(fakes)
+
+
+@pytest.fixture(scope="module")
+def shim(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("shim") / fakes.build.LIBRARY_NAME
+    return fakes.build.compile_shim(out)
+
+
+def test_python_twin_matches_the_layout_compiled_into_the_library(shim: Path) -> None:
+    # Loaded in a child process so the pytest process never maps the CUDA wrappers.
+    code = (
+        "import ctypes, sys; lib = ctypes.CDLL(sys.argv[1]); "
+        "lib.elastico_shim_layout.restype = ctypes.c_char_p; "
+        "sys.stdout.write(lib.elastico_shim_layout().decode())"
+    )
+    c_side = subprocess.run(
+        [sys.executable, "-c", code, str(shim)], check=True, capture_output=True, text=True
+    ).stdout
+    assert c_side.splitlines() == layout.describe().splitlines()
+
+
+def test_hook_list_in_the_header_is_the_python_api_table() -> None:
+    text = (ROOT / "profiler_shim/hooks.h").read_text()
+    body = text[text.index("#define ES_HOOKED_SYMBOLS(X)") :]
+    names = re.findall(r"^\s*X\((\w+),", body, flags=re.MULTILINE)
+    assert tuple(names) == layout.API_NAMES
+
+
+def test_library_exports_exactly_the_hooked_symbols(shim: Path) -> None:
+    out = subprocess.run(
+        ["nm", "-D", "--defined-only", str(shim)], check=True, capture_output=True, text=True
+    ).stdout
+    exported = {line.split()[-1] for line in out.splitlines() if line.split()[1] == "T"}
+    introspection = {"elastico_shim_layout", "elastico_shim_ring_path"}
+    assert exported == set(layout.API_NAMES) | introspection
+
+
+def test_record_dtype_is_one_cache_line() -> None:
+    assert layout.RECORD_DTYPE.itemsize == 64
+    assert layout.HEAD_OFFSET == 64 and layout.TAIL_OFFSET == 128

@@ -1,0 +1,43 @@
+"""The shim is clean under valgrind memcheck (threads, fork, allocation map, ring)."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from elastico_extender.profiling.ring import RingReader, find_rings, summarize
+
+ROOT = Path(__file__).resolve().parents[1]
+_spec = importlib.util.spec_from_file_location("shim_fakes", ROOT / "profiler_shim/tests/fakes.py")
+assert _spec and _spec.loader
+fakes = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(fakes)
+
+pytestmark = pytest.mark.skipif(shutil.which("valgrind") is None, reason="valgrind not installed")
+
+
+def test_workload_under_valgrind_memcheck(tmp_path: Path) -> None:
+    built = fakes.build_all(tmp_path / "build", opt="-O1")
+    rings = tmp_path / "rings"
+    rings.mkdir()
+    env = {**os.environ, "LD_PRELOAD": str(built.shim), "ELASTICO_SHIM_DIR": str(rings),
+           "ELASTICO_SHIM_FLUSH_MS": "20"}
+    done = subprocess.run(
+        ["valgrind", "--error-exitcode=99", "--leak-check=full",
+         "--errors-for-leak-kinds=definite", "--child-silent-after-fork=no",
+         str(built.workload), "3", "200", "fork"],
+        env=env, capture_output=True, text=True, timeout=240,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert "ERROR SUMMARY: 0 errors" in done.stderr
+    found = find_rings(rings)
+    assert len(found) == 2  # parent and forked child
+    parent = int(done.stdout.split()[-1])
+    with RingReader(found[parent]) as ring:
+        got = summarize(ring.peek(), ring.header())
+    assert got.launches == 3 * (4 * 200 + 1)
