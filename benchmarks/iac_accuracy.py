@@ -154,7 +154,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             import torch
 
-            torch.set_num_threads(2)
+            torch.set_num_threads(1)  # tiny net: more threads only add sync overhead
             from elastico_extender.interference.train import TrainConfig
 
             models["DNN"] = dnn(args.epochs or TrainConfig().epochs)
