@@ -9,7 +9,8 @@ serving needs only onnxruntime.  Retrain on your own measurements with::
 
 The network::
 
-    z   = (x - mean) * scale          scale = 1/std, and 0 for columns constant in training
+    x'  = clamp(x, min_train, max_train)   per column: no extrapolation beyond the data
+    z   = (x' - mean) * scale         scale = 1/std, and 0 for columns constant in training
     h1  = Dropout0.2(ReLU(BN(W1 z  + b1)))
     h2  = Dropout0.2(ReLU(BN(W2 h1 + b2)))
     S^  = 1 + ReLU(W3 h2 + b3)        so S^ >= 1
@@ -18,8 +19,11 @@ trained by the log-scale MSE  L = mean (log S^ - log S)^2  with Adam.
 Columns that never vary in the training data (on Gavel: memory pressure, the
 tensor-core, AMP, checkpointing and all inference columns) get scale 0: the
 model ignores a feature it has never seen change instead of reacting to it
-through untrained weights.  The trained domain (co-location types seen) is
-stored in the ONNX metadata so serving can be conservative outside it.
+through untrained weights; and inputs are clamped to the training range, so a
+workload larger or faster than any seen (leave-one-workload-out, or A100
+catalog jobs) cannot drive the ReLU network into linear extrapolation.  The
+trained domain (co-location types seen) is stored in the ONNX metadata so
+serving can be conservative outside it.
 
 Export folds the standardisation and both BatchNorms (eval mode) into three
 Gemm nodes (opset 17), and checks that onnxruntime reproduces the torch
@@ -82,9 +86,14 @@ class SlowdownNet(nn.Module):
 
     mean: torch.Tensor
     scale: torch.Tensor
+    low: torch.Tensor
+    high: torch.Tensor
 
-    def __init__(self, mean: np.ndarray, scale: np.ndarray, hidden: int, dropout: float) -> None:
+    def __init__(self, x: np.ndarray, hidden: int, dropout: float) -> None:
         super().__init__()
+        mean, scale = _standardisation(x)
+        self.register_buffer("low", torch.as_tensor(x.min(axis=0), dtype=torch.float32))
+        self.register_buffer("high", torch.as_tensor(x.max(axis=0), dtype=torch.float32))
         self.register_buffer("mean", torch.as_tensor(mean, dtype=torch.float32))
         self.register_buffer("scale", torch.as_tensor(scale, dtype=torch.float32))
         self.body = nn.Sequential(
@@ -101,6 +110,7 @@ class SlowdownNet(nn.Module):
         nn.init.constant_(self.head.bias, 0.5)  # start near the median slowdown, not a dead ReLU
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = torch.minimum(torch.maximum(x, self.low), self.high)
         z = (x - self.mean) * self.scale
         return 1.0 + torch.relu(self.head(self.body(z))).squeeze(-1)
 
@@ -122,8 +132,7 @@ def fit(x: np.ndarray, y: np.ndarray, config: TrainConfig | None = None) -> Slow
         raise PredictorError(f"training needs (n>=2, {NUM_FEATURES}) features and n labels")
     torch.manual_seed(config.seed)
     generator = torch.Generator().manual_seed(config.seed)
-    mean, scale = _standardisation(x)
-    net = SlowdownNet(mean, scale, config.hidden, config.dropout)
+    net = SlowdownNet(x, config.hidden, config.dropout)
     optimiser = torch.optim.Adam(net.parameters(), lr=config.lr, weight_decay=config.weight_decay)
     steps_per_epoch = max(1, int(np.ceil(x.shape[0] / config.batch_size)))
     schedule = torch.optim.lr_scheduler.CosineAnnealingLR(
@@ -182,7 +191,13 @@ def _folded_layers(net: SlowdownNet) -> list[tuple[np.ndarray, np.ndarray]]:
 def to_onnx(net: SlowdownNet, metadata: Mapping[str, str] | None = None) -> onnx.ModelProto:
     """An ONNX graph input ``features`` (N, 36) float32 -> output ``slowdown`` (N, 1)."""
     nodes, initialisers = [], []
-    previous = "features"
+    low = net.low.detach().numpy().astype(np.float32)
+    high = net.high.detach().numpy().astype(np.float32)
+    initialisers.append(numpy_helper.from_array(low, "low"))
+    initialisers.append(numpy_helper.from_array(high, "high"))
+    nodes.append(helper.make_node("Max", ["features", "low"], ["above_low"]))
+    nodes.append(helper.make_node("Min", ["above_low", "high"], ["clamped"]))
+    previous = "clamped"
     for i, (w, b) in enumerate(_folded_layers(net)):
         initialisers.append(numpy_helper.from_array(w.astype(np.float32), f"W{i}"))
         initialisers.append(numpy_helper.from_array(b.astype(np.float32), f"B{i}"))
