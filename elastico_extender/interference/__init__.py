@@ -1,0 +1,1 @@
+"""Offline-trained interference model (ONNX), its training data loader and trainer."""

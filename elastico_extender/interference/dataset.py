@@ -1,0 +1,287 @@
+"""Read pairwise co-location measurements into IAC training rows (spec 3.3.1).
+
+The pair CSV format
+-------------------
+
+One row per measured co-location of two jobs on one GPU, the format of
+Gavel's pair table (``elastico_extender/data/gavel_colocation_pairs.csv``)::
+
+    column              required  meaning
+    gpu                 yes       device type (k80, p100, v100, a100-40gb, ...)
+    job_a, job_b        yes       job identifiers (a workload + configuration)
+    solo_tput_a/_b      yes       isolated throughput T(solo), any unit > 0
+    slowdown_a/_b       yes*      T(solo) / T(co-located) of each job
+    colo_tput_a/_b      *         used for the slowdown when slowdown_* is empty
+    model_a/_b          no        workload family (default: job id)
+    batch_size_a/_b     no        micro-batch size (empty: unknown, 0 in features)
+    measured            no        0 marks a pair that failed or was not run: skipped
+    gpu_memory_gib      no        device memory (default from the GPU name, else 16)
+    <feature>_a/_b      no        any per-job feature of ``features.JOB_FEATURES``
+                                  (``sm_active_a``, ``fb_used_gib_b``, ``is_inference_a``,
+                                  ``log10_params_a`` ...): given values override the fills
+
+Each measured pair gives two rows, the second with the per-job blocks swapped,
+so the first 14 columns always describe the job whose slowdown is the label.
+Self-pairs (two instances of one job) give two rows too.
+
+How missing per-job features are filled (Gavel has no hardware counters)
+------------------------------------------------------------------------
+
+Every fill is deterministic and uses only solo information (never a
+co-located throughput, so a test pair's label cannot leak into features):
+
+* ``sm_active``, ``sm_occupancy``, ``dram_active`` := u, the *GPU-bound share*
+  of a step, from how the job's solo throughput scales across the GPU types in
+  the same file.  With step time t_g = c + w / P_g (c: host-side time, w: GPU
+  work, P_g: the device's nominal FP32 peak, ``_PEAK_TFLOPS``), the slowest
+  and the fastest GPU a job was measured on give c >= 0 and w >= 0, and
+  u_g = (w / P_g) / t_g in [0, 1].  A job that speeds up as much as the
+  hardware keeps the GPU busy (u = 1, e.g. ResNet at large batch); one that
+  does not is host-bound and leaves the GPU idle (u -> 0).  Gavel gives one
+  such signal, not three, so the three columns carry the same proxy; where a
+  job appears on one GPU type only, u = 0.5 (unknown).
+* ``tensor_active`` := 0: Gavel's jobs train in FP32; K80 and P100 have no
+  tensor cores and V100's are not used by FP32 kernels.
+* ``fb_used_gib`` := 0 (unknown).  Memory pressure is therefore constant on
+  Gavel data and the trained model masks it out (see ``train.py``); memory
+  fit stays a hard constraint of the planner.
+* ``is_inference``, ``checkpointing``, ``amp`` and the inference knobs := 0:
+  Gavel pairs are FP32 training jobs without activation checkpointing.
+* ``log10_params`` := log10 of the family's approximate parameter count
+  (``_FAMILY_PARAMS``, order-of-magnitude figures of the reference models);
+  it mainly tells families apart and orders them by size.
+* ``log10_throughput`` := log10(solo_tput) in the file's unit (steps/s for Gavel).
+* ``micro_batch_log2`` := log2(batch_size) where the job type names one, else 0.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from elastico_extender.core.interference.features import (
+    JOB_FEATURES,
+    NUM_FEATURES,
+    NUM_JOB_FEATURES,
+    pair_features,
+)
+from elastico_extender.errors import PredictorError
+
+__all__ = [
+    "DEFAULT_DEVICE_MEMORY_GIB",
+    "PairDataset",
+    "gpu_bound_share",
+    "load_pairs",
+    "shipped_csv",
+]
+
+# Nominal FP32 peak (TFLOP/s) per device; only ratios between GPUs matter.
+# K80 is one GK210 die (the unit Gavel schedules).
+_PEAK_TFLOPS: Mapping[str, float] = {
+    "k80": 4.37,
+    "p100": 9.3,
+    "v100": 15.7,
+    "t4": 8.1,
+    "a100": 19.5,
+    "h100": 67.0,
+}
+_DEVICE_MEMORY_GIB: Mapping[str, float] = {
+    "k80": 12.0,
+    "p100": 16.0,
+    "v100": 16.0,
+    "t4": 16.0,
+    "a100": 40.0,
+    "h100": 80.0,
+}
+DEFAULT_DEVICE_MEMORY_GIB = 16.0
+_UNKNOWN_SHARE = 0.5
+# Approximate parameter counts of Gavel's reference models (order of magnitude).
+_FAMILY_PARAMS: Mapping[str, float] = {
+    "a3c": 1.0e6,
+    "cyclegan": 28e6,
+    "lm": 20e6,
+    "recommendation": 40e6,
+    "resnet-18": 11.2e6,
+    "resnet-50": 25.6e6,
+    "transformer": 60e6,
+}
+_DEFAULT_PARAMS = 1.0e7
+_FEATURE_INDEX = {name: i for i, name in enumerate(JOB_FEATURES)}
+
+
+@dataclass(frozen=True)
+class PairDataset:
+    """Rows of an IAC training set, two per measured pair.
+
+    ``x`` (n, 36) float32 in ``features.FEATURE_NAMES`` order; ``y`` (n,) the
+    measured slowdown of the victim (first block); ``pair_id`` (n,) ints
+    equal for every row of the same unordered job pair (on any GPU), the
+    grouping for cross-validation; ``colocation_type`` (n,) 0/1/2;
+    ``victim``/``partner`` job ids, ``victim_family``/``partner_family``
+    workload families and ``gpu`` device names, each (n,) str arrays.
+    """
+
+    x: np.ndarray
+    y: np.ndarray
+    pair_id: np.ndarray
+    colocation_type: np.ndarray
+    victim: np.ndarray
+    partner: np.ndarray
+    victim_family: np.ndarray
+    partner_family: np.ndarray
+    gpu: np.ndarray
+
+    def __len__(self) -> int:
+        return int(self.y.shape[0])
+
+    def subset(self, mask: np.ndarray) -> PairDataset:
+        return PairDataset(*(getattr(self, f)[mask] for f in self.__dataclass_fields__))
+
+
+def shipped_csv(name: str = "gavel_colocation_pairs.csv") -> Path:
+    """Path of a pair CSV shipped in ``elastico_extender/data``."""
+    return Path(__file__).resolve().parent.parent / "data" / name
+
+
+def gpu_bound_share(solo: Mapping[str, float], gpu: str) -> float:
+    """u_g = (w/P_g) / (c + w/P_g) from solo throughputs on several GPU types.
+
+    ``solo`` maps GPU name -> solo throughput of one job.  Uses the GPUs with
+    the lowest and highest nominal peak among those known; 0.5 when fewer
+    than two known GPUs (or a non-positive throughput) are given.
+    """
+    known = {g: t for g, t in solo.items() if g in _PEAK_TFLOPS and t > 0}
+    if len(known) < 2 or gpu not in known:
+        return _UNKNOWN_SHARE
+    slow = min(known, key=lambda g: _PEAK_TFLOPS[g])
+    fast = max(known, key=lambda g: _PEAK_TFLOPS[g])
+    t_slow, t_fast = 1.0 / known[slow], 1.0 / known[fast]  # seconds per step
+    inv_slow, inv_fast = 1.0 / _PEAK_TFLOPS[slow], 1.0 / _PEAK_TFLOPS[fast]
+    work = max(0.0, (t_slow - t_fast) / (inv_slow - inv_fast))
+    host = t_slow - work * inv_slow
+    if host < 0.0:  # scales at least as well as the peak: fully GPU-bound
+        work, host = t_slow / inv_slow, 0.0
+    gpu_time = work / _PEAK_TFLOPS[gpu]
+    total = host + gpu_time
+    return float(gpu_time / total) if total > 0 else _UNKNOWN_SHARE
+
+
+def _float(value: str | None) -> float | None:
+    if value is None or value.strip() == "":
+        return None
+    try:
+        return float(value)
+    except ValueError:
+        return None
+
+
+def _gpu_key(gpu: str) -> str:
+    return gpu.strip().lower().split("-")[0]
+
+
+def _slowdown(row: Mapping[str, str], side: str) -> float | None:
+    value = _float(row.get(f"slowdown_{side}"))
+    if value is None:
+        solo, colo = _float(row.get(f"solo_tput_{side}")), _float(row.get(f"colo_tput_{side}"))
+        if solo is not None and colo is not None and colo > 0:
+            value = solo / colo
+    if value is None or not math.isfinite(value) or value <= 0:
+        return None
+    return value
+
+
+def _job_block(row: Mapping[str, str], side: str, share: float) -> np.ndarray:
+    block = np.zeros(NUM_JOB_FEATURES, dtype=np.float64)
+    block[0] = block[1] = block[2] = share
+    family = (row.get(f"model_{side}") or row[f"job_{side}"]).strip().lower()
+    block[6] = math.log10(_FAMILY_PARAMS.get(family, _DEFAULT_PARAMS))
+    solo = _float(row.get(f"solo_tput_{side}"))
+    if solo is None or solo <= 0:
+        raise PredictorError(f"row {row.get('job_a')!r}/{row.get('job_b')!r}: "
+                             f"solo_tput_{side} must be > 0")
+    block[7] = math.log10(solo)
+    batch = _float(row.get(f"batch_size_{side}"))
+    block[8] = math.log2(batch) if batch is not None and batch >= 1 else 0.0
+    for name, index in _FEATURE_INDEX.items():  # explicit columns win
+        given = _float(row.get(f"{name}_{side}"))
+        if given is not None:
+            block[index] = given
+    return block
+
+
+def _read_rows(path: Path) -> list[dict[str, str]]:
+    try:
+        with path.open(newline="") as handle:
+            rows = list(csv.DictReader(handle))
+    except OSError as exc:
+        raise PredictorError(f"cannot read pair CSV {path}: {exc}") from exc
+    required = {"gpu", "job_a", "job_b", "solo_tput_a", "solo_tput_b"}
+    missing = required - set(rows[0] if rows else ())
+    if missing:
+        raise PredictorError(f"pair CSV {path} lacks columns {sorted(missing)}")
+    return rows
+
+
+def load_pairs(paths: Path | str | Iterable[Path | str]) -> PairDataset:
+    """Read one or more pair CSVs (same format) into a :class:`PairDataset`."""
+    if isinstance(paths, (str, Path)):
+        paths = [paths]
+    rows = [row for p in paths for row in _read_rows(Path(p))]
+
+    solo: dict[str, dict[str, float]] = {}  # job -> gpu -> solo throughput
+    for row in rows:
+        for side in ("a", "b"):
+            value = _float(row.get(f"solo_tput_{side}"))
+            if value is not None and value > 0:
+                solo.setdefault(row[f"job_{side}"], {}).setdefault(_gpu_key(row["gpu"]), value)
+
+    pair_index: dict[tuple[str, str], int] = {}
+    victims, partners, memories, labels, meta = [], [], [], [], []
+    for row in rows:
+        if _float(row.get("measured")) == 0.0:
+            continue
+        s_a, s_b = _slowdown(row, "a"), _slowdown(row, "b")
+        if s_a is None or s_b is None:
+            continue
+        gpu = _gpu_key(row["gpu"])
+        job_a, job_b = row["job_a"], row["job_b"]
+        block_a = _job_block(row, "a", gpu_bound_share(solo.get(job_a, {}), gpu))
+        block_b = _job_block(row, "b", gpu_bound_share(solo.get(job_b, {}), gpu))
+        memory = _float(row.get("gpu_memory_gib")) or _DEVICE_MEMORY_GIB.get(
+            gpu, DEFAULT_DEVICE_MEMORY_GIB
+        )
+        key = (min(job_a, job_b), max(job_a, job_b))
+        pid = pair_index.setdefault(key, len(pair_index))
+        fam_a = (row.get("model_a") or job_a).strip()
+        fam_b = (row.get("model_b") or job_b).strip()
+        for v, p, s, (jv, jp, fv, fp) in (
+            (block_a, block_b, s_a, (job_a, job_b, fam_a, fam_b)),
+            (block_b, block_a, s_b, (job_b, job_a, fam_b, fam_a)),
+        ):
+            victims.append(v)
+            partners.append(p)
+            memories.append(memory)
+            labels.append(s)
+            meta.append((pid, jv, jp, fv, fp, row["gpu"]))
+
+    if not labels:
+        raise PredictorError("no measured pairs with slowdowns found in the pair CSV(s)")
+    x = pair_features(np.array(victims), np.array(partners), np.array(memories))
+    assert x.shape[1] == NUM_FEATURES
+    pids, jvs, jps, fvs, fps, gpus = zip(*meta, strict=True)
+    return PairDataset(
+        x=x,
+        y=np.asarray(labels, dtype=np.float64),
+        pair_id=np.asarray(pids, dtype=np.int64),
+        colocation_type=np.rint(x[:, 32]).astype(np.int64),
+        victim=np.asarray(jvs),
+        partner=np.asarray(jps),
+        victim_family=np.asarray(fvs),
+        partner_family=np.asarray(fps),
+        gpu=np.asarray(gpus),
+    )

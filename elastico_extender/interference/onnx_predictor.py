@@ -1,0 +1,181 @@
+"""Serve the IAC slowdown DNN with onnxruntime (spec 3.3.2), with a safe fallback.
+
+* :class:`OnnxSlowdownPredictor` holds one ``InferenceSession`` per process
+  (create it once, share it: ``predict`` keeps no per-call state) and answers
+  all candidate pairs of an epoch in one batched ``run``.
+* :func:`load_predictor` returns the shipped DNN, or, when the model file is
+  missing or corrupt, the core :class:`ContentionPredictor` together with a
+  human-readable reason the service shows in its health and metrics.
+
+Input validation: NaN/inf, a wrong shape, or a value outside a feature's
+physical range (``FEATURE_BOUNDS``: fractions in [0, 1], memory >= 0,
+co-location type in {0, 1, 2}, ...) raises :class:`PredictorError` naming
+every offending column.  Outputs are clamped to >= 1.
+
+Conservative outside the trained domain: the shipped model was trained on
+Gavel's training+training pairs only.  For a row whose co-location type the
+model never saw (metadata ``trained_colocation_types``), the prediction is
+``max(DNN, ContentionPredictor)``, so the model can never make an unfamiliar
+pair look safer than the heuristic says.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+
+from elastico_extender.core.interference.features import FEATURE_NAMES, NUM_FEATURES
+from elastico_extender.core.interference.predictor import (
+    ContentionPredictor,
+    SlowdownPredictor,
+    check_feature_batch,
+)
+from elastico_extender.errors import PredictorError
+
+__all__ = [
+    "DEFAULT_MODEL_PATH",
+    "FEATURE_BOUNDS",
+    "OnnxSlowdownPredictor",
+    "load_predictor",
+    "validate_features",
+]
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MODEL_PATH = Path(__file__).resolve().parent.parent / "data" / "iac_slowdown.onnx"
+_TOL = 1e-3  # float32 rounding slack on the bounds
+
+
+def _bounds() -> np.ndarray:
+    """(36, 2) inclusive [low, high] of each feature's physically possible values."""
+    job = [
+        (0.0, 1.0),  # sm_active
+        (0.0, 1.0),  # sm_occupancy
+        (0.0, 1.0),  # dram_active
+        (0.0, 4096.0),  # fb_used_gib
+        (0.0, 1.0),  # tensor_active
+        (0.0, 1.0),  # is_inference
+        (0.0, 13.0),  # log10_params (up to 10 trillion)
+        (-9.0, 9.0),  # log10_throughput
+        (0.0, 24.0),  # micro_batch_log2
+        (0.0, 1.0),  # checkpointing
+        (0.0, 1.0),  # amp
+        (0.0, 10_000.0),  # input_len_k
+        (0.0, 10_000.0),  # output_len_k
+        (0.0, 1.0),  # prefix_ratio
+    ]
+    pair = [
+        (0.0, 1.0), (0.0, 1.0), (0.0, 1.0), (0.0, 1.0),  # means of the fractions
+        (0.0, 2.0),  # colocation_type
+        (0.0, 1.0e4),  # memory_pressure
+        (0.0, 1.0),  # compute_balance
+        (0.0, np.inf),  # memory_intensity_diff
+    ]
+    return np.array(job + job + pair, dtype=np.float64)
+
+
+FEATURE_BOUNDS = _bounds()
+assert FEATURE_BOUNDS.shape == (NUM_FEATURES, 2)
+
+
+def validate_features(features: np.ndarray) -> np.ndarray:
+    """Return the batch as contiguous float32 or raise PredictorError listing every problem."""
+    try:
+        array = check_feature_batch(features)
+    except (ValueError, TypeError) as exc:
+        raise PredictorError(f"invalid interference features: {exc}") from exc
+    if array.shape[0] == 0:
+        return array
+    low = array < FEATURE_BOUNDS[:, 0] - _TOL
+    high = array > FEATURE_BOUNDS[:, 1] + _TOL
+    bad = low | high
+    type_column = array[:, 32]
+    bad[:, 32] |= np.abs(type_column - np.rint(type_column)) > _TOL
+    if bad.any():
+        problems = []
+        for column in np.flatnonzero(bad.any(axis=0)):
+            rows = np.flatnonzero(bad[:, column])
+            lo, hi = FEATURE_BOUNDS[column]
+            problems.append(
+                f"{FEATURE_NAMES[column]} (column {column}) outside [{lo:g}, {hi:g}] in "
+                f"{rows.size} row(s), e.g. row {rows[0]} = {array[rows[0], column]:g}"
+            )
+        raise PredictorError("out-of-range interference features: " + "; ".join(problems))
+    return array
+
+
+class OnnxSlowdownPredictor:
+    """The spec's slowdown DNN served by onnxruntime; implements ``SlowdownPredictor``."""
+
+    name = "iac-dnn-onnx"
+
+    def __init__(self, path: Path | str | None = None, *, intra_op_threads: int | None = None):
+        self.path = Path(path) if path is not None else DEFAULT_MODEL_PATH
+        if not self.path.is_file():
+            raise PredictorError(f"interference model file not found: {self.path}")
+        options = ort.SessionOptions()
+        # A scheduler shares its (small) box with the API server: default to at
+        # most 2 intra-op threads, no inter-op pool, no thread spinning.
+        threads = intra_op_threads or min(2, os.cpu_count() or 1)
+        options.intra_op_num_threads = threads
+        options.inter_op_num_threads = 1
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        options.log_severity_level = 3
+        try:
+            self._session = ort.InferenceSession(
+                str(self.path), sess_options=options, providers=["CPUExecutionProvider"]
+            )
+        except Exception as exc:  # onnxruntime raises its own exception types
+            raise PredictorError(f"cannot load interference model {self.path}: {exc}") from exc
+        inputs, outputs = self._session.get_inputs(), self._session.get_outputs()
+        if len(inputs) != 1 or inputs[0].shape[-1] != NUM_FEATURES or len(outputs) != 1:
+            raise PredictorError(
+                f"interference model {self.path} does not map (N, {NUM_FEATURES}) -> (N, 1)"
+            )
+        self._input = inputs[0].name
+        meta = self._session.get_modelmeta().custom_metadata_map
+        self.metadata: dict[str, str] = dict(meta)
+        trained = self.metadata.get("trained_colocation_types", "0,1,2")
+        self.trained_colocation_types = tuple(int(t) for t in trained.split(",") if t.strip())
+        self._guard = ContentionPredictor()
+
+    def predict(self, features: np.ndarray) -> np.ndarray:
+        """S^ (P,) >= 1 for a (P, 36) batch; PredictorError on bad input."""
+        array = validate_features(features)
+        if array.shape[0] == 0:
+            return np.zeros(0, dtype=np.float64)
+        try:
+            raw = self._session.run(None, {self._input: array})[0]
+        except Exception as exc:
+            raise PredictorError(f"interference model failed at inference: {exc}") from exc
+        out = np.asarray(raw, dtype=np.float64).reshape(-1)
+        if out.shape[0] != array.shape[0] or not np.isfinite(out).all():
+            raise PredictorError("interference model returned a wrong-shaped or non-finite output")
+        out = np.maximum(out, 1.0)
+        unseen = ~np.isin(np.rint(array[:, 32]).astype(np.int64), self.trained_colocation_types)
+        if unseen.any():
+            out[unseen] = np.maximum(out[unseen], self._guard.predict(array[unseen]))
+        return out
+
+
+def load_predictor(path: Path | str | None = None) -> tuple[SlowdownPredictor, str | None]:
+    """(the ONNX DNN, None), or (ContentionPredictor, why) when the model cannot be used.
+
+    The reason is meant for the service's ``/healthz`` and metrics, e.g.
+    ``"interference model file not found: /x.onnx; using contention-heuristic"``.
+    """
+    try:
+        predictor = OnnxSlowdownPredictor(path)
+        # A model that loads but cannot answer a neutral row is corrupt too.
+        probe = np.zeros((1, NUM_FEATURES), dtype=np.float32)
+        predictor.predict(probe)
+        return predictor, None
+    except PredictorError as exc:
+        fallback = ContentionPredictor()
+        reason = f"{exc}; using {fallback.name}"
+        logger.warning("interference model unavailable", extra={"reason": reason})
+        return fallback, reason

@@ -1,0 +1,89 @@
+"""The pair-CSV loader against the real Gavel table: feature order and block swap."""
+
+from __future__ import annotations
+
+import csv
+
+import numpy as np
+import pytest
+
+from elastico_extender.core.interference.features import FEATURE_NAMES
+from elastico_extender.errors import PredictorError
+from elastico_extender.interference.dataset import gpu_bound_share, load_pairs, shipped_csv
+
+
+@pytest.fixture(scope="module")
+def data():
+    return load_pairs(shipped_csv())
+
+
+def _measured_rows():
+    with shipped_csv().open() as handle:
+        return [r for r in csv.DictReader(handle) if r["measured"] == "1"]
+
+
+def test_two_rows_per_measured_pair(data):
+    rows = _measured_rows()
+    assert len(data) == 2 * len(rows) == 1952
+    assert data.x.shape == (1952, 36) and data.x.dtype == np.float32
+
+
+def test_blocks_are_swapped_between_the_two_rows_of_a_pair(data):
+    first, second = data.x[0::2], data.x[1::2]
+    np.testing.assert_array_equal(first[:, :14], second[:, 14:28])
+    np.testing.assert_array_equal(first[:, 14:28], second[:, :14])
+    np.testing.assert_array_equal(first[:, 28:], second[:, 28:])  # pairwise terms are symmetric
+    assert (data.pair_id[0::2] == data.pair_id[1::2]).all()
+
+
+def test_labels_and_throughput_follow_the_victim(data):
+    row = next(r for r in _measured_rows() if r["job_a"] != r["job_b"] and r["gpu"] == "v100")
+    i = int(np.flatnonzero((data.victim == row["job_a"]) & (data.partner == row["job_b"])
+                           & (data.gpu == "v100"))[0])
+    assert data.y[i] == pytest.approx(float(row["slowdown_a"]))
+    assert data.y[i + 1] == pytest.approx(float(row["slowdown_b"]))
+    names = list(FEATURE_NAMES)
+    assert data.x[i, names.index("self_log10_throughput")] == pytest.approx(
+        np.log10(float(row["solo_tput_a"])), rel=1e-5)
+    assert data.x[i, names.index("partner_log10_throughput")] == pytest.approx(
+        np.log10(float(row["solo_tput_b"])), rel=1e-5)
+    if row["batch_size_a"]:
+        assert data.x[i, names.index("self_micro_batch_log2")] == pytest.approx(
+            np.log2(float(row["batch_size_a"])))
+
+
+def test_gavel_rows_are_training_pairs_with_slowdowns_at_least_one(data):
+    assert set(data.colocation_type) == {0}
+    assert (data.x[:, 5] == 0).all() and (data.y >= 1.0 - 1e-6).all()
+    assert len(set(data.victim_family)) == 7
+
+
+def test_gpu_bound_share_follows_cross_gpu_scaling():
+    # scales exactly like the peaks: fully GPU-bound everywhere
+    assert gpu_bound_share({"k80": 1.0, "v100": 15.7 / 4.37}, "v100") == pytest.approx(1.0)
+    # no speed-up on a faster GPU: host-bound
+    assert gpu_bound_share({"k80": 2.0, "v100": 2.0}, "k80") == pytest.approx(0.0)
+    # partial scaling: the GPU share is larger on the slower GPU
+    solo = {"k80": 1.0, "p100": 1.5, "v100": 2.0}
+    assert 0 < gpu_bound_share(solo, "v100") < gpu_bound_share(solo, "k80") < 1
+    assert gpu_bound_share({"v100": 3.0}, "v100") == 0.5  # one GPU type only: unknown
+
+
+def test_explicit_feature_columns_override_the_fills(tmp_path):
+    path = tmp_path / "pairs.csv"
+    path.write_text(
+        "gpu,job_a,job_b,solo_tput_a,solo_tput_b,colo_tput_a,colo_tput_b,sm_active_a,is_inference_b\n"
+        "a100,x,y,10,20,5,10,0.9,1\n"
+    )
+    d = load_pairs(path)
+    assert d.y.tolist() == [2.0, 2.0]
+    assert d.x[0, 0] == pytest.approx(0.9) and d.x[1, 14] == pytest.approx(0.9)
+    assert d.colocation_type.tolist() == [1, 1]
+    assert d.x[0, 33] == 0.0 and d.x[0, 7] == pytest.approx(1.0)
+
+
+def test_csv_without_required_columns_is_rejected(tmp_path):
+    path = tmp_path / "bad.csv"
+    path.write_text("gpu,job_a\nk80,x\n")
+    with pytest.raises(PredictorError, match="lacks columns"):
+        load_pairs(path)
