@@ -109,3 +109,26 @@ def test_corrupt_model_falls_back_with_reason(tmp_path):
     chosen, reason = load_predictor(bad)
     assert isinstance(chosen, ContentionPredictor) and reason and "cannot load" in reason
     assert (chosen.predict(np.full((2, NUM_FEATURES), 0.5, dtype=np.float32)) >= 1.0).all()
+
+
+def test_pairs_outside_the_training_domain_are_never_predicted_safer_than_the_heuristic():
+    """The shipped model saw only Gavel's FP32 training pairs (no memory counter): catalog
+    A100 pairs are out of its domain, so the guard answers at least the heuristic."""
+    from elastico_extender.core.interference.features import pair_features
+    from elastico_extender.core.interference.predictor import ContentionPredictor
+    from elastico_extender.core.shapes.catalog import catalog_families
+    from elastico_extender.interference import load_predictor
+    from elastico_extender.interference.dataset import load_pairs, shipped_csv
+
+    predictor, reason = load_predictor(None)
+    assert reason is None
+    families = catalog_families()
+    rows = [families[n].features[: families[n].size : 5] for n in ("bert", "resnet50", "ncf")]
+    victims = np.concatenate(rows)
+    partners = victims[::-1]
+    x = pair_features(victims, partners, 40.0)
+    assert np.all(predictor.predict(x) >= ContentionPredictor().predict(x) - 1e-9)
+    # ... while the training rows themselves are served by the DNN alone
+    data = load_pairs(shipped_csv())
+    low, high = predictor._domain
+    assert np.all((data.x >= low) & (data.x <= high))

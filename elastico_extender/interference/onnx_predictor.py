@@ -13,10 +13,17 @@ co-location type in {0, 1, 2}, ...) raises :class:`PredictorError` naming
 every offending column.  Outputs are clamped to >= 1.
 
 Conservative outside the trained domain: the shipped model was trained on
-Gavel's training+training pairs only.  For a row whose co-location type the
-model never saw (metadata ``trained_colocation_types``), the prediction is
-``max(DNN, ContentionPredictor)``, so the model can never make an unfamiliar
-pair look safer than the heuristic says.
+Gavel's training+training pairs only (K80/P100/V100, FP32, no memory counter).
+A row is *out of domain* when its co-location type was never seen (metadata
+``trained_colocation_types``) or when any feature lies outside the range seen
+in training (metadata ``train_low`` / ``train_high``, with a 5% margin of the
+range; a feature that never varied in training must match it).  For such rows
+the prediction is ``max(DNN, ContentionPredictor)``, so the model can never
+make an unfamiliar pair look safer than the heuristic says.  On the built-in
+A100 catalog every pair is out of domain (memory and tensor-core features are
+outside Gavel's), which is the honest state of the shipped model; retraining on
+one's own measurements (``python -m elastico_extender.interference.train``)
+brings those pairs into the domain.
 """
 
 from __future__ import annotations
@@ -142,6 +149,7 @@ class OnnxSlowdownPredictor:
         trained = self.metadata.get("trained_colocation_types", "0,1,2")
         self.trained_colocation_types = tuple(int(t) for t in trained.split(",") if t.strip())
         self._guard = ContentionPredictor()
+        self._domain = _domain(self.metadata)
 
     def predict(self, features: np.ndarray) -> np.ndarray:
         """S^ (P,) >= 1 for a (P, 36) batch; PredictorError on bad input."""
@@ -157,9 +165,25 @@ class OnnxSlowdownPredictor:
             raise PredictorError("interference model returned a wrong-shaped or non-finite output")
         out = np.maximum(out, 1.0)
         unseen = ~np.isin(np.rint(array[:, 32]).astype(np.int64), self.trained_colocation_types)
+        if self._domain is not None:
+            low, high = self._domain
+            unseen |= np.any((array < low) | (array > high), axis=1)
         if unseen.any():
             out[unseen] = np.maximum(out[unseen], self._guard.predict(array[unseen]))
         return out
+
+
+def _domain(metadata: dict[str, str]) -> tuple[np.ndarray, np.ndarray] | None:
+    """Training range per feature widened by 5% of its span (an exact match where constant)."""
+    try:
+        low = np.array([float(v) for v in metadata["train_low"].split(",")])
+        high = np.array([float(v) for v in metadata["train_high"].split(",")])
+    except (KeyError, ValueError):
+        return None
+    if low.shape != (NUM_FEATURES,) or high.shape != (NUM_FEATURES,):
+        return None
+    margin = 0.05 * (high - low) + 1e-4
+    return (low - margin).astype(np.float32), (high + margin).astype(np.float32)
 
 
 def load_predictor(path: Path | str | None = None) -> tuple[SlowdownPredictor, str | None]:

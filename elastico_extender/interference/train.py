@@ -219,7 +219,13 @@ def to_onnx(net: SlowdownNet, metadata: Mapping[str, str] | None = None) -> onnx
         producer_name="elastico_extender.interference.train",
     )
     model.ir_version = 8  # readable by onnxruntime >= 1.10
-    props = {"feature_names": ",".join(FEATURE_NAMES), **(metadata or {})}
+    props = {
+        "feature_names": ",".join(FEATURE_NAMES),
+        # The training domain, for the server's out-of-domain guard (onnx_predictor).
+        "train_low": ",".join(f"{v:.6g}" for v in low.tolist()),
+        "train_high": ",".join(f"{v:.6g}" for v in high.tolist()),
+        **(metadata or {}),
+    }
     helper.set_model_props(model, props)
     onnx.checker.check_model(model)
     return model
