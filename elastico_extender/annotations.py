@@ -26,6 +26,7 @@ with every ``(annotation, message)`` pair, so the pod's event lists all fixes.
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -71,7 +72,19 @@ MEMORY_BUDGET = "memory-budget-mib"
 PREDICTED_SLOWDOWN = "predicted-slowdown"
 PRICE_EPOCH = "price-epoch"
 CONFIGMAP = "configmap"
+# Read back inside the container by elastico-run (launcher.assignment) through the
+# downward-API file, so a reconfiguration reaches the workload without a new pod.
+WORKLOAD_KIND = "workload-kind"
+ASSIGNED_KNOBS = "assigned-knobs"  # JSON object: exact knob values and types
+DEVICE_MEMORY = "device-memory-mib"
+SM_SHARE = "sm-share"
+MPS = "mps"
 DECISION_KEYS = (
+    WORKLOAD_KIND,
+    ASSIGNED_KNOBS,
+    DEVICE_MEMORY,
+    SM_SHARE,
+    MPS,
     ASSIGNED_NODE,
     ASSIGNED_DEVICES,
     ASSIGNED_CONFIGURATION,
@@ -372,14 +385,26 @@ def decision_annotations(
     *,
     node: str,
     devices: tuple[int, ...],
+    kind: JobKind,
     configuration: Configuration,
     memory_budget_mib: float,
+    device_memory_mib: float,
+    sm_share: float,
+    mps: bool,
     predicted_slowdown: float,
     price_epoch: int,
     configmap: str,
 ) -> dict[str, str]:
-    """The annotations bind writes on the pod (all strings)."""
+    """The annotations bind (and every in-place reconfiguration) writes on the pod.
+
+    All strings; ``elastico-run`` reads them back through the downward-API file.
+    """
     return {
+        _key(WORKLOAD_KIND): kind.value,
+        _key(ASSIGNED_KNOBS): json.dumps(configuration.as_dict(), sort_keys=True),
+        _key(DEVICE_MEMORY): f"{device_memory_mib:.0f}",
+        _key(SM_SHARE): f"{sm_share:.4f}",
+        _key(MPS): "true" if mps else "false",
         _key(ASSIGNED_NODE): node,
         _key(ASSIGNED_DEVICES): ",".join(str(d) for d in devices),
         _key(ASSIGNED_CONFIGURATION): configuration.label,

@@ -12,7 +12,10 @@ so a caller can catch one type at the edge (the HTTP service turns these into
     ├── UnknownWorkloadError       a workload family with no profile and no catalog entry
     ├── ProfileStoreError          the SQLite profile store cannot be read or written
     ├── ClusterError               a write to the cluster (ConfigMap, annotations, Binding) failed
-    └── PredictorError             the interference model is missing, corrupt or got bad features
+    ├── PredictorError             the interference model is missing, corrupt or got bad features
+    ├── ProfilingError             a profiling run could not produce a profile
+    ├── RingFormatError            the profiler shim's ring buffer is not in the expected layout
+    └── ShimNotFoundError          the compiled LD_PRELOAD profiler library cannot be found
 """
 
 from __future__ import annotations
@@ -26,6 +29,9 @@ __all__ = [
     "InvalidSnapshotError",
     "PredictorError",
     "ProfileStoreError",
+    "ProfilingError",
+    "RingFormatError",
+    "ShimNotFoundError",
     "UnknownWorkloadError",
 ]
 
@@ -75,3 +81,15 @@ class PredictorError(ElasticoError):
 
 class ClusterError(ElasticoError):
     """A write to the cluster (ConfigMap, annotations, Binding) failed; the message says which."""
+
+
+class ProfilingError(ElasticoError):
+    """The measurements cannot make a profile (no progress, empty window, ...)."""
+
+
+class RingFormatError(ElasticoError, ValueError):
+    """A file that is not a ring this decoder understands (magic, version, sizes)."""
+
+
+class ShimNotFoundError(ElasticoError, FileNotFoundError):
+    """The LD_PRELOAD profiler library is not built or not where it was said to be."""

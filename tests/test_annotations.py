@@ -80,10 +80,33 @@ def test_a_typo_in_a_knob_name_lists_the_known_knobs():
 def test_decision_annotations_round_trip():
     family = build_family("bert")
     written = decision_annotations(
-        node="n1", devices=(2, 3), configuration=family.configs[5], memory_budget_mib=20480.4,
+        node="n1", devices=(2, 3), kind=JobKind.TRAINING, configuration=family.configs[5],
+        memory_budget_mib=20480.4, device_memory_mib=40960, sm_share=0.5, mps=True,
         predicted_slowdown=1.12, price_epoch=7, configmap="elastico-x",
     )  # fmt: skip
     decision = read_decision(written)
     assert decision is not None and decision.node == "n1" and decision.devices == (2, 3)
     assert decision.configuration == family.configs[5].label
     assert read_decision({"elastico.io/assigned-node": "n1"}) is None
+
+
+def test_what_bind_writes_is_what_elastico_run_reads():
+    """One contract: the decision annotations parse into the launcher's assignment."""
+    from elastico_extender.launcher.assignment import read_assignment
+
+    family = build_family("qwen-1.7b")
+    config = family.configs[17]
+    written = decision_annotations(
+        node="n1", devices=(3,), kind=family.kind, configuration=config,
+        memory_budget_mib=16384, device_memory_mib=40960, sm_share=0.4, mps=True,
+        predicted_slowdown=1.0, price_epoch=2, configmap="elastico-q",
+    )  # fmt: skip
+    assignment = read_assignment(written, {})
+    assert assignment.kind is JobKind.INFERENCE
+    assert assignment.configuration.as_dict() == config.as_dict()
+    assert assignment.gpu_indices == (3,)
+    assert assignment.memory_budget_mib == 16384 and assignment.device_memory_mib == 40960
+    assert assignment.mps is True
+    settings = assignment.settings()
+    assert settings.env["VLLM_GPU_MEMORY_UTILIZATION"] == "0.4000"
+    assert f"--max-num-seqs={config['max_num_seqs']}" in settings.vllm_args

@@ -33,7 +33,8 @@ def test_vllm_memory_utilization_is_budget_over_device_memory(families):
     assert "--gpu-memory-utilization=0.5000" in args
     assert "--max-num-seqs=2" in args and "--max-model-len=8192" in args
     assert "--enable-prefix-caching" in args
-    assert env["CUDA_VISIBLE_DEVICES"] == "3"
+    assert env["NVIDIA_VISIBLE_DEVICES"] == "3"  # host GPU, exposed by the container runtime
+    assert env["CUDA_VISIBLE_DEVICES"] == "0"  # renumbered inside the container
     assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=20480M"
     assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "42"
     assert "PYTORCH_CUDA_ALLOC_CONF" not in env
@@ -55,6 +56,7 @@ def test_pytorch_allocator_cap_and_fraction(families):
     assert env["ELASTICO_BATCH_SIZE"] == str(config["batch_size"])
     assert env["ELASTICO_CHECKPOINTING"] in {"0", "1"}
     assert env["CUDA_VISIBLE_DEVICES"] == "0,1"
+    assert env["NVIDIA_VISIBLE_DEVICES"] == "0,1"
     assert "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT" not in env
 
 

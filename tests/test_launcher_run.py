@@ -28,8 +28,8 @@ fakes = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(fakes)
 
 TRAINING = {
-    "elastico.io/kind": "training",
-    "elastico.io/configuration": json.dumps({"batch_size": 32, "checkpointing": True}),
+    "elastico.io/workload-kind": "training",
+    "elastico.io/assigned-knobs": json.dumps({"batch_size": 32, "checkpointing": True}),
     "elastico.io/memory-budget-mib": "10240",
     "elastico.io/device-memory-mib": "40960",
 }
@@ -67,8 +67,8 @@ def test_malformed_go_literals_are_rejected(literal: str) -> None:
 
 
 def test_annotations_file_lines_and_problems() -> None:
-    found, problems = parse_annotations('a="1"\nelastico.io/kind="training"\nnot a line\n')
-    assert found == {"a": "1", "elastico.io/kind": "training"}
+    found, problems = parse_annotations('a="1"\nelastico.io/workload-kind="training"\nnot a line\n')
+    assert found == {"a": "1", "elastico.io/workload-kind": "training"}
     assert problems and problems[0][0] == "line 3"
 
 
@@ -86,25 +86,26 @@ def test_environment_fills_what_annotations_do_not_say() -> None:
     env = {"ELASTICO_WORKLOAD_KIND": "inference", "ELASTICO_MEMORY_BUDGET_MIB": "20480",
            "ELASTICO_DEVICE_MEMORY_MIB": "81920", "ELASTICO_MPS": "true",
            "ELASTICO_GPU_INDICES": "1"}
-    annotations = {"elastico.io/configuration": '{"max_num_seqs": 64, "prefix_caching": true}'}
+    annotations = {"elastico.io/assigned-knobs": '{"max_num_seqs": 64, "prefix_caching": true}'}
     settings = read_assignment(annotations, env).settings()
     assert settings.vllm_args == ("--gpu-memory-utilization=0.2500", "--max-num-seqs=64",
                                   "--enable-prefix-caching")
     assert settings.env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=20480M"
-    assert settings.env["CUDA_VISIBLE_DEVICES"] == "1"
+    assert settings.env["NVIDIA_VISIBLE_DEVICES"] == "1"  # host GPU 1 ...
+    assert settings.env["CUDA_VISIBLE_DEVICES"] == "0"  # ... is device 0 inside the container
 
 
 def test_every_problem_is_reported_at_once() -> None:
-    bad = {"elastico.io/kind": "serving", "elastico.io/configuration": "[1]",
+    bad = {"elastico.io/workload-kind": "serving", "elastico.io/assigned-knobs": "[1]",
            "elastico.io/memory-budget-mib": "50000", "elastico.io/device-memory-mib": "40960",
-           "elastico.io/sm-share": "2", "elastico.io/gpu-indices": "a",
+           "elastico.io/sm-share": "2", "elastico.io/assigned-devices": "a",
            "elastico.io/profiling": "maybe"}
     with pytest.raises(AnnotationError) as err:
         read_assignment(bad, {})
     where = {key for key, _ in err.value.problems}
-    assert where == {"elastico.io/kind", "elastico.io/configuration",
+    assert where == {"elastico.io/workload-kind", "elastico.io/assigned-knobs",
                      "elastico.io/memory-budget-mib", "elastico.io/sm-share",
-                     "elastico.io/gpu-indices", "elastico.io/profiling"}
+                     "elastico.io/assigned-devices", "elastico.io/profiling"}
 
 
 def test_missing_fields_name_both_sources() -> None:
@@ -138,8 +139,8 @@ def test_invalid_configuration_exits_2_naming_the_annotation(tmp_path: Path, cap
 
 def test_vllm_command_gets_engine_flags(tmp_path: Path) -> None:
     settings = read_assignment(
-        {**TRAINING, "elastico.io/kind": "inference",
-         "elastico.io/configuration": '{"max_num_seqs": 8}'}, {}).settings()
+        {**TRAINING, "elastico.io/workload-kind": "inference",
+         "elastico.io/assigned-knobs": '{"max_num_seqs": 8}'}, {}).settings()
     argv, env = build_launch(["vllm", "serve", "m"], settings, {})
     assert argv == ["vllm", "serve", "m", "--gpu-memory-utilization=0.2500", "--max-num-seqs=8"]
     argv, _ = build_launch(["python", "train.py"], settings, {})

@@ -16,13 +16,16 @@ PyTorch             ``PYTORCH_CUDA_ALLOC_CONF=max_split_size_mb:M_j`` and
                     launcher through ``torch.cuda.set_per_process_memory_fraction``
 MPS                 ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=<M_j>M`` and
                     ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` from the SM share
-all                 ``CUDA_VISIBLE_DEVICES`` / ``NVIDIA_VISIBLE_DEVICES`` = device
-                    index; ``ELASTICO_*`` knobs for training scripts that read them
+all                 ``NVIDIA_VISIBLE_DEVICES`` = host GPU index (the container
+                    runtime exposes it), ``CUDA_VISIBLE_DEVICES`` = 0..n-1 inside;
+                    ``ELASTICO_*`` knobs for training scripts that read them, and the
+                    fields ``elastico-run`` falls back to (launcher.assignment)
 ==================  ==========================================================
 """
 
 from __future__ import annotations
 
+import json
 import math
 
 from elastico_extender.core.model import Configuration, JobKind
@@ -75,14 +78,20 @@ def framework_settings(
         raise ValueError("at least one device index is required")
     fraction = memory_budget_mib / device_memory_mib
     budget = int(memory_budget_mib)
-    visible = ",".join(str(i) for i in device_indices)
+    host = ",".join(str(i) for i in device_indices)
     env = {
-        "CUDA_VISIBLE_DEVICES": visible,
-        "NVIDIA_VISIBLE_DEVICES": visible,
+        # The NVIDIA container runtime exposes these host GPUs; inside, CUDA numbers them 0..n-1.
+        "NVIDIA_VISIBLE_DEVICES": host,
+        "CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in range(len(device_indices))),
+        _knob_env("GPU_INDICES"): host,
         _knob_env("WORKLOAD_KIND"): kind.value,
         _knob_env("CONFIGURATION"): configuration.label,
+        _knob_env("CONFIGURATION_JSON"): json.dumps(configuration.as_dict(), sort_keys=True),
         _knob_env("MEMORY_BUDGET_MIB"): str(budget),
+        _knob_env("DEVICE_MEMORY_MIB"): str(int(device_memory_mib)),
         _knob_env("MEMORY_FRACTION"): f"{fraction:.4f}",
+        _knob_env("SM_SHARE"): f"{sm_share:.4f}",
+        _knob_env("MPS"): "true" if mps else "false",
     }
     for name, value in configuration.knobs:
         shown = ("1" if value else "0") if isinstance(value, bool) else str(value)

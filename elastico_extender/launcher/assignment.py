@@ -5,18 +5,22 @@ updated on reconfiguration) with environment variables as the fallback for anyth
 the annotations do not say.  Every problem is collected and raised together as one
 :class:`~elastico_extender.errors.AnnotationError`.
 
-=============================== ============================ ==========================
-annotation                      environment fallback         meaning
-=============================== ============================ ==========================
-``elastico.io/kind``            ``ELASTICO_WORKLOAD_KIND``   ``training`` | ``inference``
-``elastico.io/configuration``   ``ELASTICO_CONFIGURATION_JSON`` JSON object of knob values
-``elastico.io/memory-budget-mib`` ``ELASTICO_MEMORY_BUDGET_MIB`` M_j, MiB (> 0)
-``elastico.io/device-memory-mib`` ``ELASTICO_DEVICE_MEMORY_MIB`` M_GPU, MiB (>= M_j)
-``elastico.io/gpu-indices``     ``ELASTICO_GPU_INDICES``     ``0`` or ``0,1`` (default 0)
-``elastico.io/sm-share``        ``ELASTICO_SM_SHARE``        (0, 1], default 1
-``elastico.io/mps``             ``ELASTICO_MPS``             MPS limits on/off, default off
-``elastico.io/profiling``       ``ELASTICO_PROFILING``       preload the shim, default off
-=============================== ============================ ==========================
+The annotation names are the ones bind writes (``elastico_extender.annotations``,
+``decision_annotations``); the environment fallbacks are the ones the ConfigMap
+carries (``core.handoff.framework_settings``), injected by the webhook.
+
+=================================== ================================ =====================
+annotation                          environment fallback             meaning
+=================================== ================================ =====================
+``elastico.io/workload-kind``       ``ELASTICO_WORKLOAD_KIND``       training | inference
+``elastico.io/assigned-knobs``      ``ELASTICO_CONFIGURATION_JSON``  JSON object of knobs
+``elastico.io/memory-budget-mib``   ``ELASTICO_MEMORY_BUDGET_MIB``   M_j, MiB (> 0)
+``elastico.io/device-memory-mib``   ``ELASTICO_DEVICE_MEMORY_MIB``   M_GPU, MiB (>= M_j)
+``elastico.io/assigned-devices``    ``ELASTICO_GPU_INDICES``         host GPU indices
+``elastico.io/sm-share``            ``ELASTICO_SM_SHARE``            (0, 1], default 1
+``elastico.io/mps``                 ``ELASTICO_MPS``                 MPS limits, default off
+``elastico.io/profiling``           ``ELASTICO_PROFILING``           preload the shim
+=================================== ================================ =====================
 """
 
 from __future__ import annotations
@@ -26,6 +30,15 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from elastico_extender.annotations import (
+    ASSIGNED_DEVICES,
+    ASSIGNED_KNOBS,
+    DEVICE_MEMORY,
+    MEMORY_BUDGET,
+    MPS,
+    SM_SHARE,
+    WORKLOAD_KIND,
+)
 from elastico_extender.core.handoff import framework_settings, vllm_arguments
 from elastico_extender.core.model import Configuration, JobKind
 from elastico_extender.errors import AnnotationError
@@ -33,15 +46,16 @@ from elastico_extender.errors import AnnotationError
 __all__ = ["PREFIX", "Assignment", "LaunchSettings", "read_assignment"]
 
 PREFIX = "elastico.io/"
-FIELDS: dict[str, str] = {
-    "kind": "ELASTICO_WORKLOAD_KIND",
-    "configuration": "ELASTICO_CONFIGURATION_JSON",
-    "memory-budget-mib": "ELASTICO_MEMORY_BUDGET_MIB",
-    "device-memory-mib": "ELASTICO_DEVICE_MEMORY_MIB",
-    "gpu-indices": "ELASTICO_GPU_INDICES",
-    "sm-share": "ELASTICO_SM_SHARE",
-    "mps": "ELASTICO_MPS",
-    "profiling": "ELASTICO_PROFILING",
+# Logical field -> (annotation name after the prefix, environment fallback).
+FIELDS: dict[str, tuple[str, str]] = {
+    "kind": (WORKLOAD_KIND, "ELASTICO_WORKLOAD_KIND"),
+    "configuration": (ASSIGNED_KNOBS, "ELASTICO_CONFIGURATION_JSON"),
+    "memory-budget-mib": (MEMORY_BUDGET, "ELASTICO_MEMORY_BUDGET_MIB"),
+    "device-memory-mib": (DEVICE_MEMORY, "ELASTICO_DEVICE_MEMORY_MIB"),
+    "gpu-indices": (ASSIGNED_DEVICES, "ELASTICO_GPU_INDICES"),
+    "sm-share": (SM_SHARE, "ELASTICO_SM_SHARE"),
+    "mps": (MPS, "ELASTICO_MPS"),
+    "profiling": ("profiling", "ELASTICO_PROFILING"),
 }
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
@@ -89,15 +103,16 @@ def _lookup(name: str, annotations: Mapping[str, str], environ: Mapping[str, str
     str | None, str
 ]:
     """The raw value and where it came from (for error messages)."""
-    key = PREFIX + name
+    annotation, env = FIELDS[name]
+    key = PREFIX + annotation
     if key in annotations:
         return annotations[key], key
-    env = FIELDS[name]
     return environ.get(env), env
 
 
 def _sources(name: str) -> str:
-    return f"annotation {PREFIX}{name} or environment variable {FIELDS[name]}"
+    annotation, env = FIELDS[name]
+    return f"annotation {PREFIX}{annotation} or environment variable {env}"
 
 
 def read_assignment(annotations: Mapping[str, str], environ: Mapping[str, str]) -> Assignment:
@@ -157,7 +172,7 @@ def read_assignment(annotations: Mapping[str, str], environ: Mapping[str, str]) 
     budget = number("memory-budget-mib")
     device = number("device-memory-mib")
     if math.isfinite(budget) and math.isfinite(device) and budget > device:
-        problems.append((PREFIX + "memory-budget-mib",
+        problems.append((PREFIX + MEMORY_BUDGET,
                          f"budget {budget:g} MiB exceeds device memory {device:g} MiB"))
     sm_share = number("sm-share", default=1.0)
     if math.isfinite(sm_share) and sm_share > 1:

@@ -37,7 +37,7 @@ import numpy as np
 from elastico_extender.core.interference.features import job_features
 from elastico_extender.core.model import Configuration, JobKind
 from elastico_extender.core.resources import CPU, GPU_MEM, GPU_SM, HOST_MEM, NUM_RESOURCES
-from elastico_extender.errors import ElasticoError
+from elastico_extender.errors import ProfilingError
 from elastico_extender.profiles.store import ProfileStore
 from elastico_extender.profiling.hardware import (
     HardwareSample,
@@ -63,10 +63,6 @@ __all__ = [
 ]
 
 MIB = 2.0**20
-
-
-class ProfilingError(ElasticoError):
-    """The measurements cannot make a profile (no progress, empty window, ...)."""
 
 
 @dataclass(frozen=True)
@@ -151,8 +147,11 @@ def construct_profile(
 
     pairs = list(itertools.pairwise(window))
     rates = [(b.items - a.items) / (b.time - a.time) for a, b in pairs if b.time > a.time]
-    per_iter = [(b.time - a.time) / (b.iterations - a.iterations)
-                for a, b in pairs if b.iterations > a.iterations]
+    per_iter = [
+        (b.time - a.time) / (b.iterations - a.iterations)
+        for a, b in pairs
+        if b.iterations > a.iterations
+    ]
     throughput = trim(rates)
     if not (math.isfinite(throughput) and throughput > 0):
         raise ProfilingError("no progress during the measurement window")
@@ -173,16 +172,25 @@ def construct_profile(
     resources[GPU_MEM] = max(fb, peak)
     if resources[GPU_MEM] == 0:
         notes.append("no GPU memory measurement (neither framebuffer nor shim)")
-    cpu = [(b.cpu_seconds - a.cpu_seconds) / (b.time - a.time) for a, b in pairs
-           if a.cpu_seconds is not None and b.cpu_seconds is not None and b.time > a.time]
+    cpu = [
+        (b.cpu_seconds - a.cpu_seconds) / (b.time - a.time)
+        for a, b in pairs
+        if a.cpu_seconds is not None and b.cpu_seconds is not None and b.time > a.time
+    ]
     resources[CPU] = max(0.0, trim(cpu)) if cpu else 0.0
     rss = [s.rss_mib for s in window if s.rss_mib is not None]
     resources[HOST_MEM] = trim(rss) if rss else 0.0
 
     knobs = configuration.as_dict()
-    hw_row = [[hardware["sm_active"] or 0.0, hardware["sm_occupancy"] or 0.0,
-               hardware["dram_active"] or 0.0, resources[GPU_MEM] / 1024.0,
-               hardware["tensor_active"] or 0.0]]
+    hw_row = [
+        [
+            hardware["sm_active"] or 0.0,
+            hardware["sm_occupancy"] or 0.0,
+            hardware["dram_active"] or 0.0,
+            resources[GPU_MEM] / 1024.0,
+            hardware["tensor_active"] or 0.0,
+        ]
+    ]
 
     def knob(name: str) -> np.ndarray | None:
         value = knobs.get(name)
@@ -224,8 +232,13 @@ def write_profile(
 ) -> None:
     """Step (iv): store R, T and the features under the hardware signature."""
     store.put(
-        workload, hardware_signature, configuration, profile.resources, profile.throughput,
-        profile.features, measured_at,
+        workload,
+        hardware_signature,
+        configuration,
+        profile.resources,
+        profile.throughput,
+        profile.features,
+        measured_at,
     )
 
 
@@ -256,8 +269,13 @@ class PrometheusProgress:
     ``vllm:num_requests_success_total`` (iterations) and ``vllm:generation_tokens_total``
     (items); label sets are summed."""
 
-    def __init__(self, url: str, iterations_metric: str, items_metric: str,
-                 fetch: Callable[[str, float], str] | None = None) -> None:
+    def __init__(
+        self,
+        url: str,
+        iterations_metric: str,
+        items_metric: str,
+        fetch: Callable[[str, float], str] | None = None,
+    ) -> None:
         self.url = url
         self.metrics = (iterations_metric, items_metric)
         self._fetch = fetch or http_get
@@ -286,8 +304,14 @@ class ProcessStats:
             return None, None
         fields_after_name = stat.rsplit(")", 1)[1].split()
         cpu = (int(fields_after_name[11]) + int(fields_after_name[12])) / self._tick
-        rss = next((int(line.split()[1]) / 1024.0 for line in status.splitlines()
-                    if line.startswith("VmRSS:")), None)
+        rss = next(
+            (
+                int(line.split()[1]) / 1024.0
+                for line in status.splitlines()
+                if line.startswith("VmRSS:")
+            ),
+            None,
+        )
         return cpu, rss
 
 

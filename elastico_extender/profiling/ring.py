@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from elastico_extender.errors import ElasticoError
+from elastico_extender.errors import RingFormatError
 from elastico_extender.profiling.layout import (
     API_NAMES,
     HEADER_DTYPE,
@@ -44,10 +44,6 @@ __all__ = [
 
 RING_PREFIX = "elastico-shim-"
 RING_SUFFIX = ".ring"
-
-
-class RingFormatError(ElasticoError, ValueError):
-    """A file that is not a ring this decoder understands (magic, version, sizes)."""
 
 
 def find_rings(directory: str | Path) -> dict[int, Path]:

@@ -5,17 +5,13 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from elastico_extender.errors import ElasticoError
+from elastico_extender.errors import ShimNotFoundError
 
 __all__ = ["LIBRARY_NAME", "SHIM_PATH_ENV", "ShimNotFoundError", "shim_path"]
 
 LIBRARY_NAME = "libelastico_shim.so"
 SHIM_PATH_ENV = "ELASTICO_SHIM_PATH"
 PACKAGED = Path(__file__).resolve().parents[1] / "_shim" / LIBRARY_NAME
-
-
-class ShimNotFoundError(ElasticoError, FileNotFoundError):
-    """The LD_PRELOAD profiler library is not built or not where it was said to be."""
 
 
 def shim_path() -> Path:

@@ -737,8 +737,12 @@ class Engine:
         annotations = decision_annotations(
             node=verdict.node,
             devices=devices,
+            kind=family.kind,
             configuration=family.configs[config],
             memory_budget_mib=budget,
+            device_memory_mib=device_mib,
+            sm_share=float(family.resources[config, GPU_SM]),
+            mps=self.settings.mps,
             predicted_slowdown=verdict.predicted_slowdown,
             price_epoch=epoch,
             configmap=configmap,
