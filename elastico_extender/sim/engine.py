@@ -177,6 +177,7 @@ class Simulator:
             "admissions": 0,
             "pause_s": 0.0,
             "rejected": 0,
+            "residual_admissions": 0,
         }
         self.segments: list[tuple[float, float, float, float, float, float, float]] = []
         self.plan_ms: list[float] = []
@@ -394,6 +395,7 @@ class Simulator:
                 plan = self.policy.plan(snap, previous)
                 self.plan_ms.append((self.timer() - t0) * 1000.0)
                 self.counters["plans"] += 1
+                self.counters["residual_admissions"] += plan.stats.get("residual_admissions", 0.0)
                 previous = plan
                 epoch += 1
                 acted = self._apply(plan, now)

@@ -77,6 +77,7 @@ def summarise(result: RunResult) -> dict[str, float]:
         "reconfigurations": float(r.counters.get("reconfigurations", 0)),
         "migrations": float(r.counters.get("migrations", 0)),
         "preemptions": float(r.counters.get("preemptions", 0)),
+        "residual_admissions": float(r.counters.get("residual_admissions", 0)),
         "pause_share": 100.0 * float(r.counters.get("pause_s", 0.0)) / max(gpu_hours * 3600, 1),
         "reconfig_per_gpu_hour": float(r.counters.get("reconfigurations", 0))
         / max(gpu_hours, 1e-9),

@@ -90,6 +90,7 @@ def ablation_table(summ: Mapping[str, Summary], full: str = "elastico") -> str:
         "SM Util (%)",
         "Attainment (%)",
         "Reconfig./Migr./Preempt.",
+        "Residual admits",
     ]
     rows = []
     for name, s in summ.items():
@@ -104,6 +105,7 @@ def ablation_table(summ: Mapping[str, Summary], full: str = "elastico") -> str:
                 f"{s['sm_util']:.1f}",
                 f"{s['attainment']:.1f}",
                 f"{s['reconfigurations']:.0f}/{s['migrations']:.0f}/{s['preemptions']:.0f}",
+                f"{s.get('residual_admissions', 0):.0f}",
             ]
         )
     return _md(header, rows)
