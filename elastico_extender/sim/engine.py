@@ -105,6 +105,8 @@ class RunResult:
     seg_busy: np.ndarray  # devices with at least one tenant, fraction
     seg_useful: np.ndarray  # useful work rate in GPU-equivalents (sum rate * gpus)
     seg_tenants: np.ndarray  # sum over devices of tenant count (for accounting)
+    seg_active: np.ndarray  # GPUs of running, unpaused jobs
+    seg_cfg: np.ndarray  # sum over those of gpus * T_true(c)/T_true(default) (no slowdown)
     plan_ms: list[float]
     counters: dict[str, float]
     capacity_violations: list[tuple[float, int, float, float]] = field(default_factory=list)
@@ -179,7 +181,7 @@ class Simulator:
             "rejected": 0,
             "residual_admissions": 0,
         }
-        self.segments: list[tuple[float, float, float, float, float, float, float]] = []
+        self.segments: list[tuple[float, ...]] = []
         self.plan_ms: list[float] = []
         self.capacity_violations: list[tuple[float, int, float, float]] = []
         self.anomalies: list[str] = []
@@ -322,9 +324,11 @@ class Simulator:
             useful = float((self.rate[run] * w).sum())
             tenants = float(w.sum())
             busy = sum(1 for m in self.tenants if m) / self.n_dev
+            act = float((w * active).sum())
+            cfg = float((w * active * self.c.rate[g]).sum())
         else:
-            sm = mem = useful = tenants = busy = 0.0
-        self.segments.append((t0, t1, sm, mem, busy, useful, tenants))
+            sm = mem = useful = tenants = busy = act = cfg = 0.0
+        self.segments.append((t0, t1, sm, mem, busy, useful, tenants, act, cfg))
         dt = t1 - t0
         if run.size:
             self.remaining[run] -= self.rate[run] * dt
@@ -441,7 +445,7 @@ class Simulator:
             changed = changed or completed
             if self.progress is not None:
                 self.progress(now, int(np.count_nonzero(self.status >= DONE)), n)
-        seg = np.array(self.segments, dtype=np.float64).reshape(-1, 7)
+        seg = np.array(self.segments, dtype=np.float64).reshape(-1, 9)
         held_gpu_s = self.held_time * self.gpus
         achieved = np.where(
             self.held_time > 0, self.tput_integral / np.maximum(self.held_time, _EPS), 0
@@ -468,6 +472,8 @@ class Simulator:
             seg_busy=seg[:, 4],
             seg_useful=seg[:, 5],
             seg_tenants=seg[:, 6],
+            seg_active=seg[:, 7],
+            seg_cfg=seg[:, 8],
             plan_ms=self.plan_ms,
             counters=dict(self.counters),
             capacity_violations=self.capacity_violations,

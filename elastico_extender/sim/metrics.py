@@ -14,6 +14,12 @@ Definitions (all from the simulated ground truth, never from the planner's view)
   likewise.
 * **Attainment**: share of finished jobs whose time-averaged true throughput
   while holding GPUs (reconfiguration pauses included) reached their floor L_j.
+* **Where throughput goes** (to explain results): ``config_efficiency`` is the
+  GPU-time-weighted mean of T_true(c)/T_true(default) over running jobs (1.0 when
+  every job runs its default configuration; < 1 when RST picked slower, smaller
+  configurations); ``interference_efficiency`` is useful work / work at those
+  configurations without slowdown (1.0 without co-location);
+  ``pause_gpu_share`` is the share of held GPU-time spent in reconfiguration.
 * **Accounting** (``work_error``, ``gpu_seconds_error``): work done integrated
   over time vs. the trace's work, and tenant-device-seconds vs. the jobs' held
   GPU-seconds; both relative errors should be ~0.
@@ -53,7 +59,12 @@ def summarise(result: RunResult) -> dict[str, float]:
     held = float(r.held_gpu_s.sum())
     plan_ms = np.array(r.plan_ms) if r.plan_ms else np.zeros(1)
     gpu_hours = r.gpus * max(makespan, 1.0) / 3600.0
+    active = float((r.seg_active * dt).sum())
+    cfg = float((r.seg_cfg * dt).sum())
     return {
+        "config_efficiency": cfg / active if active > 0 else float("nan"),
+        "interference_efficiency": done_work / cfg if cfg > 0 else float("nan"),
+        "pause_gpu_share": 1.0 - active / tenant_s if tenant_s > 0 else 0.0,
         "jobs": float(r.status.size),
         "finished": float(done.sum()),
         "rejected": float((r.status == 4).sum()),

@@ -60,6 +60,8 @@ def main_table(summ: Mapping[str, Summary], baseline: str = "volcano") -> str:
         "Mem Util (%)",
         "Attainment (%)",
         "Sched. latency (ms, mean/p95)",
+        "Config eff.",
+        "Interf. eff.",
     ]
     rows = []
     for name, s in summ.items():
@@ -74,6 +76,8 @@ def main_table(summ: Mapping[str, Summary], baseline: str = "volcano") -> str:
                 f"{s['mem_util']:.1f}",
                 f"{s['attainment']:.1f}",
                 f"{s['plan_ms_mean']:.1f}/{s['plan_ms_p95']:.1f}",
+                f"{s['config_efficiency']:.3f}",
+                f"{s['interference_efficiency']:.3f}",
             ]
         )
     return _md(header, rows)
@@ -91,6 +95,8 @@ def ablation_table(summ: Mapping[str, Summary], full: str = "elastico") -> str:
         "Attainment (%)",
         "Reconfig./Migr./Preempt.",
         "Residual admits",
+        "Config eff.",
+        "Interf. eff.",
     ]
     rows = []
     for name, s in summ.items():
@@ -106,6 +112,8 @@ def ablation_table(summ: Mapping[str, Summary], full: str = "elastico") -> str:
                 f"{s['attainment']:.1f}",
                 f"{s['reconfigurations']:.0f}/{s['migrations']:.0f}/{s['preemptions']:.0f}",
                 f"{s.get('residual_admissions', 0):.0f}",
+                f"{s['config_efficiency']:.3f}",
+                f"{s['interference_efficiency']:.3f}",
             ]
         )
     return _md(header, rows)
