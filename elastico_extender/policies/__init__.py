@@ -11,6 +11,8 @@ from collections.abc import Callable
 
 from elastico_extender.policies.base import Policy
 from elastico_extender.policies.elastico import ABLATIONS, ElasticoPolicy
+from elastico_extender.policies.lucid import LucidPolicy
+from elastico_extender.policies.volcano import VolcanoPolicy
 
 __all__ = ["POLICIES", "Policy", "make_policy", "register"]
 
@@ -33,3 +35,5 @@ def make_policy(name: str, **kwargs: object) -> Policy:
 
 for _name in ABLATIONS:
     register(_name, lambda _n=_name, **kw: ElasticoPolicy.ablation(_n, **kw))
+register("volcano", VolcanoPolicy)
+register("lucid", LucidPolicy)

@@ -1,0 +1,138 @@
+"""Lucid-like baseline (after Hu et al., ASPLOS'23): non-intrusive packing of training jobs.
+
+The parts of Lucid that matter for a sharing comparison, written from the
+paper's description (no code reused):
+
+* **Sharing classes.**  Each job is put into a coarse class from its solo
+  profile (the default configuration's SM activity, what Lucid's lightweight
+  profiler measures): class 0 (light, SM <= 0.30), 1 (medium, <= 0.45), 2
+  (heavy).  Two jobs may share a GPU only if their memory fits the device
+  together and their class sum is <= 2 (0+0, 0+1, 0+2, 1+1); at most two jobs
+  per GPU.  Jobs of any kind are classified the same way: Lucid has no notion
+  of offline inference, so an LLM engine is just another (usually memory-heavy)
+  job.
+* **Indolent packing.**  A job runs alone on idle GPUs when enough are free;
+  it is packed next to a compatible tenant only when it would otherwise wait.
+  Among compatible tenants the lightest partner (lowest class) is preferred.
+* **Priority from estimated duration.**  The queue is ordered by an estimate
+  of each job's run time, shortest first (Lucid's throughput/duration
+  estimator).  The estimate comes from the ``duration_estimate`` callable the
+  driver passes (the simulator gives the trace duration with log-normal error);
+  without one the order is FIFO.
+* **No configuration reshaping, no preemption, no migration**: every job
+  runs its default (fastest) configuration where it started.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from elastico_extender.core.model import Assignment, Job, Plan, ProfileFamily, Snapshot
+from elastico_extender.core.resources import GPU_MEM, GPU_SM, NUM_RESOURCES
+from elastico_extender.core.settings import PlannerSettings
+from elastico_extender.policies.volcano import Ledger, assignment, default_config, rejection
+
+__all__ = ["LucidPolicy", "sharing_class"]
+
+CLASS_LIMITS = (0.30, 0.45)
+"""SM activity at or below which a job is class 0, class 1; above: class 2."""
+
+
+def sharing_class(family: ProfileFamily, config: int) -> int:
+    sm = float(family.resources[config, GPU_SM])
+    if sm <= CLASS_LIMITS[0] + 1e-9:
+        return 0
+    if sm <= CLASS_LIMITS[1] + 1e-9:
+        return 1
+    return 2
+
+
+class LucidPolicy:
+    """Class-based indolent packing with duration-estimate priority (module docstring)."""
+
+    def __init__(
+        self,
+        duration_estimate: Callable[[Job], float] | None = None,
+        settings: PlannerSettings | None = None,
+        name: str = "lucid",
+    ) -> None:
+        self.name = name
+        self.duration_estimate = duration_estimate
+        self.margin = (settings or PlannerSettings()).memory_margin_mib
+
+    def plan(self, snapshot: Snapshot, previous: Plan | None = None) -> Plan:
+        snapshot.validate()
+        ledger = Ledger(snapshot, self.margin)
+        fams = snapshot.families
+        n_dev = len(ledger.refs)
+        cls_of = np.full(n_dev, -1)  # class of a device's single tenant (-1 idle)
+        assignments: dict[str, Assignment] = {}
+        pending: list[Job] = []
+        for job in snapshot.jobs:
+            if not job.running:
+                pending.append(job)
+                continue
+            fam = fams[job.family]
+            config = default_config(job, fam)
+            devs = [ledger.index[r] for r in job.devices]
+            ledger.add(job.id, devs, fam.resources[config, GPU_MEM], fam.resources[config, GPU_SM])
+            for d in devs:
+                cls_of[d] = sharing_class(fam, config) if len(ledger.tenants[d]) == 1 else 9
+            assignments[job.id] = assignment(job, fam, config, job.devices)
+        estimate = self.duration_estimate
+        if estimate is not None:
+            pending.sort(key=lambda j: (estimate(j), j.arrival_time, j.id))
+        else:
+            pending.sort(key=lambda j: (j.arrival_time, j.id))
+        largest = float(ledger.capacity.max()) if n_dev else 0.0
+        queued: list[str] = []
+        rejected: dict[str, str] = {}
+        for job in pending:
+            fam = fams[job.family]
+            config = default_config(job, fam)
+            reason = rejection(job, fam, config, largest)
+            if reason is None and job.gpus > n_dev:
+                reason = f"asks for {job.gpus} GPUs, the cluster has {n_dev}"
+            if reason is not None:
+                rejected[job.id] = reason
+                continue
+            mem = float(fam.resources[config, GPU_MEM])
+            sm = float(fam.resources[config, GPU_SM])
+            mine = sharing_class(fam, config)
+            room = ledger.capacity - ledger.mem_used >= mem - 1e-9
+            devs = ledger.gang(ledger.idle() & room, job.gpus)
+            if devs is None:
+                # Indolent packing: share only because the job would otherwise wait.
+                ok = (
+                    (cls_of >= 0)
+                    & (cls_of + mine <= 2)
+                    & room
+                    & (ledger.sm_used + sm <= 1.0 + 1e-9)
+                )
+                if ok.sum() >= job.gpus:
+                    # Lightest partners first.
+                    order = np.flatnonzero(ok)[np.argsort(cls_of[ok], kind="stable")]
+                    if job.gpus == 1:
+                        devs = [int(order[0])]
+                    else:
+                        mask = np.zeros(n_dev, dtype=bool)
+                        mask[order] = True
+                        devs = ledger.gang(mask, job.gpus)
+            if devs is None:
+                queued.append(job.id)
+                continue
+            ledger.add(job.id, devs, mem, sm)
+            for d in devs:
+                cls_of[d] = mine if len(ledger.tenants[d]) == 1 else 9
+            assignments[job.id] = assignment(job, fam, config, tuple(ledger.refs[d] for d in devs))
+        shared = sum(len(t) >= 2 for t in ledger.tenants)
+        return Plan(
+            epoch=snapshot.epoch,
+            prices=np.zeros(NUM_RESOURCES),
+            assignments=assignments,
+            queued=tuple(queued),
+            rejected=rejected,
+            stats={"colocated_devices": float(shared)},
+        )

@@ -1,0 +1,324 @@
+"""Tables in the form of the spec's section 5 and the plots, from simulation results.
+
+Tables are Markdown (printed and written as ``.md``) plus machine-readable CSV.
+Plots need matplotlib (``pip install elastico-extender[sim]``); without it the
+CSV files are still written and a message says which PNGs were skipped.
+"""
+
+from __future__ import annotations
+
+import csv
+import itertools
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import numpy as np
+
+from elastico_extender.sim.engine import DONE, RunResult
+from elastico_extender.sim.metrics import summarise
+
+__all__ = [
+    "ablation_table",
+    "load_table",
+    "main_table",
+    "plot_all",
+    "scalability_table",
+    "summaries",
+    "write_run_files",
+]
+
+Summary = Mapping[str, float]
+
+
+def summaries(results: Mapping[str, RunResult]) -> dict[str, dict[str, float]]:
+    return {name: summarise(r) for name, r in results.items()}
+
+
+def _ratio(a: float, b: float) -> str:
+    if not (math.isfinite(a) and math.isfinite(b)) or b == 0:
+        return "n/a"
+    return f"{a / b:.2f}x"
+
+
+def _md(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def main_table(summ: Mapping[str, Summary], baseline: str = "volcano") -> str:
+    """Spec table 'Main comparison results': JCT and throughput relative to the baseline."""
+    base = summ.get(baseline)
+    header = [
+        "System",
+        "Avg JCT",
+        "Median JCT",
+        "Avg queue (min)",
+        "Throughput",
+        "SM Util (%)",
+        "Mem Util (%)",
+        "Attainment (%)",
+        "Sched. latency (ms, mean/p95)",
+        "Config eff.",
+        "Interf. eff.",
+    ]
+    rows = []
+    for name, s in summ.items():
+        rows.append(
+            [
+                name,
+                _ratio(s["avg_jct_s"], base["avg_jct_s"]) if base else f"{s['avg_jct_s']:.0f}s",
+                _ratio(s["median_jct_s"], base["median_jct_s"]) if base else "",
+                f"{s['avg_queue_s'] / 60:.1f}",
+                _ratio(s["throughput"], base["throughput"]) if base else f"{s['throughput']:.1f}",
+                f"{s['sm_util']:.1f}",
+                f"{s['mem_util']:.1f}",
+                f"{s['attainment']:.1f}",
+                f"{s['plan_ms_mean']:.1f}/{s['plan_ms_p95']:.1f}",
+                f"{s['config_efficiency']:.3f}",
+                f"{s['interference_efficiency']:.3f}",
+            ]
+        )
+    return _md(header, rows)
+
+
+def ablation_table(summ: Mapping[str, Summary], full: str = "elastico") -> str:
+    """Spec table 'Ablation study': each variant relative to full ElastiCo."""
+    base = summ[full]
+    header = [
+        "Configuration",
+        "Avg JCT",
+        "Throughput",
+        "Mem Util (%)",
+        "SM Util (%)",
+        "Attainment (%)",
+        "Reconfig./Migr./Preempt.",
+        "Residual admits",
+        "Config eff.",
+        "Interf. eff.",
+    ]
+    rows = []
+    for name, s in summ.items():
+        if not name.startswith("elastico"):
+            continue
+        rows.append(
+            [
+                name,
+                _ratio(s["avg_jct_s"], base["avg_jct_s"]),
+                _ratio(s["throughput"], base["throughput"]),
+                f"{s['mem_util']:.1f}",
+                f"{s['sm_util']:.1f}",
+                f"{s['attainment']:.1f}",
+                f"{s['reconfigurations']:.0f}/{s['migrations']:.0f}/{s['preemptions']:.0f}",
+                f"{s.get('residual_admissions', 0):.0f}",
+                f"{s['config_efficiency']:.3f}",
+                f"{s['interference_efficiency']:.3f}",
+            ]
+        )
+    return _md(header, rows)
+
+
+def scalability_table(
+    points: Sequence[tuple[int, Mapping[str, Summary]]],
+    system: str = "elastico",
+    baseline: str = "volcano",
+) -> str:
+    """Spec table 'Scalability': the system relative to the baseline at each size."""
+    header = [
+        "GPUs",
+        "Jobs",
+        "Avg JCT",
+        "Throughput",
+        "SM Util (%)",
+        "Sched. latency (ms, mean/p95)",
+        "Lucid Avg JCT",
+        "Lucid Throughput",
+    ]
+    rows = []
+    for gpus, summ in points:
+        s, b = summ[system], summ[baseline]
+        lucid = summ.get("lucid")
+        rows.append(
+            [
+                str(gpus),
+                f"{s['jobs']:.0f}",
+                _ratio(s["avg_jct_s"], b["avg_jct_s"]),
+                _ratio(s["throughput"], b["throughput"]),
+                f"{s['sm_util']:.1f}",
+                f"{s['plan_ms_mean']:.1f}/{s['plan_ms_p95']:.1f}",
+                _ratio(lucid["avg_jct_s"], b["avg_jct_s"]) if lucid else "",
+                _ratio(lucid["throughput"], b["throughput"]) if lucid else "",
+            ]
+        )
+    return _md(header, rows)
+
+
+def load_table(
+    points: Sequence[tuple[float, Mapping[str, Summary]]],
+    system: str = "elastico",
+    baseline: str = "volcano",
+) -> str:
+    """Load sensitivity: JCT improvement (baseline JCT / system JCT) per load factor."""
+    header = [
+        "Load (%)",
+        "Volcano avg JCT (h)",
+        "JCT improvement vs Volcano",
+        "vs Lucid",
+        "Throughput vs Volcano",
+        "Attainment (%)",
+    ]
+    rows = []
+    for load, summ in points:
+        s, b = summ[system], summ[baseline]
+        lucid = summ.get("lucid")
+        rows.append(
+            [
+                f"{100 * load:.0f}",
+                f"{b['avg_jct_s'] / 3600:.2f}",
+                _ratio(b["avg_jct_s"], s["avg_jct_s"]),
+                _ratio(lucid["avg_jct_s"], s["avg_jct_s"]) if lucid else "",
+                _ratio(s["throughput"], b["throughput"]),
+                f"{s['attainment']:.1f}",
+            ]
+        )
+    return _md(header, rows)
+
+
+def write_summary_csv(summ: Mapping[str, Summary], path: Path) -> None:
+    keys = sorted({k for s in summ.values() for k in s})
+    with open(path, "w", newline="") as handle:
+        w = csv.writer(handle)
+        w.writerow(["policy", *keys])
+        for name, s in summ.items():
+            w.writerow([name, *(f"{s.get(k, float('nan')):.6g}" for k in keys)])
+
+
+def write_run_files(results: Mapping[str, RunResult], out: Path) -> list[Path]:
+    """Per-job and timeline CSVs of every run, plus the summary CSV."""
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    summ = summaries(results)
+    p = out / "summary.csv"
+    write_summary_csv(summ, p)
+    written.append(p)
+    p = out / "jobs.csv"
+    with open(p, "w", newline="") as handle:
+        w = csv.writer(handle)
+        w.writerow(
+            [
+                "policy", "job_id", "workload", "gpus", "arrival_s", "start_s", "finish_s",
+                "duration_s", "jct_s", "queue_s", "floor", "achieved_tput",
+            ]
+        )  # fmt: skip
+        for name, r in results.items():
+            for k, j in enumerate(r.jobs):
+                w.writerow(
+                    [
+                        name, j.job_id, j.workload, j.gpus, f"{r.arrival[k]:.1f}",
+                        f"{r.first_start[k]:.1f}", f"{r.finish[k]:.1f}", f"{r.work[k]:.1f}",
+                        f"{r.finish[k] - r.arrival[k]:.1f}",
+                        f"{r.first_start[k] - r.arrival[k]:.1f}",
+                        f"{r.floor[k]:.6g}", f"{r.achieved[k]:.6g}",
+                    ]
+                )  # fmt: skip
+    written.append(p)
+    p = out / "timeline.csv"
+    with open(p, "w", newline="") as handle:
+        w = csv.writer(handle)
+        w.writerow(["policy", "hour", "sm_util", "mem_util", "busy_gpus", "useful_gpu_eq"])
+        for name, r in results.items():
+            for h, vals in _hourly(r).items():
+                w.writerow([name, h, *(f"{v:.4f}" for v in vals)])
+    written.append(p)
+    return written
+
+
+def _hourly(r: RunResult, bin_s: float = 3600.0) -> dict[float, tuple[float, ...]]:
+    """Time averages per bin of SM, memory, busy share and useful work."""
+    if r.seg_t0.size == 0:
+        return {}
+    end = float(r.seg_t1.max())
+    bins = np.arange(0.0, end + bin_s, bin_s)
+    out: dict[float, tuple[float, ...]] = {}
+    for lo, hi in itertools.pairwise(bins):
+        a = np.clip(r.seg_t0, lo, hi)
+        b = np.clip(r.seg_t1, lo, hi)
+        w = b - a
+        if w.sum() <= 0:
+            continue
+        out[lo / 3600.0] = tuple(
+            float((v * w).sum() / (hi - lo))
+            for v in (r.seg_sm, r.seg_mem, r.seg_busy, r.seg_useful)
+        )
+    return out
+
+
+def plot_all(results: Mapping[str, RunResult], out: Path, title: str = "") -> list[Path]:
+    """CDF of JCT, SM utilisation over time, queueing delay by arrival order (PNG)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib not installed: plots skipped (CSV files written); pip install matplotlib")
+        return []
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for name, r in results.items():
+        done = r.status == DONE
+        jct = np.sort((r.finish - r.arrival)[done]) / 3600.0
+        ax.plot(jct, np.arange(1, jct.size + 1) / max(jct.size, 1), label=name)
+    ax.set_xscale("log")
+    ax.set_xlabel("JCT (hours, log scale)")
+    ax.set_ylabel("CDF")
+    ax.set_title(f"CDF of JCT {title}".strip())
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
+    p = out / "jct_cdf.png"
+    fig.tight_layout()
+    fig.savefig(p, dpi=120)
+    plt.close(fig)
+    written.append(p)
+
+    fig, axes = plt.subplots(2, 1, figsize=(7, 5), sharex=True)
+    for name, r in results.items():
+        hourly = _hourly(r)
+        hours = list(hourly)
+        axes[0].plot(hours, [100 * v[0] for v in hourly.values()], label=name)
+        axes[1].plot(hours, [100 * v[1] for v in hourly.values()], label=name)
+    axes[0].set_ylabel("SM active (%)")
+    axes[1].set_ylabel("GPU memory held (%)")
+    axes[1].set_xlabel("time (hours)")
+    for a in axes:
+        window = next(iter(results.values())).window_s / 3600.0
+        a.axvline(window, color="grey", ls=":", lw=1)
+        a.grid(alpha=0.3)
+    axes[0].legend(fontsize=7, ncol=2)
+    axes[0].set_title(f"Cluster utilisation over time {title}".strip())
+    p = out / "utilisation.png"
+    fig.tight_layout()
+    fig.savefig(p, dpi=120)
+    plt.close(fig)
+    written.append(p)
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for name, r in results.items():
+        order = np.argsort(r.arrival, kind="stable")
+        q = (r.first_start - r.arrival)[order] / 60.0
+        k = max(1, q.size // 50)
+        smooth = np.convolve(np.nan_to_num(q), np.ones(k) / k, mode="same")
+        ax.plot(np.arange(q.size), smooth, label=name)
+    ax.set_xlabel("job arrival order")
+    ax.set_ylabel("queueing delay (min, moving average)")
+    ax.set_title(f"Queueing delay by arrival order {title}".strip())
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
+    p = out / "queueing.png"
+    fig.tight_layout()
+    fig.savefig(p, dpi=120)
+    plt.close(fig)
+    written.append(p)
+    return written
