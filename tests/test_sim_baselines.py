@@ -153,17 +153,12 @@ def test_user_csv_trace(tmp_path) -> None:  # type: ignore[no-untyped-def]
     assert jobs[1].workload == "lstm" and jobs[1].gpus == 2
 
 
-def test_residual_admission_starts_queued_gangs_on_idle_gpus() -> None:
-    """Core deadlock work-around: 40 identical 8-GPU jobs on an idle 64-GPU cluster.
-
-    The core planner alone admits none of them (every price makes all run or all
-    wait; see sim/fill.py); the wrapper starts eight, one per idle node, alone.
-    """
-    from elastico_extender.sim.fill import ResidualAdmission
-
+def test_core_alone_starts_queued_gangs_on_idle_gpus() -> None:
+    """40 identical 8-GPU jobs on an idle 64-GPU cluster: once a core deadlock (every
+    price made all of them run or all wait); the core now rations by priority."""
     jobs = [_job(i, "bert", 8) for i in range(40)]
     snap = _snap(jobs, gpus=64)
-    plan = ResidualAdmission(make_policy("elastico")).plan(snap, None)
+    plan = make_policy("elastico").plan(snap, None)
     assert len(plan.assignments) == 8
     devices = [d for a in plan.assignments.values() for d in a.devices]
     assert len(devices) == len(set(devices)) == 64

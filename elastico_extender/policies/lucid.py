@@ -76,9 +76,9 @@ class LucidPolicy:
                 continue
             fam = fams[job.family]
             config = default_config(job, fam)
-            devs = [ledger.index[r] for r in job.devices]
-            ledger.add(job.id, devs, fam.resources[config, GPU_MEM], fam.resources[config, GPU_SM])
-            for d in devs:
+            held = [ledger.index[r] for r in job.devices]
+            ledger.add(job.id, held, fam.resources[config, GPU_MEM], fam.resources[config, GPU_SM])
+            for d in held:
                 cls_of[d] = sharing_class(fam, config) if len(ledger.tenants[d]) == 1 else 9
             assignments[job.id] = assignment(job, fam, config, job.devices)
         estimate = self.duration_estimate

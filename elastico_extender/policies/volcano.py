@@ -143,8 +143,8 @@ class VolcanoPolicy:
             if job.running:
                 fam = fams[job.family]
                 config = default_config(job, fam)
-                devs = [ledger.index[r] for r in job.devices]
-                ledger.add(job.id, devs, fam.resources[config, GPU_MEM], 1.0)
+                held = [ledger.index[r] for r in job.devices]
+                ledger.add(job.id, held, fam.resources[config, GPU_MEM], 1.0)
                 assignments[job.id] = assignment(job, fam, config, job.devices)
             else:
                 pending.append(job)

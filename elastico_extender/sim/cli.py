@@ -91,11 +91,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--profile-noise", type=float, default=0.05, help="sigma of log T_true/T")
     p.add_argument("--max-job-hours", type=float, default=48.0, help="clip Philly durations")
     p.add_argument("--instances", action="store_true", help="also count GPU instances per mix")
-    p.add_argument(
-        "--pure-core",
-        action="store_true",
-        help="run ElastiCo without the driver-side residual-admission work-around (sim.fill)",
-    )
     p.add_argument("--no-plots", action="store_true")
     p.add_argument("--no-progress", action="store_true")
     return p
@@ -152,7 +147,6 @@ def main(argv: list[str] | None = None) -> int:
         epoch_s=args.epoch,
         pairs=pairs,
         profile_noise=args.profile_noise,
-        residual_admission=not args.pure_core,
     )
     load = offered_load(jobs, gpus, window)
     print(

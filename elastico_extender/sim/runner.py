@@ -1,10 +1,7 @@
 """Run several policies on the same trace, cluster and seed (in parallel processes).
 
 Policy names are registry names (``volcano``, ``lucid``, ``elastico``,
-``elastico-no-rst`` ...).  ElastiCo variants are wrapped in the driver-side
-:class:`ResidualAdmission` pass unless ``Experiment.residual_admission`` is False
-(work-around for a core admission deadlock, see :mod:`.fill`).  Appending ``+iac``
-to an ElastiCo name plans with the
+``elastico-no-rst`` ...).  Appending ``+iac`` to an ElastiCo name plans with the
 :class:`NoisyTablePredictor` (spec-accuracy IAC, 7.6% MAPE against the ground
 truth) instead of the core's default ContentionPredictor.
 
@@ -29,7 +26,6 @@ import numpy as np
 from elastico_extender.core.model import Job
 from elastico_extender.policies import POLICIES, Policy, make_policy
 from elastico_extender.sim.engine import ClusterSpec, RunResult, Simulator
-from elastico_extender.sim.fill import ResidualAdmission
 from elastico_extender.sim.predictors import NoisyTablePredictor
 from elastico_extender.sim.traces import TraceJob
 from elastico_extender.sim.truth import DEFAULT_PAIRS, GroundTruth
@@ -59,8 +55,6 @@ class Experiment:
     epoch_s: float = 60.0
     pairs: str | None = str(DEFAULT_PAIRS)
     profile_noise: float = 0.05
-    residual_admission: bool = True
-    """Wrap ElastiCo variants in :class:`ResidualAdmission` (work-around, see ``sim.fill``)."""
 
 
 class _Estimates:
@@ -91,8 +85,6 @@ def build_policy(name: str, exp: Experiment, truth: GroundTruth) -> Policy:
         raise ValueError(f"unknown policy suffix +{extra}")
     policy = make_policy(base, **kwargs)
     policy.name = name
-    if exp.residual_admission and base.startswith("elastico"):
-        return ResidualAdmission(policy)
     return policy
 
 
