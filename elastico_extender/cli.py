@@ -1,8 +1,11 @@
 """The ``elastico`` command: one entry point for every way of running ElastiCo.
 
-    elastico serve     run the scheduler extender (embedded demo cluster by default)
-    elastico plan      run one planning epoch on a demo workload and print the plan
-    elastico catalog   list the built-in workload families (RST catalog)
+    elastico serve      run the scheduler extender (embedded demo cluster by default)
+    elastico plan       run one planning epoch on a demo workload and print the plan
+    elastico simulate   trace-driven comparison with Volcano-like and Lucid-like baselines
+    elastico train-iac  retrain the interference DNN on your own pair measurements
+    elastico run        the container entrypoint (same as elastico-run)
+    elastico catalog    list the built-in workload families (RST catalog)
 
 Subcommands added by other parts of the package register in ``SUBCOMMANDS``.
 Logging is configured here and only here.
@@ -29,6 +32,18 @@ __all__ = ["main"]
 
 # name -> ("module:function", help); the function takes argv and returns an exit code.
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "simulate": (
+        "elastico_extender.sim.cli:main",
+        "trace-driven simulation: ElastiCo vs Volcano-like and Lucid-like baselines",
+    ),
+    "train-iac": (
+        "elastico_extender.interference.train:main",
+        "train the interference DNN on a pair CSV and export it to ONNX (needs torch)",
+    ),
+    "run": (
+        "elastico_extender.launcher.run:main",
+        "elastico-run: launch a workload with its assigned configuration (container entrypoint)",
+    ),
     "serve": (
         "elastico_extender.service.cli:serve_main",
         "run the scheduler extender (embedded demo cluster unless --kubeconfig or in-cluster)",

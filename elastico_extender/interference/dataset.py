@@ -202,8 +202,9 @@ def _job_block(row: Mapping[str, str], side: str, share: float) -> np.ndarray:
     block[6] = math.log10(_FAMILY_PARAMS.get(family, _DEFAULT_PARAMS))
     solo = _float(row.get(f"solo_tput_{side}"))
     if solo is None or solo <= 0:
-        raise PredictorError(f"row {row.get('job_a')!r}/{row.get('job_b')!r}: "
-                             f"solo_tput_{side} must be > 0")
+        raise PredictorError(
+            f"row {row.get('job_a')!r}/{row.get('job_b')!r}: solo_tput_{side} must be > 0"
+        )
     block[7] = math.log10(solo)
     batch = _float(row.get(f"batch_size_{side}"))
     block[8] = math.log2(batch) if batch is not None and batch >= 1 else 0.0

@@ -76,7 +76,10 @@ def _bounds() -> np.ndarray:
         (0.0, 1.0),  # prefix_ratio
     ]
     pair = [
-        (0.0, 1.0), (0.0, 1.0), (0.0, 1.0), (0.0, 1.0),  # means of the fractions
+        (0.0, 1.0),
+        (0.0, 1.0),
+        (0.0, 1.0),
+        (0.0, 1.0),  # means of the fractions
         (0.0, 2.0),  # colocation_type
         (0.0, 1.0e4),  # memory_pressure
         (0.0, 1.0),  # compute_balance

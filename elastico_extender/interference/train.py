@@ -256,8 +256,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         prog="python -m elastico_extender.interference.train",
         description="Train the IAC slowdown DNN on pair measurements and export it to ONNX.",
     )
-    parser.add_argument("--csv", action="append", type=Path,
-                        help="pair CSV (repeatable; default: the shipped Gavel pairs)")
+    parser.add_argument(
+        "--csv",
+        action="append",
+        type=Path,
+        help="pair CSV (repeatable; default: the shipped Gavel pairs)",
+    )
     parser.add_argument("--out", type=Path, required=True, help="ONNX file to write")
     defaults = TrainConfig()
     parser.add_argument("--epochs", type=int, default=defaults.epochs)
@@ -282,8 +286,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except PredictorError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    print(f"trained on {len(data)} rows ({len(np.unique(data.pair_id))} job pairs) "
-          f"from {', '.join(str(p) for p in csvs)}")
+    print(
+        f"trained on {len(data)} rows ({len(np.unique(data.pair_id))} job pairs) "
+        f"from {', '.join(str(p) for p in csvs)}"
+    )
     print(f"in-sample MAPE {mape:.2f}%; ONNX export check max |ORT - torch| = {diff:.2e}")
     print(f"wrote {args.out} ({args.out.stat().st_size} bytes)")
     return 0

@@ -99,9 +99,9 @@ class Assignment:
         return LaunchSettings(env=env, vllm_args=args, profiling=self.profiling)
 
 
-def _lookup(name: str, annotations: Mapping[str, str], environ: Mapping[str, str]) -> tuple[
-    str | None, str
-]:
+def _lookup(
+    name: str, annotations: Mapping[str, str], environ: Mapping[str, str]
+) -> tuple[str | None, str]:
     """The raw value and where it came from (for error messages)."""
     annotation, env = FIELDS[name]
     key = PREFIX + annotation
@@ -172,8 +172,9 @@ def read_assignment(annotations: Mapping[str, str], environ: Mapping[str, str]) 
     budget = number("memory-budget-mib")
     device = number("device-memory-mib")
     if math.isfinite(budget) and math.isfinite(device) and budget > device:
-        problems.append((PREFIX + MEMORY_BUDGET,
-                         f"budget {budget:g} MiB exceeds device memory {device:g} MiB"))
+        problems.append(
+            (PREFIX + MEMORY_BUDGET, f"budget {budget:g} MiB exceeds device memory {device:g} MiB")
+        )
     sm_share = number("sm-share", default=1.0)
     if math.isfinite(sm_share) and sm_share > 1:
         problems.append((_lookup("sm-share", annotations, environ)[1], "must be in (0, 1]"))

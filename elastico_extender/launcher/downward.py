@@ -11,8 +11,18 @@ import re
 
 __all__ = ["parse_annotations", "unquote_go"]
 
-_SIMPLE = {"a": "\a", "b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t", "v": "\v",
-           "\\": "\\", '"': '"', "'": "'"}
+_SIMPLE = {
+    "a": "\a",
+    "b": "\b",
+    "f": "\f",
+    "n": "\n",
+    "r": "\r",
+    "t": "\t",
+    "v": "\v",
+    "\\": "\\",
+    '"': '"',
+    "'": "'",
+}
 _LINE = re.compile(r'^(?P<key>[^=\s]+)=(?P<value>".*")\s*$')
 
 
@@ -72,7 +82,7 @@ def parse_annotations(text: str) -> tuple[dict[str, str], list[tuple[str, str]]]
             continue
         match = _LINE.match(line)
         if not match:
-            problems.append((f"line {number}", f"not a key=\"value\" line: {line[:80]!r}"))
+            problems.append((f"line {number}", f'not a key="value" line: {line[:80]!r}'))
             continue
         try:
             found[match["key"]] = unquote_go(match["value"])

@@ -181,16 +181,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     environ = os.environ
     parser.add_argument(
-        "--annotations", type=Path,
+        "--annotations",
+        type=Path,
         default=Path(environ.get("ELASTICO_ANNOTATIONS_FILE", DEFAULT_ANNOTATIONS)),
         help="downward-API annotations file (default %(default)s)",
     )
     parser.add_argument(
-        "--grace-period", type=float, default=float(environ.get("ELASTICO_GRACE_SECONDS", 30)),
+        "--grace-period",
+        type=float,
+        default=float(environ.get("ELASTICO_GRACE_SECONDS", 30)),
         help="seconds between SIGTERM and SIGKILL on restart or stop (default %(default)s)",
     )
     parser.add_argument(
-        "--poll-interval", type=float, default=float(environ.get("ELASTICO_POLL_SECONDS", 2)),
+        "--poll-interval",
+        type=float,
+        default=float(environ.get("ELASTICO_POLL_SECONDS", 2)),
         help="seconds between reads of the annotations file (default %(default)s)",
     )
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND [ARGS...]")
@@ -200,8 +205,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("no command given (elastico-run [options] -- COMMAND ...)")
     logging.basicConfig(level=logging.INFO, format="elastico-run: %(levelname)s %(message)s")
     supervisor = Supervisor(
-        command, args.annotations, environ,
-        grace_seconds=args.grace_period, poll_seconds=args.poll_interval,
+        command,
+        args.annotations,
+        environ,
+        grace_seconds=args.grace_period,
+        poll_seconds=args.poll_interval,
     )
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda s, _f: supervisor.request_stop(s))

@@ -362,7 +362,8 @@ class PlacementView:
         idx = np.flatnonzero(mask)
         if idx.size == 0:
             return np.zeros(0, dtype=np.intp), np.zeros((0, gpus), dtype=np.intp)
-        idx = idx[np.lexsort((table.mem_free[idx], table.node_of[idx]))]
+        # Per node: idle GPUs first (share only when none is idle), then the tightest fit.
+        idx = idx[np.lexsort((table.mem_free[idx], table.count[idx] > 0, table.node_of[idx]))]
         nodes = table.node_of[idx]
         starts = np.flatnonzero(np.r_[True, nodes[1:] != nodes[:-1]])
         counts = np.diff(np.r_[starts, idx.size])

@@ -130,6 +130,9 @@ class DeviceTable:
     ) -> list[int] | None:
         """Pick ``gpus`` devices among ``candidates`` (a (G,) mask) for a gang of workers.
 
+        Idle GPUs first: a job shares a GPU only when no idle one can take it
+        (co-location costs throughput, so it is worth it only instead of
+        waiting; Lucid's "indolent" rule, which the IAC check then keeps safe).
         Prefers one node (tightest node that can hold the whole gang, so large
         free nodes stay whole for large jobs); spreads over nodes only when no
         single node can.  Within a node, best fit leaves the least memory free,
@@ -138,10 +141,23 @@ class DeviceTable:
         idx = np.flatnonzero(candidates)
         if idx.size < gpus:
             return None
+        idle = idx[self.count[idx] == 0]
+        if idle.size >= gpus and idle.size < idx.size:
+            idle_mask = np.zeros(self.size, dtype=bool)
+            idle_mask[idle] = True
+            picked = self.choose(idle_mask, per_gpu, gpus, best_fit)
+            if picked is not None:
+                return picked
         if gpus == 1:
-            if best_fit:
-                return [int(idx[np.argmin(self.mem_free[idx])])]
-            return [int(idx[0])]
+            if not best_fit:
+                return [int(idx[0])]
+            if self.count[idx[0]] == 0 and np.all(self.count[idx] == 0):
+                # All idle: take one on the node with the fewest idle GPUs (keeps nodes whole).
+                idle_per_node = np.bincount(
+                    self.node_of[self.count == 0], minlength=len(self.cpu_free)
+                )
+                return [int(idx[np.argmin(idle_per_node[self.node_of[idx]])])]
+            return [int(idx[np.argmin(self.mem_free[idx])])]
         nodes = self.node_of[idx]
         counts = np.bincount(nodes, minlength=len(self.cpu_free))
         # Node-level CPU/RAM also bound how many workers a node can take.

@@ -297,7 +297,51 @@ class _Epoch:
             queued = self._squeeze(placer, problem, penalty, queued)
         if queued:
             queued = self._admit_residual(placer, problem, prices, penalty, queued)
+        if s.reshape:
+            self._regrow(placer, problem, penalty)
         return placer, sorted(queued), preempted
+
+    def _regrow(self, placer: Placer, problem: PricingProblem, penalty: np.ndarray) -> None:
+        """Give back speed that bought nothing: jobs alone on their GPUs after admission.
+
+        Prices are aggregate signals: under a long queue they stay high and push
+        running jobs to lean configurations even where the memory so freed
+        admits nobody (the queue is blocked by GPU count, or by interference).
+        After admissions, a job that is alone on every one of its devices moves
+        to the best configuration, at zero prices (switching cost included),
+        that fits there.  Being alone, it risks no interference.
+        """
+        t = self.t
+        table = placer.table
+        alone = [
+            r for r, devs in placer.devices_of.items() if all(table.count[d] == 1 for d in devs)
+        ]
+        if not alone:
+            return
+        rows = np.array(alone, dtype=np.intp)
+        primal = problem.base[rows] + penalty[rows]
+        current = np.fromiter((placer.occupants[r].config for r in alone), np.intp, rows.size)
+        better = primal.min(axis=1) < primal[np.arange(rows.size), current] - 1e-9
+        every = np.arange(t.per_gpu.shape[1])
+        for k in np.flatnonzero(better).tolist():
+            row, config = int(rows[k]), int(current[k])
+            devices = list(placer.devices_of[row])
+            placer.release(row, t.per_gpu[row, config])
+            idx = np.asarray(devices, dtype=np.intp)
+            workers = np.bincount(table.node_of[idx])
+            nodes = np.flatnonzero(workers)
+            need = t.per_gpu[row]
+            fits = (
+                (need[:, GPU_MEM] <= table.mem_free[idx].min() + 1e-9)
+                & (need[:, GPU_SM] <= table.sm_free[idx].min() + 1e-9)
+                & (need[:, CPU] <= (table.cpu_free[nodes] / workers[nodes]).min() + 1e-9)
+                & (need[:, HOST_MEM] <= (table.ram_free[nodes] / workers[nodes]).min() + 1e-9)
+            )
+            options = np.where(fits, primal[k], np.inf)
+            best = int(np.argmin(options)) if np.isfinite(options).any() else config
+            if not table.fits_on(devices, need[best]):
+                best = config
+            self._commit_row(placer, row, best, devices, every)
 
     def _admit_residual(
         self,
