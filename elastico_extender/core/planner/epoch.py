@@ -46,6 +46,10 @@ __all__ = ["plan"]
 
 Timer = Callable[[], float]
 
+SPREAD_LIMIT = 16
+"""Co-located jobs moved to idle GPUs per epoch (bounds migration churn)."""
+SPREAD_MIN_SLOWDOWN = 1.05
+"""Predicted slowdown below which a shared GPU is not worth a migration."""
 RESIDUAL_LIMIT = 128
 """Queued jobs per packing pass tried for residual admission (bounds epoch cost)."""
 SQUEEZE_LIMIT = 64
@@ -297,9 +301,55 @@ class _Epoch:
             queued = self._squeeze(placer, problem, penalty, queued)
         if queued:
             queued = self._admit_residual(placer, problem, prices, penalty, queued)
+        if s.coordination and self.predictor is not None:
+            self._spread(placer)
         if s.reshape:
             self._regrow(placer, problem, penalty)
         return placer, sorted(queued), preempted
+
+    def _spread(self, placer: Placer) -> None:
+        """Undo co-locations that idle GPUs no longer justify (PDS migrations).
+
+        Sharing a GPU is worth its slowdown only instead of waiting.  Once the
+        queue has had every idle GPU it can use, a single-GPU job that shares a
+        device with predicted slowdown above ``SPREAD_MIN_SLOWDOWN`` moves to an
+        idle GPU that fits it (worst slowdown first, at most ``SPREAD_LIMIT`` per
+        epoch).  A job admitted this epoch just starts there instead; a running
+        one migrates (the plan says MIGRATE; in-place reconfiguration stays
+        preferred everywhere else).
+        """
+        table = placer.table
+        if not np.any(table.count == 0) or not np.any(table.count >= 2):
+            return
+        t = self.t
+        _, slowdown = self.check(placer)
+        movers = sorted(
+            (
+                r
+                for r, sd in slowdown.items()
+                if sd > SPREAD_MIN_SLOWDOWN and t.gpus[r] == 1 and r in placer.devices_of
+            ),
+            key=lambda r: -slowdown[r],
+        )
+        moved = 0
+        every = np.arange(t.per_gpu.shape[1])
+        for row in movers:
+            if moved >= SPREAD_LIMIT or not np.any(table.count == 0):
+                break
+            (device,) = placer.devices_of[row]
+            if table.count[device] < 2:
+                continue  # its partner already moved away
+            config = placer.occupants[row].config
+            need = t.per_gpu[row, config]
+            idle = table.fits(need) & (table.count == 0)
+            if not idle.any():
+                continue
+            target = table.choose(idle, need, 1, best_fit=True)
+            if target is None:
+                continue
+            placer.release(row, need)
+            self._commit_row(placer, row, config, target, every)
+            moved += 1
 
     def _regrow(self, placer: Placer, problem: PricingProblem, penalty: np.ndarray) -> None:
         """Give back speed that bought nothing: jobs alone on their GPUs after admission.
