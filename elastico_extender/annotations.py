@@ -14,11 +14,15 @@ Input annotations (set by the user; any one of them opts the pod in)::
     elastico.io/configuration   ``fixed`` mode only: the configuration to run,
                                 ``knob=value,knob=value`` (unset knobs: the fastest row's)
 
-Decision annotations (written by bind; read back to rebuild state after a restart)::
+Decision annotations (written by bind and by every in-place reconfiguration; read
+back to rebuild state after a restart, and by ``elastico-run`` in the container
+through the downward-API file)::
 
-    elastico.io/assigned-node, assigned-devices (``0,1``), assigned-configuration
-    (the configuration label), memory-budget-mib, predicted-slowdown, price-epoch,
-    configmap (the per-pod ConfigMap holding the framework settings)
+    elastico.io/assigned-node, assigned-devices (host GPU indices, ``0,1``),
+    assigned-configuration (the configuration label), assigned-knobs (JSON),
+    workload-kind, memory-budget-mib, device-memory-mib, sm-share, mps,
+    predicted-slowdown, price-epoch, configmap (the per-pod ConfigMap holding the
+    framework settings)
 
 :func:`parse_intent` validates everything and raises :class:`AnnotationError`
 with every ``(annotation, message)`` pair, so the pod's event lists all fixes.

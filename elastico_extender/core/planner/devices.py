@@ -44,6 +44,8 @@ class DeviceTable:
         # Job rows per device; only devices that ever held a job get a list.
         self.occupants: defaultdict[int, list[int]] = defaultdict(list)
         self.count = np.zeros(len(refs), dtype=np.intp)  # jobs per device, for vector checks
+        self.idle_per_node = np.bincount(self.node_of, minlength=len(nodes))
+        self._idle_total = self.idle_per_node.copy()
         self._cpu_total = self.cpu_free.copy()
         self._ram_total = self.ram_free.copy()
 
@@ -60,9 +62,11 @@ class DeviceTable:
         twin.cpu_free = self._cpu_total.copy()
         twin.ram_free = self._ram_total.copy()
         twin._cpu_total = self._cpu_total
+        twin._idle_total = self._idle_total
         twin._ram_total = self._ram_total
         twin.occupants = defaultdict(list)
         twin.count = np.zeros(len(self.refs), dtype=np.intp)
+        twin.idle_per_node = self._idle_total.copy()
         return twin
 
     @property
@@ -108,10 +112,14 @@ class DeviceTable:
             self.ram_free[node] += sign * per_gpu[HOST_MEM]
             if sign < 0:
                 self.occupants[d].append(row)
+                if self.count[d] == 0:
+                    self.idle_per_node[node] -= 1
                 self.count[d] += 1
             else:
                 self.occupants[d].remove(row)
                 self.count[d] -= 1
+                if self.count[d] == 0:
+                    self.idle_per_node[node] += 1
 
     def place_many(self, rows: np.ndarray, devices: np.ndarray, per_gpu: np.ndarray) -> None:
         """Vectorised :meth:`place`, one worker per entry: rows, devices (W,), per_gpu (W, R)."""
@@ -120,7 +128,10 @@ class DeviceTable:
         nodes = self.node_of[devices]
         np.subtract.at(self.cpu_free, nodes, per_gpu[:, CPU])
         np.subtract.at(self.ram_free, nodes, per_gpu[:, HOST_MEM])
+        was_idle = self.count == 0
         np.add.at(self.count, devices, 1)
+        became_busy = was_idle & (self.count > 0)
+        self.idle_per_node -= np.bincount(self.node_of[became_busy], minlength=len(self.cpu_free))
         occupants = self.occupants
         for row, d in zip(rows.tolist(), devices.tolist(), strict=True):
             occupants[d].append(row)
@@ -142,22 +153,21 @@ class DeviceTable:
         if idx.size < gpus:
             return None
         idle = idx[self.count[idx] == 0]
+        if gpus == 1:
+            if idle.size:
+                if not best_fit:
+                    return [int(idle[0])]
+                # Idle first; on the node with the fewest idle GPUs (keeps other nodes whole).
+                return [int(idle[np.argmin(self.idle_per_node[self.node_of[idle]])])]
+            if not best_fit:
+                return [int(idx[0])]
+            return [int(idx[np.argmin(self.mem_free[idx])])]
         if idle.size >= gpus and idle.size < idx.size:
             idle_mask = np.zeros(self.size, dtype=bool)
             idle_mask[idle] = True
             picked = self.choose(idle_mask, per_gpu, gpus, best_fit)
             if picked is not None:
                 return picked
-        if gpus == 1:
-            if not best_fit:
-                return [int(idx[0])]
-            if self.count[idx[0]] == 0 and np.all(self.count[idx] == 0):
-                # All idle: take one on the node with the fewest idle GPUs (keeps nodes whole).
-                idle_per_node = np.bincount(
-                    self.node_of[self.count == 0], minlength=len(self.cpu_free)
-                )
-                return [int(idx[np.argmin(idle_per_node[self.node_of[idx]])])]
-            return [int(idx[np.argmin(self.mem_free[idx])])]
         nodes = self.node_of[idx]
         counts = np.bincount(nodes, minlength=len(self.cpu_free))
         # Node-level CPU/RAM also bound how many workers a node can take.

@@ -363,8 +363,15 @@ class _Epoch:
         """
         t = self.t
         table = placer.table
+        count = table.count
+        single = [(r, devs[0]) for r, devs in placer.devices_of.items() if len(devs) == 1]
         alone = [
-            r for r, devs in placer.devices_of.items() if all(table.count[d] == 1 for d in devs)
+            r for (r, _), ok in zip(single, count[[d for _, d in single]] == 1, strict=True) if ok
+        ]
+        alone += [
+            r
+            for r, devs in placer.devices_of.items()
+            if len(devs) > 1 and all(count[d] == 1 for d in devs)
         ]
         if not alone:
             return

@@ -140,20 +140,29 @@ class Placer:
                     partners.append(occ)
         if not partners:
             return safe, worst
-        theirs = np.stack([o.features for o in partners])
-        memory_gib = self.table.memory_total[devices[np.array(pair_dev)]] / 1024.0
         # Many devices host the same partner configuration: predict each distinct
         # (partner features, device memory) once, then map back.
-        keyed = np.column_stack([theirs, memory_gib.astype(np.float32)])
-        unique, inverse = np.unique(keyed, axis=0, return_inverse=True)
-        inverse = inverse.reshape(-1)
-        u_theirs, u_memory = unique[:, :-1], unique[:, -1]
-        mine = np.broadcast_to(features, (unique.shape[0], features.shape[0]))
+        memory_gib = self.table.memory_total[devices[np.array(pair_dev)]] / 1024.0
+        ids: dict[tuple[bytes, float], int] = {}
+        first_list: list[int] = []
+        inverse_list: list[int] = []
+        for i, (occ, mem) in enumerate(zip(partners, memory_gib.tolist(), strict=True)):
+            key = (occ.features.tobytes(), mem)
+            slot = ids.get(key)
+            if slot is None:
+                slot = ids[key] = len(first_list)
+                first_list.append(i)
+            inverse_list.append(slot)
+        first = np.array(first_list, dtype=np.intp)
+        inverse = np.array(inverse_list, dtype=np.intp)
+        u_theirs = np.stack([partners[i].features for i in first_list])
+        u_memory = memory_gib[first]
+        mine = np.broadcast_to(features, (first.size, features.shape[0]))
         x = np.concatenate(
             [pair_features(mine, u_theirs, u_memory), pair_features(u_theirs, mine, u_memory)]
         )
         s = np.asarray(self.predictor.predict(x), dtype=np.float64)
-        half = unique.shape[0]
+        half = first.size
         s_new, s_old = s[:half][inverse], s[half:][inverse]
         their_tol = np.array([o.tolerance for o in partners])
         bad = (s_new > tolerance) | (s_old > their_tol)
@@ -195,7 +204,10 @@ class Placer:
             if mask.sum() < gpus:
                 continue
             slowdown_of = np.ones(table.size)
-            if self.predictor is not None or row in self.forbidden_rows:
+            # Idle devices are always safe and ``choose`` prefers them: screening the
+            # occupied ones is only needed when the idle ones cannot take the whole job.
+            enough_idle = np.count_nonzero(mask & (table.count == 0)) >= gpus
+            if not enough_idle and (self.predictor is not None or row in self.forbidden_rows):
                 mask, slowdown_of = self._screen(
                     row,
                     config,
