@@ -285,17 +285,7 @@ class _Epoch:
             options = options[np.argsort(row_scores[options], kind="stable")]
             if options.size == 0 or options[0] != choice[row]:
                 options = np.concatenate([[choice[row]], options[options != choice[row]]])
-            configs = np.arange(t.per_gpu.shape[1])
-            placed = placer.try_place(
-                row,
-                int(t.gpus[row]),
-                options.tolist(),
-                t.per_gpu[row],
-                t.features(np.full(configs.size, row), configs),
-                self.tolerance(np.full(configs.size, row), configs),
-                best_fit=s.pricing,
-            )
-            if placed is None:
+            if not self._try_row(placer, row, options.tolist()):
                 queued.append(row)
         if queued and s.reshape and s.coordination:
             queued = self._squeeze(placer, problem, penalty, queued)
@@ -415,9 +405,8 @@ class _Epoch:
         prices they chose to wait: an idle GPU earns nothing, and prices over lumpy
         demand can overshoot.  Placement goes through the same interference screen.
         """
-        t, s = self.t, self.settings
+        t = self.t
         scores = problem.scores(prices, penalty)
-        every = np.arange(t.per_gpu.shape[1])
         still: list[int] = []
         order = sorted(queued, key=lambda r: (-t.weight[r], t.jobs[r].arrival_time, r))
         tried = 0
@@ -432,16 +421,7 @@ class _Epoch:
                 continue
             tried += 1
             options = options[np.argsort(row_scores[options], kind="stable")]
-            placed = placer.try_place(
-                row,
-                int(t.gpus[row]),
-                options.tolist(),
-                t.per_gpu[row],
-                t.features(np.full(every.size, row), every),
-                self.tolerance(np.full(every.size, row), every),
-                best_fit=s.pricing,
-            )
-            if placed is None:
+            if not self._try_row(placer, row, options.tolist()):
                 still.append(row)
         return still
 
@@ -493,9 +473,6 @@ class _Epoch:
         wait = problem.wait_score[row]
         options = np.flatnonzero(primal[row] < wait)
         options = options[np.argsort(primal[row][options], kind="stable")][:SQUEEZE_OPTIONS]
-        every = np.arange(t.per_gpu.shape[1])
-        feats = t.features(np.full(every.size, row), every)
-        tol = self.tolerance(np.full(every.size, row), every)
         for config in options.tolist():
             need = t.per_gpu[row, config]
             gain = wait - primal[row, config]
@@ -514,16 +491,7 @@ class _Epoch:
                 undo = [(o, placer.occupants[o].config) for o, _ in changes]
                 for o, new in changes:
                     self._reconfigure(placer, o, new)
-                placed = placer.try_place(
-                    row,
-                    1,
-                    [config],
-                    t.per_gpu[row],
-                    feats,
-                    tol,
-                    allowed_devices=self._only(table, d),
-                )
-                if placed is not None:
+                if self._try_row(placer, row, [config], self._only(table, d)):
                     return True
                 for o, old in undo:
                     self._reconfigure(placer, o, old)
@@ -667,19 +635,8 @@ class _Epoch:
             devs = list(devices_of[row])
             if placer.is_forbidden(row, lower[row], devs):
                 placer.release(row, t.per_gpu[row, lower[row]])
-                feats = t.features(np.full(every.size, row), every)
-                tol = self.tolerance(np.full(every.size, row), every)
                 configs = [chosen] if chosen == current else [chosen, current]
-                moved = placer.try_place(
-                    row,
-                    int(t.gpus[row]),
-                    configs,
-                    t.per_gpu[row],
-                    feats,
-                    tol,
-                    best_fit=self.settings.pricing,
-                )
-                if moved is None:  # stay put; the violation is reported
+                if not self._try_row(placer, row, configs):  # stay put; violation reported
                     self._commit_row(placer, row, lower[row], devs, every)
                 continue
             if chosen != lower[row]:
@@ -693,23 +650,32 @@ class _Epoch:
         still = []
         for row in preempted:  # could not even go back where it ran: try anywhere
             chosen, current = int(cfg[row]), int(t.current[row])
-            feats = t.features(np.full(every.size, row), every)
-            tol = self.tolerance(np.full(every.size, row), every)
             configs = [chosen] if chosen == current else [chosen, current]
-            if (
-                placer.try_place(
-                    row,
-                    int(t.gpus[row]),
-                    configs,
-                    t.per_gpu[row],
-                    feats,
-                    tol,
-                    best_fit=self.settings.pricing,
-                )
-                is None
-            ):
+            if not self._try_row(placer, row, configs):
                 still.append(row)
         return still
+
+    def _try_row(
+        self,
+        placer: Placer,
+        row: int,
+        options: list[int],
+        allowed_devices: np.ndarray | None = None,
+    ) -> bool:
+        """``Placer.try_place`` for one job row, with its features and tolerances per config."""
+        t = self.t
+        every = np.arange(t.per_gpu.shape[1])
+        placed = placer.try_place(
+            row,
+            int(t.gpus[row]),
+            options,
+            t.per_gpu[row],
+            t.features(np.full(every.size, row), every),
+            self.tolerance(np.full(every.size, row), every),
+            best_fit=self.settings.pricing,
+            allowed_devices=allowed_devices,
+        )
+        return placed is not None
 
     def _commit_row(
         self, placer: Placer, row: int, config: int, devices: list[int], every: np.ndarray
