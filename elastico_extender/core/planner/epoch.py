@@ -123,6 +123,7 @@ class _Epoch:
         self.device_probe = DeviceTable(snapshot.nodes, settings.memory_margin_mib)
         self.units = self._units()
         self.utilization = self._current_utilization()
+        self.fastest = np.zeros(len(tables.jobs))
 
     # -- set-up -------------------------------------------------------------
     def _units(self) -> np.ndarray:
@@ -169,6 +170,7 @@ class _Epoch:
             demand *= t.gpus[None, :, None]
         tput = np.where(t.valid, t.throughput, 0.0)
         tmax = tput.max(axis=1, initial=0.0)
+        self.fastest = tmax  # T_j(c_max) over valid rows, for the regrow filter
         base = tput
         base /= -np.maximum(tmax, 1e-12)[:, None]
         base += 1.0
@@ -366,8 +368,13 @@ class _Epoch:
         if not alone:
             return
         rows = np.array(alone, dtype=np.intp)
-        primal = problem.base[rows] + penalty[rows]
         current = np.fromiter((placer.occupants[r].config for r in alone), np.intp, rows.size)
+        # Only jobs below their fastest valid configuration can gain (cheap filter first).
+        slower = t.throughput[rows, current] < self.fastest[rows] - 1e-9
+        rows, current = rows[slower], current[slower]
+        if rows.size == 0:
+            return
+        primal = problem.base[rows] + penalty[rows]
         better = primal.min(axis=1) < primal[np.arange(rows.size), current] - 1e-9
         every = np.arange(t.per_gpu.shape[1])
         for k in np.flatnonzero(better).tolist():
