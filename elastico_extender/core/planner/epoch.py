@@ -124,6 +124,7 @@ class _Epoch:
         self.units = self._units()
         self.utilization = self._current_utilization()
         self.fastest = np.zeros(len(tables.jobs))
+        self.residual_admits = 0  # admissions by Algorithm 1's last step, last packing pass
 
     # -- set-up -------------------------------------------------------------
     def _units(self) -> np.ndarray:
@@ -248,6 +249,7 @@ class _Epoch:
                 "rounds": float(rounds),
                 "price_iterations": float(iterations),
                 "converged": float(converged),
+                "residual_admissions": float(self.residual_admits),
                 **clock.phases,
             },
         )
@@ -291,6 +293,7 @@ class _Epoch:
                 queued.append(row)
         if queued and s.reshape and s.coordination:
             queued = self._squeeze(placer, problem, penalty, queued)
+        self.residual_admits = 0
         if queued:
             queued = self._admit_residual(placer, problem, prices, penalty, queued)
         if s.coordination and self.predictor is not None:
@@ -428,7 +431,9 @@ class _Epoch:
                 continue
             tried += 1
             options = options[np.argsort(row_scores[options], kind="stable")]
-            if not self._try_row(placer, row, options.tolist()):
+            if self._try_row(placer, row, options.tolist()):
+                self.residual_admits += 1
+            else:
                 still.append(row)
         return still
 
