@@ -60,13 +60,14 @@ MAIN_POLICIES = (
     "volcano",
     "lucid",
     "elastico",
+    "elastico+learned",
     "elastico+iac",
     "elastico-no-rst",
     "elastico-no-esp",
     "elastico-no-iac",
     "elastico-no-pds",
 )
-COMPARE = ("volcano", "lucid", "elastico", "elastico+iac")
+COMPARE = ("volcano", "lucid", "elastico", "elastico+learned", "elastico+iac")
 SCALE = {64: 24.0, 128: 24.0, 256: 12.0, 512: 6.0, 2048: 2.0}
 """GPUs -> arrival window in hours (shorter at large sizes to bound run time)."""
 
@@ -127,6 +128,8 @@ def main(argv: list[str] | None = None) -> int:
             ablation_table({k: v for k, v in summ.items() if "+" not in k}),
             "\nWith the spec-accuracy predictor:\n",
             ablation_table({"elastico": summ["elastico+iac"]}),
+            "\nWith the predictor learned from a stratified 25% of the workload pairs:\n",
+            ablation_table({"elastico": summ["elastico+learned"]}),
             *_check(res),
             "",
         ]
@@ -150,6 +153,8 @@ def main(argv: list[str] | None = None) -> int:
             load_table(points),
             "\nElastiCo with the spec-accuracy predictor (elastico+iac):\n",
             load_table(points, system="elastico+iac"),
+            "\nElastiCo with the learned predictor (elastico+learned):\n",
+            load_table(points, system="elastico+learned"),
             "",
         ]
 
@@ -172,6 +177,8 @@ def main(argv: list[str] | None = None) -> int:
             scalability_table(points),
             "\nWith the spec-accuracy predictor:\n",
             scalability_table(points, system="elastico+iac"),
+            "\nWith the learned predictor:\n",
+            scalability_table(points, system="elastico+learned"),
             "",
         ]
 

@@ -163,3 +163,30 @@ def test_core_alone_starts_queued_gangs_on_idle_gpus() -> None:
     devices = [d for a in plan.assignments.values() for d in a.devices]
     assert len(devices) == len(set(devices)) == 64
     assert len(plan.queued) == 32
+
+
+def test_learned_predictor_profiles_every_colocation_type_and_beats_the_heuristic() -> None:
+    """The spec's protocol: a stratified 25% of workload pairs, k-NN over the 36 features."""
+    import numpy as np
+
+    from elastico_extender.core.interference.features import pair_features
+    from elastico_extender.core.interference.predictor import ContentionPredictor
+    from elastico_extender.sim.predictors import SampledPairsPredictor
+    from elastico_extender.sim.truth import GroundTruth
+    from elastico_extender.sim.workloads import ConfigTable
+
+    configs = ConfigTable.build(0, 0.05)
+    truth = GroundTruth.build(configs)
+    learned = SampledPairsPredictor(truth, seed=0)
+    workloads = len(configs.names)
+    all_pairs = workloads * (workloads + 1) // 2
+    assert 0.2 * all_pairs <= learned.profiled_pairs <= 0.3 * all_pairs + 3
+    feats = np.concatenate([configs.families[n].features[:, :14] for n in configs.names])
+    rng = np.random.default_rng(7)
+    a, b = rng.integers(0, configs.size, 2000), rng.integers(0, configs.size, 2000)
+    x = pair_features(feats[a], feats[b], 40.0)
+    y = truth.slowdown[a, b]
+    got = learned.predict(x)
+    assert np.all(got >= 1.0)
+    mape = np.mean(np.abs(got - y) / y)
+    assert mape < np.mean(np.abs(ContentionPredictor().predict(x) - y) / y)

@@ -1,7 +1,9 @@
 """Run several policies on the same trace, cluster and seed (in parallel processes).
 
 Policy names are registry names (``volcano``, ``lucid``, ``elastico``,
-``elastico-no-rst`` ...).  Appending ``+iac`` to an ElastiCo name plans with the
+``elastico-no-rst`` ...).  Appending ``+learned`` to an ElastiCo name plans with a
+:class:`SampledPairsPredictor` (learned from a stratified 25% of the workload pairs,
+the spec's profiling protocol); appending ``+iac`` plans with the
 :class:`NoisyTablePredictor` (spec-accuracy IAC, 7.6% MAPE against the ground
 truth) instead of the core's default ContentionPredictor.
 
@@ -26,7 +28,7 @@ import numpy as np
 from elastico_extender.core.model import Job
 from elastico_extender.policies import POLICIES, Policy, make_policy
 from elastico_extender.sim.engine import ClusterSpec, RunResult, Simulator
-from elastico_extender.sim.predictors import NoisyTablePredictor
+from elastico_extender.sim.predictors import NoisyTablePredictor, SampledPairsPredictor
 from elastico_extender.sim.traces import TraceJob
 from elastico_extender.sim.truth import DEFAULT_PAIRS, GroundTruth
 from elastico_extender.sim.workloads import ConfigTable
@@ -77,10 +79,14 @@ def build_policy(name: str, exp: Experiment, truth: GroundTruth) -> Policy:
     kwargs: dict[str, object] = {}
     if base == "lucid":
         kwargs["duration_estimate"] = _Estimates(exp.trace, exp.seed)
-    if extra == "iac":
+    if extra in ("iac", "learned"):
         if not base.startswith("elastico"):
-            raise ValueError(f"+iac only applies to ElastiCo policies, not {base!r}")
-        kwargs["predictor"] = NoisyTablePredictor(truth, seed=exp.seed)
+            raise ValueError(f"+{extra} only applies to ElastiCo policies, not {base!r}")
+        kwargs["predictor"] = (
+            NoisyTablePredictor(truth, seed=exp.seed)
+            if extra == "iac"
+            else SampledPairsPredictor(truth, seed=exp.seed)
+        )
     elif extra:
         raise ValueError(f"unknown policy suffix +{extra}")
     policy = make_policy(base, **kwargs)
