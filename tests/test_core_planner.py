@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -52,35 +53,9 @@ def running_from(snapshot: Snapshot, result: Plan) -> Snapshot:
     for job in snapshot.jobs:
         a = result.assignments.get(job.id)
         if a is None:
-            jobs.append(
-                Job(
-                    job.id,
-                    job.family,
-                    job.kind,
-                    job.gpus,
-                    job.weight,
-                    job.min_throughput,
-                    job.mode,
-                    job.allowed,
-                    arrival_time=job.arrival_time,
-                )
-            )
+            jobs.append(replace(job, current_config=None, devices=()))
         else:
-            jobs.append(
-                Job(
-                    job.id,
-                    job.family,
-                    job.kind,
-                    job.gpus,
-                    job.weight,
-                    job.min_throughput,
-                    job.mode,
-                    job.allowed,
-                    a.config_index,
-                    a.devices,
-                    job.arrival_time,
-                )
-            )
+            jobs.append(replace(job, current_config=a.config_index, devices=a.devices))
     return Snapshot(snapshot.nodes, tuple(jobs), snapshot.families, snapshot.epoch + 1)
 
 

@@ -58,7 +58,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--policy",
         action="append",
         help="policy to run (repeatable; default: all of " + ", ".join(DEFAULT_POLICIES) + "); "
-        "suffix '+learned' plans ElastiCo with a predictor learned from 25%% of the workload pairs, '+iac' ElastiCo with a spec-accuracy (7.6%% MAPE) predictor",
+        "suffix '+learned' plans ElastiCo with a predictor learned from 25%% of the "
+        "workload pairs, '+iac' with a spec-accuracy (7.6%% MAPE) predictor",
     )
     p.add_argument(
         "--trace",

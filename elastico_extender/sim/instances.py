@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import replace
 
 from elastico_extender.core.model import Job, Snapshot
 from elastico_extender.policies.base import Policy
@@ -47,27 +48,9 @@ def admits_all(
         if plan.rejected:
             return False
         for job_id, a in plan.assignments.items():
-            old = jobs[job_id]
-            jobs[job_id] = Job(
-                id=old.id,
-                family=old.family,
-                kind=old.kind,
-                gpus=old.gpus,
-                min_throughput=old.min_throughput,
-                arrival_time=old.arrival_time,
-                current_config=a.config_index,
-                devices=a.devices,
-            )
+            jobs[job_id] = replace(jobs[job_id], current_config=a.config_index, devices=a.devices)
         for job_id in plan.preempted:
-            old = jobs[job_id]
-            jobs[job_id] = Job(
-                id=old.id,
-                family=old.family,
-                kind=old.kind,
-                gpus=old.gpus,
-                min_throughput=old.min_throughput,
-                arrival_time=old.arrival_time,
-            )
+            jobs[job_id] = replace(jobs[job_id], current_config=None, devices=())
         if all(j.running for j in jobs.values()):
             return True
     return False
