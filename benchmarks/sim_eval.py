@@ -214,7 +214,8 @@ def main(argv: list[str] | None = None) -> int:
         native = offered_load(raw, gpus)
         trace = scale_arrivals(raw, 1.0 / native)
         exp = Experiment(tuple(trace), ClusterSpec(gpus=gpus), seed, ep)
-        res = _run(f"philly {vc}", exp, COMPARE, args.jobs)
+        # The k-NN "+learned" predictor is too slow for this trace's length; left out.
+        res = _run(f"philly {vc}", exp, tuple(p for p in COMPARE if "+learned" not in p), args.jobs)
         summ = summaries(res)
         write_run_files(res, OUT / "philly")
         plot_all(res, OUT / "philly", title=f"(Philly {vc}, {gpus} GPUs)")
