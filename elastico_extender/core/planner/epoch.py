@@ -12,12 +12,19 @@
     apply switches, placements, migrations; admit from the queue
 
 Pending jobs take part in ESP with a "wait" option (see ``pricing.scoring``),
-so admissions come out of the same price signal; a pending job whose chosen
-configuration cannot be packed tries its next-best configurations (by score,
-never worse than waiting) before it stays queued.  Running jobs are placed
-first, in place; a job whose new configuration no longer fits its devices
-falls back to its current configuration, then migrates, and only as a last
-resort is preempted (reported in ``Plan.preempted``).
+rationed by priority against the aggregate capacity, so admissions come out
+of the same price signal.  One packing pass (``pack``) then runs, in order:
+
+1. running jobs, in place, in bulk where no device overflows; the others go
+   back in place first and grow or migrate only if there is room, so a job is
+   never preempted for a neighbour's growth (``_place_conflicted``);
+2. pending jobs the prices admit, best-fit decreasing, idle GPUs first, each
+   trying its next-best configurations (never worse than waiting);
+3. squeeze: co-tenants step down to admit a queued job when the primal
+   objective gains (closes the duality gap of lumpy configurations);
+4. residual admission: "admit jobs from Q if residual capacity permits";
+5. spread: co-located jobs move to GPUs still idle (migrations);
+6. regrow: a job alone on its GPUs takes back the speed prices took from it.
 
 The function is pure: the snapshot and the previous plan in, a new plan out.
 Timing is measured only if the driver passes a ``timer`` (a monotonic clock).
