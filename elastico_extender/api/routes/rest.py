@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from typing import Any
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
@@ -15,32 +17,27 @@ __all__ = ["router"]
 router = APIRouter(tags=["scheduler state"])
 
 
-def _observe(request: Request, verb: str, started: float) -> None:
+def _timed_view(request: Request, verb: str, view: Callable[[], Any]) -> Response:
+    """Serve one engine view as JSON and record its latency under ``verb``."""
+    started = time.perf_counter()
+    reply = json_response(view())
     metrics_of(request).request.labels(verb).observe(time.perf_counter() - started)
+    return reply
 
 
 @router.get("/prices", summary="Current shadow price per resource and recent history")
 async def prices(request: Request) -> Response:
-    started = time.perf_counter()
-    reply = json_response(engine_of(request).prices())
-    _observe(request, "prices", started)
-    return reply
+    return _timed_view(request, "prices", engine_of(request).prices)
 
 
 @router.get("/jobs", summary="Jobs: chosen configuration, predicted slowdown, floor, state")
 async def jobs(request: Request) -> Response:
-    started = time.perf_counter()
-    reply = json_response(engine_of(request).jobs())
-    _observe(request, "jobs", started)
-    return reply
+    return _timed_view(request, "jobs", engine_of(request).jobs)
 
 
 @router.get("/nodes", summary="Per-GPU occupancy and co-located pairs")
 async def nodes(request: Request) -> Response:
-    started = time.perf_counter()
-    reply = json_response(engine_of(request).nodes())
-    _observe(request, "nodes", started)
-    return reply
+    return _timed_view(request, "nodes", engine_of(request).nodes)
 
 
 @router.get("/plan", summary="The latest published plan")
