@@ -122,17 +122,8 @@ class EmbeddedCluster:
                 )
             if self.state.node(request.node) is None:
                 raise ClusterError(f"node {request.node} not found")
-            if request.configmap is not None:
-                self.configmaps[(request.namespace, request.configmap)] = configmap_object(
-                    request, uid
-                )
-            updated: dict[str, Any] = copy.deepcopy(pod)
-            meta = updated["metadata"]
-            meta.setdefault("annotations", {}).update(request.annotations)
-            updated.setdefault("spec", {})["nodeName"] = request.node
-            meta["resourceVersion"] = str(next(self._rv))
             self.bindings.append(binding_object(request))
-            self.state.apply("pods", "MODIFIED", updated)
+            self._write_decision(pod, request, bind=True)
 
     def reconfigure(self, request: BindRequest) -> None:
         with self._lock:
@@ -143,16 +134,23 @@ class EmbeddedCluster:
                 raise ClusterError(
                     f"pod {request.namespace}/{request.name} is not bound to {request.node}"
                 )
-            uid = str(pod["metadata"].get("uid"))
-            if request.configmap is not None:
-                self.configmaps[(request.namespace, request.configmap)] = configmap_object(
-                    request, uid
-                )
-            updated: dict[str, Any] = copy.deepcopy(pod)
-            meta = updated["metadata"]
-            meta.setdefault("annotations", {}).update(request.annotations)
-            meta["resourceVersion"] = str(next(self._rv))
-            self.state.apply("pods", "MODIFIED", updated)
+            self._write_decision(pod, request, bind=False)
+
+    def _write_decision(self, pod: KubeObject, request: BindRequest, *, bind: bool) -> None:
+        """ConfigMap, then the pod's decision annotations (and nodeName when binding);
+        call with the lock held."""
+        uid = str(pod["metadata"].get("uid"))
+        if request.configmap is not None:
+            self.configmaps[(request.namespace, request.configmap)] = configmap_object(
+                request, uid
+            )
+        updated: dict[str, Any] = copy.deepcopy(pod)
+        meta = updated["metadata"]
+        meta.setdefault("annotations", {}).update(request.annotations)
+        if bind:
+            updated.setdefault("spec", {})["nodeName"] = request.node
+        meta["resourceVersion"] = str(next(self._rv))
+        self.state.apply("pods", "MODIFIED", updated)
 
 
 def configmap_object(request: BindRequest, pod_uid: str) -> KubeObject:
