@@ -150,7 +150,7 @@ class PlacementView:
     def holds(self, job_id: str) -> bool:
         """Whether the job occupies devices in this view (from the plan or assumed)."""
         row = self._rows.get(job_id)
-        return row is not None and row in self.placer.occupants
+        return row is not None and row in self.placer.devices_of
 
     def devices_of(self, job_id: str) -> tuple[DeviceRef, ...]:
         row = self._rows.get(job_id)
@@ -183,7 +183,7 @@ class PlacementView:
     def forget(self, job_id: str) -> bool:
         """Release a job's devices (bind failed, pod deleted, assumption expired)."""
         row = self._rows.get(job_id)
-        if row is None or row not in self.placer.occupants:
+        if row is None or row not in self.placer.devices_of:
             return False
         self.placer.release(row, self._demand.pop(row))
         self._assumed.discard(job_id)

@@ -172,11 +172,12 @@ class _Epoch:
         t, s = self.t, self.settings
         n = len(t.jobs)
         scale = t.gpus[:, None] / self.units[None, :]  # (N, R)
-        # Divide by the GPU-equivalent at family level, then gather: one (R, N, K) pass.
-        demand = (t.demand_table / self.units[:, None, None])[:, t.family_index]
-        if n and not np.all(t.gpus == 1.0):
-            demand *= t.gpus[None, :, None]
-        tput = np.where(t.valid, t.throughput, 0.0)
+        # Demand stays per family (R, F, K), in GPU-equivalents; jobs scale it by GPU count.
+        demand = t.demand_table / self.units[:, None, None]
+        multi = None if (n == 0 or np.all(t.gpus == 1.0)) else t.gpus
+        # Performance cost w_j * (1 - T_j(c) / T_j(c_max)), c_max over the job's valid rows.
+        tput = t.throughput_table[t.family_index]
+        tput[~t.valid] = 0.0
         tmax = tput.max(axis=1, initial=0.0)
         self.fastest = tmax  # T_j(c_max) over valid rows, for the regrow filter
         base = tput
@@ -203,6 +204,8 @@ class _Epoch:
             capacity=capacity,
             reserve=np.ascontiguousarray(reserve),
             priority=priority,
+            family=t.family_index,
+            gpus=multi,
         )
 
     # -- the loop -----------------------------------------------------------
@@ -237,8 +240,8 @@ class _Epoch:
                 break
             if rounds < s.max_rounds:
                 for victim, partner, excess in violations:
-                    vc = placer.occupants[victim].config
-                    pc = placer.occupants[partner].config
+                    vc = int(placer.config[victim])
+                    pc = int(placer.config[partner])
                     penalty[victim, vc] += s.interference_weight * excess
                     penalty[partner, pc] += s.interference_weight * excess
                     forbidden.add((victim, vc, partner, pc))
@@ -272,7 +275,7 @@ class _Epoch:
     ) -> tuple[Placer, list[int], list[int]]:
         t, s = self.t, self.settings
         table = self.device_probe.fresh()
-        placer = Placer(table, self.predictor, forbidden)
+        placer = Placer(table, self.predictor, forbidden, rows=len(t.jobs))
         choice = selection.choice
         preempted: list[int] = []
         run_rows = np.flatnonzero(t.running)
@@ -341,7 +344,7 @@ class _Epoch:
             (device,) = placer.devices_of[row]
             if table.count[device] < 2:
                 continue  # its partner already moved away
-            config = placer.occupants[row].config
+            config = int(placer.config[row])
             need = t.per_gpu[row, config]
             idle = table.fits(need) & (table.count == 0)
             if not idle.any():
@@ -378,7 +381,7 @@ class _Epoch:
         if not alone:
             return
         rows = np.array(alone, dtype=np.intp)
-        current = np.fromiter((placer.occupants[r].config for r in alone), np.intp, rows.size)
+        current = placer.config[rows]
         # Only jobs below their fastest valid configuration can gain (cheap filter first).
         slower = t.throughput[rows, current] < self.fastest[rows] - 1e-9
         rows, current = rows[slower], current[slower]
@@ -507,7 +510,7 @@ class _Epoch:
                 changes, loss = plan_
                 if loss >= gain:
                     continue
-                undo = [(o, placer.occupants[o].config) for o, _ in changes]
+                undo = [(o, int(placer.config[o])) for o, _ in changes]
                 for o, new in changes:
                     self._reconfigure(placer, o, new)
                 if self._try_row(placer, row, [config], self._only(table, d)):
@@ -530,7 +533,7 @@ class _Epoch:
                 break
             if t.gpus[o] != 1:
                 continue
-            cur = placer.occupants[o].config
+            cur = int(placer.config[o])
             res = t.per_gpu[o]
             freed_mem = res[cur, GPU_MEM] - res[:, GPU_MEM]
             freed_sm = res[cur, GPU_SM] - res[:, GPU_SM]
@@ -556,7 +559,7 @@ class _Epoch:
         """Switch a placed single-GPU job to ``config`` on the same device."""
         t = self.t
         devices = placer.devices_of[row]
-        placer.release(row, t.per_gpu[row, placer.occupants[row].config])
+        placer.release(row, t.per_gpu[row, placer.config[row]])
         placer.commit(
             row,
             config,
@@ -743,17 +746,23 @@ class _Epoch:
                         memory.append(table.memory_total[d] / 1024.0)
         if not victims:
             return [], slowdown
-        occ = placer.occupants
-        va = np.stack([occ[v].features for v in victims])
-        pa = np.stack([occ[p].features for p in partners])
-        s_hat = np.asarray(self.predictor.predict(pair_features(va, pa, np.array(memory))))
-        tol = np.array([occ[v].tolerance for v in victims])
+        va, pa = np.array(victims, dtype=np.intp), np.array(partners, dtype=np.intp)
+        features = placer.features
+        s_hat = np.asarray(
+            self.predictor.predict(pair_features(features[va], features[pa], np.array(memory))),
+            dtype=np.float64,
+        )
+        # Worst S_hat per victim (at least 1), keyed in order of first appearance.
+        worst = np.ones(int(va.max()) + 1)
+        np.maximum.at(worst, va, s_hat)
+        _, first = np.unique(va, return_index=True)
+        seen = va[np.sort(first)]
+        slowdown = dict(zip(seen.tolist(), worst[seen].tolist(), strict=True))
+        excess = s_hat - placer.tolerance[va]
         violations: dict[tuple[int, int], float] = {}
-        for v, p, s_v, tau in zip(victims, partners, s_hat.tolist(), tol.tolist(), strict=True):
-            slowdown[v] = max(slowdown.get(v, 1.0), s_v)
-            if s_v > tau + 1e-9:
-                key = (v, p)
-                violations[key] = max(violations.get(key, 0.0), s_v - tau)
+        for k in np.flatnonzero(excess > 1e-9).tolist():
+            key = (victims[k], partners[k])
+            violations[key] = max(violations.get(key, 0.0), float(excess[k]))
         return [(v, p, e) for (v, p), e in violations.items()], slowdown
 
     def repair(
@@ -772,7 +781,7 @@ class _Epoch:
             fresh = [r for r in (victim, partner) if not t.running[r] and r not in evicted]
             if fresh and victim not in evicted and partner not in evicted:
                 drop = max(fresh, key=lambda r: (t.jobs[r].arrival_time, -t.weight[r], r))
-                placer.release(drop, t.per_gpu[drop, placer.occupants[drop].config])
+                placer.release(drop, t.per_gpu[drop, placer.config[drop]])
                 evicted.add(drop)
         if not evicted:
             return queued, violations, slowdown
@@ -792,11 +801,9 @@ class _Epoch:
     ) -> Plan:
         t = self.t
         refs = placer.table.refs
-        rows = np.fromiter(placer.occupants, dtype=np.intp, count=len(placer.occupants))
-        configs = np.fromiter(
-            (o.config for o in placer.occupants.values()), dtype=np.intp, count=rows.size
-        )
-        tolerance = [o.tolerance for o in placer.occupants.values()]
+        rows = np.fromiter(placer.devices_of, dtype=np.intp, count=len(placer.devices_of))
+        configs = placer.config[rows]
+        tolerance = placer.tolerance[rows].tolist()
         memory_arr = t.per_gpu[rows, configs, GPU_MEM]
         memory = memory_arr.tolist()
         sm = t.per_gpu[rows, configs, GPU_SM]

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from elastico_extender.core.interference.features import pair_features
+from elastico_extender.core.interference.features import NUM_JOB_FEATURES, pair_features
 from elastico_extender.core.interference.predictor import SlowdownPredictor
 from elastico_extender.core.planner.devices import DeviceTable
 from elastico_extender.core.resources import GPU_MEM, GPU_SM
@@ -42,31 +42,46 @@ class Placed:
     slowdown: float  # worst predicted S_hat of the newcomer on its devices (1.0 alone)
 
 
-@dataclass(slots=True)
-class _Occupant:
-    config: int
-    features: np.ndarray  # (14,)
-    tolerance: float
-
-
 class Placer:
-    """Places jobs onto a :class:`DeviceTable`, checking interference when given a predictor."""
+    """Places jobs onto a :class:`DeviceTable`, checking interference when given a predictor.
+
+    What it knows of each placed job row is held in columns (``config``,
+    ``tolerance``, ``features``, indexed by row and grown on demand) so a
+    bulk commit of thousands of running jobs is a few array writes.
+    ``devices_of`` maps each placed row to its device indices, in the order
+    the rows were placed; a row is placed exactly when it is a key there.
+    """
 
     def __init__(
         self,
         table: DeviceTable,
         predictor: SlowdownPredictor | None,
         forbidden: set[tuple[int, int, int, int]] | None = None,
+        rows: int = 0,
     ) -> None:
         self.table = table
         self.predictor = predictor
         self.forbidden = forbidden or set()
         self.forbidden_rows = {key[0] for key in self.forbidden}
-        self.occupants: dict[int, _Occupant] = {}
+        self.config = np.full(rows, -1, dtype=np.intp)
+        self.tolerance = np.zeros(rows)
+        self.features = np.zeros((rows, NUM_JOB_FEATURES), dtype=np.float32)
         self.devices_of: dict[int, tuple[int, ...]] = {}
         self.kept_in_place: set[int] = set()  # rows committed in bulk on their own devices
 
     # -- bookkeeping --------------------------------------------------------
+    def _reserve(self, rows: int) -> None:
+        """Grow the per-row columns to hold at least ``rows`` rows."""
+        have = self.config.size
+        if rows <= have:
+            return
+        size = max(rows, 2 * have, 16)
+        self.config = np.concatenate([self.config, np.full(size - have, -1, dtype=np.intp)])
+        self.tolerance = np.concatenate([self.tolerance, np.zeros(size - have)])
+        self.features = np.concatenate(
+            [self.features, np.zeros((size - have, self.features.shape[1]), dtype=np.float32)]
+        )
+
     def commit(
         self,
         row: int,
@@ -76,8 +91,11 @@ class Placer:
         features: np.ndarray,
         tolerance: float,
     ) -> None:
+        self._reserve(row + 1)
         self.table.place(row, devices, per_gpu)
-        self.occupants[row] = _Occupant(config, features, tolerance)
+        self.config[row] = config
+        self.features[row] = features
+        self.tolerance[row] = tolerance
         self.devices_of[row] = tuple(devices)
 
     def commit_many(
@@ -92,19 +110,21 @@ class Placer:
         tolerance: np.ndarray,
     ) -> None:
         """Bulk commit of jobs already known to fit; ``devices[k]`` belongs to ``rows[k]``."""
+        if rows.size:
+            self._reserve(int(rows.max()) + 1)
         self.table.place_many(worker_rows, worker_devices, worker_demand)
-        for row, config, devs, feats, tol in zip(
-            rows.tolist(), configs.tolist(), devices, features, tolerance.tolist(), strict=True
-        ):
-            self.occupants[row] = _Occupant(config, feats, tol)
-            self.devices_of[row] = devs
-        self.kept_in_place.update(rows.tolist())
+        self.config[rows] = configs
+        self.features[rows] = features
+        self.tolerance[rows] = tolerance
+        listed = rows.tolist()
+        self.devices_of.update(zip(listed, devices, strict=True))
+        self.kept_in_place.update(listed)
 
     def release(self, row: int, per_gpu: np.ndarray) -> None:
         self.kept_in_place.discard(row)
         devices = self.devices_of.pop(row)
         self.table.remove(row, devices, per_gpu)
-        del self.occupants[row]
+        self.config[row] = -1
 
     # -- checks ------------------------------------------------------------
     def is_forbidden(self, row: int, config: int, devices: Sequence[int]) -> bool:
@@ -114,8 +134,7 @@ class Placer:
             for other in self.table.occupants[d]:
                 if other == row:
                     continue
-                occ = self.occupants.get(other)
-                if occ is not None and (row, config, other, occ.config) in self.forbidden:
+                if (row, config, other, int(self.config[other])) in self.forbidden:
                     return True
         return False
 
@@ -131,23 +150,24 @@ class Placer:
         if self.predictor is None or len(devices) == 0:
             return safe, worst
         pair_dev: list[int] = []
-        partners: list[_Occupant] = []
+        partner_rows: list[int] = []
+        occupants = self.table.occupants
         for k, d in enumerate(devices.tolist()):
-            for other in self.table.occupants[d]:
-                occ = self.occupants.get(other)
-                if occ is not None:
-                    pair_dev.append(k)
-                    partners.append(occ)
-        if not partners:
+            for other in occupants[d]:
+                pair_dev.append(k)
+                partner_rows.append(other)
+        if not partner_rows:
             return safe, worst
+        partners = np.array(partner_rows, dtype=np.intp)
         # Many devices host the same partner configuration: predict each distinct
         # (partner features, device memory) once, then map back.
         memory_gib = self.table.memory_total[devices[np.array(pair_dev)]] / 1024.0
+        theirs = self.features[partners]
         ids: dict[tuple[bytes, float], int] = {}
         first_list: list[int] = []
         inverse_list: list[int] = []
-        for i, (occ, mem) in enumerate(zip(partners, memory_gib.tolist(), strict=True)):
-            key = (occ.features.tobytes(), mem)
+        for i, mem in enumerate(memory_gib.tolist()):
+            key = (theirs[i].tobytes(), mem)
             slot = ids.get(key)
             if slot is None:
                 slot = ids[key] = len(first_list)
@@ -155,7 +175,7 @@ class Placer:
             inverse_list.append(slot)
         first = np.array(first_list, dtype=np.intp)
         inverse = np.array(inverse_list, dtype=np.intp)
-        u_theirs = np.stack([partners[i].features for i in first_list])
+        u_theirs = theirs[first]
         u_memory = memory_gib[first]
         mine = np.broadcast_to(features, (first.size, features.shape[0]))
         x = np.concatenate(
@@ -164,7 +184,7 @@ class Placer:
         s = np.asarray(self.predictor.predict(x), dtype=np.float64)
         half = first.size
         s_new, s_old = s[:half][inverse], s[half:][inverse]
-        their_tol = np.array([o.tolerance for o in partners])
+        their_tol = self.tolerance[partners]
         bad = (s_new > tolerance) | (s_old > their_tol)
         idx = np.array(pair_dev)
         np.maximum.at(worst, idx, s_new)

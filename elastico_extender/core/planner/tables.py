@@ -1,8 +1,11 @@
 """Padded per-epoch arrays: every job x every configuration of its family.
 
-Families are stacked once into (F, K_max, ...) tables and gathered by each
-job's family index, so building the (N, K_max) problem is a few fancy-index
-operations rather than a loop over jobs.
+Families are stacked once into (F, K_max, ...) tables.  Per-job quantities
+that only depend on the family (demand, throughput) stay per family and are
+read through :class:`PerJob`, which maps a job row to its family row on each
+lookup: an (N, K, R) copy would cost more to build every epoch than all the
+lookups of the epoch together.  Only what differs per job (validity after
+user restrictions and floors) is an (N, K) array.
 """
 
 from __future__ import annotations
@@ -19,13 +22,35 @@ from elastico_extender.core.settings import PlannerSettings
 __all__ = ["JobTables", "build_tables"]
 
 
+class PerJob:
+    """A per-family table read per job: ``view[rows, ...] == table[family_index[rows], ...]``.
+
+    Supports the indexing the planner uses (a row, an array of rows, then any
+    further indices) and ``shape`` as if the (N, ...) array were materialised.
+    """
+
+    __slots__ = ("family_index", "table")
+
+    def __init__(self, table: np.ndarray, family_index: np.ndarray) -> None:
+        self.table = table
+        self.family_index = family_index
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return (len(self.family_index), *self.table.shape[1:])
+
+    def __getitem__(self, key: object) -> np.ndarray:
+        if isinstance(key, tuple):
+            return self.table[(self.family_index[key[0]], *key[1:])]
+        return self.table[self.family_index[key]]  # type: ignore[index]
+
+
 @dataclass(eq=False)
 class JobTables:
     jobs: tuple[Job, ...]
     family_index: np.ndarray  # (N,)
-    sizes: np.ndarray  # (N,) K_j
-    per_gpu: np.ndarray  # (N, K, R) per-GPU demand
-    throughput: np.ndarray  # (N, K) T_j(c); 1.0 in padding
+    per_gpu: PerJob  # (N, K, R) per-GPU demand, read through the family table
+    throughput: PerJob  # (N, K) T_j(c); 1.0 in padding
     valid: np.ndarray  # (N, K) bool
     default: np.ndarray  # (N,) the configuration a non-reshaped job runs
     current: np.ndarray  # (N,) current configuration or -1
@@ -34,6 +59,7 @@ class JobTables:
     floor: np.ndarray  # (N,)
     running: np.ndarray  # (N,) bool
     demand_table: np.ndarray  # (R, F, K) per-GPU demand, resource-major (for ESP)
+    throughput_table: np.ndarray  # (F, K)
     smallest: np.ndarray  # (N, R) R_j^min over valid configurations (0 where none)
     feature_table: np.ndarray  # (F, K, 14)
     estimated_table: np.ndarray  # (F, K) bool
@@ -65,26 +91,28 @@ def build_tables(snapshot: Snapshot, settings: PlannerSettings) -> JobTables:
         fastest[i] = fam.fastest_index
 
     n = len(jobs)
-    fam_idx = np.fromiter((where[j.family] for j in jobs), dtype=np.intp, count=len(jobs))
-    per_gpu = res_table[fam_idx]
-    throughput = tput_table[fam_idx]
+    fam_idx = np.array([where[j.family] for j in jobs], dtype=np.intp)
     valid = real[fam_idx]  # fancy indexing already copies
     cols = snapshot.columns
     gpus, weight, floor, current = cols.gpus, cols.weight, cols.floor, cols.current
     running = cols.held > 0
 
     # User restrictions (allowed knob ranges, fixed mode) and the default configuration.
-    default = fastest[fam_idx].copy() if n else np.zeros(0, dtype=np.intp)
-    for row, job in enumerate(jobs):
-        if job.allowed is None and job.mode is Mode.ELASTIC:
-            continue
+    default = fastest[fam_idx] if n else np.zeros(0, dtype=np.intp)
+    fixed = cols.fixed
+    restricted = sorted(
+        {row for row, job in enumerate(jobs) if job.allowed is not None}
+        | set(np.flatnonzero(fixed).tolist())
+    )
+    for row in restricted:
+        job = jobs[row]
         if job.allowed is not None:
             mask = np.zeros(k_max, dtype=bool)
             mask[list(job.allowed)] = True
             valid[row] &= mask
             if job.allowed:
                 allowed = np.array(job.allowed)
-                default[row] = allowed[np.argmax(throughput[row, allowed])]
+                default[row] = allowed[np.argmax(tput_table[fam_idx[row], allowed])]
         if job.mode is Mode.FIXED and job.current_config is not None:
             default[row] = job.current_config
     reasons: dict[int, str] = {}
@@ -92,7 +120,6 @@ def build_tables(snapshot: Snapshot, settings: PlannerSettings) -> JobTables:
     for blocked in np.flatnonzero(no_allowed).tolist():
         reasons[blocked] = "no configuration is allowed by the job's knob ranges"
 
-    fixed = cols.fixed
     pinned = fixed | (not settings.reshape)
     if pinned.any():
         only = np.zeros_like(valid)
@@ -104,10 +131,12 @@ def build_tables(snapshot: Snapshot, settings: PlannerSettings) -> JobTables:
     floored = np.flatnonzero(floor > 0)
     if floored.size:
         before = valid[floored]
-        after = before & (throughput[floored] >= floor[floored, None])
+        tput = tput_table[fam_idx[floored]]
+        after = before & (tput >= floor[floored, None])
         valid[floored] = after
-        for row in floored[before.any(axis=1) & ~after.any(axis=1)].tolist():
-            best = throughput[row][before[floored.tolist().index(row)]].max()
+        for k in np.flatnonzero(before.any(axis=1) & ~after.any(axis=1)).tolist():
+            row = int(floored[k])
+            best = tput[k][before[k]].max()
             reasons[row] = (
                 f"no configuration meets the throughput floor {floor[row]:g} "
                 f"(best allowed: {best:g})"
@@ -130,7 +159,7 @@ def build_tables(snapshot: Snapshot, settings: PlannerSettings) -> JobTables:
             before = valid.copy()
             valid &= family_fits[fam_idx]
             for row in np.flatnonzero(before.any(axis=1) & ~valid.any(axis=1)).tolist():
-                need = per_gpu[row][before[row]][:, GPU_MEM].min()
+                need = res_table[fam_idx[row]][before[row]][:, GPU_MEM].min()
                 reasons[row] = (
                     f"no allowed configuration fits any GPU (smallest needs {need:.0f} MiB, "
                     f"largest device offers {mem_cap:.0f} MiB after the driver margin)"
@@ -152,18 +181,19 @@ def build_tables(snapshot: Snapshot, settings: PlannerSettings) -> JobTables:
         else np.zeros((0, NUM_RESOURCES))
     )
     smallest = family_min[fam_idx] if n else np.zeros((0, NUM_RESOURCES))
-    restricted = np.flatnonzero(
+    narrowed = np.flatnonzero(
         (valid.sum(axis=1) != real.sum(axis=1)[fam_idx]) if n else np.zeros(0, dtype=bool)
     )
-    if restricted.size:
-        sub = np.where(valid[restricted][:, :, None], per_gpu[restricted], np.inf).min(axis=1)
-        smallest[restricted] = np.where(np.isfinite(sub), sub, 0.0)
+    if narrowed.size:
+        sub = np.where(
+            valid[narrowed][:, :, None], res_table[fam_idx[narrowed]], np.inf
+        ).min(axis=1)
+        smallest[narrowed] = np.where(np.isfinite(sub), sub, 0.0)
     return JobTables(
         jobs=jobs,
         family_index=fam_idx,
-        sizes=np.array([f.size for f in families])[fam_idx] if n else np.zeros(0, dtype=np.intp),
-        per_gpu=per_gpu,
-        throughput=throughput,
+        per_gpu=PerJob(res_table, fam_idx),
+        throughput=PerJob(tput_table, fam_idx),
         valid=valid,
         default=default,
         current=current,
@@ -172,6 +202,7 @@ def build_tables(snapshot: Snapshot, settings: PlannerSettings) -> JobTables:
         floor=floor,
         running=running,
         demand_table=np.ascontiguousarray(np.transpose(res_table, (2, 0, 1))),
+        throughput_table=tput_table,
         smallest=smallest,
         feature_table=feat_table,
         estimated_table=est_table,

@@ -17,7 +17,11 @@ choose to wait.  Invalid rows (padding, disallowed by the user, below the
 floor L_j) score +inf.
 
 Everything is held as padded (N, K) arrays so one selection is a handful of
-numpy operations, never a per-job Python loop.
+numpy operations, never a per-job Python loop.  Demand is kept *factored*:
+jobs of one workload family share their per-GPU demand table, so it is stored
+once per family, (R, F, K), with each job's family row and GPU count; the rent
+of every configuration is then one (F, K) product per price vector, gathered
+to (N, K), instead of an (R, N, K) tensor rebuilt every epoch.
 """
 
 from __future__ import annotations
@@ -35,7 +39,10 @@ __all__ = ["PricingProblem", "Selection", "select"]
 class PricingProblem:
     """The padded arrays one epoch prices over.
 
-    demand     (R, N, K)  D_j(c) in GPU-equivalents (resource-major for fast rent sums)
+    demand     (R, F, K)  per-GPU demand of family f's configuration c, in GPU-equivalents
+    family     (N,)       each job's row of ``demand``; None means F == N, row j is job j
+    gpus       (N,)       each job's GPU count: D_j(c) = gpus_j * demand[:, family_j, c];
+                          None means one GPU each
     base       (N, K)     performance cost + switching cost; +inf where invalid
     wait_score (N,)       score of waiting (w_j for pending, +inf for running jobs)
     capacity   (R,)       physical capacity C in GPU-equivalents
@@ -51,6 +58,8 @@ class PricingProblem:
     capacity: np.ndarray
     reserve: np.ndarray
     priority: np.ndarray | None = None
+    family: np.ndarray | None = None
+    gpus: np.ndarray | None = None
 
     @property
     def num_jobs(self) -> int:
@@ -58,13 +67,27 @@ class PricingProblem:
 
     def scores(self, prices: np.ndarray, penalty: np.ndarray | None = None) -> np.ndarray:
         """(N, K) Score_j(c; lambda) including the interference penalty Gamma."""
-        total = self.base.copy()
-        for r in range(NUM_RESOURCES):
-            if prices[r] != 0.0:
-                total += prices[r] * self.demand[r]
+        if np.any(prices != 0.0):
+            rent = np.tensordot(prices, self.demand, axes=1)  # (F, K): one row per family
+            if self.family is not None:
+                rent = rent[self.family]
+            if self.gpus is not None:
+                rent *= self.gpus[:, None]
+            total = rent
+            total += self.base
+        else:
+            total = self.base.copy()
         if penalty is not None:
             total += penalty
         return total
+
+    def chosen_demand(self, choice: np.ndarray) -> np.ndarray:
+        """(R, N) D_j(c_j) of each job at configuration ``choice[j]``."""
+        rows = np.arange(choice.size) if self.family is None else self.family
+        chosen = self.demand[:, rows, choice]
+        if self.gpus is not None:
+            chosen = chosen * self.gpus[None, :]
+        return chosen
 
 
 @dataclass(frozen=True, eq=False)
@@ -100,7 +123,7 @@ def select(
     rows = np.arange(n)
     best = scores[rows, choice]
     wants = np.isfinite(best) & (best < problem.wait_score)
-    chosen = np.stack([problem.demand[r][rows, choice] for r in range(NUM_RESOURCES)])  # (R, N)
+    chosen = problem.chosen_demand(choice)  # (R, N)
     chosen[:, ~wants] = 0.0
     incumbent = ~np.isfinite(problem.wait_score)  # running jobs: never wait
     base_usage = chosen[:, incumbent].sum(axis=1)
