@@ -185,9 +185,9 @@ def build_tables(snapshot: Snapshot, settings: PlannerSettings) -> JobTables:
         (valid.sum(axis=1) != real.sum(axis=1)[fam_idx]) if n else np.zeros(0, dtype=bool)
     )
     if narrowed.size:
-        sub = np.where(
-            valid[narrowed][:, :, None], res_table[fam_idx[narrowed]], np.inf
-        ).min(axis=1)
+        sub = np.where(valid[narrowed][:, :, None], res_table[fam_idx[narrowed]], np.inf).min(
+            axis=1
+        )
         smallest[narrowed] = np.where(np.isfinite(sub), sub, 0.0)
     return JobTables(
         jobs=jobs,
