@@ -46,6 +46,16 @@ class DeviceTable:
         self.count = np.zeros(len(refs), dtype=np.intp)  # jobs per device, for vector checks
         self.idle_per_node = np.bincount(self.node_of, minlength=len(nodes))
         self._idle_total = self.idle_per_node.copy()
+        # Per node: first device index and the smallest / largest usable device memory,
+        # so an idle device can be chosen node by node (see ``choose_idle``).
+        self.node_start = np.concatenate([[0], np.cumsum(self._idle_total)[:-1]]).astype(np.intp)
+        has_gpu = self._idle_total > 0
+        self.node_cap_min = np.zeros(len(nodes))
+        self.node_cap_max = np.zeros(len(nodes))
+        if has_gpu.any():
+            starts = self.node_start[has_gpu]
+            self.node_cap_min[has_gpu] = np.minimum.reduceat(self.memory_capacity, starts)
+            self.node_cap_max[has_gpu] = np.maximum.reduceat(self.memory_capacity, starts)
         self._cpu_total = self.cpu_free.copy()
         self._ram_total = self.ram_free.copy()
 
@@ -64,6 +74,9 @@ class DeviceTable:
         twin._cpu_total = self._cpu_total
         twin._idle_total = self._idle_total
         twin._ram_total = self._ram_total
+        twin.node_start = self.node_start
+        twin.node_cap_min = self.node_cap_min
+        twin.node_cap_max = self.node_cap_max
         twin.occupants = defaultdict(list)
         twin.count = np.zeros(len(self.refs), dtype=np.intp)
         twin.idle_per_node = self._idle_total.copy()
@@ -135,6 +148,32 @@ class DeviceTable:
         occupants = self.occupants
         for row, d in zip(rows.tolist(), devices.tolist(), strict=True):
             occupants[d].append(row)
+
+    def choose_idle(self, per_gpu: np.ndarray, best_fit: bool) -> int | None | bool:
+        """One idle device for a one-GPU worker, decided per node: what :meth:`choose`
+        returns when some idle device fits, at the cost of a pass over nodes, not devices.
+
+        Returns the device, ``None`` when no idle device fits, or ``False`` when a node
+        mixes device sizes around the demand and only the per-device path can decide.
+        """
+        mem = per_gpu[GPU_MEM] - _EPS
+        idle = self.idle_per_node > 0
+        room = (
+            idle
+            & (self.cpu_free >= per_gpu[CPU] - _EPS)
+            & (self.ram_free >= per_gpu[HOST_MEM] - _EPS)
+        )
+        if np.any(room & (self.node_cap_min < mem) & (self.node_cap_max >= mem)):
+            return False
+        room &= self.node_cap_min >= mem
+        if per_gpu[GPU_SM] > 1.0 + _EPS or not room.any():
+            return None
+        nodes = np.flatnonzero(room)
+        # Fewest idle GPUs first (keeps other nodes whole), lowest index on ties.
+        node = int(nodes[np.argmin(self.idle_per_node[nodes])]) if best_fit else int(nodes[0])
+        start = int(self.node_start[node])
+        local = self.count[start : start + int(self._idle_total[node])]
+        return start + int(np.argmin(local != 0))
 
     def choose(
         self, candidates: np.ndarray, per_gpu: np.ndarray, gpus: int, best_fit: bool

@@ -33,6 +33,7 @@ Timing is measured only if the driver passes a ``timer`` (a monotonic clock).
 from __future__ import annotations
 
 from collections.abc import Callable
+from itertools import chain
 
 import numpy as np
 
@@ -65,6 +66,10 @@ SQUEEZE_OPTIONS = 8
 """Best configurations of a queued job tried when squeezing."""
 SQUEEZE_DEVICES = 8
 """Devices with the smallest memory deficit tried per configuration."""
+
+
+_ACTIONS = (Action.KEEP, Action.RECONFIGURE, Action.MIGRATE, Action.ADMIT)
+"""Plan actions by code, as ``build_plan`` computes them column-wise."""
 
 
 class _Clock:
@@ -369,18 +374,16 @@ class _Epoch:
         t = self.t
         table = placer.table
         count = table.count
-        single = [(r, devs[0]) for r, devs in placer.devices_of.items() if len(devs) == 1]
-        alone = [
-            r for (r, _), ok in zip(single, count[[d for _, d in single]] == 1, strict=True) if ok
-        ]
-        alone += [
-            r
-            for r, devs in placer.devices_of.items()
-            if len(devs) > 1 and all(count[d] == 1 for d in devs)
-        ]
-        if not alone:
+        placed = placer.devices_of
+        rows = np.fromiter(placed, dtype=np.intp, count=len(placed))
+        width = np.fromiter(map(len, placed.values()), dtype=np.intp, count=rows.size)
+        flat = np.fromiter(chain.from_iterable(placed.values()), np.intp, int(width.sum()))
+        shared = np.bincount(np.repeat(np.arange(rows.size), width), count[flat] != 1, rows.size)
+        # Alone on every device; one-GPU jobs first, then gangs (each in placement order).
+        alone = np.flatnonzero(shared == 0)
+        rows = rows[alone[np.argsort(width[alone] > 1, kind="stable")]]
+        if rows.size == 0:
             return
-        rows = np.array(alone, dtype=np.intp)
         current = placer.config[rows]
         # Only jobs below their fastest valid configuration can gain (cheap filter first).
         slower = t.throughput[rows, current] < self.fastest[rows] - 1e-9
@@ -578,8 +581,9 @@ class _Epoch:
     def _pack_running(self, placer: Placer, rows: np.ndarray, choice: np.ndarray) -> list[int]:
         """Place running jobs: in place in bulk where nothing overflows, one by one otherwise."""
         t, table = self.t, placer.table
-        index = table.index
-        cur_devs = [tuple(index[r] for r in t.jobs[row].devices) for row in rows.tolist()]
+        lookup = table.index.__getitem__
+        jobs = t.jobs
+        cur_devs = [tuple(map(lookup, jobs[row].devices)) for row in rows.tolist()]
         worker_rows = np.repeat(rows, [len(d) for d in cur_devs])
         worker_devs = np.fromiter(
             (d for devs in cur_devs for d in devs), dtype=np.intp, count=worker_rows.size
@@ -809,38 +813,45 @@ class _Epoch:
         sm = t.per_gpu[rows, configs, GPU_SM]
         throughput = t.throughput[rows, configs].tolist()
         estimated = t.estimated_table[t.family_index[rows], configs].tolist()
-        families = self.snapshot.families
-        assignments: dict[str, Assignment] = {}
-        workers = 0
-        in_place = placer.kept_in_place
-        for k, row in enumerate(rows.tolist()):
-            job = t.jobs[row]
-            config = int(configs[k])
-            if row in in_place:
-                devices = job.devices
-            else:
-                devices = tuple(refs[d] for d in placer.devices_of[row])
-            workers += len(devices)
-            if not job.devices:
-                action = Action.ADMIT
-            elif devices != job.devices and set(devices) != set(job.devices):
-                action = Action.MIGRATE
-            elif config != job.current_config:
-                action = Action.RECONFIGURE
-            else:
-                action = Action.KEEP
-            assignments[job.id] = Assignment(
-                job.id,
-                config,
-                families[job.family].configs[config],
-                devices,
-                memory[k],
-                throughput[k],
-                slowdown.get(row, 1.0),
-                tolerance[k],
-                action,
-                estimated[k],
+        # One Assignment per placed job, built column-wise (the plan is rebuilt every epoch).
+        listed = rows.tolist()
+        jobs = [t.jobs[r] for r in listed]
+        ids = [job.id for job in jobs]
+        kept = np.zeros(len(t.jobs), dtype=bool)
+        kept[list(placer.kept_in_place)] = True
+        devices = [job.devices for job in jobs]
+        code = np.where(t.running[rows], np.where(configs != t.current[rows], 1, 0), 3)
+        for k in np.flatnonzero(~kept[rows]).tolist():  # placed this epoch: maybe moved
+            job = jobs[k]
+            devices[k] = tuple(refs[d] for d in placer.devices_of[listed[k]])
+            if job.devices and devices[k] != job.devices and set(devices[k]) != set(job.devices):
+                code[k] = 2
+        actions = [_ACTIONS[c] for c in code.tolist()]
+        by_family = [self.snapshot.families[name].configs for name in t.family_names]
+        configurations = [
+            by_family[f][c]
+            for f, c in zip(t.family_index[rows].tolist(), configs.tolist(), strict=True)
+        ]
+        worst = [slowdown.get(r, 1.0) for r in listed] if slowdown else [1.0] * len(listed)
+        assignments = dict(
+            zip(
+                ids,
+                map(
+                    Assignment,
+                    ids,
+                    configs.tolist(),
+                    configurations,
+                    devices,
+                    memory,
+                    throughput,
+                    worst,
+                    tolerance,
+                    actions,
+                    estimated,
+                ),
+                strict=True,
             )
+        )
         rejected = {t.jobs[r].id: reason for r, reason in t.reasons.items() if not t.running[r]}
         waiting = tuple(t.jobs[r].id for r in queued if t.jobs[r].id not in rejected)
         per_job_gpus = t.gpus[rows]

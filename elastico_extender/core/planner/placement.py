@@ -218,6 +218,14 @@ class Placer:
             demand = per_gpu[config]
             if demand[GPU_MEM] > largest_mem + 1e-9 or demand[GPU_SM] > largest_sm + 1e-9:
                 continue
+            if gpus == 1 and allowed_devices is None:
+                idle = table.choose_idle(demand, best_fit)
+                if idle is not None and idle is not False:  # an idle GPU: no co-location to check
+                    if commit:
+                        self.commit(
+                            row, config, [idle], demand, features[config], float(tolerance[config])
+                        )
+                    return Placed(config, (idle,), 1.0)
             mask = table.fits(demand)
             if allowed_devices is not None:
                 mask &= allowed_devices

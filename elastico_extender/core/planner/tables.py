@@ -48,6 +48,7 @@ class PerJob:
 @dataclass(eq=False)
 class JobTables:
     jobs: tuple[Job, ...]
+    family_names: list[str]  # (F,) workload family of each family row
     family_index: np.ndarray  # (N,)
     per_gpu: PerJob  # (N, K, R) per-GPU demand, read through the family table
     throughput: PerJob  # (N, K) T_j(c); 1.0 in padding
@@ -191,6 +192,7 @@ def build_tables(snapshot: Snapshot, settings: PlannerSettings) -> JobTables:
         smallest[narrowed] = np.where(np.isfinite(sub), sub, 0.0)
     return JobTables(
         jobs=jobs,
+        family_names=names,
         family_index=fam_idx,
         per_gpu=PerJob(res_table, fam_idx),
         throughput=PerJob(tput_table, fam_idx),
