@@ -10,10 +10,12 @@ plan can be read from many threads without locks.
 from __future__ import annotations
 
 import math
+from array import array as typed_array
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from functools import cached_property
+from itertools import chain, repeat
 from typing import NamedTuple
 
 import numpy as np
@@ -25,6 +27,7 @@ __all__ = [
     "Action",
     "Assignment",
     "Configuration",
+    "DeviceIndex",
     "DeviceRef",
     "GpuDevice",
     "Job",
@@ -36,6 +39,7 @@ __all__ = [
     "Plan",
     "ProfileFamily",
     "Snapshot",
+    "device_index",
 ]
 
 KnobValue = int | float | bool | str
@@ -283,7 +287,7 @@ class Job:
 
 @dataclass(frozen=True, eq=False)
 class JobColumns:
-    """The numeric fields of every job as arrays (one pass over the records)."""
+    """The fields of every job as arrays (one pass over the records)."""
 
     gpus: np.ndarray  # float
     weight: np.ndarray
@@ -291,32 +295,96 @@ class JobColumns:
     held: np.ndarray  # int: devices the job runs on now
     current: np.ndarray  # int: current configuration row, -1 when none
     fixed: np.ndarray  # bool: mode is fixed
+    arrival: np.ndarray  # float: arrival time
+    family_names: tuple[str, ...]  # sorted distinct workload families of the jobs
+    family_code: np.ndarray  # int: each job's position in ``family_names``
+    restricted: np.ndarray  # int: rows whose ``allowed`` is set
+
+
+def _floats(values: list[float] | list[int]) -> np.ndarray:
+    return np.frombuffer(typed_array("d", values), dtype=np.float64)
 
 
 def job_columns(jobs: tuple[Job, ...]) -> JobColumns:
+    # One list comprehension per field, converted through ``array``: several times
+    # cheaper than one comprehension of tuples converted by ``np.array``.
     fixed = Mode.FIXED
-    table = np.array(
-        [
-            (
-                j.gpus,
-                j.weight,
-                j.min_throughput,
-                len(j.devices),
-                -1 if j.current_config is None else j.current_config,
-                j.mode is fixed,
-            )
-            for j in jobs
-        ],
-        dtype=np.float64,
-    ).reshape(len(jobs), 6)
+    families = [j.family for j in jobs]
+    names = tuple(sorted(set(families)))
+    code = dict(zip(names, range(len(names)), strict=True))
+    current = [j.current_config for j in jobs]
     return JobColumns(
-        gpus=table[:, 0],
-        weight=table[:, 1],
-        floor=table[:, 2],
-        held=table[:, 3].astype(np.intp),
-        current=table[:, 4].astype(np.intp),
-        fixed=table[:, 5].astype(bool),
+        gpus=_floats([j.gpus for j in jobs]),
+        weight=_floats([j.weight for j in jobs]),
+        floor=_floats([j.min_throughput for j in jobs]),
+        held=np.array([len(j.devices) for j in jobs], dtype=np.intp).reshape(len(jobs)),
+        current=np.array(
+            [-1 if c is None else c for c in current] if None in current else current,
+            dtype=np.intp,
+        ).reshape(len(jobs)),
+        fixed=np.array([j.mode is fixed for j in jobs], dtype=bool).reshape(len(jobs)),
+        arrival=_floats([j.arrival_time for j in jobs]),
+        family_names=names,
+        family_code=np.fromiter(map(code.__getitem__, families), np.intp, len(jobs)),
+        restricted=np.array(
+            [row for row, j in enumerate(jobs) if j.allowed is not None], dtype=np.intp
+        ),
     )
+
+
+class DeviceIndex:
+    """Static facts of a cluster's GPUs, in one order: device ``d`` is ``refs[d]``.
+
+    Derived from the nodes alone and read by validation, bin-packing and the
+    extender every epoch; :func:`device_index` builds it once per ``nodes``
+    tuple (drivers pass the same tuple while the cluster does not change).
+    """
+
+    def __init__(self, nodes: tuple[Node, ...]) -> None:
+        self.refs: list[DeviceRef] = [(n.name, g.index) for n in nodes for g in n.gpus]
+        self.index: dict[DeviceRef, int] = dict(zip(self.refs, range(len(self.refs)), strict=True))
+        self.per_node = np.array([len(n.gpus) for n in nodes], dtype=np.intp)
+        self.node_of = np.repeat(np.arange(len(nodes), dtype=np.intp), self.per_node)
+        self.memory_total = np.array(
+            [g.memory_mib for n in nodes for g in n.gpus], dtype=np.float64
+        ).reshape(len(self.refs))
+        self.cpu = np.array([n.cpu_cores for n in nodes], dtype=np.float64)
+        self.ram = np.array([n.host_mem_mib for n in nodes], dtype=np.float64)
+        self.problems: list[str] = []
+        names = [n.name for n in nodes]
+        if len(set(names)) != len(names):
+            self.problems.append("duplicate node names")
+        if len(self.index) != len(self.refs):
+            self.problems.append("duplicate GPU indices on a node")
+        with np.errstate(invalid="ignore"):
+            bad = ~(np.isfinite(self.memory_total) & (self.memory_total >= 0))
+        for d in np.flatnonzero(bad).tolist():
+            node, gpu = self.refs[d]
+            self.problems.append(f"node {node} gpu {gpu}: bad memory {self.memory_total[d]}")
+
+    @property
+    def size(self) -> int:
+        return len(self.refs)
+
+
+_INDEXES: tuple[tuple[tuple[Node, ...], DeviceIndex], ...] = ()
+_INDEXES_KEPT = 4
+
+
+def device_index(nodes: tuple[Node, ...]) -> DeviceIndex:
+    """The :class:`DeviceIndex` of ``nodes``, memoised by identity for the last few tuples.
+
+    Nodes are frozen, so a tuple seen before describes the same devices; the
+    memo holds a reference to each tuple, so an identity match cannot be a
+    recycled id.  Rebinding the tuple of entries is atomic, so threads need no lock.
+    """
+    global _INDEXES
+    for known, index in _INDEXES:
+        if known is nodes:
+            return index
+    index = DeviceIndex(nodes)
+    _INDEXES = (*_INDEXES[-(_INDEXES_KEPT - 1) :], (nodes, index))
+    return index
 
 
 @dataclass(frozen=True)
@@ -333,26 +401,27 @@ class Snapshot:
         """Job fields as arrays, computed once per snapshot (validation and planning share it)."""
         return job_columns(self.jobs)
 
+    @cached_property
+    def devices(self) -> DeviceIndex:
+        return device_index(self.nodes)
+
+    @cached_property
+    def workers(self) -> np.ndarray:
+        """Device index of every worker of every running job, jobs in row order (-1: unknown)."""
+        refs = chain.from_iterable([j.devices for j in self.jobs])
+        found = map(self.devices.index.get, refs, repeat(-1))
+        return np.fromiter(found, np.intp, int(self.columns.held.sum()))
+
     def validate(self) -> None:
         """Raise :class:`InvalidSnapshotError` listing every problem found."""
-        problems: list[str] = []
-        node_names = [n.name for n in self.nodes]
-        if len(set(node_names)) != len(node_names):
-            problems.append("duplicate node names")
-        devices = {(n.name, g.index): g for n in self.nodes for g in n.gpus}
-        for node in self.nodes:
-            for gpu in node.gpus:
-                if not (math.isfinite(gpu.memory_mib) and gpu.memory_mib >= 0):
-                    problems.append(
-                        f"node {node.name} gpu {gpu.index}: bad memory {gpu.memory_mib}"
-                    )
+        devices = self.devices
+        problems: list[str] = list(devices.problems)
         jobs = self.jobs
         if len({j.id for j in jobs}) != len(jobs):
             problems.append("duplicate job ids")
         # Vectorised screen first; messages are built only for the records that fail it.
         n = len(jobs)
         families = self.families
-        sizes = {name: fam.size for name, fam in families.items()}
         cols = self.columns
         gpus, weight, floor, held, current = (
             cols.gpus,
@@ -361,7 +430,10 @@ class Snapshot:
             cols.held,
             cols.current,
         )
-        size = np.fromiter((sizes.get(j.family, 0) for j in jobs), np.intp, n)
+        sizes = np.array(
+            [families[f].size if f in families else 0 for f in cols.family_names], dtype=np.intp
+        )
+        size = sizes[cols.family_code] if n else np.zeros(0, dtype=np.intp)
         with np.errstate(invalid="ignore"):
             bad = (
                 (gpus < 1)
@@ -373,13 +445,14 @@ class Snapshot:
                 | ((held > 0) & ((held != gpus) | (current < 0) | (current >= size)))
                 | ((current >= size) & (size > 0))
             )
-        used = {ref for j in jobs for ref in j.devices}
-        if not used <= devices.keys():
-            unknown = used - devices.keys()
-            bad |= np.fromiter((any(r in unknown for r in j.devices) for j in jobs), bool, n)
+        unknown = self.workers < 0
+        if unknown.any():
+            owners = np.repeat(np.arange(n), held)
+            bad[owners[unknown]] = True
         for row in np.flatnonzero(bad).tolist():
-            problems.extend(_job_problems(jobs[row], families.get(jobs[row].family), devices))
-        for job in jobs:
+            problems.extend(_job_problems(jobs[row], families.get(jobs[row].family), devices.index))
+        for row in cols.restricted.tolist():
+            job = jobs[row]
             family = families.get(job.family)
             if (
                 job.allowed is not None
@@ -392,7 +465,7 @@ class Snapshot:
 
 
 def _job_problems(
-    job: Job, family: ProfileFamily | None, devices: Mapping[DeviceRef, GpuDevice]
+    job: Job, family: ProfileFamily | None, devices: Mapping[DeviceRef, object]
 ) -> list[str]:
     """Every problem of one job record within a snapshot (used to build error messages)."""
     found = job.problems()

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from elastico_extender.core.model import DeviceRef, Node
+from elastico_extender.core.model import Node, device_index
 from elastico_extender.core.resources import CPU, GPU_MEM, GPU_SM, HOST_MEM
 
 __all__ = ["DeviceTable", "gpu_equivalent"]
@@ -27,24 +27,20 @@ class DeviceTable:
     """Mutable capacity ledger over all GPUs of a snapshot (rebuilt every epoch)."""
 
     def __init__(self, nodes: Sequence[Node], memory_margin_mib: float) -> None:
-        refs: list[DeviceRef] = [(node.name, gpu.index) for node in nodes for gpu in node.gpus]
-        self.refs = refs
-        self.index = dict(zip(refs, range(len(refs)), strict=True))
-        self.node_of = np.repeat(
-            np.arange(len(nodes), dtype=np.intp), [len(node.gpus) for node in nodes]
-        )
-        self.memory_total = np.fromiter(
-            (gpu.memory_mib for node in nodes for gpu in node.gpus), np.float64, len(refs)
-        )
+        static = device_index(tuple(nodes))
+        self.refs = static.refs
+        self.index = static.index
+        self.node_of = static.node_of
+        self.memory_total = static.memory_total
         self.memory_capacity = np.maximum(self.memory_total - memory_margin_mib, 0.0)
         self.mem_free = self.memory_capacity.copy()
-        self.sm_free = np.ones(len(refs))
-        self.cpu_free = np.array([n.cpu_cores for n in nodes], dtype=np.float64)
-        self.ram_free = np.array([n.host_mem_mib for n in nodes], dtype=np.float64)
+        self.sm_free = np.ones(len(self.refs))
+        self.cpu_free = static.cpu.copy()
+        self.ram_free = static.ram.copy()
         # Job rows per device; only devices that ever held a job get a list.
         self.occupants: defaultdict[int, list[int]] = defaultdict(list)
-        self.count = np.zeros(len(refs), dtype=np.intp)  # jobs per device, for vector checks
-        self.idle_per_node = np.bincount(self.node_of, minlength=len(nodes))
+        self.count = np.zeros(len(self.refs), dtype=np.intp)  # jobs per device, for vector checks
+        self.idle_per_node = static.per_node.copy()
         self._idle_total = self.idle_per_node.copy()
         # Per node: first device index and the smallest / largest usable device memory,
         # so an idle device can be chosen node by node (see ``choose_idle``).
@@ -136,20 +132,21 @@ class DeviceTable:
 
     def place_many(self, rows: np.ndarray, devices: np.ndarray, per_gpu: np.ndarray) -> None:
         """Vectorised :meth:`place`, one worker per entry: rows, devices (W,), per_gpu (W, R)."""
-        np.subtract.at(self.mem_free, devices, per_gpu[:, GPU_MEM])
-        np.subtract.at(self.sm_free, devices, per_gpu[:, GPU_SM])
+        size, node_count = self.size, len(self.cpu_free)
+        self.mem_free -= np.bincount(devices, per_gpu[:, GPU_MEM], size)
+        self.sm_free -= np.bincount(devices, per_gpu[:, GPU_SM], size)
         nodes = self.node_of[devices]
-        np.subtract.at(self.cpu_free, nodes, per_gpu[:, CPU])
-        np.subtract.at(self.ram_free, nodes, per_gpu[:, HOST_MEM])
+        self.cpu_free -= np.bincount(nodes, per_gpu[:, CPU], node_count)
+        self.ram_free -= np.bincount(nodes, per_gpu[:, HOST_MEM], node_count)
         was_idle = self.count == 0
-        np.add.at(self.count, devices, 1)
+        self.count += np.bincount(devices, minlength=size)
         became_busy = was_idle & (self.count > 0)
         self.idle_per_node -= np.bincount(self.node_of[became_busy], minlength=len(self.cpu_free))
         occupants = self.occupants
         for row, d in zip(rows.tolist(), devices.tolist(), strict=True):
             occupants[d].append(row)
 
-    def choose_idle(self, per_gpu: np.ndarray, best_fit: bool) -> int | None | bool:
+    def choose_idle(self, per_gpu: np.ndarray, best_fit: bool) -> int | bool | None:
         """One idle device for a one-GPU worker, decided per node: what :meth:`choose`
         returns when some idle device fits, at the cost of a pass over nodes, not devices.
 

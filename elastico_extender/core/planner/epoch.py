@@ -33,7 +33,7 @@ Timing is measured only if the driver passes a ``timer`` (a monotonic clock).
 from __future__ import annotations
 
 from collections.abc import Callable
-from itertools import chain
+from itertools import chain, repeat
 
 import numpy as np
 
@@ -72,6 +72,17 @@ _ACTIONS = (Action.KEEP, Action.RECONFIGURE, Action.MIGRATE, Action.ADMIT)
 """Plan actions by code, as ``build_plan`` computes them column-wise."""
 
 
+def _performance_cost(throughput: np.ndarray, valid: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per row: 1 - T(c) / T(c_max) over the valid columns (+inf elsewhere), and T(c_max)."""
+    tput = np.where(valid, throughput, 0.0)
+    tmax = tput.max(axis=1, initial=0.0)
+    cost = tput
+    cost /= -np.maximum(tmax, 1e-12)[:, None]
+    cost += 1.0
+    cost[~valid] = np.inf
+    return cost, tmax
+
+
 class _Clock:
     """Accumulates per-phase milliseconds when the driver supplies a timer."""
 
@@ -106,12 +117,13 @@ def plan(
     problems = settings.problems()
     if problems:
         raise InvalidInputError("invalid planner settings: " + "; ".join(problems))
+    clock = _Clock(timer)
     snapshot.validate()
+    clock.lap("validate")
     if not settings.interference_check:
         predictor = None  # ablation "w/o IAC": co-locations are admitted unchecked
     elif predictor is None:
         predictor = ContentionPredictor()
-    clock = _Clock(timer)
     tables = build_tables(snapshot, settings)
     epoch = _Epoch(snapshot, tables, settings, predictor, previous)
     clock.lap("build")
@@ -180,27 +192,27 @@ class _Epoch:
         # Demand stays per family (R, F, K), in GPU-equivalents; jobs scale it by GPU count.
         demand = t.demand_table / self.units[:, None, None]
         multi = None if (n == 0 or np.all(t.gpus == 1.0)) else t.gpus
-        # Performance cost w_j * (1 - T_j(c) / T_j(c_max)), c_max over the job's valid rows.
-        tput = t.throughput_table[t.family_index]
-        tput[~t.valid] = 0.0
-        tmax = tput.max(axis=1, initial=0.0)
+        # Performance cost w_j * (1 - T_j(c) / T_j(c_max)), c_max over the job's valid rows:
+        # per family for jobs that may use every configuration, per job for the others.
+        family_base, family_max = _performance_cost(t.throughput_table, t.real)
+        base = family_base[t.family_index]
+        tmax = family_max[t.family_index]
+        if t.narrowed.size:
+            rows = t.narrowed
+            base[rows], tmax[rows] = _performance_cost(t.throughput[rows], t.valid[rows])
         self.fastest = tmax  # T_j(c_max) over valid rows, for the regrow filter
-        base = tput
-        base /= -np.maximum(tmax, 1e-12)[:, None]
-        base += 1.0
         base *= t.weight[:, None]
-        base[~t.valid] = np.inf
         run = np.flatnonzero(t.running)
         if s.coordination and s.switch_cost > 0 and run.size:
             current = base[run, t.current[run]]
-            base[run] += s.switch_cost
+            base += s.switch_cost * t.running[:, None]
             base[run, t.current[run]] = current
         wait = np.where(t.running, np.inf, t.weight)
         reserve = np.zeros((NUM_RESOURCES, n))
         if s.coordination and s.reservation > 0 and n:
             reserve = (s.reservation * t.smallest * scale).T * (~t.running)[None, :]
         capacity = np.full(NUM_RESOURCES, float(self.device_probe.size))
-        arrival = np.fromiter((j.arrival_time for j in t.jobs), np.float64, n)
+        arrival = self.snapshot.columns.arrival
         priority = np.lexsort((np.arange(n), arrival, -t.weight))  # heavier, then older first
         return PricingProblem(
             demand=demand,
@@ -265,8 +277,8 @@ class _Epoch:
                 "price_iterations": float(iterations),
                 "converged": float(converged),
                 "residual_admissions": float(self.residual_admits),
-                **clock.phases,
             },
+            clock,
         )
 
     # -- bin-packing --------------------------------------------------------
@@ -581,13 +593,16 @@ class _Epoch:
     def _pack_running(self, placer: Placer, rows: np.ndarray, choice: np.ndarray) -> list[int]:
         """Place running jobs: in place in bulk where nothing overflows, one by one otherwise."""
         t, table = self.t, placer.table
-        lookup = table.index.__getitem__
-        jobs = t.jobs
-        cur_devs = [tuple(map(lookup, jobs[row].devices)) for row in rows.tolist()]
-        worker_rows = np.repeat(rows, [len(d) for d in cur_devs])
-        worker_devs = np.fromiter(
-            (d for devs in cur_devs for d in devs), dtype=np.intp, count=worker_rows.size
-        )
+        # ``rows`` are all running jobs in row order, as the snapshot lists their workers.
+        held = self.snapshot.columns.held[rows]
+        worker_rows = np.repeat(rows, held)
+        worker_devs = self.snapshot.workers
+        flat = worker_devs.tolist()
+        if np.all(held == 1):
+            cur_devs = list(zip(flat))
+        else:
+            ends = np.cumsum(held).tolist()
+            cur_devs = [tuple(flat[e - h : e]) for e, h in zip(ends, held.tolist(), strict=True)]
         cfg = choice.copy()
         cfg[rows] = np.where(t.valid[rows, choice[rows]], choice[rows], t.current[rows])
         demand = t.per_gpu[worker_rows, cfg[worker_rows]]
@@ -802,6 +817,7 @@ class _Epoch:
         slowdown: dict[int, float],
         prices: np.ndarray,
         stats: dict[str, float],
+        clock: _Clock,
     ) -> Plan:
         t = self.t
         refs = placer.table.refs
@@ -815,7 +831,7 @@ class _Epoch:
         estimated = t.estimated_table[t.family_index[rows], configs].tolist()
         # One Assignment per placed job, built column-wise (the plan is rebuilt every epoch).
         listed = rows.tolist()
-        jobs = [t.jobs[r] for r in listed]
+        jobs = list(map(t.jobs.__getitem__, listed))
         ids = [job.id for job in jobs]
         kept = np.zeros(len(t.jobs), dtype=bool)
         kept[list(placer.kept_in_place)] = True
@@ -832,28 +848,24 @@ class _Epoch:
             by_family[f][c]
             for f, c in zip(t.family_index[rows].tolist(), configs.tolist(), strict=True)
         ]
-        worst = [slowdown.get(r, 1.0) for r in listed] if slowdown else [1.0] * len(listed)
-        assignments = dict(
-            zip(
-                ids,
-                map(
-                    Assignment,
-                    ids,
-                    configs.tolist(),
-                    configurations,
-                    devices,
-                    memory,
-                    throughput,
-                    worst,
-                    tolerance,
-                    actions,
-                    estimated,
-                ),
-                strict=True,
-            )
+        worst = list(map(slowdown.get, listed, repeat(1.0))) if slowdown else [1.0] * len(listed)
+        fields = zip(
+            ids,
+            configs.tolist(),
+            configurations,
+            devices,
+            memory,
+            throughput,
+            worst,
+            tolerance,
+            actions,
+            estimated,
+            strict=True,
         )
+        # tuple.__new__ over zipped rows builds the NamedTuples without a Python call each.
+        records = map(tuple.__new__, repeat(Assignment), fields)
+        assignments: dict[str, Assignment] = dict(zip(ids, records, strict=True))
         rejected = {t.jobs[r].id: reason for r, reason in t.reasons.items() if not t.running[r]}
-        waiting = tuple(t.jobs[r].id for r in queued if t.jobs[r].id not in rejected)
         per_job_gpus = t.gpus[rows]
         table = placer.table
         stats = dict(stats)
@@ -862,13 +874,18 @@ class _Epoch:
             float(table.memory_total.sum()), 1.0
         )
         stats["colocated_devices"] = float(np.count_nonzero(table.count >= 2))
+        waiting = tuple(t.jobs[r].id for r in queued if t.jobs[r].id not in rejected)
+        preempted_ids = tuple(t.jobs[r].id for r in preempted)
+        violation_ids = tuple((t.jobs[v].id, t.jobs[p].id, float(e)) for v, p, e in violations)
+        clock.lap("output")
+        stats.update(clock.phases)
         return Plan(
             epoch=self.snapshot.epoch,
             prices=prices.copy(),
             assignments=assignments,
             queued=waiting,
             rejected=rejected,
-            preempted=tuple(t.jobs[r].id for r in preempted),
-            violations=tuple((t.jobs[v].id, t.jobs[p].id, float(e)) for v, p, e in violations),
+            preempted=preempted_ids,
+            violations=violation_ids,
             stats=stats,
         )

@@ -62,6 +62,8 @@ class JobTables:
     demand_table: np.ndarray  # (R, F, K) per-GPU demand, resource-major (for ESP)
     throughput_table: np.ndarray  # (F, K)
     smallest: np.ndarray  # (N, R) R_j^min over valid configurations (0 where none)
+    narrowed: np.ndarray  # rows whose valid configurations are fewer than their family's
+    real: np.ndarray  # (F, K) bool: configuration rows that exist (not padding)
     feature_table: np.ndarray  # (F, K, 14)
     estimated_table: np.ndarray  # (F, K) bool
     reasons: dict[int, str]  # row -> why no configuration is valid
@@ -72,9 +74,8 @@ class JobTables:
 
 def build_tables(snapshot: Snapshot, settings: PlannerSettings) -> JobTables:
     jobs = snapshot.jobs
-    names = sorted({j.family for j in jobs})
+    names = list(snapshot.columns.family_names)
     families = [snapshot.families[n] for n in names]
-    where = {n: i for i, n in enumerate(names)}
     k_max = max((f.size for f in families), default=1)
     f_count = len(families)
     res_table = np.zeros((f_count, k_max, NUM_RESOURCES))
@@ -92,7 +93,7 @@ def build_tables(snapshot: Snapshot, settings: PlannerSettings) -> JobTables:
         fastest[i] = fam.fastest_index
 
     n = len(jobs)
-    fam_idx = np.array([where[j.family] for j in jobs], dtype=np.intp)
+    fam_idx = snapshot.columns.family_code
     valid = real[fam_idx]  # fancy indexing already copies
     cols = snapshot.columns
     gpus, weight, floor, current = cols.gpus, cols.weight, cols.floor, cols.current
@@ -101,10 +102,7 @@ def build_tables(snapshot: Snapshot, settings: PlannerSettings) -> JobTables:
     # User restrictions (allowed knob ranges, fixed mode) and the default configuration.
     default = fastest[fam_idx] if n else np.zeros(0, dtype=np.intp)
     fixed = cols.fixed
-    restricted = sorted(
-        {row for row, job in enumerate(jobs) if job.allowed is not None}
-        | set(np.flatnonzero(fixed).tolist())
-    )
+    restricted = sorted(set(cols.restricted.tolist()) | set(np.flatnonzero(fixed).tolist()))
     for row in restricted:
         job = jobs[row]
         if job.allowed is not None:
@@ -144,12 +142,12 @@ def build_tables(snapshot: Snapshot, settings: PlannerSettings) -> JobTables:
             )
 
     # A configuration must fit on some device of the cluster (decided per family).
-    gpu_nodes = [node for node in snapshot.nodes if node.gpus]
-    if gpu_nodes:
-        mem_cap = max(g.memory_mib for node in gpu_nodes for g in node.gpus)
-        mem_cap -= settings.memory_margin_mib
-        cpu_cap = max(node.cpu_cores for node in gpu_nodes)
-        ram_cap = max(node.host_mem_mib for node in gpu_nodes)
+    cluster = snapshot.devices
+    if cluster.size:
+        mem_cap = float(cluster.memory_total.max()) - settings.memory_margin_mib
+        with_gpus = cluster.per_node > 0
+        cpu_cap = float(cluster.cpu[with_gpus].max())
+        ram_cap = float(cluster.ram[with_gpus].max())
         family_fits = (
             (res_table[:, :, GPU_MEM] <= mem_cap + 1e-9)
             & (res_table[:, :, GPU_SM] <= 1.0 + 1e-9)
@@ -206,6 +204,8 @@ def build_tables(snapshot: Snapshot, settings: PlannerSettings) -> JobTables:
         demand_table=np.ascontiguousarray(np.transpose(res_table, (2, 0, 1))),
         throughput_table=tput_table,
         smallest=smallest,
+        narrowed=narrowed,
+        real=real,
         feature_table=feat_table,
         estimated_table=est_table,
         reasons=reasons,
