@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from array import array as typed_array
-from collections.abc import Mapping
+from collections.abc import ItemsView, Iterator, Mapping, ValuesView
 from dataclasses import dataclass, field
 from enum import StrEnum
 from functools import cached_property
@@ -26,6 +26,7 @@ from elastico_extender.errors import InvalidProfileError, InvalidSnapshotError
 __all__ = [
     "Action",
     "Assignment",
+    "AssignmentColumns",
     "Configuration",
     "DeviceIndex",
     "DeviceRef",
@@ -497,6 +498,142 @@ class Assignment(NamedTuple):
     tolerance: float
     action: Action
     estimated: bool = False
+
+
+_ACTIONS = (Action.KEEP, Action.RECONFIGURE, Action.MIGRATE, Action.ADMIT)
+
+
+class AssignmentColumns(Mapping[str, Assignment]):
+    """A plan's assignments held as columns; each :class:`Assignment` is built when read.
+
+    The planner emits one decision per running job every epoch, and most are
+    KEEP.  Building thousands of records nobody reads would dominate a large
+    epoch, so records are made on lookup, all at once (in bulk) on the first
+    full iteration, and :meth:`changed` lists only the jobs with something to do.
+    Read-only and safe to share between threads (a race builds equal records).
+    """
+
+    def __init__(
+        self,
+        ids: list[str],
+        jobs: list[Job],
+        config: np.ndarray,
+        configurations: tuple[tuple[Configuration, ...], ...],
+        family: np.ndarray,
+        moved: Mapping[int, tuple[DeviceRef, ...]],
+        memory: np.ndarray,
+        throughput: np.ndarray,
+        slowdown: np.ndarray,
+        tolerance: np.ndarray,
+        action: np.ndarray,
+        estimated: np.ndarray,
+    ) -> None:
+        self._ids = ids
+        self._jobs = jobs
+        self._config = config
+        self._configurations = configurations
+        self._family = family
+        self._moved = moved  # position -> devices, for jobs not kept on their own devices
+        self._memory = memory
+        self._throughput = throughput
+        self._slowdown = slowdown
+        self._tolerance = tolerance
+        self._action = action  # codes into _ACTIONS
+        self._estimated = estimated
+        self._where: dict[str, int] | None = None
+        self._records: dict[str, Assignment] | None = None
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._ids)
+
+    def __contains__(self, job_id: object) -> bool:
+        return job_id in self._position()
+
+    def __getitem__(self, job_id: str) -> Assignment:
+        if self._records is not None:
+            return self._records[job_id]
+        return self._record(self._position()[job_id])
+
+    def get(self, job_id: str, default: Assignment | None = None) -> Assignment | None:  # type: ignore[override]
+        k = self._position().get(job_id)
+        if k is None:
+            return default
+        return self._records[job_id] if self._records is not None else self._record(k)
+
+    def values(self) -> ValuesView[Assignment]:  # type: ignore[override]
+        return self._all().values()
+
+    def items(self) -> ItemsView[str, Assignment]:  # type: ignore[override]
+        return self._all().items()
+
+    def changed(self) -> list[Assignment]:
+        """Assignments whose action is not KEEP (what a driver must act on)."""
+        return [self._record(k) for k in np.flatnonzero(self._action).tolist()]
+
+    def _position(self) -> dict[str, int]:
+        if self._where is None:
+            self._where = dict(zip(self._ids, range(len(self._ids)), strict=True))
+        return self._where
+
+    def _devices(self, k: int) -> tuple[DeviceRef, ...]:
+        moved = self._moved.get(k)
+        return self._jobs[k].devices if moved is None else moved
+
+    def _record(self, k: int) -> Assignment:
+        config = int(self._config[k])
+        return Assignment(
+            self._ids[k],
+            config,
+            self._configurations[int(self._family[k])][config],
+            self._devices(k),
+            float(self._memory[k]),
+            float(self._throughput[k]),
+            float(self._slowdown[k]),
+            float(self._tolerance[k]),
+            _ACTIONS[int(self._action[k])],
+            bool(self._estimated[k]),
+        )
+
+    def _all(self) -> dict[str, Assignment]:
+        """Every record, built column-wise once (tuple.__new__ over zipped columns)."""
+        if self._records is None:
+            ids, configs = self._ids, self._config.tolist()
+            by_family = self._configurations
+            configurations = [
+                by_family[f][c] for f, c in zip(self._family.tolist(), configs, strict=True)
+            ]
+            devices = [job.devices for job in self._jobs]
+            for k, moved in self._moved.items():
+                devices[k] = moved
+            fields = zip(
+                ids,
+                configs,
+                configurations,
+                devices,
+                self._memory.tolist(),
+                self._throughput.tolist(),
+                self._slowdown.tolist(),
+                self._tolerance.tolist(),
+                [_ACTIONS[c] for c in self._action.tolist()],
+                self._estimated.tolist(),
+                strict=True,
+            )
+            records = map(tuple.__new__, repeat(Assignment), fields)
+            self._records = dict(zip(ids, records, strict=True))
+        return self._records
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Mapping):
+            return NotImplemented
+        return dict(self.items()) == dict(other.items())
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"AssignmentColumns({len(self)} jobs)"
 
 
 @dataclass(frozen=True)

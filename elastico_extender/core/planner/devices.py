@@ -143,7 +143,12 @@ class DeviceTable:
         became_busy = was_idle & (self.count > 0)
         self.idle_per_node -= np.bincount(self.node_of[became_busy], minlength=len(self.cpu_free))
         occupants = self.occupants
-        for row, d in zip(rows.tolist(), devices.tolist(), strict=True):
+        listed = devices.tolist()
+        if not occupants and len(listed) == np.count_nonzero(self.count):
+            # An empty table and one worker per device: one-element lists, built in C.
+            occupants.update(zip(listed, map(list, zip(rows.tolist())), strict=True))
+            return
+        for row, d in zip(rows.tolist(), listed, strict=True):
             occupants[d].append(row)
 
     def choose_idle(self, per_gpu: np.ndarray, best_fit: bool) -> int | bool | None:

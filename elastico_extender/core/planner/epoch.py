@@ -33,14 +33,14 @@ Timing is measured only if the driver passes a ``timer`` (a monotonic clock).
 from __future__ import annotations
 
 from collections.abc import Callable
-from itertools import chain, repeat
+from itertools import chain
 
 import numpy as np
 
 from elastico_extender.core.interference.features import pair_features
 from elastico_extender.core.interference.predictor import ContentionPredictor, SlowdownPredictor
 from elastico_extender.core.interference.tolerance import adaptive_tolerance
-from elastico_extender.core.model import Action, Assignment, Plan, Snapshot
+from elastico_extender.core.model import AssignmentColumns, DeviceRef, Plan, Snapshot
 from elastico_extender.core.planner.devices import DeviceTable, gpu_equivalent, shared_devices
 from elastico_extender.core.planner.placement import Placer
 from elastico_extender.core.planner.tables import JobTables, build_tables
@@ -66,10 +66,6 @@ SQUEEZE_OPTIONS = 8
 """Best configurations of a queued job tried when squeezing."""
 SQUEEZE_DEVICES = 8
 """Devices with the smallest memory deficit tried per configuration."""
-
-
-_ACTIONS = (Action.KEEP, Action.RECONFIGURE, Action.MIGRATE, Action.ADMIT)
-"""Plan actions by code, as ``build_plan`` computes them column-wise."""
 
 
 def _performance_cost(throughput: np.ndarray, valid: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -241,13 +237,14 @@ class _Epoch:
         rounds = 0
         violations: list[tuple[int, int, float]] = []
         for rounds in range(1, s.max_rounds + 1):
+            gamma = penalty if forbidden else None  # all zero until a round finds violations
             if s.pricing and n:
-                result = tatonnement(problem, prices, s, penalty)
+                result = tatonnement(problem, prices, s, gamma)
                 prices, selection = result.prices, result.selection
                 iterations += result.iterations
                 converged = result.converged
             else:
-                selection = select(problem, np.zeros(NUM_RESOURCES), penalty)
+                selection = select(problem, np.zeros(NUM_RESOURCES), gamma)
             clock.lap("tatonnement")
             placer, queued, preempted = self.pack(problem, selection, prices, penalty, forbidden)
             clock.lap("binpacking")
@@ -308,16 +305,20 @@ class _Epoch:
             key=lambda r: (-t.weight[r], -big[r], t.jobs[r].arrival_time, t.jobs[r].id),
         )
         queued = sorted(set(np.flatnonzero(~t.running).tolist()) - set(order))
-        scores = problem.scores(prices, penalty) if order else None
-        for row in order:
-            assert scores is not None
-            row_scores = scores[row]
-            options = np.flatnonzero(row_scores < problem.wait_score[row])
-            options = options[np.argsort(row_scores[options], kind="stable")]
-            if options.size == 0 or options[0] != choice[row]:
-                options = np.concatenate([[choice[row]], options[options != choice[row]]])
-            if not self._try_row(placer, row, options.tolist()):
-                queued.append(row)
+        if order:
+            # Every admitted job's configurations ranked by score (better than waiting
+            # only) and its tolerances, in one pass over the admitted rows.
+            admitted = np.array(order, dtype=np.intp)
+            scores = problem.scores(prices, penalty, rows=admitted)
+            ranked = np.argsort(scores, axis=1, kind="stable")
+            worth = np.take_along_axis(scores, ranked, axis=1) < problem.wait_score[admitted, None]
+            tolerance = self._tolerance_rows(admitted)
+            for i, row in enumerate(order):
+                options = ranked[i][worth[i]]
+                if options.size == 0 or options[0] != choice[row]:
+                    options = np.concatenate([[choice[row]], options[options != choice[row]]])
+                if not self._try_row(placer, row, options.tolist(), tolerance=tolerance[i]):
+                    queued.append(row)
         if queued and s.reshape and s.coordination:
             queued = self._squeeze(placer, problem, penalty, queued)
         self.residual_admits = 0
@@ -441,15 +442,20 @@ class _Epoch:
         demand can overshoot.  Placement goes through the same interference screen.
         """
         t = self.t
-        scores = problem.scores(prices, penalty)
         still: list[int] = []
         order = sorted(queued, key=lambda r: (-t.weight[r], t.jobs[r].arrival_time, r))
+        candidates = np.array(order[: RESIDUAL_LIMIT + len(t.reasons)], dtype=np.intp)
+        scores = dict(
+            zip(candidates.tolist(), problem.scores(prices, penalty, rows=candidates), strict=True)
+        )
         tried = 0
         for row in order:
             if row in t.reasons or t.running[row] or tried >= RESIDUAL_LIMIT:
                 still.append(row)
                 continue
-            row_scores = scores[row]
+            row_scores = scores.get(row)
+            if row_scores is None:
+                row_scores = problem.scores(prices, penalty, rows=np.array([row]))[0]
             options = np.flatnonzero(np.isfinite(row_scores))
             if options.size == 0:
                 still.append(row)
@@ -696,23 +702,31 @@ class _Epoch:
                 still.append(row)
         return still
 
+    def _tolerance_rows(self, rows: np.ndarray) -> np.ndarray:
+        """(len(rows), K) tau of each of ``rows`` at every configuration."""
+        k = self.t.per_gpu.shape[1]
+        configs = np.tile(np.arange(k), rows.size)
+        return self.tolerance(np.repeat(rows, k), configs).reshape(rows.size, k)
+
     def _try_row(
         self,
         placer: Placer,
         row: int,
         options: list[int],
         allowed_devices: np.ndarray | None = None,
+        tolerance: np.ndarray | None = None,
     ) -> bool:
         """``Placer.try_place`` for one job row, with its features and tolerances per config."""
         t = self.t
-        every = np.arange(t.per_gpu.shape[1])
+        if tolerance is None:
+            tolerance = self._tolerance_rows(np.array([row]))[0]
         placed = placer.try_place(
             row,
             int(t.gpus[row]),
             options,
             t.per_gpu[row],
-            t.features(np.full(every.size, row), every),
-            self.tolerance(np.full(every.size, row), every),
+            t.feature_table[t.family_index[row]],
+            tolerance,
             best_fit=self.settings.pricing,
             allowed_devices=allowed_devices,
         )
@@ -823,48 +837,42 @@ class _Epoch:
         refs = placer.table.refs
         rows = np.fromiter(placer.devices_of, dtype=np.intp, count=len(placer.devices_of))
         configs = placer.config[rows]
-        tolerance = placer.tolerance[rows].tolist()
         memory_arr = t.per_gpu[rows, configs, GPU_MEM]
-        memory = memory_arr.tolist()
         sm = t.per_gpu[rows, configs, GPU_SM]
-        throughput = t.throughput[rows, configs].tolist()
-        estimated = t.estimated_table[t.family_index[rows], configs].tolist()
-        # One Assignment per placed job, built column-wise (the plan is rebuilt every epoch).
+        # The plan holds its assignments as columns; records are built when read.
         listed = rows.tolist()
         jobs = list(map(t.jobs.__getitem__, listed))
-        ids = [job.id for job in jobs]
         kept = np.zeros(len(t.jobs), dtype=bool)
         kept[list(placer.kept_in_place)] = True
-        devices = [job.devices for job in jobs]
         code = np.where(t.running[rows], np.where(configs != t.current[rows], 1, 0), 3)
+        moved: dict[int, tuple[DeviceRef, ...]] = {}
         for k in np.flatnonzero(~kept[rows]).tolist():  # placed this epoch: maybe moved
             job = jobs[k]
-            devices[k] = tuple(refs[d] for d in placer.devices_of[listed[k]])
-            if job.devices and devices[k] != job.devices and set(devices[k]) != set(job.devices):
+            devices = moved[k] = tuple(refs[d] for d in placer.devices_of[listed[k]])
+            if job.devices and devices != job.devices and set(devices) != set(job.devices):
                 code[k] = 2
-        actions = [_ACTIONS[c] for c in code.tolist()]
-        by_family = [self.snapshot.families[name].configs for name in t.family_names]
-        configurations = [
-            by_family[f][c]
-            for f, c in zip(t.family_index[rows].tolist(), configs.tolist(), strict=True)
-        ]
-        worst = list(map(slowdown.get, listed, repeat(1.0))) if slowdown else [1.0] * len(listed)
-        fields = zip(
-            ids,
-            configs.tolist(),
-            configurations,
-            devices,
-            memory,
-            throughput,
-            worst,
-            tolerance,
-            actions,
-            estimated,
-            strict=True,
+        worst = np.ones(rows.size)
+        if slowdown:
+            position = np.full(len(t.jobs), -1, dtype=np.intp)
+            position[rows] = np.arange(rows.size)
+            at = position[np.fromiter(slowdown.keys(), np.intp, len(slowdown))]
+            values = np.fromiter(slowdown.values(), np.float64, len(slowdown))
+            worst[at[at >= 0]] = values[at >= 0]
+        families = self.snapshot.families
+        assignments = AssignmentColumns(
+            ids=[job.id for job in jobs],
+            jobs=jobs,
+            config=configs,
+            configurations=tuple(families[name].configs for name in t.family_names),
+            family=t.family_index[rows],
+            moved=moved,
+            memory=memory_arr,
+            throughput=t.throughput[rows, configs],
+            slowdown=worst,
+            tolerance=placer.tolerance[rows],
+            action=code,
+            estimated=t.estimated_table[t.family_index[rows], configs],
         )
-        # tuple.__new__ over zipped rows builds the NamedTuples without a Python call each.
-        records = map(tuple.__new__, repeat(Assignment), fields)
-        assignments: dict[str, Assignment] = dict(zip(ids, records, strict=True))
         rejected = {t.jobs[r].id: reason for r, reason in t.reasons.items() if not t.running[r]}
         per_job_gpus = t.gpus[rows]
         table = placer.table

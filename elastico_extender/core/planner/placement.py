@@ -212,12 +212,9 @@ class Placer:
         the devices (the extender asks node by node).
         """
         table = self.table
-        largest_mem = float(table.mem_free.max()) if table.size else 0.0
-        largest_sm = float(table.sm_free.max()) if table.size else 0.0
+        largest: tuple[float, float] | None = None
         for config in options:
             demand = per_gpu[config]
-            if demand[GPU_MEM] > largest_mem + 1e-9 or demand[GPU_SM] > largest_sm + 1e-9:
-                continue
             if gpus == 1 and allowed_devices is None:
                 idle = table.choose_idle(demand, best_fit)
                 if idle is not None and idle is not False:  # an idle GPU: no co-location to check
@@ -226,6 +223,13 @@ class Placer:
                             row, config, [idle], demand, features[config], float(tolerance[config])
                         )
                     return Placed(config, (idle,), 1.0)
+            if largest is None:  # cheap rejection of configurations no device can hold
+                largest = (
+                    float(table.mem_free.max()) if table.size else 0.0,
+                    float(table.sm_free.max()) if table.size else 0.0,
+                )
+            if demand[GPU_MEM] > largest[0] + 1e-9 or demand[GPU_SM] > largest[1] + 1e-9:
+                continue
             mask = table.fits(demand)
             if allowed_devices is not None:
                 mask &= allowed_devices

@@ -65,20 +65,31 @@ class PricingProblem:
     def num_jobs(self) -> int:
         return int(self.base.shape[0])
 
-    def scores(self, prices: np.ndarray, penalty: np.ndarray | None = None) -> np.ndarray:
-        """(N, K) Score_j(c; lambda) including the interference penalty Gamma."""
+    def scores(
+        self,
+        prices: np.ndarray,
+        penalty: np.ndarray | None = None,
+        rows: np.ndarray | None = None,
+    ) -> np.ndarray:
+        """(N, K) Score_j(c; lambda) including the interference penalty Gamma.
+
+        With ``rows``, only those jobs' rows, in that order.
+        """
+        every = slice(None) if rows is None else rows
         if np.any(prices != 0.0):
             rent = np.tensordot(prices, self.demand, axes=1)  # (F, K): one row per family
             if self.family is not None:
-                rent = rent[self.family]
+                rent = rent[self.family[every]]
+            elif rows is not None:
+                rent = rent[rows]
             if self.gpus is not None:
-                rent *= self.gpus[:, None]
+                rent *= self.gpus[every, None]
             total = rent
-            total += self.base
+            total += self.base[every]
         else:
-            total = self.base.copy()
+            total = self.base[every].copy()
         if penalty is not None:
-            total += penalty
+            total += penalty[every]
         return total
 
     def chosen_demand(self, choice: np.ndarray) -> np.ndarray:
