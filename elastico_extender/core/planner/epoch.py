@@ -191,18 +191,33 @@ class _Epoch:
         # Performance cost w_j * (1 - T_j(c) / T_j(c_max)), c_max over the job's valid rows:
         # per family for jobs that may use every configuration, per job for the others.
         family_base, family_max = _performance_cost(t.throughput_table, t.real)
-        base = family_base[t.family_index]
+        run = np.flatnonzero(t.running)
+        switch = s.switch_cost if (s.coordination and s.switch_cost > 0 and run.size) else 0.0
+        unit_weights = n > 0 and bool(np.all(t.weight == 1.0))
+        current = t.current[run]
+        if unit_weights and switch and not t.narrowed.size:
+            # Common case, one gather: rows of running jobs come from the table plus gamma0.
+            stacked = np.concatenate([family_base, family_base + switch])
+            base = stacked[t.family_index + len(family_base) * t.running]
+            staying = family_base[t.family_index[run], current]
+        else:
+            base = family_base[t.family_index]
+            if t.narrowed.size:
+                rows = t.narrowed
+                base[rows], _ = _performance_cost(t.throughput[rows], t.valid[rows])
+            if not unit_weights:
+                base *= t.weight[:, None]
+            staying = base[run, current]
+            if switch:
+                base += switch * t.running[:, None]
+        if switch:  # staying in the current configuration costs no switch
+            base[run, current] = staying
         tmax = family_max[t.family_index]
         if t.narrowed.size:
-            rows = t.narrowed
-            base[rows], tmax[rows] = _performance_cost(t.throughput[rows], t.valid[rows])
+            tmax[t.narrowed] = np.where(t.valid[t.narrowed], t.throughput[t.narrowed], 0.0).max(
+                axis=1, initial=0.0
+            )
         self.fastest = tmax  # T_j(c_max) over valid rows, for the regrow filter
-        base *= t.weight[:, None]
-        run = np.flatnonzero(t.running)
-        if s.coordination and s.switch_cost > 0 and run.size:
-            current = base[run, t.current[run]]
-            base += s.switch_cost * t.running[:, None]
-            base[run, t.current[run]] = current
         wait = np.where(t.running, np.inf, t.weight)
         reserve = np.zeros((NUM_RESOURCES, n))
         if s.coordination and s.reservation > 0 and n:

@@ -73,7 +73,8 @@ class PricingProblem:
     ) -> np.ndarray:
         """(N, K) Score_j(c; lambda) including the interference penalty Gamma.
 
-        With ``rows``, only those jobs' rows, in that order.
+        With ``rows``, only those jobs' rows, in that order.  The result may be
+        ``base`` itself (no prices, no penalty): callers must not write to it.
         """
         every = slice(None) if rows is None else rows
         if np.any(prices != 0.0):
@@ -86,6 +87,8 @@ class PricingProblem:
                 rent *= self.gpus[every, None]
             total = rent
             total += self.base[every]
+        elif penalty is None and rows is None:
+            return self.base  # no rent, no penalty: the base scores themselves (read-only use)
         else:
             total = self.base[every].copy()
         if penalty is not None:
