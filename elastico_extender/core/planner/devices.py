@@ -52,6 +52,8 @@ class DeviceTable:
             starts = self.node_start[has_gpu]
             self.node_cap_min[has_gpu] = np.minimum.reduceat(self.memory_capacity, starts)
             self.node_cap_max[has_gpu] = np.maximum.reduceat(self.memory_capacity, starts)
+        self._uniform_nodes = bool(np.all(self.node_cap_min == self.node_cap_max))
+        self._smallest_capacity = float(self.node_cap_min[has_gpu].min()) if has_gpu.any() else 0.0
         self._cpu_total = self.cpu_free.copy()
         self._ram_total = self.ram_free.copy()
 
@@ -73,6 +75,8 @@ class DeviceTable:
         twin.node_start = self.node_start
         twin.node_cap_min = self.node_cap_min
         twin.node_cap_max = self.node_cap_max
+        twin._uniform_nodes = self._uniform_nodes
+        twin._smallest_capacity = self._smallest_capacity
         twin.occupants = defaultdict(list)
         twin.count = np.zeros(len(self.refs), dtype=np.intp)
         twin.idle_per_node = self._idle_total.copy()
@@ -158,19 +162,23 @@ class DeviceTable:
         Returns the device, ``None`` when no idle device fits, or ``False`` when a node
         mixes device sizes around the demand and only the per-device path can decide.
         """
-        mem = per_gpu[GPU_MEM] - _EPS
-        idle = self.idle_per_node > 0
-        room = (
-            idle
-            & (self.cpu_free >= per_gpu[CPU] - _EPS)
-            & (self.ram_free >= per_gpu[HOST_MEM] - _EPS)
-        )
-        if np.any(room & (self.node_cap_min < mem) & (self.node_cap_max >= mem)):
-            return False
-        room &= self.node_cap_min >= mem
-        if per_gpu[GPU_SM] > 1.0 + _EPS or not room.any():
+        if per_gpu[GPU_SM] > 1.0 + _EPS:
             return None
+        room = self.idle_per_node > 0
+        if per_gpu[CPU] > 0:
+            room &= self.cpu_free >= per_gpu[CPU] - _EPS
+        if per_gpu[HOST_MEM] > 0:
+            room &= self.ram_free >= per_gpu[HOST_MEM] - _EPS
+        mem = per_gpu[GPU_MEM] - _EPS
+        if mem > self._smallest_capacity:  # some GPU node's devices are too small
+            if not self._uniform_nodes and np.any(
+                room & (self.node_cap_min < mem) & (self.node_cap_max >= mem)
+            ):
+                return False
+            room &= self.node_cap_min >= mem
         nodes = np.flatnonzero(room)
+        if nodes.size == 0:
+            return None
         # Fewest idle GPUs first (keeps other nodes whole), lowest index on ties.
         node = int(nodes[np.argmin(self.idle_per_node[nodes])]) if best_fit else int(nodes[0])
         start = int(self.node_start[node])

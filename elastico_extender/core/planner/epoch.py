@@ -655,7 +655,9 @@ class _Epoch:
             t.features(keep_rows, cfg[keep_rows]),
             self.tolerance(keep_rows, cfg[keep_rows]),
         )
-        by_row = dict(zip(rows.tolist(), cur_devs, strict=True))
+        if not conflicted:
+            return []
+        by_row = {int(rows[k]): cur_devs[k] for k in np.flatnonzero(~ok).tolist()}
         return self._place_conflicted(placer, sorted(conflicted), cfg, by_row)
 
     def _place_conflicted(
