@@ -563,10 +563,10 @@ class AssignmentColumns(Mapping[str, Assignment]):
             return default
         return self._records[job_id] if self._records is not None else self._record(k)
 
-    def values(self) -> ValuesView[Assignment]:  # type: ignore[override]
+    def values(self) -> ValuesView[Assignment]:
         return self._all().values()
 
-    def items(self) -> ItemsView[str, Assignment]:  # type: ignore[override]
+    def items(self) -> ItemsView[str, Assignment]:
         return self._all().items()
 
     def changed(self) -> list[Assignment]:

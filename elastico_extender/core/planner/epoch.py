@@ -619,8 +619,9 @@ class _Epoch:
         worker_rows = np.repeat(rows, held)
         worker_devs = self.snapshot.workers
         flat = worker_devs.tolist()
+        cur_devs: list[tuple[int, ...]]
         if np.all(held == 1):
-            cur_devs = list(zip(flat))
+            cur_devs = list(zip(flat))  # one-tuples, built in C
         else:
             ends = np.cumsum(held).tolist()
             cur_devs = [tuple(flat[e - h : e]) for e, h in zip(ends, held.tolist(), strict=True)]

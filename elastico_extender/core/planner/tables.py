@@ -11,6 +11,7 @@ user restrictions and floors) is an (N, K) array.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -39,10 +40,10 @@ class PerJob:
     def shape(self) -> tuple[int, ...]:
         return (len(self.family_index), *self.table.shape[1:])
 
-    def __getitem__(self, key: object) -> np.ndarray:
+    def __getitem__(self, key: Any) -> np.ndarray:
         if isinstance(key, tuple):
             return self.table[(self.family_index[key[0]], *key[1:])]
-        return self.table[self.family_index[key]]  # type: ignore[index]
+        return self.table[self.family_index[key]]
 
 
 @dataclass(eq=False)
