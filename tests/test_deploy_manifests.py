@@ -127,3 +127,10 @@ def test_example_pods_use_the_scheduler_and_valid_annotations(name):
     assert intent is not None
     limits = pod["spec"]["containers"][0]["resources"]["limits"]
     assert "nvidia.com/gpu" in limits  # so the scheduler sends it to the extender
+
+
+def test_extender_rollouts_never_run_two_extenders_at_once():
+    """Assumed placements live in one process: two replicas could double-book a GPU."""
+    spec = by_kind("Deployment")["elastico-extender"]["spec"]
+    assert spec["replicas"] == 1
+    assert spec["strategy"]["type"] == "Recreate"
