@@ -40,6 +40,7 @@ class DeviceTable:
         # Job rows per device; only devices that ever held a job get a list.
         self.occupants: defaultdict[int, list[int]] = defaultdict(list)
         self.count = np.zeros(len(self.refs), dtype=np.intp)  # jobs per device, for vector checks
+        self.version = 0  # bumped by every placement or removal
         self.idle_per_node = static.per_node.copy()
         self._idle_total = self.idle_per_node.copy()
         # Per node: first device index and the smallest / largest usable device memory,
@@ -79,6 +80,7 @@ class DeviceTable:
         twin._smallest_capacity = self._smallest_capacity
         twin.occupants = defaultdict(list)
         twin.count = np.zeros(len(self.refs), dtype=np.intp)
+        twin.version = 0
         twin.idle_per_node = self._idle_total.copy()
         return twin
 
@@ -117,6 +119,7 @@ class DeviceTable:
         self._apply(row, devices, per_gpu, +1.0)
 
     def _apply(self, row: int, devices: Sequence[int], per_gpu: np.ndarray, sign: float) -> None:
+        self.version += 1
         for d in devices:
             self.mem_free[d] += sign * per_gpu[GPU_MEM]
             self.sm_free[d] += sign * per_gpu[GPU_SM]
@@ -136,6 +139,7 @@ class DeviceTable:
 
     def place_many(self, rows: np.ndarray, devices: np.ndarray, per_gpu: np.ndarray) -> None:
         """Vectorised :meth:`place`, one worker per entry: rows, devices (W,), per_gpu (W, R)."""
+        self.version += 1
         size, node_count = self.size, len(self.cpu_free)
         self.mem_free -= np.bincount(devices, per_gpu[:, GPU_MEM], size)
         self.sm_free -= np.bincount(devices, per_gpu[:, GPU_SM], size)

@@ -145,6 +145,9 @@ class _Epoch:
         self.utilization = self._current_utilization()
         self.fastest = np.zeros(len(tables.jobs))
         self.residual_admits = 0  # admissions by Algorithm 1's last step, last packing pass
+        self._tau: dict[int, np.ndarray] = {}  # row -> tau at every configuration
+        self._freeable: dict[tuple[int, int], tuple[float, float]] = {}  # see _most_freed
+        self._plans: dict[tuple[object, ...], tuple[list[tuple[int, int]], float] | None] = {}
 
     # -- set-up -------------------------------------------------------------
     def _units(self) -> np.ndarray:
@@ -503,10 +506,15 @@ class _Epoch:
         """
         t = self.t
         primal = problem.scores(np.zeros(NUM_RESOURCES), penalty)
+        self._freeable = {}  # bounds and plans depend on this call's primal scores
+        self._plans = {}
         table = placer.table
         still: list[int] = []
         order = sorted(queued, key=lambda r: (-t.weight[r], t.jobs[r].arrival_time, r))
         tried = 0
+        # Queued jobs that ask exactly what an earlier one asked since the last success fail
+        # the same way (a failed attempt undoes its changes): skip the search for them.
+        failed: set[tuple[object, ...]] = set()
         for row in order:
             if t.gpus[row] != 1 or not np.isfinite(problem.wait_score[row]) or row in t.reasons:
                 still.append(row)
@@ -515,8 +523,24 @@ class _Epoch:
                 still.append(row)
                 continue
             tried += 1
-            if not self._squeeze_one(placer, table, primal, problem, row):
+            question = None
+            if row not in placer.forbidden_rows:
+                tau = self._tolerance_rows(np.array([row]))[0]
+                question = (
+                    int(t.family_index[row]),
+                    float(problem.wait_score[row]),
+                    primal[row].tobytes(),
+                    tau.tobytes(),
+                )
+                if question in failed:
+                    still.append(row)
+                    continue
+            if self._squeeze_one(placer, table, primal, problem, row):
+                failed.clear()
+            else:
                 still.append(row)
+                if question is not None:
+                    failed.add(question)
         return still
 
     def _squeeze_one(
@@ -540,11 +564,18 @@ class _Epoch:
                 :SQUEEZE_DEVICES
             ]
             for d in candidates.tolist():
-                plan_ = self._shrink_plan(placer, table, primal, d, need)
+                # Queued jobs of one family ask the same question of the same device state:
+                # a plan depends only on that state, the need and this call's primal scores.
+                occupants = tuple((o, int(placer.config[o])) for o in table.occupants[d])
+                free = (table.mem_free[d], table.sm_free[d])
+                key = (d, *need[[GPU_MEM, GPU_SM]].tolist(), *free, occupants)
+                if key not in self._plans:
+                    self._plans[key] = self._shrink_plan(placer, table, primal, d, need)
+                plan_ = self._plans[key]
                 if plan_ is None:
                     continue
                 changes, loss = plan_
-                if loss >= gain:
+                if loss >= gain or not self._node_fits_after(placer, table, d, need, changes):
                     continue
                 undo = [(o, int(placer.config[o])) for o, _ in changes]
                 for o, new in changes:
@@ -562,9 +593,19 @@ class _Epoch:
         t = self.t
         mem_short = need[GPU_MEM] - table.mem_free[device]
         sm_short = need[GPU_SM] - table.sm_free[device]
+        occupants = sorted(table.occupants[device])
+        # Cheap bound first: what every co-tenant could free at most (most searches end here).
+        free_mem = free_sm = 0.0
+        for o in occupants:
+            if t.gpus[o] == 1:
+                most_mem, most_sm = self._most_freed(o, int(placer.config[o]), primal)
+                free_mem += most_mem
+                free_sm += most_sm
+        if mem_short - free_mem > 1e-9 or sm_short - free_sm > 1e-9:
+            return None
         changes: list[tuple[int, int]] = []
         loss = 0.0
-        for o in sorted(table.occupants[device]):
+        for o in occupants:
             if mem_short <= 1e-9 and sm_short <= 1e-9:
                 break
             if t.gpus[o] != 1:
@@ -591,6 +632,44 @@ class _Epoch:
             return None
         return changes, loss
 
+    def _most_freed(self, row: int, config: int, primal: np.ndarray) -> tuple[float, float]:
+        """(memory, SM) a co-tenant at ``config`` frees at most by switching configuration."""
+        key = (row, config)
+        most = self._freeable.get(key)
+        if most is None:
+            res = self.t.per_gpu[row]
+            ok = self.t.valid[row] & np.isfinite(primal[row])
+            most = (0.0, 0.0)
+            if ok.any():
+                most = (
+                    float(res[config, GPU_MEM] - res[ok, GPU_MEM].min()),
+                    float(res[config, GPU_SM] - res[ok, GPU_SM].min()),
+                )
+            self._freeable[key] = most
+        return most
+
+    def _node_fits_after(
+        self,
+        placer: Placer,
+        table: DeviceTable,
+        device: int,
+        need: np.ndarray,
+        changes: list[tuple[int, int]],
+    ) -> bool:
+        """Whether the device's node has CPU and host RAM for ``need`` once ``changes`` apply.
+
+        A shrink plan frees GPU memory and SM; when the node's CPU or RAM is what is
+        short, applying it (and undoing it) would be wasted work.
+        """
+        node = table.node_of[device]
+        cpu, ram = table.cpu_free[node], table.ram_free[node]
+        for o, new in changes:
+            res = self.t.per_gpu[o]
+            cur = int(placer.config[o])
+            cpu += res[cur, CPU] - res[new, CPU]
+            ram += res[cur, HOST_MEM] - res[new, HOST_MEM]
+        return bool(cpu >= need[CPU] - 1e-9 and ram >= need[HOST_MEM] - 1e-9)
+
     def _reconfigure(self, placer: Placer, row: int, config: int) -> None:
         """Switch a placed single-GPU job to ``config`` on the same device."""
         t = self.t
@@ -601,8 +680,8 @@ class _Epoch:
             config,
             devices,
             t.per_gpu[row, config],
-            t.features(np.array([row]), np.array([config]))[0],
-            float(self.tolerance(np.array([row]), np.array([config]))[0]),
+            t.feature_table[t.family_index[row], config],
+            self._row_tau(row, config),
         )
 
     @staticmethod
@@ -682,6 +761,7 @@ class _Epoch:
         preempted: list[int] = []
         every = np.arange(t.per_gpu.shape[1])
         lower: dict[int, int] = {}
+        self._tolerance_rows(np.array(rows, dtype=np.intp))  # every row's tau in one pass
         for row in rows:
             chosen, current = int(cfg[row]), int(t.current[row])
             # The chosen configuration only if it needs no more of anything than the current.
@@ -721,10 +801,21 @@ class _Epoch:
         return still
 
     def _tolerance_rows(self, rows: np.ndarray) -> np.ndarray:
-        """(len(rows), K) tau of each of ``rows`` at every configuration."""
-        k = self.t.per_gpu.shape[1]
-        configs = np.tile(np.arange(k), rows.size)
-        return self.tolerance(np.repeat(rows, k), configs).reshape(rows.size, k)
+        """(len(rows), K) tau of each of ``rows`` at every configuration (cached per row)."""
+        cache = self._tau
+        missing = [r for r in dict.fromkeys(rows.tolist()) if r not in cache]
+        if missing:
+            k = self.t.per_gpu.shape[1]
+            configs = np.tile(np.arange(k), len(missing))
+            fresh = self.tolerance(np.repeat(missing, k), configs).reshape(len(missing), k)
+            cache.update(zip(missing, fresh, strict=True))
+        return np.stack([cache[r] for r in rows.tolist()]) if rows.size else np.zeros((0, 0))
+
+    def _row_tau(self, row: int, config: int) -> float:
+        tau = self._tau.get(row)
+        if tau is None:
+            tau = self._tolerance_rows(np.array([row]))[0]
+        return float(tau[config])
 
     def _try_row(
         self,
@@ -758,8 +849,8 @@ class _Epoch:
             config,
             devices,
             self.t.per_gpu[row, config],
-            self.t.features(np.array([row]), np.array([config]))[0],
-            float(self.tolerance(np.array([row]), np.array([config]))[0]),
+            self.t.feature_table[self.t.family_index[row], config],
+            self._row_tau(row, config),
         )
 
     def _forbidden_running(

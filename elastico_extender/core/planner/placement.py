@@ -68,6 +68,7 @@ class Placer:
         self.features = np.zeros((rows, NUM_JOB_FEATURES), dtype=np.float32)
         self.devices_of: dict[int, tuple[int, ...]] = {}
         self.kept_in_place: set[int] = set()  # rows committed in bulk on their own devices
+        self._failed: set[tuple[object, ...]] = set()  # try_place questions that found nothing
 
     # -- bookkeeping --------------------------------------------------------
     def _reserve(self, rows: int) -> None:
@@ -212,10 +213,50 @@ class Placer:
         the devices (the extender asks node by node).
         """
         table = self.table
+        # A failed attempt fails again until the table changes: remember it (queues hold many
+        # jobs of one family asking the same question).  Rows with forbidden pairs differ.
+        memo = None
+        if allowed_devices is None and row not in self.forbidden_rows:
+            picked = list(options)
+            memo = (
+                gpus,
+                best_fit,
+                table.version,
+                per_gpu[picked].tobytes(),
+                features[picked].tobytes(),
+                np.asarray(tolerance)[picked].tobytes(),
+            )
+            if memo in self._failed:
+                return None
+        placed = self._try_options(
+            row, gpus, options, per_gpu, features, tolerance, best_fit, allowed_devices, commit
+        )
+        if placed is None and memo is not None:
+            self._failed.add(memo)
+        return placed
+
+    def _try_options(
+        self,
+        row: int,
+        gpus: int,
+        options: Sequence[int],
+        per_gpu: np.ndarray,
+        features: np.ndarray,
+        tolerance: np.ndarray,
+        best_fit: bool,
+        allowed_devices: np.ndarray | None,
+        commit: bool,
+    ) -> Placed | None:
+        table = self.table
         largest: tuple[float, float] | None = None
+        any_idle = gpus == 1 and allowed_devices is None and bool(table.idle_per_node.any())
         for config in options:
             demand = per_gpu[config]
-            if gpus == 1 and allowed_devices is None:
+            if largest is not None and (
+                demand[GPU_MEM] > largest[0] + 1e-9 or demand[GPU_SM] > largest[1] + 1e-9
+            ):
+                continue
+            if any_idle:
                 idle = table.choose_idle(demand, best_fit)
                 if idle is not None and idle is not False:  # an idle GPU: no co-location to check
                     if commit:
