@@ -463,6 +463,7 @@ class _Epoch:
         still: list[int] = []
         order = sorted(queued, key=lambda r: (-t.weight[r], t.jobs[r].arrival_time, r))
         candidates = np.array(order[: RESIDUAL_LIMIT + len(t.reasons)], dtype=np.intp)
+        self._tolerance_rows(candidates)  # one pass for every row likely to be tried
         scores = dict(
             zip(candidates.tolist(), problem.scores(prices, penalty, rows=candidates), strict=True)
         )
@@ -515,6 +516,7 @@ class _Epoch:
         # Queued jobs that ask exactly what an earlier one asked since the last success fail
         # the same way (a failed attempt undoes its changes): skip the search for them.
         failed: set[tuple[object, ...]] = set()
+        self._tolerance_rows(np.array(order[: SQUEEZE_LIMIT + len(t.reasons)], dtype=np.intp))
         for row in order:
             if t.gpus[row] != 1 or not np.isfinite(problem.wait_score[row]) or row in t.reasons:
                 still.append(row)

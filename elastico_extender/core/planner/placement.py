@@ -328,10 +328,11 @@ class Placer:
         screened[idx[~occupied]] = True
         slowdown_of = np.ones(table.size)
         if checked.size:
-            keep = np.array(
-                [not self.is_forbidden(row, config, [int(d)]) for d in checked], dtype=bool
-            )
-            checked = checked[keep]
+            if row in self.forbidden_rows:
+                keep = np.array(
+                    [not self.is_forbidden(row, config, [int(d)]) for d in checked], dtype=bool
+                )
+                checked = checked[keep]
             safe, worst = self.predict_against(checked, features, tolerance)
             screened[checked[safe]] = True
             slowdown_of[checked] = worst
