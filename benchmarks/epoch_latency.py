@@ -3,8 +3,9 @@
 Run:  python benchmarks/epoch_latency.py            (full table, a few minutes)
       python benchmarks/epoch_latency.py --quick    (small sizes only)
 
-Scenario per row: a steady cluster where N jobs already run (placed by a first,
-cold epoch) and 2% of N new jobs arrive; we time the warm epoch (M <= 3 rounds,
+Scenario per row: a cluster where N jobs were placed by a first, cold epoch
+(all of them when they fit; the last rows are overloaded, so a queue remains)
+and 2% of N new jobs arrive; we time the warm epoch (M <= 3 rounds,
 warm-started prices), the steady-state cost a running scheduler pays every
 Delta T.  Every job has exactly K configurations: K = 198 uses the catalog's
 DeepSeek/Qwen inference families, other K use a training family whose batch
@@ -105,7 +106,7 @@ def measure(n_jobs: int, k: int, gpus: int, repeats: int) -> dict[str, float]:
     snapshot, previous = scenario(n_jobs, k, gpus)
     totals: list[float] = []
     phases: dict[str, list[float]] = {p: [] for p in PHASES}
-    rounds = iterations = 0.0
+    rounds = iterations = queued = 0.0
     for _ in range(repeats):
         t0 = time.perf_counter()
         # A fresh snapshot each time, as a driver builds one per epoch: its per-snapshot
@@ -117,7 +118,9 @@ def measure(n_jobs: int, k: int, gpus: int, repeats: int) -> dict[str, float]:
         for p in PHASES:
             phases[p].append(result.stats.get(p, 0.0))
         rounds, iterations = result.stats["rounds"], result.stats["price_iterations"]
+        queued = float(len(result.queued))
     row = {p: statistics.median(v) for p, v in phases.items()}
+    row["queued"] = queued
     row["total"] = statistics.median(totals)
     row["p95"] = float(np.percentile(totals, 95))
     row["rounds"] = rounds
@@ -140,9 +143,14 @@ def main(argv: list[str] | None = None) -> int:
             (10000, 64, 20000),
             (500, 16, 512),
             (500, 64, 512),
+            # Overloaded: more work than GPUs, so squeeze and residual admission run too.
+            (300, 64, 128),
+            (600, 8, 256),
+            (2000, 64, 512),
         ]
-    header = ("N", "K", "GPUs", *PHASES, "total", "p95", "rounds", "iters")
-    print(" | ".join(f"{h:>12}" for h in header))
+    header = ("N", "K", "GPUs", "queued", *PHASES, "total", "p95", "rounds", "iters")
+    print("| " + " | ".join(header) + " |")
+    print("|" + "---|" * len(header))
     for n_jobs, k, gpus in cases:
         repeats = args.repeats if n_jobs <= 2000 else max(3, args.repeats // 2)
         row = measure(n_jobs, k, gpus, repeats)
@@ -150,13 +158,14 @@ def main(argv: list[str] | None = None) -> int:
             n_jobs,
             k,
             gpus,
+            int(row["queued"]),
             *(f"{row[p]:.2f}" for p in PHASES),
             f"{row['total']:.2f}",
             f"{row['p95']:.2f}",
             int(row["rounds"]),
             int(row["iterations"]),
         ]
-        print(" | ".join(f"{c:>12}" for c in cells), flush=True)
+        print("| " + " | ".join(str(c) for c in cells) + " |", flush=True)
     return 0
 
 
