@@ -840,6 +840,8 @@ class _Epoch:
             tolerance,
             best_fit=self.settings.pricing,
             allowed_devices=allowed_devices,
+            # Demand, features and tau follow from the family, GPU count and floor.
+            question=(int(t.family_index[row]), int(t.gpus[row]), t.floor[row], *options),
         )
         return placed is not None
 

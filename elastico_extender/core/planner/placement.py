@@ -18,7 +18,7 @@ configurations in the order given (best ESP score first), and for each one:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -205,27 +205,21 @@ class Placer:
         best_fit: bool = True,
         allowed_devices: np.ndarray | None = None,
         commit: bool = True,
+        question: Hashable | None = None,
     ) -> Placed | None:
         """Place ``row`` in the first configuration of ``options`` that fits safely.
 
         ``per_gpu`` (K, R), ``features`` (K, 14) and ``tolerance`` (K,) are the
         job's rows for every configuration; ``allowed_devices`` optionally limits
-        the devices (the extender asks node by node).
+        the devices (the extender asks node by node).  ``question``, when given,
+        must identify ``gpus``, ``options`` and those rows (e.g. the job's family,
+        floor and options): a question that found nothing is not searched again
+        until the table changes (queues hold many jobs asking the same thing).
         """
         table = self.table
-        # A failed attempt fails again until the table changes: remember it (queues hold many
-        # jobs of one family asking the same question).  Rows with forbidden pairs differ.
         memo = None
-        if allowed_devices is None and row not in self.forbidden_rows:
-            picked = list(options)
-            memo = (
-                gpus,
-                best_fit,
-                table.version,
-                per_gpu[picked].tobytes(),
-                features[picked].tobytes(),
-                np.asarray(tolerance)[picked].tobytes(),
-            )
+        if question is not None and allowed_devices is None and row not in self.forbidden_rows:
+            memo = (question, best_fit, table.version)
             if memo in self._failed:
                 return None
         placed = self._try_options(
