@@ -32,7 +32,7 @@ Timing is measured only if the driver passes a ``timer`` (a monotonic clock).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from itertools import chain
 
 import numpy as np
@@ -43,6 +43,8 @@ from elastico_extender.core.interference.tolerance import adaptive_tolerance
 from elastico_extender.core.model import AssignmentColumns, DeviceRef, Plan, Snapshot
 from elastico_extender.core.planner.devices import DeviceTable, gpu_equivalent, shared_devices
 from elastico_extender.core.planner.placement import Placer
+from elastico_extender.core.planner.running import place_running
+from elastico_extender.core.planner.squeeze import Squeeze
 from elastico_extender.core.planner.tables import JobTables, build_tables
 from elastico_extender.core.pricing.scoring import PricingProblem, Selection, select
 from elastico_extender.core.pricing.tatonnement import tatonnement
@@ -60,12 +62,6 @@ SPREAD_MIN_SLOWDOWN = 1.05
 """Predicted slowdown below which a shared GPU is not worth a migration."""
 RESIDUAL_LIMIT = 128
 """Queued jobs per packing pass tried for residual admission (bounds epoch cost)."""
-SQUEEZE_LIMIT = 64
-"""Queued jobs per packing pass that may ask co-tenants to shrink (bounds epoch cost)."""
-SQUEEZE_OPTIONS = 8
-"""Best configurations of a queued job tried when squeezing."""
-SQUEEZE_DEVICES = 8
-"""Devices with the smallest memory deficit tried per configuration."""
 
 
 def _performance_cost(throughput: np.ndarray, valid: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -146,8 +142,6 @@ class _Epoch:
         self.fastest = np.zeros(len(tables.jobs))
         self.residual_admits = 0  # admissions by Algorithm 1's last step, last packing pass
         self._tau: dict[int, np.ndarray] = {}  # row -> tau at every configuration
-        self._freeable: dict[tuple[int, int], tuple[float, float]] = {}  # see _most_freed
-        self._plans: dict[tuple[object, ...], tuple[list[tuple[int, int]], float] | None] = {}
 
     # -- set-up -------------------------------------------------------------
     def _units(self) -> np.ndarray:
@@ -312,7 +306,7 @@ class _Epoch:
         preempted: list[int] = []
         run_rows = np.flatnonzero(t.running)
         if run_rows.size:
-            preempted = self._pack_running(placer, run_rows, choice)
+            preempted = place_running(self, placer, run_rows, choice)
         pending = np.flatnonzero(~t.running & selection.running)
         # Best-fit decreasing within a priority class: heavier jobs first, then the
         # largest per-GPU memory (packs with less fragmentation), then arrival order.
@@ -330,15 +324,15 @@ class _Epoch:
             scores = problem.scores(prices, penalty, rows=admitted)
             ranked = np.argsort(scores, axis=1, kind="stable")
             worth = np.take_along_axis(scores, ranked, axis=1) < problem.wait_score[admitted, None]
-            tolerance = self._tolerance_rows(admitted)
+            tolerance = self.tolerance_rows(admitted)
             for i, row in enumerate(order):
                 options = ranked[i][worth[i]]
                 if options.size == 0 or options[0] != choice[row]:
                     options = np.concatenate([[choice[row]], options[options != choice[row]]])
-                if not self._try_row(placer, row, options.tolist(), tolerance=tolerance[i]):
+                if not self.try_row(placer, row, options.tolist(), tolerance=tolerance[i]):
                     queued.append(row)
         if queued and s.reshape and s.coordination:
-            queued = self._squeeze(placer, problem, penalty, queued)
+            queued = Squeeze(self, placer, problem, penalty).run(queued)
         self.residual_admits = 0
         if queued:
             queued = self._admit_residual(placer, problem, prices, penalty, queued)
@@ -373,7 +367,6 @@ class _Epoch:
             key=lambda r: -slowdown[r],
         )
         moved = 0
-        every = np.arange(t.per_gpu.shape[1])
         for row in movers:
             if moved >= SPREAD_LIMIT or not np.any(table.count == 0):
                 break
@@ -389,7 +382,7 @@ class _Epoch:
             if target is None:
                 continue
             placer.release(row, need)
-            self._commit_row(placer, row, config, target, every)
+            self.commit_row(placer, row, config, target)
             moved += 1
 
     def _regrow(self, placer: Placer, problem: PricingProblem, penalty: np.ndarray) -> None:
@@ -423,7 +416,6 @@ class _Epoch:
             return
         primal = problem.base[rows] + penalty[rows]
         better = primal.min(axis=1) < primal[np.arange(rows.size), current] - 1e-9
-        every = np.arange(t.per_gpu.shape[1])
         for k in np.flatnonzero(better).tolist():
             row, config = int(rows[k]), int(current[k])
             devices = list(placer.devices_of[row])
@@ -442,7 +434,7 @@ class _Epoch:
             best = int(np.argmin(options)) if np.isfinite(options).any() else config
             if not table.fits_on(devices, need[best]):
                 best = config
-            self._commit_row(placer, row, best, devices, every)
+            self.commit_row(placer, row, best, devices)
 
     def _admit_residual(
         self,
@@ -463,7 +455,7 @@ class _Epoch:
         still: list[int] = []
         order = sorted(queued, key=lambda r: (-t.weight[r], t.jobs[r].arrival_time, r))
         candidates = np.array(order[: RESIDUAL_LIMIT + len(t.reasons)], dtype=np.intp)
-        self._tolerance_rows(candidates)  # one pass for every row likely to be tried
+        self.tolerance_rows(candidates)  # one pass for every row likely to be tried
         scores = dict(
             zip(candidates.tolist(), problem.scores(prices, penalty, rows=candidates), strict=True)
         )
@@ -481,198 +473,13 @@ class _Epoch:
                 continue
             tried += 1
             options = options[np.argsort(row_scores[options], kind="stable")]
-            if self._try_row(placer, row, options.tolist()):
+            if self.try_row(placer, row, options.tolist()):
                 self.residual_admits += 1
             else:
                 still.append(row)
         return still
 
-    def _squeeze(
-        self, placer: Placer, problem: PricingProblem, penalty: np.ndarray, queued: list[int]
-    ) -> list[int]:
-        """Coordinated reconfiguration: shrink co-tenants to admit a queued job.
-
-        Prices are a relaxation: when the jobs' configurations are lumpy, no
-        price vector may support a selection that packs (a duality gap), and a
-        job stays queued although co-tenants could step down to a slightly
-        slower configuration to make room (spec 5.3, Cases 1 and 2).  For each
-        queued single-GPU job (priority order, at most ``SQUEEZE_LIMIT``), try
-        its best few configurations on the devices with the smallest memory
-        deficit; shrink each co-tenant to its cheapest configuration that frees
-        enough, and accept only if the primal objective improves:
-
-            gain  = wait_j - Score_j(c; 0)                  (value of starting j)
-            loss  = sum_o Score_o(c'_o; 0) - Score_o(c_o; 0)  (co-tenants' loss)
-            accept when gain > loss and the interference check passes.
-        """
-        t = self.t
-        primal = problem.scores(np.zeros(NUM_RESOURCES), penalty)
-        self._freeable = {}  # bounds and plans depend on this call's primal scores
-        self._plans = {}
-        table = placer.table
-        still: list[int] = []
-        order = sorted(queued, key=lambda r: (-t.weight[r], t.jobs[r].arrival_time, r))
-        tried = 0
-        # Queued jobs that ask exactly what an earlier one asked since the last success fail
-        # the same way (a failed attempt undoes its changes): skip the search for them.
-        failed: set[tuple[object, ...]] = set()
-        self._tolerance_rows(np.array(order[: SQUEEZE_LIMIT + len(t.reasons)], dtype=np.intp))
-        for row in order:
-            if t.gpus[row] != 1 or not np.isfinite(problem.wait_score[row]) or row in t.reasons:
-                still.append(row)
-                continue
-            if tried >= SQUEEZE_LIMIT:
-                still.append(row)
-                continue
-            tried += 1
-            question = None
-            if row not in placer.forbidden_rows:
-                tau = self._tolerance_rows(np.array([row]))[0]
-                question = (
-                    int(t.family_index[row]),
-                    float(problem.wait_score[row]),
-                    primal[row].tobytes(),
-                    tau.tobytes(),
-                )
-                if question in failed:
-                    still.append(row)
-                    continue
-            if self._squeeze_one(placer, table, primal, problem, row):
-                failed.clear()
-            else:
-                still.append(row)
-                if question is not None:
-                    failed.add(question)
-        return still
-
-    def _squeeze_one(
-        self,
-        placer: Placer,
-        table: DeviceTable,
-        primal: np.ndarray,
-        problem: PricingProblem,
-        row: int,
-    ) -> bool:
-        t = self.t
-        wait = problem.wait_score[row]
-        options = np.flatnonzero(primal[row] < wait)
-        options = options[np.argsort(primal[row][options], kind="stable")][:SQUEEZE_OPTIONS]
-        for config in options.tolist():
-            need = t.per_gpu[row, config]
-            gain = wait - primal[row, config]
-            deficit = need[GPU_MEM] - table.mem_free
-            candidates = np.flatnonzero((deficit > 0) & (table.memory_capacity >= need[GPU_MEM]))
-            candidates = candidates[np.argsort(deficit[candidates], kind="stable")][
-                :SQUEEZE_DEVICES
-            ]
-            for d in candidates.tolist():
-                # Queued jobs of one family ask the same question of the same device state:
-                # a plan depends only on that state, the need and this call's primal scores.
-                occupants = tuple((o, int(placer.config[o])) for o in table.occupants[d])
-                free = (table.mem_free[d], table.sm_free[d])
-                key = (d, *need[[GPU_MEM, GPU_SM]].tolist(), *free, occupants)
-                if key not in self._plans:
-                    self._plans[key] = self._shrink_plan(placer, table, primal, d, need)
-                plan_ = self._plans[key]
-                if plan_ is None:
-                    continue
-                changes, loss = plan_
-                if loss >= gain or not self._node_fits_after(placer, table, d, need, changes):
-                    continue
-                undo = [(o, int(placer.config[o])) for o, _ in changes]
-                for o, new in changes:
-                    self._reconfigure(placer, o, new)
-                if self._try_row(placer, row, [config], self._only(table, d)):
-                    return True
-                for o, old in undo:
-                    self._reconfigure(placer, o, old)
-        return False
-
-    def _shrink_plan(
-        self, placer: Placer, table: DeviceTable, primal: np.ndarray, device: int, need: np.ndarray
-    ) -> tuple[list[tuple[int, int]], float] | None:
-        """Cheapest single-GPU co-tenant reconfigurations that free ``need`` on ``device``."""
-        t = self.t
-        mem_short = need[GPU_MEM] - table.mem_free[device]
-        sm_short = need[GPU_SM] - table.sm_free[device]
-        occupants = sorted(table.occupants[device])
-        # Cheap bound first: what every co-tenant could free at most (most searches end here).
-        free_mem = free_sm = 0.0
-        for o in occupants:
-            if t.gpus[o] == 1:
-                most_mem, most_sm = self._most_freed(o, int(placer.config[o]), primal)
-                free_mem += most_mem
-                free_sm += most_sm
-        if mem_short - free_mem > 1e-9 or sm_short - free_sm > 1e-9:
-            return None
-        changes: list[tuple[int, int]] = []
-        loss = 0.0
-        for o in occupants:
-            if mem_short <= 1e-9 and sm_short <= 1e-9:
-                break
-            if t.gpus[o] != 1:
-                continue
-            cur = int(placer.config[o])
-            res = t.per_gpu[o]
-            freed_mem = res[cur, GPU_MEM] - res[:, GPU_MEM]
-            freed_sm = res[cur, GPU_SM] - res[:, GPU_SM]
-            ok = (
-                t.valid[o]
-                & np.isfinite(primal[o])
-                & (freed_mem >= min(mem_short, res[cur, GPU_MEM]))
-                & (freed_sm >= min(sm_short, 0.0))
-            )
-            if not ok.any():
-                continue
-            cost = np.where(ok, primal[o] - primal[o, cur], np.inf)
-            best = int(np.argmin(cost))
-            changes.append((o, best))
-            loss += float(cost[best])
-            mem_short -= freed_mem[best]
-            sm_short -= freed_sm[best]
-        if mem_short > 1e-9 or sm_short > 1e-9:
-            return None
-        return changes, loss
-
-    def _most_freed(self, row: int, config: int, primal: np.ndarray) -> tuple[float, float]:
-        """(memory, SM) a co-tenant at ``config`` frees at most by switching configuration."""
-        key = (row, config)
-        most = self._freeable.get(key)
-        if most is None:
-            res = self.t.per_gpu[row]
-            ok = self.t.valid[row] & np.isfinite(primal[row])
-            most = (0.0, 0.0)
-            if ok.any():
-                most = (
-                    float(res[config, GPU_MEM] - res[ok, GPU_MEM].min()),
-                    float(res[config, GPU_SM] - res[ok, GPU_SM].min()),
-                )
-            self._freeable[key] = most
-        return most
-
-    def _node_fits_after(
-        self,
-        placer: Placer,
-        table: DeviceTable,
-        device: int,
-        need: np.ndarray,
-        changes: list[tuple[int, int]],
-    ) -> bool:
-        """Whether the device's node has CPU and host RAM for ``need`` once ``changes`` apply.
-
-        A shrink plan frees GPU memory and SM; when the node's CPU or RAM is what is
-        short, applying it (and undoing it) would be wasted work.
-        """
-        node = table.node_of[device]
-        cpu, ram = table.cpu_free[node], table.ram_free[node]
-        for o, new in changes:
-            res = self.t.per_gpu[o]
-            cur = int(placer.config[o])
-            cpu += res[cur, CPU] - res[new, CPU]
-            ram += res[cur, HOST_MEM] - res[new, HOST_MEM]
-        return bool(cpu >= need[CPU] - 1e-9 and ram >= need[HOST_MEM] - 1e-9)
-
-    def _reconfigure(self, placer: Placer, row: int, config: int) -> None:
+    def reconfigure(self, placer: Placer, row: int, config: int) -> None:
         """Switch a placed single-GPU job to ``config`` on the same device."""
         t = self.t
         devices = placer.devices_of[row]
@@ -683,126 +490,10 @@ class _Epoch:
             devices,
             t.per_gpu[row, config],
             t.feature_table[t.family_index[row], config],
-            self._row_tau(row, config),
+            self.row_tau(row, config),
         )
 
-    @staticmethod
-    def _only(table: DeviceTable, device: int) -> np.ndarray:
-        mask = np.zeros(table.size, dtype=bool)
-        mask[device] = True
-        return mask
-
-    def _pack_running(self, placer: Placer, rows: np.ndarray, choice: np.ndarray) -> list[int]:
-        """Place running jobs: in place in bulk where nothing overflows, one by one otherwise."""
-        t, table = self.t, placer.table
-        # ``rows`` are all running jobs in row order, as the snapshot lists their workers.
-        held = self.snapshot.columns.held[rows]
-        worker_rows = np.repeat(rows, held)
-        worker_devs = self.snapshot.workers
-        flat = worker_devs.tolist()
-        cur_devs: list[tuple[int, ...]]
-        if np.all(held == 1):
-            cur_devs = list(zip(flat))  # one-tuples, built in C
-        else:
-            ends = np.cumsum(held).tolist()
-            cur_devs = [tuple(flat[e - h : e]) for e, h in zip(ends, held.tolist(), strict=True)]
-        cfg = choice.copy()
-        cfg[rows] = np.where(t.valid[rows, choice[rows]], choice[rows], t.current[rows])
-        demand = t.per_gpu[worker_rows, cfg[worker_rows]]
-        mem = np.bincount(worker_devs, demand[:, GPU_MEM], table.size)
-        sm = np.bincount(worker_devs, demand[:, GPU_SM], table.size)
-        node_n = len(table.cpu_free)
-        nodes = table.node_of[worker_devs]
-        cpu = np.bincount(nodes, demand[:, CPU], node_n)
-        ram = np.bincount(nodes, demand[:, HOST_MEM], node_n)
-        over_node = (cpu > table.cpu_free + 1e-9) | (ram > table.ram_free + 1e-9)
-        over = (
-            (mem > table.mem_free + 1e-9) | (sm > table.sm_free + 1e-9) | over_node[table.node_of]
-        )
-        conflicted = set(worker_rows[over[worker_devs]].tolist())
-        if placer.forbidden:
-            conflicted |= self._forbidden_running(placer, rows, cfg, cur_devs)
-        ok = np.ones(rows.size, dtype=bool)
-        if conflicted:
-            ok = ~np.isin(rows, np.fromiter(conflicted, dtype=np.intp))
-        keep_rows = rows[ok]
-        keep_workers = ~np.isin(worker_rows, rows[~ok]) if conflicted else slice(None)
-        placer.commit_many(
-            keep_rows,
-            cfg[keep_rows],
-            [d for d, keep in zip(cur_devs, ok.tolist(), strict=True) if keep],
-            worker_rows[keep_workers],
-            worker_devs[keep_workers],
-            demand[keep_workers],
-            t.features(keep_rows, cfg[keep_rows]),
-            self.tolerance(keep_rows, cfg[keep_rows]),
-        )
-        if not conflicted:
-            return []
-        by_row = {int(rows[k]): cur_devs[k] for k in np.flatnonzero(~ok).tolist()}
-        return self._place_conflicted(placer, sorted(conflicted), cfg, by_row)
-
-    def _place_conflicted(
-        self,
-        placer: Placer,
-        rows: list[int],
-        cfg: np.ndarray,
-        devices_of: dict[int, tuple[int, ...]],
-    ) -> list[int]:
-        """Running jobs whose devices would overflow, or that sit next to a forbidden partner.
-
-        1. Every one goes back in place, at its chosen configuration if that needs no
-           more of any resource than the current one, else at the current one: they
-           all fit before, so this always fits and nobody is dropped for another's
-           growth.
-        2. Jobs next to a forbidden partner try to migrate (chosen, then current).
-        3. Jobs that wanted to grow try their chosen configuration in place.
-        Only a job that fits nowhere, not even where it ran, is preempted.
-        """
-        t = self.t
-        preempted: list[int] = []
-        every = np.arange(t.per_gpu.shape[1])
-        lower: dict[int, int] = {}
-        self._tolerance_rows(np.array(rows, dtype=np.intp))  # every row's tau in one pass
-        for row in rows:
-            chosen, current = int(cfg[row]), int(t.current[row])
-            # The chosen configuration only if it needs no more of anything than the current.
-            shrinks = bool(np.all(t.per_gpu[row, chosen] <= t.per_gpu[row, current] + 1e-9))
-            small = chosen if shrinks else current
-            devs = list(devices_of[row])
-            if placer.table.fits_on(devs, t.per_gpu[row, small]):
-                self._commit_row(placer, row, small, devs, every)
-                lower[row] = small
-            else:
-                preempted.append(row)
-        for row in rows:
-            if row not in lower:
-                continue
-            chosen, current = int(cfg[row]), int(t.current[row])
-            devs = list(devices_of[row])
-            if placer.is_forbidden(row, lower[row], devs):
-                placer.release(row, t.per_gpu[row, lower[row]])
-                configs = [chosen] if chosen == current else [chosen, current]
-                if not self._try_row(placer, row, configs):  # stay put; violation reported
-                    self._commit_row(placer, row, lower[row], devs, every)
-                continue
-            if chosen != lower[row]:
-                placer.release(row, t.per_gpu[row, lower[row]])
-                if placer.table.fits_on(devs, t.per_gpu[row, chosen]) and not (
-                    placer.is_forbidden(row, chosen, devs)
-                ):
-                    self._commit_row(placer, row, chosen, devs, every)
-                else:
-                    self._commit_row(placer, row, lower[row], devs, every)
-        still = []
-        for row in preempted:  # could not even go back where it ran: try anywhere
-            chosen, current = int(cfg[row]), int(t.current[row])
-            configs = [chosen] if chosen == current else [chosen, current]
-            if not self._try_row(placer, row, configs):
-                still.append(row)
-        return still
-
-    def _tolerance_rows(self, rows: np.ndarray) -> np.ndarray:
+    def tolerance_rows(self, rows: np.ndarray) -> np.ndarray:
         """(len(rows), K) tau of each of ``rows`` at every configuration (cached per row)."""
         cache = self._tau
         missing = [r for r in dict.fromkeys(rows.tolist()) if r not in cache]
@@ -813,13 +504,13 @@ class _Epoch:
             cache.update(zip(missing, fresh, strict=True))
         return np.stack([cache[r] for r in rows.tolist()]) if rows.size else np.zeros((0, 0))
 
-    def _row_tau(self, row: int, config: int) -> float:
+    def row_tau(self, row: int, config: int) -> float:
         tau = self._tau.get(row)
         if tau is None:
-            tau = self._tolerance_rows(np.array([row]))[0]
+            tau = self.tolerance_rows(np.array([row]))[0]
         return float(tau[config])
 
-    def _try_row(
+    def try_row(
         self,
         placer: Placer,
         row: int,
@@ -830,7 +521,7 @@ class _Epoch:
         """``Placer.try_place`` for one job row, with its features and tolerances per config."""
         t = self.t
         if tolerance is None:
-            tolerance = self._tolerance_rows(np.array([row]))[0]
+            tolerance = self.tolerance_rows(np.array([row]))[0]
         placed = placer.try_place(
             row,
             int(t.gpus[row]),
@@ -845,33 +536,16 @@ class _Epoch:
         )
         return placed is not None
 
-    def _commit_row(
-        self, placer: Placer, row: int, config: int, devices: list[int], every: np.ndarray
-    ) -> None:
+    def commit_row(self, placer: Placer, row: int, config: int, devices: Sequence[int]) -> None:
+        """``Placer.commit`` of one job row at ``config`` on ``devices``."""
         placer.commit(
             row,
             config,
             devices,
             self.t.per_gpu[row, config],
             self.t.feature_table[self.t.family_index[row], config],
-            self._row_tau(row, config),
+            self.row_tau(row, config),
         )
-
-    def _forbidden_running(
-        self, placer: Placer, rows: np.ndarray, cfg: np.ndarray, cur_devs: list[tuple[int, ...]]
-    ) -> set[int]:
-        """Running jobs that share a device with a partner forbidden this epoch."""
-        where: dict[int, list[int]] = {}
-        for row, devs in zip(rows.tolist(), cur_devs, strict=True):
-            for d in devs:
-                where.setdefault(d, []).append(row)
-        hit: set[int] = set()
-        for members in where.values():
-            for a in members:
-                for b in members:
-                    if a != b and (a, int(cfg[a]), b, int(cfg[b])) in placer.forbidden:
-                        hit.add(max(a, b, key=lambda r: (-self.t.weight[r], r)))
-        return hit
 
     # -- interference check ---------------------------------------------------
     def check(self, placer: Placer) -> tuple[list[tuple[int, int, float]], dict[int, float]]:
