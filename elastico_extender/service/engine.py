@@ -170,6 +170,7 @@ class Engine:
         self._assumed: dict[str, Assumed] = {}
         self._seen: OrderedDict[str, dict[str, Any]] = OrderedDict()
         self._node_cache: dict[str, tuple[str, Node | None]] = {}
+        self._last_nodes: tuple[Node, ...] = ()
         self._intent_cache: OrderedDict[tuple[str, str], PodJob | AnnotationError | None] = (
             OrderedDict()
         )
@@ -284,7 +285,13 @@ class Engine:
                 self._seen.popitem(last=False)
 
     # -- snapshot + epoch ---------------------------------------------------------
-    def _nodes(self) -> list[Node]:
+    def _nodes(self) -> tuple[Node, ...]:
+        """The cluster's nodes as the planner sees them.
+
+        While no node changes what the planner sees, the same tuple of the same
+        objects comes back (a status heartbeat bumps a node's resourceVersion but
+        parses to an equal Node), so the core's per-cluster device index is built
+        once, not every epoch."""
         nodes = []
         for name, obj in sorted(self.cluster.state.nodes().items()):
             rv = str((obj.get("metadata") or {}).get("resourceVersion", ""))
@@ -295,11 +302,17 @@ class Engine:
                 except ValueError as exc:
                     log.warning("node.unreadable", extra={"node": name, "error": str(exc)})
                     parsed = None
+                if cached is not None and parsed is not None and parsed == cached[1]:
+                    parsed = cached[1]  # unchanged for the planner: keep the object
                 cached = (rv, parsed)
                 self._node_cache[name] = cached
             if cached[1] is not None:
                 nodes.append(cached[1])
-        return nodes
+        last = self._last_nodes
+        if len(last) == len(nodes) and all(a is b for a, b in zip(last, nodes, strict=True)):
+            return last
+        self._last_nodes = tuple(nodes)
+        return self._last_nodes
 
     def build_snapshot(self) -> tuple[Snapshot, dict[str, PodJob], set[str], dict[str, str]]:
         """The planner's input from the cluster view plus in-flight binds.
@@ -404,7 +417,7 @@ class Engine:
                     del self._assumed[uid]
         families = {j.family: meta[j.id].family for j in jobs}
         self._epoch += 1
-        snapshot = Snapshot(tuple(nodes), tuple(jobs), families, epoch=self._epoch)
+        snapshot = Snapshot(nodes, tuple(jobs), families, epoch=self._epoch)
         return snapshot, meta, in_snapshot, invalid
 
     def _exclusive_fallback(self, pod: Mapping[str, Any], uid: str) -> PodJob | None:
