@@ -27,7 +27,7 @@ import math
 import threading
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -51,7 +51,7 @@ from elastico_extender.cluster.objects import (
 from elastico_extender.core.handoff import framework_settings
 from elastico_extender.core.interference.predictor import SlowdownPredictor
 from elastico_extender.core.model import Action, Job, Mode, Node, Plan, ProfileFamily, Snapshot
-from elastico_extender.core.planner import NodeVerdict, PlacementView, plan
+from elastico_extender.core.planner import Answers, NodeVerdict, PlacementView, plan
 from elastico_extender.core.resources import GPU_MEM, GPU_SM, RESOURCE_NAMES
 from elastico_extender.core.settings import PlannerSettings
 from elastico_extender.errors import AnnotationError, ElasticoError
@@ -66,6 +66,8 @@ MAX_SCORE = 10
 """Upper end of the extender score range (kube-scheduler multiplies by weight and 10)."""
 SEEN_PODS = 4096
 """Pods remembered from filter so bind works before the watch has delivered them."""
+_UNRESOLVABLE = frozenset({"unknown-node", "gpu-count", "no-configuration"})
+"""Rejection labels that no preemption can cure (FailedAndUnresolvableNodes)."""
 
 
 @dataclass(frozen=True)
@@ -176,7 +178,7 @@ class Engine:
         )
         self._epoch = 0
         self._version = 0  # bumps whenever the view changes (publish, assume, forget)
-        self._verdict_cache: OrderedDict[str, tuple[int, dict[str, NodeVerdict]]] = OrderedDict()
+        self._answer_cache: OrderedDict[Hashable, tuple[int, Answers]] = OrderedDict()
         self._published: Published | None = None
         self.history: deque[dict[str, Any]] = deque(maxlen=settings.price_history)
         self.last_epoch_error: str | None = None
@@ -540,38 +542,42 @@ class Engine:
         return self._published
 
     # -- per-pod questions --------------------------------------------------------------
-    def _verdicts(self, pub: Published, pj: PodJob, names: list[str]) -> dict[str, NodeVerdict]:
-        """Verdicts for ``names``; call with ``self._lock`` held.
+    def _answers(self, pub: Published, pj: PodJob, at: np.ndarray) -> Answers:
+        """The view's answer for the pod on the nodes ``at`` (indices, -1 unknown); call
+        with ``self._lock`` held.
 
-        Prioritize follows filter for the same pod with a subset of its nodes: while
-        the view is unchanged, the verdicts filter computed are reused."""
-        cached = self._verdict_cache.get(pj.job.id)
-        if cached is not None and cached[0] == self._version:
-            known = cached[1]
-            if all(n in known for n in names):
-                return {n: known[n] for n in names}
-        verdicts = self._compute_verdicts(pub, pj, names)
-        self._verdict_cache[pj.job.id] = (self._version, verdicts)
-        if len(self._verdict_cache) > 256:
-            self._verdict_cache.popitem(last=False)
-        return verdicts
-
-    def _compute_verdicts(
-        self, pub: Published, pj: PodJob, names: list[str]
-    ) -> dict[str, NodeVerdict]:
+        While the view is unchanged, an answer is reused for every pod of the same
+        shape (what the planner sees of a job, less its id) asked about the same
+        nodes or fewer: prioritize after filter, and a burst of replicas."""
         view, job = pub.view, pj.job
-        if not view.holds(job.id):
-            return view.evaluate(job, pj.family, names)
-        held = view.devices_of(job.id)
-        home = held[0][0] if held else ""
-        # PlacementView skips interference screening for a job it already holds, so other
-        # nodes are asked about a probe copy of the job (a fresh row in the view).
-        probe = dataclasses.replace(job, id=job.id + "#probe")
-        others = [n for n in names if n != home]
-        verdicts = view.evaluate(probe, pj.family, others) if others else {}
-        if home in names:
-            verdicts[home] = self._held_verdict(pub, pj, home, held)
-        return {n: verdicts[n] for n in names}
+        held = view.holds(job.id)
+        key: Hashable = (
+            ("held", job.id)
+            if held
+            else (dataclasses.replace(job, id="", arrival_time=0.0), id(pj.family))
+        )
+        cached = self._answer_cache.get(key)
+        known = at[at >= 0]
+        if cached is not None and cached[0] == self._version and cached[1].asked[known].all():
+            self._answer_cache.move_to_end(key)
+            return cached[1]
+        names = [view.names[i] for i in known.tolist()]
+        if not held:
+            answers = view.answer(job, pj.family, names)
+        else:
+            # PlacementView skips interference screening for a job it already holds, so
+            # other nodes are asked about a probe copy of the job (a fresh row in the view).
+            devices = view.devices_of(job.id)
+            home = devices[0][0] if devices else ""
+            probe = dataclasses.replace(job, id=job.id + "#probe")
+            answers = view.answer(probe, pj.family, [n for n in names if n != home])
+            if home in view.node_index:
+                verdict = self._held_verdict(pub, pj, home, devices)
+                answers = answers.with_verdict(view.node_index[home], verdict, view.table.index)
+        self._answer_cache[key] = (self._version, answers)
+        if len(self._answer_cache) > 256:
+            self._answer_cache.popitem(last=False)
+        return answers
 
     def _held_verdict(
         self, pub: Published, pj: PodJob, node: str, held: tuple[tuple[str, int], ...]
@@ -607,20 +613,32 @@ class Engine:
         if pj is None:
             return FilterOutcome(names, {}, {})
         pub = self.published
+        at = pub.view.indices(names)
         with self._lock:
-            verdicts = self._verdicts(pub, pj, names)
-        passed, failed, unresolvable = [], {}, {}
-        for name, v in verdicts.items():
-            if v.feasible:
-                passed.append(name)
-                continue
-            reason = f"elastico: {v.reason}"
-            label = reason_label(v.reason)
-            self.metrics.rejection(label)
-            if label in ("unknown-node", "gpu-count", "no-configuration"):
-                unresolvable[name] = reason
-            else:
-                failed[name] = reason
+            answers = self._answers(pub, pj, at)
+        ok = np.zeros(at.size, dtype=bool)
+        ok[at >= 0] = answers.feasible[at[at >= 0]]
+        passed = [n for n, good in zip(names, ok.tolist(), strict=True) if good]
+        failed: dict[str, str] = {}
+        unresolvable: dict[str, str] = {}
+        if len(passed) == len(names):
+            return FilterOutcome(passed, failed, unresolvable)
+        # One label and one message per distinct reason; each node only looks them up.
+        seen: dict[int, tuple[dict[str, str], str, str]] = {}
+        counts: dict[str, int] = {}
+        for pos in np.flatnonzero(~ok).tolist():
+            node = int(at[pos])
+            code = int(answers.reason_of[node]) if node >= 0 else -2
+            hit = seen.get(code)
+            if hit is None:
+                reason = answers.reason(node)
+                label = reason_label(reason)
+                bucket = unresolvable if label in _UNRESOLVABLE else failed
+                hit = seen[code] = (bucket, f"elastico: {reason}", label)
+            hit[0][names[pos]] = hit[1]
+            counts[hit[2]] = counts.get(hit[2], 0) + 1
+        for label, count in counts.items():
+            self.metrics.rejection(label, count)
         return FilterOutcome(passed, failed, unresolvable)
 
     def prioritize(self, pod: Mapping[str, Any], names: Iterable[str]) -> list[tuple[str, int]]:
@@ -634,26 +652,22 @@ class Engine:
         if pj is None:
             return [(n, 0) for n in names]
         pub = self.published
+        at = pub.view.indices(names)
         with self._lock:
-            verdicts = self._verdicts(pub, pj, names)
-            feasible = [(n, v) for n, v in verdicts.items() if v.feasible]
+            answers = self._answers(pub, pj, at)
+            ok = np.zeros(at.size, dtype=bool)
+            ok[at >= 0] = answers.feasible[at[at >= 0]]
+            nodes = at[ok]
+            rows = answers.devices[nodes]  # (F, D) device rows, -1 past a job's devices
+            real = rows >= 0
             table = pub.view.table
-            index = table.index
-            # One vector pass over all feasible nodes (scalar numpy per node dominates at 1,000s).
-            refs = [index[r] for _, v in feasible for r in v.devices if r in index]
-            per = np.fromiter(
-                (sum(1 for r in v.devices if r in index) for _, v in feasible),
-                np.intp,
-                len(feasible),
-            )
-            owner = np.repeat(np.arange(len(feasible)), per)
-            flat = np.asarray(refs, dtype=np.intp)
-            left = np.bincount(owner, table.mem_free[flat], len(feasible))
-            cap = np.bincount(owner, table.memory_capacity[flat], len(feasible))
-        count = len(feasible)
-        score = np.fromiter((v.score for _, v in feasible), np.float64, count)
-        slow = np.fromiter((v.predicted_slowdown for _, v in feasible), np.float64, count)
-        budget = np.fromiter((v.memory_budget_mib for _, v in feasible), np.float64, count)
+            left = np.where(real, table.mem_free[rows], 0.0).sum(axis=1)
+            cap = np.where(real, table.memory_capacity[rows], 0.0).sum(axis=1)
+        per = real.sum(axis=1)
+        score = answers.score[nodes]
+        slow = answers.slowdown[nodes]
+        budget = answers.budget[nodes]
+        count = nodes.size
         free = np.where(per > 0, (left - budget * per) / np.maximum(cap, 1.0), 0.0)
         with np.errstate(invalid="ignore"):
             keys = score + np.maximum(slow - 1.0, 0.0) + 0.1 * free
@@ -665,8 +679,9 @@ class Engine:
         else:
             scaled = np.rint(1 + (MAX_SCORE - 2) * (high - keys) / (high - low))
         scaled = np.where(keys == -math.inf, MAX_SCORE, np.where(finite, scaled, MAX_SCORE))
-        by_name = dict(zip((n for n, _ in feasible), scaled.astype(int).tolist(), strict=True))
-        return [(name, by_name.get(name, 0)) for name in names]
+        result = np.zeros(at.size, dtype=np.intp)
+        result[ok] = scaled
+        return list(zip(names, result.tolist(), strict=True))
 
     def _pod_for_bind(self, namespace: str, name: str, uid: str) -> dict[str, Any] | None:
         pod = self.cluster.state.pod(uid) if uid else None

@@ -23,7 +23,9 @@ few hundred microseconds).
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from itertools import repeat
 from typing import NamedTuple
 
 import numpy as np
@@ -46,7 +48,7 @@ from elastico_extender.core.planner.tables import build_tables
 from elastico_extender.core.resources import GPU_MEM, GPU_SM, NUM_RESOURCES
 from elastico_extender.core.settings import PlannerSettings
 
-__all__ = ["MAX_SCREENED_DEVICES", "NodeVerdict", "PlacementView"]
+__all__ = ["MAX_SCREENED_DEVICES", "UNKNOWN_NODE", "Answers", "NodeVerdict", "PlacementView"]
 
 MAX_SCREENED_DEVICES = 256
 """Occupied devices whose interference is predicted per configuration tried (tightest
@@ -56,6 +58,8 @@ SCREENED_PER_NODE = 2
 """Occupied candidate devices per node whose interference is predicted (tightest first)."""
 MAX_OPTIONS = 16
 """Configurations tried per call, best score first."""
+UNKNOWN_NODE = "node has no GPU inventory known to ElastiCo (not in its cluster view)"
+"""The reason given for a node name the view does not know."""
 
 
 class NodeVerdict(NamedTuple):
@@ -70,6 +74,89 @@ class NodeVerdict(NamedTuple):
     score: float = math.inf  # ESP score of the chosen configuration (lower is better)
     memory_budget_mib: float = 0.0
     reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Answers:
+    """One job's verdict on every node of a view, as arrays indexed like ``view.nodes``.
+
+    What :meth:`PlacementView.answer` returns: the extender reads filter and
+    prioritize straight off these arrays, and :meth:`verdict` builds the
+    :class:`NodeVerdict` of one node when a caller wants the record.  Only nodes
+    in ``asked`` were evaluated; an infeasible node's reason is
+    ``reasons[reason_of[node]]`` (``reason_of`` is -1 where feasible).
+    """
+
+    names: Sequence[str]  # node names, the view's order
+    refs: Sequence[DeviceRef]  # device row -> (node, index), the view's table
+    asked: np.ndarray  # (N,) bool
+    feasible: np.ndarray  # (N,) bool: the node can take the job now
+    config: np.ndarray  # (N,) intp configuration row (-1 where infeasible or unknown)
+    devices: np.ndarray  # (N, D) intp device rows (D >= gpus), -1 past the job's devices
+    slowdown: np.ndarray  # (N,) predicted S_hat of the newcomer (1.0 alone)
+    tolerance: np.ndarray  # (N,)
+    score: np.ndarray  # (N,) ESP score of the chosen configuration (-inf: the plan's own)
+    budget: np.ndarray  # (N,) GPU memory budget in MiB
+    reason_of: np.ndarray  # (N,) intp index into ``reasons``, -1 where feasible
+    reasons: tuple[str, ...]
+
+    def reason(self, node: int) -> str:
+        """Why ``node`` (an index; -1 for a name the view does not know) cannot take the job."""
+        if node < 0:
+            return UNKNOWN_NODE
+        code = int(self.reason_of[node])
+        return self.reasons[code] if code >= 0 else ""
+
+    def verdict(self, node: int, name: str) -> NodeVerdict:
+        """The record for one node (``node`` -1: a name the view does not know)."""
+        if node < 0 or not self.feasible[node]:
+            return NodeVerdict(name, False, reason=self.reason(node))
+        rows = self.devices[node]
+        return NodeVerdict(
+            name,
+            True,
+            int(self.config[node]),
+            tuple(self.refs[d] for d in rows[rows >= 0].tolist()),
+            float(self.slowdown[node]),
+            float(self.tolerance[node]),
+            float(self.score[node]),
+            float(self.budget[node]),
+            "",
+        )
+
+    def with_verdict(self, node: int, verdict: NodeVerdict, index: dict[DeviceRef, int]) -> Answers:
+        """A copy where ``node`` answers ``verdict`` (the extender's own placement of a job
+        the view already holds); device references missing from ``index`` are dropped."""
+        rows = [index[r] for r in verdict.devices if r in index]
+        width = max(self.devices.shape[1], len(rows))
+        devices = np.full((self.devices.shape[0], width), -1, dtype=np.intp)
+        devices[:, : self.devices.shape[1]] = self.devices
+        devices[node] = -1
+        devices[node, : len(rows)] = rows
+        arrays = {
+            "asked": self.asked.copy(),
+            "feasible": self.feasible.copy(),
+            "config": self.config.copy(),
+            "slowdown": self.slowdown.copy(),
+            "tolerance": self.tolerance.copy(),
+            "score": self.score.copy(),
+            "budget": self.budget.copy(),
+            "reason_of": self.reason_of.copy(),
+        }
+        arrays["asked"][node] = True
+        arrays["feasible"][node] = verdict.feasible
+        arrays["config"][node] = verdict.config_index
+        if verdict.feasible:
+            arrays["slowdown"][node] = verdict.predicted_slowdown
+            arrays["tolerance"][node] = verdict.tolerance
+            arrays["score"][node] = verdict.score
+            arrays["budget"][node] = verdict.memory_budget_mib
+            arrays["reason_of"][node] = -1
+            reasons = self.reasons
+        else:
+            arrays["reason_of"][node] = len(self.reasons)
+            reasons = (*self.reasons, verdict.reason)
+        return Answers(self.names, self.refs, devices=devices, reasons=reasons, **arrays)
 
 
 class PlacementView:
@@ -94,6 +181,7 @@ class PlacementView:
         self.placer = Placer(self.table, predictor)
         self.units = gpu_equivalent(self.table)
         self.node_index = {node.name: i for i, node in enumerate(snapshot.nodes)}
+        self.names = tuple(node.name for node in snapshot.nodes)
         self._rows: dict[str, int] = {}
         self._next_row = 0
         self._valid_cache: dict[tuple[object, ...], tuple[np.ndarray, str | None]] = {}
@@ -221,43 +309,74 @@ class PlacementView:
         score = job.weight * (1.0 - throughput / best) + rent
         return np.where(valid, score, np.inf), reason
 
+    def indices(self, node_names: Iterable[str]) -> np.ndarray:
+        """Node index of each name (-1 for a name the view does not know)."""
+        names = node_names if isinstance(node_names, list) else list(node_names)
+        return np.array(list(map(self.node_index.get, names, repeat(-1))), dtype=np.intp)
+
     def evaluate(
         self, job: Job, family: ProfileFamily, node_names: Iterable[str] | None = None
     ) -> dict[str, NodeVerdict]:
         """A verdict for every requested node (all nodes when ``node_names`` is None).
 
-        Vectorised over devices and nodes: per configuration tried (best score
-        first) one capacity mask, one batched interference screen, and a
-        per-node best fit by sorting.  Unknown node names get an infeasible
+        The record form of :meth:`answer`.  Unknown node names get an infeasible
         verdict saying so (never an exception).
         """
         names = list(self.node_index) if node_names is None else list(node_names)
-        index = self.node_index
-        known = [n for n in names if n in index]
-        unknown = NodeVerdict(
-            "",
-            False,
-            reason="node has no GPU inventory known to ElastiCo (not in its cluster view)",
-        )
-        scores, invalid_reason = self.scores(job, family)
-        if invalid_reason is not None or not np.isfinite(scores).any():
-            reason = invalid_reason or "no valid configuration"
-            return {
-                n: NodeVerdict(n, False, reason=reason) if n in index else unknown._replace(node=n)
-                for n in names
-            }
-        table = self.table
+        at = self.indices(names).tolist()
+        answers = self.answer(job, family, [n for n, i in zip(names, at, strict=True) if i >= 0])
+        return {name: answers.verdict(i, name) for name, i in zip(names, at, strict=True)}
+
+    def answer(
+        self, job: Job, family: ProfileFamily, node_names: Iterable[str] | None = None
+    ) -> Answers:
+        """Where and how ``job`` can run, for the requested nodes (all when None).
+
+        Vectorised over devices and nodes: per configuration tried (best score
+        first) one capacity mask, one batched interference screen, and a
+        per-node best fit by sorting.  Names the view does not know are ignored
+        (:meth:`indices` marks them -1; :meth:`Answers.reason` explains them).
+        """
         node_count = len(self.nodes)
-        open_node = np.zeros(node_count, dtype=bool)
-        open_node[np.fromiter((index[n] for n in known), np.intp, len(known))] = True
-        chosen_config = np.full(node_count, -1, dtype=np.intp)
+        asked = np.zeros(node_count, dtype=bool)
+        if node_names is None:
+            asked[:] = True
+        else:
+            at = self.indices(node_names)
+            asked[at[at >= 0]] = True
+        gpus = job.gpus
+        config_of = np.full(node_count, -1, dtype=np.intp)
+        chosen_devices = np.full((node_count, gpus), -1, dtype=np.intp)
         chosen_slow = np.ones(node_count)
         chosen_tol = np.full(node_count, np.inf)
-        chosen_devices: dict[int, list[int]] = {}
+        scores, invalid_reason = self.scores(job, family)
+
+        def answers(reason_of: np.ndarray, reasons: tuple[str, ...]) -> Answers:
+            feasible = config_of >= 0
+            config = np.maximum(config_of, 0)
+            return Answers(
+                self.names,
+                self.table.refs,
+                asked,
+                feasible,
+                config_of,
+                chosen_devices,
+                chosen_slow,
+                chosen_tol,
+                np.where(feasible, scores[config], np.inf),
+                np.where(feasible, family.resources[config, GPU_MEM], 0.0),
+                reason_of,
+                reasons,
+            )
+
+        if invalid_reason is not None or not np.isfinite(scores).any():
+            reason = invalid_reason or "no valid configuration"
+            return answers(np.where(asked, 0, -1), (reason,))
+        table = self.table
+        open_node = asked.copy()
         worst_seen = np.full(node_count, np.nan)
         options = np.flatnonzero(np.isfinite(scores))
         options = options[np.argsort(scores[options], kind="stable")][:MAX_OPTIONS]
-        gpus = job.gpus
         screen = self.placer.predictor is not None
         for config in options.tolist():
             if not open_node.any():
@@ -270,44 +389,21 @@ class PlacementView:
             slowdown = None
             if screen:
                 mask, slowdown, (bad_devs, bad_slow) = self._screen(
-                    mask, family.features[config], tolerance
+                    mask, family.features[config], tolerance, gpus
                 )
                 if bad_devs.size:
                     np.fmax.at(worst_seen, table.node_of[bad_devs], bad_slow)
             nodes, picks = self._per_node(mask, gpus)
             if nodes.size == 0:
                 continue
-            chosen_config[nodes] = config
+            config_of[nodes] = config
             chosen_tol[nodes] = tolerance
             if slowdown is not None:
                 chosen_slow[nodes] = slowdown[picks].max(axis=1)
-            for node, devs in zip(nodes.tolist(), picks.tolist(), strict=True):
-                chosen_devices[node] = devs
+            chosen_devices[nodes] = picks
             open_node[nodes] = False
-        refs = table.refs
-        reasons = self._why_not(np.flatnonzero(open_node), family, scores, gpus, worst_seen)
-        result: dict[str, NodeVerdict] = {}
-        for name in names:
-            node = index.get(name)
-            if node is None:
-                result[name] = unknown._replace(node=name)
-                continue
-            config = int(chosen_config[node])
-            if config < 0:
-                result[name] = NodeVerdict(name, False, reason=reasons.get(node, "no capacity"))
-                continue
-            result[name] = NodeVerdict(
-                name,
-                True,
-                config,
-                tuple(refs[d] for d in chosen_devices[node]),
-                float(chosen_slow[node]),
-                float(chosen_tol[node]),
-                float(scores[config]),
-                float(family.resources[config, GPU_MEM]),
-                "",
-            )
-        return result
+        reason_of, reasons = self._why_not(open_node, family, scores, gpus, worst_seen)
+        return answers(reason_of, reasons)
 
     # -- helpers ----------------------------------------------------------------
     def _tolerance(self, job: Job, family: ProfileFamily, config: int) -> float:
@@ -325,20 +421,25 @@ class PlacementView:
         )
 
     def _screen(
-        self, mask: np.ndarray, features: np.ndarray, tolerance: float
+        self, mask: np.ndarray, features: np.ndarray, tolerance: float, gpus: int
     ) -> tuple[np.ndarray, np.ndarray, tuple[np.ndarray, np.ndarray]]:
         """Keep empty devices and occupied ones whose pairs stay within tolerance.
 
-        Per node only its ``SCREENED_PER_NODE`` tightest occupied candidates are
+        A node with ``gpus`` idle candidates is placed on them (``_per_node`` takes
+        idle devices first), so its occupied ones need no prediction.  Per other
+        node only its ``SCREENED_PER_NODE`` tightest occupied candidates are
         predicted (and at most ``MAX_SCREENED_DEVICES`` in all), so a busy
         cluster costs one bounded batched predictor call.
         """
         table = self.table
         idx = np.flatnonzero(mask)
         occupied = table.count[idx] > 0
+        idle = idx[~occupied]
         busy = idx[occupied]
         screened = np.zeros_like(mask)
-        screened[idx[~occupied]] = True
+        screened[idle] = True
+        idle_on = np.bincount(table.node_of[idle], minlength=len(self.nodes))
+        busy = busy[idle_on[table.node_of[busy]] < gpus]
         slowdown = np.ones(table.size)
         rejected = (np.zeros(0, dtype=np.intp), np.zeros(0))
         if busy.size:
@@ -374,15 +475,19 @@ class PlacementView:
 
     def _why_not(
         self,
-        nodes: np.ndarray,
+        open_node: np.ndarray,
         family: ProfileFamily,
         scores: np.ndarray,
         gpus: int,
         worst_seen: np.ndarray,
-    ) -> dict[int, str]:
-        """One reason per infeasible node, computed for all of them at once."""
-        if nodes.size == 0:
-            return {}
+    ) -> tuple[np.ndarray, tuple[str, ...]]:
+        """One reason per node left open, for all of them at once: (reason_of, reasons).
+
+        Nodes that share a reason share its text (formatted once per distinct value)."""
+        reason_of = np.full(open_node.size, -1, dtype=np.intp)
+        rest = np.flatnonzero(open_node)
+        if rest.size == 0:
+            return reason_of, ()
         table = self.table
         valid = np.isfinite(scores)
         need_mem = float(family.resources[valid, GPU_MEM].min())
@@ -393,32 +498,53 @@ class PlacementView:
         np.maximum.at(free_mem, table.node_of, table.mem_free)
         np.maximum.at(free_sm, table.node_of, table.sm_free)
         devices = np.bincount(table.node_of, minlength=count)
-        reasons: dict[int, str] = {}
-        for node in nodes.tolist():
-            if devices[node] < gpus:
-                reasons[node] = f"node has {devices[node]} GPU(s), job needs {gpus}"
-            elif not math.isnan(worst_seen[node]):
-                reasons[node] = (
-                    f"predicted co-location slowdown {worst_seen[node]:.2f}x exceeds "
-                    "the tolerance of this job or of a GPU's current tenant"
-                )
-            elif need_mem > free_mem[node] + 1e-9:
-                reasons[node] = (
-                    f"insufficient GPU memory: smallest configuration needs "
-                    f"{need_mem:.0f} MiB, most free on one GPU here is "
-                    f"{max(free_mem[node], 0.0):.0f} MiB"
-                )
-            elif need_sm > free_sm[node] + 1e-9:
-                reasons[node] = (
-                    f"insufficient GPU compute: needs SM share {need_sm:.2f}, "
-                    f"most free {max(free_sm[node], 0.0):.2f}"
-                )
-            else:
-                reasons[node] = (
-                    "insufficient host CPU or memory on the node, or too few GPUs "
-                    "free together, for any allowed configuration"
-                )
-        return reasons
+        texts: list[str] = []
+
+        def explain(hit: np.ndarray, values: np.ndarray, text: Callable[[float], str]) -> None:
+            """Give the nodes ``rest[hit]`` their reason; they leave ``rest``."""
+            nonlocal rest
+            nodes = rest[hit]
+            rest = rest[~hit]
+            if nodes.size == 0:
+                return
+            distinct, inverse = np.unique(values[nodes], return_inverse=True)
+            reason_of[nodes] = len(texts) + inverse.reshape(-1)
+            texts.extend(text(v) for v in distinct.tolist())
+
+        explain(devices[rest] < gpus, devices, lambda v: f"node has {v} GPU(s), job needs {gpus}")
+        explain(
+            ~np.isnan(worst_seen[rest]),
+            worst_seen,
+            lambda v: (
+                f"predicted co-location slowdown {v:.2f}x exceeds "
+                "the tolerance of this job or of a GPU's current tenant"
+            ),
+        )
+        explain(
+            need_mem > free_mem[rest] + 1e-9,
+            free_mem,
+            lambda v: (
+                f"insufficient GPU memory: smallest configuration needs "
+                f"{need_mem:.0f} MiB, most free on one GPU here is {max(v, 0.0):.0f} MiB"
+            ),
+        )
+        explain(
+            need_sm > free_sm[rest] + 1e-9,
+            free_sm,
+            lambda v: (
+                f"insufficient GPU compute: needs SM share {need_sm:.2f}, "
+                f"most free {max(v, 0.0):.2f}"
+            ),
+        )
+        explain(
+            np.ones(rest.size, dtype=bool),
+            np.zeros(count),
+            lambda v: (
+                "insufficient host CPU or memory on the node, or too few GPUs "
+                "free together, for any allowed configuration"
+            ),
+        )
+        return reason_of, tuple(texts)
 
 
 def prices_of(plan: Plan) -> np.ndarray:
