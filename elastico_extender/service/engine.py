@@ -561,16 +561,16 @@ class Engine:
         if cached is not None and cached[0] == self._version and cached[1].asked[known].all():
             self._answer_cache.move_to_end(key)
             return cached[1]
-        names = [view.names[i] for i in known.tolist()]
         if not held:
-            answers = view.answer(job, pj.family, names)
+            answers = view.answer_at(job, pj.family, at)
         else:
             # PlacementView skips interference screening for a job it already holds, so
             # other nodes are asked about a probe copy of the job (a fresh row in the view).
             devices = view.devices_of(job.id)
             home = devices[0][0] if devices else ""
             probe = dataclasses.replace(job, id=job.id + "#probe")
-            answers = view.answer(probe, pj.family, [n for n in names if n != home])
+            others = at[at != view.node_index.get(home, -1)]
+            answers = view.answer_at(probe, pj.family, others)
             if home in view.node_index:
                 verdict = self._held_verdict(pub, pj, home, devices)
                 answers = answers.with_verdict(view.node_index[home], verdict, view.table.index)
@@ -599,30 +599,44 @@ class Engine:
             memory_budget_mib=a.memory_budget_mib,
         )
 
+    @staticmethod
+    def _distinct(view: PlacementView, names: Iterable[str]) -> tuple[list[str], np.ndarray]:
+        """``names`` without repeats (first kept), and their node indices in ``view``."""
+        names = names if isinstance(names, list) else list(names)
+        at = view.indices(names)
+        known = at[at >= 0]
+        if known.size == at.size and (
+            known.size == 0 or np.bincount(known, minlength=len(view.nodes)).max() == 1
+        ):
+            return names, at  # the usual case: every name known, none twice
+        names = list(dict.fromkeys(names))
+        return names, view.indices(names)
+
     def filter(self, pod: Mapping[str, Any], names: Iterable[str]) -> FilterOutcome:
         """Which of ``names`` can take the pod now. Raises nothing for bad annotations:
         they become an unresolvable failure on every node naming the annotation."""
-        names = list(dict.fromkeys(names))
+        names = list(names)
         self.remember(pod)
         try:
             pj = self.pod_job(pod)
         except AnnotationError as exc:
+            names = list(dict.fromkeys(names))
             message = f"elastico: invalid annotations: {exc}"
             self.metrics.rejection("annotation", len(names))
             return FilterOutcome([], {}, {n: message for n in names})
         if pj is None:
-            return FilterOutcome(names, {}, {})
+            return FilterOutcome(list(dict.fromkeys(names)), {}, {})
         pub = self.published
-        at = pub.view.indices(names)
+        names, at = self._distinct(pub.view, names)
         with self._lock:
             answers = self._answers(pub, pj, at)
         ok = np.zeros(at.size, dtype=bool)
         ok[at >= 0] = answers.feasible[at[at >= 0]]
-        passed = [n for n, good in zip(names, ok.tolist(), strict=True) if good]
         failed: dict[str, str] = {}
         unresolvable: dict[str, str] = {}
-        if len(passed) == len(names):
-            return FilterOutcome(passed, failed, unresolvable)
+        if ok.all():
+            return FilterOutcome(names, failed, unresolvable)
+        passed = [n for n, good in zip(names, ok.tolist(), strict=True) if good]
         # One label and one message per distinct reason; each node only looks them up.
         seen: dict[int, tuple[dict[str, str], str, str]] = {}
         counts: dict[str, int] = {}
@@ -644,15 +658,14 @@ class Engine:
     def prioritize(self, pod: Mapping[str, Any], names: Iterable[str]) -> list[tuple[str, int]]:
         """Scores 0..10: the plan's node 10; otherwise cheaper configuration at current
         prices, less predicted slowdown and a tighter fit score higher; infeasible 0."""
-        names = list(dict.fromkeys(names))
         try:
             pj = self.pod_job(pod)
         except AnnotationError:
-            return [(n, 0) for n in names]
+            return [(n, 0) for n in dict.fromkeys(names)]
         if pj is None:
-            return [(n, 0) for n in names]
+            return [(n, 0) for n in dict.fromkeys(names)]
         pub = self.published
-        at = pub.view.indices(names)
+        names, at = self._distinct(pub.view, names)
         with self._lock:
             answers = self._answers(pub, pj, at)
             ok = np.zeros(at.size, dtype=bool)

@@ -332,18 +332,23 @@ class PlacementView:
     ) -> Answers:
         """Where and how ``job`` can run, for the requested nodes (all when None).
 
+        Names the view does not know are ignored (:meth:`indices` marks them -1;
+        :meth:`Answers.reason` explains them).
+        """
+        if node_names is None:
+            return self.answer_at(job, family, np.arange(len(self.nodes)))
+        return self.answer_at(job, family, self.indices(node_names))
+
+    def answer_at(self, job: Job, family: ProfileFamily, at: np.ndarray) -> Answers:
+        """:meth:`answer` for the nodes at indices ``at`` (-1 entries are skipped).
+
         Vectorised over devices and nodes: per configuration tried (best score
         first) one capacity mask, one batched interference screen, and a
-        per-node best fit by sorting.  Names the view does not know are ignored
-        (:meth:`indices` marks them -1; :meth:`Answers.reason` explains them).
+        per-node best fit by sorting.
         """
         node_count = len(self.nodes)
         asked = np.zeros(node_count, dtype=bool)
-        if node_names is None:
-            asked[:] = True
-        else:
-            at = self.indices(node_names)
-            asked[at[at >= 0]] = True
+        asked[at[at >= 0]] = True
         gpus = job.gpus
         config_of = np.full(node_count, -1, dtype=np.intp)
         chosen_devices = np.full((node_count, gpus), -1, dtype=np.intp)
