@@ -312,7 +312,7 @@ class PlacementView:
     def indices(self, node_names: Iterable[str]) -> np.ndarray:
         """Node index of each name (-1 for a name the view does not know)."""
         names = node_names if isinstance(node_names, list) else list(node_names)
-        return np.array(list(map(self.node_index.get, names, repeat(-1))), dtype=np.intp)
+        return np.fromiter(map(self.node_index.get, names, repeat(-1)), np.intp, len(names))
 
     def evaluate(
         self, job: Job, family: ProfileFamily, node_names: Iterable[str] | None = None
