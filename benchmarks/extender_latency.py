@@ -7,25 +7,20 @@ Command (from the repository root):
 
 For 100, 1,000 and 5,000 nodes (4 GPUs each, GFD labels, node JSON shaped like the
 wire captures including managedFields) with about one running opted-in pod per
-two GPUs, it times filter + prioritize for one opted-in pod over HTTP, in both
+two GPUs, it times filter + prioritize for one new opted-in pod over HTTP, in both
 nodeCacheCapable modes (off: every Node object in the body and echoed in the
 reply; on: names only), and then the sustained pods/s (filter + prioritize
-pairs) with concurrent clients at 5,000 nodes, nodeCacheCapable on.
-Prints one table; numbers depend on the machine (2 shared cores here).
+pairs) from client processes at the largest size, nodeCacheCapable on.
 
-Measured 2026-11-22 on the dev box (2 cores shared with a simulation run, so noisy),
-``--sizes 100,1000 --seconds 10`` (ms, filter + prioritize), server in its own process:
-
-    nodes  nodeCache  p50     p99     epoch_ms
-      100  on           8.8    27.2     42
-      100  off         20.5    61.6     42
-     1000  on          18.4   112.8    467
-     1000  off        182.5   328.3    467
-    sustained 55 pods/s (111 req/s) at 1000 nodes (nodeCacheCapable on, 4 clients)
-
-Short of the target (p99 <= 5 ms at 1,000 nodes): per-node Python work (one verdict,
-one reply entry per node) and JSON for 1,000 names dominate; in-process the engine
-answers filter + prioritize for one pod in about 3.6 ms at 100 nodes.
+The server is ``elastico serve`` in its own process with its epoch loop running
+(``--epoch-seconds``, 5 s as served by default), so epochs overlap the timed pods
+as they would in a cluster.  No pod is bound, so the view changes only at epochs
+and pods of one shape share the engine's cached answer between them (after a bind
+the first filter of the next pod recomputes it: about 1.6 ms instead of 0.8 ms
+in-process at 1,000 nodes).  The client is http.client with keep-alive and orjson
+(``--client httpx`` for the client earlier runs used).  Numbers depend on the
+machine: 2 cores here, shared with other sessions; the load average is printed.
+Results with the command that made them: ``benchmarks/results/extender_latency.md``.
 """
 
 from __future__ import annotations
