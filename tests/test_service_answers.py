@@ -85,3 +85,42 @@ def test_pods_of_one_shape_share_an_answer_until_the_view_changes():
     after = engine.filter(twin, names)  # the bind counts: a fresh answer, not the cached one
     assert_same_as_per_node(engine, twin, names)
     assert after == engine.filter(twin, names)
+
+
+def _benchmark_like_cluster() -> EmbeddedCluster:
+    node = {"cpu": "64", "memory": "512Gi", "nvidia.com/gpu": "4", "pods": "110"}
+    labels = {"nvidia.com/gpu.count": "4", "nvidia.com/gpu.memory": "40960"}
+    objects: list[dict] = []
+    for i in range(3):
+        objects.append({"kind": "Node", "metadata": {"name": f"n{i}", "labels": labels,
+                        "resourceVersion": "1"}, "status": {"allocatable": node}})  # fmt: skip
+        for d in range(2):
+            name = f"run-{i}-{d}"
+            annotations = {"elastico.io/family": "bert", "elastico.io/assigned-node": f"n{i}",
+                           "elastico.io/assigned-devices": str(d)}  # fmt: skip
+            objects.append({"kind": "Pod", "metadata": {"name": name, "namespace": "ml",
+                            "uid": f"uid-{name}", "resourceVersion": "1",
+                            "annotations": annotations},
+                            "spec": {"nodeName": f"n{i}", "containers": [{"name": "c",
+                                     "resources": {"limits": {"nvidia.com/gpu": "1"}}}]},
+                            "status": {"phase": "Running"}})  # fmt: skip
+    return EmbeddedCluster(objects, "test")
+
+
+def test_unchanged_bound_pods_keep_their_records_and_changed_ones_are_rebuilt():
+    cluster = _benchmark_like_cluster()
+    engine = engine_on(cluster)
+    first = engine.build_snapshot()[0]
+    again = engine.build_snapshot()[0]
+    assert again.jobs == first.jobs
+    assert all(a is b for a, b in zip(again.jobs, first.jobs, strict=True))  # reused
+    fresh = engine_on(_benchmark_like_cluster()).build_snapshot()[0]
+    assert fresh.jobs == again.jobs
+    # The watch delivers a new version of one pod: it moved to device 3.
+    pod = copy.deepcopy(cluster.state.pod("uid-run-1-0"))
+    pod["metadata"]["resourceVersion"] = "2"
+    pod["metadata"]["annotations"]["elastico.io/assigned-devices"] = "3"
+    cluster.state.apply("pods", "MODIFIED", pod)
+    moved = {j.id: j for j in engine.build_snapshot()[0].jobs}
+    assert moved["uid-run-1-0"].devices == (("n1", 3),)
+    assert moved["uid-run-0-0"] is {j.id: j for j in again.jobs}["uid-run-0-0"]

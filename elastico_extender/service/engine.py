@@ -173,6 +173,9 @@ class Engine:
         self._seen: OrderedDict[str, dict[str, Any]] = OrderedDict()
         self._node_cache: dict[str, tuple[str, Node | None]] = {}
         self._last_nodes: tuple[Node, ...] = ()
+        # Bound pods' running records from the last snapshot, by pod uid, with what
+        # they were built from: (pod resourceVersion, node name), PodJob, Node.
+        self._bound_jobs: dict[str, tuple[tuple[str, str], PodJob, Node, Job]] = {}
         self._intent_cache: OrderedDict[tuple[str, str], PodJob | AnnotationError | None] = (
             OrderedDict()
         )
@@ -334,6 +337,7 @@ class Engine:
         confirmed: set[str] = set()
         in_snapshot: set[str] = set()
         invalid: dict[str, str] = {}
+        bound: dict[str, tuple[tuple[str, str], PodJob, Node, Job]] = {}
         wanted = self.settings.scheduler_name
         for uid, pod in pods.items():
             if not pod_is_active(pod) or (pod.get("metadata") or {}).get("deletionTimestamp"):
@@ -355,6 +359,16 @@ class Engine:
                 if node is None:
                     continue
                 confirmed.add(uid)
+                # A bound pod and its node unchanged since the last epoch: the same record.
+                # (A node heartbeat keeps the Node object: see _nodes.)
+                key = (str((pod.get("metadata") or {}).get("resourceVersion", "")), node_name)
+                hit = self._bound_jobs.get(uid)
+                if hit is not None and hit[0] == key and hit[1] is pj and hit[2] is node:
+                    bound[uid] = hit
+                    used.setdefault(node_name, set()).update(d for _, d in hit[3].devices)
+                    jobs.append(hit[3])
+                    meta[uid] = pj
+                    continue
                 decision = read_decision((pod.get("metadata") or {}).get("annotations"))
                 config = self._config_row(family, pj, decision.configuration if decision else "")
                 indices = {g.index for g in node.gpus}
@@ -366,7 +380,13 @@ class Engine:
                     and all(d in indices for d in decision.devices)
                 ):
                     devices = decision.devices
-                elif uid in assumed and assumed[uid].verdict.node == node_name:
+                    running = self._running(job, node_name, devices, config)
+                    bound[uid] = (key, pj, node, running)
+                    used.setdefault(node_name, set()).update(devices)
+                    jobs.append(running)
+                    meta[uid] = pj
+                    continue
+                if uid in assumed and assumed[uid].verdict.node == node_name:
                     devices = tuple(d for _, d in assumed[uid].verdict.devices)
                     config = assumed[uid].verdict.config_index
                 if devices is None:
@@ -417,6 +437,7 @@ class Engine:
                 if a.expires <= now:
                     log.info("assumption.expired", extra={"pod": a.pod_job.key})
                     del self._assumed[uid]
+        self._bound_jobs = bound
         families = {j.family: meta[j.id].family for j in jobs}
         self._epoch += 1
         snapshot = Snapshot(nodes, tuple(jobs), families, epoch=self._epoch)
