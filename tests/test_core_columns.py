@@ -242,3 +242,30 @@ def test_a_failed_placement_question_is_searched_again_once_the_table_changes():
     placer.release(1, big[0] / 10)
     placer.release(0, big[0])  # the table changed: the question is searched again
     assert placer.try_place(1, 1, [0], big, features, tau, question="q") is not None
+
+
+def test_placement_view_books_the_plan_as_one_by_one_commits_would(families):
+    from elastico_extender.core.planner import PlacementView
+    from elastico_extender.core.planner.placement import Placer
+
+    nodes = a100_nodes(2, 4)
+    names = ["resnet50", "bert", "dcgan", "transformer"]
+    jobs = tuple(Job(f"j{i}", names[i % 4], gpus=2 if i % 5 == 0 else 1) for i in range(14))
+    snapshot = Snapshot(nodes, jobs, families)
+    result = plan(snapshot)
+    view = PlacementView(snapshot, result)
+    reference = DeviceTable(nodes, view.settings.memory_margin_mib)
+    placer = Placer(reference, None)
+    for row, a in enumerate(result.assignments.values()):
+        family = families[snapshot.jobs[[j.id for j in jobs].index(a.job_id)].family]
+        devices = [reference.index[ref] for ref in a.devices]
+        placer.commit(
+            row, a.config_index, devices, family.resources[a.config_index],
+            family.features[a.config_index], a.tolerance,
+        )  # fmt: skip
+    for name in ("mem_free", "sm_free", "cpu_free", "ram_free", "count"):
+        assert np.allclose(getattr(view.table, name), getattr(reference, name)), name
+    for job_id in result.assignments:
+        assert view.holds(job_id)
+        assert view.devices_of(job_id) == result.assignments[job_id].devices
+    assert np.any(view.table.count >= 2)  # the scenario does exercise shared devices

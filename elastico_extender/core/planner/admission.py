@@ -30,10 +30,10 @@ from typing import NamedTuple
 
 import numpy as np
 
+from elastico_extender.core.interference.features import NUM_JOB_FEATURES
 from elastico_extender.core.interference.predictor import ContentionPredictor, SlowdownPredictor
 from elastico_extender.core.interference.tolerance import adaptive_tolerance
 from elastico_extender.core.model import (
-    Assignment,
     DeviceRef,
     GpuDevice,
     Job,
@@ -204,12 +204,7 @@ class PlacementView:
             plan.stats.get("sm_allocated", 0.0), plan.stats.get("memory_allocated", 0.0)
         )
         self.utilization = float(utilization)
-        jobs = {job.id: job for job in snapshot.jobs}
-        for assignment in plan.assignments.values():
-            job = jobs.get(assignment.job_id)
-            if job is None or any(ref not in self.table.index for ref in assignment.devices):
-                continue
-            self._commit_assignment(job, snapshot.families[job.family], assignment)
+        self._commit_plan(snapshot, plan)
 
     # -- bookkeeping ----------------------------------------------------------
     def _row_for(self, job_id: str) -> int:
@@ -220,15 +215,39 @@ class PlacementView:
             self._rows[job_id] = row
         return row
 
-    def _commit_assignment(self, job: Job, family: ProfileFamily, assignment: Assignment) -> None:
-        row = self._row_for(job.id)
-        config = assignment.config_index
-        devices = [self.table.index[ref] for ref in assignment.devices]
-        demand = family.resources[config]
-        self.placer.commit(
-            row, config, devices, demand, family.features[config], assignment.tolerance
+    def _commit_plan(self, snapshot: Snapshot, plan: Plan) -> None:
+        """Every assignment of ``plan`` whose job and devices the snapshot knows, in bulk."""
+        jobs = {job.id: job for job in snapshot.jobs}
+        index = self.table.index
+        kept = [
+            (a, jobs[a.job_id])
+            for a in plan.assignments.values()
+            if a.job_id in jobs and all(ref in index for ref in a.devices)
+        ]
+        if not kept:
+            return
+        rows = np.arange(len(kept), dtype=np.intp)
+        self._rows = {a.job_id: int(r) for r, (a, _) in zip(rows.tolist(), kept, strict=True)}
+        self._next_row = len(kept)
+        families = snapshot.families
+        configs = np.fromiter((a.config_index for a, _ in kept), np.intp, len(kept))
+        demands = [families[job.family].resources[a.config_index] for a, job in kept]
+        devices = [tuple(index[ref] for ref in a.devices) for a, _ in kept]
+        width = np.fromiter(map(len, devices), np.intp, len(kept))
+        features = np.stack(
+            [families[job.family].features[a.config_index, :NUM_JOB_FEATURES] for a, job in kept]
         )
-        self._demand[row] = demand
+        self.placer.commit_many(
+            rows,
+            configs,
+            devices,
+            np.repeat(rows, width),
+            np.fromiter((d for devs in devices for d in devs), np.intp, int(width.sum())),
+            np.repeat(np.stack(demands), width, axis=0),
+            features,
+            np.fromiter((a.tolerance for a, _ in kept), np.float64, len(kept)),
+        )
+        self._demand = dict(zip(rows.tolist(), demands, strict=True))
 
     @property
     def assumed(self) -> frozenset[str]:
