@@ -309,27 +309,38 @@ def _floats(values: list[float] | list[int]) -> np.ndarray:
 def job_columns(jobs: tuple[Job, ...]) -> JobColumns:
     # One list comprehension per field, converted through ``array``: several times
     # cheaper than one comprehension of tuples converted by ``np.array``.
-    fixed = Mode.FIXED
+    n = len(jobs)
     families = [j.family for j in jobs]
     names = tuple(sorted(set(families)))
     code = dict(zip(names, range(len(names)), strict=True))
     current = [j.current_config for j in jobs]
+    modes = [j.mode for j in jobs]
+    allowed = [j.allowed for j in jobs]
+    # Most jobs are elastic and unrestricted: list.count (C) decides before any per-job test.
+    fixed = (
+        np.array([m is Mode.FIXED for m in modes], dtype=bool).reshape(n)
+        if modes.count(Mode.FIXED)
+        else np.zeros(n, dtype=bool)
+    )
+    restricted = (
+        np.array([row for row, a in enumerate(allowed) if a is not None], dtype=np.intp)
+        if allowed.count(None) != n
+        else np.zeros(0, dtype=np.intp)
+    )
     return JobColumns(
         gpus=_floats([j.gpus for j in jobs]),
         weight=_floats([j.weight for j in jobs]),
         floor=_floats([j.min_throughput for j in jobs]),
-        held=np.array([len(j.devices) for j in jobs], dtype=np.intp).reshape(len(jobs)),
+        held=np.fromiter(map(len, [j.devices for j in jobs]), np.intp, n),
         current=np.array(
             [-1 if c is None else c for c in current] if None in current else current,
             dtype=np.intp,
-        ).reshape(len(jobs)),
-        fixed=np.array([j.mode is fixed for j in jobs], dtype=bool).reshape(len(jobs)),
+        ).reshape(n),
+        fixed=fixed,
         arrival=_floats([j.arrival_time for j in jobs]),
         family_names=names,
-        family_code=np.fromiter(map(code.__getitem__, families), np.intp, len(jobs)),
-        restricted=np.array(
-            [row for row, j in enumerate(jobs) if j.allowed is not None], dtype=np.intp
-        ),
+        family_code=np.fromiter(map(code.__getitem__, families), np.intp, n),
+        restricted=restricted,
     )
 
 
