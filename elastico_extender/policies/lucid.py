@@ -30,9 +30,16 @@ from collections.abc import Callable
 import numpy as np
 
 from elastico_extender.core.model import Assignment, Job, Plan, ProfileFamily, Snapshot
+from elastico_extender.core.planner.devices import DeviceTable
 from elastico_extender.core.resources import GPU_MEM, GPU_SM, NUM_RESOURCES
 from elastico_extender.core.settings import PlannerSettings
-from elastico_extender.policies.volcano import Ledger, assignment, default_config, rejection
+from elastico_extender.policies.volcano import (
+    assignment,
+    default_config,
+    demand,
+    gang,
+    rejection,
+)
 
 __all__ = ["LucidPolicy", "sharing_class"]
 
@@ -64,32 +71,34 @@ class LucidPolicy:
 
     def plan(self, snapshot: Snapshot, previous: Plan | None = None) -> Plan:
         snapshot.validate()
-        ledger = Ledger(snapshot, self.margin)
+        table = DeviceTable(snapshot.nodes, self.margin)
         fams = snapshot.families
-        n_dev = len(ledger.refs)
+        n_dev = table.size
         cls_of = np.full(n_dev, -1)  # class of a device's single tenant (-1 idle)
         assignments: dict[str, Assignment] = {}
-        pending: list[Job] = []
-        for job in snapshot.jobs:
+        pending: list[tuple[int, Job]] = []
+        for row, job in enumerate(snapshot.jobs):
             if not job.running:
-                pending.append(job)
+                pending.append((row, job))
                 continue
             fam = fams[job.family]
             config = default_config(job, fam)
-            held = [ledger.index[r] for r in job.devices]
-            ledger.add(job.id, held, fam.resources[config, GPU_MEM], fam.resources[config, GPU_SM])
+            held = [table.index[r] for r in job.devices]
+            table.place(
+                row, held, demand(fam.resources[config, GPU_MEM], fam.resources[config, GPU_SM])
+            )
             for d in held:
-                cls_of[d] = sharing_class(fam, config) if len(ledger.tenants[d]) == 1 else 9
+                cls_of[d] = sharing_class(fam, config) if table.count[d] == 1 else 9
             assignments[job.id] = assignment(job, fam, config, job.devices)
         estimate = self.duration_estimate
         if estimate is not None:
-            pending.sort(key=lambda j: (estimate(j), j.arrival_time, j.id))
+            pending.sort(key=lambda p: (estimate(p[1]), p[1].arrival_time, p[1].id))
         else:
-            pending.sort(key=lambda j: (j.arrival_time, j.id))
-        largest = float(ledger.capacity.max()) if n_dev else 0.0
+            pending.sort(key=lambda p: (p[1].arrival_time, p[1].id))
+        largest = float(table.memory_capacity.max()) if n_dev else 0.0
         queued: list[str] = []
         rejected: dict[str, str] = {}
-        for job in pending:
+        for row, job in pending:
             fam = fams[job.family]
             config = default_config(job, fam)
             reason = rejection(job, fam, config, largest)
@@ -98,19 +107,13 @@ class LucidPolicy:
             if reason is not None:
                 rejected[job.id] = reason
                 continue
-            mem = float(fam.resources[config, GPU_MEM])
-            sm = float(fam.resources[config, GPU_SM])
+            per_gpu = demand(fam.resources[config, GPU_MEM], fam.resources[config, GPU_SM])
             mine = sharing_class(fam, config)
-            room = ledger.capacity - ledger.mem_used >= mem - 1e-9
-            devs = ledger.gang(ledger.idle() & room, job.gpus)
+            fits = table.fits(per_gpu)  # memory and SM left on each device
+            devs = gang(table, (table.count == 0) & fits, job.gpus)
             if devs is None:
                 # Indolent packing: share only because the job would otherwise wait.
-                ok = (
-                    (cls_of >= 0)
-                    & (cls_of + mine <= 2)
-                    & room
-                    & (ledger.sm_used + sm <= 1.0 + 1e-9)
-                )
+                ok = (cls_of >= 0) & (cls_of + mine <= 2) & fits
                 if ok.sum() >= job.gpus:
                     # Lightest partners first.
                     order = np.flatnonzero(ok)[np.argsort(cls_of[ok], kind="stable")]
@@ -119,20 +122,19 @@ class LucidPolicy:
                     else:
                         mask = np.zeros(n_dev, dtype=bool)
                         mask[order] = True
-                        devs = ledger.gang(mask, job.gpus)
+                        devs = gang(table, mask, job.gpus)
             if devs is None:
                 queued.append(job.id)
                 continue
-            ledger.add(job.id, devs, mem, sm)
+            table.place(row, devs, per_gpu)
             for d in devs:
-                cls_of[d] = mine if len(ledger.tenants[d]) == 1 else 9
-            assignments[job.id] = assignment(job, fam, config, tuple(ledger.refs[d] for d in devs))
-        shared = sum(len(t) >= 2 for t in ledger.tenants)
+                cls_of[d] = mine if table.count[d] == 1 else 9
+            assignments[job.id] = assignment(job, fam, config, tuple(table.refs[d] for d in devs))
         return Plan(
             epoch=snapshot.epoch,
             prices=np.zeros(NUM_RESOURCES),
             assignments=assignments,
             queued=tuple(queued),
             rejected=rejected,
-            stats={"colocated_devices": float(shared)},
+            stats={"colocated_devices": float((table.count >= 2).sum())},
         )
