@@ -29,16 +29,15 @@ from collections.abc import Callable
 
 import numpy as np
 
-from elastico_extender.core.model import Assignment, Job, Plan, ProfileFamily, Snapshot
-from elastico_extender.core.planner.devices import DeviceTable
-from elastico_extender.core.resources import GPU_MEM, GPU_SM, NUM_RESOURCES
+from elastico_extender.core.model import Job, Plan, ProfileFamily, Snapshot
+from elastico_extender.core.resources import GPU_MEM, GPU_SM
 from elastico_extender.core.settings import PlannerSettings
 from elastico_extender.policies.volcano import (
-    assignment,
+    admit_in_order,
     default_config,
     demand,
     gang,
-    rejection,
+    seat_running,
 )
 
 __all__ = ["LucidPolicy", "sharing_class"]
@@ -56,6 +55,10 @@ def sharing_class(family: ProfileFamily, config: int) -> int:
     return 2
 
 
+def _profiled_sm(family: ProfileFamily, config: int) -> float:
+    return float(family.resources[config, GPU_SM])
+
+
 class LucidPolicy:
     """Class-based indolent packing with duration-estimate priority (module docstring)."""
 
@@ -70,43 +73,23 @@ class LucidPolicy:
         self.margin = (settings or PlannerSettings()).memory_margin_mib
 
     def plan(self, snapshot: Snapshot, previous: Plan | None = None) -> Plan:
-        snapshot.validate()
-        table = DeviceTable(snapshot.nodes, self.margin)
-        fams = snapshot.families
+        table, assignments, pending = seat_running(snapshot, self.margin, _profiled_sm)
         n_dev = table.size
-        cls_of = np.full(n_dev, -1)  # class of a device's single tenant (-1 idle)
-        assignments: dict[str, Assignment] = {}
-        pending: list[tuple[int, Job]] = []
-        for row, job in enumerate(snapshot.jobs):
-            if not job.running:
-                pending.append((row, job))
-                continue
-            fam = fams[job.family]
-            config = default_config(job, fam)
-            held = [table.index[r] for r in job.devices]
-            table.place(
-                row, held, demand(fam.resources[config, GPU_MEM], fam.resources[config, GPU_SM])
-            )
-            for d in held:
-                cls_of[d] = sharing_class(fam, config) if table.count[d] == 1 else 9
-            assignments[job.id] = assignment(job, fam, config, job.devices)
+        cls_of = np.full(n_dev, -1)  # class of a device's single tenant (-1 idle, 9 full)
+        for d, rows in table.occupants.items():
+            if len(rows) == 1:
+                job = snapshot.jobs[rows[0]]
+                fam = snapshot.families[job.family]
+                cls_of[d] = sharing_class(fam, default_config(job, fam))
+            elif rows:
+                cls_of[d] = 9
         estimate = self.duration_estimate
         if estimate is not None:
             pending.sort(key=lambda p: (estimate(p[1]), p[1].arrival_time, p[1].id))
         else:
             pending.sort(key=lambda p: (p[1].arrival_time, p[1].id))
-        largest = float(table.memory_capacity.max()) if n_dev else 0.0
-        queued: list[str] = []
-        rejected: dict[str, str] = {}
-        for row, job in pending:
-            fam = fams[job.family]
-            config = default_config(job, fam)
-            reason = rejection(job, fam, config, largest)
-            if reason is None and job.gpus > n_dev:
-                reason = f"asks for {job.gpus} GPUs, the cluster has {n_dev}"
-            if reason is not None:
-                rejected[job.id] = reason
-                continue
+
+        def seat(row: int, job: Job, fam: ProfileFamily, config: int) -> list[int] | None:
             per_gpu = demand(fam.resources[config, GPU_MEM], fam.resources[config, GPU_SM])
             mine = sharing_class(fam, config)
             fits = table.fits(per_gpu)  # memory and SM left on each device
@@ -123,18 +106,10 @@ class LucidPolicy:
                         mask = np.zeros(n_dev, dtype=bool)
                         mask[order] = True
                         devs = gang(table, mask, job.gpus)
-            if devs is None:
-                queued.append(job.id)
-                continue
-            table.place(row, devs, per_gpu)
-            for d in devs:
-                cls_of[d] = mine if table.count[d] == 1 else 9
-            assignments[job.id] = assignment(job, fam, config, tuple(table.refs[d] for d in devs))
-        return Plan(
-            epoch=snapshot.epoch,
-            prices=np.zeros(NUM_RESOURCES),
-            assignments=assignments,
-            queued=tuple(queued),
-            rejected=rejected,
-            stats={"colocated_devices": float((table.count >= 2).sum())},
-        )
+            if devs is not None:
+                table.place(row, devs, per_gpu)
+                for d in devs:
+                    cls_of[d] = mine if table.count[d] == 1 else 9
+            return devs
+
+        return admit_in_order(snapshot, table, pending, assignments, seat)

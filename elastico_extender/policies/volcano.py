@@ -19,6 +19,8 @@ floor even alone, is rejected with a reason, as in the core planner.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from elastico_extender.core.model import (
@@ -35,7 +37,17 @@ from elastico_extender.core.planner.devices import DeviceTable
 from elastico_extender.core.resources import GPU_MEM, GPU_SM, NUM_RESOURCES
 from elastico_extender.core.settings import PlannerSettings
 
-__all__ = ["VolcanoPolicy", "default_config", "demand", "gang"]
+__all__ = [
+    "Seat",
+    "VolcanoPolicy",
+    "admit_in_order",
+    "assignment",
+    "default_config",
+    "demand",
+    "gang",
+    "rejection",
+    "seat_running",
+]
 
 
 def default_config(job: Job, family: ProfileFamily) -> int:
@@ -109,15 +121,93 @@ def assignment(
     )
 
 
-def rejection(job: Job, family: ProfileFamily, config: int, largest_mib: float) -> str | None:
+def rejection(job: Job, family: ProfileFamily, config: int, table: DeviceTable) -> str | None:
+    """Why a non-reshaping scheduler can never run ``job`` at ``config`` here, or None."""
     if family.throughput[config] < job.min_throughput:
         return (
             f"default configuration gives {family.throughput[config]:g}, "
             f"below the floor {job.min_throughput:g}"
         )
-    if family.resources[config, GPU_MEM] > largest_mib + 1e-9:
+    largest = float(table.memory_capacity.max()) if table.size else 0.0
+    if family.resources[config, GPU_MEM] > largest + 1e-9:
         return "default configuration does not fit any GPU"
+    if job.gpus > table.size:
+        return f"asks for {job.gpus} GPUs, the cluster has {table.size}"
     return None
+
+
+def seat_running(
+    snapshot: Snapshot, margin_mib: float, sm_share: Callable[[ProfileFamily, int], float]
+) -> tuple[DeviceTable, dict[str, Assignment], list[tuple[int, Job]]]:
+    """Start a baseline's epoch: running jobs stay where they are, the rest wait.
+
+    Returns the device table with every running job placed at its default
+    configuration (``sm_share`` says how much of each GPU it is charged), their
+    KEEP/RECONFIGURE assignments, and the pending jobs as (snapshot row, job).
+    """
+    snapshot.validate()
+    table = DeviceTable(snapshot.nodes, margin_mib)
+    assignments: dict[str, Assignment] = {}
+    pending: list[tuple[int, Job]] = []
+    for row, job in enumerate(snapshot.jobs):
+        if not job.running:
+            pending.append((row, job))
+            continue
+        fam = snapshot.families[job.family]
+        config = default_config(job, fam)
+        held = [table.index[r] for r in job.devices]
+        table.place(row, held, demand(fam.resources[config, GPU_MEM], sm_share(fam, config)))
+        assignments[job.id] = assignment(job, fam, config, job.devices)
+    return table, assignments, pending
+
+
+Seat = Callable[[int, Job, ProfileFamily, int], list[int] | None]
+"""A baseline's placement rule: (snapshot row, job, family, config) -> devices it placed the
+job on (in the table), or None to leave it queued."""
+
+
+def admit_in_order(
+    snapshot: Snapshot,
+    table: DeviceTable,
+    pending: list[tuple[int, Job]],
+    assignments: dict[str, Assignment],
+    seat: Seat,
+) -> Plan:
+    """Offer each pending job, in the given order, its default configuration; the plan.
+
+    Jobs that can never run are rejected with a reason; the others go to
+    ``seat``, and get an ADMIT assignment where it placed them, or are queued.
+    Stats: share of GPUs holding a job, devices holding two or more.
+    """
+    queued: list[str] = []
+    rejected: dict[str, str] = {}
+    for row, job in pending:
+        fam = snapshot.families[job.family]
+        config = default_config(job, fam)
+        reason = rejection(job, fam, config, table)
+        if reason is not None:
+            rejected[job.id] = reason
+            continue
+        devs = seat(row, job, fam, config)
+        if devs is None:
+            queued.append(job.id)
+            continue
+        assignments[job.id] = assignment(job, fam, config, tuple(table.refs[d] for d in devs))
+    return Plan(
+        epoch=snapshot.epoch,
+        prices=np.zeros(NUM_RESOURCES),
+        assignments=assignments,
+        queued=tuple(queued),
+        rejected=rejected,
+        stats={
+            "gpus_allocated": float((table.count > 0).sum()) / max(table.size, 1),
+            "colocated_devices": float((table.count >= 2).sum()),
+        },
+    )
+
+
+def _whole_gpu(family: ProfileFamily, config: int) -> float:
+    return 1.0
 
 
 class VolcanoPolicy:
@@ -128,49 +218,15 @@ class VolcanoPolicy:
         self.margin = (settings or PlannerSettings()).memory_margin_mib
 
     def plan(self, snapshot: Snapshot, previous: Plan | None = None) -> Plan:
-        snapshot.validate()
-        table = DeviceTable(snapshot.nodes, self.margin)
-        fams = snapshot.families
-        assignments: dict[str, Assignment] = {}
-        pending: list[tuple[int, Job]] = []
-        for row, job in enumerate(snapshot.jobs):
-            if job.running:
-                fam = fams[job.family]
-                config = default_config(job, fam)
-                held = [table.index[r] for r in job.devices]
-                table.place(row, held, demand(fam.resources[config, GPU_MEM], 1.0))
-                assignments[job.id] = assignment(job, fam, config, job.devices)
-            else:
-                pending.append((row, job))
+        table, assignments, pending = seat_running(snapshot, self.margin, _whole_gpu)
         pending.sort(key=lambda p: (p[1].arrival_time, p[1].id))
-        largest = float(table.memory_capacity.max()) if table.size else 0.0
-        queued: list[str] = []
-        rejected: dict[str, str] = {}
-        for row, job in pending:
-            fam = fams[job.family]
-            config = default_config(job, fam)
-            reason = rejection(job, fam, config, largest)
-            if reason is None and job.gpus > table.size:
-                reason = f"asks for {job.gpus} GPUs, the cluster has {table.size}"
-            if reason is not None:
-                rejected[job.id] = reason
-                continue
+
+        def seat(row: int, job: Job, fam: ProfileFamily, config: int) -> list[int] | None:
             # A whole GPU: idle, with room for the job's memory and all of its SM.
             per_gpu = demand(fam.resources[config, GPU_MEM], 1.0)
             devs = gang(table, (table.count == 0) & table.fits(per_gpu), job.gpus)
-            if devs is None:
-                queued.append(job.id)
-                continue
-            table.place(row, devs, per_gpu)
-            assignments[job.id] = assignment(job, fam, config, tuple(table.refs[d] for d in devs))
-        return Plan(
-            epoch=snapshot.epoch,
-            prices=np.zeros(NUM_RESOURCES),
-            assignments=assignments,
-            queued=tuple(queued),
-            rejected=rejected,
-            stats={
-                "gpus_allocated": float((table.count > 0).sum()) / max(table.size, 1),
-                "colocated_devices": 0.0,
-            },
-        )
+            if devs is not None:
+                table.place(row, devs, per_gpu)
+            return devs
+
+        return admit_in_order(snapshot, table, pending, assignments, seat)
