@@ -41,7 +41,7 @@ import sys
 import time
 from pathlib import Path
 
-from elastico_extender.sim.engine import ClusterSpec
+from elastico_extender.sim.engine import ClusterSpec, RunResult
 from elastico_extender.sim.instances import instances_needed
 from elastico_extender.sim.progress import ProgressBar
 from elastico_extender.sim.report import (
@@ -81,7 +81,7 @@ SCALE = {64: 24.0, 128: 24.0, 256: 12.0, 512: 6.0, 2048: 2.0}
 """GPUs -> arrival window in hours (shorter at large sizes to bound run time)."""
 
 
-def _run(label: str, exp: Experiment, policies: tuple[str, ...], jobs: int) -> dict:  # type: ignore[type-arg]
+def _run(label: str, exp: Experiment, policies: tuple[str, ...], jobs: int) -> dict[str, RunResult]:
     bar = ProgressBar(label)
     t0 = time.time()
     res = run_experiment(exp, policies, workers=jobs, on_progress=bar.update)
@@ -91,7 +91,7 @@ def _run(label: str, exp: Experiment, policies: tuple[str, ...], jobs: int) -> d
     return res
 
 
-def _check(results: dict) -> list[str]:  # type: ignore[type-arg]
+def _check(results: dict[str, RunResult]) -> list[str]:
     notes = []
     for name, r in results.items():
         if r.anomalies or r.capacity_violations:
@@ -121,9 +121,9 @@ def main(argv: list[str] | None = None) -> int:
     words = sys.argv[1:] if argv is None else list(argv)
     command = " ".join(["PYTHONPATH=. python benchmarks/sim_eval.py", *words])
     made_by = f"Made by `{command}`.\n"
-    runs: dict[tuple[int, float, float], dict] = {}  # type: ignore[type-arg]
+    runs: dict[tuple[int, float, float], dict[str, RunResult]] = {}
 
-    def sweep_point(label: str, gpus: int, load: float, hours: float) -> dict:  # type: ignore[type-arg]
+    def sweep_point(label: str, gpus: int, load: float, hours: float) -> dict[str, RunResult]:
         """COMPARE on the synthetic trace at one point; a point both sweeps share runs once."""
         key = (gpus, load, hours)
         if key not in runs:
@@ -140,7 +140,17 @@ def main(argv: list[str] | None = None) -> int:
     ]
     seed, ep = args.seed, args.epoch
     suffix = "_quick" if args.quick else ""  # a quick run never overwrites the full results
-    done: dict[str, str] = {}
+
+    def finish(section: str, mark: int) -> None:
+        """Write a section's Markdown as soon as it is done, and RESULTS.md from all parts."""
+        (OUT / f"{section}{suffix}.md").write_text("\n".join(report[mark:]) + "\n")
+        parts = [
+            (OUT / f"{sec}{suffix}.md").read_text()
+            for sec in ("main", "load", "scale", "instances", "philly")
+            if (OUT / f"{sec}{suffix}.md").exists()
+        ]
+        (OUT / f"RESULTS{suffix}.md").write_text("\n".join([*report[:2], *parts]) + "\n")
+
     main_gpus, main_hours = (16, 4.0) if args.quick else (64, 24.0)
 
     if "main" in only:
@@ -167,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
             "",
         ]
 
-        done["main"] = "\n".join(report[mark:])
+        finish("main", mark)
 
     if "load" in only:
         mark = len(report)
@@ -185,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
             "",
         ]
 
-        done["load"] = "\n".join(report[mark:])
+        finish("load", mark)
 
     if "scale" in only:
         mark = len(report)
@@ -194,21 +204,24 @@ def main(argv: list[str] | None = None) -> int:
             if args.quick
             else {int(g): SCALE[int(g)] for g in args.sizes.split(",")}
         )
-        points = []
+        sizes_done = []
+        notes: list[str] = []
         for gpus, hours in sizes.items():
             res = sweep_point(f"scale {gpus} GPUs ({hours:g} h)", gpus, 1.0, hours)
-            points.append((gpus, summaries(res)))
+            sizes_done.append((gpus, summaries(res)))
             write_run_files(res, OUT / f"scale_{gpus}{suffix}")
-            report += _check(res)
-        windows = ", ".join(f"{h:g} h at {g:,}" for g, h in sizes.items())
-        report += [
-            f"\n## Scalability (load 1.0, seed {seed}; arrival window {windows} GPUs)\n",
-            made_by,
-            scalability_table(points, COMPARE),
-            "",
-        ]
-
-        done["scale"] = "\n".join(report[mark:])
+            notes += _check(res)
+            # Rewritten after every size, so the sizes done so far survive an interrupted run.
+            done = dict(sizes_done)
+            windows = ", ".join(f"{h:g} h at {g:,}" for g, h in sizes.items() if g in done)
+            report[mark:] = [
+                *notes,
+                f"\n## Scalability (load 1.0, seed {seed}; arrival window {windows} GPUs)\n",
+                made_by,
+                scalability_table(sizes_done, COMPARE),
+                "",
+            ]
+            finish("scale", mark)
 
     if "instances" in only:
         mark = len(report)
@@ -234,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
             "",
         ]
 
-        done["instances"] = "\n".join(report[mark:])
+        finish("instances", mark)
 
     if "philly" in only:
         mark = len(report)
@@ -260,20 +273,9 @@ def main(argv: list[str] | None = None) -> int:
             "",
         ]
 
-        done["philly"] = "\n".join(report[mark:])
+        finish("philly", mark)
 
-    text = "\n".join(report)
-    print(text)
-    for section in sorted(only):
-        part = OUT / f"{section}{suffix}.md"
-        if section in done:
-            part.write_text(done[section] + "\n")
-    parts = [
-        (OUT / f"{sec}{suffix}.md").read_text()
-        for sec in ("main", "load", "scale", "instances", "philly")
-        if (OUT / f"{sec}{suffix}.md").exists()
-    ]
-    (OUT / f"RESULTS{suffix}.md").write_text("\n".join([*report[:2], *parts]) + "\n")
+    print("\n".join(report))
     return 0
 
 
