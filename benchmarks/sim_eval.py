@@ -7,6 +7,7 @@ Command (from the repository root)::
     PYTHONPATH=. python benchmarks/sim_eval.py --only load,scale,instances,philly
     PYTHONPATH=. python benchmarks/sim_eval.py --quick            # small smoke variant
     PYTHONPATH=. python benchmarks/sim_eval.py --only scale --sizes 64,256 --jobs 1
+    PYTHONPATH=. python benchmarks/sim_eval.py --only collect      # RESULTS.md from the parts
 
 ``--jobs`` is how many simulations run at once (one per policy; use 1 on a shared
 machine).  ``--sizes`` picks the scale section's cluster sizes, ``--load-hours`` the
@@ -77,6 +78,8 @@ MAIN_POLICIES = (
     "elastico-no-pds",
 )
 COMPARE = ("volcano", "lucid", "elastico", "elastico+learned", "elastico+iac")
+PARTS = ("main", "load", "scale", "instances", "philly", "analysis")
+"""Parts of RESULTS.md, in order: one per section, then the hand-written analysis."""
 SCALE = {64: 24.0, 128: 24.0, 256: 12.0, 512: 6.0, 2048: 2.0}
 """GPUs -> arrival window in hours (shorter at large sizes to bound run time)."""
 
@@ -141,15 +144,22 @@ def main(argv: list[str] | None = None) -> int:
     seed, ep = args.seed, args.epoch
     suffix = "_quick" if args.quick else ""  # a quick run never overwrites the full results
 
-    def finish(section: str, mark: int) -> None:
-        """Write a section's Markdown as soon as it is done, and RESULTS.md from all parts."""
-        (OUT / f"{section}{suffix}.md").write_text("\n".join(report[mark:]) + "\n")
+    def collect() -> None:
+        """RESULTS.md from every part there is (``analysis.md`` is written by hand)."""
         parts = [
             (OUT / f"{sec}{suffix}.md").read_text()
-            for sec in ("main", "load", "scale", "instances", "philly")
+            for sec in PARTS
             if (OUT / f"{sec}{suffix}.md").exists()
         ]
         (OUT / f"RESULTS{suffix}.md").write_text("\n".join([*report[:2], *parts]) + "\n")
+
+    def finish(section: str, mark: int) -> None:
+        """Write a section's Markdown as soon as it is done, and RESULTS.md from all parts."""
+        (OUT / f"{section}{suffix}.md").write_text("\n".join(report[mark:]) + "\n")
+        collect()
+
+    if "collect" in only:
+        collect()
 
     main_gpus, main_hours = (16, 4.0) if args.quick else (64, 24.0)
 
