@@ -6,6 +6,13 @@ Command (from the repository root)::
     PYTHONPATH=. python benchmarks/sim_eval.py --only main        # main + ablation (64 GPUs)
     PYTHONPATH=. python benchmarks/sim_eval.py --only load,scale,instances,philly
     PYTHONPATH=. python benchmarks/sim_eval.py --quick            # small smoke variant
+    PYTHONPATH=. python benchmarks/sim_eval.py --only scale --sizes 64,256 --jobs 1
+    PYTHONPATH=. python benchmarks/sim_eval.py --only collect      # RESULTS.md from the parts
+
+``--jobs`` is how many simulations run at once (one per policy; use 1 on a shared
+machine).  ``--sizes`` picks the scale section's cluster sizes, ``--load-hours`` the
+load section's arrival window.  Every section's Markdown names the command that
+made it.  ``--quick`` writes ``*_quick`` files and folders, never the full results.
 
 Sections (results under ``benchmarks/results/<section>/``, tables collected in
 ``benchmarks/results/RESULTS.md``):
@@ -14,7 +21,7 @@ Sections (results under ``benchmarks/results/<section>/``, tables collected in
   the main-results table (normalised to Volcano) and the ablation table
   (normalised to full ElastiCo), plots (CDF of JCT, utilisation over time,
   queueing delay by arrival order).
-* ``load``: 128 GPUs at 50/100/150% load.
+* ``load``: 128 GPUs at 50/100/150% load, every compared system side by side.
 * ``scale``: 64, 128, 256, 512 and 2,048 GPUs, arrivals scaled with the cluster
   to keep the load factor; shorter windows at the large sizes (see SCALE).
 * ``instances``: GPUs each policy needs to start a fixed mix at once.
@@ -22,7 +29,10 @@ Sections (results under ``benchmarks/results/<section>/``, tables collected in
   to load 1.0 (the VC's native load over its 3-month trace is 0.09).
 
 Every policy runs with the same trace and seed; ``elastico`` plans with the core
-ContentionPredictor, ``elastico+iac`` with a predictor of the spec's accuracy.
+ContentionPredictor, ``elastico+learned`` with a k-NN learned from a stratified 25%
+of the workload pairs, ``elastico+iac`` with a predictor of the spec's accuracy.
+The 128-GPU, load-1.0, 24 h point is shared by the load and scale sections and run
+once when both are asked for.
 """
 
 from __future__ import annotations
@@ -32,7 +42,7 @@ import sys
 import time
 from pathlib import Path
 
-from elastico_extender.sim.engine import ClusterSpec
+from elastico_extender.sim.engine import ClusterSpec, RunResult
 from elastico_extender.sim.instances import instances_needed
 from elastico_extender.sim.progress import ProgressBar
 from elastico_extender.sim.report import (
@@ -68,11 +78,13 @@ MAIN_POLICIES = (
     "elastico-no-pds",
 )
 COMPARE = ("volcano", "lucid", "elastico", "elastico+learned", "elastico+iac")
+PARTS = ("main", "load", "scale", "instances", "philly", "analysis")
+"""Parts of RESULTS.md, in order: one per section, then the hand-written analysis."""
 SCALE = {64: 24.0, 128: 24.0, 256: 12.0, 512: 6.0, 2048: 2.0}
 """GPUs -> arrival window in hours (shorter at large sizes to bound run time)."""
 
 
-def _run(label: str, exp: Experiment, policies: tuple[str, ...], jobs: int) -> dict:  # type: ignore[type-arg]
+def _run(label: str, exp: Experiment, policies: tuple[str, ...], jobs: int) -> dict[str, RunResult]:
     bar = ProgressBar(label)
     t0 = time.time()
     res = run_experiment(exp, policies, workers=jobs, on_progress=bar.update)
@@ -82,7 +94,7 @@ def _run(label: str, exp: Experiment, policies: tuple[str, ...], jobs: int) -> d
     return res
 
 
-def _check(results: dict) -> list[str]:  # type: ignore[type-arg]
+def _check(results: dict[str, RunResult]) -> list[str]:
     notes = []
     for name, r in results.items():
         if r.anomalies or r.capacity_violations:
@@ -100,7 +112,29 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--epoch", type=float, default=60.0)
+    ap.add_argument(
+        "--sizes",
+        default=",".join(str(g) for g in SCALE),
+        help="scale section: cluster sizes to run (each with its window from SCALE)",
+    )
+    ap.add_argument(
+        "--load-hours", type=float, default=24.0, help="load section: arrival window (h)"
+    )
     args = ap.parse_args(argv)
+    words = sys.argv[1:] if argv is None else list(argv)
+    command = " ".join(["PYTHONPATH=. python benchmarks/sim_eval.py", *words])
+    made_by = f"Made by `{command}`.\n"
+    runs: dict[tuple[int, float, float], dict[str, RunResult]] = {}
+
+    def sweep_point(label: str, gpus: int, load: float, hours: float) -> dict[str, RunResult]:
+        """COMPARE on the synthetic trace at one point; a point both sweeps share runs once."""
+        key = (gpus, load, hours)
+        if key not in runs:
+            trace = synthetic(gpus, load, hours * 3600, seed)
+            exp = Experiment(tuple(trace), ClusterSpec(gpus=gpus), seed, ep)
+            runs[key] = _run(label, exp, COMPARE, args.jobs)
+        return runs[key]
+
     only = set(args.only.split(","))
     OUT.mkdir(parents=True, exist_ok=True)
     report: list[str] = [
@@ -108,7 +142,25 @@ def main(argv: list[str] | None = None) -> int:
         f"seed={args.seed}, epoch={args.epoch:g}s, quick={args.quick}\n",
     ]
     seed, ep = args.seed, args.epoch
-    done: dict[str, str] = {}
+    suffix = "_quick" if args.quick else ""  # a quick run never overwrites the full results
+
+    def collect() -> None:
+        """RESULTS.md from every part there is (``analysis.md`` is written by hand)."""
+        parts = [
+            (OUT / f"{sec}{suffix}.md").read_text()
+            for sec in PARTS
+            if (OUT / f"{sec}{suffix}.md").exists()
+        ]
+        (OUT / f"RESULTS{suffix}.md").write_text("\n".join([*report[:2], *parts]) + "\n")
+
+    def finish(section: str, mark: int) -> None:
+        """Write a section's Markdown as soon as it is done, and RESULTS.md from all parts."""
+        (OUT / f"{section}{suffix}.md").write_text("\n".join(report[mark:]) + "\n")
+        collect()
+
+    if "collect" in only:
+        collect()
+
     main_gpus, main_hours = (16, 4.0) if args.quick else (64, 24.0)
 
     if "main" in only:
@@ -117,12 +169,13 @@ def main(argv: list[str] | None = None) -> int:
         exp = Experiment(tuple(trace), ClusterSpec(gpus=main_gpus), seed, ep)
         res = _run(f"main {main_gpus} GPUs", exp, MAIN_POLICIES, args.jobs)
         summ = summaries(res)
-        out = OUT / "main"
+        out = OUT / f"main{suffix}"
         write_run_files(res, out)
         plot_all(res, out, title=f"({main_gpus} GPUs)")
         report += [
             f"## Main results: {main_gpus} GPUs, {len(trace)} jobs, {main_hours:g} h, "
             f"load {offered_load(trace, main_gpus, main_hours * 3600):.2f}\n",
+            made_by,
             main_table(summ),
             "\n## Ablation (normalised to full elastico)\n",
             ablation_table({k: v for k, v in summ.items() if "+" not in k}),
@@ -134,55 +187,51 @@ def main(argv: list[str] | None = None) -> int:
             "",
         ]
 
-        done["main"] = "\n".join(report[mark:])
+        finish("main", mark)
 
     if "load" in only:
         mark = len(report)
-        gpus, hours = (16, 4.0) if args.quick else (128, 24.0)
+        gpus, hours = (16, 4.0) if args.quick else (128, args.load_hours)
         points = []
         for load in (0.5, 1.0, 1.5):
-            trace = synthetic(gpus, load, hours * 3600, seed)
-            exp = Experiment(tuple(trace), ClusterSpec(gpus=gpus), seed, ep)
-            res = _run(f"load {load:.0%} {gpus} GPUs", exp, COMPARE, args.jobs)
+            res = sweep_point(f"load {load:.0%} {gpus} GPUs", gpus, load, hours)
             points.append((load, summaries(res)))
-            write_run_files(res, OUT / f"load_{int(load * 100)}")
+            write_run_files(res, OUT / f"load_{int(load * 100)}{suffix}")
             report += _check(res)
         report += [
-            f"\n## Load sensitivity ({gpus} GPUs, {hours:g} h)\n",
-            "ElastiCo (core ContentionPredictor):\n",
-            load_table(points),
-            "\nElastiCo with the spec-accuracy predictor (elastico+iac):\n",
-            load_table(points, system="elastico+iac"),
-            "\nElastiCo with the learned predictor (elastico+learned):\n",
-            load_table(points, system="elastico+learned"),
+            f"\n## Load sensitivity ({gpus} GPUs, {hours:g} h arrival window, seed {seed})\n",
+            made_by,
+            load_table(points, COMPARE),
             "",
         ]
 
-        done["load"] = "\n".join(report[mark:])
+        finish("load", mark)
 
     if "scale" in only:
         mark = len(report)
-        sizes = {16: 4.0, 32: 2.0} if args.quick else SCALE
-        points = []
+        sizes = (
+            {16: 4.0, 32: 2.0}
+            if args.quick
+            else {int(g): SCALE[int(g)] for g in args.sizes.split(",")}
+        )
+        sizes_done = []
+        notes: list[str] = []
         for gpus, hours in sizes.items():
-            trace = synthetic(gpus, 1.0, hours * 3600, seed)
-            exp = Experiment(tuple(trace), ClusterSpec(gpus=gpus), seed, ep)
-            res = _run(f"scale {gpus} GPUs ({hours:g} h)", exp, COMPARE, args.jobs)
-            points.append((gpus, summaries(res)))
-            write_run_files(res, OUT / f"scale_{gpus}")
-            report += _check(res)
-        report += [
-            "\n## Scalability (load 1.0; window 24 h at 64-128 GPUs, 12 h at 256, 6 h at 512, "
-            "2 h at 2,048)\n",
-            scalability_table(points),
-            "\nWith the spec-accuracy predictor:\n",
-            scalability_table(points, system="elastico+iac"),
-            "\nWith the learned predictor:\n",
-            scalability_table(points, system="elastico+learned"),
-            "",
-        ]
-
-        done["scale"] = "\n".join(report[mark:])
+            res = sweep_point(f"scale {gpus} GPUs ({hours:g} h)", gpus, 1.0, hours)
+            sizes_done.append((gpus, summaries(res)))
+            write_run_files(res, OUT / f"scale_{gpus}{suffix}")
+            notes += _check(res)
+            # Rewritten after every size, so the sizes done so far survive an interrupted run.
+            done = dict(sizes_done)
+            windows = ", ".join(f"{h:g} h at {g:,}" for g, h in sizes.items() if g in done)
+            report[mark:] = [
+                *notes,
+                f"\n## Scalability (load 1.0, seed {seed}; arrival window {windows} GPUs)\n",
+                made_by,
+                scalability_table(sizes_done, COMPARE),
+                "",
+            ]
+            finish("scale", mark)
 
     if "instances" in only:
         mark = len(report)
@@ -201,9 +250,14 @@ def main(argv: list[str] | None = None) -> int:
                 need = instances_needed(build_policy(name, exp, truth), mix, configs)
                 cells.append(str(need))
             rows.append(f"| {name} | " + " | ".join(cells) + " |")
-        report += ["\n## GPU instances needed to start a mix at once\n", "\n".join(rows), ""]
+        report += [
+            "\n## GPU instances needed to start a mix at once\n",
+            made_by,
+            "\n".join(rows),
+            "",
+        ]
 
-        done["instances"] = "\n".join(report[mark:])
+        finish("instances", mark)
 
     if "philly" in only:
         mark = len(report)
@@ -217,32 +271,21 @@ def main(argv: list[str] | None = None) -> int:
         # The k-NN "+learned" predictor is too slow for this trace's length; left out.
         res = _run(f"philly {vc}", exp, tuple(p for p in COMPARE if "+learned" not in p), args.jobs)
         summ = summaries(res)
-        write_run_files(res, OUT / "philly")
-        plot_all(res, OUT / "philly", title=f"(Philly {vc}, {gpus} GPUs)")
+        write_run_files(res, OUT / f"philly{suffix}")
+        plot_all(res, OUT / f"philly{suffix}", title=f"(Philly {vc}, {gpus} GPUs)")
         report += [
             f"\n## Philly VC {vc} ({gpus} GPUs, {len(trace)} jobs; real GPU counts, durations "
             f"clipped at 48 h, arrival order and gaps compressed x{1 / native:.1f} from the "
             f"native load {native:.2f} to load 1.0)\n",
+            made_by,
             main_table(summ),
             *_check(res),
             "",
         ]
 
-        done["philly"] = "\n".join(report[mark:])
+        finish("philly", mark)
 
-    text = "\n".join(report)
-    print(text)
-    suffix = "_quick" if args.quick else ""
-    for section in sorted(only):
-        part = OUT / f"{section}{suffix}.md"
-        if section in done:
-            part.write_text(done[section] + "\n")
-    parts = [
-        (OUT / f"{sec}{suffix}.md").read_text()
-        for sec in ("main", "load", "scale", "instances", "philly")
-        if (OUT / f"{sec}{suffix}.md").exists()
-    ]
-    (OUT / f"RESULTS{suffix}.md").write_text("\n".join([*report[:2], *parts]) + "\n")
+    print("\n".join(report))
     return 0
 
 

@@ -190,3 +190,12 @@ def test_learned_predictor_profiles_every_colocation_type_and_beats_the_heuristi
     assert np.all(got >= 1.0)
     mape = np.mean(np.abs(got - y) / y)
     assert mape < np.mean(np.abs(ContentionPredictor().predict(x) - y) / y)
+
+
+def test_scaled_truth_scales_excess_slowdown() -> None:
+    truth = GroundTruth.build(ConfigTable.build(0, 0.05))
+    assert np.all(truth.scaled(0.0).slowdown == 1.0)
+    np.testing.assert_allclose(truth.scaled(0.5).slowdown - 1.0, 0.5 * (truth.slowdown - 1.0))
+    np.testing.assert_array_equal(truth.scaled(1.0).slowdown, truth.slowdown)
+    with pytest.raises(ValueError):
+        truth.scaled(-0.1)

@@ -95,3 +95,16 @@ def test_cli_quick_writes_tables(tmp_path) -> None:  # type: ignore[no-untyped-d
     assert "| volcano | 1.00x |" in text
     for name in ("summary.csv", "jobs.csv", "timeline.csv"):
         assert (tmp_path / name).stat().st_size > 0
+
+
+def test_without_interference_colocation_costs_nothing() -> None:
+    """Experiment.interference = 0: the what-if ceiling of benchmarks/throughput_gap.py."""
+    from elastico_extender.sim.runner import run_one
+
+    trace = synthetic(8, load=1.5, duration_s=2 * 3600.0, seed=5)
+    exp = Experiment(tuple(trace), ClusterSpec(gpus=8), seed=5, interference=0.0)
+    r = run_one("lucid", exp)
+    s = summarise(r)
+    assert (r.status == DONE).all() and not r.capacity_violations
+    assert np.any(r.seg_tenants > r.seg_busy * 8 + 1e-6)  # some device was shared
+    assert s["interference_efficiency"] == pytest.approx(1.0)

@@ -29,10 +29,16 @@ from collections.abc import Callable
 
 import numpy as np
 
-from elastico_extender.core.model import Assignment, Job, Plan, ProfileFamily, Snapshot
-from elastico_extender.core.resources import GPU_MEM, GPU_SM, NUM_RESOURCES
+from elastico_extender.core.model import Job, Plan, ProfileFamily, Snapshot
+from elastico_extender.core.resources import GPU_MEM, GPU_SM
 from elastico_extender.core.settings import PlannerSettings
-from elastico_extender.policies.volcano import Ledger, assignment, default_config, rejection
+from elastico_extender.policies.volcano import (
+    admit_in_order,
+    default_config,
+    demand,
+    gang,
+    seat_running,
+)
 
 __all__ = ["LucidPolicy", "sharing_class"]
 
@@ -49,6 +55,10 @@ def sharing_class(family: ProfileFamily, config: int) -> int:
     return 2
 
 
+def _profiled_sm(family: ProfileFamily, config: int) -> float:
+    return float(family.resources[config, GPU_SM])
+
+
 class LucidPolicy:
     """Class-based indolent packing with duration-estimate priority (module docstring)."""
 
@@ -63,54 +73,30 @@ class LucidPolicy:
         self.margin = (settings or PlannerSettings()).memory_margin_mib
 
     def plan(self, snapshot: Snapshot, previous: Plan | None = None) -> Plan:
-        snapshot.validate()
-        ledger = Ledger(snapshot, self.margin)
-        fams = snapshot.families
-        n_dev = len(ledger.refs)
-        cls_of = np.full(n_dev, -1)  # class of a device's single tenant (-1 idle)
-        assignments: dict[str, Assignment] = {}
-        pending: list[Job] = []
-        for job in snapshot.jobs:
-            if not job.running:
-                pending.append(job)
-                continue
-            fam = fams[job.family]
-            config = default_config(job, fam)
-            held = [ledger.index[r] for r in job.devices]
-            ledger.add(job.id, held, fam.resources[config, GPU_MEM], fam.resources[config, GPU_SM])
-            for d in held:
-                cls_of[d] = sharing_class(fam, config) if len(ledger.tenants[d]) == 1 else 9
-            assignments[job.id] = assignment(job, fam, config, job.devices)
+        table, assignments, pending = seat_running(snapshot, self.margin, _profiled_sm)
+        n_dev = table.size
+        cls_of = np.full(n_dev, -1)  # class of a device's single tenant (-1 idle, 9 full)
+        for d, rows in table.occupants.items():
+            if len(rows) == 1:
+                job = snapshot.jobs[rows[0]]
+                fam = snapshot.families[job.family]
+                cls_of[d] = sharing_class(fam, default_config(job, fam))
+            elif rows:
+                cls_of[d] = 9
         estimate = self.duration_estimate
         if estimate is not None:
-            pending.sort(key=lambda j: (estimate(j), j.arrival_time, j.id))
+            pending.sort(key=lambda p: (estimate(p[1]), p[1].arrival_time, p[1].id))
         else:
-            pending.sort(key=lambda j: (j.arrival_time, j.id))
-        largest = float(ledger.capacity.max()) if n_dev else 0.0
-        queued: list[str] = []
-        rejected: dict[str, str] = {}
-        for job in pending:
-            fam = fams[job.family]
-            config = default_config(job, fam)
-            reason = rejection(job, fam, config, largest)
-            if reason is None and job.gpus > n_dev:
-                reason = f"asks for {job.gpus} GPUs, the cluster has {n_dev}"
-            if reason is not None:
-                rejected[job.id] = reason
-                continue
-            mem = float(fam.resources[config, GPU_MEM])
-            sm = float(fam.resources[config, GPU_SM])
+            pending.sort(key=lambda p: (p[1].arrival_time, p[1].id))
+
+        def seat(row: int, job: Job, fam: ProfileFamily, config: int) -> list[int] | None:
+            per_gpu = demand(fam.resources[config, GPU_MEM], fam.resources[config, GPU_SM])
             mine = sharing_class(fam, config)
-            room = ledger.capacity - ledger.mem_used >= mem - 1e-9
-            devs = ledger.gang(ledger.idle() & room, job.gpus)
+            fits = table.fits(per_gpu)  # memory and SM left on each device
+            devs = gang(table, (table.count == 0) & fits, job.gpus)
             if devs is None:
                 # Indolent packing: share only because the job would otherwise wait.
-                ok = (
-                    (cls_of >= 0)
-                    & (cls_of + mine <= 2)
-                    & room
-                    & (ledger.sm_used + sm <= 1.0 + 1e-9)
-                )
+                ok = (cls_of >= 0) & (cls_of + mine <= 2) & fits
                 if ok.sum() >= job.gpus:
                     # Lightest partners first.
                     order = np.flatnonzero(ok)[np.argsort(cls_of[ok], kind="stable")]
@@ -119,20 +105,11 @@ class LucidPolicy:
                     else:
                         mask = np.zeros(n_dev, dtype=bool)
                         mask[order] = True
-                        devs = ledger.gang(mask, job.gpus)
-            if devs is None:
-                queued.append(job.id)
-                continue
-            ledger.add(job.id, devs, mem, sm)
-            for d in devs:
-                cls_of[d] = mine if len(ledger.tenants[d]) == 1 else 9
-            assignments[job.id] = assignment(job, fam, config, tuple(ledger.refs[d] for d in devs))
-        shared = sum(len(t) >= 2 for t in ledger.tenants)
-        return Plan(
-            epoch=snapshot.epoch,
-            prices=np.zeros(NUM_RESOURCES),
-            assignments=assignments,
-            queued=tuple(queued),
-            rejected=rejected,
-            stats={"colocated_devices": float(shared)},
-        )
+                        devs = gang(table, mask, job.gpus)
+            if devs is not None:
+                table.place(row, devs, per_gpu)
+                for d in devs:
+                    cls_of[d] = mine if table.count[d] == 1 else 9
+            return devs
+
+        return admit_in_order(snapshot, table, pending, assignments, seat)

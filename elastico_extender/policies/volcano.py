@@ -19,7 +19,7 @@ floor even alone, is rejected with a reason, as in the core planner.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable
 
 import numpy as np
 
@@ -33,10 +33,21 @@ from elastico_extender.core.model import (
     ProfileFamily,
     Snapshot,
 )
-from elastico_extender.core.resources import GPU_MEM, NUM_RESOURCES
+from elastico_extender.core.planner.devices import DeviceTable
+from elastico_extender.core.resources import GPU_MEM, GPU_SM, NUM_RESOURCES
 from elastico_extender.core.settings import PlannerSettings
 
-__all__ = ["Ledger", "VolcanoPolicy", "default_config"]
+__all__ = [
+    "Seat",
+    "VolcanoPolicy",
+    "admit_in_order",
+    "assignment",
+    "default_config",
+    "demand",
+    "gang",
+    "rejection",
+    "seat_running",
+]
 
 
 def default_config(job: Job, family: ProfileFamily) -> int:
@@ -47,47 +58,42 @@ def default_config(job: Job, family: ProfileFamily) -> int:
     return int(max(rows, key=lambda r: family.throughput[r]))
 
 
-class Ledger:
-    """Per-device tenants (job id, memory MiB, SM share) over a snapshot's GPUs."""
+def demand(mem_mib: float, sm: float) -> np.ndarray:
+    """A per-GPU resource vector for :class:`DeviceTable`: device memory and SM share only.
 
-    def __init__(self, snapshot: Snapshot, margin_mib: float) -> None:
-        self.refs: list[DeviceRef] = [(n.name, g.index) for n in snapshot.nodes for g in n.gpus]
-        self.index = {r: i for i, r in enumerate(self.refs)}
-        node_names = [n.name for n in snapshot.nodes]
-        self.node_of = np.array([node_names.index(r[0]) for r in self.refs], dtype=np.intp)
-        self.capacity = np.array(
-            [g.memory_mib - margin_mib for n in snapshot.nodes for g in n.gpus]
-        )
-        self.mem_used = np.zeros(len(self.refs))
-        self.sm_used = np.zeros(len(self.refs))
-        self.tenants: list[list[str]] = [[] for _ in self.refs]
+    The baselines account what a worker takes of its GPU and nothing of its node
+    (CPU, host RAM are left at 0, so the table's node checks always pass), as
+    before they used the core's table.
+    """
+    per_gpu = np.zeros(NUM_RESOURCES)
+    per_gpu[GPU_MEM] = mem_mib
+    per_gpu[GPU_SM] = sm
+    return per_gpu
 
-    def add(self, job_id: str, devices: Iterable[int], mem: float, sm: float) -> None:
-        for d in devices:
-            self.mem_used[d] += mem
-            self.sm_used[d] += sm
-            self.tenants[d].append(job_id)
 
-    def idle(self) -> np.ndarray:
-        return np.array([not t for t in self.tenants], dtype=bool)
+def gang(table: DeviceTable, candidates: np.ndarray, gpus: int) -> list[int] | None:
+    """``gpus`` devices among ``candidates``: tightest whole node, else most-free nodes.
 
-    def gang(self, candidates: np.ndarray, gpus: int) -> list[int] | None:
-        """``gpus`` devices among ``candidates``: tightest whole node, else most-free nodes."""
-        idx = np.flatnonzero(candidates)
-        if idx.size < gpus:
-            return None
-        counts = np.bincount(self.node_of[idx], minlength=int(self.node_of.max()) + 1)
-        whole = np.flatnonzero(counts >= gpus)
-        if whole.size:
-            node = int(whole[np.argmin(counts[whole])])
-            return [int(d) for d in idx[self.node_of[idx] == node][:gpus]]
-        chosen: list[int] = []
-        for node in np.argsort(-counts, kind="stable").tolist():
-            if len(chosen) >= gpus or counts[node] == 0:
-                break
-            local = idx[self.node_of[idx] == node]
-            chosen.extend(int(d) for d in local[: gpus - len(chosen)])
-        return chosen if len(chosen) == gpus else None
+    Volcano's node choice, not ElastiCo's :meth:`DeviceTable.choose`: nodes are
+    ranked by how many *candidate* devices they have, and devices within a node
+    are taken in index order (no memory best fit, no idle-first pass).
+    """
+    idx = np.flatnonzero(candidates)
+    if idx.size < gpus:
+        return None
+    node_of = table.node_of
+    counts = np.bincount(node_of[idx], minlength=int(node_of.max()) + 1)
+    whole = np.flatnonzero(counts >= gpus)
+    if whole.size:
+        node = int(whole[np.argmin(counts[whole])])
+        return [int(d) for d in idx[node_of[idx] == node][:gpus]]
+    chosen: list[int] = []
+    for node in np.argsort(-counts, kind="stable").tolist():
+        if len(chosen) >= gpus or counts[node] == 0:
+            break
+        local = idx[node_of[idx] == node]
+        chosen.extend(int(d) for d in local[: gpus - len(chosen)])
+    return chosen if len(chosen) == gpus else None
 
 
 def assignment(
@@ -115,15 +121,93 @@ def assignment(
     )
 
 
-def rejection(job: Job, family: ProfileFamily, config: int, largest_mib: float) -> str | None:
+def rejection(job: Job, family: ProfileFamily, config: int, table: DeviceTable) -> str | None:
+    """Why a non-reshaping scheduler can never run ``job`` at ``config`` here, or None."""
     if family.throughput[config] < job.min_throughput:
         return (
             f"default configuration gives {family.throughput[config]:g}, "
             f"below the floor {job.min_throughput:g}"
         )
-    if family.resources[config, GPU_MEM] > largest_mib + 1e-9:
+    largest = float(table.memory_capacity.max()) if table.size else 0.0
+    if family.resources[config, GPU_MEM] > largest + 1e-9:
         return "default configuration does not fit any GPU"
+    if job.gpus > table.size:
+        return f"asks for {job.gpus} GPUs, the cluster has {table.size}"
     return None
+
+
+def seat_running(
+    snapshot: Snapshot, margin_mib: float, sm_share: Callable[[ProfileFamily, int], float]
+) -> tuple[DeviceTable, dict[str, Assignment], list[tuple[int, Job]]]:
+    """Start a baseline's epoch: running jobs stay where they are, the rest wait.
+
+    Returns the device table with every running job placed at its default
+    configuration (``sm_share`` says how much of each GPU it is charged), their
+    KEEP/RECONFIGURE assignments, and the pending jobs as (snapshot row, job).
+    """
+    snapshot.validate()
+    table = DeviceTable(snapshot.nodes, margin_mib)
+    assignments: dict[str, Assignment] = {}
+    pending: list[tuple[int, Job]] = []
+    for row, job in enumerate(snapshot.jobs):
+        if not job.running:
+            pending.append((row, job))
+            continue
+        fam = snapshot.families[job.family]
+        config = default_config(job, fam)
+        held = [table.index[r] for r in job.devices]
+        table.place(row, held, demand(fam.resources[config, GPU_MEM], sm_share(fam, config)))
+        assignments[job.id] = assignment(job, fam, config, job.devices)
+    return table, assignments, pending
+
+
+Seat = Callable[[int, Job, ProfileFamily, int], list[int] | None]
+"""A baseline's placement rule: (snapshot row, job, family, config) -> devices it placed the
+job on (in the table), or None to leave it queued."""
+
+
+def admit_in_order(
+    snapshot: Snapshot,
+    table: DeviceTable,
+    pending: list[tuple[int, Job]],
+    assignments: dict[str, Assignment],
+    seat: Seat,
+) -> Plan:
+    """Offer each pending job, in the given order, its default configuration; the plan.
+
+    Jobs that can never run are rejected with a reason; the others go to
+    ``seat``, and get an ADMIT assignment where it placed them, or are queued.
+    Stats: share of GPUs holding a job, devices holding two or more.
+    """
+    queued: list[str] = []
+    rejected: dict[str, str] = {}
+    for row, job in pending:
+        fam = snapshot.families[job.family]
+        config = default_config(job, fam)
+        reason = rejection(job, fam, config, table)
+        if reason is not None:
+            rejected[job.id] = reason
+            continue
+        devs = seat(row, job, fam, config)
+        if devs is None:
+            queued.append(job.id)
+            continue
+        assignments[job.id] = assignment(job, fam, config, tuple(table.refs[d] for d in devs))
+    return Plan(
+        epoch=snapshot.epoch,
+        prices=np.zeros(NUM_RESOURCES),
+        assignments=assignments,
+        queued=tuple(queued),
+        rejected=rejected,
+        stats={
+            "gpus_allocated": float((table.count > 0).sum()) / max(table.size, 1),
+            "colocated_devices": float((table.count >= 2).sum()),
+        },
+    )
+
+
+def _whole_gpu(family: ProfileFamily, config: int) -> float:
+    return 1.0
 
 
 class VolcanoPolicy:
@@ -134,52 +218,15 @@ class VolcanoPolicy:
         self.margin = (settings or PlannerSettings()).memory_margin_mib
 
     def plan(self, snapshot: Snapshot, previous: Plan | None = None) -> Plan:
-        snapshot.validate()
-        ledger = Ledger(snapshot, self.margin)
-        fams = snapshot.families
-        assignments: dict[str, Assignment] = {}
-        pending: list[Job] = []
-        for job in snapshot.jobs:
-            if job.running:
-                fam = fams[job.family]
-                config = default_config(job, fam)
-                held = [ledger.index[r] for r in job.devices]
-                ledger.add(job.id, held, fam.resources[config, GPU_MEM], 1.0)
-                assignments[job.id] = assignment(job, fam, config, job.devices)
-            else:
-                pending.append(job)
-        pending.sort(key=lambda j: (j.arrival_time, j.id))
-        largest = float(ledger.capacity.max()) if ledger.capacity.size else 0.0
-        queued: list[str] = []
-        rejected: dict[str, str] = {}
-        free = ledger.idle()
-        for job in pending:
-            fam = fams[job.family]
-            config = default_config(job, fam)
-            reason = rejection(job, fam, config, largest)
-            if reason is None and job.gpus > len(ledger.refs):
-                reason = f"asks for {job.gpus} GPUs, the cluster has {len(ledger.refs)}"
-            if reason is not None:
-                rejected[job.id] = reason
-                continue
-            mem = float(fam.resources[config, GPU_MEM])
-            fits = free & (ledger.capacity >= mem - 1e-9)
-            devs = ledger.gang(fits, job.gpus)
-            if devs is None:
-                queued.append(job.id)
-                continue
-            ledger.add(job.id, devs, mem, 1.0)
-            free[devs] = False
-            assignments[job.id] = assignment(job, fam, config, tuple(ledger.refs[d] for d in devs))
-        busy = ~ledger.idle()
-        return Plan(
-            epoch=snapshot.epoch,
-            prices=np.zeros(NUM_RESOURCES),
-            assignments=assignments,
-            queued=tuple(queued),
-            rejected=rejected,
-            stats={
-                "gpus_allocated": float(busy.sum()) / max(len(ledger.refs), 1),
-                "colocated_devices": 0.0,
-            },
-        )
+        table, assignments, pending = seat_running(snapshot, self.margin, _whole_gpu)
+        pending.sort(key=lambda p: (p[1].arrival_time, p[1].id))
+
+        def seat(row: int, job: Job, fam: ProfileFamily, config: int) -> list[int] | None:
+            # A whole GPU: idle, with room for the job's memory and all of its SM.
+            per_gpu = demand(fam.resources[config, GPU_MEM], 1.0)
+            devs = gang(table, (table.count == 0) & table.fits(per_gpu), job.gpus)
+            if devs is not None:
+                table.place(row, devs, per_gpu)
+            return devs
+
+        return admit_in_order(snapshot, table, pending, assignments, seat)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import csv
 import itertools
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -119,70 +119,78 @@ def ablation_table(summ: Mapping[str, Summary], full: str = "elastico") -> str:
     return _md(header, rows)
 
 
+def _sweep_table(
+    points: Sequence[tuple[str, Mapping[str, Summary]]],
+    point_header: str,
+    columns: Sequence[tuple[str, Callable[[Summary, Summary, Summary | None], str]]],
+    systems: Sequence[str] | None,
+    baseline: str,
+) -> str:
+    """One row per (sweep point, system): every system side by side at each point.
+
+    ``columns`` are (header, cell) with ``cell(system, baseline, lucid)`` given the
+    summaries at that point (``lucid`` None when Lucid did not run).
+    """
+    rows = []
+    for label, summ in points:
+        b, lucid = summ[baseline], summ.get("lucid")
+        for name in systems if systems is not None else list(summ):
+            if name in summ:
+                rows.append([label, name, *(cell(summ[name], b, lucid) for _, cell in columns)])
+    return _md([point_header, "System", *(h for h, _ in columns)], rows)
+
+
 def scalability_table(
     points: Sequence[tuple[int, Mapping[str, Summary]]],
-    system: str = "elastico",
+    systems: Sequence[str] | None = None,
     baseline: str = "volcano",
 ) -> str:
-    """Spec table 'Scalability': the system relative to the baseline at each size."""
-    header = [
-        "GPUs",
-        "Jobs",
-        "Avg JCT",
-        "Throughput",
-        "SM Util (%)",
-        "Sched. latency (ms, mean/p95)",
-        "Lucid Avg JCT",
-        "Lucid Throughput",
+    """Spec table 'Scalability': each system relative to the baseline at each size.
+
+    ``systems``: which rows to show at each size, in order (default: every system run).
+    """
+    columns: list[tuple[str, Callable[[Summary, Summary, Summary | None], str]]] = [
+        ("Jobs", lambda s, b, lu: f"{s['jobs']:.0f}"),
+        ("Avg JCT", lambda s, b, lu: _ratio(s["avg_jct_s"], b["avg_jct_s"])),
+        ("Throughput", lambda s, b, lu: _ratio(s["throughput"], b["throughput"])),
+        ("Avg queue (min)", lambda s, b, lu: f"{s['avg_queue_s'] / 60:.1f}"),
+        ("SM Util (%)", lambda s, b, lu: f"{s['sm_util']:.1f}"),
+        ("Attainment (%)", lambda s, b, lu: f"{s['attainment']:.1f}"),
+        (
+            "Sched. latency (ms, mean/p95)",
+            lambda s, b, lu: f"{s['plan_ms_mean']:.1f}/{s['plan_ms_p95']:.1f}",
+        ),
     ]
-    rows = []
-    for gpus, summ in points:
-        s, b = summ[system], summ[baseline]
-        lucid = summ.get("lucid")
-        rows.append(
-            [
-                str(gpus),
-                f"{s['jobs']:.0f}",
-                _ratio(s["avg_jct_s"], b["avg_jct_s"]),
-                _ratio(s["throughput"], b["throughput"]),
-                f"{s['sm_util']:.1f}",
-                f"{s['plan_ms_mean']:.1f}/{s['plan_ms_p95']:.1f}",
-                _ratio(lucid["avg_jct_s"], b["avg_jct_s"]) if lucid else "",
-                _ratio(lucid["throughput"], b["throughput"]) if lucid else "",
-            ]
-        )
-    return _md(header, rows)
+    return _sweep_table([(str(g), summ) for g, summ in points], "GPUs", columns, systems, baseline)
 
 
 def load_table(
     points: Sequence[tuple[float, Mapping[str, Summary]]],
-    system: str = "elastico",
+    systems: Sequence[str] | None = None,
     baseline: str = "volcano",
 ) -> str:
-    """Load sensitivity: JCT improvement (baseline JCT / system JCT) per load factor."""
-    header = [
-        "Load (%)",
-        "Volcano avg JCT (h)",
-        "JCT improvement vs Volcano",
-        "vs Lucid",
-        "Throughput vs Volcano",
-        "Attainment (%)",
+    """Load sensitivity: JCT improvement (baseline JCT / system JCT) per load factor.
+
+    ``systems``: which rows to show at each load, in order (default: every system run).
+    """
+    columns: list[tuple[str, Callable[[Summary, Summary, Summary | None], str]]] = [
+        ("Avg JCT (h)", lambda s, b, lu: f"{s['avg_jct_s'] / 3600:.2f}"),
+        ("JCT improvement vs Volcano", lambda s, b, lu: _ratio(b["avg_jct_s"], s["avg_jct_s"])),
+        (
+            "vs Lucid",
+            lambda s, b, lu: _ratio(lu["avg_jct_s"], s["avg_jct_s"]) if lu else "",
+        ),
+        ("Throughput vs Volcano", lambda s, b, lu: _ratio(s["throughput"], b["throughput"])),
+        ("Avg queue (min)", lambda s, b, lu: f"{s['avg_queue_s'] / 60:.1f}"),
+        ("Attainment (%)", lambda s, b, lu: f"{s['attainment']:.1f}"),
     ]
-    rows = []
-    for load, summ in points:
-        s, b = summ[system], summ[baseline]
-        lucid = summ.get("lucid")
-        rows.append(
-            [
-                f"{100 * load:.0f}",
-                f"{b['avg_jct_s'] / 3600:.2f}",
-                _ratio(b["avg_jct_s"], s["avg_jct_s"]),
-                _ratio(lucid["avg_jct_s"], s["avg_jct_s"]) if lucid else "",
-                _ratio(s["throughput"], b["throughput"]),
-                f"{s['attainment']:.1f}",
-            ]
-        )
-    return _md(header, rows)
+    return _sweep_table(
+        [(f"{100 * load:.0f}", summ) for load, summ in points],
+        "Load (%)",
+        columns,
+        systems,
+        baseline,
+    )
 
 
 def write_summary_csv(summ: Mapping[str, Summary], path: Path) -> None:

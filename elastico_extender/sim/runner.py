@@ -57,6 +57,8 @@ class Experiment:
     epoch_s: float = 60.0
     pairs: str | None = str(DEFAULT_PAIRS)
     profile_noise: float = 0.05
+    interference: float = 1.0
+    """True excess slowdowns times this (0: no interference; a what-if, see GroundTruth.scaled)."""
 
 
 class _Estimates:
@@ -97,6 +99,8 @@ def build_policy(name: str, exp: Experiment, truth: GroundTruth) -> Policy:
 def _world(exp: Experiment) -> tuple[ConfigTable, GroundTruth]:
     configs = ConfigTable.build(exp.seed, exp.profile_noise)
     truth = GroundTruth.build(configs, Path(exp.pairs) if exp.pairs else None)
+    if exp.interference != 1.0:
+        truth = truth.scaled(exp.interference)
     return configs, truth
 
 

@@ -57,7 +57,7 @@ from __future__ import annotations
 
 import csv
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -157,6 +157,16 @@ class GroundTruth:
             measured = have
         np.maximum(slowdown, 1.0, out=slowdown)
         return cls(configs=configs, slowdown=slowdown, measured=measured)
+
+    def scaled(self, factor: float) -> GroundTruth:
+        """The same cluster with every true excess slowdown times ``factor``.
+
+        ``S'(i|j) = 1 + factor * (S(i|j) - 1)``: 0 is co-location without any
+        interference (a what-if ceiling), 1 the measured truth.
+        """
+        if factor < 0:
+            raise ValueError(f"interference factor must be >= 0, got {factor}")
+        return replace(self, slowdown=1.0 + factor * (self.slowdown - 1.0))
 
     # -- slowdowns ----------------------------------------------------------------
     def device_slowdowns(self, gids: np.ndarray) -> np.ndarray:
