@@ -80,7 +80,9 @@ def tatonnement(
             since_best += 1
         excess = (selection.desired + selection.reserved - problem.capacity) / capacity
         new_prices = np.maximum(0.0, prices + _step(settings, t) * excess)
-        new_selection = select(problem, new_prices, penalty)
+        # Unchanged prices give the same selection (select is deterministic): skip it.
+        same_prices = np.array_equal(new_prices, prices)
+        new_selection = selection if same_prices else select(problem, new_prices, penalty)
         if _fits(problem, selection, settings) and (
             _same(selection, new_selection) or not _fits(problem, new_selection, settings)
         ):
