@@ -287,3 +287,12 @@ def test_epoch_reconfigures_a_running_pod_in_place_to_admit_another():
         assert call(server.url, "filter", args(pod_b, ["g0"])).json()["NodeNames"] == ["g0"]
     finally:
         server.stop()
+
+
+def test_extender_verbs_report_their_own_time_in_server_timing(one_gpu):
+    url, _, _ = one_gpu
+    for verb in ("filter", "prioritize"):
+        reply = call(url, verb, args(elastic_pod("timed"), ["g0"]))
+        assert reply.status_code == 200
+        name, _, duration = reply.headers["Server-Timing"].partition(";dur=")
+        assert name == "extender" and 0.0 < float(duration) < 10_000.0

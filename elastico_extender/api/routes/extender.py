@@ -61,7 +61,11 @@ async def _timed(
 ) -> Response:
     started = time.perf_counter()
     try:
-        return await handler()
+        response = await handler()
+        # The extender's own time, without transport (standard Server-Timing header).
+        ms = (time.perf_counter() - started) * 1000.0
+        response.headers["Server-Timing"] = f"extender;dur={ms:.3f}"
+        return response
     except ApiError:
         raise
     except Exception as exc:  # degrade, don't crash: the scheduler sees the Error and retries
