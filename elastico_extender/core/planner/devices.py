@@ -263,5 +263,4 @@ def gpu_equivalent(table: DeviceTable) -> np.ndarray:
 
 def shared_devices(table: DeviceTable) -> list[tuple[int, list[int]]]:
     """(device, occupant rows) for every device holding two or more jobs."""
-    occupants = table.occupants
-    return [(d, occupants[d]) for d in np.flatnonzero(table.count >= 2).tolist()]
+    return [(d, members) for d, members in table.occupants.items() if len(members) >= 2]
