@@ -269,3 +269,14 @@ def test_placement_view_books_the_plan_as_one_by_one_commits_would(families):
         assert view.holds(job_id)
         assert view.devices_of(job_id) == result.assignments[job_id].devices
     assert np.any(view.table.count >= 2)  # the scenario does exercise shared devices
+
+
+def test_shared_devices_come_in_the_order_they_were_first_occupied():
+    """The interference check, repair and spread visit shared devices in this order."""
+    from elastico_extender.core.planner.devices import shared_devices
+
+    table = DeviceTable(a100_nodes(1, 4), 512.0)
+    need = np.array([0.1, 1000.0, 1.0, 100.0])
+    for row, device in enumerate([3, 1, 3, 1, 0]):
+        table.place(row, [device], need)
+    assert shared_devices(table) == [(3, [0, 2]), (1, [1, 3])]
