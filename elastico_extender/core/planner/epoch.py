@@ -192,6 +192,7 @@ class _Epoch:
         switch = s.switch_cost if (s.coordination and s.switch_cost > 0 and run.size) else 0.0
         unit_weights = n > 0 and bool(np.all(t.weight == 1.0))
         current = t.current[run]
+        tmax = family_max[t.family_index]
         if unit_weights and switch and not t.narrowed.size:
             # Common case, one gather: rows of running jobs come from the table plus gamma0.
             stacked = np.concatenate([family_base, family_base + switch])
@@ -201,7 +202,7 @@ class _Epoch:
             base = family_base[t.family_index]
             if t.narrowed.size:
                 rows = t.narrowed
-                base[rows], _ = _performance_cost(t.throughput[rows], t.valid[rows])
+                base[rows], tmax[rows] = _performance_cost(t.throughput[rows], t.valid[rows])
             if not unit_weights:
                 base *= t.weight[:, None]
             staying = base[run, current]
@@ -209,11 +210,6 @@ class _Epoch:
                 base += switch * t.running[:, None]
         if switch:  # staying in the current configuration costs no switch
             base[run, current] = staying
-        tmax = family_max[t.family_index]
-        if t.narrowed.size:
-            tmax[t.narrowed] = np.where(t.valid[t.narrowed], t.throughput[t.narrowed], 0.0).max(
-                axis=1, initial=0.0
-            )
         self.fastest = tmax  # T_j(c_max) over valid rows, for the regrow filter
         wait = np.where(t.running, np.inf, t.weight)
         reserve = np.zeros((NUM_RESOURCES, n))
@@ -481,17 +477,9 @@ class _Epoch:
 
     def reconfigure(self, placer: Placer, row: int, config: int) -> None:
         """Switch a placed single-GPU job to ``config`` on the same device."""
-        t = self.t
         devices = placer.devices_of[row]
-        placer.release(row, t.per_gpu[row, placer.config[row]])
-        placer.commit(
-            row,
-            config,
-            devices,
-            t.per_gpu[row, config],
-            t.feature_table[t.family_index[row], config],
-            self.row_tau(row, config),
-        )
+        placer.release(row, self.t.per_gpu[row, placer.config[row]])
+        self.commit_row(placer, row, config, devices)
 
     def tolerance_rows(self, rows: np.ndarray) -> np.ndarray:
         """(len(rows), K) tau of each of ``rows`` at every configuration (cached per row)."""
