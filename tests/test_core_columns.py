@@ -280,3 +280,50 @@ def test_shared_devices_come_in_the_order_they_were_first_occupied():
     for row, device in enumerate([3, 1, 3, 1, 0]):
         table.place(row, [device], need)
     assert shared_devices(table) == [(3, [0, 2]), (1, [1, 3])]
+
+
+def test_placement_view_from_plan_rows_equals_the_view_matched_by_job_id(families):
+    """The view's bulk path (plan rows over the snapshot's workers) books what the
+    per-record path does, for kept, reconfigured, moved and newly admitted jobs."""
+    import dataclasses
+
+    from elastico_extender.core.planner import PlacementView
+
+    nodes = a100_nodes(3, 4)
+    names = ["resnet50", "bert", "dcgan", "transformer"]
+    jobs = tuple(Job(f"j{i}", names[i % 4], gpus=2 if i % 3 == 0 else 1) for i in range(12))
+    first = plan(Snapshot(nodes, jobs, families))
+    running = tuple(
+        dataclasses.replace(
+            j,
+            current_config=first.assignments[j.id].config_index,
+            devices=first.assignments[j.id].devices,
+        )
+        for j in jobs
+        if j.id in first.assignments
+    )
+    arrivals = tuple(Job(f"new{i}", names[i % 4], gpus=1 + i % 2) for i in range(6))
+    snapshot = Snapshot(nodes, running + arrivals, families, epoch=2)
+    result = plan(snapshot, first)
+    assert result.assignments.rows_in(snapshot.jobs) is not None
+    assert result.assignments.rows_in(tuple(snapshot.jobs)) is not None  # same tuple
+    assert result.assignments.rows_in(tuple(list(snapshot.jobs))) is None  # another tuple
+    actions = {a.action for a in result.assignments.values()}
+    assert Action.KEEP in actions and Action.ADMIT in actions
+    bulk = PlacementView(snapshot, result)
+    records = dataclasses.replace(result, assignments=dict(result.assignments))
+    by_id = PlacementView(snapshot, records)
+    for name in ("mem_free", "sm_free", "cpu_free", "ram_free", "count"):
+        assert np.array_equal(getattr(bulk.table, name), getattr(by_id.table, name)), name
+    assert dict(bulk.table.occupants) == dict(by_id.table.occupants)  # same order too
+    assert bulk._rows == by_id._rows
+    rows = np.arange(len(result.assignments))
+    assert np.array_equal(bulk.placer.config[rows], by_id.placer.config[rows])
+    assert np.array_equal(bulk.placer.features[rows], by_id.placer.features[rows])
+    assert np.array_equal(bulk.placer.tolerance[rows], by_id.placer.tolerance[rows])
+    for job_id, a in result.assignments.items():
+        assert bulk.devices_of(job_id) == by_id.devices_of(job_id) == a.devices
+    two_gpu = next(j.id for j in running if j.gpus == 2)
+    assert bulk.forget(two_gpu) and by_id.forget(two_gpu)  # releases the plan's demand
+    assert np.array_equal(bulk.table.mem_free, by_id.table.mem_free)
+    assert not bulk.holds(two_gpu)

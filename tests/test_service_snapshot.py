@@ -41,3 +41,47 @@ def test_heartbeats_keep_the_nodes_tuple_and_changes_replace_it():
     assert [len(n.gpus) for n in third.nodes] == [8, 4]
     cluster.state.apply("nodes", "DELETED", gpu_node("b", 4, "4"))
     assert [n.name for n in engine.build_snapshot()[0].nodes] == ["a"]
+
+
+def bound_pod(name: str, node: str, device: int, family: str = "bert") -> dict:
+    annotations = {"elastico.io/family": family, "elastico.io/assigned-node": node,
+                   "elastico.io/assigned-devices": str(device)}  # fmt: skip
+    limits = {"nvidia.com/gpu": "1"}
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": "t", "uid": f"uid-{name}",
+                         "resourceVersion": "1", "annotations": annotations},
+            "spec": {"nodeName": node, "containers": [{"name": "m", "image": "i",
+                     "resources": {"limits": limits, "requests": limits}}]},
+            "status": {"phase": "Running"}}  # fmt: skip
+
+
+def test_unchanged_bound_pods_keep_their_records_and_changed_ones_are_read_again():
+    pods = [bound_pod("p0", "a", 0), bound_pod("p1", "a", 1), bound_pod("p2", "b", 0)]
+    cluster = EmbeddedCluster([gpu_node("a", 2, "1"), gpu_node("b", 4, "1"), *pods], "test")
+    engine = Engine(ServiceSettings(epoch_seconds=60), cluster)
+    first = {j.id: j for j in engine.build_snapshot()[0].jobs}
+    assert first["uid-p2"].devices == (("b", 0),)
+    moved = copy.deepcopy(cluster.state.pod("uid-p2"))
+    moved["metadata"]["annotations"]["elastico.io/assigned-devices"] = "3"
+    moved["metadata"]["resourceVersion"] = "2"
+    cluster.state.apply("pods", "MODIFIED", moved)
+    cluster.state.apply("pods", "DELETED", cluster.state.pod("uid-p1"))
+    second = {j.id: j for j in engine.build_snapshot()[0].jobs}
+    assert second["uid-p0"] is first["uid-p0"]  # same object: not rebuilt
+    assert second["uid-p2"].devices == (("b", 3),)
+    assert "uid-p1" not in second
+    cluster.state.apply("nodes", "MODIFIED", gpu_node("a", 4, "2"))  # node a changed
+    third = {j.id: j for j in engine.build_snapshot()[0].jobs}
+    assert third["uid-p0"] is not second["uid-p0"] and third["uid-p0"] == second["uid-p0"]
+    assert third["uid-p2"] is second["uid-p2"]
+
+
+def test_a_bound_pod_with_invalid_annotations_is_reported_every_epoch():
+    broken = bound_pod("bad", "a", 0)
+    broken["metadata"]["annotations"]["elastico.io/mode"] = "sometimes"
+    cluster = EmbeddedCluster([gpu_node("a", 2, "1"), broken], "test")
+    engine = Engine(ServiceSettings(epoch_seconds=60), cluster)
+    for _ in range(3):
+        snapshot, _, _, invalid = engine.build_snapshot()
+        assert "elastico.io/mode" in invalid["uid-bad"]
+        assert [j.devices for j in snapshot.jobs] == [(("a", 0),)]  # still holds its GPU

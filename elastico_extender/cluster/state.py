@@ -3,7 +3,8 @@
 A driver (the Kubernetes watch or the embedded file) writes whole objects in;
 readers take consistent copies.  Events only replace objects; nothing here
 interprets them (STYLE habit 2: react to current state, not to events).
-``generation`` counts changes so the epoch loop can tell whether anything moved.
+``generation`` counts changes so the epoch loop can tell whether anything moved;
+``node_generation`` counts node changes only.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ class ClusterState:
         self._pods: dict[str, KubeObject] = {}
         self._by_key: dict[tuple[str, str], str] = {}
         self.generation = 0
+        self.node_generation = 0
         self.synced: dict[str, bool] = {"nodes": False, "pods": False}
         self.resource_version: dict[str, str] = {"nodes": "", "pods": ""}
 
@@ -44,6 +46,7 @@ class ClusterState:
         with self._lock:
             if kind == "nodes":
                 self._nodes = {_name(o): o for o in objects}
+                self.node_generation += 1
             else:
                 self._pods = {_uid(o): o for o in objects}
                 self._by_key = {self._key(o): uid for uid, o in self._pods.items()}
@@ -60,6 +63,7 @@ class ClusterState:
                     self._nodes.pop(_name(obj), None)
                 else:
                     self._nodes[_name(obj)] = obj
+                self.node_generation += 1
             else:
                 uid = _uid(obj)
                 if event_type == "DELETED":

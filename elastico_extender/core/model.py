@@ -38,6 +38,7 @@ __all__ = [
     "Mode",
     "Node",
     "Plan",
+    "PlanRows",
     "ProfileFamily",
     "Snapshot",
     "device_index",
@@ -514,6 +515,21 @@ class Assignment(NamedTuple):
 _ACTIONS = (Action.KEEP, Action.RECONFIGURE, Action.MIGRATE, Action.ADMIT)
 
 
+class PlanRows(NamedTuple):
+    """A plan's assignments as columns over the rows of the snapshot it was made from.
+
+    For consumers that rebuild the plan's device state in bulk (the extender's
+    placement view): position ``k`` is snapshot row ``rows[k]``; a job absent
+    from ``moved`` keeps the devices it holds in the snapshot.
+    """
+
+    ids: list[str]
+    rows: np.ndarray  # (M,) snapshot row of each assignment
+    config: np.ndarray  # (M,) configuration index
+    tolerance: np.ndarray  # (M,)
+    moved: Mapping[int, tuple[DeviceRef, ...]]  # position -> devices, if not kept in place
+
+
 class AssignmentColumns(Mapping[str, Assignment]):
     """A plan's assignments held as columns; each :class:`Assignment` is built when read.
 
@@ -538,6 +554,8 @@ class AssignmentColumns(Mapping[str, Assignment]):
         tolerance: np.ndarray,
         action: np.ndarray,
         estimated: np.ndarray,
+        rows: np.ndarray | None = None,
+        source: tuple[Job, ...] | None = None,
     ) -> None:
         self._ids = ids
         self._jobs = jobs
@@ -551,6 +569,8 @@ class AssignmentColumns(Mapping[str, Assignment]):
         self._tolerance = tolerance
         self._action = action  # codes into _ACTIONS
         self._estimated = estimated
+        self._rows = rows  # snapshot row of each assignment, rows into ``source``
+        self._source = source
         self._where: dict[str, int] | None = None
         self._records: dict[str, Assignment] | None = None
 
@@ -583,6 +603,13 @@ class AssignmentColumns(Mapping[str, Assignment]):
     def changed(self) -> list[Assignment]:
         """Assignments whose action is not KEEP (what a driver must act on)."""
         return [self._record(k) for k in np.flatnonzero(self._action).tolist()]
+
+    def rows_in(self, jobs: tuple[Job, ...]) -> PlanRows | None:
+        """The columns over ``jobs`` (a snapshot's jobs), or None unless the plan was
+        made from that very tuple (its rows would not line up)."""
+        if self._rows is None or self._source is not jobs:
+            return None
+        return PlanRows(self._ids, self._rows, self._config, self._tolerance, self._moved)
 
     def _position(self) -> dict[str, int]:
         if self._where is None:
@@ -668,6 +695,12 @@ class Plan:
 
     def price_map(self) -> dict[str, float]:
         return {name: float(p) for name, p in zip(RESOURCE_NAMES, self.prices, strict=True)}
+
+    def changed(self) -> list[Assignment]:
+        """The assignments a driver must act on (action other than KEEP)."""
+        if isinstance(self.assignments, AssignmentColumns):
+            return self.assignments.changed()
+        return [a for a in self.assignments.values() if a.action is not Action.KEEP]
 
     @classmethod
     def empty(cls) -> Plan:

@@ -173,9 +173,10 @@ class Engine:
         self._seen: OrderedDict[str, dict[str, Any]] = OrderedDict()
         self._node_cache: dict[str, tuple[str, Node | None]] = {}
         self._last_nodes: tuple[Node, ...] = ()
+        self._nodes_generation = -1  # the cluster view's node generation _last_nodes is of
         # Bound pods' running records from the last snapshot, by pod uid, with what
-        # they were built from: (pod resourceVersion, node name), PodJob, Node.
-        self._bound_jobs: dict[str, tuple[tuple[str, str], PodJob, Node, Job]] = {}
+        # they were built from: (Pod object, PodJob, Node, running Job).
+        self._bound_jobs: dict[str, tuple[dict[str, Any], PodJob, Node, Job]] = {}
         self._intent_cache: OrderedDict[tuple[str, str], PodJob | AnnotationError | None] = (
             OrderedDict()
         )
@@ -297,6 +298,9 @@ class Engine:
         objects comes back (a status heartbeat bumps a node's resourceVersion but
         parses to an equal Node), so the core's per-cluster device index is built
         once, not every epoch."""
+        generation = self.cluster.state.node_generation
+        if generation == self._nodes_generation:
+            return self._last_nodes  # no node event since the last call
         nodes = []
         for name, obj in sorted(self.cluster.state.nodes().items()):
             rv = str((obj.get("metadata") or {}).get("resourceVersion", ""))
@@ -313,6 +317,7 @@ class Engine:
                 self._node_cache[name] = cached
             if cached[1] is not None:
                 nodes.append(cached[1])
+        self._nodes_generation = generation
         last = self._last_nodes
         if len(last) == len(nodes) and all(a is b for a, b in zip(last, nodes, strict=True)):
             return last
@@ -337,9 +342,20 @@ class Engine:
         confirmed: set[str] = set()
         in_snapshot: set[str] = set()
         invalid: dict[str, str] = {}
-        bound: dict[str, tuple[tuple[str, str], PodJob, Node, Job]] = {}
+        bound: dict[str, tuple[dict[str, Any], PodJob, Node, Job]] = {}
         wanted = self.settings.scheduler_name
+        previous = self._bound_jobs
         for uid, pod in pods.items():
+            # A bound pod whose object and node are the ones of the last epoch: the same
+            # record (the cluster view replaces objects, never edits them; a node
+            # heartbeat keeps the Node object: see _nodes).  Most pods, most epochs.
+            hit = previous.get(uid)
+            if hit is not None and hit[0] is pod and by_name.get(hit[3].devices[0][0]) is hit[2]:
+                bound[uid] = hit
+                confirmed.add(uid)
+                jobs.append(hit[3])
+                meta[uid] = hit[1]
+                continue
             if not pod_is_active(pod) or (pod.get("metadata") or {}).get("deletionTimestamp"):
                 continue
             node_name = (pod.get("spec") or {}).get("nodeName")
@@ -359,16 +375,6 @@ class Engine:
                 if node is None:
                     continue
                 confirmed.add(uid)
-                # A bound pod and its node unchanged since the last epoch: the same record.
-                # (A node heartbeat keeps the Node object: see _nodes.)
-                key = (str((pod.get("metadata") or {}).get("resourceVersion", "")), node_name)
-                hit = self._bound_jobs.get(uid)
-                if hit is not None and hit[0] == key and hit[1] is pj and hit[2] is node:
-                    bound[uid] = hit
-                    used.setdefault(node_name, set()).update(d for _, d in hit[3].devices)
-                    jobs.append(hit[3])
-                    meta[uid] = pj
-                    continue
                 decision = read_decision((pod.get("metadata") or {}).get("annotations"))
                 config = self._config_row(family, pj, decision.configuration if decision else "")
                 indices = {g.index for g in node.gpus}
@@ -381,8 +387,8 @@ class Engine:
                 ):
                     devices = decision.devices
                     running = self._running(job, node_name, devices, config)
-                    bound[uid] = (key, pj, node, running)
-                    used.setdefault(node_name, set()).update(devices)
+                    if uid not in invalid:  # an invalid pod is reported again every epoch
+                        bound[uid] = (pod, pj, node, running)
                     jobs.append(running)
                     meta[uid] = pj
                     continue
@@ -392,7 +398,6 @@ class Engine:
                 if devices is None:
                     deferred.append((pj, node_name, config))
                     continue
-                used.setdefault(node_name, set()).update(devices)
                 jobs.append(self._running(job, node_name, devices, config))
                 meta[uid] = pj
             elif uid in assumed:
@@ -402,7 +407,6 @@ class Engine:
                         job, devices=a.verdict.devices, current_config=a.verdict.config_index
                     )
                 )
-                used.setdefault(a.verdict.node, set()).update(d for _, d in a.verdict.devices)
                 in_snapshot.add(uid)
                 meta[uid] = pj
             elif not wanted or (pod.get("spec") or {}).get("schedulerName") == wanted:
@@ -416,9 +420,12 @@ class Engine:
                     a.pod_job.job, devices=a.verdict.devices, current_config=a.verdict.config_index
                 )
             )
-            used.setdefault(a.verdict.node, set()).update(d for _, d in a.verdict.devices)
             in_snapshot.add(uid)
             meta[uid] = a.pod_job
+        if deferred:
+            for placed in jobs:
+                for ref_node, device in placed.devices:
+                    used.setdefault(ref_node, set()).add(device)
         for pj, node_name, config in deferred:  # bound elsewhere: lowest free devices
             node = by_name[node_name]
             taken = used.setdefault(node_name, set())
@@ -524,7 +531,8 @@ class Engine:
         ``elastico-run``.  A MIGRATE is logged only: moving a pod means deleting
         it so its controller recreates it, which is left to the operator.
         """
-        for job_id, a in new_plan.assignments.items():
+        for a in new_plan.changed():
+            job_id = a.job_id
             if a.action is Action.MIGRATE:
                 log.info("migration.suggested", extra={"job": job_id, "to": a.devices})
                 continue

@@ -34,6 +34,7 @@ from elastico_extender.core.interference.features import NUM_JOB_FEATURES
 from elastico_extender.core.interference.predictor import ContentionPredictor, SlowdownPredictor
 from elastico_extender.core.interference.tolerance import adaptive_tolerance
 from elastico_extender.core.model import (
+    AssignmentColumns,
     DeviceRef,
     GpuDevice,
     Job,
@@ -42,9 +43,9 @@ from elastico_extender.core.model import (
     ProfileFamily,
     Snapshot,
 )
-from elastico_extender.core.planner.devices import DeviceTable, gpu_equivalent
+from elastico_extender.core.planner.devices import DeviceTable, device_tuples, gpu_equivalent
 from elastico_extender.core.planner.placement import Placer
-from elastico_extender.core.planner.tables import build_tables
+from elastico_extender.core.planner.tables import build_tables, stack_families
 from elastico_extender.core.resources import GPU_MEM, GPU_SM, NUM_RESOURCES
 from elastico_extender.core.settings import PlannerSettings
 
@@ -185,20 +186,22 @@ class PlacementView:
         self._rows: dict[str, int] = {}
         self._next_row = 0
         self._valid_cache: dict[tuple[object, ...], tuple[np.ndarray, str | None]] = {}
-        gpu_nodes = [n for n in snapshot.nodes if n.gpus]
+        cluster = snapshot.devices
+        with_gpus = cluster.per_node > 0
         self._caps_node: tuple[Node, ...] = (
             (
                 Node(
                     "largest",
-                    (GpuDevice(0, max(g.memory_mib for n in gpu_nodes for g in n.gpus)),),
-                    max(n.cpu_cores for n in gpu_nodes),
-                    max(n.host_mem_mib for n in gpu_nodes),
+                    (GpuDevice(0, float(cluster.memory_total.max())),),
+                    float(cluster.cpu[with_gpus].max()),
+                    float(cluster.ram[with_gpus].max()),
                 ),
             )
-            if gpu_nodes
+            if with_gpus.any()
             else ()
         )
-        self._demand: dict[int, np.ndarray] = {}
+        self._demand: dict[int, np.ndarray] = {}  # rows assumed since the plan
+        self._plan_demand = np.zeros((0, NUM_RESOURCES))  # per-GPU demand of plan rows
         self._assumed: set[str] = set()
         utilization = max(
             plan.stats.get("sm_allocated", 0.0), plan.stats.get("memory_allocated", 0.0)
@@ -217,6 +220,63 @@ class PlacementView:
 
     def _commit_plan(self, snapshot: Snapshot, plan: Plan) -> None:
         """Every assignment of ``plan`` whose job and devices the snapshot knows, in bulk."""
+        columns = (
+            plan.assignments.rows_in(snapshot.jobs)
+            if isinstance(plan.assignments, AssignmentColumns)
+            else None
+        )
+        if columns is None:  # a plan made from another snapshot: match by job id
+            self._commit_records(snapshot, plan)
+            return
+        index = self.table.index
+        held = snapshot.columns.held
+        rows, moved = columns.rows, columns.moved
+        m = rows.size
+        # Workers of each assignment, flat: kept jobs' from the snapshot, moved ones' here.
+        width = held[rows].copy()
+        moved_to = {k: [index.get(ref, -1) for ref in refs] for k, refs in moved.items()}
+        for k, found in moved_to.items():
+            width[k] = len(found)
+        offset = np.cumsum(width) - width
+        flat = np.empty(int(width.sum()), dtype=np.intp)
+        kept = np.ones(m, dtype=bool)
+        kept[list(moved_to)] = False
+        kept_at = np.flatnonzero(kept)
+        w = width[kept_at]
+        within = np.arange(int(w.sum())) - np.repeat(np.cumsum(w) - w, w)
+        first_worker = np.cumsum(held) - held
+        flat[np.repeat(offset[kept_at], w) + within] = snapshot.workers[
+            np.repeat(first_worker[rows[kept_at]], w) + within
+        ]
+        for k, found in moved_to.items():
+            flat[offset[k] : offset[k] + len(found)] = found
+        owner = np.repeat(np.arange(m), width)
+        good = np.ones(m, dtype=bool)
+        good[owner[flat < 0]] = False  # a device the view's table does not know
+        if not good.all():
+            flat, width = flat[good[owner]], width[good]
+        positions = np.flatnonzero(good)
+        ids = columns.ids if positions.size == m else [columns.ids[k] for k in positions.tolist()]
+        self._rows = dict(zip(ids, range(positions.size), strict=True))
+        self._next_row = positions.size
+        stack = stack_families(snapshot)
+        family = snapshot.columns.family_code[rows[positions]]
+        configs = columns.config[positions]
+        demand = stack.resources[family, configs]
+        view_rows = np.arange(positions.size, dtype=np.intp)
+        self.placer.commit_many(
+            view_rows,
+            configs,
+            device_tuples(flat, width),
+            np.repeat(view_rows, width),
+            flat,
+            np.repeat(demand, width, axis=0),
+            stack.features[family, configs],
+            columns.tolerance[positions],
+        )
+        self._plan_demand = demand
+
+    def _commit_records(self, snapshot: Snapshot, plan: Plan) -> None:
         jobs = {job.id: job for job in snapshot.jobs}
         index = self.table.index
         kept = [
@@ -247,7 +307,7 @@ class PlacementView:
             features,
             np.fromiter((a.tolerance for a, _ in kept), np.float64, len(kept)),
         )
-        self._demand = dict(zip(rows.tolist(), demands, strict=True))
+        self._plan_demand = np.stack(demands)
 
     @property
     def assumed(self) -> frozenset[str]:
@@ -292,7 +352,8 @@ class PlacementView:
         row = self._rows.get(job_id)
         if row is None or row not in self.placer.devices_of:
             return False
-        self.placer.release(row, self._demand.pop(row))
+        demand = self._demand.pop(row, None)
+        self.placer.release(row, self._plan_demand[row] if demand is None else demand)
         self._assumed.discard(job_id)
         return True
 

@@ -18,7 +18,7 @@ import numpy as np
 from elastico_extender.core.model import Node, device_index
 from elastico_extender.core.resources import CPU, GPU_MEM, GPU_SM, HOST_MEM
 
-__all__ = ["DeviceTable", "gpu_equivalent"]
+__all__ = ["DeviceTable", "device_tuples", "gpu_equivalent"]
 
 _EPS = 1e-9
 
@@ -243,6 +243,15 @@ class DeviceTable:
             ]
             chosen.extend(int(d) for d in take)
         return chosen if len(chosen) == gpus else None
+
+
+def device_tuples(flat: np.ndarray, widths: np.ndarray) -> list[tuple[int, ...]]:
+    """``flat`` cut into one tuple per job, ``widths[k]`` devices for job ``k``."""
+    listed = flat.tolist()
+    if np.all(widths == 1):
+        return list(zip(listed))  # one-tuples, built in C
+    ends = np.cumsum(widths).tolist()
+    return [tuple(listed[e - w : e]) for e, w in zip(ends, widths.tolist(), strict=True)]
 
 
 def gpu_equivalent(table: DeviceTable) -> np.ndarray:

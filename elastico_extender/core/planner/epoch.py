@@ -647,6 +647,8 @@ class _Epoch:
             tolerance=placer.tolerance[rows],
             action=code,
             estimated=t.estimated_table[t.family_index[rows], configs],
+            rows=rows,
+            source=t.jobs,
         )
         rejected = {t.jobs[r].id: reason for r, reason in t.reasons.items() if not t.running[r]}
         per_job_gpus = t.gpus[rows]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from elastico_extender.core.planner.context import EpochRows
+from elastico_extender.core.planner.devices import device_tuples
 from elastico_extender.core.planner.placement import Placer
 from elastico_extender.core.resources import CPU, GPU_MEM, GPU_SM, HOST_MEM
 
@@ -31,13 +32,7 @@ def place_running(
     held = epoch.snapshot.columns.held[rows]
     worker_rows = np.repeat(rows, held)
     worker_devs = epoch.snapshot.workers
-    flat = worker_devs.tolist()
-    cur_devs: list[tuple[int, ...]]
-    if np.all(held == 1):
-        cur_devs = list(zip(flat))  # one-tuples, built in C
-    else:
-        ends = np.cumsum(held).tolist()
-        cur_devs = [tuple(flat[e - h : e]) for e, h in zip(ends, held.tolist(), strict=True)]
+    cur_devs = device_tuples(worker_devs, held)
     cfg = choice.copy()
     cfg[rows] = np.where(t.valid[rows, choice[rows]], choice[rows], t.current[rows])
     demand = t.per_gpu[worker_rows, cfg[worker_rows]]

@@ -11,7 +11,7 @@ user restrictions and floors) is an (N, K) array.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -20,7 +20,7 @@ from elastico_extender.core.model import Job, Mode, Snapshot
 from elastico_extender.core.resources import CPU, GPU_MEM, GPU_SM, HOST_MEM, NUM_RESOURCES
 from elastico_extender.core.settings import PlannerSettings
 
-__all__ = ["JobTables", "build_tables"]
+__all__ = ["FamilyStack", "JobTables", "build_tables", "stack_families"]
 
 
 class PerJob:
@@ -73,25 +73,48 @@ class JobTables:
         return self.feature_table[self.family_index[rows], configs]
 
 
-def build_tables(snapshot: Snapshot, settings: PlannerSettings) -> JobTables:
-    jobs = snapshot.jobs
+class FamilyStack(NamedTuple):
+    """The snapshot's families stacked and padded to (F, K_max, ...); family row ``f``
+    is ``snapshot.columns.family_names[f]``, so ``columns.family_code`` indexes it."""
+
+    names: list[str]
+    resources: np.ndarray  # (F, K, R) per-GPU demand; 0 in padding
+    throughput: np.ndarray  # (F, K); 1.0 in padding
+    real: np.ndarray  # (F, K) bool
+    features: np.ndarray  # (F, K, NUM_JOB_FEATURES) float32
+    estimated: np.ndarray  # (F, K) bool
+    fastest: np.ndarray  # (F,)
+
+
+def stack_families(snapshot: Snapshot) -> FamilyStack:
     names = list(snapshot.columns.family_names)
     families = [snapshot.families[n] for n in names]
     k_max = max((f.size for f in families), default=1)
     f_count = len(families)
-    res_table = np.zeros((f_count, k_max, NUM_RESOURCES))
-    tput_table = np.ones((f_count, k_max))
-    real = np.zeros((f_count, k_max), dtype=bool)
-    feat_table = np.zeros((f_count, k_max, NUM_JOB_FEATURES), dtype=np.float32)
-    est_table = np.zeros((f_count, k_max), dtype=bool)
-    fastest = np.zeros(f_count, dtype=np.intp)
+    stack = FamilyStack(
+        names,
+        np.zeros((f_count, k_max, NUM_RESOURCES)),
+        np.ones((f_count, k_max)),
+        np.zeros((f_count, k_max), dtype=bool),
+        np.zeros((f_count, k_max, NUM_JOB_FEATURES), dtype=np.float32),
+        np.zeros((f_count, k_max), dtype=bool),
+        np.zeros(f_count, dtype=np.intp),
+    )
     for i, fam in enumerate(families):
-        res_table[i, : fam.size] = fam.resources
-        tput_table[i, : fam.size] = fam.throughput
-        real[i, : fam.size] = True
-        feat_table[i, : fam.size, : fam.features.shape[1]] = fam.features[:, :NUM_JOB_FEATURES]
-        est_table[i, : fam.size] = fam.estimated
-        fastest[i] = fam.fastest_index
+        stack.resources[i, : fam.size] = fam.resources
+        stack.throughput[i, : fam.size] = fam.throughput
+        stack.real[i, : fam.size] = True
+        stack.features[i, : fam.size, : fam.features.shape[1]] = fam.features[:, :NUM_JOB_FEATURES]
+        stack.estimated[i, : fam.size] = fam.estimated
+        stack.fastest[i] = fam.fastest_index
+    return stack
+
+
+def build_tables(snapshot: Snapshot, settings: PlannerSettings) -> JobTables:
+    jobs = snapshot.jobs
+    names, res_table, tput_table, real, feat_table, est_table, fastest = stack_families(snapshot)
+    f_count = len(names)
+    k_max = real.shape[1]
 
     n = len(jobs)
     fam_idx = snapshot.columns.family_code
