@@ -38,18 +38,24 @@ def test_blocks_are_swapped_between_the_two_rows_of_a_pair(data):
 
 def test_labels_and_throughput_follow_the_victim(data):
     row = next(r for r in _measured_rows() if r["job_a"] != r["job_b"] and r["gpu"] == "v100")
-    i = int(np.flatnonzero((data.victim == row["job_a"]) & (data.partner == row["job_b"])
-                           & (data.gpu == "v100"))[0])
+    i = int(
+        np.flatnonzero(
+            (data.victim == row["job_a"]) & (data.partner == row["job_b"]) & (data.gpu == "v100")
+        )[0]
+    )
     assert data.y[i] == pytest.approx(float(row["slowdown_a"]))
     assert data.y[i + 1] == pytest.approx(float(row["slowdown_b"]))
     names = list(FEATURE_NAMES)
     assert data.x[i, names.index("self_log10_throughput")] == pytest.approx(
-        np.log10(float(row["solo_tput_a"])), rel=1e-5)
+        np.log10(float(row["solo_tput_a"])), rel=1e-5
+    )
     assert data.x[i, names.index("partner_log10_throughput")] == pytest.approx(
-        np.log10(float(row["solo_tput_b"])), rel=1e-5)
+        np.log10(float(row["solo_tput_b"])), rel=1e-5
+    )
     if row["batch_size_a"]:
         assert data.x[i, names.index("self_micro_batch_log2")] == pytest.approx(
-            np.log2(float(row["batch_size_a"])))
+            np.log2(float(row["batch_size_a"]))
+        )
 
 
 def test_gavel_rows_are_training_pairs_with_slowdowns_at_least_one(data):

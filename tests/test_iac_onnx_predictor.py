@@ -79,11 +79,21 @@ def test_wrong_shape_raises_predictor_error(predictor):
 
 def test_unseen_colocation_type_is_never_below_the_heuristic(predictor):
     hw = np.array([[0.6, 0.6, 0.7, 10.0, 0.3]])
-    train = job_features(hardware=hw, is_inference=False, param_count=25e6,
-                         throughput=np.array([100.0]), batch_size=np.array([64]))
-    infer = job_features(hardware=hw, is_inference=True, param_count=7e9,
-                         throughput=np.array([900.0]), input_len=np.array([512]),
-                         output_len=np.array([128]))
+    train = job_features(
+        hardware=hw,
+        is_inference=False,
+        param_count=25e6,
+        throughput=np.array([100.0]),
+        batch_size=np.array([64]),
+    )
+    infer = job_features(
+        hardware=hw,
+        is_inference=True,
+        param_count=7e9,
+        throughput=np.array([900.0]),
+        input_len=np.array([512]),
+        output_len=np.array([128]),
+    )
     rows = pair_features(np.vstack([train, infer]), np.vstack([infer, train]), 40.0)
     assert set(rows[:, 32]) == {1.0}
     out = predictor.predict(rows)

@@ -83,36 +83,56 @@ def test_training_assignment_maps_through_handoff() -> None:
 
 
 def test_environment_fills_what_annotations_do_not_say() -> None:
-    env = {"ELASTICO_WORKLOAD_KIND": "inference", "ELASTICO_MEMORY_BUDGET_MIB": "20480",
-           "ELASTICO_DEVICE_MEMORY_MIB": "81920", "ELASTICO_MPS": "true",
-           "ELASTICO_GPU_INDICES": "1"}
+    env = {
+        "ELASTICO_WORKLOAD_KIND": "inference",
+        "ELASTICO_MEMORY_BUDGET_MIB": "20480",
+        "ELASTICO_DEVICE_MEMORY_MIB": "81920",
+        "ELASTICO_MPS": "true",
+        "ELASTICO_GPU_INDICES": "1",
+    }
     annotations = {"elastico.io/assigned-knobs": '{"max_num_seqs": 64, "prefix_caching": true}'}
     settings = read_assignment(annotations, env).settings()
-    assert settings.vllm_args == ("--gpu-memory-utilization=0.2500", "--max-num-seqs=64",
-                                  "--enable-prefix-caching")
+    assert settings.vllm_args == (
+        "--gpu-memory-utilization=0.2500",
+        "--max-num-seqs=64",
+        "--enable-prefix-caching",
+    )
     assert settings.env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=20480M"
     assert settings.env["NVIDIA_VISIBLE_DEVICES"] == "1"  # host GPU 1 ...
     assert settings.env["CUDA_VISIBLE_DEVICES"] == "0"  # ... is device 0 inside the container
 
 
 def test_every_problem_is_reported_at_once() -> None:
-    bad = {"elastico.io/workload-kind": "serving", "elastico.io/assigned-knobs": "[1]",
-           "elastico.io/memory-budget-mib": "50000", "elastico.io/device-memory-mib": "40960",
-           "elastico.io/sm-share": "2", "elastico.io/assigned-devices": "a",
-           "elastico.io/profiling": "maybe"}
+    bad = {
+        "elastico.io/workload-kind": "serving",
+        "elastico.io/assigned-knobs": "[1]",
+        "elastico.io/memory-budget-mib": "50000",
+        "elastico.io/device-memory-mib": "40960",
+        "elastico.io/sm-share": "2",
+        "elastico.io/assigned-devices": "a",
+        "elastico.io/profiling": "maybe",
+    }
     with pytest.raises(AnnotationError) as err:
         read_assignment(bad, {})
     where = {key for key, _ in err.value.problems}
-    assert where == {"elastico.io/workload-kind", "elastico.io/assigned-knobs",
-                     "elastico.io/memory-budget-mib", "elastico.io/sm-share",
-                     "elastico.io/assigned-devices", "elastico.io/profiling"}
+    assert where == {
+        "elastico.io/workload-kind",
+        "elastico.io/assigned-knobs",
+        "elastico.io/memory-budget-mib",
+        "elastico.io/sm-share",
+        "elastico.io/assigned-devices",
+        "elastico.io/profiling",
+    }
 
 
 def test_missing_fields_name_both_sources() -> None:
     with pytest.raises(AnnotationError) as err:
         read_assignment({}, {})
     assert {k for k, _ in err.value.problems} == {
-        "ELASTICO_WORKLOAD_KIND", "ELASTICO_MEMORY_BUDGET_MIB", "ELASTICO_DEVICE_MEMORY_MIB"}
+        "ELASTICO_WORKLOAD_KIND",
+        "ELASTICO_MEMORY_BUDGET_MIB",
+        "ELASTICO_DEVICE_MEMORY_MIB",
+    }
 
 
 def test_preload_is_appended_after_existing_hooks_once() -> None:
@@ -139,8 +159,13 @@ def test_invalid_configuration_exits_2_naming_the_annotation(tmp_path: Path, cap
 
 def test_vllm_command_gets_engine_flags(tmp_path: Path) -> None:
     settings = read_assignment(
-        {**TRAINING, "elastico.io/workload-kind": "inference",
-         "elastico.io/assigned-knobs": '{"max_num_seqs": 8}'}, {}).settings()
+        {
+            **TRAINING,
+            "elastico.io/workload-kind": "inference",
+            "elastico.io/assigned-knobs": '{"max_num_seqs": 8}',
+        },
+        {},
+    ).settings()
     argv, env = build_launch(["vllm", "serve", "m"], settings, {})
     assert argv == ["vllm", "serve", "m", "--gpu-memory-utilization=0.2500", "--max-num-seqs=8"]
     argv, _ = build_launch(["python", "train.py"], settings, {})
@@ -161,13 +186,27 @@ def test_pytorch_memory_fraction_is_applied_after_cuda_init(tmp_path: Path) -> N
     other = tmp_path / "other"
     other.mkdir()
     (other / "sitecustomize.py").write_text("import builtins\nbuiltins.OTHER_SITE = True\n")
-    settings = load_settings(tmp_path / "none", {
-        "ELASTICO_WORKLOAD_KIND": "training", "ELASTICO_MEMORY_BUDGET_MIB": "1024",
-        "ELASTICO_DEVICE_MEMORY_MIB": "4096"})
+    settings = load_settings(
+        tmp_path / "none",
+        {
+            "ELASTICO_WORKLOAD_KIND": "training",
+            "ELASTICO_MEMORY_BUDGET_MIB": "1024",
+            "ELASTICO_DEVICE_MEMORY_MIB": "4096",
+        },
+    )
     environ = {**os.environ, "PYTHONPATH": f"{tmp_path / 'fake'}{os.pathsep}{other}"}
-    argv, env = build_launch([sys.executable, "-c", (
-        "import builtins, torch.cuda as c; before = list(c.calls); c._lazy_init(); "
-        "c._lazy_init(); print(before, c.calls, builtins.OTHER_SITE)")], settings, environ)
+    argv, env = build_launch(
+        [
+            sys.executable,
+            "-c",
+            (
+                "import builtins, torch.cuda as c; before = list(c.calls); c._lazy_init(); "
+                "c._lazy_init(); print(before, c.calls, builtins.OTHER_SITE)"
+            ),
+        ],
+        settings,
+        environ,
+    )
     out = subprocess.run(argv, env=env, capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[] ['init', 'init', (0.25, 0), 'init', (0.25, 1), 'init'] True"
 
@@ -224,10 +263,26 @@ def launcher(tmp_path: Path, annotations: Path, mode: str, grace: str = "5") -> 
     env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
     env["PYTHONPATH"] = str(ROOT)
     return subprocess.Popen(
-        [sys.executable, "-m", "elastico_extender.launcher.run", "--annotations",
-         str(annotations), "--poll-interval", "0.05", "--grace-period", grace, "--",
-         sys.executable, str(script), str(tmp_path / "log"), mode],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-m",
+            "elastico_extender.launcher.run",
+            "--annotations",
+            str(annotations),
+            "--poll-interval",
+            "0.05",
+            "--grace-period",
+            grace,
+            "--",
+            sys.executable,
+            str(script),
+            str(tmp_path / "log"),
+            mode,
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
 
 
@@ -273,13 +328,30 @@ def test_profiling_run_preloads_the_shim_over_the_real_workload(tmp_path: Path) 
     write_annotations(annotations, {**TRAINING, "elastico.io/profiling": "true"})
     rings = tmp_path / "rings"
     rings.mkdir()
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "ELASTICO_SHIM_PATH": str(built.shim),
-           "ELASTICO_SHIM_DIR": str(rings), "LD_PRELOAD": str(built.other_hook),
-           "OTHER_HOOK_OUT": str(tmp_path / "other.txt")}
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "ELASTICO_SHIM_PATH": str(built.shim),
+        "ELASTICO_SHIM_DIR": str(rings),
+        "LD_PRELOAD": str(built.other_hook),
+        "OTHER_HOOK_OUT": str(tmp_path / "other.txt"),
+    }
     done = subprocess.run(
-        [sys.executable, "-m", "elastico_extender.launcher.run", "--annotations",
-         str(annotations), "--", str(built.workload), "2", "30"],
-        env=env, capture_output=True, text=True, timeout=60,
+        [
+            sys.executable,
+            "-m",
+            "elastico_extender.launcher.run",
+            "--annotations",
+            str(annotations),
+            "--",
+            str(built.workload),
+            "2",
+            "30",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert done.returncode == 0, done.stderr
     (ring_path,) = find_rings(rings).values()

@@ -65,8 +65,9 @@ def test_nvml_source_reads_utilisation_and_memory() -> None:
 
 
 def test_detection_prefers_dcgm_and_degrades_to_none(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert isinstance(detect_source({"ELASTICO_DCGM_URL": "http://x:9400/metrics"}),
-                      DcgmExporterSource)
+    assert isinstance(
+        detect_source({"ELASTICO_DCGM_URL": "http://x:9400/metrics"}), DcgmExporterSource
+    )
 
     def no_nvml(index: int = 0, nvml: object = None) -> NvmlSource:
         raise ImportError("No module named 'pynvml'")
@@ -84,9 +85,15 @@ def test_progress_sources(tmp_path) -> None:
     path.write_text("")
     with pytest.raises(OSError):
         FileProgress(path).read()
-    text = ('vllm:num_requests_success_total{finished_reason="stop"} 10\n'
-            'vllm:num_requests_success_total{finished_reason="length"} 5\n'
-            'vllm:generation_tokens_total{model_name="m"} 4096\n')
-    progress = PrometheusProgress("http://x/metrics", "vllm:num_requests_success_total",
-                                  "vllm:generation_tokens_total", fetch=lambda u, t: text)
+    text = (
+        'vllm:num_requests_success_total{finished_reason="stop"} 10\n'
+        'vllm:num_requests_success_total{finished_reason="length"} 5\n'
+        'vllm:generation_tokens_total{model_name="m"} 4096\n'
+    )
+    progress = PrometheusProgress(
+        "http://x/metrics",
+        "vllm:num_requests_success_total",
+        "vllm:generation_tokens_total",
+        fetch=lambda u, t: text,
+    )
     assert progress.read() == (15.0, 4096.0)

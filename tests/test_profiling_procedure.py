@@ -83,8 +83,13 @@ class FakeHardware:
 
     def sample(self) -> HardwareSample | None:
         spike = 1.0 if int(self.clock[0]) % 20 == 7 else 0.0
-        return HardwareSample(sm_active=min(1.0, 0.6 + spike), sm_occupancy=0.3,
-                              dram_active=0.4, fb_used_mib=10240.0, tensor_active=0.2)
+        return HardwareSample(
+            sm_active=min(1.0, 0.6 + spike),
+            sm_occupancy=0.3,
+            dram_active=0.4,
+            fb_used_mib=10240.0,
+            tensor_active=0.2,
+        )
 
     def signature(self) -> str | None:
         return "NVIDIA A100-SXM4-40GB"
@@ -94,8 +99,9 @@ def session(clock: list[float], plan: ProfilingPlan, hardware=None) -> Profiling
     def sleep(seconds: float) -> None:
         clock[0] += seconds
 
-    return ProfilingSession(FakeJob(clock), hardware or FakeHardware(clock), plan,
-                            clock=lambda: clock[0], sleep=sleep)
+    return ProfilingSession(
+        FakeJob(clock), hardware or FakeHardware(clock), plan, clock=lambda: clock[0], sleep=sleep
+    )
 
 
 def test_session_warms_up_then_measures_a_full_window() -> None:
@@ -103,8 +109,9 @@ def test_session_warms_up_then_measures_a_full_window() -> None:
     plan = ProfilingPlan(warmup_iterations=10_000, warmup_seconds=12.0, window_seconds=60.0)
     samples = session(clock, plan).collect()
     assert samples[0].time == 0.0 and samples[-1].time == pytest.approx(72.0)
-    profile = construct_profile(samples, kind=JobKind.TRAINING, configuration=CONFIG,
-                                param_count=1.3e9, plan=plan)
+    profile = construct_profile(
+        samples, kind=JobKind.TRAINING, configuration=CONFIG, param_count=1.3e9, plan=plan
+    )
     assert profile.window == (12.0, 72.0)
     assert profile.throughput == pytest.approx(100.0)  # stalls and catch-ups trimmed
     assert profile.iteration_seconds == pytest.approx(0.02)
@@ -118,8 +125,9 @@ def test_warmup_ends_at_the_iteration_budget_when_that_comes_first() -> None:
     clock = [0.0]
     plan = ProfilingPlan(warmup_iterations=50, warmup_seconds=30.0, window_seconds=20.0)
     samples = session(clock, plan).collect()
-    profile = construct_profile(samples, kind=JobKind.TRAINING, configuration=CONFIG,
-                                param_count=1.3e9, plan=plan)
+    profile = construct_profile(
+        samples, kind=JobKind.TRAINING, configuration=CONFIG, param_count=1.3e9, plan=plan
+    )
     assert profile.window[0] == 10.0  # 10 items/s, 2 items per iteration: 50 iterations at 10 s
 
 
@@ -127,12 +135,22 @@ def test_profile_goes_to_the_store_with_signature_and_features() -> None:
     clock = [0.0]
     plan = ProfilingPlan(warmup_seconds=12.0, window_seconds=30.0)
     hardware = FakeHardware(clock)
-    profile = construct_profile(session(clock, plan, hardware).collect(),
-                                kind=JobKind.TRAINING, configuration=CONFIG,
-                                param_count=1.3e9, plan=plan)
+    profile = construct_profile(
+        session(clock, plan, hardware).collect(),
+        kind=JobKind.TRAINING,
+        configuration=CONFIG,
+        param_count=1.3e9,
+        plan=plan,
+    )
     store = ProfileStore()
-    write_profile(store, workload="gpt2-xl", hardware_signature=hardware.signature() or "",
-                  configuration=CONFIG, profile=profile, measured_at=1234.0)
+    write_profile(
+        store,
+        workload="gpt2-xl",
+        hardware_signature=hardware.signature() or "",
+        configuration=CONFIG,
+        profile=profile,
+        measured_at=1234.0,
+    )
     (record,) = store.records("gpt2-xl", "NVIDIA A100-SXM4-40GB")
     assert record.configuration.as_dict() == CONFIG.as_dict() and record.measured_at == 1234.0
     assert record.throughput == pytest.approx(100.0)
@@ -150,9 +168,14 @@ def test_without_hardware_the_shim_supplies_memory_and_sm_is_a_whole_gpu() -> No
     plan = ProfilingPlan(warmup_seconds=12.0, window_seconds=20.0)
     samples = session(clock, plan, NullSource()).collect()
     shim = ShimSummary(peak_bytes=3 * 2**30)
-    profile = construct_profile(samples, kind=JobKind.INFERENCE,
-                                configuration=Configuration.from_dict({"max_num_seqs": 64}),
-                                param_count=7e9, plan=plan, shim=shim)
+    profile = construct_profile(
+        samples,
+        kind=JobKind.INFERENCE,
+        configuration=Configuration.from_dict({"max_num_seqs": 64}),
+        param_count=7e9,
+        plan=plan,
+        shim=shim,
+    )
     assert profile.resources[GPU_SM] == 1.0 and profile.estimated_sm
     assert profile.resources[GPU_MEM] == pytest.approx(3072.0)
     assert profile.hardware == dict.fromkeys(profile.hardware)
@@ -160,11 +183,14 @@ def test_without_hardware_the_shim_supplies_memory_and_sm_is_a_whole_gpu() -> No
 
 
 def test_cpu_and_host_memory_come_from_process_samples() -> None:
-    samples = [Sample(float(t), 10.0 * t, 20.0 * t, None, cpu_seconds=1.5 * t, rss_mib=2048.0)
-               for t in range(40)]
+    samples = [
+        Sample(float(t), 10.0 * t, 20.0 * t, None, cpu_seconds=1.5 * t, rss_mib=2048.0)
+        for t in range(40)
+    ]
     plan = ProfilingPlan(warmup_seconds=5.0, window_seconds=30.0)
-    profile = construct_profile(samples, kind=JobKind.TRAINING, configuration=CONFIG,
-                                param_count=1e8, plan=plan)
+    profile = construct_profile(
+        samples, kind=JobKind.TRAINING, configuration=CONFIG, param_count=1e8, plan=plan
+    )
     assert profile.resources[CPU] == pytest.approx(1.5)
     assert profile.resources[HOST_MEM] == pytest.approx(2048.0)
 
@@ -180,8 +206,9 @@ def test_cpu_and_host_memory_come_from_process_samples() -> None:
 def test_unusable_measurements_raise(samples: list[Sample], message: str) -> None:
     plan = ProfilingPlan(warmup_iterations=100, warmup_seconds=30.0, window_seconds=3.0)
     with pytest.raises(ProfilingError, match=message):
-        construct_profile(samples, kind=JobKind.TRAINING, configuration=CONFIG,
-                          param_count=1.0, plan=plan)
+        construct_profile(
+            samples, kind=JobKind.TRAINING, configuration=CONFIG, param_count=1.0, plan=plan
+        )
 
 
 def test_process_stats_reads_this_process() -> None:
@@ -192,9 +219,13 @@ def test_process_stats_reads_this_process() -> None:
 
 def test_features_are_finite_for_the_store() -> None:
     samples = [Sample(float(t), float(t), float(t)) for t in range(40)]
-    profile = construct_profile(samples, kind=JobKind.TRAINING, configuration=CONFIG,
-                                param_count=0.0, plan=ProfilingPlan(warmup_seconds=1.0,
-                                                                    window_seconds=10.0))
+    profile = construct_profile(
+        samples,
+        kind=JobKind.TRAINING,
+        configuration=CONFIG,
+        param_count=0.0,
+        plan=ProfilingPlan(warmup_seconds=1.0, window_seconds=10.0),
+    )
     assert np.isfinite(profile.features).all() and profile.features.shape == (14,)
 
 
@@ -208,9 +239,13 @@ def test_software_dimension_from_a_real_shim_run(tmp_path) -> None:
         summary = summarize(ring.peek(), ring.header())
     assert summary.peak_bytes >= 2**20
     samples = [Sample(float(t), float(t), 8.0 * t) for t in range(20)]
-    profile = construct_profile(samples, kind=JobKind.TRAINING, configuration=CONFIG,
-                                param_count=1e8, plan=ProfilingPlan(warmup_seconds=2.0,
-                                                                    window_seconds=10.0),
-                                shim=summary)
+    profile = construct_profile(
+        samples,
+        kind=JobKind.TRAINING,
+        configuration=CONFIG,
+        param_count=1e8,
+        plan=ProfilingPlan(warmup_seconds=2.0, window_seconds=10.0),
+        shim=summary,
+    )
     assert profile.resources[GPU_MEM] == pytest.approx(summary.peak_bytes / 2**20)
     assert profile.throughput == pytest.approx(8.0)

@@ -36,7 +36,7 @@ def assert_same_as_per_node(engine: Engine, pod: dict, names: list[str]) -> None
     assert outcome.passed == expected
     reasons = {**outcome.failed, **outcome.unresolvable}
     assert reasons == {n: f"elastico: {v.reason}" for n, v in alone.items() if n not in expected}
-    scores = dict(engine.prioritize(pod, names))
+    scores = dict(engine.prioritize(pod, names).pairs())
     assert list(scores) == names
     assert {n for n, s in scores.items() if s > 0} == set(expected)
     assert all(0 <= s <= 10 for s in scores.values())
@@ -124,3 +124,19 @@ def test_unchanged_bound_pods_keep_their_records_and_changed_ones_are_rebuilt():
     moved = {j.id: j for j in engine.build_snapshot()[0].jobs}
     assert moved["uid-run-1-0"].devices == (("n1", 3),)
     assert moved["uid-run-0-0"] is {j.id: j for j in again.jobs}["uid-run-0-0"]
+
+
+def test_a_list_of_names_seen_before_in_another_order_or_with_repeats_is_answered_afresh():
+    cluster = EmbeddedCluster.from_file()
+    engine = engine_on(cluster)
+    names = list(cluster.state.nodes())
+    pod = next(p for p in cluster.state.pods().values() if not p["spec"].get("nodeName"))
+    forward = engine.filter(pod, names)
+    backward = engine.filter(pod, names[::-1])
+    assert backward.passed == forward.passed[::-1]
+    assert engine.filter(pod, list(names)).passed == forward.passed  # an equal list: cached
+    scores = engine.prioritize(pod, [names[0], "ghost", names[0]]).pairs()
+    assert [n for n, _ in scores] == [names[0], "ghost"]  # repeats dropped, unknown kept
+    assert dict(scores)["ghost"] == 0
+    repeated = engine.prioritize(pod, [names[0], "ghost", names[0]]).pairs()
+    assert repeated == scores

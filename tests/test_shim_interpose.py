@@ -59,15 +59,17 @@ def expected_kernels(threads: int, iterations: int) -> Counter[KernelKey]:
         want[KernelKey("cuLaunchKernel", 0x9000, (0, 1, 1), (1, 1, 1), 0, s, True)] += 1
         for i in range(iterations):
             grid = (1 + i % 5, 2, 1)
-            want[KernelKey("cuLaunchKernel", 0x1000 + t, grid, (128, 1, 1), (i % 2) * 1024, s,
-                           False)] += 1
-            want[KernelKey("cudaLaunchKernel", 0x3000 + t, (4, 1, 1), (256, 1, 1), 0, s,
-                           False)] += 1
+            want[
+                KernelKey("cuLaunchKernel", 0x1000 + t, grid, (128, 1, 1), (i % 2) * 1024, s, False)
+            ] += 1
+            want[
+                KernelKey("cudaLaunchKernel", 0x3000 + t, (4, 1, 1), (256, 1, 1), 0, s, False)
+            ] += 1
             # launched through the pointer cuGetProcAddress_v2 returned
-            want[KernelKey("cuLaunchKernel", 0x5000 + t, (8, 8, 1), (32, 4, 1), 0, 0,
-                           False)] += 1
-            want[KernelKey("cuLaunchKernelEx", 0x6000 + t, (2, 2, 2), (64, 1, 1), 512, s,
-                           False)] += 1
+            want[KernelKey("cuLaunchKernel", 0x5000 + t, (8, 8, 1), (32, 4, 1), 0, 0, False)] += 1
+            want[
+                KernelKey("cuLaunchKernelEx", 0x6000 + t, (2, 2, 2), (64, 1, 1), 512, s, False)
+            ] += 1
     return want
 
 
@@ -80,9 +82,19 @@ def expected_memory(threads: int, iterations: int) -> tuple[int, int]:
 
 def expected_collectives(threads: int, iterations: int) -> tuple[Counter[str], int]:
     rounds = [i for i in range(iterations) if i % 10 == 0]
-    calls = Counter({name: threads * len(rounds) for name in (
-        "ncclAllReduce", "ncclAllGather", "ncclReduceScatter", "ncclBroadcast", "ncclSend",
-        "ncclRecv")})
+    calls = Counter(
+        {
+            name: threads * len(rounds)
+            for name in (
+                "ncclAllReduce",
+                "ncclAllGather",
+                "ncclReduceScatter",
+                "ncclBroadcast",
+                "ncclSend",
+                "ncclRecv",
+            )
+        }
+    )
     calls["ncclAllReduce"] += threads  # the failing call
     per_round = 500 * 2 + 250 * 2 + 100 + 64 * 8 * 2
     size = threads * (4 + sum((1000 + i) * 4 + per_round for i in rounds))
@@ -122,8 +134,11 @@ def test_decoded_records_match_what_the_program_did(built, tmp_path: Path) -> No
     assert got.collective_bytes == header["collective_bytes"] == volume
     allocs = records[(records["kind"] == Kind.ALLOC) & (records["flags"] & 1 == 0)]
     apis = Counter(API_NAMES[int(a)] for a in allocs["api"])
-    assert apis == {"cudaMalloc": count // 3, "cuMemAlloc_v2": count // 3,
-                    "cudaMallocAsync": count // 3}
+    assert apis == {
+        "cudaMalloc": count // 3,
+        "cuMemAlloc_v2": count // 3,
+        "cudaMallocAsync": count // 3,
+    }
     assert records[records["kind"] == Kind.TICK]["flags"][-1] & 4  # final tick at exit
 
 
@@ -166,8 +181,9 @@ def test_disabled_shim_passes_through_and_writes_nothing(built, tmp_path: Path) 
 
 
 def test_buffer_size_and_flush_interval_are_configurable(built, tmp_path: Path) -> None:
-    run_workload(built, tmp_path, "1", "10", ELASTICO_SHIM_BUFFER_BYTES="65536",
-                 ELASTICO_SHIM_FLUSH_MS="25")
+    run_workload(
+        built, tmp_path, "1", "10", ELASTICO_SHIM_BUFFER_BYTES="65536", ELASTICO_SHIM_FLUSH_MS="25"
+    )
     path = only_ring(tmp_path)
     assert path.stat().st_size == 65536
     with RingReader(path) as ring:
@@ -178,8 +194,13 @@ def test_buffer_size_and_flush_interval_are_configurable(built, tmp_path: Path) 
 
 def test_full_buffer_drops_and_counts_without_blocking(built, tmp_path: Path) -> None:
     threads, iterations = 4, 3000
-    run_workload(built, tmp_path, str(threads), str(iterations),
-                 ELASTICO_SHIM_BUFFER_BYTES=str(512 + 64 * 256))
+    run_workload(
+        built,
+        tmp_path,
+        str(threads),
+        str(iterations),
+        ELASTICO_SHIM_BUFFER_BYTES=str(512 + 64 * 256),
+    )
     with RingReader(only_ring(tmp_path)) as ring:
         header = ring.header()
         records = ring.peek()
@@ -212,10 +233,20 @@ def test_stress_with_a_live_consumer_loses_nothing_beyond_counted_drops(
     built, tmp_path: Path
 ) -> None:
     threads, iterations = 4, 20000
-    env = {**os.environ, "LD_PRELOAD": str(built.shim), "ELASTICO_SHIM_DIR": str(tmp_path),
-           "ELASTICO_SHIM_BUFFER_BYTES": str(512 + 64 * 1024), "ELASTICO_SHIM_FLUSH_MS": "50"}
-    proc = subprocess.Popen([str(built.workload), str(threads), str(iterations)], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    env = {
+        **os.environ,
+        "LD_PRELOAD": str(built.shim),
+        "ELASTICO_SHIM_DIR": str(tmp_path),
+        "ELASTICO_SHIM_BUFFER_BYTES": str(512 + 64 * 1024),
+        "ELASTICO_SHIM_FLUSH_MS": "50",
+    }
+    proc = subprocess.Popen(
+        [str(built.workload), str(threads), str(iterations)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     chunks = []
     ring = None
     try:

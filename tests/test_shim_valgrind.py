@@ -25,13 +25,28 @@ def test_workload_under_valgrind_memcheck(tmp_path: Path) -> None:
     built = fakes.build_all(tmp_path / "build", opt="-O1")
     rings = tmp_path / "rings"
     rings.mkdir()
-    env = {**os.environ, "LD_PRELOAD": str(built.shim), "ELASTICO_SHIM_DIR": str(rings),
-           "ELASTICO_SHIM_FLUSH_MS": "20"}
+    env = {
+        **os.environ,
+        "LD_PRELOAD": str(built.shim),
+        "ELASTICO_SHIM_DIR": str(rings),
+        "ELASTICO_SHIM_FLUSH_MS": "20",
+    }
     done = subprocess.run(
-        ["valgrind", "--error-exitcode=99", "--leak-check=full",
-         "--errors-for-leak-kinds=definite", "--child-silent-after-fork=no",
-         str(built.workload), "3", "200", "fork"],
-        env=env, capture_output=True, text=True, timeout=240,
+        [
+            "valgrind",
+            "--error-exitcode=99",
+            "--leak-check=full",
+            "--errors-for-leak-kinds=definite",
+            "--child-silent-after-fork=no",
+            str(built.workload),
+            "3",
+            "200",
+            "fork",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
     )
     assert done.returncode == 0, done.stderr[-4000:]
     assert "ERROR SUMMARY: 0 errors" in done.stderr

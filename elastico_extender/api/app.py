@@ -22,6 +22,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from elastico_extender import __version__
 from elastico_extender.api.deps import ApiError, json_response
+from elastico_extender.api.fastpath import DirectRoutes
 from elastico_extender.api.routes import extender, ops, rest, webhook
 from elastico_extender.cluster.base import Cluster
 from elastico_extender.core.interference.predictor import SlowdownPredictor
@@ -117,6 +118,13 @@ def create_app(
         return json_response({"Error": str(exc.detail)}, exc.status_code)
 
     app.include_router(extender.router, prefix=EXTENDER_PREFIX)
+    app.add_middleware(
+        DirectRoutes,
+        routes={
+            f"{EXTENDER_PREFIX}/filter": extender.filter_nodes,
+            f"{EXTENDER_PREFIX}/prioritize": extender.prioritize_nodes,
+        },
+    )
     app.include_router(rest.router)
     app.include_router(webhook.router)
     app.include_router(ops.router)

@@ -141,9 +141,7 @@ class EmbeddedCluster:
         call with the lock held."""
         uid = str(pod["metadata"].get("uid"))
         if request.configmap is not None:
-            self.configmaps[(request.namespace, request.configmap)] = configmap_object(
-                request, uid
-            )
+            self.configmaps[(request.namespace, request.configmap)] = configmap_object(request, uid)
         updated: dict[str, Any] = copy.deepcopy(pod)
         meta = updated["metadata"]
         meta.setdefault("annotations", {}).update(request.annotations)

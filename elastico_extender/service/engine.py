@@ -30,7 +30,7 @@ from collections import OrderedDict, deque
 from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -58,7 +58,7 @@ from elastico_extender.errors import AnnotationError, ElasticoError
 from elastico_extender.service.families import EXCLUSIVE_FAMILY, FamilyResolver
 from elastico_extender.service.settings import ServiceSettings
 
-__all__ = ["Engine", "FilterOutcome", "PodJob"]
+__all__ = ["Engine", "FilterOutcome", "HostScores", "PodJob"]
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +92,19 @@ class FilterOutcome:
     passed: list[str]
     failed: dict[str, str]
     unresolvable: dict[str, str]
+
+
+class HostScores(NamedTuple):
+    """Prioritize's answer as arrays: ``score[k]`` (0..10) for ``names[k]``, which is
+    ``nodes[at[k]]`` of the published view (``at`` -1: a node the view does not know)."""
+
+    names: list[str]
+    at: np.ndarray
+    score: np.ndarray
+    nodes: tuple[Node, ...]
+
+    def pairs(self) -> list[tuple[str, int]]:
+        return list(zip(self.names, self.score.tolist(), strict=True))
 
 
 @dataclass
@@ -183,12 +196,19 @@ class Engine:
         self._epoch = 0
         self._version = 0  # bumps whenever the view changes (publish, assume, forget)
         self._answer_cache: OrderedDict[Hashable, tuple[int, Answers]] = OrderedDict()
+        # (view nodes, names asked, distinct names, their indices): see _distinct.
+        self._names_cache: deque[tuple[tuple[Node, ...], list[str], list[str], np.ndarray]] = deque(
+            maxlen=4
+        )
         self._published: Published | None = None
         self.history: deque[dict[str, Any]] = deque(maxlen=settings.price_history)
         self.last_epoch_error: str | None = None
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
+        # Called in the epoch thread after each published epoch (serve adds the
+        # garbage-collector policy of service.gc_policy).
+        self.after_epoch: list[Callable[[], None]] = []
 
     # -- lifecycle ------------------------------------------------------------------
     def start(self) -> None:
@@ -217,6 +237,8 @@ class Engine:
                 break
             try:
                 self.run_epoch()
+                for hook in self.after_epoch:
+                    hook()
             except Exception:  # the loop must survive anything; the error is reported
                 log.exception("epoch.failed")
 
@@ -628,18 +650,27 @@ class Engine:
             memory_budget_mib=a.memory_budget_mib,
         )
 
-    @staticmethod
-    def _distinct(view: PlacementView, names: Iterable[str]) -> tuple[list[str], np.ndarray]:
-        """``names`` without repeats (first kept), and their node indices in ``view``."""
+    def _distinct(self, view: PlacementView, names: Iterable[str]) -> tuple[list[str], np.ndarray]:
+        """``names`` without repeats (first kept), and their node indices in ``view``.
+
+        kube-scheduler sends the same node list pod after pod (and prioritize the
+        list filter passed), so the last few answers are kept per node set:
+        comparing two lists of names costs a fraction of looking each name up."""
         names = names if isinstance(names, list) else list(names)
+        nodes = view.nodes
+        for cached in self._names_cache:
+            if cached[0] is nodes and len(cached[1]) == len(names) and cached[1] == names:
+                return cached[2], cached[3]
+        asked = names
         at = view.indices(names)
         known = at[at >= 0]
-        if known.size == at.size and (
-            known.size == 0 or np.bincount(known, minlength=len(view.nodes)).max() == 1
+        if known.size != at.size or (
+            known.size and np.bincount(known, minlength=len(view.nodes)).max() > 1
         ):
-            return names, at  # the usual case: every name known, none twice
-        names = list(dict.fromkeys(names))
-        return names, view.indices(names)
+            names = list(dict.fromkeys(names))  # unknown or repeated names: the slow path
+            at = view.indices(names)
+        self._names_cache.appendleft((nodes, asked, names, at))
+        return names, at
 
     def filter(self, pod: Mapping[str, Any], names: Iterable[str]) -> FilterOutcome:
         """Which of ``names`` can take the pod now. Raises nothing for bad annotations:
@@ -684,17 +715,20 @@ class Engine:
             self.metrics.rejection(label, count)
         return FilterOutcome(passed, failed, unresolvable)
 
-    def prioritize(self, pod: Mapping[str, Any], names: Iterable[str]) -> list[tuple[str, int]]:
+    def prioritize(self, pod: Mapping[str, Any], names: Iterable[str]) -> HostScores:
         """Scores 0..10: the plan's node 10; otherwise cheaper configuration at current
         prices, less predicted slowdown and a tighter fit score higher; infeasible 0."""
         try:
             pj = self.pod_job(pod)
         except AnnotationError:
-            return [(n, 0) for n in dict.fromkeys(names)]
-        if pj is None:
-            return [(n, 0) for n in dict.fromkeys(names)]
+            pj = None  # filter reported it; every node scores 0
+        if pj is None and self._published is None:  # nothing to rank, no view needed
+            names = list(dict.fromkeys(names))
+            return HostScores(names, np.full(len(names), -1), np.zeros(len(names), np.intp), ())
         pub = self.published
         names, at = self._distinct(pub.view, names)
+        if pj is None:
+            return HostScores(names, at, np.zeros(at.size, dtype=np.intp), pub.view.nodes)
         with self._lock:
             answers = self._answers(pub, pj, at)
             ok = np.zeros(at.size, dtype=bool)
@@ -723,7 +757,7 @@ class Engine:
         scaled = np.where(keys == -math.inf, MAX_SCORE, np.where(finite, scaled, MAX_SCORE))
         result = np.zeros(at.size, dtype=np.intp)
         result[ok] = scaled
-        return list(zip(names, result.tolist(), strict=True))
+        return HostScores(names, at, result, pub.view.nodes)
 
     def _pod_for_bind(self, namespace: str, name: str, uid: str) -> dict[str, Any] | None:
         pod = self.cluster.state.pod(uid) if uid else None

@@ -26,6 +26,7 @@ from elastico_extender.api.deps import (
     read_model,
     require_auth,
 )
+from elastico_extender.api.encoding import host_priority_json
 from elastico_extender.api.extender_v1 import (
     ExtenderArgs,
     ExtenderBindingArgs,
@@ -135,7 +136,7 @@ async def prioritize_nodes(request: Request) -> Response:
         if not isinstance(args.pod.get("metadata"), dict):
             raise ApiError(400, "Pod.metadata must be an object")
         scores = engine_of(request).prioritize(args.pod, _names(args))
-        return json_response([{"Host": n, "Score": s} for n, s in scores])
+        return Response(host_priority_json(scores), media_type="application/json")
 
     def error(message: str) -> Any:
         raise ApiError(503, message)
