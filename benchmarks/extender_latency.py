@@ -44,8 +44,12 @@ from elastico_extender.cluster.embedded import EmbeddedCluster
 FAMILIES = ("bert", "resnet50", "ncf", "lstm", "dcgan", "ppo")
 
 
+def node_name(i: int) -> str:
+    return f"gpu-node-{i:05d}"
+
+
 def node(i: int) -> dict:
-    name = f"gpu-node-{i:05d}"
+    name = node_name(i)
     alloc = {"cpu": "64", "ephemeral-storage": "900Gi", "memory": "512Gi",
              "nvidia.com/gpu": "4", "pods": "110"}  # fmt: skip
     return {
@@ -168,15 +172,20 @@ def pair(client: Client, body: bytes, node_cache: bool) -> None:
 
 
 def measure(
-    url: str, nodes: list[dict], node_cache: bool, reps: int, kind: str
+    url: str, nodes: list[dict], node_cache: bool, reps: int, kind: str, fresh: bool = False
 ) -> tuple[list[float], list[float]]:
-    """Round-trip and server-side milliseconds of ``reps`` filter + prioritize pairs."""
+    """Round-trip and server-side milliseconds of ``reps`` filter + prioritize pairs.
+
+    ``fresh``: every pod has a shape of its own (a distinct weight annotation), so no
+    pod reuses the answer the engine computed for an earlier one."""
     names = [n["metadata"]["name"] for n in nodes]
     node_list = {"metadata": {}, "items": nodes}
     bodies = []
     for k in range(reps if node_cache else min(reps, 4)):
         p = pod(f"new-{k}-{node_cache}-{time.monotonic_ns()}", FAMILIES[k % len(FAMILIES)])
         p["metadata"].pop("resourceVersion")
+        if fresh:
+            p["metadata"]["annotations"]["elastico.io/weight"] = f"{1.0 + (k + 1) / 1e5:.6f}"
         if node_cache:
             bodies.append(json.dumps({"Pod": p, "Nodes": None, "NodeNames": names}).encode())
         else:
@@ -203,7 +212,7 @@ def _pods_between(
     done = 0
     while time.time() < stop:
         p = pod(f"tp-{worker}-{done}", FAMILIES[done % len(FAMILIES)])
-        pair(client, json.dumps({"Pod": p, "Nodes": None, "NodeNames": names}).encode(), True)
+        pair(client, orjson.dumps({"Pod": p, "Nodes": None, "NodeNames": names}), True)
         done += 1
     client.close()
     return done
@@ -223,6 +232,56 @@ def throughput(
         )
     # A pair in flight at ``stop`` still finishes: count the time it took.
     return sum(counts) / (time.time() - begin), sum(counts)
+
+
+def null_server(port: int, n: int) -> None:
+    """The transport floor: uvicorn (same settings as ``elastico serve``) answering
+    filter and prioritize with canned replies as large as the extender's (every one
+    of ``n`` nodes passes), without reading the request."""
+    import uvicorn
+
+    names = [node_name(i) for i in range(n)]
+    replies = {
+        "/scheduler/filter": orjson.dumps(
+            {"NodeNames": names, "FailedNodes": {}, "FailedAndUnresolvableNodes": {}, "Error": ""}
+        ),
+        "/scheduler/prioritize": orjson.dumps([{"Host": h, "Score": 5} for h in names]),
+    }
+
+    async def app(scope: dict, receive, send) -> None:  # type: ignore[no-untyped-def]
+        if scope["type"] != "http":
+            return
+        more = True
+        while more:
+            more = (await receive()).get("more_body", False)
+        headers = [(b"content-type", b"application/json"), (b"server-timing", b"extender;dur=0")]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": replies.get(scope["path"], b"{}")})
+
+    uvicorn.run(app, host="127.0.0.1", port=port, log_config=None, access_log=False)
+
+
+class NullServer:
+    """:func:`null_server` in its own process."""
+
+    def __init__(self, port: int, n: int) -> None:
+        self.url = f"http://127.0.0.1:{port}"
+        self.args = [sys.executable, __file__, "--null-server", str(port), "--sizes", str(n)]
+
+    def __enter__(self) -> NullServer:
+        self.proc = subprocess.Popen(self.args)
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            try:
+                httpx.post(self.url + "/scheduler/filter", content=b"{}", timeout=5)
+                return self
+            except httpx.HTTPError:
+                time.sleep(0.2)
+        raise RuntimeError("null server did not start")
+
+    def __exit__(self, *exc: object) -> None:
+        self.proc.terminate()
+        self.proc.wait(timeout=30)
 
 
 class ServerProcess:
@@ -279,6 +338,19 @@ class ServerProcess:
         os.unlink(self.file.name)
 
 
+def timed_row(
+    label: tuple[int, str], url: str, nodes: list[dict], reps: int, opts: argparse.Namespace,
+    server: ServerProcess | None = None, node_cache: bool = True, fresh: bool = False,
+) -> tuple:  # fmt: skip
+    """One table row: percentiles of ``reps`` pairs and the epochs that ran meanwhile."""
+    measure(url, nodes, node_cache, 3, opts.client, fresh)  # warm-up
+    first = server.epoch() if server else 0
+    times, own = measure(url, nodes, node_cache, reps, opts.client, fresh)
+    epochs = server.epoch() - first if server else 0
+    return (*label, reps, statistics.median(times), percentile(times, 0.99), max(times),
+            statistics.median(own), percentile(own, 0.99), epochs)  # fmt: skip
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
@@ -294,45 +366,55 @@ def main() -> None:
         help="the server's epoch interval (5 s is the service default: epochs run while "
         "pods are timed; earlier runs used 3600, no epoch during the measurement)",
     )
+    ap.add_argument("--null-server", type=int, metavar="PORT", help=argparse.SUPPRESS)
     opts = ap.parse_args()
     sizes = [int(s) for s in opts.sizes.split(",")]
+    if opts.null_server:
+        null_server(opts.null_server, sizes[0])
+        return
     rows = []
+    epochs_ms = []
     tp = None
     load = os.getloadavg()
     for n in sizes:
         nodes = [node(i) for i in range(n)]
         objects = nodes + running_pods(nodes)
+        reps = max(5, opts.reps // 10) if opts.quick else opts.reps
+        off_reps = max(3 if opts.quick else 10, 20000 // n // (10 if opts.quick else 1))
         with ServerProcess(objects, 18800 + n % 1000, opts.epoch_seconds) as server:
-            epoch_ms = server.epoch_ms()
-            for node_cache in (True, False):
-                reps = opts.reps if node_cache else max(10, 20000 // n)
-                if opts.quick:
-                    reps = max(5, reps // 10)
-                measure(server.url, nodes, node_cache, 3, opts.client)  # warm-up
-                first = server.epoch()
-                times, own = measure(server.url, nodes, node_cache, reps, opts.client)
-                rows.append((n, "on" if node_cache else "off", reps, statistics.median(times),
-                             percentile(times, 0.99), max(times), statistics.median(own),
-                             percentile(own, 0.99), epoch_ms,
-                             server.epoch() - first))  # fmt: skip
+            cold = server.epoch_ms()
+            rows.append(timed_row((n, "on"), server.url, nodes, reps, opts, server))
+            rows.append(timed_row((n, "on, fresh"), server.url, nodes, reps, opts, server,
+                                  fresh=True))  # fmt: skip
+            rows.append(timed_row((n, "off"), server.url, nodes, off_reps, opts, server,
+                                  node_cache=False))  # fmt: skip
+            epochs_ms.append((n, cold, server.epoch_ms()))
             if n == max(sizes):
                 seconds = opts.seconds / (5 if opts.quick else 1)
                 tp = (n, *throughput(server.url, nodes, seconds, opts.clients, opts.client))
+        with NullServer(18799, n) as null:
+            rows.append(timed_row((n, "on, floor"), null.url, nodes, reps, opts))
     print(
         f"filter + prioritize for one pod, over HTTP (ms); client {opts.client}, "
         f"epoch every {opts.epoch_seconds:g} s; load average "
         f"{load[0]:.2f} before, {os.getloadavg()[0]:.2f} after"
     )
-    print("(srv: the extender's own time for the pair, from its Server-Timing headers)")
     print(
-        f"{'nodes':>6} {'nodeCache':>9} {'reps':>5} {'p50':>8} {'p99':>8} {'max':>8} "
-        f"{'srv_p50':>8} {'srv_p99':>8} {'epoch_ms':>9} {'epochs':>6}"
+        "(srv: the extender's own time for the pair, from its Server-Timing headers; "
+        "fresh: every pod a shape of its own; floor: the same client against uvicorn "
+        "sending canned replies of the same size)"
     )
-    for n, mode, reps, p50, p99, top, s50, s99, epoch_ms, epochs in rows:
+    print(
+        f"{'nodes':>6} {'nodeCache':>10} {'reps':>5} {'p50':>8} {'p99':>8} {'max':>8} "
+        f"{'srv_p50':>8} {'srv_p99':>8} {'epochs':>6}"
+    )
+    for n, mode, reps, p50, p99, top, s50, s99, epochs in rows:
         print(
-            f"{n:>6} {mode:>9} {reps:>5} {p50:>8.2f} {p99:>8.2f} {top:>8.2f} "
-            f"{s50:>8.2f} {s99:>8.2f} {epoch_ms:>9.1f} {epochs:>6}"
+            f"{n:>6} {mode:>10} {reps:>5} {p50:>8.2f} {p99:>8.2f} {top:>8.2f} "
+            f"{s50:>8.2f} {s99:>8.2f} {epochs:>6}"
         )
+    for n, cold, warm in epochs_ms:
+        print(f"epoch at {n} nodes: first {cold:.0f} ms, latest {warm:.0f} ms")
     if tp is not None:
         n, rate, count = tp
         print(

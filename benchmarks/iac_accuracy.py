@@ -80,8 +80,9 @@ def r2(pred: np.ndarray, true: np.ndarray) -> float:
     return 1.0 - float(np.sum((pred - true) ** 2)) / total if total > 0 else float("nan")
 
 
-def out_of_fold(data: PairDataset, splits: Sequence[Split], model: Model,
-                x: np.ndarray) -> np.ndarray:
+def out_of_fold(
+    data: PairDataset, splits: Sequence[Split], model: Model, x: np.ndarray
+) -> np.ndarray:
     pred = np.full(len(data), np.nan)
     for _, train, test in splits:
         pred[test] = model(x[train], data.y[train], x[test])
@@ -116,8 +117,10 @@ def print_table(title: str, data: PairDataset, preds: dict[str, np.ndarray]) -> 
 
 def noise_floor(current: PairDataset, older: PairDataset) -> None:
     """How well the 2019 campaign 'predicts' the current one, on the rows both measured."""
-    index = {(g, v, p): y for g, v, p, y in
-             zip(older.gpu, older.victim, older.partner, older.y, strict=True)}
+    index = {
+        (g, v, p): y
+        for g, v, p, y in zip(older.gpu, older.victim, older.partner, older.y, strict=True)
+    }
     keep, matched = [], []
     for i, key in enumerate(zip(current.gpu, current.victim, current.partner, strict=True)):
         if key in index:
@@ -125,15 +128,19 @@ def noise_floor(current: PairDataset, older: PairDataset) -> None:
             matched.append(index[key])
     sub = current.subset(np.array(keep, dtype=np.int64))
     other = np.array(matched)
-    print("\nNoise floor: Gavel 2019 campaign vs current table, same pairs "
-          "(2019 value used as the 'prediction')")
+    print(
+        "\nNoise floor: Gavel 2019 campaign vs current table, same pairs "
+        "(2019 value used as the 'prediction')"
+    )
     print(f"{'pairs':<14}{'rows':>6}{'MAPE%':>9}{'R2':>7}{'log-r':>8}")
     for name, mask in groups(sub):
         if not mask.any():
             continue
         r = float(np.corrcoef(np.log(other[mask]), np.log(sub.y[mask]))[0, 1])
-        print(f"{name:<14}{int(mask.sum()):>6}{mape(other[mask], sub.y[mask]):>9.1f}"
-              f"{r2(other[mask], sub.y[mask]):>7.2f}{r:>8.2f}")
+        print(
+            f"{name:<14}{int(mask.sum()):>6}{mape(other[mask], sub.y[mask]):>9.1f}"
+            f"{r2(other[mask], sub.y[mask]):>7.2f}{r:>8.2f}"
+        )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -146,8 +153,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     current = load_pairs(shipped_csv("gavel_colocation_pairs.csv"))
     older = load_pairs(shipped_csv("gavel_colocation_pairs_2019.csv"))
-    print(f"data: {len(current)} rows = {len(set(current.pair_id))} job pairs x GPU types x 2 "
-          f"(both jobs), Gavel simulation_throughputs.json (MIT), training+training only")
+    print(
+        f"data: {len(current)} rows = {len(set(current.pair_id))} job pairs x GPU types x 2 "
+        f"(both jobs), Gavel simulation_throughputs.json (MIT), training+training only"
+    )
 
     models: dict[str, Model] = {}
     if not args.no_dnn:
@@ -164,8 +173,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     models["linear"] = linear
 
     for title, splits in (
-        ("Grouped 5-fold CV (no test pair seen in training, on any GPU)",
-         list(grouped_kfold(current))),
+        (
+            "Grouped 5-fold CV (no test pair seen in training, on any GPU)",
+            list(grouped_kfold(current)),
+        ),
         ("Leave-one-workload-out (7 model families)", list(leave_one_workload_out(current))),
     ):
         preds = {name: out_of_fold(current, splits, m, current.x) for name, m in models.items()}
@@ -174,10 +185,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     neutral = current.x.copy()
     neutral[:, PROXY_COLUMNS] = 0.0
     splits = list(grouped_kfold(current))
-    preds = {name: out_of_fold(current, splits, m, neutral)
-             for name, m in models.items() if name != "DNN"}
-    print_table("Ablation, grouped 5-fold: hardware-counter proxies zeroed "
-                "(task features only)", current, preds)
+    preds = {
+        name: out_of_fold(current, splits, m, neutral)
+        for name, m in models.items()
+        if name != "DNN"
+    }
+    print_table(
+        "Ablation, grouped 5-fold: hardware-counter proxies zeroed (task features only)",
+        current,
+        preds,
+    )
 
     noise_floor(current, older)
     print(f"\n(ran in {time.perf_counter() - start:.0f} s)")

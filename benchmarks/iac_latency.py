@@ -36,8 +36,9 @@ def time_batch(predictor: OnnxSlowdownPredictor, rows: np.ndarray, budget_s: flo
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--threads", type=int, nargs="*", default=[1, 2],
-                        help="intra-op thread counts to compare")
+    parser.add_argument(
+        "--threads", type=int, nargs="*", default=[1, 2], help="intra-op thread counts to compare"
+    )
     args = parser.parse_args(argv)
     print("$ python " + " ".join(["benchmarks/iac_latency.py", *sys.argv[1:]]))
     base = load_pairs(shipped_csv()).x

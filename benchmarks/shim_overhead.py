@@ -38,10 +38,16 @@ def _fakes():
     return module
 
 
-def run(bench: Path, env: dict[str, str], threads: int, calls: int, keys: int,
-        rate: float) -> tuple[float, float]:
-    out = subprocess.run([str(bench), str(threads), str(calls), str(keys), str(int(rate))],
-                         env=env, check=True, capture_output=True, text=True).stdout.split()
+def run(
+    bench: Path, env: dict[str, str], threads: int, calls: int, keys: int, rate: float
+) -> tuple[float, float]:
+    out = subprocess.run(
+        [str(bench), str(threads), str(calls), str(keys), str(int(rate))],
+        env=env,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.split()
     return float(out[4]), float(out[5])
 
 
@@ -61,28 +67,34 @@ def main(argv: list[str] | None = None) -> int:
         plain.pop("LD_PRELOAD", None)
         shimmed = {**plain, "LD_PRELOAD": str(built.shim)}
         cases = [(1, 1, 0.0), (1, 64, 0.0), (4, 1, 0.0), (4, 64, 0.0), (4, 16, 1e6)]
-        header = (f"{'threads':>7} {'keys':>4} {'pace':>6} {'ns/call base':>12} "
-                  f"{'ns/call shim':>12} {'added ns':>8} {'added(min)':>10} "
-                  f"{'calls/s base':>13} {'calls/s shim':>13}")
+        header = (
+            f"{'threads':>7} {'keys':>4} {'pace':>6} {'ns/call base':>12} "
+            f"{'ns/call shim':>12} {'added ns':>8} {'added(min)':>10} "
+            f"{'calls/s base':>13} {'calls/s shim':>13}"
+        )
         print(header)
         print("-" * len(header))
         for threads, keys, rate in cases:
             calls = args.calls if rate == 0 else int(3 * rate // threads)  # 3 s paced
-            base = [run(built.bench, plain, threads, calls, keys, rate)
-                    for _ in range(args.repeat)]
-            shim = [run(built.bench, shimmed, threads, calls, keys, rate)
-                    for _ in range(args.repeat)]
+            base = [run(built.bench, plain, threads, calls, keys, rate) for _ in range(args.repeat)]
+            shim = [
+                run(built.bench, shimmed, threads, calls, keys, rate) for _ in range(args.repeat)
+            ]
             b_ns = statistics.median(x[0] for x in base)
             s_ns = statistics.median(x[0] for x in shim)
             b_rate = statistics.median(x[1] for x in base)
             s_rate = statistics.median(x[1] for x in shim)
             pace = "max" if rate == 0 else f"{rate / 1e6:g}M/s"
             by_min = min(x[0] for x in shim) - min(x[0] for x in base)
-            print(f"{threads:>7} {keys:>4} {pace:>6} {b_ns:>12.1f} {s_ns:>12.1f} "
-                  f"{s_ns - b_ns:>8.1f} {by_min:>10.1f} {b_rate:>13,.0f} {s_rate:>13,.0f}")
+            print(
+                f"{threads:>7} {keys:>4} {pace:>6} {b_ns:>12.1f} {s_ns:>12.1f} "
+                f"{s_ns - b_ns:>8.1f} {by_min:>10.1f} {b_rate:>13,.0f} {s_rate:>13,.0f}"
+            )
         ring_bytes = max((p.stat().st_size for p in rings.iterdir()), default=0)
-        print(f"ring file per process: {ring_bytes} bytes (ELASTICO_SHIM_BUFFER_BYTES, "
-              "default 4 MiB); per launching thread: one 64 KiB aggregation cache")
+        print(
+            f"ring file per process: {ring_bytes} bytes (ELASTICO_SHIM_BUFFER_BYTES, "
+            "default 4 MiB); per launching thread: one 64 KiB aggregation cache"
+        )
     return 0
 
 

@@ -30,6 +30,7 @@ with every ``(annotation, message)`` pair, so the pod's event lists all fixes.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from collections.abc import Callable, Mapping
@@ -142,6 +143,7 @@ def is_opted_in(annotations: Mapping[str, str] | None) -> bool:
     return any(_key(k) in annotations for k in INPUT_KEYS)
 
 
+@functools.lru_cache(maxsize=256)  # families hash by identity; every pod of one reads it
 def family_knob_space(family: ProfileFamily) -> KnobSpace:
     """The knob space spanned by a family's configurations (values in first-seen order)."""
     values: dict[str, list[KnobValue]] = {}

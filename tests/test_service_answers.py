@@ -140,3 +140,22 @@ def test_a_list_of_names_seen_before_in_another_order_or_with_repeats_is_answere
     assert dict(scores)["ghost"] == 0
     repeated = engine.prioritize(pod, [names[0], "ghost", names[0]]).pairs()
     assert repeated == scores
+
+
+def test_prioritize_scores_follow_a_bind_not_the_cached_answer():
+    from test_service_behaviour import elastic_pod, gpu_node
+
+    cluster = EmbeddedCluster([gpu_node("g0", 1), gpu_node("g1", 1)], "test")
+    engine = engine_on(cluster)
+    pod, twin = elastic_pod("p"), elastic_pod("twin")
+    for p in (pod, twin):
+        cluster.add_pod(p)
+    before = engine.prioritize(pod, ["g0", "g1"]).pairs()
+    assert engine.prioritize(pod, ["g0", "g1"]).pairs() == before  # the cached answer
+    assert engine.filter(twin, ["g0"]).passed == ["g0"]
+    assert engine.bind("ml", "twin", "uid-twin", "g0") == ""
+    after = engine.prioritize(pod, ["g0", "g1"]).pairs()
+    engine._score_cache.clear()
+    engine._answer_cache.clear()
+    assert engine.prioritize(pod, ["g0", "g1"]).pairs() == after  # recomputed: the same
+    assert after != before  # g0 is fuller now

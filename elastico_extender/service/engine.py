@@ -196,6 +196,10 @@ class Engine:
         self._epoch = 0
         self._version = 0  # bumps whenever the view changes (publish, assume, forget)
         self._answer_cache: OrderedDict[Hashable, tuple[int, Answers]] = OrderedDict()
+        # (answers, node indices) -> prioritize's scores, while both objects are cached.
+        self._score_cache: OrderedDict[tuple[int, int], tuple[Answers, np.ndarray, np.ndarray]] = (
+            OrderedDict()
+        )
         # (view nodes, names asked, distinct names, their indices): see _distinct.
         self._names_cache: deque[tuple[tuple[Node, ...], list[str], list[str], np.ndarray]] = deque(
             maxlen=4
@@ -731,14 +735,27 @@ class Engine:
             return HostScores(names, at, np.zeros(at.size, dtype=np.intp), pub.view.nodes)
         with self._lock:
             answers = self._answers(pub, pj, at)
-            ok = np.zeros(at.size, dtype=bool)
-            ok[at >= 0] = answers.feasible[at[at >= 0]]
-            nodes = at[ok]
-            rows = answers.devices[nodes]  # (F, D) device rows, -1 past a job's devices
-            real = rows >= 0
-            table = pub.view.table
-            left = np.where(real, table.mem_free[rows], 0.0).sum(axis=1)
-            cap = np.where(real, table.memory_capacity[rows], 0.0).sum(axis=1)
+            key = (id(answers), id(at))  # both cached objects: a repeat of an earlier pod
+            hit = self._score_cache.get(key)
+            if hit is not None and hit[0] is answers and hit[1] is at:
+                return HostScores(names, at, hit[2], pub.view.nodes)
+            result = self._scores(pub, answers, at)
+            self._score_cache[key] = (answers, at, result)
+            if len(self._score_cache) > 32:
+                self._score_cache.popitem(last=False)
+        return HostScores(names, at, result, pub.view.nodes)
+
+    @staticmethod
+    def _scores(pub: Published, answers: Answers, at: np.ndarray) -> np.ndarray:
+        """0..10 per node of ``at`` (see prioritize); call with ``self._lock`` held."""
+        ok = np.zeros(at.size, dtype=bool)
+        ok[at >= 0] = answers.feasible[at[at >= 0]]
+        nodes = at[ok]
+        rows = answers.devices[nodes]  # (F, D) device rows, -1 past a job's devices
+        real = rows >= 0
+        table = pub.view.table
+        left = np.where(real, table.mem_free[rows], 0.0).sum(axis=1)
+        cap = np.where(real, table.memory_capacity[rows], 0.0).sum(axis=1)
         per = real.sum(axis=1)
         score = answers.score[nodes]
         slow = answers.slowdown[nodes]
@@ -757,7 +774,7 @@ class Engine:
         scaled = np.where(keys == -math.inf, MAX_SCORE, np.where(finite, scaled, MAX_SCORE))
         result = np.zeros(at.size, dtype=np.intp)
         result[ok] = scaled
-        return HostScores(names, at, result, pub.view.nodes)
+        return result
 
     def _pod_for_bind(self, namespace: str, name: str, uid: str) -> dict[str, Any] | None:
         pod = self.cluster.state.pod(uid) if uid else None

@@ -531,7 +531,7 @@ class PlacementView:
             order = np.lexsort((table.mem_free[busy], table.node_of[busy]))
             busy = busy[order]
             node = table.node_of[busy]
-            first = np.r_[True, node[1:] != node[:-1]]
+            first = np.concatenate(([True], node[1:] != node[:-1]))
             rank = np.arange(busy.size) - np.maximum.accumulate(
                 np.where(first, np.arange(busy.size), 0)
             )
@@ -551,8 +551,8 @@ class PlacementView:
         # Per node: idle GPUs first (share only when none is idle), then the tightest fit.
         idx = idx[np.lexsort((table.mem_free[idx], table.count[idx] > 0, table.node_of[idx]))]
         nodes = table.node_of[idx]
-        starts = np.flatnonzero(np.r_[True, nodes[1:] != nodes[:-1]])
-        counts = np.diff(np.r_[starts, idx.size])
+        starts = np.flatnonzero(np.concatenate(([True], nodes[1:] != nodes[:-1])))
+        counts = np.diff(starts, append=idx.size)
         ok = counts >= gpus
         starts = starts[ok]
         picks = idx[starts[:, None] + np.arange(gpus)[None, :]]
