@@ -14,12 +14,24 @@ pairs) from client processes at the largest size, nodeCacheCapable on.
 
 The server is ``elastico serve`` in its own process with its epoch loop running
 (``--epoch-seconds``, 5 s as served by default), so epochs overlap the timed pods
-as they would in a cluster.  No pod is bound, so the view changes only at epochs
-and pods of one shape share the engine's cached answer between them (after a bind
-the first filter of the next pod recomputes it: about 1.6 ms instead of 0.8 ms
-in-process at 1,000 nodes).  The client is http.client with keep-alive and orjson
-(``--client httpx`` for the client earlier runs used).  Numbers depend on the
-machine: 2 cores here, shared with other sessions; the load average is printed.
+as they would in a cluster.  Rows per size:
+
+* ``on``: pods of six shapes in turn; no pod is bound, so the view changes only at
+  epochs and a pod reuses the answer the engine computed for an earlier pod of its
+  shape (what a burst of replicas sees);
+* ``on, fresh``: every pod has a shape of its own (a distinct weight), so every
+  filter computes its answer over all nodes (what the first pod after a bind, or
+  of a new job, sees);
+* ``off``: nodeCacheCapable false, every Node object in the body and the reply;
+* ``on, floor``: the same client against uvicorn answering with canned replies of
+  the same size: the transport and client cost the extender cannot go below.
+
+``srv_*`` is the extender's own time per pair (its Server-Timing headers);
+``steal%`` the share of CPU time the hypervisor took during the row (stalls the
+guest cannot see, which land in the tail).  The client is http.client with
+keep-alive and orjson (``--client httpx`` for the client earlier runs used).
+Numbers depend on the machine: 2 cores here, shared with other sessions; the
+load average is printed.
 Results with the command that made them: ``benchmarks/results/extender_latency.md``.
 """
 
@@ -338,6 +350,18 @@ class ServerProcess:
         os.unlink(self.file.name)
 
 
+def cpu_times() -> tuple[int, int]:
+    """(steal, total) jiffies of all CPUs since boot; (0, 0) where /proc/stat is absent.
+    Steal is time the hypervisor ran something else while this VM wanted the CPU:
+    it stalls any request it lands in, and shows up in the tail percentiles."""
+    try:
+        with open("/proc/stat") as f:
+            fields = [int(v) for v in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return 0, 0
+    return (fields[7] if len(fields) > 7 else 0), sum(fields[:8])
+
+
 def timed_row(
     label: tuple[int, str], url: str, nodes: list[dict], reps: int, opts: argparse.Namespace,
     server: ServerProcess | None = None, node_cache: bool = True, fresh: bool = False,
@@ -345,10 +369,13 @@ def timed_row(
     """One table row: percentiles of ``reps`` pairs and the epochs that ran meanwhile."""
     measure(url, nodes, node_cache, 3, opts.client, fresh)  # warm-up
     first = server.epoch() if server else 0
+    steal, total = cpu_times()
     times, own = measure(url, nodes, node_cache, reps, opts.client, fresh)
+    steal, total = (now - then for now, then in zip(cpu_times(), (steal, total), strict=True))
     epochs = server.epoch() - first if server else 0
     return (*label, reps, statistics.median(times), percentile(times, 0.99), max(times),
-            statistics.median(own), percentile(own, 0.99), epochs)  # fmt: skip
+            statistics.median(own), percentile(own, 0.99), epochs,
+            100.0 * steal / max(total, 1))  # fmt: skip
 
 
 def main() -> None:
@@ -402,16 +429,16 @@ def main() -> None:
     print(
         "(srv: the extender's own time for the pair, from its Server-Timing headers; "
         "fresh: every pod a shape of its own; floor: the same client against uvicorn "
-        "sending canned replies of the same size)"
+        "sending canned replies of the same size; steal%: CPU time the hypervisor took)"
     )
     print(
         f"{'nodes':>6} {'nodeCache':>10} {'reps':>5} {'p50':>8} {'p99':>8} {'max':>8} "
-        f"{'srv_p50':>8} {'srv_p99':>8} {'epochs':>6}"
+        f"{'srv_p50':>8} {'srv_p99':>8} {'epochs':>6} {'steal%':>6}"
     )
-    for n, mode, reps, p50, p99, top, s50, s99, epochs in rows:
+    for n, mode, reps, p50, p99, top, s50, s99, epochs, steal in rows:
         print(
             f"{n:>6} {mode:>10} {reps:>5} {p50:>8.2f} {p99:>8.2f} {top:>8.2f} "
-            f"{s50:>8.2f} {s99:>8.2f} {epochs:>6}"
+            f"{s50:>8.2f} {s99:>8.2f} {epochs:>6} {steal:>6.2f}"
         )
     for n, cold, warm in epochs_ms:
         print(f"epoch at {n} nodes: first {cold:.0f} ms, latest {warm:.0f} ms")
