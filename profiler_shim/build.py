@@ -42,8 +42,15 @@ def compile_shim(output: Path, *, extra_cflags: Sequence[str] = ()) -> Path:
     output = Path(output)
     output.parent.mkdir(parents=True, exist_ok=True)
     command = [
-        *compiler(), *CFLAGS, *extra_cflags, "-I", str(HERE),
-        "-o", str(output), *map(str, SOURCES), *LIBS,
+        *compiler(),
+        *CFLAGS,
+        *extra_cflags,
+        "-I",
+        str(HERE),
+        "-o",
+        str(output),
+        *map(str, SOURCES),
+        *LIBS,
     ]
     subprocess.run(command, check=True)
     return output
