@@ -13,6 +13,10 @@ Input annotations (set by the user; any one of them opts the pod in)::
                                 e.g. ``batch_size=32..128; amp=on``
     elastico.io/configuration   ``fixed`` mode only: the configuration to run,
                                 ``knob=value,knob=value`` (unset knobs: the fastest row's)
+    elastico.io/migration       ``allowed``: when the plan moves the pod to other GPUs
+                                the extender evicts it (Eviction API, PodDisruptionBudgets
+                                apply) so its controller recreates it; ``never``
+                                (default): a move is only logged
 
 Decision annotations (written by bind and by every in-place reconfiguration; read
 back to rebuild state after a restart, and by ``elastico-run`` in the container
@@ -68,7 +72,8 @@ MIN_THROUGHPUT = "min-throughput"
 WEIGHT = "weight"
 ALLOWED = "allowed"
 CONFIGURATION = "configuration"
-INPUT_KEYS = (FAMILY, MODE, KIND, MIN_THROUGHPUT, WEIGHT, ALLOWED, CONFIGURATION)
+MIGRATION = "migration"
+INPUT_KEYS = (FAMILY, MODE, KIND, MIN_THROUGHPUT, WEIGHT, ALLOWED, CONFIGURATION, MIGRATION)
 
 ASSIGNED_NODE = "assigned-node"
 ASSIGNED_DEVICES = "assigned-devices"
@@ -116,6 +121,7 @@ class PodIntent:
     min_throughput: float
     weight: float
     allowed: tuple[int, ...] | None  # configuration rows; None = every row
+    migration_allowed: bool = False  # elastico.io/migration: allowed
 
     @property
     def family_name(self) -> str:
@@ -321,6 +327,13 @@ def parse_intent(
         elif value is not None:
             floor = value
 
+    migration_allowed = False
+    raw_migration = get(MIGRATION)
+    if raw_migration is not None:
+        if raw_migration.lower() not in ("allowed", "never"):
+            problems.append((_key(MIGRATION), f"must be allowed or never, got {raw_migration!r}"))
+        migration_allowed = raw_migration.lower() == "allowed"
+
     family: ProfileFamily | None = None
     raw_family = get(FAMILY)
     if not raw_family:
@@ -384,6 +397,7 @@ def parse_intent(
         min_throughput=floor,
         weight=weight,
         allowed=allowed,
+        migration_allowed=migration_allowed,
     )
 
 

@@ -110,3 +110,16 @@ def test_what_bind_writes_is_what_elastico_run_reads():
     settings = assignment.settings()
     assert settings.env["VLLM_GPU_MEMORY_UTILIZATION"] == "0.4000"
     assert f"--max-num-seqs={config['max_num_seqs']}" in settings.vllm_args
+
+
+def test_migration_is_opt_in_and_a_wrong_value_is_reported():
+    base = {"elastico.io/family": "bert"}
+    assert parse_intent(base, resolve).migration_allowed is False
+    allowed = parse_intent({**base, "elastico.io/migration": "Allowed"}, resolve)
+    assert allowed is not None and allowed.migration_allowed is True
+    assert (
+        parse_intent({**base, "elastico.io/migration": "never"}, resolve).migration_allowed is False
+    )
+    with pytest.raises(AnnotationError) as err:
+        parse_intent({**base, "elastico.io/migration": "sometimes"}, resolve)
+    assert "elastico.io/migration" in str(err.value) and "sometimes" in str(err.value)

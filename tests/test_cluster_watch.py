@@ -150,3 +150,26 @@ def test_bind_writes_configmap_annotations_and_binding(server, cluster):
         "PATCH /api/v1/namespaces/ml/pods/a",
         "POST /api/v1/namespaces/ml/pods/a/binding",
     ]
+
+
+def test_evict_goes_through_the_eviction_api_and_reports_a_budget_refusal(server, cluster):
+    from elastico_extender.cluster.base import ClusterError
+
+    server.put("pods", pod("b", "gpu-0"))
+    server.put("pods", pod("c", "gpu-1"))
+    assert wait_for(lambda: {"b", "c"} <= names(cluster))
+    b = cluster.state.pod_by_name("ml", "b") or {}
+    with pytest.raises(ClusterError, match="404"):
+        cluster.evict("ml", "nobody", "uid-x")
+    with pytest.raises(ClusterError, match="409"):  # the UID precondition: not a successor
+        cluster.evict("ml", "b", "some-other-uid")
+    cluster.evict("ml", "b", b["metadata"]["uid"])
+    assert server.evictions[0]["kind"] == "Eviction"
+    assert server.evictions[0]["deleteOptions"]["preconditions"]["uid"] == b["metadata"]["uid"]
+    assert wait_for(lambda: "b" not in names(cluster))  # the watch saw it go
+    server.disruptions_allowed = 0
+    c = cluster.state.pod_by_name("ml", "c") or {}
+    with pytest.raises(ClusterError, match="PodDisruptionBudget"):
+        cluster.evict("ml", "c", c["metadata"]["uid"])
+    assert "c" in names(cluster)
+    assert "POST /api/v1/namespaces/ml/pods/b/eviction" in server.requests

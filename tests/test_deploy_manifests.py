@@ -105,6 +105,7 @@ def test_rbac_is_least_privilege_and_bound_to_the_deployments_accounts():
     role = by_kind("ClusterRole")["elastico-extender"]
     granted = {(r, v) for rule in role["rules"] for r in rule["resources"] for v in rule["verbs"]}
     assert ("pods/binding", "create") in granted and ("configmaps", "create") in granted
+    assert ("pods/eviction", "create") in granted  # moves go through the Eviction API
     assert ("pods", "patch") in granted and ("nodes", "watch") in granted
     assert not any(v in {"*", "delete", "deletecollection"} for _, v in granted)
     assert not any(r == "*" or r == "secrets" for r, _ in granted)

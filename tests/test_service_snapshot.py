@@ -85,3 +85,44 @@ def test_a_bound_pod_with_invalid_annotations_is_reported_every_epoch():
         snapshot, _, _, invalid = engine.build_snapshot()
         assert "elastico.io/mode" in invalid["uid-bad"]
         assert [j.devices for j in snapshot.jobs] == [(("a", 0),)]  # still holds its GPU
+
+
+def test_the_plans_moves_evict_only_pods_that_allow_it_and_a_controller_owns():
+    import numpy as np
+
+    from elastico_extender.core.model import Action, Assignment, Plan
+    from elastico_extender.core.resources import NUM_RESOURCES
+
+    owner = [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "rs", "uid": "rs-1",
+              "controller": True}]  # fmt: skip
+    pods = {
+        name: bound_pod(name, "a", i % 2)
+        for i, name in enumerate(["ok", "ok2", "ok3", "optout", "bare"])
+    }
+    for name in ("ok", "ok2", "ok3", "optout"):
+        pods[name]["metadata"]["ownerReferences"] = owner
+    for name in ("ok", "ok2", "ok3", "bare"):
+        pods[name]["metadata"]["annotations"]["elastico.io/migration"] = "allowed"
+    cluster = EmbeddedCluster([gpu_node("a", 2, "1"), gpu_node("b", 2, "1"), *pods.values()], "t")
+    engine = Engine(ServiceSettings(epoch_seconds=60, max_migrations_per_epoch=1), cluster)
+    meta = engine.build_snapshot()[1]
+    family = meta["uid-ok"].family
+
+    def moves(*names: str) -> Plan:
+        assignments = {
+            f"uid-{n}": Assignment(
+                f"uid-{n}", 0, family.configs[0], (("b", 0),), 1000.0, 1.0, 1.0, 1.5, Action.MIGRATE
+            )
+            for n in names
+        }
+        return Plan(epoch=1, prices=np.zeros(NUM_RESOURCES), assignments=assignments)
+
+    engine._apply_reconfigurations(moves("optout", "bare", "ok", "ok2"), meta)
+    assert cluster.evictions == [("t", "ok")]  # one per epoch; opted-out and unowned stay
+    engine._apply_reconfigurations(moves("ok", "ok2"), meta)  # "ok" is already on its way
+    assert cluster.evictions == [("t", "ok"), ("t", "ok2")]
+    remaining = {p["metadata"]["name"] for p in cluster.state.pods().values()}
+    assert remaining == {"ok3", "optout", "bare"}
+    off = Engine(ServiceSettings(epoch_seconds=60, max_migrations_per_epoch=0), cluster)
+    off._apply_reconfigurations(moves("ok3"), off.build_snapshot()[1])
+    assert len(cluster.evictions) == 2  # 0: moves are only logged

@@ -54,3 +54,8 @@ class Cluster(Protocol):
         runtime reconfiguration path (spec 4.2); ``elastico-run`` sees the new
         annotations through its downward-API file and restarts the workload."""
         ...
+
+    def evict(self, namespace: str, name: str, uid: str) -> None:
+        """Evict the pod through the Eviction API (its controller recreates it; a
+        PodDisruptionBudget may refuse: ClusterError).  Only a pod with ``uid``."""
+        ...

@@ -51,6 +51,7 @@ class EmbeddedCluster:
         self.description = f"embedded cluster from {source} (no Kubernetes API server)"
         self.configmaps: dict[tuple[str, str], KubeObject] = {}
         self.bindings: list[KubeObject] = []
+        self.evictions: list[tuple[str, str]] = []  # (namespace, name) of evicted pods
         self._lock = threading.Lock()
         self._rv = itertools.count(1000)
         nodes = [o for o in objects if self._is_node(o)]
@@ -104,6 +105,14 @@ class EmbeddedCluster:
                     owners = cm["metadata"].get("ownerReferences") or []
                     if any(o.get("uid") == uid for o in owners):
                         del self.configmaps[key]  # garbage collection of owned objects
+
+    def evict(self, namespace: str, name: str, uid: str) -> None:
+        """No controllers here: the pod is deleted (recorded in ``evictions``)."""
+        pod = self.state.pod_by_name(namespace, name)
+        if pod is None or (uid and str(pod["metadata"].get("uid")) != uid):
+            raise ClusterError(f"pod {namespace}/{name} with UID {uid} not found")
+        self.evictions.append((namespace, name))
+        self.delete_pod(namespace, name)
 
     def bind(self, request: BindRequest) -> None:
         with self._lock:

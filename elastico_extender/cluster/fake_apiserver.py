@@ -8,7 +8,9 @@ It serves, over real HTTP/1.1 on 127.0.0.1:
   ``timeoutSeconds``; a version older than the last compaction gets an
   ``ERROR`` event carrying a ``410 Expired`` Status, as etcd compaction causes;
 * ``POST .../pods/{name}/binding``, ``PATCH .../pods/{name}`` (merge patch of
-  metadata), ``POST``/``PUT .../configmaps``: the writes bind performs.
+  metadata), ``POST``/``PUT .../configmaps``: the writes bind performs;
+* ``POST .../pods/{name}/eviction`` (policy/v1 Eviction): the pod is deleted, or
+  ``429`` while :attr:`disruptions_allowed` is 0 (a PodDisruptionBudget says no).
 
 Test hooks: :meth:`compact` (older versions expire), :meth:`drop_watches`
 (cut every open stream mid-chunk, as a dying load balancer would),
@@ -29,7 +31,7 @@ from urllib.parse import parse_qs, urlparse
 
 __all__ = ["FakeApiServer"]
 
-_POD = re.compile(r"^/api/v1/namespaces/([^/]+)/pods/([^/]+)(/binding)?$")
+_POD = re.compile(r"^/api/v1/namespaces/([^/]+)/pods/([^/]+)(/binding|/eviction)?$")
 _CM = re.compile(r"^/api/v1/namespaces/([^/]+)/configmaps(?:/([^/]+))?$")
 
 
@@ -43,6 +45,8 @@ class FakeApiServer:
         self.drops = 0
         self.configmaps: dict[tuple[str, str], dict[str, Any]] = {}
         self.bindings: list[dict[str, Any]] = []
+        self.evictions: list[dict[str, Any]] = []
+        self.disruptions_allowed = 1_000_000  # evictions granted before answering 429
         self.requests: list[str] = []
         self.watch_count = {"nodes": 0, "pods": 0}
         outer = self
@@ -236,6 +240,23 @@ class FakeApiServer:
                                                "message": f"pods {name!r} not found"})  # fmt: skip
                 return
             updated = copy.deepcopy(current)
+            if binding == "/eviction" and method == "POST":
+                refused = {"kind": "Status", "code": 429, "reason": "TooManyRequests",
+                           "message": "Cannot evict pod as it would violate the pod's "
+                           "disruption budget."}  # fmt: skip
+                if self.disruptions_allowed <= 0:
+                    self._send_json(handler, 429, refused)
+                    return
+                wanted = ((body.get("deleteOptions") or {}).get("preconditions") or {}).get("uid")
+                if wanted and wanted != current["metadata"].get("uid"):
+                    conflict = {"kind": "Status", "code": 409, "message": "UID precondition failed"}
+                    self._send_json(handler, 409, conflict)
+                    return
+                self.disruptions_allowed -= 1
+                self.evictions.append(body)
+                self.delete("pods", f"{ns}/{name}")
+                self._send_json(handler, 201, {"kind": "Status", "status": "Success", "code": 201})
+                return
             if binding and method == "POST":
                 if updated["spec"].get("nodeName"):
                     self._send_json(handler, 409, {"kind": "Status", "code": 409,

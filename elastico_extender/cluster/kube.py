@@ -217,6 +217,27 @@ class KubeCluster:
     def reconfigure(self, request: BindRequest) -> None:
         self._write_decision(request)
 
+    def evict(self, namespace: str, name: str, uid: str) -> None:
+        eviction: Any = {
+            "apiVersion": "policy/v1",
+            "kind": "Eviction",
+            "metadata": {"name": name, "namespace": namespace},
+            "deleteOptions": {"preconditions": {"uid": uid}},  # never a same-named successor
+        }
+        try:
+            self.api.create_namespaced_pod_eviction(
+                name, namespace, eviction, _preload_content=False
+            )
+        except ApiException as exc:
+            if exc.status == 429:
+                raise ClusterError(
+                    f"eviction of {namespace}/{name} refused: a PodDisruptionBudget allows "
+                    "no disruption now"
+                ) from exc
+            raise ClusterError(f"API server answered {exc.status}: {exc.reason}") from exc
+        except Exception as exc:  # urllib3 connection errors and the like
+            raise ClusterError(f"API server unreachable: {exc}") from exc
+
     def _write_decision(self, request: BindRequest) -> None:
         """ConfigMap first (the webhook's env refers to it), then the pod's annotations."""
         ns, name = request.namespace, request.name

@@ -58,6 +58,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--scheduler-name", help="schedulerName of pods to plan for")
     p.add_argument("--predictor-model", help="ONNX interference model")
     p.add_argument("--profile-store", help="SQLite profile store")
+    p.add_argument(
+        "--max-migrations-per-epoch",
+        type=int,
+        help="pods evicted per epoch to carry out the plan's moves (default 1; 0: log only)",
+    )
     p.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
     return p
 

@@ -50,7 +50,16 @@ from elastico_extender.cluster.objects import (
 )
 from elastico_extender.core.handoff import framework_settings
 from elastico_extender.core.interference.predictor import SlowdownPredictor
-from elastico_extender.core.model import Action, Job, Mode, Node, Plan, ProfileFamily, Snapshot
+from elastico_extender.core.model import (
+    Action,
+    Assignment,
+    Job,
+    Mode,
+    Node,
+    Plan,
+    ProfileFamily,
+    Snapshot,
+)
 from elastico_extender.core.planner import Answers, NodeVerdict, PlacementView, plan
 from elastico_extender.core.resources import GPU_MEM, GPU_SM, RESOURCE_NAMES
 from elastico_extender.core.settings import PlannerSettings
@@ -184,6 +193,7 @@ class Engine:
         self._lock = threading.Lock()
         self._assumed: dict[str, Assumed] = {}
         self._seen: OrderedDict[str, dict[str, Any]] = OrderedDict()
+        self._evicted: OrderedDict[str, None] = OrderedDict()  # pods evicted to move them
         self._node_cache: dict[str, tuple[str, Node | None]] = {}
         self._last_nodes: tuple[Node, ...] = ()
         self._nodes_generation = -1  # the cluster view's node generation _last_nodes is of
@@ -554,13 +564,14 @@ class Engine:
 
         The plan prefers RECONFIGURE (same GPU, new configuration) to MIGRATE; the
         new ConfigMap and decision annotations reach the workload through
-        ``elastico-run``.  A MIGRATE is logged only: moving a pod means deleting
-        it so its controller recreates it, which is left to the operator.
+        ``elastico-run``.  A MIGRATE is carried out by :meth:`_migrate` for pods that
+        allow it, and logged for the others.
         """
+        migrations = 0
         for a in new_plan.changed():
             job_id = a.job_id
             if a.action is Action.MIGRATE:
-                log.info("migration.suggested", extra={"job": job_id, "to": a.devices})
+                migrations += self._migrate(a, pods.get(job_id), migrations)
                 continue
             if a.action is not Action.RECONFIGURE:
                 continue
@@ -589,6 +600,49 @@ class Engine:
             log.info(
                 "reconfigure.ok", extra={"pod": pj.key, "configuration": a.configuration.label}
             )
+
+    def _migrate(self, a: Assignment, pj: PodJob | None, done: int) -> int:
+        """Evict a pod the plan moves, when it may be moved; returns 1 if evicted.
+
+        A pod is moved only when it opted in (``elastico.io/migration: allowed``), a
+        controller owns it (so a replacement pod comes back through filter and
+        prioritize), it was not evicted before, and this epoch's budget
+        (``max_migrations_per_epoch``) is not spent.  The Eviction API honours
+        PodDisruptionBudgets and the pod's graceful termination, in which
+        ``elastico-run`` forwards SIGTERM so the workload can checkpoint."""
+        pod = self.cluster.state.pod(a.job_id)
+        why = ""
+        if pj is None or pod is None:
+            why = "pod no longer known"
+        elif pj.intent is None or not pj.intent.migration_allowed:
+            why = "pod does not allow migration (elastico.io/migration: allowed)"
+        elif not any(
+            o.get("controller") for o in (pod.get("metadata") or {}).get("ownerReferences") or ()
+        ):
+            why = "no controller owns the pod, so nothing would recreate it"
+        elif a.job_id in self._evicted:
+            why = "eviction already requested"
+        elif done >= self.settings.max_migrations_per_epoch:
+            why = "max_migrations_per_epoch reached"
+        if why:
+            log.info("migration.suggested", extra={"job": a.job_id, "to": a.devices, "why": why})
+            return 0
+        assert pj is not None and pod is not None
+        meta = pod.get("metadata") or {}
+        try:
+            self.cluster.evict(
+                str(meta.get("namespace") or "default"), str(meta.get("name")), a.job_id
+            )
+        except (ClusterError, OSError) as exc:
+            self.metrics.bind("migration-refused")
+            log.warning("migration.refused", extra={"pod": pj.key, "error": str(exc)})
+            return 0
+        self._evicted[a.job_id] = None
+        if len(self._evicted) > SEEN_PODS:
+            self._evicted.popitem(last=False)
+        self.metrics.bind("migrated")
+        log.info("migration.evicted", extra={"pod": pj.key, "to": a.devices})
+        return 1
 
     @property
     def published(self) -> Published:

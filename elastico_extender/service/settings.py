@@ -67,6 +67,10 @@ class ServiceSettings:
     watch normally confirms it within a second."""
     price_history: int = 120
     """Epochs of price history kept for GET /prices (10 minutes at 5 s)."""
+    max_migrations_per_epoch: int = 1
+    """Pods the extender may evict per epoch to carry out the plan's moves (MIGRATE),
+    among pods annotated ``elastico.io/migration: allowed`` that a controller owns;
+    0: moves are only logged."""
     profile_store: str | None = None
     """SQLite profile store whose measured rows override the catalog (None: catalog only)."""
     predictor_model: str | None = None
@@ -147,6 +151,8 @@ class ServiceSettings:
             found.append("default_gpu_memory_mib: must be > 0")
         if self.price_history < 1:
             found.append("price_history: must be >= 1")
+        if self.max_migrations_per_epoch < 0:
+            found.append("max_migrations_per_epoch: must be >= 0")
         if self.log_level.lower() not in ("debug", "info", "warning", "error"):
             found.append("log_level: must be debug, info, warning or error")
         return found
