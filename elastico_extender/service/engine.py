@@ -387,8 +387,7 @@ class Engine:
             # heartbeat keeps the Node object: see _nodes).  Most pods, most epochs.
             hit = previous.get(uid)
             if hit is not None and hit[0] is pod and by_name.get(hit[3].devices[0][0]) is hit[2]:
-                bound[uid] = hit
-                confirmed.add(uid)
+                bound[uid] = hit  # confirmed too (bound with its decision)
                 jobs.append(hit[3])
                 meta[uid] = hit[1]
                 continue
@@ -449,7 +448,7 @@ class Engine:
                 jobs.append(job)
                 meta[uid] = pj
         for uid, a in assumed.items():  # bound by us, not yet seen by the watch
-            if uid in meta or uid in confirmed or a.verdict.node not in by_name:
+            if uid in meta or uid in confirmed or uid in bound or a.verdict.node not in by_name:
                 continue
             jobs.append(
                 dataclasses.replace(
@@ -474,10 +473,10 @@ class Engine:
             jobs.append(self._running(pj.job, node_name, devices, config))
             meta[pj.job.id] = pj
         with self._lock:
-            for uid in confirmed:
-                self._assumed.pop(uid, None)
             for uid, a in list(self._assumed.items()):
-                if a.expires <= now:
+                if uid in confirmed or uid in bound:
+                    del self._assumed[uid]
+                elif a.expires <= now:
                     log.info("assumption.expired", extra={"pod": a.pod_job.key})
                     del self._assumed[uid]
         self._bound_jobs = bound
