@@ -365,6 +365,8 @@ class DeviceIndex:
         self.ram = np.array([n.host_mem_mib for n in nodes], dtype=np.float64)
         self.problems: list[str] = []
         names = [n.name for n in nodes]
+        self.node_names: tuple[str, ...] = tuple(names)
+        self.node_position: dict[str, int] = dict(zip(names, range(len(names)), strict=True))
         if len(set(names)) != len(names):
             self.problems.append("duplicate node names")
         if len(self.index) != len(self.refs):

@@ -181,8 +181,9 @@ class PlacementView:
         self.table = DeviceTable(snapshot.nodes, self.settings.memory_margin_mib)
         self.placer = Placer(self.table, predictor)
         self.units = gpu_equivalent(self.table)
-        self.node_index = {node.name: i for i, node in enumerate(snapshot.nodes)}
-        self.names = tuple(node.name for node in snapshot.nodes)
+        # Per node set, not per view: shared with every view of the same nodes (read-only).
+        self.node_index = snapshot.devices.node_position
+        self.names = snapshot.devices.node_names
         self._rows: dict[str, int] = {}
         self._next_row = 0
         self._valid_cache: dict[tuple[object, ...], tuple[np.ndarray, str | None]] = {}
