@@ -22,7 +22,8 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 
 from kubernetes import client, config, watch
@@ -135,6 +136,20 @@ class _Informer:
         return rv
 
 
+@contextmanager
+def _as_cluster_error(known: Mapping[int, str] | None = None) -> Iterator[None]:
+    """Any failure of the API writes inside as :class:`ClusterError`: the message
+    ``known`` gives for the status, else the status and reason the API server
+    answered, or why it could not be reached."""
+    try:
+        yield
+    except ApiException as exc:
+        message = (known or {}).get(exc.status)
+        raise ClusterError(message or f"API server answered {exc.status}: {exc.reason}") from exc
+    except Exception as exc:  # urllib3 connection errors and the like
+        raise ClusterError(f"API server unreachable: {exc}") from exc
+
+
 class KubeCluster:
     """A :class:`~.base.Cluster` backed by a Kubernetes API server."""
 
@@ -195,13 +210,13 @@ class KubeCluster:
     def bind(self, request: BindRequest) -> None:
         self._write_decision(request)
         ns, name = request.namespace, request.name
-        try:
-            binding: Any = {
-                "apiVersion": "v1",
-                "kind": "Binding",
-                "metadata": {"name": name, "namespace": ns, "uid": request.uid},
-                "target": {"apiVersion": "v1", "kind": "Node", "name": request.node},
-            }
+        binding: Any = {
+            "apiVersion": "v1",
+            "kind": "Binding",
+            "metadata": {"name": name, "namespace": ns, "uid": request.uid},
+            "target": {"apiVersion": "v1", "kind": "Node", "name": request.node},
+        }
+        with _as_cluster_error():
             # _preload_content=False: the client's Binding model rejects the Status reply.
             self.api.create_namespaced_pod_binding(
                 name,
@@ -209,10 +224,6 @@ class KubeCluster:
                 binding,
                 _preload_content=False,
             )
-        except ApiException as exc:
-            raise ClusterError(f"API server answered {exc.status}: {exc.reason}") from exc
-        except Exception as exc:  # urllib3 connection errors and the like
-            raise ClusterError(f"API server unreachable: {exc}") from exc
 
     def reconfigure(self, request: BindRequest) -> None:
         self._write_decision(request)
@@ -224,24 +235,19 @@ class KubeCluster:
             "metadata": {"name": name, "namespace": namespace},
             "deleteOptions": {"preconditions": {"uid": uid}},  # never a same-named successor
         }
-        try:
+        refused = (
+            f"eviction of {namespace}/{name} refused: a PodDisruptionBudget allows "
+            "no disruption now"
+        )
+        with _as_cluster_error({429: refused}):
             self.api.create_namespaced_pod_eviction(
                 name, namespace, eviction, _preload_content=False
             )
-        except ApiException as exc:
-            if exc.status == 429:
-                raise ClusterError(
-                    f"eviction of {namespace}/{name} refused: a PodDisruptionBudget allows "
-                    "no disruption now"
-                ) from exc
-            raise ClusterError(f"API server answered {exc.status}: {exc.reason}") from exc
-        except Exception as exc:  # urllib3 connection errors and the like
-            raise ClusterError(f"API server unreachable: {exc}") from exc
 
     def _write_decision(self, request: BindRequest) -> None:
         """ConfigMap first (the webhook's env refers to it), then the pod's annotations."""
         ns, name = request.namespace, request.name
-        try:
+        with _as_cluster_error():
             if request.configmap is not None:
                 body: Any = configmap_object(request, request.uid)
                 try:
@@ -262,7 +268,3 @@ class KubeCluster:
                     {"metadata": {"annotations": request.annotations}},
                     _preload_content=False,
                 )
-        except ApiException as exc:
-            raise ClusterError(f"API server answered {exc.status}: {exc.reason}") from exc
-        except Exception as exc:  # urllib3 connection errors and the like
-            raise ClusterError(f"API server unreachable: {exc}") from exc
