@@ -292,7 +292,7 @@ class PlacementView:
         self._next_row = len(kept)
         families = snapshot.families
         configs = np.fromiter((a.config_index for a, _ in kept), np.intp, len(kept))
-        demands = [families[job.family].resources[a.config_index] for a, job in kept]
+        demand = np.stack([families[job.family].resources[a.config_index] for a, job in kept])
         devices = [tuple(index[ref] for ref in a.devices) for a, _ in kept]
         width = np.fromiter(map(len, devices), np.intp, len(kept))
         features = np.stack(
@@ -304,11 +304,11 @@ class PlacementView:
             devices,
             np.repeat(rows, width),
             np.fromiter((d for devs in devices for d in devs), np.intp, int(width.sum())),
-            np.repeat(np.stack(demands), width, axis=0),
+            np.repeat(demand, width, axis=0),
             features,
             np.fromiter((a.tolerance for a, _ in kept), np.float64, len(kept)),
         )
-        self._plan_demand = np.stack(demands)
+        self._plan_demand = demand
 
     @property
     def assumed(self) -> frozenset[str]:
