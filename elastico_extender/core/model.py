@@ -20,6 +20,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from elastico_extender.core.observations import ObservedSlowdown
 from elastico_extender.core.resources import NUM_RESOURCES, RESOURCE_NAMES
 from elastico_extender.errors import InvalidProfileError, InvalidSnapshotError
 
@@ -410,6 +411,11 @@ class Snapshot:
     jobs: tuple[Job, ...]
     families: Mapping[str, ProfileFamily]
     epoch: int = 0
+    observed: Mapping[str, ObservedSlowdown] = field(default_factory=dict)
+    """Per running job id, its observed slowdown (closed loop, :mod:`.observations`);
+    a job absent here has not been observed (yet)."""
+    now: float = 0.0
+    """The driver's clock at this snapshot (seconds), for the age of observations."""
 
     @cached_property
     def columns(self) -> JobColumns:

@@ -1,0 +1,196 @@
+"""Observed interference: what running jobs really did, turned into planner input.
+
+Closed-loop control (spec 3.3, 3.4, 4.1; ARCHITECTURE "the loop closes on
+observations").  Predictions start co-location decisions; observations end
+them.  Both drivers feed this one book: the extender from the node agent's
+reports, the simulator from its ground truth plus measurement noise.
+
+A report is a *progress rate* of one job over one window, in a unit that stays
+constant for a fixed configuration: CUDA kernel launches per second (a training
+step launches the same kernels every step), or a framework counter (tokens/s,
+samples/s).  The book turns rates into slowdowns against a reference rate of
+the same job at the same configuration:
+
+    S_obs = rate_ref(job, config, unit) / rate(window)
+
+where ``rate_ref`` is learned from the windows in which the job ran alone on
+its devices (an exponentially weighted mean), or, for framework units that
+match the family's throughput unit, the profile's T(c) passed by the driver.
+A job with no reference yet yields no slowdown: such a job must be observed
+alone before it may share (the planner's rule, not this module's).
+
+Per job the book keeps an exponentially weighted slowdown (weight
+``smoothing`` on the newest window), the sample count, the time of the last
+window and the last ``history`` window slowdowns, so the planner can apply
+"above tolerance for k consecutive windows" with its own tolerance.
+
+The book is pure (time is an argument, no I/O) and bounded: at most
+``max_jobs`` jobs (least recently reported dropped first) and ``max_refs``
+references.  ``state()``/``restore()`` give plain data so a driver can persist it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+from dataclasses import dataclass
+
+__all__ = ["Observation", "ObservationBook", "ObservedSlowdown", "PairSample"]
+
+
+@dataclass(frozen=True, slots=True)
+class Observation:
+    """One window's progress of one running job, as a node agent or the simulator reports it.
+
+    ``partners`` are the job ids sharing any of its devices during the window
+    (empty: it ran alone).  ``unit`` names what ``rate`` counts ("launches/s",
+    "tokens/s", ...); rates of different units are never compared.
+    """
+
+    job_id: str
+    config: int
+    end: float
+    seconds: float
+    rate: float
+    unit: str = "launches/s"
+    partners: tuple[str, ...] = ()
+    peak_mem_mib: float | None = None
+    sm_activity: float | None = None
+
+    def problems(self) -> list[str]:
+        """Every reason this report cannot be used, each naming the field."""
+        found = []
+        if not self.job_id:
+            found.append("job_id is empty")
+        if self.config < 0:
+            found.append(f"config must be >= 0, got {self.config}")
+        for name in ("end", "seconds", "rate"):
+            value = getattr(self, name)
+            if not math.isfinite(value):
+                found.append(f"{name} must be a finite number, got {value!r}")
+        if math.isfinite(self.seconds) and self.seconds <= 0:
+            found.append(f"seconds must be > 0, got {self.seconds}")
+        if math.isfinite(self.rate) and self.rate < 0:
+            found.append(f"rate must be >= 0, got {self.rate}")
+        for name in ("peak_mem_mib", "sm_activity"):
+            value = getattr(self, name)
+            if value is not None and not (math.isfinite(value) and value >= 0):
+                found.append(f"{name} must be a non-negative finite number, got {value!r}")
+        return found
+
+
+@dataclass(frozen=True, slots=True)
+class ObservedSlowdown:
+    """What the planner reads per running job (``Snapshot.observed``)."""
+
+    slowdown: float
+    """Exponentially weighted observed slowdown (1.0 = as fast as alone)."""
+    samples: int
+    """Windows with a slowdown (shared or alone) since the job's configuration last changed."""
+    last: float
+    """Driver clock of the newest window."""
+    recent: tuple[float, ...]
+    """The newest window slowdowns, oldest first (at most ``ObservationBook.history``)."""
+    partners: tuple[str, ...] = ()
+    """Who shared its devices in the newest window."""
+
+    def age(self, now: float) -> float:
+        return max(0.0, now - self.last)
+
+
+@dataclass(frozen=True, slots=True)
+class PairSample:
+    """A labelled co-location sample for learning: victim ran at S next to partner."""
+
+    victim: str
+    victim_config: int
+    partner: str
+    slowdown: float
+    end: float
+
+
+class ObservationBook:
+    """Turns per-window progress rates into per-job observed slowdowns (see module doc)."""
+
+    def __init__(
+        self,
+        *,
+        smoothing: float = 0.5,
+        history: int = 4,
+        max_jobs: int = 100_000,
+        max_refs: int = 200_000,
+    ) -> None:
+        if not 0 < smoothing <= 1:
+            raise ValueError(f"smoothing must lie in (0, 1], got {smoothing}")
+        self.smoothing = smoothing
+        self.history = history
+        self.max_jobs = max_jobs
+        self.max_refs = max_refs
+        self._refs: OrderedDict[tuple[str, int, str], float] = OrderedDict()
+        self._jobs: OrderedDict[str, tuple[int, ObservedSlowdown]] = OrderedDict()
+
+    def reference(self, job_id: str, config: int, unit: str) -> float | None:
+        return self._refs.get((job_id, config, unit))
+
+    def set_reference(self, job_id: str, config: int, unit: str, rate: float) -> None:
+        """A known solo rate (a profile's T(c) in the same unit) for the job at ``config``."""
+        if math.isfinite(rate) and rate > 0:
+            self._put_ref((job_id, config, unit), rate)
+
+    def record(self, obs: Observation) -> list[PairSample]:
+        """Take one window; returns the pair samples it labels (empty when it ran alone).
+
+        Raises ValueError naming the field for an unusable report.
+        """
+        problems = obs.problems()
+        if problems:
+            raise ValueError("; ".join(problems))
+        key = (obs.job_id, obs.config, obs.unit)
+        ref = self._refs.get(key)
+        if not obs.partners and obs.rate > 0:
+            new_ref = obs.rate if ref is None else ref + self.smoothing * (obs.rate - ref)
+            self._put_ref(key, new_ref)
+            ref = new_ref
+        if ref is None:
+            return []
+        slowdown = ref / obs.rate if obs.rate > 0 else math.inf
+        slowdown = max(1.0, min(slowdown, 100.0))
+        prior = self._jobs.get(obs.job_id)
+        if prior is None or prior[0] != obs.config:
+            smoothed, samples = slowdown, 1
+            recent: tuple[float, ...] = (slowdown,)
+        else:
+            old = prior[1]
+            smoothed = old.slowdown + self.smoothing * (slowdown - old.slowdown)
+            samples = old.samples + 1
+            recent = (*old.recent, slowdown)[-self.history :]
+        self._jobs[obs.job_id] = (
+            obs.config,
+            ObservedSlowdown(smoothed, samples, obs.end, recent, obs.partners),
+        )
+        self._jobs.move_to_end(obs.job_id)
+        while len(self._jobs) > self.max_jobs:
+            self._jobs.popitem(last=False)
+        return [PairSample(obs.job_id, obs.config, p, slowdown, obs.end) for p in obs.partners]
+
+    def observed(self) -> dict[str, ObservedSlowdown]:
+        """Per job id, what the planner reads (a copy)."""
+        return {job: entry for job, (_, entry) in self._jobs.items()}
+
+    def forget(self, job_id: str) -> None:
+        """Drop a finished job's window history (its references age out by LRU)."""
+        self._jobs.pop(job_id, None)
+
+    def state(self) -> dict[str, list[list[object]]]:
+        """Plain data for persistence (references only: window history is short-lived)."""
+        return {"refs": [[j, c, u, r] for (j, c, u), r in self._refs.items()]}
+
+    def restore(self, state: dict[str, list[list[object]]]) -> None:
+        for job, config, unit, rate in state.get("refs", []):
+            self.set_reference(str(job), int(str(config)), str(unit), float(str(rate)))
+
+    def _put_ref(self, key: tuple[str, int, str], rate: float) -> None:
+        self._refs[key] = rate
+        self._refs.move_to_end(key)
+        while len(self._refs) > self.max_refs:
+            self._refs.popitem(last=False)
