@@ -12,6 +12,10 @@ It serves, over real HTTP/1.1 on 127.0.0.1:
 * ``POST .../pods/{name}/eviction`` (policy/v1 Eviction): the pod is deleted, or
   ``429`` while :attr:`disruptions_allowed` is 0 (a PodDisruptionBudget says no).
 
+* every other kind (Leases, Events, the Helm chart's objects): create, read, list,
+  replace with ``resourceVersion`` preconditions, merge patch and delete, from
+  :class:`~.fake_objects.ObjectStore` (``self.store``).
+
 Test hooks: :meth:`compact` (older versions expire), :meth:`drop_watches`
 (cut every open stream mid-chunk, as a dying load balancer would),
 :meth:`bookmark`.  The official ``kubernetes`` client talks to it unchanged.
@@ -28,6 +32,8 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlparse
+
+from elastico_extender.cluster.fake_objects import ObjectStore
 
 __all__ = ["FakeApiServer"]
 
@@ -49,6 +55,7 @@ class FakeApiServer:
         self.disruptions_allowed = 1_000_000  # evictions granted before answering 429
         self.requests: list[str] = []
         self.watch_count = {"nodes": 0, "pods": 0}
+        self.store = ObjectStore(self._next_rv)
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -69,6 +76,9 @@ class FakeApiServer:
             def do_PUT(self) -> None:
                 outer._write(self, "PUT")
 
+            def do_DELETE(self) -> None:
+                outer._write(self, "DELETE")
+
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.httpd.daemon_threads = True
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
@@ -88,6 +98,11 @@ class FakeApiServer:
             self.cond.notify_all()
         self.httpd.shutdown()
         self.httpd.server_close()
+
+    def _next_rv(self) -> int:
+        with self.cond:
+            self.rv += 1
+            return self.rv
 
     # -- world changes -----------------------------------------------------------
     @staticmethod
@@ -161,7 +176,9 @@ class FakeApiServer:
         self.requests.append(handler.path)
         kind = {"/api/v1/nodes": "nodes", "/api/v1/pods": "pods"}.get(url.path)
         if kind is None:
-            self._send_json(handler, 404, {"kind": "Status", "code": 404, "message": "not found"})
+            answer = self.store.handle("GET", url.path, None)
+            status, body = answer or (404, {"kind": "Status", "code": 404, "message": "not found"})
+            self._send_json(handler, status, body)
             return
         if query.get("watch") in ("true", "1", "True"):
             self._watch(handler, kind, query)
@@ -226,7 +243,11 @@ class FakeApiServer:
 
     def _write(self, handler: BaseHTTPRequestHandler, method: str) -> None:
         length = int(handler.headers.get("Content-Length") or 0)
-        body = json.loads(handler.rfile.read(length) or b"{}")
+        try:
+            body = json.loads(handler.rfile.read(length) or b"{}")
+        except json.JSONDecodeError:
+            self._send_json(handler, 400, {"kind": "Status", "code": 400, "message": "bad JSON"})
+            return
         path = urlparse(handler.path).path
         self.requests.append(f"{method} {path}")
         pod = _POD.match(path)
@@ -281,4 +302,6 @@ class FakeApiServer:
             self.configmaps[key] = body
             self._send_json(handler, 201 if method == "POST" else 200, body)
             return
-        self._send_json(handler, 404, {"kind": "Status", "code": 404, "message": "not found"})
+        answer = self.store.handle(method, path, body)
+        status, reply = answer or (404, {"kind": "Status", "code": 404, "message": "not found"})
+        self._send_json(handler, status, reply)
