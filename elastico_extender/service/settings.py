@@ -78,6 +78,16 @@ class ServiceSettings:
     mps: bool = True
     """Emit CUDA_MPS_* limits in the hand-off (spec 4.2 iii)."""
     log_level: str = "info"
+    # -- high availability (service/leader.py): Lease-based leader election ------------
+    leader_election: bool = False
+    """Run as one of several replicas: only the Lease holder plans, binds and writes."""
+    lease_name: str = "elastico-extender"
+    lease_namespace: str = "elastico-system"
+    identity: str = ""
+    """This replica's holderIdentity (the chart sets the pod name; default: host name)."""
+    lease_duration_seconds: float = 15.0
+    renew_deadline_seconds: float = 10.0
+    retry_period_seconds: float = 2.0
 
     # -- construction --------------------------------------------------------
     @classmethod
@@ -153,6 +163,14 @@ class ServiceSettings:
             found.append("price_history: must be >= 1")
         if self.max_migrations_per_epoch < 0:
             found.append("max_migrations_per_epoch: must be >= 0")
+        if not (
+            0 < self.retry_period_seconds < self.renew_deadline_seconds
+            and self.renew_deadline_seconds < self.lease_duration_seconds
+        ):
+            found.append(
+                "lease_duration_seconds > renew_deadline_seconds > retry_period_seconds > 0 "
+                "is required (a leader must give up before another may take over)"
+            )
         if self.log_level.lower() not in ("debug", "info", "warning", "error"):
             found.append("log_level: must be debug, info, warning or error")
         return found
