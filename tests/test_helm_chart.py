@@ -5,6 +5,7 @@ models, references consistent, and every object created on the fake API server."
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import ssl
 from pathlib import Path
@@ -82,7 +83,7 @@ def test_helm_lint_strict_reports_no_warning_or_error(values):
 
 
 def test_helm_refuses_an_unknown_tls_mode():
-    with pytest.raises(Exception, match="tls.mode must be"):
+    with pytest.raises(Exception, match=r"tls\.mode must be"):
         render({"tls": {"mode": "plaintext"}})
 
 
@@ -120,7 +121,9 @@ def test_services_pdbs_and_policies_select_the_pods_of_a_workload(variant):
     _, docs = variant
     templates = pod_templates(docs)
     for template in templates.values():
-        assert template["metadata"]["labels"].items() >= {"app.kubernetes.io/name": "elastico"}.items()  # noqa: E501
+        assert (
+            template["metadata"]["labels"].items() >= {"app.kubernetes.io/name": "elastico"}.items()
+        )  # noqa: E501
     extender = templates["elastico-extender"]
     labels = extender["metadata"]["labels"]
     ports = {p["name"] for c in extender["spec"]["containers"] for p in c.get("ports", [])}
@@ -229,10 +232,8 @@ def tls_handshake(cert: Path, key: Path, ca: bytes, hostname: str) -> None:
     cli = client_ctx.wrap_bio(pipes[2], pipes[3], server_hostname=hostname)
     for _ in range(10):
         for end, outgoing, incoming in ((cli, pipes[3], pipes[0]), (srv, pipes[1], pipes[2])):
-            try:
+            with contextlib.suppress(ssl.SSLWantReadError):
                 end.do_handshake()
-            except ssl.SSLWantReadError:
-                pass
             incoming.write(outgoing.read())
     assert cli.getpeercert()["subjectAltName"]
 
