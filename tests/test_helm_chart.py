@@ -121,9 +121,7 @@ def test_services_pdbs_and_policies_select_the_pods_of_a_workload(variant):
     _, docs = variant
     templates = pod_templates(docs)
     for template in templates.values():
-        assert (
-            template["metadata"]["labels"].items() >= {"app.kubernetes.io/name": "elastico"}.items()
-        )  # noqa: E501
+        assert template["metadata"]["labels"]["app.kubernetes.io/name"] == "elastico"
     extender = templates["elastico-extender"]
     labels = extender["metadata"]["labels"]
     ports = {p["name"] for c in extender["spec"]["containers"] for p in c.get("ports", [])}

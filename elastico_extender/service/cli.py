@@ -78,11 +78,29 @@ def build_cluster(settings: ServiceSettings) -> Cluster:
     if settings.kubeconfig or (in_pod and not settings.embedded):
         from elastico_extender.cluster.kube import KubeCluster, api_client_from
 
-        return KubeCluster(
-            api_client_from(settings.kubeconfig),
+        api_client = api_client_from(settings.kubeconfig)
+        kube = KubeCluster(
+            api_client,
             resync_seconds=settings.resync_seconds,
             watch_timeout_seconds=settings.watch_timeout_seconds,
         )
+        if not settings.leader_election:
+            return kube
+        from elastico_extender.service.leader import LeaseTiming, elect
+
+        _, gated = elect(
+            kube,
+            api_client,
+            name=settings.lease_name,
+            namespace=settings.lease_namespace,
+            identity=settings.identity or None,
+            timing=LeaseTiming(
+                settings.lease_duration_seconds,
+                settings.renew_deadline_seconds,
+                settings.retry_period_seconds,
+            ),
+        )
+        return gated  # type: ignore[return-value]
     return EmbeddedCluster.from_file(settings.embedded)
 
 
@@ -144,12 +162,34 @@ def serve_main(argv: Sequence[str] | None = None) -> int:
     gc.collect()
     gc.freeze()
     app.state.engine.after_epoch.append(FreezeAfterEpochs())
+    _report_leadership(cluster, app.state.metrics)
     # The epoch thread computes for tens of ms; a verb waiting for the interpreter
     # lock gets it after at most this long instead of CPython's default 5 ms.
     sys.setswitchinterval(GIL_SWITCH_SECONDS)
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(_serve_all(servers))
     return 0
+
+
+def _report_leadership(cluster: Cluster, metrics: Any) -> None:
+    """elastico_leader is 1 on the Lease holder (always 1 without leader election)."""
+    elector = getattr(cluster, "elector", None)
+    if elector is None:
+        metrics.leader.set(1)
+        return
+    started, stopped = elector.on_started, elector.on_stopped
+
+    def on_started() -> bool:
+        ok = started() if started is not None else True
+        metrics.leader.set(1 if ok else 0)
+        return ok
+
+    def on_stopped() -> None:
+        metrics.leader.set(0)
+        if stopped is not None:
+            stopped()
+
+    elector.on_started, elector.on_stopped = on_started, on_stopped
 
 
 async def _serve_all(servers: list[uvicorn.Server]) -> None:
