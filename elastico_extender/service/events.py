@@ -185,7 +185,7 @@ class EventRecorder:
             try:
                 if event is None:
                     return
-                self.api.create_namespaced_event(event.metadata.namespace, event)
+                self.api.create_namespaced_event(str(event.metadata.namespace), event)
                 self.written += 1
             except (ApiException, OSError) as exc:  # an Event is best effort
                 log.warning("event.write_failed", extra={"error": str(exc)[:200]})
