@@ -1,0 +1,58 @@
+"""The webhook gives GPU settings to GPU containers only, and says what it keeps."""
+
+from __future__ import annotations
+
+import base64
+import json
+
+import httpx
+
+from elastico_extender.api.app import create_app
+from elastico_extender.api.routes.webhook import gpu_containers
+from elastico_extender.cluster.embedded import EmbeddedCluster
+from elastico_extender.service.server import ServerThread
+from elastico_extender.service.settings import ServiceSettings
+
+
+def pod(containers: list[dict]) -> dict:
+    return {"metadata": {"name": "job", "namespace": "ml",
+                         "annotations": {"elastico.io/family": "bert"}},
+            "spec": {"schedulerName": "elastico-scheduler", "containers": containers}}  # fmt: skip
+
+
+def review(server: ServerThread, obj: dict) -> dict:
+    body = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+            "request": {"uid": "r", "operation": "CREATE", "object": obj}}  # fmt: skip
+    return httpx.post(f"{server.url}/mutate", json=body, timeout=10).json()["response"]
+
+
+def patched_paths(response: dict) -> set[str]:
+    return {op["path"] for op in json.loads(base64.b64decode(response["patch"]))}
+
+
+GPU = {"resources": {"limits": {"nvidia.com/gpu": "1"}}}
+
+
+def test_gpu_containers_are_the_ones_requesting_a_gpu_else_the_first():
+    assert gpu_containers({"containers": [{"name": "log"}, {"name": "main", **GPU}]}) == [1]
+    assert gpu_containers({"containers": [{"name": "main"}, {"name": "log"}]}) == [0]
+    assert gpu_containers({"containers": []}) == []
+
+
+def test_sidecars_get_no_gpu_env_and_a_user_cuda_visible_devices_is_kept_with_a_warning():
+    app = create_app(ServiceSettings(epoch_seconds=60), EmbeddedCluster([], "test"))
+    with ServerThread(app) as server:
+        user_env = [{"name": "CUDA_VISIBLE_DEVICES", "value": "1"}]
+        response = review(server, pod([
+            {"name": "istio-proxy", "image": "proxy"},
+            {"name": "trainer", "image": "t", "env": user_env, **GPU},
+            {"name": "log-shipper", "image": "fluent"},
+        ]))  # fmt: skip
+        paths = patched_paths(response)
+        assert any(p.startswith("/spec/containers/1/env") for p in paths)
+        assert not any(p.startswith(("/spec/containers/0/", "/spec/containers/2/")) for p in paths)
+        ops = json.loads(base64.b64decode(response["patch"]))
+        added = [op["value"]["name"] for op in ops if op["path"] == "/spec/containers/1/env/-"]
+        assert "CUDA_VISIBLE_DEVICES" not in added and "PYTORCH_CUDA_ALLOC_CONF" in added
+        (warning,) = response["warnings"]
+        assert "trainer sets CUDA_VISIBLE_DEVICES itself" in warning
