@@ -15,8 +15,10 @@ Logging is configured here and only here.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import logging
+import os
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -38,7 +40,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
         "trace-driven simulation: ElastiCo vs Volcano-like and Lucid-like baselines",
     ),
     "train-iac": (
-        "elastico_extender.interference.train:main",
+        "elastico_extender.interference.train_cli:main",
         "train the interference DNN on a pair CSV and export it to ONNX (needs torch)",
     ),
     "run": (
@@ -56,6 +58,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+MAX_DEMO_GPUS = 65_536
+MAX_DEMO_JOBS = 100_000
+
+
 def _plan_demo(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(
         prog="elastico plan",
@@ -66,8 +72,12 @@ def _plan_demo(argv: Sequence[str]) -> int:
     parser.add_argument("--jobs", type=int, default=24, help="jobs arriving at once (default 24)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
-    if args.gpus < 1 or args.jobs < 0:
-        parser.error("--gpus must be >= 1 and --jobs >= 0")
+    if not 1 <= args.gpus <= MAX_DEMO_GPUS:
+        parser.error(f"--gpus must be 1..{MAX_DEMO_GPUS}, got {args.gpus}")
+    if not 0 <= args.jobs <= MAX_DEMO_JOBS:
+        parser.error(f"--jobs must be 0..{MAX_DEMO_JOBS}, got {args.jobs}")
+    if args.seed < 0:
+        parser.error(f"--seed must be >= 0, got {args.seed}")
     from elastico_extender.core.planner import plan
 
     families = catalog_families()
@@ -158,13 +168,14 @@ def _resolve(name: str) -> Callable[[Sequence[str]], int]:
     return getattr(importlib.import_module(module), func)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def _main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     commands = {
         **{k: v[1] for k, v in BUILTIN.items()},
         **{k: v[1] for k, v in SUBCOMMANDS.items()},
     }
-    usage = "\n".join(f"  {name:<10} {text}" for name, text in sorted(commands.items()))
+    width = max(map(len, commands))
+    usage = "\n".join(f"  {name:<{width}}  {text}" for name, text in sorted(commands.items()))
     if not argv or argv[0] in {"-h", "--help"}:
         print(
             f"usage: elastico <command> [options]\n\ncommands:\n{usage}\n\n"
@@ -184,6 +195,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ElasticoError as exc:
         print(f"elastico {name}: error: {exc}", file=sys.stderr)
         return 1
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    except BrokenPipeError:
+        # `elastico plan | head`: the reader left; exit quietly as other filters do.
+        with contextlib.suppress(OSError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141  # 128 + SIGPIPE, what a shell reports for a filter killed by it
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ import contextlib
 import gc
 import logging
 import os
+import socket
 import ssl
 import sys
 from collections.abc import Sequence
@@ -29,7 +30,7 @@ from elastico_extender.cluster.embedded import EmbeddedCluster
 from elastico_extender.service.gc_policy import FreezeAfterEpochs
 from elastico_extender.service.settings import ServiceSettings
 
-__all__ = ["build_cluster", "main", "parser", "serve_main"]
+__all__ = ["build_cluster", "listen", "main", "parser", "serve_main"]
 
 log = logging.getLogger(__name__)
 
@@ -134,6 +135,13 @@ def serve_main(argv: Sequence[str] | None = None) -> int:
     except Exception as exc:  # reported, not a traceback: usually a bad path or kubeconfig
         print(f"elastico serve: cannot start: {exc}", file=sys.stderr)
         return 1
+    try:  # bound before the banner: a busy port is an error, not a server that looks up
+        sockets = [listen(settings.host, settings.port)]
+        if settings.webhook_port is not None:
+            sockets.append(listen(settings.host, settings.webhook_port))
+    except OSError as exc:
+        print(f"elastico serve: cannot listen: {exc}", file=sys.stderr)
+        return 1
     if isinstance(cluster, EmbeddedCluster):
         print(
             f"elastico: no Kubernetes cluster configured; serving the {cluster.description}",
@@ -167,7 +175,7 @@ def serve_main(argv: Sequence[str] | None = None) -> int:
     # lock gets it after at most this long instead of CPython's default 5 ms.
     sys.setswitchinterval(GIL_SWITCH_SECONDS)
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(_serve_all(servers))
+        asyncio.run(_serve_all(servers, sockets))
     return 0
 
 
@@ -192,8 +200,25 @@ def _report_leadership(cluster: Cluster, metrics: Any) -> None:
     elector.on_started, elector.on_stopped = on_started, on_stopped
 
 
-async def _serve_all(servers: list[uvicorn.Server]) -> None:
-    await asyncio.gather(*(s.serve() for s in servers))
+def listen(host: str, port: int) -> socket.socket:
+    """A bound, listening TCP socket; OSError names the address when it is taken."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+        sock.listen(2048)
+    except OSError as exc:
+        sock.close()
+        raise OSError(exc.errno, f"{host}:{port}: {exc.strerror}") from None
+    sock.set_inheritable(True)
+    return sock
+
+
+async def _serve_all(servers: list[uvicorn.Server], sockets: list[socket.socket]) -> None:
+    await asyncio.gather(
+        *(s.serve(sockets=[sock]) for s, sock in zip(servers, sockets, strict=True))
+    )
 
 
 main = serve_main

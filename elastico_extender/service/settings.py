@@ -9,6 +9,7 @@ every invalid field with its name, not only the first.
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import MISSING, dataclass, fields, replace
@@ -153,11 +154,11 @@ class ServiceSettings:
         if self.webhook_port is not None and not self.tls_cert:
             found.append("webhook_port: the API server only calls webhooks over TLS")
         for name in ("epoch_seconds", "assume_ttl_seconds", "resync_seconds"):
-            if not getattr(self, name) > 0:
-                found.append(f"{name}: must be > 0 seconds")
+            if not 0 < getattr(self, name) < math.inf:
+                found.append(f"{name}: must be a finite number > 0 seconds")
         if self.max_body_bytes < 1024:
             found.append("max_body_bytes: must be >= 1024")
-        if not self.default_gpu_memory_mib > 0:
+        if not 0 < self.default_gpu_memory_mib < math.inf:
             found.append("default_gpu_memory_mib: must be > 0")
         if self.price_history < 1:
             found.append("price_history: must be >= 1")
