@@ -21,13 +21,14 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
 from elastico_extender import __version__
 from elastico_extender.core.model import GpuDevice, Job, Node, Snapshot
-from elastico_extender.core.resources import RESOURCE_NAMES
+from elastico_extender.core.resources import GPU_MEM, GPU_SM, RESOURCE_NAMES
 from elastico_extender.core.shapes.catalog import CATALOG, REFERENCE_DEVICE_MIB, catalog_families
 from elastico_extender.errors import ElasticoError
 
@@ -129,6 +130,9 @@ def _plan_demo(argv: Sequence[str]) -> int:
         )
     prices = ", ".join(f"{n}={p:.3f}" for n, p in zip(RESOURCE_NAMES, result.prices, strict=True))
     print(f"\nshadow prices: {prices}")
+    note = _zero_price_note(jobs, families, args.gpus, result.prices, len(result.queued))
+    if note:
+        print(note)
     print(
         f"admitted {len(result.assignments)}, queued {len(result.queued)}, "
         f"co-located GPUs {int(result.stats['colocated_devices'])}, "
@@ -136,6 +140,31 @@ def _plan_demo(argv: Sequence[str]) -> int:
         f"memory allocated {result.stats['memory_allocated']:.0%}"
     )
     return 0
+
+
+def _zero_price_note(
+    jobs: Sequence[Job], families: Mapping[str, Any], gpus: int, prices: Any, queued: int
+) -> str:
+    """Why every price is 0 although jobs wait (docs/plan-prices.md).
+
+    ESP returns the prices of the best-valued feasible selection it found.  When demand at
+    λ=0 is several times the capacity, the first step (proportional to the excess) lands
+    where no job prefers running; when it is near capacity, higher prices admit nothing
+    more.  Either way rationing at λ=0 is the best seen, and the queue shows the shortage.
+    """
+    if queued == 0 or float(np.max(prices)) > 0:
+        return ""
+    demand = sum((families[j.family].resources[families[j.family].fastest_index] for j in jobs),
+                 np.zeros(len(RESOURCE_NAMES)))  # fmt: skip
+    sm = demand[GPU_SM] / gpus
+    mem = demand[GPU_MEM] / (gpus * REFERENCE_DEVICE_MIB)
+    return (
+        f"prices are 0 although {queued} jobs wait: ESP keeps the prices of the best feasible "
+        "selection it finds, and no higher price it tried admitted more work than rationing "
+        f"at λ=0 (demand at λ=0: {sm:.1f}x the GPU SMs, {mem:.1f}x the GPU memory); admission "
+        "is by rationing in priority order, so the queue, not the price, shows the shortage "
+        "(docs/plan-prices.md)"
+    )
 
 
 def _catalog(argv: Sequence[str]) -> int:

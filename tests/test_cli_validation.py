@@ -117,3 +117,15 @@ def test_every_help_banner_names_the_command_a_user_types():
         usage = elastico(command, "--help").stdout
         expected = "usage: elastico-run" if command == "run" else f"usage: elastico {command}"
         assert usage.startswith(expected), usage[:80]
+
+
+def test_plan_explains_zero_prices_when_the_cluster_is_short():
+    short = elastico("plan", "--gpus", "16", "--jobs", "100")
+    assert short.returncode == 0
+    prices = next(line for line in short.stdout.splitlines() if line.startswith("shadow prices"))
+    if all(part.endswith("=0.000") for part in prices.split(": ")[1].split(", ")):
+        assert "prices are 0 although" in short.stdout
+        assert "4.0x the GPU memory" in short.stdout
+    priced = elastico("plan", "--gpus", "16", "--jobs", "40")
+    assert "gpu_mem_mib=0.000" not in priced.stdout
+    assert "prices are 0 although" not in priced.stdout
