@@ -7,10 +7,12 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
+import re
 import ssl
+import time
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse
+from urllib.parse import unquote, urlparse
 
 import pytest
 import yaml
@@ -265,3 +267,95 @@ def test_every_object_is_created_on_the_api_server_with_the_real_client(variant)
         assert {d["metadata"]["name"] for d in docs} <= stored
     finally:
         server.stop()
+
+
+_REQUEST = re.compile(
+    r"^(?:(?P<method>[A-Z]+) )?/(?:api/v1|apis/(?P<group>[^/]+)/[^/]+)"
+    r"(?:/namespaces/[^/]+)?/(?P<resource>[^/?]+)(?:/(?P<name>[^/?]+))?(?:/(?P<sub>[^/?]+))?"
+    r"(?P<query>\?.*)?$"
+)
+_VERBS = {"POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}
+
+
+def rbac_needs(requests: list[str]) -> set[tuple[str, str, str]]:
+    """(apiGroup, resource[/subresource], verb) of each request the fake server saw."""
+    needs = set()
+    for entry in requests:
+        m = _REQUEST.match(unquote(entry))
+        assert m, entry
+        resource = m["resource"] + (f"/{m['sub']}" if m["sub"] else "")
+        if m["method"]:
+            verb = _VERBS[m["method"]]
+        elif m["name"]:
+            verb = "get"
+        else:
+            verb = "watch" if "watch=" in (m["query"] or "") else "list"
+        needs.add((m["group"] or "", resource, verb))
+    return needs
+
+
+def allowed(roles: list[dict[str, Any]], group: str, resource: str, verb: str) -> bool:
+    return any(
+        group in rule["apiGroups"] and resource in rule["resources"] and verb in rule["verbs"]
+        for role in roles
+        for rule in role["rules"]
+    )
+
+
+def test_extender_rbac_covers_every_request_the_code_makes():
+    """Run what the extender does (watch, bind, reconfigure, evict, lead, label its pod,
+    record Events) against the fake API server, then check each request against the
+    chart's roles for the extender's account."""
+    from kubernetes import client as k8s
+
+    from elastico_extender.cluster.base import BindRequest
+    from elastico_extender.cluster.kube import KubeCluster
+    from elastico_extender.service.events import EventRecorder, PodRef
+    from elastico_extender.service.leader import LeaseTiming, elect, label_own_pod
+
+    docs = render({})
+    account = "elastico-extender"
+    role_names = {
+        (b["roleRef"]["kind"], b["roleRef"]["name"])
+        for b in docs
+        if b["kind"] in ("ClusterRoleBinding", "RoleBinding")
+        and any(s["name"] == account for s in b["subjects"])
+    }
+    roles = [d for d in docs if (d["kind"], d["metadata"]["name"]) in role_names]
+    server = FakeApiServer().start()
+    pod = {"apiVersion": "v1", "kind": "Pod",
+           "metadata": {"name": "p", "namespace": "ml", "uid": "uid-p"},
+           "spec": {"containers": [{"name": "c", "image": "i"}]}}  # fmt: skip
+    server.put("pods", pod)
+    server.put("pods", {**pod, "metadata": {**pod["metadata"], "name": account, "uid": "e",
+                                            "namespace": NAMESPACE}})  # fmt: skip
+    api = k8s.ApiClient(k8s.Configuration(host=server.url))
+    kube = KubeCluster(api, resync_seconds=300, watch_timeout_seconds=5)
+    timing = LeaseTiming(1.5, 1.0, 0.1)
+    elector, cluster = elect(kube, api, name="elastico-extender", namespace=NAMESPACE,
+                             identity=account, timing=timing)  # fmt: skip
+    try:
+        cluster.start()
+        assert kube.wait_synced(15)
+        deadline = time.monotonic() + 10
+        while not elector.is_leader() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        request = BindRequest("ml", "p", "uid-p", "n0", {"elastico.io/x": "1"}, "cm-p", {"K": "v"})
+        cluster.bind(request)
+        cluster.reconfigure(request)
+        cluster.evict("ml", "p", "uid-p")
+        label_own_pod(k8s.CoreV1Api(api), NAMESPACE, account, False)
+        events = EventRecorder(api)
+        events.start()
+        events.bound(PodRef("ml", "p"), "bound")
+        events.flush()
+        events.stop()
+    finally:
+        cluster.stop()
+        server.stop()
+    needs = rbac_needs(server.requests)
+    for need in [("", "pods/binding", "create"), ("coordination.k8s.io", "leases", "update"),
+                 ("", "events", "create"), ("", "pods/eviction", "create")]:  # fmt: skip
+        assert need in needs  # the scenario exercised it
+    missing = sorted(n for n in needs if not allowed(roles, *n))
+    assert missing == []
