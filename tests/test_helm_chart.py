@@ -29,6 +29,7 @@ FULL = {
     "tls": {"mode": "cert-manager"},
     "metrics": {"serviceMonitor": {"enabled": True}, "prometheusRule": {"enabled": True}},
     "predictor": {"configMap": "my-iac-model"},
+    "mpsDaemon": {"enabled": True},
 }
 VARIANTS = {"defaults": {}, "cert-manager+monitoring": FULL}
 MODELS = {
@@ -155,11 +156,17 @@ def test_every_secret_configmap_and_account_a_pod_uses_is_rendered(variant):
     accounts = set(named(docs, "ServiceAccount"))
     for name, template in pod_templates(docs).items():
         spec = template["spec"]
-        assert spec["serviceAccountName"] in accounts, name
-        assert spec["securityContext"]["runAsNonRoot"] is True
+        # the MPS control daemon is the one privileged, root part (a node-level daemon)
+        node_daemon = template["metadata"]["labels"]["app.kubernetes.io/component"] == "mps"
+        if node_daemon:
+            assert spec["automountServiceAccountToken"] is False
+        else:
+            assert spec["serviceAccountName"] in accounts, name
+            assert spec["securityContext"]["runAsNonRoot"] is True
         volumes = {v["name"]: v for v in spec.get("volumes", [])}
         for container in spec["containers"]:
-            assert container["securityContext"]["allowPrivilegeEscalation"] is False
+            if not node_daemon:
+                assert container["securityContext"]["allowPrivilegeEscalation"] is False
             for mount in container.get("volumeMounts", []):
                 assert mount["name"] in volumes, (name, mount["name"])
         for volume in volumes.values():
