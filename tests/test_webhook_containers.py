@@ -56,3 +56,21 @@ def test_sidecars_get_no_gpu_env_and_a_user_cuda_visible_devices_is_kept_with_a_
         assert "CUDA_VISIBLE_DEVICES" not in added and "PYTORCH_CUDA_ALLOC_CONF" in added
         (warning,) = response["warnings"]
         assert "trainer sets CUDA_VISIBLE_DEVICES itself" in warning
+
+
+def test_elastico_run_reads_the_decision_file_where_the_webhook_mounts_it():
+    from elastico_extender.annotations import parse_intent
+    from elastico_extender.api.routes.webhook import mutation_patch
+    from elastico_extender.launcher.run import annotations_path
+    from elastico_extender.service.families import FamilyResolver
+
+    obj = pod([{"name": "trainer", "image": "t", **GPU}])
+    intent = parse_intent(obj["metadata"]["annotations"], FamilyResolver(40960.0))
+    ops = mutation_patch(obj, intent, mps=True)
+    by_path = {op["path"]: op["value"] for op in ops}
+    env = {e["name"]: e.get("value") for e in by_path["/spec/containers/0/env"]}
+    (mount,) = by_path["/spec/containers/0/volumeMounts"]
+    (item,) = by_path["/spec/volumes"][0]["downwardAPI"]["items"]
+    mounted = f"{mount['mountPath']}/{item['path']}"
+    assert annotations_path(env) == mounted  # with the env the webhook injects
+    assert annotations_path({}) == mounted  # and without it
