@@ -74,3 +74,14 @@ def test_elastico_run_reads_the_decision_file_where_the_webhook_mounts_it():
     mounted = f"{mount['mountPath']}/{item['path']}"
     assert annotations_path(env) == mounted  # with the env the webhook injects
     assert annotations_path({}) == mounted  # and without it
+
+
+def test_the_profiling_annotation_elastico_run_reads_is_accepted_not_reported_unknown():
+    from elastico_extender.annotations import parse_intent
+    from elastico_extender.service.families import FamilyResolver
+
+    intent = parse_intent(
+        {"elastico.io/family": "bert", "elastico.io/profiling": "true"}, FamilyResolver(40960.0)
+    )
+    assert intent is not None
+    assert parse_intent({"elastico.io/profiling": "true"}, FamilyResolver(40960.0)) is None
