@@ -204,3 +204,37 @@ def test_view_caught_up_compares_resource_versions():
     assert view_caught_up({"u1": "6"}, state)
     assert not view_caught_up({"u1": "9"}, state)  # the view lags the list
     assert not view_caught_up({"u2": "3"}, state)  # a pod the view has not seen
+
+
+def test_serve_wires_leader_election_from_settings_and_reports_it_as_a_metric(server, tmp_path):
+    import yaml
+
+    from elastico_extender.service.cli import _report_leadership, build_cluster
+    from elastico_extender.service.metrics import PrometheusMetrics
+
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "t",
+        "clusters": [{"name": "c", "cluster": {"server": server.url}}],
+        "users": [{"name": "u", "user": {"token": "x"}}],
+        "contexts": [{"name": "t", "context": {"cluster": "c", "user": "u"}}],
+    }))  # fmt: skip
+    settings = ServiceSettings.load(env={}, overrides={
+        "kubeconfig": str(kubeconfig), "leader_election": True, "lease_namespace": "ops",
+        "identity": "replica-x", "lease_duration_seconds": 1.5,
+        "renew_deadline_seconds": 1.0, "retry_period_seconds": 0.1,
+    })  # fmt: skip
+    cluster = build_cluster(settings)
+    metrics = PrometheusMetrics()
+    _report_leadership(cluster, metrics)
+    cluster.start()
+    try:
+        wait_for(cluster.elector.is_leader)
+        assert metrics.registry.get_sample_value("elastico_leader") == 1
+        lease = server.store.get("coordination.k8s.io", "leases", "ops", "elastico-extender")
+        assert lease and lease["spec"]["holderIdentity"] == "replica-x"
+    finally:
+        cluster.stop()
+    lease = server.store.get("coordination.k8s.io", "leases", "ops", "elastico-extender")
+    assert lease["spec"]["holderIdentity"] == ""  # released on a clean stop
+    assert metrics.registry.get_sample_value("elastico_leader") == 0
