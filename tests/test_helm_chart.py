@@ -366,3 +366,23 @@ def test_extender_rbac_covers_every_request_the_code_makes():
         assert need in needs  # the scenario exercised it
     missing = sorted(n for n in needs if not allowed(roles, *n))
     assert missing == []
+
+
+def test_dashboard_and_alerts_query_only_metrics_the_service_exports():
+    from elastico_extender.service.metrics import PrometheusMetrics
+
+    metrics = PrometheusMetrics()
+    exported = {
+        sample.name for family in metrics.registry.collect() for sample in family.samples
+    } | {family.name for family in metrics.registry.collect()}
+    dashboard = json.loads((CHART / "dashboards" / "elastico.json").read_text())
+    queries = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
+    rule = named(render(FULL), "PrometheusRule")["elastico-extender"]
+    queries += [r["expr"] for g in rule["spec"]["groups"] for r in g["rules"]]
+    used = {name for q in queries for name in re.findall(r"\belastico_[a-z_]+", q)}
+    assert used, "no ElastiCo metric queried"
+    assert used <= exported, sorted(used - exported)
+    assert {r["alert"] for g in rule["spec"]["groups"] for r in g["rules"]} >= {
+        "ElasticoPredictorDegraded", "ElasticoEpochsFailing", "ElasticoHarmfulPairsObserved",
+        "ElasticoPodsPending",
+    }  # fmt: skip
