@@ -372,9 +372,13 @@ def test_dashboard_and_alerts_query_only_metrics_the_service_exports():
     from elastico_extender.service.metrics import PrometheusMetrics
 
     metrics = PrometheusMetrics()
+    suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"),
+                "gauge": ("",)}  # fmt: skip
     exported = {
-        sample.name for family in metrics.registry.collect() for sample in family.samples
-    } | {family.name for family in metrics.registry.collect()}
+        family.name + suffix
+        for family in metrics.registry.collect()
+        for suffix in suffixes[family.type]
+    }
     dashboard = json.loads((CHART / "dashboards" / "elastico.json").read_text())
     queries = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
     rule = named(render(FULL), "PrometheusRule")["elastico-extender"]
