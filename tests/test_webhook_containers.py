@@ -61,7 +61,7 @@ def test_sidecars_get_no_gpu_env_and_a_user_cuda_visible_devices_is_kept_with_a_
 def test_elastico_run_reads_the_decision_file_where_the_webhook_mounts_it():
     from elastico_extender.annotations import parse_intent
     from elastico_extender.api.routes.webhook import mutation_patch
-    from elastico_extender.launcher.run import annotations_path
+    from elastico_extender.launcher.run import DEFAULT_ANNOTATIONS
     from elastico_extender.service.families import FamilyResolver
 
     obj = pod([{"name": "trainer", "image": "t", **GPU}])
@@ -72,8 +72,9 @@ def test_elastico_run_reads_the_decision_file_where_the_webhook_mounts_it():
     (mount,) = by_path["/spec/containers/0/volumeMounts"]
     (item,) = by_path["/spec/volumes"][0]["downwardAPI"]["items"]
     mounted = f"{mount['mountPath']}/{item['path']}"
-    assert annotations_path(env) == mounted  # with the env the webhook injects
-    assert annotations_path({}) == mounted  # and without it
+    assert mounted == DEFAULT_ANNOTATIONS
+    named_file = [v for k, v in env.items() if k.endswith(("_FILE",)) and v]
+    assert all(value == mounted for value in named_file)
 
 
 def test_the_profiling_annotation_elastico_run_reads_is_accepted_not_reported_unknown():

@@ -40,20 +40,7 @@ __all__ = ["Supervisor", "build_launch", "compose_preload", "load_settings", "ma
 
 log = logging.getLogger(__name__)
 
-DEFAULT_ANNOTATIONS = "/etc/elastico/annotations"
-"""Where the webhook mounts the downward-API annotations file (api/routes/webhook.py)."""
-
-
-def annotations_path(environ: Mapping[str, str]) -> str:
-    """The decision file: ``ELASTICO_ANNOTATIONS_FILE``, else the ``ELASTICO_DECISION_FILE``
-    the webhook sets, else the webhook's mount point."""
-    return (
-        environ.get("ELASTICO_ANNOTATIONS_FILE")
-        or environ.get("ELASTICO_DECISION_FILE")
-        or DEFAULT_ANNOTATIONS
-    )
-
-
+DEFAULT_ANNOTATIONS = "/etc/elastico/annotations"  # where the webhook mounts the file
 SITE_DIR = Path(__file__).resolve().parent / "_site"
 
 
@@ -214,7 +201,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--annotations",
         type=Path,
-        default=Path(annotations_path(environ)),
+        default=Path(environ.get("ELASTICO_ANNOTATIONS_FILE", DEFAULT_ANNOTATIONS)),
         help="downward-API annotations file (default %(default)s)",
     )
     parser.add_argument(
