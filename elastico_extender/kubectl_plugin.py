@@ -29,7 +29,7 @@ def _proxy_fetcher(args: argparse.Namespace) -> Fetch:
 
     api_client = config.new_client_from_config(config_file=args.kubeconfig, context=args.context)
     core = client.CoreV1Api(api_client)
-    service = f"https:{args.service}:8443"
+    service = f"https:{args.service}:{args.port}"
 
     def fetch(path: str) -> Any:
         resp = core.connect_get_namespaced_service_proxy_with_path(
@@ -131,6 +131,7 @@ def parser() -> argparse.ArgumentParser:
         default="elastico-webhook",
         help="the Service every extender replica answers on (chart: RELEASE-webhook)",
     )
+    p.add_argument("--port", type=int, default=8443, help="the Service port serving the views")
     p.add_argument("--pod-namespace", default="default", help="namespace of POD for why")
     p.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG, ~/.kube/config)")
     p.add_argument("--context", help="kubeconfig context")
