@@ -238,3 +238,21 @@ def test_serve_wires_leader_election_from_settings_and_reports_it_as_a_metric(se
     lease = server.store.get("coordination.k8s.io", "leases", "ops", "elastico-extender")
     assert lease["spec"]["holderIdentity"] == ""  # released on a clean stop
     assert metrics.registry.get_sample_value("elastico_leader") == 0
+
+
+def test_a_replica_whose_view_lags_the_api_server_does_not_start_leading(server):
+    from elastico_extender.service.leader import catch_up_fence
+
+    api = client.ApiClient(client.Configuration(host=server.url))
+    core = client.CoreV1Api(api)
+    state = ClusterState()
+    state.replace("pods", [], "0")  # a view that has seen none of the server's 12 pods
+    fence = catch_up_fence(core, state, timeout=0.3)
+    assert fence() is False
+    elector = LeaderElector(api, name="lag", namespace="ns", identity="x", timing=TIMING)
+    elector.on_started = fence
+    elector.step()
+    assert not elector.is_leader()  # holds the Lease, but will not write on a stale view
+    state.replace("pods", list(server.objects["pods"].values()), str(server.rv))
+    elector.step()
+    assert elector.is_leader()
