@@ -85,3 +85,15 @@ def test_the_queue_and_the_key_memory_are_bounded(server):
     results = [rec.bound(PodRef("ml", f"p{i}"), "bound") for i in range(50)]
     assert results.count(True) == 3 and rec.dropped == 47
     assert len(rec._last) == 10
+
+
+def test_rejected_configurations_are_listed_with_reasons_and_capped():
+    from elastico_extender.service.events import rejected_configurations_message
+
+    rejected = [(f"batch_size={b}", f"memory {b // 4} GiB > budget 12 GiB") for b in (64, 128)]
+    assert rejected_configurations_message(rejected) == (
+        "rejected batch_size=64: memory 16 GiB > budget 12 GiB; "
+        "batch_size=128: memory 32 GiB > budget 12 GiB"
+    )
+    many = [(f"c{i}", "Ŝ=1.4 > τ=1.25") for i in range(8)]
+    assert rejected_configurations_message(many).endswith("(+3 more)")

@@ -39,6 +39,7 @@ __all__ = [
     "bound_message",
     "reconfigured_message",
     "refused_message",
+    "rejected_configurations_message",
 ]
 
 log = logging.getLogger(__name__)
@@ -77,6 +78,13 @@ def refused_message(node: str, because: str) -> str:
     return f"refused {node}: {because}"
 
 
+def rejected_configurations_message(rejected: list[tuple[str, str]], limit: int = 5) -> str:
+    """Configurations the plan did not take, each with its reason (the first ``limit``)."""
+    shown = "; ".join(f"{label}: {why}" for label, why in rejected[:limit])
+    more = f" (+{len(rejected) - limit} more)" if len(rejected) > limit else ""
+    return f"rejected {shown}{more}"
+
+
 class EventRecorder:
     """Writes rate-limited core/v1 Events about pods; ``start`` / ``stop`` the writer."""
 
@@ -112,6 +120,9 @@ class EventRecorder:
 
     def refused(self, pod: PodRef, message: str) -> bool:
         return self.record(pod, "Warning", "Refused", message)
+
+    def rejected(self, pod: PodRef, message: str) -> bool:
+        return self.record(pod, "Normal", "ConfigurationsRejected", message)
 
     def record(self, pod: PodRef, type_: str, reason: str, message: str) -> bool:
         """Queue an Event; False when rate-limited or the queue is full."""
