@@ -112,3 +112,17 @@ def test_docs_page_loads_every_asset_from_the_service_itself():
         js = httpx.get(f"{server.url}/docs/assets/swagger-ui-bundle.js", timeout=10).text
         assert "SwaggerUIBundle" in js
         assert httpx.get(f"{server.url}/redoc", timeout=10).status_code == 404
+
+
+def test_the_bundle_example_pod_runs_the_wrapper_the_init_container_writes(tmp_path):
+    import yaml
+
+    pod = yaml.safe_load((ROOT / "deploy/examples/training-pod-runtime-bundle.yaml").read_text())
+    (init,) = pod["spec"]["initContainers"]
+    (main,) = pod["spec"]["containers"]
+    assert init["args"][0] == "runtime-bundle"
+    shared = init["args"][1]
+    assert {"name": "elastico", "mountPath": shared} in init["volumeMounts"]
+    assert {"name": "elastico", "mountPath": shared} in main["volumeMounts"]
+    wrapper = build_bundle(tmp_path / shared.lstrip("/"))
+    assert main["command"][0] == shared + "/" + str(wrapper.relative_to(tmp_path / shared[1:]))
