@@ -73,9 +73,9 @@ def test_pods_of_one_shape_share_an_answer_until_the_view_changes():
     twin["metadata"].update(name="twin", uid="uid-twin")
     first = engine.filter(pod, names)
     assert engine.filter(twin, names) == first
-    cached = len(engine._answer_cache)
+    cached = len(engine.verbs._answer_cache)
     engine.filter(twin, names)
-    assert len(engine._answer_cache) == cached  # one entry for the shape
+    assert len(engine.verbs._answer_cache) == cached  # one entry for the shape
     assert first.passed
     meta = pod["metadata"]
     assert (
@@ -155,7 +155,7 @@ def test_prioritize_scores_follow_a_bind_not_the_cached_answer():
     assert engine.filter(twin, ["g0"]).passed == ["g0"]
     assert engine.bind("ml", "twin", "uid-twin", "g0") == ""
     after = engine.prioritize(pod, ["g0", "g1"]).pairs()
-    engine._score_cache.clear()
-    engine._answer_cache.clear()
+    engine.verbs._score_cache.clear()
+    engine.verbs._answer_cache.clear()
     assert engine.prioritize(pod, ["g0", "g1"]).pairs() == after  # recomputed: the same
     assert after != before  # g0 is fuller now

@@ -82,7 +82,8 @@ def test_a_bound_pod_with_invalid_annotations_is_reported_every_epoch():
     cluster = EmbeddedCluster([gpu_node("a", 2, "1"), broken], "test")
     engine = Engine(ServiceSettings(epoch_seconds=60), cluster)
     for _ in range(3):
-        snapshot, _, _, invalid = engine.build_snapshot()
+        built = engine.build_snapshot()
+        snapshot, invalid = built.snapshot, built.invalid
         assert "elastico.io/mode" in invalid["uid-bad"]
         assert [j.devices for j in snapshot.jobs] == [(("a", 0),)]  # still holds its GPU
 
@@ -117,12 +118,12 @@ def test_the_plans_moves_evict_only_pods_that_allow_it_and_a_controller_owns():
         }
         return Plan(epoch=1, prices=np.zeros(NUM_RESOURCES), assignments=assignments)
 
-    engine._apply_reconfigurations(moves("optout", "bare", "ok", "ok2"), meta)
+    engine.actuator.apply(moves("optout", "bare", "ok", "ok2"), meta, {})
     assert cluster.evictions == [("t", "ok")]  # one per epoch; opted-out and unowned stay
-    engine._apply_reconfigurations(moves("ok", "ok2"), meta)  # "ok" is already on its way
+    engine.actuator.apply(moves("ok", "ok2"), meta, {})  # "ok" is already on its way
     assert cluster.evictions == [("t", "ok"), ("t", "ok2")]
     remaining = {p["metadata"]["name"] for p in cluster.state.pods().values()}
     assert remaining == {"ok3", "optout", "bare"}
     off = Engine(ServiceSettings(epoch_seconds=60, max_migrations_per_epoch=0), cluster)
-    off._apply_reconfigurations(moves("ok3"), off.build_snapshot()[1])
+    off.actuator.apply(moves("ok3"), off.build_snapshot()[1], {})
     assert len(cluster.evictions) == 2  # 0: moves are only logged
