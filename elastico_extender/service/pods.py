@@ -36,10 +36,12 @@ __all__ = [
     "webhook_applied",
 ]
 
-POD_JOB_CACHE = 16384
-"""Pods whose translation is remembered (LRU); each entry is a few hundred bytes."""
-MAX_PROBLEM_CHARS = 512
-"""Longest text kept per annotation problem (the cache never holds a caller's whole value)."""
+POD_JOB_CACHE = 4096
+"""Pods whose translation is remembered (LRU); an entry is about 1 KB (a Job, an
+intent that shares its family with every other pod of the family), or at most
+``MAX_PROBLEM_CHARS`` of problem text: a few MiB in all."""
+MAX_PROBLEM_CHARS = 2048
+"""Problem text kept per invalid pod (the cache never holds a caller's whole value)."""
 DECISION_VOLUME = "elastico-decision"
 """The downward-API volume the mutating webhook adds (``api.routes.webhook``): its
 presence is how the extender knows a pod was admitted through the webhook."""
@@ -72,6 +74,19 @@ def created_at(pod: Mapping[str, Any]) -> float:
         return datetime.fromisoformat(str(stamp).replace("Z", "+00:00")).timestamp()
     except ValueError:
         return 0.0
+
+
+def _bounded(problems: list[tuple[str, str]]) -> tuple[tuple[str, str], ...]:
+    """The problems, cut to ``MAX_PROBLEM_CHARS`` of text in all."""
+    kept: list[tuple[str, str]] = []
+    left = MAX_PROBLEM_CHARS
+    for key, message in problems:
+        key, message = key[: left // 2], message[: max(left // 2, 0)]
+        left -= len(key) + len(message)
+        if left < 0 or not key:
+            break
+        kept.append((key, message))
+    return tuple(kept) or (("metadata.annotations", "invalid"),)
 
 
 def webhook_applied(pod: Mapping[str, Any]) -> bool:
@@ -133,7 +148,7 @@ class PodJobs:
             try:
                 cached = self._build(pod, uid)
             except AnnotationError as exc:
-                cached = tuple((k, m[:MAX_PROBLEM_CHARS]) for k, m in exc.problems[:32])
+                cached = _bounded(exc.problems)
             with self._lock:
                 self._cache[key] = cached
                 while len(self._cache) > self.capacity:

@@ -45,6 +45,9 @@ MAX_SCORE = 10
 _UNRESOLVABLE = frozenset({"unknown-node", "gpu-count", "no-configuration", "webhook"})
 """Rejection labels that no preemption can cure (FailedAndUnresolvableNodes)."""
 HTTP_CONFLICT = 409
+ANSWER_BUDGET_BYTES = 32 << 20
+"""Arrays kept by the answer cache, at most (an answer is ~60 bytes per node; callers
+choose pod shapes, so the bound is in bytes, not entries)."""
 
 
 class VerbMetrics(Protocol):
@@ -113,8 +116,11 @@ class Verbs:
         self.actuator = actuator
         self.loop = loop
         self.metrics = metrics
-        # Answers per pod shape while the view is unchanged (bookings.version).
-        self._answer_cache: OrderedDict[Hashable, tuple[int, Answers]] = OrderedDict()
+        # Answers per pod shape while the view is unchanged (bookings.version), with
+        # their size: at most answer_budget bytes in all.
+        self._answer_cache: OrderedDict[Hashable, tuple[int, Answers, int]] = OrderedDict()
+        self.answer_budget = ANSWER_BUDGET_BYTES
+        self.answer_bytes = 0
         # (answers, node indices) -> prioritize's scores, while both objects are cached.
         self._score_cache: OrderedDict[tuple[int, int], tuple[Answers, np.ndarray, np.ndarray]] = (
             OrderedDict()
@@ -177,9 +183,16 @@ class Verbs:
             if home in view.node_index:
                 verdict = self.bookings.held_verdict(pub, pj, home, devices)
                 answers = answers.with_verdict(view.node_index[home], verdict, view.table.index)
-        self._answer_cache[key] = (version, answers)
-        if len(self._answer_cache) > 256:
-            self._answer_cache.popitem(last=False)
+        size = answer_bytes(answers)
+        old = self._answer_cache.pop(key, None)
+        if old is not None:
+            self.answer_bytes -= old[2]
+        self._answer_cache[key] = (version, answers, size)
+        self.answer_bytes += size
+        while self._answer_cache and (
+            self.answer_bytes > self.answer_budget or len(self._answer_cache) > 256
+        ):
+            self.answer_bytes -= self._answer_cache.popitem(last=False)[1][2]
         return answers
 
     def _distinct(self, view: PlacementView, names: Iterable[str]) -> tuple[list[str], np.ndarray]:
@@ -379,6 +392,24 @@ class Verbs:
             if here and len(here) == len(uids):
                 kept[node] = here
         return kept
+
+
+def answer_bytes(answers: Answers) -> int:
+    """The bytes an answer's own arrays hold (names and refs belong to the view)."""
+    return sum(
+        a.nbytes
+        for a in (
+            answers.asked,
+            answers.feasible,
+            answers.config,
+            answers.devices,
+            answers.slowdown,
+            answers.tolerance,
+            answers.score,
+            answers.budget,
+            answers.reason_of,
+        )
+    ) + sum(len(r) for r in answers.reasons)
 
 
 def scores(pub: Published, answers: Answers, at: np.ndarray) -> np.ndarray:
