@@ -118,19 +118,21 @@ class EmbeddedCluster:
         with self._lock:
             pod = self.state.pod_by_name(request.namespace, request.name)
             if pod is None:
-                raise ClusterError(f"pod {request.namespace}/{request.name} not found")
+                raise ClusterError(f"pod {request.namespace}/{request.name} not found", 404)
             uid = str(pod["metadata"].get("uid"))
             if request.uid and uid != request.uid:
                 raise ClusterError(
-                    f"pod {request.namespace}/{request.name} has UID {uid}, not {request.uid}"
+                    f"pod {request.namespace}/{request.name} has UID {uid}, not {request.uid}",
+                    409,
                 )
             if pod.get("spec", {}).get("nodeName"):
                 raise ClusterError(
                     f"pod {request.namespace}/{request.name} is already bound to "
-                    f"{pod['spec']['nodeName']}"
+                    f"{pod['spec']['nodeName']}",
+                    409,
                 )
             if self.state.node(request.node) is None:
-                raise ClusterError(f"node {request.node} not found")
+                raise ClusterError(f"node {request.node} not found", 404)
             self.bindings.append(binding_object(request))
             self._write_decision(pod, request, bind=True)
 
