@@ -16,7 +16,8 @@ It serves, over real HTTP/1.1 on 127.0.0.1:
 
 Test hooks: :meth:`compact` (older versions expire), :meth:`drop_watches`
 (cut every open stream mid-chunk, as a dying load balancer would),
-:meth:`bookmark`, :attr:`write_delay` (each write waits, as an etcd commit does).  The official ``kubernetes`` client talks to it unchanged.
+:meth:`bookmark`, :attr:`write_delay` (each write waits, as an etcd commit does).
+The official ``kubernetes`` client talks to it unchanged.
 """
 
 from __future__ import annotations
