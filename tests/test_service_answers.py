@@ -7,6 +7,7 @@ import dataclasses
 import json
 
 import pytest
+from test_service_snapshot import DECISION_VOLUME
 from test_service_wire import WIRE, wire_cluster
 
 from elastico_extender.cluster.embedded import EmbeddedCluster
@@ -102,7 +103,8 @@ def _benchmark_like_cluster() -> EmbeddedCluster:
                             "uid": f"uid-{name}", "resourceVersion": "1",
                             "annotations": annotations},
                             "spec": {"nodeName": f"n{i}", "containers": [{"name": "c",
-                                     "resources": {"limits": {"nvidia.com/gpu": "1"}}}]},
+                                     "resources": {"limits": {"nvidia.com/gpu": "1"}}}],
+                                     "volumes": [DECISION_VOLUME]},
                             "status": {"phase": "Running"}})  # fmt: skip
     return EmbeddedCluster(objects, "test")
 

@@ -43,6 +43,11 @@ def test_heartbeats_keep_the_nodes_tuple_and_changes_replace_it():
     assert [n.name for n in engine.build_snapshot()[0].nodes] == ["a"]
 
 
+DECISION_VOLUME = {"name": "elastico-decision", "downwardAPI": {"items": [
+    {"path": "annotations", "fieldRef": {"fieldPath": "metadata.annotations"}}]}}  # fmt: skip
+"""What the webhook adds (the extender shares GPUs only with pods that carry it)."""
+
+
 def bound_pod(name: str, node: str, device: int, family: str = "bert") -> dict:
     annotations = {"elastico.io/family": family, "elastico.io/assigned-node": node,
                    "elastico.io/assigned-devices": str(device)}  # fmt: skip
@@ -51,7 +56,8 @@ def bound_pod(name: str, node: str, device: int, family: str = "bert") -> dict:
             "metadata": {"name": name, "namespace": "t", "uid": f"uid-{name}",
                          "resourceVersion": "1", "annotations": annotations},
             "spec": {"nodeName": node, "containers": [{"name": "m", "image": "i",
-                     "resources": {"limits": limits, "requests": limits}}]},
+                     "resources": {"limits": limits, "requests": limits}}],
+                     "volumes": [DECISION_VOLUME]},
             "status": {"phase": "Running"}}  # fmt: skip
 
 

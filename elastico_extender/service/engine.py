@@ -103,7 +103,7 @@ class Engine:
         self.families = families or FamilyResolver(settings.default_gpu_memory_mib)
         self.metrics = metrics or Metrics()
         self.clock = clock
-        self.pod_jobs = PodJobs(self.families)
+        self.pod_jobs = PodJobs(self.families, require_webhook=settings.require_webhook)
         self.builder = SnapshotBuilder(
             cluster.state,
             self.pod_jobs,
