@@ -302,7 +302,7 @@ def test_epoch_reconfigures_a_running_pod_in_place_to_admit_another():
     ConfigMap and annotations (what elastico-run reads), without a new Binding."""
     cluster = EmbeddedCluster([gpu_node("g0")], "test")
     cluster.add_pod(elastic_pod("bert-a", "bert"))
-    server, token = start(cluster)
+    server, token = start(cluster, min_dwell_seconds=0)  # reshaped at once: no dwell
     auth = {"Authorization": f"Bearer {token}"}
     try:
         bind = {"PodName": "bert-a", "PodNamespace": "ml", "PodUID": "uid-bert-a", "Node": "g0"}

@@ -133,3 +133,35 @@ def test_the_plans_moves_evict_only_pods_that_allow_it_and_a_controller_owns():
     off = Engine(ServiceSettings(epoch_seconds=60, max_migrations_per_epoch=0), cluster)
     off.actuator.apply(moves("ok3"), off.build_snapshot()[1], {})
     assert len(cluster.evictions) == 2  # 0: moves are only logged
+
+
+def test_a_pod_keeps_its_configuration_for_the_dwell_time_after_its_bind():
+    """Issue 12 item 6: a reshape restarts the workload, so no epoch reshapes a pod
+    during ``min_dwell_seconds`` after its bind; after that the plan may."""
+    from test_service_behaviour import elastic_pod
+    from test_service_behaviour import gpu_node as full_node
+
+    from elastico_extender.cluster.base import BindRequest
+
+    now = [0.0]
+    reshaped: list[str] = []
+
+    class Recording(EmbeddedCluster):
+        def reconfigure(self, request: BindRequest) -> None:
+            super().reconfigure(request)
+            reshaped.append(request.name)
+
+    cluster = Recording([full_node("g0")], "test")
+    cluster.add_pod(elastic_pod("bert-a", "bert"))
+    engine = Engine(ServiceSettings(epoch_seconds=5, min_dwell_seconds=60), cluster,
+                    clock=lambda: now[0])  # fmt: skip
+    engine.run_epoch()
+    assert engine.bind("ml", "bert-a", "uid-bert-a", "g0") == ""
+    cluster.add_pod(elastic_pod("resnet-b", "resnet50"))  # would need bert reshaped
+    for t in range(5, 60, 5):
+        now[0] = float(t)
+        engine.run_epoch()
+    assert reshaped == []  # not within the first minute
+    now[0] = 65.0
+    engine.run_epoch()
+    assert reshaped == ["bert-a"]  # once the dwell is over, Case 1 as before

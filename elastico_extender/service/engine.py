@@ -111,6 +111,7 @@ class Engine:
             scheduler_name=settings.scheduler_name,
             observed=observed,
             clock=clock,
+            dwell_seconds=settings.min_dwell_seconds,
         )
         self.bookings = Bookings(clock, settings.assume_ttl_seconds)
         self.actuator = Actuator(cluster, settings, self.metrics, is_leader=is_leader)

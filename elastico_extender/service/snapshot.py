@@ -70,6 +70,7 @@ class SnapshotBuilder:
         scheduler_name: str = "",
         observed: Callable[[], Mapping[str, ObservedSlowdown]] | None = None,
         clock: Callable[[], float] | None = None,
+        dwell_seconds: float = 0.0,
     ) -> None:
         self.state = state
         self.pod_jobs = pod_jobs
@@ -79,7 +80,12 @@ class SnapshotBuilder:
         # loop, core.observations); None: nothing observed yet.
         self.observed = observed
         self.clock = clock
+        self.dwell_seconds = dwell_seconds
         self.epoch = 0
+        # Per running pod: the configuration it runs and since when (this clock), to
+        # hold it for dwell_seconds after a bind or a reshape (issue 12 item 6).
+        self._since: dict[str, tuple[int, float]] = {}
+        self._held_copies: dict[str, tuple[Job, Job]] = {}
         self._node_cache: dict[str, tuple[str, Node | None]] = {}
         self._last_nodes: tuple[Node, ...] = ()
         self._nodes_generation = -1
@@ -132,6 +138,7 @@ class SnapshotBuilder:
     def build(self, bookings: Mapping[str, Pinned] | None = None) -> Built:
         """The planner's input from the cluster view plus the placements in ``bookings``."""
         synced = self.state.is_synced  # read before the objects: a view at least this fresh
+        now = self.clock() if self.clock is not None else 0.0
         generation = self.state.node_generation
         nodes = self.nodes()
         by_name = {n.name: n for n in nodes}
@@ -226,6 +233,8 @@ class SnapshotBuilder:
                 jobs.append(running_job(pj.job, node_name, devices, config))
                 meta[pj.job.id] = pj
         self._bound = bound
+        if self.dwell_seconds > 0:
+            jobs = self._hold(jobs, now)
         families = {j.family: meta[j.id].family for j in jobs}
         self.epoch += 1
         snapshot = Snapshot(
@@ -234,9 +243,36 @@ class SnapshotBuilder:
             families,
             epoch=self.epoch,
             observed=dict(self.observed()) if self.observed is not None else {},
-            now=self.clock() if self.clock is not None else 0.0,
+            now=now,
         )
         return Built(snapshot, meta, in_snapshot, invalid, confirmed, synced, generation)
+
+    def _hold(self, jobs: list[Job], now: float) -> list[Job]:
+        """Running jobs that started (or were reshaped) less than ``dwell_seconds`` ago,
+        held in their configuration: a reshape restarts the workload (spec 5.7)."""
+        since, copies = self._since, self._held_copies
+        held: list[Job] = []
+        seen: dict[str, tuple[int, float]] = {}
+        kept: dict[str, tuple[Job, Job]] = {}
+        for job in jobs:
+            config = job.current_config
+            if config is None:
+                held.append(job)
+                continue
+            start = since.get(job.id)
+            if start is None or start[0] != config:
+                start = (config, now)
+            seen[job.id] = start
+            if now - start[1] < self.dwell_seconds and job.allowed != (config,):
+                copy = copies.get(job.id)
+                if copy is None or copy[0] is not job:  # the same record gets the same copy
+                    copy = (job, dataclasses.replace(job, allowed=(config,)))
+                kept[job.id] = copy
+                job = copy[1]
+            held.append(job)
+        self._since = seen  # pods gone or pending are forgotten
+        self._held_copies = kept
+        return held
 
 
 def config_row(family: ProfileFamily, pj: PodJob, label: str) -> int:
