@@ -39,7 +39,9 @@ def test_a_pod_the_webhook_never_saw_takes_a_whole_gpu_without_a_decision():
     assert engine.filter(bare, ["g0"]).passed == ["g0"]  # GPU 1 is idle
     assert engine.bind("ml", "bare", "uid-bare", "g0") == ""
     request = cluster.requests[1]
-    assert request.annotations == {} and request.configmap is None  # no budget to enforce
+    assert request.configmap is None  # no budget to enforce: where it is counted, no more
+    assert request.annotations == {"elastico.io/assigned-node": "g0",
+                                   "elastico.io/assigned-devices": "1"}  # fmt: skip
     engine.run_epoch()
     gpus = {g["index"]: g["pods"] for g in engine.nodes()[0]["gpus"]}
     assert "ml/bare" in gpus[1] and gpus[1] == ["ml/bare"]  # alone on its GPU

@@ -2,7 +2,9 @@
 
 It turns a decision (a :class:`NodeVerdict`, or a plan's :class:`Assignment`)
 into the writes of a :class:`BindRequest` -- the per-pod ConfigMap of
-framework settings and the decision annotations (spec 4.2) -- and performs
+framework settings and the decision annotations (spec 4.2); for a pod held as
+whole GPUs only the node and devices it was counted on, so a restarted extender
+counts it on the same devices instead of guessing -- and performs
 binds, in-place reconfigurations and the evictions that carry out a
 migration.  It keeps one piece of state: the pods it asked to evict.
 
@@ -19,7 +21,13 @@ from collections import OrderedDict
 from collections.abc import Callable, Container, Mapping
 from typing import Any, Protocol
 
-from elastico_extender.annotations import PREFIX, decision_annotations, read_decision
+from elastico_extender.annotations import (
+    ASSIGNED_DEVICES,
+    ASSIGNED_NODE,
+    PREFIX,
+    decision_annotations,
+    read_decision,
+)
 from elastico_extender.cluster.base import BindRequest, Cluster, ClusterError
 from elastico_extender.core.handoff import framework_settings
 from elastico_extender.core.model import Action, Assignment, Node, Plan
@@ -76,8 +84,12 @@ class Actuator:
         namespace = str(meta.get("namespace") or "default")
         name = str(meta.get("name", ""))
         uid = str(meta.get("uid", ""))
-        if pj.intent is None:
-            return BindRequest(namespace, name, uid, verdict.node)
+        if pj.intent is None:  # whole GPUs, no budget: only where they were counted
+            held = {
+                PREFIX + ASSIGNED_NODE: verdict.node,
+                PREFIX + ASSIGNED_DEVICES: ",".join(str(d) for _, d in verdict.devices),
+            }
+            return BindRequest(namespace, name, uid, verdict.node, held)
         family, config = pj.family, verdict.config_index
         devices = tuple(d for _, d in verdict.devices)
         device_mib = (

@@ -50,6 +50,10 @@ class ServiceSettings:
     embedded: str | None = None
     """Path of a v1 List of Node/Pod objects to serve instead of a real cluster; used
     (with the packaged file) when no cluster is configured."""
+    embedded_state: str | None = None
+    """File where the embedded cluster keeps its objects (pods bound, their decisions,
+    ConfigMaps) across restarts, ``kill -9`` included; None: in memory only, every bind
+    is forgotten when the process ends (docs/embedded.md)."""
     scheduler_name: str = "elastico-scheduler"
     """Pending pods of this schedulerName take part in planning ('' = every scheduler)."""
     default_gpu_memory_mib: float = 40960.0

@@ -53,7 +53,7 @@ class Built(NamedTuple):
     pods: dict[str, PodJob]  # every planned job's pod, by job id
     in_snapshot: set[str]  # bookings the snapshot shows as running
     invalid: dict[str, str]  # pods with invalid annotations: id -> message (GET /jobs)
-    confirmed: set[str]  # pods the watch shows bound (their booking can go)
+    confirmed: set[str]  # booked pods the watch shows bound or deleted (the booking can go)
     synced: bool  # the cluster view had synced when the snapshot was read
     node_generation: int  # the cluster view's node generation the snapshot is of
 
@@ -210,7 +210,10 @@ class SnapshotBuilder:
             elif not wanted or (pod.get("spec") or {}).get("schedulerName") == wanted:
                 jobs.append(job)
                 meta[uid] = pj
-        for uid, a in assumed.items():  # booked by us, not yet seen by the watch
+        for uid, a in assumed.items():  # booked by us, not yet seen bound by the watch
+            if uid not in pods:
+                confirmed.add(uid)  # deleted since its bind: the booking can go too
+                continue
             if uid in meta or uid in confirmed or a.verdict.node not in by_name:
                 continue
             jobs.append(booked_job(a.pod_job.job, a.verdict))
