@@ -131,14 +131,20 @@ class Verbs:
         )
 
     # -- the view, fresh enough ---------------------------------------------------------
-    def _view_for(self, names: list[str]) -> Published:
-        """The published view; replanned first when it lacks a node the cluster view
-        has (added since the last epoch, or planned before the sync)."""
+    def _view_for(self, names: list[str]) -> tuple[Published, list[str], np.ndarray]:
+        """The published view, ``names`` without repeats and their indices in it;
+        replanned first when the view lacks a node the cluster view has (added since
+        the last epoch, or planned before the sync)."""
         pub = self.bookings.latest
-        lacking = pub is None or not pub.synced or any(n not in pub.view.node_index for n in names)
-        if lacking and self._knows_more(pub, names):
+        if pub is not None:
+            distinct, at = self._distinct(pub.view, names)
+            if pub.synced and (at >= 0).all():
+                return pub, distinct, at  # the usual case: every node known
+        if self._knows_more(pub, names):
             self.loop.refresh()
-        return self.bookings.published
+        pub = self.bookings.published
+        distinct, at = self._distinct(pub.view, names)
+        return pub, distinct, at
 
     def _knows_more(self, pub: Published | None, names: list[str]) -> bool:
         if pub is None:
@@ -230,8 +236,7 @@ class Verbs:
             return FilterOutcome([], {}, {n: message for n in names})
         if pj is None:
             return FilterOutcome(list(dict.fromkeys(names)), {}, {})
-        pub = self._view_for(names)
-        names, at = self._distinct(pub.view, names)
+        pub, names, at = self._view_for(names)
         with self.bookings.lock:
             answers = self._answers(pub, pj, at)
         ok = np.zeros(at.size, dtype=bool)
