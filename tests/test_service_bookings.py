@@ -188,3 +188,34 @@ def test_competing_filter_and_bind_sequences_never_overbook_a_device():
     for row in engine.nodes():
         for gpu in row["gpus"]:
             assert gpu["memory_assigned_mib"] <= gpu["memory_mib"]
+
+
+def test_a_bind_made_while_the_epoch_plans_wins_over_the_plans_proposal():
+    """Binds do not wait for planning: a booking made after the snapshot was read is
+    counted in the view the epoch publishes, and a plan's proposal for a pending pod
+    on the same GPU gives way to it."""
+    cluster = EmbeddedCluster([gpu_node("g0")], "test")
+    engine = engine_on(cluster)  # an empty first plan
+    first = elastic_pod("a")
+    first["metadata"]["creationTimestamp"] = "2026-01-01T00:00:00Z"  # a arrived first
+    second = elastic_pod("b")
+    second["metadata"]["creationTimestamp"] = "2026-01-02T00:00:00Z"
+    cluster.add_pod(first)
+    cluster.add_pod(second)
+    build = engine.builder.build
+    results: list[str] = []
+
+    def build_then_bind(bookings):  # type: ignore[no-untyped-def]
+        built = build(bookings)
+        if not results:  # the scheduler binds b while this epoch plans
+            results.append(engine.bind("ml", "b", "uid-b", "g0"))
+        return built
+
+    engine.builder.build = build_then_bind  # type: ignore[method-assign]
+    engine.run_epoch()
+    assert results == [""]
+    view = engine.published.view
+    assert view.devices_of("uid-b") == (("g0", 0),)
+    assert not view.holds("uid-a")  # the proposal gave way
+    assert engine.filter(cluster.state.pod("uid-a"), ["g0"]).passed == []
+    assert "cannot take" in engine.bind("ml", "a", "uid-a", "g0")

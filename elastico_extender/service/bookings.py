@@ -10,9 +10,9 @@
 Two locks, always taken in this order:
 
 ``serial``
-    one booking at a time (bind's :meth:`book`), and the epoch holds it while it
-    builds its snapshot, plans and publishes, so no booking can fall between the
-    snapshot an epoch planned on and the view it publishes;
+    one booking at a time (bind's :meth:`book`), and the epoch's :meth:`publish`,
+    which replays onto the new view every booking made while it planned (binds
+    never wait for planning, only for a publish);
 ``lock``
     the view itself: short sections only (an answer, a booking, a publish).
 
@@ -27,7 +27,7 @@ from __future__ import annotations
 import logging
 import math
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Container
 from dataclasses import dataclass, field
 
 from elastico_extender.core.model import Plan, Snapshot
@@ -187,9 +187,15 @@ class Bookings:
                     del self._bookings[uid]
 
     # -- publishing ------------------------------------------------------------------
-    def publish(self, pub: Published) -> None:
+    def publish(self, pub: Published, pending: Container[str]) -> bool:
         """Make ``pub`` the view the verbs read, every booking counted in it exactly
-        where it was booked.  Call with ``serial`` held (no booking is in flight)."""
+        where it was booked; call with ``serial`` held (no booking in flight).
+
+        A booking made while the epoch planned may collide with the plan's proposal
+        for a pending pod (``pending``: ids the snapshot holds as pending): a booking
+        is real, a proposal is not, so the proposal goes.  If a booking still does
+        not fit (the plan grew or moved a running pod onto it), nothing is published
+        and False is returned: the old view, which counts every booking, stays."""
         view = pub.view
         with self.lock:
             for uid, b in self._bookings.items():
@@ -198,7 +204,17 @@ class Bookings:
                 view.forget(uid)
                 try:
                     view.assume(b.pod_job.job, b.pod_job.family, b.verdict)
+                    continue
+                except ValueError:
+                    pass
+                for other in view.jobs_on(b.verdict.devices):
+                    if other in pending and other not in self._bookings:
+                        view.forget(other)
+                try:
+                    view.assume(b.pod_job.job, b.pod_job.family, b.verdict)
                 except ValueError as exc:
                     log.warning("booking.replay", extra={"pod": b.pod_job.key, "error": str(exc)})
+                    return False
             self._published = pub
             self.version += 1
+            return True

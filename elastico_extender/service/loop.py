@@ -78,6 +78,7 @@ class EpochLoop:
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
         self._checked_generation = -1
+        self._epoch_lock = threading.Lock()
 
     # -- state -------------------------------------------------------------------------
     @property
@@ -113,45 +114,58 @@ class EpochLoop:
 
     # -- one epoch ---------------------------------------------------------------------
     def run_epoch(self) -> Plan:
-        """One PDS epoch over the current view; publishes the plan and a fresh view."""
+        """One PDS epoch over the current view; publishes the plan and a fresh view.
+
+        Binds go on while it plans: :meth:`Bookings.publish` counts the bookings made
+        meanwhile in the new view.  Reconfigurations that free memory are written
+        before the publish; the rest after it."""
+        with self._epoch_lock:  # the epoch thread and a verb's refresh: one at a time
+            for _ in range(3):
+                published = self._epoch()
+                if published is not None:
+                    return published
+            raise RuntimeError("bookings kept colliding with the plan; the old view stays")
+
+    def _epoch(self) -> Plan | None:
         started = time.perf_counter()
         bookings = self.bookings
-        with bookings.serial:  # no booking between this snapshot and its view
-            built = self.builder.build(bookings.pinned())
-            bookings.settle(built.confirmed, self.clock())
-            previous = bookings.latest
-            try:
-                new_plan = plan(
-                    built.snapshot,
-                    previous.plan if previous is not None else None,
-                    settings=self.planner_settings,
-                    predictor=self.predictor,
-                    timer=time.perf_counter,
-                )
-            except ElasticoError as exc:
-                self.last_epoch_error = str(exc)
-                log.error("epoch.invalid", extra={"error": str(exc)})
-                raise
-            view = PlacementView(built.snapshot, new_plan, self.planner_settings, self.predictor)
-            elapsed = time.perf_counter() - started
-            nodes = {n.name: n for n in built.snapshot.nodes}
-            booked = bookings.pinned()
-            leading = self.is_leader()
-            if leading:
-                self.actuator.shrink(new_plan, built.pods, nodes, booked)
-            bookings.publish(
-                Published(
-                    built.snapshot,
-                    new_plan,
-                    view,
-                    built.pods,
-                    time.time(),
-                    elapsed * 1000.0,
-                    built.invalid,
-                    built.synced,
-                    built.node_generation,
-                )
+        built = self.builder.build(bookings.pinned())
+        bookings.settle(built.confirmed, self.clock())
+        previous = bookings.latest
+        try:
+            new_plan = plan(
+                built.snapshot,
+                previous.plan if previous is not None else None,
+                settings=self.planner_settings,
+                predictor=self.predictor,
+                timer=time.perf_counter,
             )
+        except ElasticoError as exc:
+            self.last_epoch_error = str(exc)
+            log.error("epoch.invalid", extra={"error": str(exc)})
+            raise
+        view = PlacementView(built.snapshot, new_plan, self.planner_settings, self.predictor)
+        elapsed = time.perf_counter() - started
+        nodes = {n.name: n for n in built.snapshot.nodes}
+        leading = self.is_leader()
+        if leading:
+            self.actuator.shrink(new_plan, built.pods, nodes, bookings.pinned())
+        pending = {j.id for j in built.snapshot.jobs if not j.running}
+        published = Published(
+            built.snapshot,
+            new_plan,
+            view,
+            built.pods,
+            time.time(),
+            elapsed * 1000.0,
+            built.invalid,
+            built.synced,
+            built.node_generation,
+        )
+        with bookings.serial:
+            if not bookings.publish(published, pending):
+                return None  # a booking collided with the plan: plan again
+            booked = bookings.pinned()
         self.last_epoch_error = None
         if leading:
             self.actuator.apply(new_plan, built.pods, nodes, booked)
