@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import threading
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple, Protocol
@@ -86,6 +87,7 @@ class SnapshotBuilder:
         # hold it for dwell_seconds after a bind or a reshape (issue 12 item 6).
         self._since: dict[str, tuple[int, float]] = {}
         self._held_copies: dict[str, tuple[Job, Job]] = {}
+        self._primed = False  # the first snapshot's running pods started before us
         self._node_cache: dict[str, tuple[str, Node | None]] = {}
         self._last_nodes: tuple[Node, ...] = ()
         self._nodes_generation = -1
@@ -252,7 +254,8 @@ class SnapshotBuilder:
 
     def _hold(self, jobs: list[Job], now: float) -> list[Job]:
         """Running jobs that started (or were reshaped) less than ``dwell_seconds`` ago,
-        held in their configuration: a reshape restarts the workload (spec 5.7)."""
+        held in their configuration: a reshape restarts the workload (spec 5.7).  Pods
+        already running at the first snapshot count as running long enough."""
         since, copies = self._since, self._held_copies
         held: list[Job] = []
         seen: dict[str, tuple[int, float]] = {}
@@ -263,7 +266,9 @@ class SnapshotBuilder:
                 held.append(job)
                 continue
             start = since.get(job.id)
-            if start is None or start[0] != config:
+            if start is None and not self._primed:
+                start = (config, -math.inf)  # running before this process: long enough
+            elif start is None or start[0] != config:
                 start = (config, now)
             seen[job.id] = start
             if now - start[1] < self.dwell_seconds and job.allowed != (config,):
@@ -275,6 +280,7 @@ class SnapshotBuilder:
             held.append(job)
         self._since = seen  # pods gone or pending are forgotten
         self._held_copies = kept
+        self._primed = True
         return held
 
 
