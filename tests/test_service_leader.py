@@ -22,6 +22,7 @@ from elastico_extender.service.leader import (
     elect,
     view_caught_up,
 )
+from elastico_extender.service.pods import DECISION_VOLUME
 from elastico_extender.service.settings import ServiceSettings
 
 TIMING = LeaseTiming(lease_duration=1.5, renew_deadline=1.0, retry_period=0.1)
@@ -42,7 +43,9 @@ def job_pod(name: str) -> dict:
         "metadata": {"name": name, "namespace": "ml", "uid": f"uid-{name}",
                      "annotations": {"elastico.io/family": "bert"}},
         "spec": {"schedulerName": "elastico-scheduler", "containers": [{"name": "main",
-                 "image": "img", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]},
+                 "image": "img", "resources": {"limits": {"nvidia.com/gpu": "1"}}}],
+                 # admitted through the webhook, as its downward-API volume shows
+                 "volumes": [{"name": DECISION_VOLUME, "downwardAPI": {"items": []}}]},
         "status": {"phase": "Pending"},
     }  # fmt: skip
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import secrets
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -51,6 +51,13 @@ def _token(settings: ServiceSettings) -> tuple[str, bool]:
     return secrets.token_urlsafe(32), True
 
 
+def _leadership(cluster: Cluster) -> Callable[[], bool]:
+    """The engine's write gate: the Lease elector's answer when replicas elect a leader
+    (``LeaderGatedCluster``), else always True (one replica)."""
+    elector = getattr(cluster, "elector", None)
+    return elector.is_leader if elector is not None else (lambda: True)
+
+
 def create_app(
     settings: ServiceSettings,
     cluster: Cluster,
@@ -77,6 +84,7 @@ def create_app(
         predictor_degraded=predictor_degraded,
         families=FamilyResolver(settings.default_gpu_memory_mib, store=store),
         metrics=metrics,
+        is_leader=_leadership(cluster),
     )
     token, generated = _token(settings)
 

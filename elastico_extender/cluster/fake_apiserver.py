@@ -7,8 +7,10 @@ It serves, over real HTTP/1.1 on 127.0.0.1:
   watch events (ADDED / MODIFIED / DELETED / BOOKMARK) after N, held open until
   ``timeoutSeconds``; a version older than the last compaction gets an
   ``ERROR`` event carrying a ``410 Expired`` Status, as etcd compaction causes;
-* ``POST .../pods/{name}/binding``, ``PATCH .../pods/{name}`` (merge patch of
-  metadata), ``POST``/``PUT .../configmaps``: the writes bind performs;
+* ``POST .../pods/{name}/binding`` (the Binding's ``metadata.annotations`` are
+  copied onto the pod with its node, as kube-apiserver's binding registry does;
+  409 when already bound), ``PATCH .../pods/{name}`` (merge patch of metadata),
+  ``POST``/``PUT .../configmaps``: the writes bind performs;
 * ``POST .../pods/{name}/eviction`` (policy/v1 Eviction): the pod is deleted, or
   ``429`` while :attr:`disruptions_allowed` is 0 (a PodDisruptionBudget says no).
 
@@ -20,7 +22,8 @@ It serves, over real HTTP/1.1 on 127.0.0.1:
 
 Test hooks: :meth:`compact` (older versions expire), :meth:`drop_watches`
 (cut every open stream mid-chunk, as a dying load balancer would),
-:meth:`bookmark`.  The official ``kubernetes`` client talks to it unchanged.
+:meth:`bookmark`, :attr:`write_delay` (each write waits, as an etcd commit does).
+The official ``kubernetes`` client talks to it unchanged.
 """
 
 from __future__ import annotations
@@ -62,6 +65,7 @@ class FakeApiServer:
         self.watch_count = {"nodes": 0, "pods": 0}
         self.store = ObjectStore(self._next_rv)
         self.services: dict[tuple[str, str], str] = {}  # (namespace, name) -> base URL
+        self.write_delay = 0.0  # seconds each write takes (a real server's etcd commit)
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -280,6 +284,8 @@ class FakeApiServer:
             return
         path = urlparse(handler.path).path
         self.requests.append(f"{method} {path}")
+        if self.write_delay:
+            time.sleep(self.write_delay)
         pod = _POD.match(path)
         cm = _CM.match(path)
         if pod:
@@ -310,10 +316,18 @@ class FakeApiServer:
                 return
             if binding and method == "POST":
                 if updated["spec"].get("nodeName"):
+                    assigned = updated["spec"]["nodeName"]
                     self._send_json(handler, 409, {"kind": "Status", "code": 409,
-                                                   "message": "pod already bound"})  # fmt: skip
+                                                   "reason": "Conflict",
+                                                   "message": f"pod {name} is already assigned "
+                                                   f"to node \"{assigned}\""})  # fmt: skip
                     return
                 updated["spec"]["nodeName"] = body["target"]["name"]
+                # As the real registry does: the Binding's own annotations land on the pod
+                # in the same write as its node.
+                anns = (body.get("metadata") or {}).get("annotations") or {}
+                if anns:
+                    updated["metadata"].setdefault("annotations", {}).update(anns)
                 self.bindings.append(body)
                 self.put("pods", updated)
                 self._send_json(handler, 201, {"kind": "Status", "status": "Success", "code": 201})

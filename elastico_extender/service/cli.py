@@ -51,6 +51,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--webhook-port", type=int, help="separate TLS port for the webhook")
     p.add_argument("--kubeconfig", help="kubeconfig path (default: in-cluster config)")
     p.add_argument("--embedded", help="v1 List file of Node/Pod objects to serve instead")
+    p.add_argument(
+        "--embedded-state",
+        help="file keeping the embedded cluster's binds across restarts (default: memory only)",
+    )
     p.add_argument("--epoch-seconds", type=float, help="planning interval (default 5 s)")
     p.add_argument("--tls-cert", help="PEM server certificate")
     p.add_argument("--tls-key", help="PEM server key")
@@ -102,7 +106,7 @@ def build_cluster(settings: ServiceSettings) -> Cluster:
             ),
         )
         return gated  # type: ignore[return-value]
-    return EmbeddedCluster.from_file(settings.embedded)
+    return EmbeddedCluster.from_file(settings.embedded, state_file=settings.embedded_state)
 
 
 def _config(app: Any, settings: ServiceSettings, port: int, mtls: bool) -> uvicorn.Config:
@@ -147,6 +151,12 @@ def serve_main(argv: Sequence[str] | None = None) -> int:
             f"elastico: no Kubernetes cluster configured; serving the {cluster.description}",
             file=sys.stderr,
         )
+        if cluster.state_file is None:
+            print(
+                "elastico: the embedded cluster lives in memory: binds are lost when this "
+                "process ends (--embedded-state FILE keeps them)",
+                file=sys.stderr,
+            )
     if app.state.token_generated:
         print(
             f"elastico: state-changing endpoints need 'Authorization: Bearer {app.state.token}'"

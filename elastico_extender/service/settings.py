@@ -51,6 +51,10 @@ class ServiceSettings:
     embedded: str | None = None
     """Path of a v1 List of Node/Pod objects to serve instead of a real cluster; used
     (with the packaged file) when no cluster is configured."""
+    embedded_state: str | None = None
+    """File where the embedded cluster keeps its objects (pods bound, their decisions,
+    ConfigMaps) across restarts, ``kill -9`` included; None: in memory only, every bind
+    is forgotten when the process ends (docs/embedded.md)."""
     scheduler_name: str = "elastico-scheduler"
     """Pending pods of this schedulerName take part in planning ('' = every scheduler)."""
     default_gpu_memory_mib: float = 40960.0
@@ -66,6 +70,16 @@ class ServiceSettings:
     assume_ttl_seconds: float = 60.0
     """How long a bound-but-unconfirmed placement counts against capacity, seconds; the
     watch normally confirms it within a second."""
+    require_webhook: bool = True
+    """An opted-in pod shares GPUs only if the mutating webhook admitted it (its
+    ``elastico-decision`` volume is there): without the webhook's env and decision file
+    nothing inside the pod enforces a budget, so such a pod (created while the webhook
+    was down, failurePolicy Ignore) may only take whole idle GPUs.  False: trust every
+    opted-in pod (a cluster that injects the env another way)."""
+    min_dwell_seconds: float = 60.0
+    """A pod bound (or reconfigured) less than this long ago keeps its configuration:
+    every reshape restarts the workload (spec 5.7's restart cost), so no epoch reshapes
+    a job that has just started.  0: no dwell."""
     price_history: int = 120
     """Epochs of price history kept for GET /prices (10 minutes at 5 s)."""
     max_migrations_per_epoch: int = 1
@@ -160,6 +174,8 @@ class ServiceSettings:
             found.append("max_body_bytes: must be >= 1024")
         if not 0 < self.default_gpu_memory_mib < math.inf:
             found.append("default_gpu_memory_mib: must be > 0")
+        if self.min_dwell_seconds < 0:
+            found.append("min_dwell_seconds: must be >= 0 seconds")
         if self.price_history < 1:
             found.append("price_history: must be >= 1")
         if self.max_migrations_per_epoch < 0:
