@@ -23,7 +23,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from elastico_extender import __version__
 from elastico_extender.api.deps import ApiError, json_response
 from elastico_extender.api.fastpath import DirectRoutes
-from elastico_extender.api.routes import extender, ops, rest, webhook
+from elastico_extender.api.routes import extender, observations, ops, rest, webhook
 from elastico_extender.cluster.base import Cluster
 from elastico_extender.core.interference.predictor import SlowdownPredictor
 from elastico_extender.core.settings import PlannerSettings
@@ -31,6 +31,11 @@ from elastico_extender.profiles.store import ProfileStore
 from elastico_extender.service.engine import Engine
 from elastico_extender.service.families import FamilyResolver
 from elastico_extender.service.metrics import PrometheusMetrics
+from elastico_extender.service.observations import (
+    ObservationCollector,
+    ObservationService,
+    open_store,
+)
 from elastico_extender.service.predictor import resolve_predictor
 from elastico_extender.service.settings import ServiceSettings
 
@@ -77,6 +82,10 @@ def create_app(
         families=FamilyResolver(settings.default_gpu_memory_mib, store=store),
         metrics=metrics,
     )
+    observed = ObservationService(settings, open_store(settings))
+    observed.attach(lambda: engine.published if engine.has_plan else None)
+    engine.observed_source = observed.for_snapshot
+    metrics.registry.register(ObservationCollector(observed))
     token, generated = _token(settings)
 
     @asynccontextmanager
@@ -102,6 +111,7 @@ def create_app(
     app.state.settings = settings
     app.state.engine = engine
     app.state.metrics = metrics
+    app.state.observations = observed
     app.state.token = token
     app.state.token_generated = generated
 
@@ -128,4 +138,5 @@ def create_app(
     app.include_router(rest.router)
     app.include_router(webhook.router)
     app.include_router(ops.router)
+    app.include_router(observations.router)
     return app

@@ -60,6 +60,7 @@ from elastico_extender.core.model import (
     ProfileFamily,
     Snapshot,
 )
+from elastico_extender.core.observations import ObservedSlowdown
 from elastico_extender.core.planner import Answers, NodeVerdict, PlacementView, plan
 from elastico_extender.core.resources import GPU_MEM, GPU_SM, RESOURCE_NAMES
 from elastico_extender.core.settings import PlannerSettings
@@ -223,6 +224,11 @@ class Engine:
         # Called in the epoch thread after each published epoch (serve adds the
         # garbage-collector policy of service.gc_policy).
         self.after_epoch: list[Callable[[], None]] = []
+        # Closed loop (issue 11): (observed slowdowns, their clock) for each snapshot;
+        # set by the app to service.observations.ObservationService.for_snapshot.
+        self.observed_source: Callable[[], tuple[Mapping[str, ObservedSlowdown], float]] | None = (
+            None
+        )
 
     # -- lifecycle ------------------------------------------------------------------
     def start(self) -> None:
@@ -482,7 +488,11 @@ class Engine:
         self._bound_jobs = bound
         families = {j.family: meta[j.id].family for j in jobs}
         self._epoch += 1
-        snapshot = Snapshot(nodes, tuple(jobs), families, epoch=self._epoch)
+        # Closed loop (issue 11): observed slowdowns from service/observations.py.
+        observed, seen_at = self.observed_source() if self.observed_source else ({}, 0.0)
+        snapshot = Snapshot(
+            nodes, tuple(jobs), families, epoch=self._epoch, observed=observed, now=seen_at
+        )
         return snapshot, meta, in_snapshot, invalid
 
     def _exclusive_fallback(self, pod: Mapping[str, Any], uid: str) -> PodJob | None:
