@@ -6,6 +6,7 @@
     elastico train-iac  retrain the interference DNN on your own pair measurements
     elastico run        the container entrypoint (same as elastico-run)
     elastico catalog    list the built-in workload families (RST catalog)
+    elastico agent      node agent of the closed loop (observes pods, reports to the extender)
 
 Subcommands added by other parts of the package register in ``SUBCOMMANDS``.
 Logging is configured here and only here.
@@ -43,6 +44,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "run": (
         "elastico_extender.launcher.run:main",
         "elastico-run: launch a workload with its assigned configuration (container entrypoint)",
+    ),
+    "agent": (
+        "elastico_extender.agent.cli:main",
+        "node agent (DaemonSet): observe pods' progress and report it to the extender",
     ),
     "serve": (
         "elastico_extender.service.cli:serve_main",

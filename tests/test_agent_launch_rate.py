@@ -70,8 +70,9 @@ def test_launch_rate_follows_a_changed_step_rate(
     monkeypatch.setenv("ELASTICO_SHIM_PATH", str(shim))
     root = tmp_path / "rings"
     root.mkdir()
-    environ = {**os.environ, **ASSIGNED, "ELASTICO_POD_UID": "uid-train", "ELASTICO_RING_ROOT": str(root),
-               "ELASTICO_PROFILING": "true", "ELASTICO_SHIM_FLUSH_MS": "50"}  # fmt: skip
+    environ = {**os.environ, **ASSIGNED, "ELASTICO_POD_UID": "uid-train",
+               "ELASTICO_RING_ROOT": str(root), "ELASTICO_PROFILING": "true",
+               "ELASTICO_SHIM_FLUSH_MS": "50"}  # fmt: skip
     argv, env = build_launch(
         [str(program), str(LAUNCHES_PER_STEP), str(FAST), str(PHASE_SECONDS), str(SLOW),
          str(PHASE_SECONDS)],

@@ -257,7 +257,9 @@ def test_out_of_order_windows_are_refused(service: Service) -> None:
 def test_an_agent_that_stops_reporting_leaves_decisions_and_shows_staleness(
     service: Service,
 ) -> None:
-    assert service.post(batch(window("uid-a", SOLO / 1.2), window("uid-c", SOLO))).status_code == 200
+    assert (
+        service.post(batch(window("uid-a", SOLO / 1.2), window("uid-c", SOLO))).status_code == 200
+    )
     first = service.epoch()
     time.sleep(0.7)  # observation_stale_seconds is 0.5
     second = service.epoch()

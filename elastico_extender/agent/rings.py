@@ -123,9 +123,11 @@ class PodRings:
         measured = False
         for pid, c in now.items():
             before = self._last.get((uid, pid))
-            if before is None or c.launches < before.launches:
-                if previous_scan is not None and c.started_at >= previous_scan - 1.0:
-                    before = ProcessCounters(0, c.started_at, c.started_at, 0, 0)
+            if before is not None and c.launches < before.launches:
+                before = None  # the file now belongs to a new process
+            new = previous_scan is not None and c.started_at >= previous_scan - 1.0
+            if before is None and new:
+                before = ProcessCounters(0, c.started_at, c.started_at, 0, 0)
             self._last[(uid, pid)] = c
             if before is None:
                 continue
