@@ -46,7 +46,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from elastico_extender.core.model import Snapshot
+from elastico_extender.core.model import Job, Snapshot
 from elastico_extender.core.observations import Observation, ObservationBook, ObservedSlowdown
 from elastico_extender.profiles.observations import ObservationStore, StoredSample
 from elastico_extender.service.engine import Published
@@ -163,7 +163,13 @@ class ObservationService:
         self._separations: deque[dict[str, Any]] = deque(maxlen=SEPARATIONS_KEPT)
         self.separated_total: dict[str, int] = {}
         self.windows_total: dict[str, int] = {}
-        self._device_map: tuple[Snapshot | None, dict[str, tuple[str, ...]]] = (None, {})
+        # Per published snapshot (built once, reused by every agent's POST until the next
+        # epoch): running jobs by id, and each job's partners on its GPUs.
+        self._index: tuple[Snapshot | None, dict[str, Job], dict[str, tuple[str, ...]]] = (
+            None,
+            {},
+            {},
+        )
         self._seen_plan: Published | None = None
         if store is not None:
             self.book.restore(store.book_state(self.book.max_refs))
@@ -182,10 +188,9 @@ class ObservationService:
         problems: list[str] = []
         refused: list[int] = []
         accepted: list[tuple[AgentWindow, Observation, float | None, float | None]] = []
-        running = {job.id: job for job in pub.snapshot.jobs if job.running}
-        partners_of = self._partners(pub.snapshot)
         seen: set[str] = set()
         with self._lock:
+            running, partners_of = self._snapshot_index(pub.snapshot)
             for i, w in enumerate(windows):
                 where = f"observations[{i}]"
                 found = self._check(where, w, now, running, pub, seen)
@@ -235,7 +240,7 @@ class ObservationService:
         where: str,
         w: AgentWindow,
         now: float,
-        running: Mapping[str, Any],
+        running: Mapping[str, Job],
         pub: Published,
         seen: set[str],
     ) -> list[str]:
@@ -370,13 +375,17 @@ class ObservationService:
     def _count(self, result: str, n: int) -> None:
         self.windows_total[result] = self.windows_total.get(result, 0) + n
 
-    def _partners(self, snapshot: Snapshot) -> dict[str, tuple[str, ...]]:
-        """Job id -> the running jobs sharing any of its GPUs, once per snapshot."""
-        if self._device_map[0] is snapshot:
-            return self._device_map[1]
+    def _snapshot_index(
+        self, snapshot: Snapshot
+    ) -> tuple[dict[str, Job], dict[str, tuple[str, ...]]]:
+        """Running jobs by id and job id -> the running jobs sharing any of its GPUs."""
+        if self._index[0] is snapshot:
+            return self._index[1], self._index[2]
+        running: dict[str, Job] = {}
         on: dict[tuple[str, int], list[str]] = {}
         for job in snapshot.jobs:
             if job.running:
+                running[job.id] = job
                 for ref in job.devices:
                     on.setdefault(ref, []).append(job.id)
         partners: dict[str, set[str]] = {}
@@ -385,8 +394,8 @@ class ObservationService:
                 for job_id in ids:
                     partners.setdefault(job_id, set()).update(x for x in ids if x != job_id)
         result = {job_id: tuple(sorted(p)) for job_id, p in partners.items()}
-        self._device_map = (snapshot, result)
-        return result
+        self._index = (snapshot, running, result)
+        return running, result
 
     # -- the engine's side --------------------------------------------------------------
     def for_snapshot(self) -> tuple[Mapping[str, ObservedSlowdown], float]:
