@@ -403,28 +403,38 @@ class ObservationService:
         pub = self._published()
         with self._lock:
             if pub is not None and pub is not self._seen_plan:
-                if self._seen_plan is not None:
-                    self._note_separations(self._seen_plan, pub)
+                self._note_separations(pub)
                 self._seen_plan = pub
             return self.book.observed(), self.clock()
 
-    def _note_separations(self, before: Published, after: Published) -> None:
-        """Observed pairs that shared a GPU in ``before``'s plan and do not in ``after``'s."""
-        old, new = before.plan.assignments, after.plan.assignments
+    def _note_separations(self, after: Published) -> None:
+        """Observed pairs that share a GPU in ``after``'s snapshot (what runs) and that its
+        plan no longer co-locates: each plan is looked at once, when it is first seen."""
+        running, _ = self._snapshot_index(after.snapshot)
+        new = after.plan.assignments
+        preempted = set(after.plan.preempted)
         for (victim, partner), stat in self._pairs.items():
             if stat.separated:
                 continue
-            a, b = old.get(victim), old.get(partner)
+            a, b = running.get(victim), running.get(partner)
             if a is None or b is None or not set(a.devices) & set(b.devices):
                 continue
             x, y = new.get(victim), new.get(partner)
             if x is None or y is None:
-                continue  # one of them ended or was preempted: not a separation
-            if set(x.devices) & set(y.devices):
+                if not {victim, partner} & preempted:
+                    continue  # not in the plan (ending): no decision to report
+            elif set(x.devices) & set(y.devices):
                 continue
             stat.separated = True
-            moved = [(job, z) for job, z in ((victim, x), (partner, y)) if z.action.value != "keep"]
-            action = moved[0][1].action.value if moved else "keep"
+            reverse = self._pairs.get((partner, victim))
+            if reverse is not None:
+                reverse.separated = True  # one separation, reported once
+            moved = [
+                (job, z)
+                for job, z in ((victim, x), (partner, y))
+                if z is not None and z.action.value != "keep"
+            ]
+            action = moved[0][1].action.value if moved else "preempt"
             self.separated_total[action] = self.separated_total.get(action, 0) + 1
 
             def pod(job_id: str) -> str:
@@ -438,6 +448,10 @@ class ObservationService:
             )
             tol = f"{stat.tolerance:.2f}" if stat.tolerance is not None else "none"
             pred = f"{stat.predicted:.2f}" if stat.predicted is not None else "none"
+            if x is None or y is None:
+                how = "; ".join(
+                    f"{pod(job)} preempted" for job in (victim, partner) if job in preempted
+                )
             self._separations.append(
                 {
                     "epoch": after.plan.epoch,
