@@ -165,6 +165,10 @@ def test_rest_and_metrics_show_observed_against_predicted(service: Service) -> N
     assert pair["predicted_slowdown"] is not None
     assert pair["error"] == pytest.approx(pair["predicted_slowdown"] - 1.5)
     assert view["prediction_error"]["windows"] == 1
+    (sample,) = service.app.state.observations.store.samples()  # type: ignore[attr-defined]
+    assert (sample.victim, sample.partner) == ("uid-a", "uid-b")  # labelled, in SQLite
+    assert sample.slowdown == pytest.approx(1.5)
+    assert sample.predicted == pytest.approx(pair["predicted_slowdown"])
     pod = next(p for p in view["pods"] if p["pod"] == "ml/a")
     assert pod["partners"] == ["ml/b"] and pod["window_slowdown"] == pytest.approx(1.5)
     assert {r["pod"] for r in view["unreported"]} == {"ml/b", "ml/c"}
