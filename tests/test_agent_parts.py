@@ -197,3 +197,21 @@ def test_reporter_drops_refused_items_and_resends_the_rest(service: Service) -> 
         unreachable.close()
     finally:
         reporter.close()
+
+
+@pytest.mark.parametrize(
+    ("argv", "fragment"),
+    [([], "--node"), (["--node", "g0"], "--extender"),
+     (["--node", "g0", "--extender", "http://x", "--client-cert", "c"], "--client-key"),
+     (["--node", "g0", "--extender", "http://x", "--window-seconds", "0"], "--window-seconds")],
+)  # fmt: skip
+def test_agent_command_refuses_incomplete_arguments(
+    argv: list[str], fragment: str, capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    from elastico_extender.cli import main
+
+    monkeypatch.delenv("NODE_NAME", raising=False)
+    monkeypatch.delenv("ELASTICO_EXTENDER_URL", raising=False)
+    assert main(["agent", *argv]) == 2
+    assert fragment in capsys.readouterr().err

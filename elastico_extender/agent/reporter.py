@@ -9,6 +9,7 @@ sent once more, so one pod that just left does not cost the node's other windows
 from __future__ import annotations
 
 import logging
+import ssl
 from typing import Any
 
 import httpx
@@ -30,12 +31,13 @@ class Reporter:
         transport: httpx.BaseTransport | None = None,
     ) -> None:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
-        verify: Any = ca_file if ca_file else True
+        context = ssl.create_default_context(cafile=ca_file)
+        if client_cert is not None:
+            context.load_cert_chain(*client_cert)
         self.client = httpx.Client(
             base_url=url.rstrip("/"),
             headers=headers,
-            verify=verify,
-            cert=client_cert,
+            verify=context,
             timeout=timeout,
             transport=transport,
         )
