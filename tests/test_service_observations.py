@@ -282,6 +282,21 @@ def test_an_agent_that_stops_reporting_leaves_decisions_and_shows_staleness(
     assert 'elastico_observation_stale{pod="ml/a"} 1.0' in metrics
 
 
+def test_a_pod_that_left_leaves_the_snapshot_but_not_its_reference(service: Service) -> None:
+    assert service.post(batch(window("uid-c", SOLO))).status_code == 200
+    service.epoch()
+    assert "uid-c" in service.observed()
+    service.api.delete("pods", "ml/c")
+    assert wait_for(lambda: service.engine.cluster.state.pod_by_name("ml", "c") is None)
+    service.epoch()  # the plan without c is published ...
+    service.epoch()  # ... and seen when the next snapshot is built
+    assert "uid-c" not in service.observed()
+    view = httpx.get(f"{service.url}/observations").json()
+    assert all(p["id"] != "uid-c" for p in view["pods"])
+    book = service.app.state.observations.book  # type: ignore[attr-defined]
+    assert book.reference("uid-c", BERT.fastest_index, "samples/s") == pytest.approx(SOLO)
+
+
 def test_what_was_learned_survives_a_restart(tmp_path: Path) -> None:
     api = FakeApiServer().start()
     api.put("nodes", gpu_node("g0", 2))

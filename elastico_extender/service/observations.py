@@ -404,8 +404,17 @@ class ObservationService:
         with self._lock:
             if pub is not None and pub is not self._seen_plan:
                 self._note_separations(pub)
+                self._forget_departed(pub)
                 self._seen_plan = pub
             return self.book.observed(), self.clock()
+
+    def _forget_departed(self, pub: Published) -> None:
+        """Jobs no longer running leave the book's window history and the report list
+        (their references stay, in the book and the store, for a job id that returns)."""
+        running, _ = self._snapshot_index(pub.snapshot)
+        for job_id in [j for j in self._reports if j not in running]:
+            del self._reports[job_id]
+            self.book.forget(job_id)
 
     def _note_separations(self, after: Published) -> None:
         """Observed pairs that share a GPU in ``after``'s snapshot (what runs) and that its
