@@ -636,9 +636,11 @@ class ObservationCollector(Collector):
             "The plan's predicted slowdown of victim while it shares with partner",
             labels=["victim", "partner"],
         )
+        rows = svc.staleness()
+        live = {row["id"] for row in rows}
         for victim, partner, stat in svc.pair_stats():
-            if stat.separated:
-                continue
+            if stat.separated or victim not in live or partner not in live:
+                continue  # series only for unseparated pairs of running pods
             observed.add_metric([victim, partner], stat.observed)
             if stat.predicted is not None:
                 predicted.add_metric([victim, partner], stat.predicted)
@@ -661,7 +663,7 @@ class ObservationCollector(Collector):
             "1 when a running pod's last report is older than observation_stale_seconds",
             labels=["pod"],
         )
-        for row in svc.staleness():
+        for row in rows:
             if row["age_seconds"] is not None:
                 age.add_metric([row["pod"]], row["age_seconds"])
                 stale.add_metric([row["pod"]], 1.0 if row["stale"] else 0.0)
