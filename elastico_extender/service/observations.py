@@ -416,12 +416,47 @@ class ObservationService:
             del self._reports[job_id]
             self.book.forget(job_id)
 
+    def _note_protections(self, after: Published) -> None:
+        """The planner's own record of what it did about observed harm, where the plan
+        carries one (``Plan.protections``: victim, partner, action, actor, observed
+        slowdown, tolerance; the closed loop's Protect pass).  A step-down leaves the
+        pair together (listed, not counted as a separation)."""
+        for victim, partner, action, actor, observed, tolerance in getattr(
+            after.plan, "protections", ()
+        ):
+            if action != "step-down":
+                for key in ((victim, partner), (partner, victim)):
+                    stat = self._pairs.get(key)
+                    if stat is not None:
+                        stat.separated = True
+            self.separated_total[action] = self.separated_total.get(action, 0) + 1
+            pj = after.pods.get(actor)
+            who = pj.key if pj is not None else actor
+            vj, pp = after.pods.get(victim), after.pods.get(partner)
+            self._separations.append(
+                {
+                    "epoch": after.plan.epoch,
+                    "time": after.published_at,
+                    "victim": vj.key if vj is not None else victim,
+                    "partner": pp.key if pp is not None else partner,
+                    "action": action,
+                    "observed_slowdown": float(observed),
+                    "predicted_slowdown": None,
+                    "tolerance": float(tolerance),
+                    "why": (
+                        f"planner: {action} of {who}; observed slowdown {float(observed):.2f} "
+                        f"above tolerance {float(tolerance):.2f}"
+                    ),
+                }
+            )
+
     def _note_separations(self, after: Published) -> None:
         """Observed pairs that share a GPU in ``after``'s snapshot (what runs) and that its
         plan no longer co-locates: each plan is looked at once, when it is first seen."""
         running, _ = self._snapshot_index(after.snapshot)
         new = after.plan.assignments
         preempted = set(after.plan.preempted)
+        self._note_protections(after)
         for (victim, partner), stat in self._pairs.items():
             if stat.separated:
                 continue
