@@ -96,3 +96,65 @@ def test_agent_reports_a_slowdown_the_extender_sees(
         reporter.close()
         server.stop()
         api.stop()
+
+
+def test_the_agent_command_reports_a_window_from_a_kubeconfig(
+    tmp_path: Path,
+    stepper: tuple[Path, Path],  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``elastico agent --once`` as a user runs it: kubeconfig, token file, ring root; no
+    GPU telemetry on this machine, so SM activity is simply left out."""
+    from elastico_extender.cli import main
+
+    program, shim = stepper
+    monkeypatch.setenv("ELASTICO_SHIM_PATH", str(shim))
+    monkeypatch.delenv("ELASTICO_DCGM_URL", raising=False)
+    root = tmp_path / "rings"
+    root.mkdir()
+    api = FakeApiServer().start()
+    api.put("nodes", gpu_node("g0", 1))
+    api.put("pods", running_pod("a", "g0", 0))
+    server, kube, svc = start_service(api)
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        f"apiVersion: v1\nkind: Config\ncurrent-context: fake\n"
+        f"clusters: [{{name: fake, cluster: {{server: '{api.url}'}}}}]\n"
+        f"contexts: [{{name: fake, context: {{cluster: fake, user: nobody}}}}]\n"
+        f"users: [{{name: nobody, user: {{}}}}]\n"
+    )
+    token = tmp_path / "token"
+    token.write_text(svc.token + "\n")
+    environ = {**os.environ, **ASSIGNED, "ELASTICO_POD_UID": "uid-a",
+               "ELASTICO_RING_ROOT": str(root), "ELASTICO_PROFILING": "true",
+               "ELASTICO_SHIM_FLUSH_MS": "100"}  # fmt: skip
+    argv, env = build_launch(
+        [str(program), str(LAUNCHES_PER_STEP), "50", "4", "50", "0.1"],
+        load_settings(tmp_path / "absent", environ),
+        environ,
+    )
+    proc = None
+    try:
+        assert wait_for(lambda: len(kube.state.pods()) == 1)
+        svc.epoch()
+        proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, text=True)
+        assert wait_for(lambda: any(root.glob("uid-a/*.ring")))
+        time.sleep(0.5)
+        code = main(["agent", "--once", "--node", "g0", "--extender", server.url,
+                     "--token-file", str(token), "--kubeconfig", str(kubeconfig),
+                     "--ring-root", str(root), "--window-seconds", "1.5"])  # fmt: skip
+        assert code == 0
+        assert '"accepted": 1' in capsys.readouterr().out
+        proc.communicate(timeout=30)
+        svc.epoch()
+        assert svc.observed()["uid-a"].slowdown == pytest.approx(1.0)
+        view = httpx.get(f"{server.url}/observations").json()
+        (pod,) = view["pods"]
+        assert pod["unit"] == "launches/s" and pod["sm_activity"] is None
+        assert pod["rate"] == pytest.approx(LAUNCHES_PER_STEP * 50, rel=0.15)
+    finally:
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+        server.stop()
+        api.stop()
