@@ -297,6 +297,20 @@ def test_a_pod_that_left_leaves_the_snapshot_but_not_its_reference(service: Serv
     assert book.reference("uid-c", BERT.fastest_index, "samples/s") == pytest.approx(SOLO)
 
 
+def test_a_failing_store_degrades_to_memory_not_to_a_5xx(service: Service) -> None:
+    service.app.state.observations.store.close()  # type: ignore[attr-defined]
+    reply = service.post(batch(window("uid-c", SOLO)))
+    assert reply.status_code == 200 and reply.json()["accepted"] == 1
+    service.epoch()
+    assert "uid-c" in service.observed()
+
+
+def test_an_empty_batch_is_a_heartbeat(service: Service) -> None:
+    assert service.post(batch()).json() == {"accepted": 0, "pair_samples": 0}
+    view = httpx.get(f"{service.url}/observations").json()
+    assert view["agents"]["g0"]["last_report_age_seconds"] < 30
+
+
 def test_what_was_learned_survives_a_restart(tmp_path: Path) -> None:
     api = FakeApiServer().start()
     api.put("nodes", gpu_node("g0", 2))

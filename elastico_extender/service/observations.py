@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import logging
 import math
+import sqlite3
 import threading
 import time
 from collections import OrderedDict, deque
@@ -231,8 +232,11 @@ class ObservationService:
                 raise ObservationRefused(422, problems, refused)
             refs, samples = self._record(node, now, pub, accepted)
         if self.store is not None:
-            self.store.put_references(refs, now)
-            self.store.add_samples(samples)
+            try:
+                self.store.put_references(refs, now)
+                self.store.add_samples(samples)
+            except sqlite3.Error as exc:  # degrade: kept in memory, said in the log
+                log.warning("observations.persist_failed", extra={"error": str(exc)})
         return {"accepted": len(accepted), "pair_samples": len(samples)}
 
     def _check(
