@@ -98,6 +98,7 @@ def create_app(
         finally:
             engine.stop()
             cluster.stop()
+            observed.close()
 
     app = FastAPI(
         title="ElastiCo scheduler extender",

@@ -175,6 +175,11 @@ class ObservationService:
         if store is not None:
             self.book.restore(store.book_state(self.book.max_refs))
 
+    def close(self) -> None:
+        """Close the store (the app's shutdown); what it holds is already written."""
+        if self.store is not None:
+            self.store.close()
+
     def attach(self, published: Callable[[], Published | None]) -> None:
         """Where the latest published plan comes from (the engine)."""
         self._published = published
