@@ -22,6 +22,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from elastico_extender import __version__
 from elastico_extender.api.deps import ApiError, json_response
+from elastico_extender.api.docs import install_docs
 from elastico_extender.api.fastpath import DirectRoutes
 from elastico_extender.api.routes import extender, observations, ops, rest, webhook
 from elastico_extender.cluster.base import Cluster
@@ -108,6 +109,8 @@ def create_app(
             "ElastiCo plan, and the pod mutating webhook."
         ),
         lifespan=lifespan,
+        docs_url=None,  # install_docs: served from packaged assets (air-gapped clusters)
+        redoc_url=None,
     )
     app.state.settings = settings
     app.state.engine = engine
@@ -140,4 +143,5 @@ def create_app(
     app.include_router(webhook.router)
     app.include_router(ops.router)
     app.include_router(observations.router)
+    install_docs(app)
     return app
