@@ -39,6 +39,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
@@ -56,12 +57,15 @@ __all__ = [
     "DECISION_KEYS",
     "INPUT_KEYS",
     "PREFIX",
+    "PROGRESS_METRICS",
     "Decision",
     "PodIntent",
+    "ProgressEndpoint",
     "decision_annotations",
     "family_knob_space",
     "is_opted_in",
     "parse_intent",
+    "parse_progress_metrics",
     "read_decision",
 ]
 
@@ -76,7 +80,18 @@ ALLOWED = "allowed"
 CONFIGURATION = "configuration"
 MIGRATION = "migration"
 PROFILING = "profiling"  # read by elastico-run in the container (launcher.assignment)
-INPUT_KEYS = (FAMILY, MODE, KIND, MIN_THROUGHPUT, WEIGHT, ALLOWED, CONFIGURATION, MIGRATION)
+PROGRESS_METRICS = "progress-metrics"  # read by elastico agent: PORT/PATH#COUNTER[@UNIT]
+INPUT_KEYS = (
+    FAMILY,
+    MODE,
+    KIND,
+    MIN_THROUGHPUT,
+    WEIGHT,
+    ALLOWED,
+    CONFIGURATION,
+    MIGRATION,
+    PROGRESS_METRICS,
+)
 # Accepted on a pod without being an opt-in: the container's own switches.
 CONTAINER_KEYS = (PROFILING,)
 
@@ -111,6 +126,40 @@ DECISION_KEYS = (
 
 _TRUE = {"true", "on", "yes", "1"}
 _FALSE = {"false", "off", "no", "0"}
+
+_COUNTER = re.compile(r"^[A-Za-z_:][A-Za-z0-9_:]*$")
+_UNIT = re.compile(r"^[A-Za-z0-9_.:]{1,32}/s$")
+
+
+@dataclass(frozen=True)
+class ProgressEndpoint:
+    """A pod's framework progress counter (``elastico.io/progress-metrics``), e.g.
+    ``8000/metrics#vllm:generation_tokens_total@tokens/s``: a Prometheus counter on the
+    pod's IP whose rate is the job's progress (summed over its label sets)."""
+
+    port: int
+    path: str
+    counter: str
+    unit: str
+
+
+def parse_progress_metrics(text: str) -> ProgressEndpoint:
+    """Parse ``PORT[/PATH]#COUNTER[@UNIT]``; ValueError saying what is wrong."""
+    where, sep, rest = text.strip().partition("#")
+    if not sep or not rest:
+        raise ValueError(f"expected PORT[/PATH]#COUNTER[@UNIT], got {text!r}")
+    port_text, slash, path = where.partition("/")
+    if not port_text.isdigit() or not 0 < int(port_text) < 65536:
+        raise ValueError(f"port must be 1..65535, got {port_text!r}")
+    counter, at, unit = rest.partition("@")
+    if not _COUNTER.match(counter):
+        raise ValueError(f"not a Prometheus metric name: {counter!r}")
+    if not at:
+        unit = "tokens/s" if "token" in counter else "items/s"
+    if not _UNIT.match(unit):
+        raise ValueError(f"unit must look like tokens/s (at most 32 characters), got {unit!r}")
+    return ProgressEndpoint(int(port_text), "/" + path if slash else "/metrics", counter, unit)
+
 
 FamilyResolver = Callable[[str], ProfileFamily]
 """Returns the profile family for a name; raises :class:`UnknownWorkloadError` when none."""
@@ -331,6 +380,13 @@ def parse_intent(
             problems.append((_key(MIN_THROUGHPUT), f"must be >= 0, got {raw_floor!r}"))
         elif value is not None:
             floor = value
+
+    raw_progress = get(PROGRESS_METRICS)
+    if raw_progress is not None:
+        try:
+            parse_progress_metrics(raw_progress)
+        except ValueError as exc:
+            problems.append((_key(PROGRESS_METRICS), str(exc)))
 
     migration_allowed = False
     raw_migration = get(MIGRATION)

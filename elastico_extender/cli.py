@@ -7,6 +7,7 @@
     elastico run        the container entrypoint (same as elastico-run)
     elastico catalog    list the built-in workload families (RST catalog)
     elastico runtime-bundle DEST   elastico-run + shim for an init container's volume
+    elastico agent                 node agent of the closed loop (observes pods, reports them)
 
 Subcommands added by other parts of the package register in ``SUBCOMMANDS``.
 Logging is configured here and only here.
@@ -51,6 +52,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "runtime-bundle": (
         "elastico_extender.launcher.bundle:main",
         "copy elastico-run and the profiler shim into a shared volume (init container)",
+    ),
+    "agent": (
+        "elastico_extender.agent.cli:main",
+        "node agent (DaemonSet): observe pods' progress and report it to the extender",
     ),
     "serve": (
         "elastico_extender.service.cli:serve_main",

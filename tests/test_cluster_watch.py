@@ -84,6 +84,9 @@ def test_bookmark_advances_the_resource_version(server, cluster):
 
 
 def test_dropped_stream_relists_without_losing_a_pod(server, cluster):
+    # The stream must be open before it is cut: on a loaded machine the client may still
+    # be between its first list and its first watch, and then nothing would be dropped.
+    assert wait_for(lambda: server.watch_count["pods"] >= 1)
     watches = server.watch_count["pods"]
     server.drop_watches()
     # Changes while no watch is open are only visible through the relist.

@@ -22,6 +22,7 @@ MODELS = {
     ("v1", "Service"): "V1Service",
     ("v1", "Pod"): "V1Pod",
     ("apps/v1", "Deployment"): "V1Deployment",
+    ("apps/v1", "DaemonSet"): "V1DaemonSet",
     ("rbac.authorization.k8s.io/v1", "ClusterRole"): "V1ClusterRole",
     ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding"): "V1ClusterRoleBinding",
     ("rbac.authorization.k8s.io/v1", "Role"): "V1Role",
@@ -135,3 +136,29 @@ def test_extender_rollouts_never_run_two_extenders_at_once():
     spec = by_kind("Deployment")["elastico-extender"]["spec"]
     assert spec["replicas"] == 1
     assert spec["strategy"]["type"] == "Recreate"
+
+
+def test_agent_daemonset_reads_what_the_webhook_mounts_and_reports_to_the_extender():
+    from elastico_extender.agent.cli import parser as agent_parser
+    from elastico_extender.api.routes.webhook import RINGS_DIR
+
+    agent = by_kind("DaemonSet")["elastico-agent"]["spec"]["template"]["spec"]
+    (container,) = agent["containers"]
+    args = agent_parser().parse_args(container["args"][1:])
+    assert args.ring_root == RINGS_DIR
+    volumes = {v["name"]: v for v in agent["volumes"]}
+    mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+    assert volumes[mounts[RINGS_DIR]]["hostPath"]["path"] == RINGS_DIR
+    # authenticated with the extender's own token Secret, verifying its CA
+    token_dir = str(Path(args.token_file).parent)
+    assert volumes[mounts[token_dir]]["secret"]["secretName"] == "elastico-extender-token"
+    assert str(Path(args.ca_file).parent) in mounts
+    url = urlparse(args.extender)
+    service = by_kind("Service")["elastico-extender"]
+    assert url.hostname == f"{service['metadata']['name']}.{service['metadata']['namespace']}.svc"
+    assert url.port in {p["port"] for p in service["spec"]["ports"]}
+    assert any(e["name"] == "NODE_NAME" for e in container["env"])
+    role = by_kind("ClusterRole")["elastico-agent"]
+    granted = {(r, v) for rule in role["rules"] for r in rule["resources"] for v in rule["verbs"]}
+    assert granted == {("pods", "get"), ("pods", "list")}  # reads its node's pods, no more
+    assert agent["serviceAccountName"] in by_kind("ServiceAccount")

@@ -69,7 +69,11 @@ def test_elastico_run_reads_the_decision_file_where_the_webhook_mounts_it():
     ops = mutation_patch(obj, intent, mps=True)
     by_path = {op["path"]: op["value"] for op in ops}
     env = {e["name"]: e.get("value") for e in by_path["/spec/containers/0/env"]}
-    (mount,) = by_path["/spec/containers/0/volumeMounts"]
+    from elastico_extender.api.routes.webhook import DECISION_VOLUME
+
+    (mount,) = [
+        m for m in by_path["/spec/containers/0/volumeMounts"] if m["name"] == DECISION_VOLUME
+    ]  # the rings hostPath is mounted beside it (node agent)
     (item,) = by_path["/spec/volumes"][0]["downwardAPI"]["items"]
     mounted = f"{mount['mountPath']}/{item['path']}"
     assert mounted == DEFAULT_ANNOTATIONS

@@ -24,7 +24,7 @@ from elastico_extender import __version__
 from elastico_extender.api.deps import ApiError, json_response
 from elastico_extender.api.docs import install_docs
 from elastico_extender.api.fastpath import DirectRoutes
-from elastico_extender.api.routes import extender, ops, rest, webhook
+from elastico_extender.api.routes import extender, observations, ops, rest, webhook
 from elastico_extender.cluster.base import Cluster
 from elastico_extender.core.interference.predictor import SlowdownPredictor
 from elastico_extender.core.settings import PlannerSettings
@@ -32,6 +32,11 @@ from elastico_extender.profiles.store import ProfileStore
 from elastico_extender.service.engine import Engine
 from elastico_extender.service.families import FamilyResolver
 from elastico_extender.service.metrics import PrometheusMetrics
+from elastico_extender.service.observations import (
+    ObservationCollector,
+    ObservationService,
+    open_store,
+)
 from elastico_extender.service.predictor import resolve_predictor
 from elastico_extender.service.settings import ServiceSettings
 
@@ -76,6 +81,7 @@ def create_app(
     metrics = PrometheusMetrics()
     if predictor_degraded:
         metrics.degraded.labels(predictor_degraded).set(1)
+    observed = ObservationService(settings, open_store(settings))
     engine = Engine(
         settings,
         cluster,
@@ -85,7 +91,10 @@ def create_app(
         families=FamilyResolver(settings.default_gpu_memory_mib, store=store),
         metrics=metrics,
         is_leader=_leadership(cluster),
+        observed=lambda: observed.for_snapshot()[0],
     )
+    observed.attach(lambda: engine.published if engine.has_plan else None)
+    metrics.registry.register(ObservationCollector(observed))
     token, generated = _token(settings)
 
     @asynccontextmanager
@@ -98,6 +107,7 @@ def create_app(
         finally:
             engine.stop()
             cluster.stop()
+            observed.close()
 
     app = FastAPI(
         title="ElastiCo scheduler extender",
@@ -113,6 +123,7 @@ def create_app(
     app.state.settings = settings
     app.state.engine = engine
     app.state.metrics = metrics
+    app.state.observations = observed
     app.state.token = token
     app.state.token_generated = generated
 
@@ -139,5 +150,6 @@ def create_app(
     app.include_router(rest.router)
     app.include_router(webhook.router)
     app.include_router(ops.router)
+    app.include_router(observations.router)
     install_docs(app)
     return app

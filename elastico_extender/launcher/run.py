@@ -36,11 +36,20 @@ from elastico_extender.launcher.assignment import LaunchSettings, read_assignmen
 from elastico_extender.launcher.downward import parse_annotations
 from elastico_extender.profiling.shim import shim_path
 
-__all__ = ["Supervisor", "build_launch", "compose_preload", "load_settings", "main"]
+__all__ = [
+    "Supervisor",
+    "build_launch",
+    "compose_preload",
+    "load_settings",
+    "main",
+    "ring_directory",
+]
 
 log = logging.getLogger(__name__)
 
 DEFAULT_ANNOTATIONS = "/etc/elastico/annotations"  # where the webhook mounts the file
+DEFAULT_RING_ROOT = "/run/elastico/rings"
+"""Host directory (hostPath) shared with ``elastico agent``: one ring directory per pod."""
 SITE_DIR = Path(__file__).resolve().parent / "_site"
 
 
@@ -50,6 +59,26 @@ def compose_preload(existing: str | None, library: Path) -> str:
     if str(library) not in entries:
         entries.append(str(library))
     return " ".join(entries)
+
+
+def ring_directory(environ: Mapping[str, str]) -> Path | None:
+    """``<ring root>/<pod uid>`` for the shim's rings, so the node agent can tell which pod
+    a ring belongs to (issue 11); None when the pod uid is not given
+    (``ELASTICO_POD_UID``, downward API ``metadata.uid``), the shim directory is set
+    explicitly, or the root (``ELASTICO_RING_ROOT``) is not mounted."""
+    uid = environ.get("ELASTICO_POD_UID", "").strip()
+    if not uid or "ELASTICO_SHIM_DIR" in environ or "/" in uid or uid in (".", ".."):
+        return None
+    root = Path(environ.get("ELASTICO_RING_ROOT", DEFAULT_RING_ROOT))
+    if not root.is_dir():
+        return None
+    directory = root / uid
+    try:
+        directory.mkdir(exist_ok=True)
+    except OSError as exc:
+        log.warning("cannot create ring directory %s: %s", directory, exc)
+        return None
+    return directory
 
 
 def load_settings(annotations_path: Path, environ: Mapping[str, str]) -> LaunchSettings:
@@ -81,6 +110,9 @@ def build_launch(
         )
     if settings.profiling:
         env["LD_PRELOAD"] = compose_preload(environ.get("LD_PRELOAD"), shim_path())
+        rings = ring_directory(environ)
+        if rings is not None:
+            env["ELASTICO_SHIM_DIR"] = str(rings)
     return argv, env
 
 

@@ -156,7 +156,7 @@ class NvmlSource:
 
     def __init__(self, index: int = 0, nvml: Any = None) -> None:
         self._nvml = nvml if nvml is not None else _load_pynvml()
-        self._handle = nvml.nvmlDeviceGetHandleByIndex(index)
+        self._handle = self._nvml.nvmlDeviceGetHandleByIndex(index)
 
     def sample(self) -> HardwareSample | None:
         try:

@@ -64,6 +64,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--predictor-model", help="ONNX interference model")
     p.add_argument("--profile-store", help="SQLite profile store")
     p.add_argument(
+        "--observation-store",
+        help="SQLite file for observed reference rates and pair samples (default: profile store)",
+    )
+    p.add_argument(
         "--max-migrations-per-epoch",
         type=int,
         help="pods evicted per epoch to carry out the plan's moves (default 1; 0: log only)",

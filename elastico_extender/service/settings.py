@@ -88,6 +88,18 @@ class ServiceSettings:
     0: moves are only logged."""
     profile_store: str | None = None
     """SQLite profile store whose measured rows override the catalog (None: catalog only)."""
+    observation_store: str | None = None
+    """SQLite file for what the closed loop learns (solo reference rates, labelled pair
+    samples; issue 11). None: the profile store's file when one is set, else memory only
+    (lost at restart, and said so at start-up)."""
+    observation_max_age_seconds: float = 120.0
+    """A node agent's window that ended longer ago than this is refused (422), seconds:
+    two default epochs' worth of delay is a broken agent or clock, not news."""
+    observation_max_skew_seconds: float = 30.0
+    """How far in the future (agent clock ahead of ours) a window may end, seconds."""
+    observation_stale_seconds: float = 60.0
+    """A running pod whose last report is older than this shows as stale (REST, metric);
+    its last observation and the plan's decisions stay as they are, seconds."""
     predictor_model: str | None = None
     """ONNX interference model; None: the core's contention heuristic."""
     mps: bool = True
@@ -167,7 +179,14 @@ class ServiceSettings:
             found.append("client_ca_file: needs tls_cert and tls_key")
         if self.webhook_port is not None and not self.tls_cert:
             found.append("webhook_port: the API server only calls webhooks over TLS")
-        for name in ("epoch_seconds", "assume_ttl_seconds", "resync_seconds"):
+        for name in (
+            "epoch_seconds",
+            "assume_ttl_seconds",
+            "resync_seconds",
+            "observation_max_age_seconds",
+            "observation_max_skew_seconds",
+            "observation_stale_seconds",
+        ):
             if not 0 < getattr(self, name) < math.inf:
                 found.append(f"{name}: must be a finite number > 0 seconds")
         if self.max_body_bytes < 1024:

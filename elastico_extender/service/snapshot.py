@@ -19,6 +19,7 @@ import dataclasses
 import logging
 import math
 import threading
+import time
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple, Protocol
 
@@ -71,6 +72,7 @@ class SnapshotBuilder:
         scheduler_name: str = "",
         observed: Callable[[], Mapping[str, ObservedSlowdown]] | None = None,
         clock: Callable[[], float] | None = None,
+        wall_clock: Callable[[], float] = time.time,
         dwell_seconds: float = 0.0,
     ) -> None:
         self.state = state
@@ -80,7 +82,10 @@ class SnapshotBuilder:
         # The observations owner hands its per-job observed slowdowns in here (closed
         # loop, core.observations); None: nothing observed yet.
         self.observed = observed
-        self.clock = clock
+        self.clock = clock  # the service's monotonic clock (dwell)
+        # Snapshot.now is wall-clock seconds: the unit of observation windows (agents)
+        # and of pod start times (attained service).
+        self.wall_clock = wall_clock
         self.dwell_seconds = dwell_seconds
         self.epoch = 0
         # Per running pod: the configuration it runs and since when (this clock), to
@@ -248,7 +253,7 @@ class SnapshotBuilder:
             families,
             epoch=self.epoch,
             observed=dict(self.observed()) if self.observed is not None else {},
-            now=now,
+            now=self.wall_clock(),
         )
         return Built(snapshot, meta, in_snapshot, invalid, confirmed, synced, generation)
 

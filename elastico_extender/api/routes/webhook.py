@@ -39,6 +39,8 @@ from elastico_extender.errors import AnnotationError
 __all__ = [
     "DECISION_DIR",
     "DECISION_VOLUME",
+    "RINGS_DIR",
+    "RINGS_VOLUME",
     "gpu_containers",
     "mutation_patch",
     "router",
@@ -49,6 +51,10 @@ router = APIRouter(tags=["admission webhook"])
 
 DECISION_VOLUME = "elastico-decision"
 DECISION_DIR = "/etc/elastico"
+RINGS_VOLUME = "elastico-rings"
+RINGS_DIR = "/run/elastico/rings"
+"""The profiler shim's rings, one directory per pod uid (``elastico-run``), on a hostPath
+the node agent reads (issue 11; docs/observability.md)."""
 
 
 def setting_keys(intent: PodIntent, mps: bool) -> list[str]:
@@ -124,7 +130,14 @@ def mutation_patch(pod: dict[str, Any], intent: PodIntent, mps: bool) -> list[di
         for key in keys
     ]
     env.append({"name": "ELASTICO_DECISION_FILE", "value": f"{DECISION_DIR}/annotations"})
-    mount = {"name": DECISION_VOLUME, "mountPath": DECISION_DIR, "readOnly": True}
+    env.append(
+        {"name": "ELASTICO_POD_UID", "valueFrom": {"fieldRef": {"fieldPath": "metadata.uid"}}}
+    )
+    env.append({"name": "ELASTICO_RING_ROOT", "value": RINGS_DIR})
+    mounts = [
+        {"name": DECISION_VOLUME, "mountPath": DECISION_DIR, "readOnly": True},
+        {"name": RINGS_VOLUME, "mountPath": RINGS_DIR},
+    ]
     containers = spec.get("containers") or []
     for i in gpu_containers(spec):
         container = containers[i]
@@ -137,23 +150,23 @@ def mutation_patch(pod: dict[str, Any], intent: PodIntent, mps: bool) -> list[di
         else:
             ops.append({"op": "add", "path": f"/spec/containers/{i}/env", "value": mine})
         if container.get("volumeMounts"):
-            ops.append(
-                {"op": "add", "path": f"/spec/containers/{i}/volumeMounts/-", "value": mount}
+            ops.extend(
+                {"op": "add", "path": f"/spec/containers/{i}/volumeMounts/-", "value": m}
+                for m in mounts
             )
         else:
-            ops.append(
-                {"op": "add", "path": f"/spec/containers/{i}/volumeMounts", "value": [mount]}
-            )
+            ops.append({"op": "add", "path": f"/spec/containers/{i}/volumeMounts", "value": mounts})
     volume = {
         "name": DECISION_VOLUME,
         "downwardAPI": {
             "items": [{"path": "annotations", "fieldRef": {"fieldPath": "metadata.annotations"}}]
         },
     }
+    rings = {"name": RINGS_VOLUME, "hostPath": {"path": RINGS_DIR, "type": "DirectoryOrCreate"}}
     if spec.get("volumes"):
-        ops.append({"op": "add", "path": "/spec/volumes/-", "value": volume})
+        ops.extend({"op": "add", "path": "/spec/volumes/-", "value": v} for v in (volume, rings))
     else:
-        ops.append({"op": "add", "path": "/spec/volumes", "value": [volume]})
+        ops.append({"op": "add", "path": "/spec/volumes", "value": [volume, rings]})
     return ops
 
 

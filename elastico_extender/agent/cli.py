@@ -1,0 +1,129 @@
+"""``elastico agent``: the closed loop's node agent (run as the DaemonSet in deploy/agent.yaml).
+
+    elastico agent --node "$NODE_NAME" --extender https://elastico-extender.elastico-system:8443 \\
+        --token-file /etc/elastico/token/token --ca-file /etc/elastico/tls/ca.crt
+
+Every ``--window-seconds`` it lists the pods bound to its node (the API server, a field
+selector on ``spec.nodeName``), measures each (see :mod:`.daemon`) and posts the windows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from elastico_extender.agent.daemon import Agent, PodInfo, pod_info
+from elastico_extender.agent.reporter import Reporter
+from elastico_extender.agent.rings import PodRings
+from elastico_extender.launcher.run import DEFAULT_RING_ROOT
+from elastico_extender.profiling.hardware import HardwareSample, HardwareSource, detect_source
+
+__all__ = ["kube_pods", "main", "parser"]
+
+log = logging.getLogger(__name__)
+
+
+def parser() -> argparse.ArgumentParser:
+    env = os.environ
+    p = argparse.ArgumentParser(
+        prog="elastico agent",
+        description="Observe this node's pods (shim rings, framework counters, DCGM/NVML) "
+        "and report per-window progress to the ElastiCo extender.",
+    )
+    p.add_argument("--node", default=env.get("NODE_NAME"), help="this node (default $NODE_NAME)")
+    p.add_argument("--extender", default=env.get("ELASTICO_EXTENDER_URL"), help="extender URL")
+    p.add_argument("--token-file", help="bearer token of the extender")
+    p.add_argument("--ca-file", help="CA that signed the extender's certificate")
+    p.add_argument("--client-cert", help="client certificate (mTLS listener)")
+    p.add_argument("--client-key", help="client key (mTLS listener)")
+    p.add_argument("--ring-root", default=env.get("ELASTICO_RING_ROOT", DEFAULT_RING_ROOT))
+    p.add_argument("--window-seconds", type=float, default=10.0, help="default %(default)s")
+    p.add_argument("--kubeconfig", help="kubeconfig (default: in-cluster config)")
+    p.add_argument("--once", action="store_true", help="report two windows and exit")
+    return p
+
+
+def kube_pods(api: Any, node: str) -> list[PodInfo]:
+    """Running pods bound to ``node``, as plain Pod JSON through the kubernetes client."""
+    reply = api.list_pod_for_all_namespaces(
+        field_selector=f"spec.nodeName={node}", _preload_content=False
+    )
+    items = json.loads(reply.data).get("items") or []
+    found = []
+    for pod in items:
+        if (pod.get("spec") or {}).get("nodeName") != node:
+            continue
+        if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+            continue
+        info = pod_info(pod)
+        if info is not None:
+            found.append(info)
+    return found
+
+
+class DeviceMetrics:
+    """One hardware source per GPU index, opened on first use."""
+
+    def __init__(self) -> None:
+        self._sources: dict[int, HardwareSource] = {}
+
+    def __call__(self, device: int) -> HardwareSample | None:
+        source = self._sources.get(device)
+        if source is None:
+            source = self._sources[device] = detect_source(os.environ, device)
+        return source.sample()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    problems = []
+    if not args.node:
+        problems.append("--node (or $NODE_NAME) is required")
+    if not args.extender:
+        problems.append("--extender (or $ELASTICO_EXTENDER_URL) is required")
+    if bool(args.client_cert) != bool(args.client_key):
+        problems.append("--client-cert and --client-key go together")
+    if not args.window_seconds > 0:
+        problems.append("--window-seconds must be > 0")
+    if problems:
+        print("elastico agent: " + "; ".join(problems), file=sys.stderr)
+        return 2
+    token = Path(args.token_file).read_text().strip() if args.token_file else None
+    from kubernetes import client
+
+    from elastico_extender.cluster.kube import api_client_from
+
+    core = client.CoreV1Api(api_client_from(args.kubeconfig))
+    reporter = Reporter(
+        args.extender,
+        token=token,
+        ca_file=args.ca_file,
+        client_cert=(args.client_cert, args.client_key) if args.client_cert else None,
+    )
+    rings = PodRings(args.ring_root)
+    agent = Agent(
+        args.node, lambda: kube_pods(core, args.node), rings, reporter, hardware=DeviceMetrics()
+    )
+    try:
+        if args.once:
+            agent.observe()  # baseline
+            threading.Event().wait(args.window_seconds)
+            print(json.dumps(agent.run_once()))
+            return 0
+        stop = threading.Event()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, lambda *_: stop.set())
+        log.info("agent.started", extra={"node": args.node, "rings": args.ring_root})
+        agent.run(args.window_seconds, stop)
+        return 0
+    finally:
+        rings.close()
+        reporter.close()

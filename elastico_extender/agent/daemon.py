@@ -1,0 +1,181 @@
+"""The agent's loop: every window, one observation per pod on this node, posted at once.
+
+Per pod (running on this node, uid from the API server):
+
+* progress rate: the framework counter it declares (``elastico.io/progress-metrics``),
+  else kernel launches/s from its shim rings (:mod:`.rings`); a pod with neither is not
+  reported (the planner then treats it as unobserved);
+* peak GPU memory: the shim's peak device bytes over the pod's processes;
+* SM activity: the mean over the pod's assigned GPUs (``elastico.io/assigned-devices``)
+  of DCGM's SM_ACTIVE or NVML's utilisation (a device metric: on a shared GPU it is the
+  device's activity, both tenants together);
+* configuration: the pod's ``elastico.io/assigned-configuration``, so the extender refuses
+  a window measured under a configuration the pod no longer runs.
+
+Ring directories of pods that left the node are removed after ``ORPHAN_SECONDS``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from elastico_extender.agent.framework import Fetch, read_counter
+from elastico_extender.agent.reporter import Reporter
+from elastico_extender.agent.rings import PodRings
+from elastico_extender.agent.window import CounterRates
+from elastico_extender.annotations import (
+    PREFIX,
+    PROGRESS_METRICS,
+    ProgressEndpoint,
+    parse_progress_metrics,
+    read_decision,
+)
+from elastico_extender.profiling.hardware import HardwareSample, http_get
+
+__all__ = ["Agent", "PodInfo", "pod_info"]
+
+log = logging.getLogger(__name__)
+
+ORPHAN_SECONDS = 120.0
+"""A ring directory whose pod is gone from the node for this long is deleted, seconds."""
+
+
+@dataclass(frozen=True, slots=True)
+class PodInfo:
+    uid: str
+    key: str
+    ip: str | None
+    devices: tuple[int, ...]
+    configuration: str | None
+    progress: ProgressEndpoint | None
+
+
+def pod_info(pod: Mapping[str, Any]) -> PodInfo | None:
+    """The agent's view of a Pod object (JSON form); None without a uid."""
+    meta = pod.get("metadata") or {}
+    uid = str(meta.get("uid") or "")
+    if not uid:
+        return None
+    annotations = meta.get("annotations") or {}
+    decision = read_decision(annotations)
+    progress = None
+    raw = annotations.get(PREFIX + PROGRESS_METRICS)
+    if raw:
+        try:
+            progress = parse_progress_metrics(str(raw))
+        except ValueError as exc:
+            log.info("pod.progress_annotation_invalid", extra={"pod": uid, "error": str(exc)})
+    return PodInfo(
+        uid=uid,
+        key=f"{meta.get('namespace') or 'default'}/{meta.get('name', '')}",
+        ip=(pod.get("status") or {}).get("podIP"),
+        devices=decision.devices if decision else (),
+        configuration=(decision.configuration or None) if decision else None,
+        progress=progress,
+    )
+
+
+class Agent:
+    def __init__(
+        self,
+        node: str,
+        pods: Callable[[], list[PodInfo]],
+        rings: PodRings,
+        reporter: Reporter,
+        *,
+        hardware: Callable[[int], HardwareSample | None] = lambda _: None,
+        fetch: Fetch = http_get,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.node = node
+        self.pods = pods
+        self.rings = rings
+        self.reporter = reporter
+        self.hardware = hardware
+        self.fetch = fetch
+        self.clock = clock
+        self._counters = CounterRates()
+        self._ends: dict[str, float] = {}
+        self._orphans: dict[str, float] = {}
+
+    def observe(self) -> list[dict[str, Any]]:
+        """One window's items (the wire form of ``POST /observations``)."""
+        pods = self.pods()
+        now = self.clock()
+        device_samples: dict[int, HardwareSample | None] = {}
+        items = []
+        for pod in pods:
+            launches = self.rings.sample(pod.uid)
+            rate: float | None = None
+            unit = "launches/s"
+            end = now
+            seconds = 0.0
+            if pod.progress is not None and pod.ip:
+                value = read_counter(pod.progress, pod.ip, fetch=self.fetch)
+                got = None if value is None else self._counters.update(pod.uid, value, now)
+                if got is not None:
+                    rate, seconds = got
+                    unit = pod.progress.unit
+            elif launches is not None and launches.rate is not None:
+                rate, end = launches.rate, launches.end
+                seconds = end - self._ends.get(pod.uid, end)
+            if launches is not None:
+                self._ends[pod.uid] = launches.end
+            if rate is None or seconds <= 0:
+                continue
+            item: dict[str, Any] = {
+                "pod_uid": pod.uid,
+                "end": end,
+                "seconds": seconds,
+                "rate": rate,
+                "unit": unit,
+            }
+            if pod.configuration:
+                item["configuration"] = pod.configuration
+            if launches is not None and launches.peak_mem_mib > 0:
+                item["peak_mem_mib"] = launches.peak_mem_mib
+            active = []
+            for device in pod.devices:
+                if device not in device_samples:
+                    device_samples[device] = self.hardware(device)
+                sample = device_samples[device]
+                if sample is not None and sample.sm_active is not None:
+                    active.append(min(1.0, max(0.0, sample.sm_active)))
+            if active:
+                item["sm_activity"] = sum(active) / len(active)
+            items.append(item)
+        self._collect_orphans({p.uid for p in pods}, now)
+        return items
+
+    def _collect_orphans(self, present: set[str], now: float) -> None:
+        for uid in list(self._ends):
+            if uid not in present:
+                del self._ends[uid]
+                self._counters.forget(uid)
+        for uid in self.rings.pods():
+            if uid in present:
+                self._orphans.pop(uid, None)
+                continue
+            first = self._orphans.setdefault(uid, now)
+            if now - first >= ORPHAN_SECONDS:
+                self.rings.remove_directory(uid)
+                self._orphans.pop(uid, None)
+
+    def run_once(self) -> dict[str, Any]:
+        items = self.observe()
+        result = self.reporter.send(self.node, items)
+        log.info("window.reported", extra={"pods": len(items), "result": result})
+        return result
+
+    def run(self, window_seconds: float, stop: threading.Event) -> None:
+        """Report every ``window_seconds`` until ``stop`` is set; never dies on one error."""
+        while not stop.wait(window_seconds):
+            try:
+                self.run_once()
+            except Exception:  # the agent must outlive any one bad window
+                log.exception("window.failed")

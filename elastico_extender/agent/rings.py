@@ -1,0 +1,165 @@
+"""Per-pod progress from the profiler shim's rings: kernel launches per second (issue 11).
+
+Where the rings are: ``elastico-run`` points the shim at ``<ring root>/<pod uid>/`` (the
+pod uid comes from the downward API as ``ELASTICO_POD_UID``; the root is a hostPath the
+agent mounts too), so every ``elastico-shim-<pid>.ring`` under a pod's directory belongs
+to that pod, whatever its processes' ids are inside the container.
+
+What is read: only the ring *headers*, never the records (the agent consumes nothing, so a
+profiler draining the same ring is undisturbed).  The header's ``launches`` counter is
+cumulative and published at the shim's flushes (every ``ELASTICO_SHIM_FLUSH_MS``,
+default 2 s), which also stamp ``last_flush_realtime_ns``.  A process's launch rate over
+a window is therefore
+
+    r_i = (launches_i(now) - launches_i(before)) / (flush_i(now) - flush_i(before))
+
+measured on the process's own flush clock, so the window's edges cost no error even when
+the agent's window is not a multiple of the flush interval.  A pod's rate is the sum over
+its processes.  A process first seen after the pod's previous scan started at
+``start_realtime_ns`` with zero launches, so short-lived processes (data-loader workers,
+restarts) are counted from their start; processes already running when the agent starts
+give a rate from their second reading on.  A counter that goes backwards (a new process
+reusing the pid's file) restarts that process's baseline.
+
+See docs/observability.md for why launches per second measure progress and its limits.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+from elastico_extender.errors import RingFormatError
+from elastico_extender.profiling.ring import RingReader, find_rings
+
+__all__ = ["PodLaunches", "PodRings", "ProcessCounters"]
+
+log = logging.getLogger(__name__)
+
+MAX_PROCESSES_PER_POD = 512
+"""Rings followed per pod (mapped files are cheap, but bounded all the same)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessCounters:
+    """What one ring header says about its process at one read."""
+
+    launches: int
+    flushed_at: float  # seconds since the epoch (the shim's CLOCK_REALTIME)
+    started_at: float
+    peak_bytes: int
+    live_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class PodLaunches:
+    """One pod's window from its rings."""
+
+    rate: float | None
+    """Kernel launches per second summed over processes; None until a window exists."""
+    processes: int
+    peak_mem_mib: float
+    """Sum over its processes of the shim's peak device bytes since each started, MiB."""
+    live_mem_mib: float
+    end: float
+    """Newest flush time among its processes (the window's end, seconds since the epoch)."""
+
+
+class PodRings:
+    """Follows the rings of every pod directory under ``root`` (not thread-safe)."""
+
+    def __init__(self, root: str | Path) -> None:
+        self.root = Path(root)
+        self._readers: dict[tuple[str, int], RingReader] = {}
+        self._last: dict[tuple[str, int], ProcessCounters] = {}
+        self._scanned: dict[str, float] = {}  # pod uid -> newest flush time at last scan
+
+    def close(self) -> None:
+        for reader in self._readers.values():
+            reader.close()
+        self._readers.clear()
+
+    def pods(self) -> list[str]:
+        """Pod uids that have a ring directory."""
+        if not self.root.is_dir():
+            return []
+        return sorted(p.name for p in self.root.iterdir() if p.is_dir())
+
+    def _read(self, uid: str) -> dict[int, ProcessCounters]:
+        found = {}
+        rings = find_rings(self.root / uid)
+        for pid, path in list(rings.items())[:MAX_PROCESSES_PER_POD]:
+            key = (uid, pid)
+            reader = self._readers.get(key)
+            if reader is None:
+                try:
+                    reader = RingReader(path)
+                except (RingFormatError, OSError) as exc:  # being created, or foreign
+                    log.debug("ring.unreadable", extra={"path": str(path), "error": str(exc)})
+                    continue
+                self._readers[key] = reader
+            h = reader.header()
+            found[pid] = ProcessCounters(
+                launches=h["launches"],
+                flushed_at=h["last_flush_realtime_ns"] / 1e9,
+                started_at=h["start_realtime_ns"] / 1e9,
+                peak_bytes=h["peak_bytes"],
+                live_bytes=h["live_bytes"],
+            )
+        for key in [k for k in self._readers if k[0] == uid and k[1] not in rings]:
+            self._readers.pop(key).close()
+            self._last.pop(key, None)
+        return found
+
+    def sample(self, uid: str) -> PodLaunches | None:
+        """The pod's launch rate since the previous call for it; None without rings."""
+        now = self._read(uid)
+        if not now:
+            return None
+        previous_scan = self._scanned.get(uid)
+        rate = 0.0
+        measured = False
+        for pid, c in now.items():
+            before = self._last.get((uid, pid))
+            if before is not None and c.launches < before.launches:
+                before = None  # the file now belongs to a new process
+            new = previous_scan is not None and c.started_at >= previous_scan - 1.0
+            if before is None and new:
+                before = ProcessCounters(0, c.started_at, c.started_at, 0, 0)
+            self._last[(uid, pid)] = c
+            if before is None:
+                continue
+            span = c.flushed_at - before.flushed_at
+            if span > 0:
+                rate += (c.launches - before.launches) / span
+                measured = True
+            elif c.launches == before.launches:
+                measured = measured or previous_scan is not None  # idle: counts as 0
+        end = max(c.flushed_at for c in now.values())
+        self._scanned[uid] = end
+        return PodLaunches(
+            rate=rate if measured else None,
+            processes=len(now),
+            peak_mem_mib=sum(c.peak_bytes for c in now.values()) / 2**20,
+            live_mem_mib=sum(c.live_bytes for c in now.values()) / 2**20,
+            end=end,
+        )
+
+    def forget(self, uid: str) -> None:
+        """Stop following a pod that left the node."""
+        for key in [k for k in self._readers if k[0] == uid]:
+            self._readers.pop(key).close()
+        for key in [k for k in self._last if k[0] == uid]:
+            del self._last[key]
+        self._scanned.pop(uid, None)
+
+    def remove_directory(self, uid: str) -> None:
+        """Delete a departed pod's ring directory (the rings are the shim's files)."""
+        self.forget(uid)
+        directory = self.root / uid
+        with contextlib.suppress(OSError):
+            for path in directory.iterdir():
+                path.unlink()
+            directory.rmdir()

@@ -1,0 +1,96 @@
+"""Node agents' observations: ``POST /observations`` (authenticated), ``GET /observations``.
+
+The body names the agent's node and one window per pod::
+
+    {"node": "gpu-7",
+     "observations": [{"pod_uid": "0b6c...", "end": 1763845200.0, "seconds": 10.0,
+                       "rate": 4210.5, "unit": "launches/s",
+                       "configuration": "batch_size=64,amp=on",      # optional
+                       "peak_mem_mib": 18432.0, "sm_activity": 0.62}]}  # optional
+
+Every field is checked (types, finite, non-negative, lengths, unknown fields) and so is
+every window against the published plan (:mod:`elastico_extender.service.observations`).
+Any problem refuses the whole batch with a 4xx whose ``Error`` names each field (and
+``refused`` lists the item indices, so an agent can resend the rest); nothing changes.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import Response
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.concurrency import run_in_threadpool
+
+from elastico_extender.api.deps import ApiError, json_response, read_model, require_auth
+from elastico_extender.service.observations import (
+    AgentWindow,
+    ObservationRefused,
+    ObservationService,
+)
+
+__all__ = ["MAX_BODY_BYTES", "MAX_WINDOWS", "ObservationBatch", "router"]
+
+router = APIRouter(tags=["closed loop"])
+
+MAX_WINDOWS = 2048
+"""Windows per request: one per pod on a node, with a wide margin."""
+MAX_BODY_BYTES = 1 << 20
+"""Largest accepted body, bytes (2,048 windows of about 300 bytes fit in 1 MiB)."""
+
+Finite = Annotated[float, Field(strict=True, allow_inf_nan=False)]
+NonNegative = Annotated[float, Field(strict=True, ge=0, allow_inf_nan=False)]
+
+
+class WindowItem(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    pod_uid: Annotated[str, Field(strict=True, min_length=1, max_length=128)]
+    end: Annotated[float, Field(strict=True, gt=0, allow_inf_nan=False)]
+    seconds: Annotated[float, Field(strict=True, gt=0, allow_inf_nan=False)]
+    rate: NonNegative
+    unit: Annotated[str, Field(strict=True, pattern=r"^[A-Za-z0-9_.:]{1,32}/s$")]
+    configuration: Annotated[str | None, Field(strict=True, max_length=512)] = None
+    peak_mem_mib: NonNegative | None = None
+    sm_activity: Annotated[float | None, Field(strict=True, ge=0, le=1, allow_inf_nan=False)] = None
+
+
+class ObservationBatch(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    node: Annotated[str, Field(strict=True, min_length=1, max_length=253)]
+    observations: Annotated[list[WindowItem], Field(max_length=MAX_WINDOWS)]
+
+
+def service_of(request: Request) -> ObservationService:
+    service: ObservationService = request.app.state.observations
+    return service
+
+
+@router.post(
+    "/observations",
+    dependencies=[Depends(require_auth)],
+    summary="A node agent's windows: progress rate, peak memory, SM activity per pod",
+)
+async def post_observations(request: Request) -> Response:
+    batch = await read_model(request, ObservationBatch, MAX_BODY_BYTES)
+    windows = [AgentWindow(**item.model_dump()) for item in batch.observations]
+    try:
+        result = await run_in_threadpool(service_of(request).ingest, batch.node, windows)
+    except ObservationRefused as exc:
+        return json_response(
+            {"Error": "; ".join(exc.problems[:20]), "refused": exc.refused}, exc.status
+        )
+    return json_response(result)
+
+
+@router.get(
+    "/observations",
+    summary="Observed vs predicted slowdown per pod and pair, prediction error, staleness, "
+    "pairs separated and why",
+)
+async def get_observations(request: Request) -> Response:
+    if not request.app.state.engine.has_plan:
+        raise ApiError(409, "no plan published yet")
+    return json_response(service_of(request).view())

@@ -1,0 +1,737 @@
+"""The extender's owner of what node agents observe (closed loop, issue 11; spec 3.3, 4.1).
+
+One :class:`ObservationService` per extender holds the core's
+:class:`~elastico_extender.core.observations.ObservationBook`, keyed by job id (the
+pod uid, as the engine keys jobs).  It
+
+* takes windows from ``POST /observations`` (:meth:`ingest`): each is checked against
+  the latest published plan (the pod must run there; the window must be recent and
+  newer than the pod's last one; a configuration the agent names must be the one the
+  pod runs).  The pod's configuration row and its partners (jobs sharing any of its
+  GPUs) come from the published snapshot, never from the agent.  A batch with any
+  problem is refused whole (4xx naming each field) and changes nothing;
+* gives the engine ``(observed, now)`` for the next snapshot (:meth:`for_snapshot`),
+  and at that moment compares the two newest plans to record pairs the plan separated;
+* persists the book's reference rates and every labelled pair sample in an
+  :class:`~elastico_extender.profiles.observations.ObservationStore` (restored at start);
+* serves ``GET /observations`` (:meth:`view`) and Prometheus series
+  (:class:`ObservationCollector`): observed vs predicted slowdown per co-located pair,
+  prediction error over time, report age and staleness per pod and per agent node, pairs
+  separated and why.
+
+An agent that stops reporting changes no decision: the pod's last observed slowdown stays
+in the book (with its age, which the planner reads) and the pod shows as stale.
+
+Clock: wall-clock seconds (``time.time``), the unit of the agents' window ends; the
+snapshot's ``now`` is the same clock.  A window's end is recorded as ``min(end, now)`` so
+a fast agent clock never makes an observation look younger than its arrival.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import sqlite3
+import threading
+import time
+from collections import OrderedDict, deque
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    Metric,
+    SummaryMetricFamily,
+)
+from prometheus_client.registry import Collector
+
+from elastico_extender.core.model import Job, Snapshot
+from elastico_extender.core.observations import Observation, ObservationBook, ObservedSlowdown
+from elastico_extender.profiles.observations import ObservationStore, StoredSample
+from elastico_extender.service.engine import Published
+from elastico_extender.service.settings import ServiceSettings
+
+__all__ = [
+    "AgentWindow",
+    "ObservationCollector",
+    "ObservationRefused",
+    "ObservationService",
+    "open_store",
+]
+
+log = logging.getLogger(__name__)
+
+MAX_PAIRS = 20_000
+"""Co-located pairs whose statistics are kept (least recently observed dropped first)."""
+MAX_PODS = 100_000
+"""Pods whose last report is remembered (for age and staleness)."""
+ERROR_HISTORY = 1_440
+"""Batches of prediction-error history kept for GET /observations (2 h of 5 s windows)."""
+SEPARATIONS_KEPT = 512
+"""Recent separations listed by GET /observations."""
+
+
+def open_store(settings: ServiceSettings) -> ObservationStore | None:
+    """The observation store the settings name (the profile store's file by default)."""
+    path = settings.observation_store or settings.profile_store
+    if not path:
+        log.warning(
+            "observations.memory_only: set observation_store or profile_store so what the "
+            "closed loop learns survives a restart"
+        )
+        return None
+    return ObservationStore(path)
+
+
+@dataclass(frozen=True, slots=True)
+class AgentWindow:
+    """One pod's window as the node agent reports it (validated wire item)."""
+
+    pod_uid: str
+    end: float
+    seconds: float
+    rate: float
+    unit: str
+    configuration: str | None = None
+    peak_mem_mib: float | None = None
+    sm_activity: float | None = None
+
+
+class ObservationRefused(Exception):
+    """A batch that cannot be taken; ``problems`` name the field of each item."""
+
+    def __init__(self, status: int, problems: list[str], refused: list[int]) -> None:
+        super().__init__("; ".join(problems))
+        self.status = status
+        self.problems = problems
+        self.refused = refused
+
+
+@dataclass(slots=True)
+class PodReport:
+    node: str
+    received: float
+    end: float
+    seconds: float
+    rate: float
+    unit: str
+    config: int
+    partners: tuple[str, ...]
+    window_slowdown: float | None
+    peak_mem_mib: float | None
+    sm_activity: float | None
+
+
+@dataclass(slots=True)
+class PairStat:
+    """Observed vs predicted slowdown of ``victim`` next to ``partner``."""
+
+    observed: float
+    """Exponentially weighted (the book's smoothing) window slowdown of the victim."""
+    last: float
+    predicted: float | None
+    tolerance: float | None
+    windows: int
+    last_end: float
+    separated: bool = False
+
+
+class ObservationService:
+    """Holds the observation book for the extender; thread-safe (one lock)."""
+
+    def __init__(
+        self,
+        settings: ServiceSettings,
+        store: ObservationStore | None = None,
+        *,
+        book: ObservationBook | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.settings = settings
+        self.store = store
+        self.book = book or ObservationBook()
+        self.clock = clock
+        self._published: Callable[[], Published | None] = lambda: None
+        self._lock = threading.Lock()
+        self._reports: OrderedDict[str, PodReport] = OrderedDict()
+        self._agents: dict[str, float] = {}  # node -> when its agent last reported
+        self._pairs: OrderedDict[tuple[str, str], PairStat] = OrderedDict()
+        self._errors: deque[dict[str, float]] = deque(maxlen=ERROR_HISTORY)
+        self._error_sum = 0.0
+        self._error_count = 0
+        self._separations: deque[dict[str, Any]] = deque(maxlen=SEPARATIONS_KEPT)
+        self.separated_total: dict[str, int] = {}
+        self.windows_total: dict[str, int] = {}
+        # Per published snapshot (built once, reused by every agent's POST until the next
+        # epoch): running jobs by id, and each job's partners on its GPUs.
+        self._index: tuple[Snapshot | None, dict[str, Job], dict[str, tuple[str, ...]]] = (
+            None,
+            {},
+            {},
+        )
+        self._seen_plan: Published | None = None
+        if store is not None:
+            self.book.restore(store.book_state(self.book.max_refs))
+
+    def close(self) -> None:
+        """Close the store (the app's shutdown); what it holds is already written."""
+        if self.store is not None:
+            self.store.close()
+
+    def attach(self, published: Callable[[], Published | None]) -> None:
+        """Where the latest published plan comes from (the engine)."""
+        self._published = published
+
+    # -- ingest -------------------------------------------------------------------------
+    def ingest(self, node: str, windows: Sequence[AgentWindow]) -> dict[str, Any]:
+        """Record a batch of one agent's windows, or refuse it whole (ObservationRefused)."""
+        now = self.clock()
+        pub = self._published()
+        if pub is None:
+            raise ObservationRefused(409, ["no plan published yet; retry after an epoch"], [])
+        problems: list[str] = []
+        refused: list[int] = []
+        accepted: list[tuple[AgentWindow, Observation, float | None, float | None]] = []
+        seen: set[str] = set()
+        with self._lock:
+            running, partners_of = self._snapshot_index(pub.snapshot)
+            for i, w in enumerate(windows):
+                where = f"observations[{i}]"
+                found = self._check(where, w, now, running, pub, seen)
+                seen.add(w.pod_uid)
+                if found:
+                    problems.extend(found)
+                    refused.append(i)
+                    continue
+                job = running[w.pod_uid]
+                config = int(job.current_config or 0)  # running jobs always have one
+                a = pub.plan.assignments.get(job.id)
+                kept = a is not None and a.devices == job.devices and a.config_index == config
+                predicted = float(a.predicted_slowdown) if kept and a is not None else None
+                tolerance = (
+                    float(a.tolerance)
+                    if kept and a is not None and math.isfinite(a.tolerance)
+                    else None
+                )
+                obs = Observation(
+                    job_id=job.id,
+                    config=config,
+                    end=min(w.end, now),
+                    seconds=w.seconds,
+                    rate=w.rate,
+                    unit=w.unit,
+                    partners=partners_of.get(job.id, ()),
+                    peak_mem_mib=w.peak_mem_mib,
+                    sm_activity=w.sm_activity,
+                )
+                invalid = obs.problems()
+                if invalid:
+                    problems.extend(f"{where}: {p}" for p in invalid)
+                    refused.append(i)
+                    continue
+                accepted.append((w, obs, predicted, tolerance))
+            if problems:
+                self._count("refused", len(windows))
+                raise ObservationRefused(422, problems, refused)
+            refs, samples = self._record(node, now, pub, accepted)
+        if self.store is not None:
+            try:
+                self.store.put_references(refs, now)
+                self.store.add_samples(samples)
+            except sqlite3.Error as exc:  # degrade: kept in memory, said in the log
+                log.warning("observations.persist_failed", extra={"error": str(exc)})
+        return {"accepted": len(accepted), "pair_samples": len(samples)}
+
+    def _check(
+        self,
+        where: str,
+        w: AgentWindow,
+        now: float,
+        running: Mapping[str, Job],
+        pub: Published,
+        seen: set[str],
+    ) -> list[str]:
+        found = []
+        if w.pod_uid in seen:
+            found.append(f"{where}.pod_uid: {w.pod_uid!r} appears twice in one batch")
+        job = running.get(w.pod_uid)
+        if job is None:
+            found.append(
+                f"{where}.pod_uid: unknown pod {w.pod_uid!r} (not running in the published plan)"
+            )
+        age = now - w.end
+        if age > self.settings.observation_max_age_seconds:
+            found.append(
+                f"{where}.end: window ended {age:.0f} s ago, older than the "
+                f"{self.settings.observation_max_age_seconds:g} s bound (stale)"
+            )
+        elif -age > self.settings.observation_max_skew_seconds:
+            found.append(
+                f"{where}.end: window ends {-age:.0f} s in the future (agent clock ahead by more "
+                f"than {self.settings.observation_max_skew_seconds:g} s)"
+            )
+        if w.seconds > self.settings.observation_max_age_seconds:
+            found.append(
+                f"{where}.seconds: a {w.seconds:g} s window is longer than the "
+                f"{self.settings.observation_max_age_seconds:g} s bound"
+            )
+        last = self._reports.get(w.pod_uid)
+        if last is not None and w.end <= last.end:
+            found.append(
+                f"{where}.end: not after the pod's last window (ended {last.end:.3f}): "
+                "out of order or repeated"
+            )
+        if job is not None and w.configuration is not None:
+            pj = pub.pods.get(job.id)
+            if pj is not None:
+                running_label = pj.family.configs[int(job.current_config or 0)].label
+                if w.configuration != running_label:
+                    found.append(
+                        f"{where}.configuration: the pod runs {running_label!r}, the window "
+                        f"was measured under {w.configuration!r}"
+                    )
+        return found
+
+    def _record(
+        self,
+        node: str,
+        now: float,
+        pub: Published,
+        accepted: list[tuple[AgentWindow, Observation, float | None, float | None]],
+    ) -> tuple[list[tuple[str, int, str, float]], list[StoredSample]]:
+        refs: list[tuple[str, int, str, float]] = []
+        samples: list[StoredSample] = []
+        errors: list[float] = []
+        for _, obs, predicted, tolerance in accepted:
+            pj = pub.pods.get(obs.job_id)
+            key = (obs.job_id, obs.config, obs.unit)
+            if (
+                pj is not None
+                and obs.unit == pj.family.throughput_unit
+                and self.book.reference(*key) is None
+                and not _estimated(pj.family.estimated, obs.config)
+            ):
+                # a framework counter in the profile's unit: its measured T(c) is a solo rate
+                self.book.set_reference(*key, float(pj.family.throughput[obs.config]))
+            before = self.book.reference(*key)
+            pair_samples = self.book.record(obs)
+            after = self.book.reference(*key)
+            if after is not None and after != before:
+                refs.append((*key, after))
+            window = pair_samples[0].slowdown if pair_samples else None
+            if window is None and not obs.partners and after is not None and obs.rate > 0:
+                window = max(1.0, after / obs.rate)
+            self._reports[obs.job_id] = PodReport(
+                node,
+                now,
+                obs.end,
+                obs.seconds,
+                obs.rate,
+                obs.unit,
+                obs.config,
+                obs.partners,
+                window,
+                obs.peak_mem_mib,
+                obs.sm_activity,
+            )
+            self._reports.move_to_end(obs.job_id)
+            for s in pair_samples:
+                samples.append(
+                    StoredSample(s.victim, s.victim_config, s.partner, s.slowdown, predicted, s.end)
+                )
+                self._pair(s.victim, s.partner, s.slowdown, predicted, tolerance, s.end)
+            if pair_samples and predicted is not None:
+                errors.append(abs(predicted - pair_samples[0].slowdown) / pair_samples[0].slowdown)
+        while len(self._reports) > MAX_PODS:
+            self._reports.popitem(last=False)
+        self._agents[node] = now
+        self._count("accepted", len(accepted))
+        if errors:
+            self._error_sum += sum(errors)
+            self._error_count += len(errors)
+            self._errors.append(
+                {"time": now, "mean_abs_error": sum(errors) / len(errors), "windows": len(errors)}
+            )
+        return refs, samples
+
+    def _pair(
+        self,
+        victim: str,
+        partner: str,
+        slowdown: float,
+        predicted: float | None,
+        tolerance: float | None,
+        end: float,
+    ) -> None:
+        stat = self._pairs.get((victim, partner))
+        if stat is None:
+            stat = PairStat(slowdown, slowdown, predicted, tolerance, 0, end)
+            self._pairs[(victim, partner)] = stat
+        else:
+            stat.observed += self.book.smoothing * (slowdown - stat.observed)
+            stat.last = slowdown
+            stat.predicted = predicted if predicted is not None else stat.predicted
+            stat.tolerance = tolerance if tolerance is not None else stat.tolerance
+            stat.last_end = end
+            stat.separated = False
+        stat.windows += 1
+        self._pairs.move_to_end((victim, partner))
+        while len(self._pairs) > MAX_PAIRS:
+            self._pairs.popitem(last=False)
+
+    def _count(self, result: str, n: int) -> None:
+        self.windows_total[result] = self.windows_total.get(result, 0) + n
+
+    def _snapshot_index(
+        self, snapshot: Snapshot
+    ) -> tuple[dict[str, Job], dict[str, tuple[str, ...]]]:
+        """Running jobs by id and job id -> the running jobs sharing any of its GPUs."""
+        if self._index[0] is snapshot:
+            return self._index[1], self._index[2]
+        running: dict[str, Job] = {}
+        on: dict[tuple[str, int], list[str]] = {}
+        for job in snapshot.jobs:
+            if job.running:
+                running[job.id] = job
+                for ref in job.devices:
+                    on.setdefault(ref, []).append(job.id)
+        partners: dict[str, set[str]] = {}
+        for ids in on.values():
+            if len(ids) > 1:
+                for job_id in ids:
+                    partners.setdefault(job_id, set()).update(x for x in ids if x != job_id)
+        result = {job_id: tuple(sorted(p)) for job_id, p in partners.items()}
+        self._index = (snapshot, running, result)
+        return running, result
+
+    # -- the engine's side --------------------------------------------------------------
+    def for_snapshot(self) -> tuple[Mapping[str, ObservedSlowdown], float]:
+        """``(observed, now)`` for the next snapshot; notes what the newest plan separated."""
+        pub = self._published()
+        with self._lock:
+            if pub is not None and pub is not self._seen_plan:
+                self._note_separations(pub)
+                self._forget_departed(pub)
+                self._seen_plan = pub
+            return self.book.observed(), self.clock()
+
+    def _forget_departed(self, pub: Published) -> None:
+        """Jobs no longer running leave the book's window history and the report list
+        (their references stay, in the book and the store, for a job id that returns)."""
+        running, _ = self._snapshot_index(pub.snapshot)
+        for job_id in [j for j in self._reports if j not in running]:
+            del self._reports[job_id]
+            self.book.forget(job_id)
+
+    def _note_protections(self, after: Published) -> None:
+        """The planner's own record of what it did about observed harm, where the plan
+        carries one (``Plan.protections``: victim, partner, action, actor, observed
+        slowdown, tolerance; the closed loop's Protect pass).  A step-down leaves the
+        pair together (listed, not counted as a separation)."""
+        for victim, partner, action, actor, observed, tolerance in getattr(
+            after.plan, "protections", ()
+        ):
+            if action != "step-down":
+                for key in ((victim, partner), (partner, victim)):
+                    stat = self._pairs.get(key)
+                    if stat is not None:
+                        stat.separated = True
+            self.separated_total[action] = self.separated_total.get(action, 0) + 1
+            pj = after.pods.get(actor)
+            who = pj.key if pj is not None else actor
+            vj, pp = after.pods.get(victim), after.pods.get(partner)
+            self._separations.append(
+                {
+                    "epoch": after.plan.epoch,
+                    "time": after.published_at,
+                    "victim": vj.key if vj is not None else victim,
+                    "partner": pp.key if pp is not None else partner,
+                    "action": action,
+                    "observed_slowdown": float(observed),
+                    "predicted_slowdown": None,
+                    "tolerance": float(tolerance),
+                    "why": (
+                        f"planner: {action} of {who}; observed slowdown {float(observed):.2f} "
+                        f"above tolerance {float(tolerance):.2f}"
+                    ),
+                }
+            )
+
+    def _note_separations(self, after: Published) -> None:
+        """Observed pairs that share a GPU in ``after``'s snapshot (what runs) and that its
+        plan no longer co-locates: each plan is looked at once, when it is first seen."""
+        running, _ = self._snapshot_index(after.snapshot)
+        new = after.plan.assignments
+        preempted = set(after.plan.preempted)
+        self._note_protections(after)
+        for (victim, partner), stat in self._pairs.items():
+            if stat.separated:
+                continue
+            a, b = running.get(victim), running.get(partner)
+            if a is None or b is None or not set(a.devices) & set(b.devices):
+                continue
+            x, y = new.get(victim), new.get(partner)
+            if x is None or y is None:
+                if not {victim, partner} & preempted:
+                    continue  # not in the plan (ending): no decision to report
+            elif set(x.devices) & set(y.devices):
+                continue
+            stat.separated = True
+            reverse = self._pairs.get((partner, victim))
+            if reverse is not None:
+                reverse.separated = True  # one separation, reported once
+            moved = [
+                (job, z)
+                for job, z in ((victim, x), (partner, y))
+                if z is not None and z.action.value != "keep"
+            ]
+            action = moved[0][1].action.value if moved else "preempt"
+            self.separated_total[action] = self.separated_total.get(action, 0) + 1
+
+            def pod(job_id: str) -> str:
+                pj = after.pods.get(job_id)
+                return pj.key if pj is not None else job_id
+
+            how = "; ".join(
+                f"{pod(job)} {z.action.value} to {z.configuration.label} on "
+                + ",".join(f"{n}/{d}" for n, d in z.devices)
+                for job, z in moved
+            )
+            tol = f"{stat.tolerance:.2f}" if stat.tolerance is not None else "none"
+            pred = f"{stat.predicted:.2f}" if stat.predicted is not None else "none"
+            if x is None or y is None:
+                how = "; ".join(
+                    f"{pod(job)} preempted" for job in (victim, partner) if job in preempted
+                )
+            self._separations.append(
+                {
+                    "epoch": after.plan.epoch,
+                    "time": after.published_at,
+                    "victim": pod(victim),
+                    "partner": pod(partner),
+                    "action": action,
+                    "observed_slowdown": stat.observed,
+                    "predicted_slowdown": stat.predicted,
+                    "tolerance": stat.tolerance,
+                    "why": (
+                        f"{how or 'both kept their devices'}; observed slowdown "
+                        f"{stat.observed:.2f} (predicted {pred}, tolerance {tol}) "
+                        f"after {stat.windows} windows"
+                    ),
+                }
+            )
+
+    # -- views --------------------------------------------------------------------------
+    def staleness(self) -> list[dict[str, Any]]:
+        """Per running pod: age of its last report and whether it is stale (or never seen)."""
+        pub = self._published()
+        if pub is None:
+            return []
+        now = self.clock()
+        bound = self.settings.observation_stale_seconds
+        rows = []
+        with self._lock:
+            for job in pub.snapshot.jobs:
+                if not job.running:
+                    continue
+                pj = pub.pods.get(job.id)
+                report = self._reports.get(job.id)
+                age = None if report is None else max(0.0, now - report.received)
+                rows.append(
+                    {
+                        "id": job.id,
+                        "pod": pj.key if pj else job.id,
+                        "node": job.devices[0][0] if job.devices else None,
+                        "age_seconds": age,
+                        "stale": age is not None and age > bound,
+                        "reported": report is not None,
+                    }
+                )
+        return rows
+
+    def view(self) -> dict[str, Any]:
+        """``GET /observations``: pods, pairs, prediction error, separations, agents."""
+        pub = self._published()
+        now = self.clock()
+        pods_by_id = pub.pods if pub is not None else {}
+        observed = self.book.observed()
+
+        def pod(job_id: str) -> str:
+            pj = pods_by_id.get(job_id)
+            return pj.key if pj is not None else job_id
+
+        stale = {row["id"]: row for row in self.staleness()}
+        with self._lock:
+            pods = []
+            for job_id, r in self._reports.items():
+                if job_id not in stale:
+                    continue
+                o = observed.get(job_id)
+                pods.append(
+                    {
+                        "id": job_id,
+                        "pod": pod(job_id),
+                        "node": r.node,
+                        "config_index": r.config,
+                        "unit": r.unit,
+                        "rate": r.rate,
+                        "window_seconds": r.seconds,
+                        "window_slowdown": r.window_slowdown,
+                        "observed_slowdown": o.slowdown if o else None,
+                        "samples": o.samples if o else 0,
+                        "recent": list(o.recent) if o else [],
+                        "partners": [pod(p) for p in r.partners],
+                        "peak_mem_mib": r.peak_mem_mib,
+                        "sm_activity": r.sm_activity,
+                        "age_seconds": stale[job_id]["age_seconds"],
+                        "stale": stale[job_id]["stale"],
+                        "reference_rate": self.book.reference(job_id, r.config, r.unit),
+                    }
+                )
+            pairs = [
+                {
+                    "victim": pod(v),
+                    "partner": pod(p),
+                    "observed_slowdown": s.observed,
+                    "last_window_slowdown": s.last,
+                    "predicted_slowdown": s.predicted,
+                    "error": None if s.predicted is None else s.predicted - s.observed,
+                    "tolerance": s.tolerance,
+                    "windows": s.windows,
+                    "age_seconds": max(0.0, now - s.last_end),
+                    "separated": s.separated,
+                }
+                for (v, p), s in self._pairs.items()
+            ]
+            return {
+                "now": now,
+                "stale_after_seconds": self.settings.observation_stale_seconds,
+                "pods": pods,
+                "unreported": [row for row in stale.values() if not row["reported"]],
+                "stale": [row for row in stale.values() if row["stale"]],
+                "pairs": pairs,
+                "prediction_error": {
+                    "mean_abs_error": (
+                        self._error_sum / self._error_count if self._error_count else None
+                    ),
+                    "windows": self._error_count,
+                    "history": list(self._errors),
+                },
+                "separations": list(self._separations),
+                "agents": {
+                    node: {"last_report_age_seconds": max(0.0, now - t)}
+                    for node, t in self._agents.items()
+                },
+                "windows_total": dict(self.windows_total),
+            }
+
+    def pair_stats(self) -> Iterable[tuple[str, str, PairStat]]:
+        with self._lock:
+            return [(v, p, s) for (v, p), s in self._pairs.items()]
+
+    def error_totals(self) -> tuple[float, int]:
+        with self._lock:
+            return self._error_sum, self._error_count
+
+    def agent_ages(self) -> dict[str, float]:
+        now = self.clock()
+        with self._lock:
+            return {node: max(0.0, now - t) for node, t in self._agents.items()}
+
+
+def _estimated(flags: Any, row: int) -> bool:
+    return flags is not None and bool(flags[row])
+
+
+class ObservationCollector(Collector):
+    """Prometheus series read from the service at scrape time (labels only for live pods).
+
+    ======================================  =======  =====================================
+    metric                                  type     labels
+    ======================================  =======  =====================================
+    elastico_observed_slowdown              gauge    victim, partner (smoothed, observed)
+    elastico_predicted_slowdown             gauge    victim, partner (the plan's)
+    elastico_prediction_error_ratio         summary  |predicted - observed| / observed
+    elastico_observation_age_seconds        gauge    pod (since its last report)
+    elastico_observation_stale              gauge    pod (1 when older than the bound)
+    elastico_agent_report_age_seconds       gauge    node
+    elastico_observation_windows_total      counter  result (accepted, refused)
+    elastico_pairs_separated_total          counter  action (reconfigure, migrate, ...)
+    ======================================  =======  =====================================
+    """
+
+    def __init__(self, service: ObservationService) -> None:
+        self.service = service
+
+    def describe(self) -> Iterator[Metric]:
+        return iter(())  # unchecked collector: series depend on the cluster
+
+    def collect(self) -> Iterator[Metric]:
+        svc = self.service
+        observed = GaugeMetricFamily(
+            "elastico_observed_slowdown",
+            "Observed slowdown of victim next to partner (smoothed over windows)",
+            labels=["victim", "partner"],
+        )
+        predicted = GaugeMetricFamily(
+            "elastico_predicted_slowdown",
+            "The plan's predicted slowdown of victim while it shares with partner",
+            labels=["victim", "partner"],
+        )
+        rows = svc.staleness()
+        live = {row["id"] for row in rows}
+        for victim, partner, stat in svc.pair_stats():
+            if stat.separated or victim not in live or partner not in live:
+                continue  # series only for unseparated pairs of running pods
+            observed.add_metric([victim, partner], stat.observed)
+            if stat.predicted is not None:
+                predicted.add_metric([victim, partner], stat.predicted)
+        yield observed
+        yield predicted
+        total, count = svc.error_totals()
+        yield SummaryMetricFamily(
+            "elastico_prediction_error_ratio",
+            "Relative error of the predicted slowdown per observed co-located window",
+            count_value=count,
+            sum_value=total,
+        )
+        age = GaugeMetricFamily(
+            "elastico_observation_age_seconds",
+            "Seconds since the pod's last report",
+            labels=["pod"],
+        )
+        stale = GaugeMetricFamily(
+            "elastico_observation_stale",
+            "1 when a running pod's last report is older than observation_stale_seconds",
+            labels=["pod"],
+        )
+        for row in rows:
+            if row["age_seconds"] is not None:
+                age.add_metric([row["pod"]], row["age_seconds"])
+                stale.add_metric([row["pod"]], 1.0 if row["stale"] else 0.0)
+        yield age
+        yield stale
+        agents = GaugeMetricFamily(
+            "elastico_agent_report_age_seconds",
+            "Seconds since the node's agent last reported",
+            labels=["node"],
+        )
+        for node, seconds in svc.agent_ages().items():
+            agents.add_metric([node], seconds)
+        yield agents
+        windows = CounterMetricFamily(
+            "elastico_observation_windows", "Agent windows by result", labels=["result"]
+        )
+        for result, n in dict(svc.windows_total).items():
+            windows.add_metric([result], n)
+        yield windows
+        separated = CounterMetricFamily(
+            "elastico_pairs_separated",
+            "Observed co-located pairs the plan separated, by the action that did it",
+            labels=["action"],
+        )
+        for action, n in dict(svc.separated_total).items():
+            separated.add_metric([action], n)
+        yield separated

@@ -1,0 +1,160 @@
+"""The agent end to end: a step loop under the real shim, ``elastico agent``'s loop reading
+its rings, the real kubernetes client listing the node's pods from the fake API server,
+windows posted over HTTP to the extender under uvicorn, and the slowdown in the snapshot.
+
+The job runs alone at 80 steps/s (its solo launch rate becomes the reference), then a
+second pod is bound to its GPU and the job drops to 20 steps/s: the extender must see a
+slowdown of about 4 next to that partner.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from kubernetes import client
+from test_agent_launch_rate import ASSIGNED, LAUNCHES_PER_STEP, stepper  # noqa: F401
+from test_service_observations import gpu_node, running_pod, start_service, wait_for
+
+from elastico_extender.agent.cli import kube_pods
+from elastico_extender.agent.daemon import Agent
+from elastico_extender.agent.reporter import Reporter
+from elastico_extender.agent.rings import PodRings
+from elastico_extender.cluster.fake_apiserver import FakeApiServer
+from elastico_extender.launcher.run import build_launch, load_settings
+
+
+def test_agent_reports_a_slowdown_the_extender_sees(
+    tmp_path: Path,
+    stepper: tuple[Path, Path],  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    program, shim = stepper
+    monkeypatch.setenv("ELASTICO_SHIM_PATH", str(shim))
+    root = tmp_path / "rings"
+    root.mkdir()
+    api = FakeApiServer().start()
+    api.put("nodes", gpu_node("g0", 2))
+    api.put("pods", running_pod("a", "g0", 0))
+    api.put("pods", running_pod("c", "g0", 1))
+    server, kube, svc = start_service(api)
+    core = client.CoreV1Api(client.ApiClient(client.Configuration(host=api.url)))
+    reporter = Reporter(server.url, token=svc.token)
+    rings = PodRings(root)
+    agent = Agent("g0", lambda: kube_pods(core, "g0"), rings, reporter)
+    environ = {**os.environ, **ASSIGNED, "ELASTICO_POD_UID": "uid-a",
+               "ELASTICO_RING_ROOT": str(root), "ELASTICO_PROFILING": "true",
+               "ELASTICO_SHIM_FLUSH_MS": "50"}  # fmt: skip
+    argv, env = build_launch(
+        [str(program), str(LAUNCHES_PER_STEP), "80", "3", "20", "3"],
+        load_settings(tmp_path / "absent", environ),
+        environ,
+    )
+    proc = None
+    try:
+        assert wait_for(lambda: len(kube.state.pods()) == 2)
+        svc.epoch()
+        started = time.monotonic()
+        proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, text=True)
+
+        def at(t: float) -> None:
+            time.sleep(max(0.0, started + t - time.monotonic()))
+
+        at(0.5)
+        agent.observe()  # baseline
+        for t in (1.5, 2.5):  # alone, fast: the reference
+            at(t)
+            assert agent.run_once() == {"accepted": 1, "pair_samples": 0}
+        at(3.0)
+        api.put("pods", running_pod("b", "g0", 0))  # a partner on a's GPU
+        assert wait_for(lambda: len(kube.state.pods()) == 3)
+        svc.epoch()
+        at(3.5)
+        agent.observe()  # the window that straddles the change is not reported
+        for t in (4.5, 5.5):  # shared, slow
+            at(t)
+            assert agent.run_once() == {"accepted": 1, "pair_samples": 1}
+        proc.communicate(timeout=30)
+        svc.epoch()
+        observed = svc.observed()["uid-a"]
+        assert observed.partners == ("uid-b",)
+        assert observed.recent[-1] == pytest.approx(4.0, rel=0.25)
+        view = httpx.get(f"{server.url}/observations").json()
+        pod = next(p for p in view["pods"] if p["pod"] == "ml/a")
+        assert pod["unit"] == "launches/s"
+        assert pod["reference_rate"] == pytest.approx(LAUNCHES_PER_STEP * 80, rel=0.15)
+        pair = next(p for p in view["pairs"] if p["victim"] == "ml/a")
+        assert pair["partner"] == "ml/b" and pair["windows"] == 2
+    finally:
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+        rings.close()
+        reporter.close()
+        server.stop()
+        api.stop()
+
+
+def test_the_agent_command_reports_a_window_from_a_kubeconfig(
+    tmp_path: Path,
+    stepper: tuple[Path, Path],  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``elastico agent --once`` as a user runs it: kubeconfig, token file, ring root; no
+    GPU telemetry on this machine, so SM activity is simply left out."""
+    from elastico_extender.cli import main
+
+    program, shim = stepper
+    monkeypatch.setenv("ELASTICO_SHIM_PATH", str(shim))
+    monkeypatch.delenv("ELASTICO_DCGM_URL", raising=False)
+    root = tmp_path / "rings"
+    root.mkdir()
+    api = FakeApiServer().start()
+    api.put("nodes", gpu_node("g0", 1))
+    api.put("pods", running_pod("a", "g0", 0))
+    server, kube, svc = start_service(api)
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        f"apiVersion: v1\nkind: Config\ncurrent-context: fake\n"
+        f"clusters: [{{name: fake, cluster: {{server: '{api.url}'}}}}]\n"
+        f"contexts: [{{name: fake, context: {{cluster: fake, user: nobody}}}}]\n"
+        f"users: [{{name: nobody, user: {{}}}}]\n"
+    )
+    token = tmp_path / "token"
+    token.write_text(svc.token + "\n")
+    environ = {**os.environ, **ASSIGNED, "ELASTICO_POD_UID": "uid-a",
+               "ELASTICO_RING_ROOT": str(root), "ELASTICO_PROFILING": "true",
+               "ELASTICO_SHIM_FLUSH_MS": "100"}  # fmt: skip
+    argv, env = build_launch(
+        [str(program), str(LAUNCHES_PER_STEP), "50", "4", "50", "0.1"],
+        load_settings(tmp_path / "absent", environ),
+        environ,
+    )
+    proc = None
+    try:
+        assert wait_for(lambda: len(kube.state.pods()) == 1)
+        svc.epoch()
+        proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, text=True)
+        assert wait_for(lambda: any(root.glob("uid-a/*.ring")))
+        time.sleep(0.5)
+        code = main(["agent", "--once", "--node", "g0", "--extender", server.url,
+                     "--token-file", str(token), "--kubeconfig", str(kubeconfig),
+                     "--ring-root", str(root), "--window-seconds", "1.5"])  # fmt: skip
+        assert code == 0
+        assert '"accepted": 1' in capsys.readouterr().out
+        proc.communicate(timeout=30)
+        svc.epoch()
+        assert svc.observed()["uid-a"].slowdown == pytest.approx(1.0)
+        view = httpx.get(f"{server.url}/observations").json()
+        (pod,) = view["pods"]
+        assert pod["unit"] == "launches/s" and pod["sm_activity"] is None
+        assert pod["rate"] == pytest.approx(LAUNCHES_PER_STEP * 50, rel=0.15)
+    finally:
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+        server.stop()
+        api.stop()
