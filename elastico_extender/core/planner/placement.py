@@ -26,6 +26,7 @@ import numpy as np
 from elastico_extender.core.interference.features import NUM_JOB_FEATURES, pair_features
 from elastico_extender.core.interference.predictor import SlowdownPredictor
 from elastico_extender.core.planner.devices import DeviceTable
+from elastico_extender.core.planner.screening import OptionScreen
 from elastico_extender.core.resources import GPU_MEM, GPU_SM
 
 __all__ = ["Placed", "Placer"]
@@ -244,7 +245,9 @@ class Placer:
         table = self.table
         largest: tuple[float, float] | None = None
         any_idle = gpus == 1 and allowed_devices is None and bool(table.idle_per_node.any())
-        for config in options:
+        screens = 0
+        batch: OptionScreen | None = None
+        for i, config in enumerate(options):
             demand = per_gpu[config]
             if largest is not None and (
                 demand[GPU_MEM] > largest[0] + 1e-9 or demand[GPU_SM] > largest[1] + 1e-9
@@ -275,6 +278,14 @@ class Placer:
             # occupied ones is only needed when the idle ones cannot take the whole job.
             enough_idle = np.count_nonzero(mask & (table.count == 0)) >= gpus
             if not enough_idle and (self.predictor is not None or row in self.forbidden_rows):
+                screens += 1
+                if screens == 2 and self.predictor is not None:
+                    # The first choice was refused: screen every remaining one in one call.
+                    busy = table.count > 0
+                    if allowed_devices is not None:
+                        busy &= allowed_devices
+                    rest = list(dict.fromkeys(options[i:]))
+                    batch = OptionScreen(self, np.flatnonzero(busy), rest, features)
                 mask, slowdown_of = self._screen(
                     row,
                     config,
@@ -284,6 +295,7 @@ class Placer:
                     float(tolerance[config]),
                     gpus,
                     best_fit,
+                    batch,
                 )
             devices = table.choose(mask, demand, gpus, best_fit)
             if devices is None:
@@ -306,8 +318,13 @@ class Placer:
         tolerance: float,
         gpus: int,
         best_fit: bool,
+        batch: OptionScreen | None = None,
     ) -> tuple[np.ndarray, np.ndarray]:
-        """Restrict ``mask`` to devices that are not forbidden and are interference-safe."""
+        """Restrict ``mask`` to devices that are not forbidden and are interference-safe.
+
+        ``batch``, when it covers ``config``, answers the interference question
+        from predictions made for several configurations at once.
+        """
         table = self.table
         idx = np.flatnonzero(mask)
         occupied = table.count[idx] > 0
@@ -327,7 +344,10 @@ class Placer:
                     [not self.is_forbidden(row, config, [int(d)]) for d in checked], dtype=bool
                 )
                 checked = checked[keep]
-            safe, worst = self.predict_against(checked, features, tolerance)
+            if batch is not None and batch.covers(config):
+                safe, worst = batch.verdict(config, checked, tolerance)
+            else:
+                safe, worst = self.predict_against(checked, features, tolerance)
             screened[checked[safe]] = True
             slowdown_of[checked] = worst
         return screened, slowdown_of
