@@ -47,8 +47,11 @@ def main() -> int:
     trace = window(args.vc, days, args.seed, args.max_job_hours)
     policies = args.policy or ["elastico+learned"]
     print(f"Philly {args.vc}, days {args.days}: {len(trace)} jobs, arrivals rebased to 0\n")
-    print("| GPUs | load | policy | plans | mean ms | p95 ms | max ms | avg JCT (s) |")
-    print("|---|---|---|---|---|---|---|---|")
+    print(
+        "| GPUs | load | policy | plans | mean ms | p95 ms | max ms | avg JCT (s) | p99 JCT (s) "
+        "| max queue (s) | avg stretch | max stretch |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for gpus in (int(g) for g in args.gpus.split(",")):
         jobs = fit_to_cluster(trace, gpus)
         load = offered_load(jobs, gpus)
@@ -56,10 +59,12 @@ def main() -> int:
         for name in policies:
             r = run_one(name, exp)
             ms = np.asarray(r.plan_ms)
-            jct = summarise(r)["avg_jct_s"]
+            s = summarise(r)
             print(
                 f"| {gpus} | {load:.2f} | {name} | {ms.size} | {ms.mean():.1f} | "
-                f"{np.percentile(ms, 95):.1f} | {ms.max():.1f} | {jct:.0f} |",
+                f"{np.percentile(ms, 95):.1f} | {ms.max():.1f} | {s['avg_jct_s']:.0f} | "
+                f"{s['p99_jct_s']:.0f} | {s['max_queue_s']:.0f} | {s['avg_stretch']:.2f} | "
+                f"{s['max_stretch']:.2f} |",
                 flush=True,
             )
     return 0

@@ -46,6 +46,7 @@ from elastico_extender.core.planner.placement import Placer
 from elastico_extender.core.planner.running import place_running
 from elastico_extender.core.planner.squeeze import Squeeze
 from elastico_extender.core.planner.tables import JobTables, build_tables
+from elastico_extender.core.pricing.queueing import queue_weights
 from elastico_extender.core.pricing.scoring import PricingProblem, Selection, select
 from elastico_extender.core.pricing.tatonnement import tatonnement
 from elastico_extender.core.resources import CPU, GPU_MEM, GPU_SM, HOST_MEM, NUM_RESOURCES
@@ -117,6 +118,7 @@ def plan(
     elif predictor is None:
         predictor = ContentionPredictor()
     tables = build_tables(snapshot, settings)
+    tables.weight = queue_weights(snapshot, tables.weight, settings)
     epoch = _Epoch(snapshot, tables, settings, predictor, previous)
     clock.lap("build")
     return epoch.run(clock)
