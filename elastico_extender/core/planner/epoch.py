@@ -42,6 +42,7 @@ from elastico_extender.core.interference.predictor import ContentionPredictor, S
 from elastico_extender.core.interference.tolerance import adaptive_tolerance
 from elastico_extender.core.model import AssignmentColumns, DeviceRef, Plan, Snapshot
 from elastico_extender.core.planner.devices import DeviceTable, gpu_equivalent, shared_devices
+from elastico_extender.core.planner.patience import Patience
 from elastico_extender.core.planner.placement import Placer
 from elastico_extender.core.planner.running import place_running
 from elastico_extender.core.planner.squeeze import Squeeze
@@ -143,6 +144,7 @@ class _Epoch:
         self.utilization = self._current_utilization()
         self.fastest = np.zeros(len(tables.jobs))
         self.residual_admits = 0  # admissions by Algorithm 1's last step, last packing pass
+        self.patience: Patience | None = None  # share-or-wait rule, fresh per packing pass
         self._tau: dict[int, np.ndarray] = {}  # row -> tau at every configuration
 
     # -- set-up -------------------------------------------------------------
@@ -300,6 +302,8 @@ class _Epoch:
         t, s = self.t, self.settings
         table = self.device_probe.fresh()
         placer = Placer(table, self.predictor, forbidden, rows=len(t.jobs))
+        if s.length_aware and np.any(self.snapshot.columns.expected > 0):
+            self.patience = Patience(self.snapshot, table.size)
         choice = selection.choice
         preempted: list[int] = []
         run_rows = np.flatnonzero(t.running)
@@ -512,19 +516,31 @@ class _Epoch:
         t = self.t
         if tolerance is None:
             tolerance = self.tolerance_rows(np.array([row]))[0]
+        gpus = int(t.gpus[row])
+        # A queued job with an expected duration starts shared only if that beats waiting.
+        patience = self.patience if not t.running[row] and self.patience is not None else None
+        if patience is not None and patience.expected[row] <= 0:
+            patience = None
         placed = placer.try_place(
             row,
-            int(t.gpus[row]),
+            gpus,
             options,
             t.per_gpu[row],
             t.feature_table[t.family_index[row]],
             tolerance,
             best_fit=self.settings.pricing,
             allowed_devices=allowed_devices,
+            commit=patience is None,
             # Demand, features and tau follow from the family, GPU count and floor.
-            question=(int(t.family_index[row]), int(t.gpus[row]), t.floor[row], *options),
+            question=(int(t.family_index[row]), gpus, t.floor[row], *options),
         )
-        return placed is not None
+        if patience is None:
+            return placed is not None
+        if placed is None or not patience.worth_sharing(row, gpus, placed.slowdown):
+            patience.queue(row, gpus)
+            return False
+        self.commit_row(placer, row, placed.config, placed.devices)
+        return True
 
     def commit_row(self, placer: Placer, row: int, config: int, devices: Sequence[int]) -> None:
         """``Placer.commit`` of one job row at ``config`` on ``devices``."""
