@@ -86,7 +86,7 @@ def test_bad_service_fields_are_refused_with_the_field_named(families):
 
 
 def _busy_gpu_and_a_queued_job(families, remaining_s, expected_s):
-    """One GPU running a job expected to end in ``remaining_s``; a queued job that fits beside it."""
+    """One GPU running a job expected to end in ``remaining_s``; a queued job fitting beside it."""
     running = Job(
         "running", "resnet50", current_config=0, devices=(("node-0", 0),), started_at=0.0,
         expected_duration_s=HOUR + remaining_s, attained_gpu_seconds=0.0,
