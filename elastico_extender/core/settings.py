@@ -65,6 +65,9 @@ class PlannerSettings:
     starvation_factor: float = 2.0
     """A queued job waiting longer than this times its expected remaining run time
     (at least ``band_base_gpu_s`` seconds) goes back to the first band."""
+    patience_horizon_s: float = 1800.0
+    """Longest expected wait for a GPU of its own for which a queued job declines to share
+    (planner.patience): estimates are rough, so the rule only holds a job back briefly."""
     # --- ablation switches (spec 5.2); all True is full ElastiCo --------
     reshape: bool = True
     """RST: False pins every job to its default (fastest) configuration."""

@@ -119,7 +119,7 @@ def plan(
     elif predictor is None:
         predictor = ContentionPredictor()
     tables = build_tables(snapshot, settings)
-    tables.weight = queue_weights(snapshot, tables.weight, settings)
+    tables.rank = queue_weights(snapshot, tables.weight, settings)
     epoch = _Epoch(snapshot, tables, settings, predictor, previous)
     clock.lap("build")
     return epoch.run(clock)
@@ -215,13 +215,14 @@ class _Epoch:
         if switch:  # staying in the current configuration costs no switch
             base[run, current] = staying
         self.fastest = tmax  # T_j(c_max) over valid rows, for the regrow filter
+        rank = t.weight if t.rank is None else t.rank
         wait = np.where(t.running, np.inf, t.weight)
         reserve = np.zeros((NUM_RESOURCES, n))
         if s.coordination and s.reservation > 0 and n:
             reserve = (s.reservation * t.smallest * scale).T * (~t.running)[None, :]
         capacity = np.full(NUM_RESOURCES, float(self.device_probe.size))
         arrival = self.snapshot.columns.arrival
-        priority = np.lexsort((np.arange(n), arrival, -t.weight))  # heavier, then older first
+        priority = np.lexsort((np.arange(n), arrival, -rank))  # higher rank, then older first
         return PricingProblem(
             demand=demand,
             base=base,
@@ -302,8 +303,10 @@ class _Epoch:
         t, s = self.t, self.settings
         table = self.device_probe.fresh()
         placer = Placer(table, self.predictor, forbidden, rows=len(t.jobs))
-        if s.length_aware and np.any(self.snapshot.columns.expected > 0):
-            self.patience = Patience(self.snapshot, table.size)
+        # Holding a job back pays at low load; under a long queue sharing is the point.
+        calm = self.utilization < s.utilization_target
+        if calm and s.patience_horizon_s > 0 and np.any(self.snapshot.columns.expected > 0):
+            self.patience = Patience(self.snapshot, table.size, s.patience_horizon_s)
         choice = selection.choice
         preempted: list[int] = []
         run_rows = np.flatnonzero(t.running)
@@ -455,7 +458,8 @@ class _Epoch:
         """
         t = self.t
         still: list[int] = []
-        order = sorted(queued, key=lambda r: (-t.weight[r], t.jobs[r].arrival_time, r))
+        rank = t.weight if t.rank is None else t.rank
+        order = sorted(queued, key=lambda r: (-rank[r], t.jobs[r].arrival_time, r))
         candidates = np.array(order[: RESIDUAL_LIMIT + len(t.reasons)], dtype=np.intp)
         self.tolerance_rows(candidates)  # one pass for every row likely to be tried
         scores = dict(

@@ -10,7 +10,13 @@ waiting w_j for a GPU of its own pays, with its partner, about
 seconds of lost progress (both tenants run at about 1/S for the overlap,
 at most j's expected run time D_j), while waiting costs j exactly w_j.  So
 the planner starts j shared only when ``cost_j < w_j``; otherwise j waits
-and takes the GPU that frees up (or an idle one that appears).
+and takes the GPU that frees up (or an idle one that appears).  Estimates are
+rough (heavy-tailed run times), so a job is held back only while its expected
+wait is within ``patience_horizon_s``; if the GPU does not free as expected,
+its tenant's age raises its expected remaining time, and the next epoch shares.
+The rule applies only while the offered load U(t) is below the utilisation
+target (the same U as the tolerance's): under a long queue every GPU that frees
+is spoken for, and sharing is what ElastiCo is for.
 
 ``w_j`` comes from what the scheduler can know (no true durations): every
 occupied GPU frees when the last of its tenants is expected to finish (each
@@ -34,7 +40,8 @@ __all__ = ["Patience"]
 class Patience:
     """Expected GPU-free times of one epoch and the share-or-wait rule (module docstring)."""
 
-    def __init__(self, snapshot: Snapshot, devices: int) -> None:
+    def __init__(self, snapshot: Snapshot, devices: int, horizon_s: float) -> None:
+        self.horizon_s = horizon_s
         cols = snapshot.columns
         _, remaining = service_keys(snapshot)
         self.expected = cols.expected
@@ -61,8 +68,10 @@ class Patience:
         duration = float(self.expected[row])
         if slowdown <= 1.0 or duration <= 0:
             return True
-        cost = 2.0 * duration * (1.0 - 1.0 / slowdown)
-        return cost < self.wait_s(row, gpus)
+        wait = self.wait_s(row, gpus)
+        if wait > self.horizon_s:
+            return True
+        return 2.0 * duration * (1.0 - 1.0 / slowdown) < wait
 
     def queue(self, row: int, gpus: int) -> None:
         """A queued job keeps its place: the next GPUs to free up are its."""

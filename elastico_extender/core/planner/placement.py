@@ -34,6 +34,13 @@ __all__ = ["Placed", "Placer"]
 MAX_CHECKED_DEVICES = 32
 """Occupied candidate devices whose interference is predicted per attempt (best fit first);
 bounds one placement's cost on a large cluster while keeping the tightest options."""
+MAX_SCREENED_OPTIONS = 6
+"""Configurations of one job screened for interference per placement attempt (best score
+first).  A job whose best few configurations are all refused next to every occupant
+is unlikely to be accepted in a leaner one (the occupants' own tolerance is what
+refuses most pairs), and a predictor harsher than the default refuses most pairs: without
+this bound one attempt walked all of a family's configurations (issue 14: ~197k
+placement calls in 25 plans).  Idle GPUs are still tried for every configuration."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -278,13 +285,15 @@ class Placer:
             # occupied ones is only needed when the idle ones cannot take the whole job.
             enough_idle = np.count_nonzero(mask & (table.count == 0)) >= gpus
             if not enough_idle and (self.predictor is not None or row in self.forbidden_rows):
+                if screens >= MAX_SCREENED_OPTIONS:
+                    continue
                 screens += 1
                 if screens == 2 and self.predictor is not None:
                     # The first choice was refused: screen every remaining one in one call.
                     busy = table.count > 0
                     if allowed_devices is not None:
                         busy &= allowed_devices
-                    rest = list(dict.fromkeys(options[i:]))
+                    rest = list(dict.fromkeys(options[i:]))[:MAX_SCREENED_OPTIONS]
                     batch = OptionScreen(self, np.flatnonzero(busy), rest, features)
                 mask, slowdown_of = self._screen(
                     row,
