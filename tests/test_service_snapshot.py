@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import copy
 
+import pytest
+
 from elastico_extender.cluster.embedded import EmbeddedCluster
 from elastico_extender.core.model import device_index
 from elastico_extender.service.engine import Engine
@@ -126,3 +128,20 @@ def test_the_plans_moves_evict_only_pods_that_allow_it_and_a_controller_owns():
     off = Engine(ServiceSettings(epoch_seconds=60, max_migrations_per_epoch=0), cluster)
     off._apply_reconfigurations(moves("ok3"), off.build_snapshot()[1])
     assert len(cluster.evictions) == 2  # 0: moves are only logged
+
+
+def test_a_running_pod_carries_its_start_time_for_attained_service():
+    import time
+
+    from elastico_extender.core.pricing.queueing import service_keys
+
+    running = bound_pod("p0", "a", 0)
+    running["status"]["startTime"] = "2026-01-01T00:00:00Z"
+    cluster = EmbeddedCluster([gpu_node("a", 2, "1"), running], "test")
+    engine = Engine(ServiceSettings(epoch_seconds=60), cluster)
+    snapshot = engine.build_snapshot()[0]
+    (job,) = snapshot.jobs
+    assert job.started_at == 1767225600.0  # 2026-01-01T00:00:00Z
+    assert abs(snapshot.now - time.time()) < 60
+    key, _ = service_keys(snapshot)  # one GPU since then: attained GPU-seconds
+    assert key[0] == pytest.approx(snapshot.now - 1767225600.0)

@@ -159,13 +159,22 @@ def reason_label(reason: str) -> str:
 
 
 def _created(pod: Mapping[str, Any]) -> float:
-    stamp = (pod.get("metadata") or {}).get("creationTimestamp")
+    return _stamp((pod.get("metadata") or {}).get("creationTimestamp")) or 0.0
+
+
+def _started(pod: Mapping[str, Any]) -> float | None:
+    """When the pod's current run began (``status.startTime``), for attained service."""
+    status = pod.get("status")
+    return _stamp(status.get("startTime")) if isinstance(status, Mapping) else None
+
+
+def _stamp(stamp: object) -> float | None:
     if not stamp:
-        return 0.0
+        return None
     try:
         return datetime.fromisoformat(str(stamp).replace("Z", "+00:00")).timestamp()
     except ValueError:
-        return 0.0
+        return None
 
 
 class Engine:
@@ -313,6 +322,7 @@ class Engine:
             mode=intent.mode,
             allowed=intent.allowed,
             arrival_time=_created(pod),
+            started_at=_started(pod),
         )
         return PodJob(job, intent.family, intent, pod_key(pod))
 
@@ -482,7 +492,8 @@ class Engine:
         self._bound_jobs = bound
         families = {j.family: meta[j.id].family for j in jobs}
         self._epoch += 1
-        snapshot = Snapshot(nodes, tuple(jobs), families, epoch=self._epoch)
+        # Wall clock, the clock of the pods' timestamps (arrival, start: attained service).
+        snapshot = Snapshot(nodes, tuple(jobs), families, epoch=self._epoch, now=time.time())
         return snapshot, meta, in_snapshot, invalid
 
     def _exclusive_fallback(self, pod: Mapping[str, Any], uid: str) -> PodJob | None:
