@@ -13,7 +13,11 @@
 
 Pending jobs take part in ESP with a "wait" option (see ``pricing.scoring``),
 rationed by priority against the aggregate capacity, so admissions come out
-of the same price signal.  One packing pass (``pack``) then runs, in order:
+of the same price signal.  Priority is the weight scaled by the job's length
+band (``pricing.queueing``: attained service, or expected remaining time where
+completed jobs give an estimate), then arrival; below the utilisation target a
+queued job with an estimate starts on a shared GPU only if that beats waiting
+for one of its own (``planner.patience``).  One packing pass (``pack``) then runs, in order:
 
 1. running jobs, in place, in bulk where no device overflows; the others go
    back in place first and grow or migrate only if there is room, so a job is
