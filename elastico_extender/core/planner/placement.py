@@ -222,12 +222,15 @@ class Placer:
         the devices (the extender asks node by node).  ``question``, when given,
         must identify ``gpus``, ``options`` and those rows (e.g. the job's family,
         floor and options): a question that found nothing is not searched again
-        until the table changes (queues hold many jobs asking the same thing).
+        until something leaves the table (queues hold many jobs asking the same thing;
+        placements only take room and add pairs to screen).
         """
         table = self.table
         memo = None
         if question is not None and allowed_devices is None and row not in self.forbidden_rows:
-            memo = (question, best_fit, table.version)
+            # Placements only take room and add pairs to check: a question that found
+            # nothing stays unanswerable until something is removed.
+            memo = (question, best_fit, table.freed)
             if memo in self._failed:
                 return None
         placed = self._try_options(
