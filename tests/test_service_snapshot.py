@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import copy
 
+import pytest
+
 from elastico_extender.cluster.embedded import EmbeddedCluster
 from elastico_extender.core.model import device_index
 from elastico_extender.service.engine import Engine
@@ -165,3 +167,20 @@ def test_a_pod_keeps_its_configuration_for_the_dwell_time_after_its_bind():
     now[0] = 65.0
     engine.run_epoch()
     assert reshaped == ["bert-a"]  # once the dwell is over, Case 1 as before
+
+
+def test_a_running_pod_carries_its_start_time_for_attained_service():
+    import time
+
+    from elastico_extender.core.pricing.queueing import service_keys
+
+    running = bound_pod("p0", "a", 0)
+    running["status"]["startTime"] = "2026-01-01T00:00:00Z"
+    cluster = EmbeddedCluster([gpu_node("a", 2, "1"), running], "test")
+    engine = Engine(ServiceSettings(epoch_seconds=60), cluster)
+    snapshot = engine.build_snapshot().snapshot
+    (job,) = snapshot.jobs
+    assert job.started_at == 1767225600.0  # 2026-01-01T00:00:00Z
+    assert abs(snapshot.now - time.time()) < 60
+    key, _ = service_keys(snapshot)  # one GPU since then: attained GPU-seconds
+    assert key[0] == pytest.approx(snapshot.now - 1767225600.0)

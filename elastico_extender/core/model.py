@@ -263,6 +263,16 @@ class Job:
     current_config: int | None = None
     devices: tuple[DeviceRef, ...] = ()
     arrival_time: float = 0.0
+    user: str = ""
+    """Who submitted it (for :mod:`.duration`'s per-user estimates; empty when unknown)."""
+    attained_gpu_seconds: float = 0.0
+    """GPU-seconds of service received *before* the current run (Tiresias' 2D attained
+    service); the current run adds ``gpus * (Snapshot.now - started_at)``."""
+    started_at: float | None = None
+    """When the current run began, on the snapshot's clock (None: pending or unknown)."""
+    expected_duration_s: float = 0.0
+    """The driver's estimate of the whole run time, learned from completed jobs
+    (:mod:`.duration`); 0 when there is no history.  Never the true duration."""
 
     @property
     def running(self) -> bool:
@@ -285,6 +295,12 @@ class Job:
             )
         if self.running and self.current_config is None:
             found.append(f"job {self.id}: running but has no current configuration")
+        for name in ("attained_gpu_seconds", "expected_duration_s"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value >= 0):
+                found.append(f"job {self.id}: {name} must be a finite number >= 0, got {value}")
+        if self.started_at is not None and not math.isfinite(self.started_at):
+            found.append(f"job {self.id}: started_at must be a finite time, got {self.started_at}")
         return found
 
 
@@ -302,6 +318,9 @@ class JobColumns:
     family_names: tuple[str, ...]  # sorted distinct workload families of the jobs
     family_code: np.ndarray  # int: each job's position in ``family_names``
     restricted: np.ndarray  # int: rows whose ``allowed`` is set
+    attained: np.ndarray  # float: GPU-seconds served before the current run
+    started: np.ndarray  # float: start of the current run, NaN when none
+    expected: np.ndarray  # float: estimated whole run time (s), 0 when unknown
 
 
 def _floats(values: list[float] | list[int]) -> np.ndarray:
@@ -343,6 +362,9 @@ def job_columns(jobs: tuple[Job, ...]) -> JobColumns:
         family_names=names,
         family_code=np.fromiter(map(code.__getitem__, families), np.intp, n),
         restricted=restricted,
+        attained=_floats([j.attained_gpu_seconds for j in jobs]),
+        started=_floats([math.nan if j.started_at is None else j.started_at for j in jobs]),
+        expected=_floats([j.expected_duration_s for j in jobs]),
     )
 
 
@@ -465,6 +487,11 @@ class Snapshot:
                 | (size == 0)
                 | ((held > 0) & ((held != gpus) | (current < 0) | (current >= size)))
                 | ((current >= size) & (size > 0))
+                | ~(cols.attained >= 0)
+                | ~np.isfinite(cols.attained)
+                | ~(cols.expected >= 0)
+                | ~np.isfinite(cols.expected)
+                | np.isinf(cols.started)
             )
         unknown = self.workers < 0
         if unknown.any():

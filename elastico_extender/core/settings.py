@@ -51,6 +51,23 @@ class PlannerSettings:
     """gamma in C_eff = C - gamma * sum_{queued} R_min (0 ignores the queue, 1 reserves all)."""
     memory_margin_mib: float = 512.0
     """M_sys: per-device memory kept free for the driver and MPS (spec 4.2)."""
+    # --- length-aware queueing (issue 14; planner.queueing) ---------------
+    band_base_gpu_s: float = 3600.0
+    """First priority-band threshold on a job's service key (GPU-seconds): one GPU-hour."""
+    band_ratio: float = 4.0
+    """Each further band threshold is this many times the previous one (1, 4, 16 GPU-h)."""
+    bands: int = 4
+    """Priority bands (Tiresias' discretised queues); 1 turns length awareness off."""
+    band_decay: float = 0.5
+    """ESP weight multiplier per band below the first: band b weighs decay**b."""
+    weight_floor: float = 0.25
+    """Smallest band multiplier: a long job's weight never drops below this share."""
+    starvation_factor: float = 2.0
+    """A queued job waiting longer than this times its expected remaining run time
+    (at least ``band_base_gpu_s`` seconds) goes back to the first band."""
+    patience_horizon_s: float = 1800.0
+    """Longest expected wait for a GPU of its own for which a queued job declines to share
+    (planner.patience): estimates are rough, so the rule only holds a job back briefly."""
     # --- ablation switches (spec 5.2); all True is full ElastiCo --------
     reshape: bool = True
     """RST: False pins every job to its default (fastest) configuration."""
@@ -60,6 +77,8 @@ class PlannerSettings:
     """IAC: False admits co-locations without predicting slowdown."""
     coordination: bool = True
     """PDS: False drops queue reservation and switching cost (uncoordinated reconfiguration)."""
+    length_aware: bool = True
+    """Queueing by attained service and predicted remaining time; False: weight, then FIFO."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.step_schedule, StepSchedule):
@@ -90,4 +109,12 @@ class PlannerSettings:
             found.append("tau_default must be >= 1 (a slowdown ratio)")
         if self.utilization_target <= 0:
             found.append("utilization_target must be > 0")
+        if self.bands < 1 or self.bands != int(self.bands):
+            found.append("bands must be a whole number >= 1")
+        if self.band_ratio <= 1:
+            found.append("band_ratio must be > 1")
+        if not 0 < self.band_decay <= 1:
+            found.append("band_decay must lie in (0, 1]")
+        if not 0 < self.weight_floor <= 1:
+            found.append("weight_floor must lie in (0, 1]")
         return found

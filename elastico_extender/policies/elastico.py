@@ -18,6 +18,7 @@ ABLATIONS: dict[str, dict[str, bool]] = {
     "elastico-no-esp": {"pricing": False},
     "elastico-no-iac": {"interference_check": False},
     "elastico-no-pds": {"coordination": False},
+    "elastico-no-len": {"length_aware": False},
 }
 """Registry names of the full system and each 'w/o X' variant of the ablation table."""
 

@@ -67,13 +67,23 @@ class PodJob:
 
 def created_at(pod: Mapping[str, Any]) -> float:
     """The pod's creationTimestamp as epoch seconds (0 when absent or unreadable)."""
-    stamp = (pod.get("metadata") or {}).get("creationTimestamp")
+    return _stamp((pod.get("metadata") or {}).get("creationTimestamp")) or 0.0
+
+
+def started_at(pod: Mapping[str, Any]) -> float | None:
+    """When the pod's current run began (``status.startTime``), for attained service."""
+    status = pod.get("status")
+    return _stamp(status.get("startTime")) if isinstance(status, Mapping) else None
+
+
+def _stamp(stamp: object) -> float | None:
+    """An RFC 3339 timestamp as epoch seconds (None when absent or unreadable)."""
     if not stamp:
-        return 0.0
+        return None
     try:
         return datetime.fromisoformat(str(stamp).replace("Z", "+00:00")).timestamp()
     except ValueError:
-        return 0.0
+        return None
 
 
 def _bounded(problems: list[tuple[str, str]]) -> tuple[tuple[str, str], ...]:
@@ -106,6 +116,7 @@ def exclusive_job(pod: Mapping[str, Any], uid: str, gpus: int, note: str = "") -
         gpus=gpus,
         mode=Mode.FIXED,
         arrival_time=created_at(pod),
+        started_at=started_at(pod),
     )
     return PodJob(job, EXCLUSIVE_FAMILY, None, pod_key(pod), note)
 
@@ -177,6 +188,7 @@ class PodJobs:
             mode=intent.mode,
             allowed=intent.allowed,
             arrival_time=created_at(pod),
+            started_at=started_at(pod),
         )
         return PodJob(job, intent.family, intent, pod_key(pod))
 

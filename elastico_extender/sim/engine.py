@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from elastico_extender.core.duration import CompletedJob, DurationEstimator
 from elastico_extender.core.model import GpuDevice, Job, Node, Plan, Snapshot
 from elastico_extender.policies.base import Policy
 from elastico_extender.sim.traces import TraceJob
@@ -54,6 +55,8 @@ __all__ = ["ClusterSpec", "RunResult", "Simulator"]
 
 FUTURE, PENDING, RUNNING, DONE, REJECTED = 0, 1, 2, 3, 4
 _EPS = 1e-9
+MIN_HISTORY = 5
+"""Completed jobs before the duration estimator's guesses reach the snapshot."""
 
 
 @dataclass(frozen=True)
@@ -170,6 +173,13 @@ class Simulator:
         self.rate = np.zeros(n)
         self.slow = np.ones(n)
         self.tenants: list[list[int]] = [[] for _ in range(self.n_dev)]
+        # What the scheduler may know of job length: service so far and completions.
+        self.attained = np.zeros(n)  # GPU-seconds served before the current run
+        self.run_start = np.full(n, np.nan)
+        self.expected = np.zeros(n)  # estimator's guess of each job's run time, 0 = none
+        self.completed: list[CompletedJob] = []
+        self.estimator = DurationEstimator()
+        self._fit_at = MIN_HISTORY
         self._job_cache: dict[int, Job] = {}
         self.counters: dict[str, float] = {
             "plans": 0,
@@ -202,14 +212,32 @@ class Simulator:
             current_config=int(self.gid[i] - self.offset[i]) if running else None,
             devices=tuple(self.refs[d] for d in self.devices[i]) if running else (),
             arrival_time=float(self.arrival[i]),
+            attained_gpu_seconds=float(self.attained[i]),
+            started_at=float(self.run_start[i]) if running else None,
+            expected_duration_s=float(self.expected[i]),
         )
         self._job_cache[i] = job
         return job
 
-    def snapshot(self, epoch: int) -> Snapshot:
+    def _learn_durations(self) -> None:
+        """Refit the duration estimator on the completions so far (each 25% more of them)."""
+        if len(self.completed) < self._fit_at:
+            return
+        self._fit_at = int(len(self.completed) * 1.25) + 1
+        est = self.estimator.fit(self.completed)
+        guess: dict[tuple[str, int], float] = {}
+        for i, t in enumerate(self.trace):
+            key = (t.workload, int(self.gpus[i]))
+            if key not in guess:
+                guess[key] = est.predict(CompletedJob(t.workload, key[1], 0.0))
+            self.expected[i] = guess[key]
+        self._job_cache.clear()
+
+    def snapshot(self, epoch: int, now: float = 0.0) -> Snapshot:
+        self._learn_durations()
         live = np.flatnonzero((self.status == PENDING) | (self.status == RUNNING))
         jobs = tuple(self._job(int(i)) for i in live)
-        return Snapshot(self.nodes, jobs, self.c.families, epoch=epoch)
+        return Snapshot(self.nodes, jobs, self.c.families, epoch=epoch, now=now)
 
     # -- applying a plan ----------------------------------------------------------
     def _apply(self, plan: Plan, now: float) -> bool:
@@ -232,6 +260,7 @@ class Simulator:
             cost = 0.0
             if self.status[i] == PENDING:
                 self.status[i] = RUNNING
+                self.run_start[i] = now
                 self.counters["admissions"] += 1
                 if math.isnan(self.first_start[i]):
                     self.first_start[i] = now
@@ -262,6 +291,8 @@ class Simulator:
                     "and not preempted (treated as preempted)"
                 )
             self.status[i] = PENDING
+            self.attained[i] += (now - self.run_start[i]) * self.gpus[i]
+            self.run_start[i] = np.nan
             self.devices[i] = ()
             self.gid[i] = -1
             self.pause_until[i] = 0.0
@@ -362,6 +393,10 @@ class Simulator:
                 for i in finished.tolist():
                     self.status[i] = DONE
                     self.finish[i] = now
+                    t = self.trace[i]
+                    self.completed.append(
+                        CompletedJob(t.workload, int(self.gpus[i]), now - self.first_start[i])
+                    )
                     self.remaining[i] = 0.0
                     for d in self.devices[i]:
                         self.tenants[d].remove(i)
@@ -394,7 +429,7 @@ class Simulator:
                 break
             if changed or replan:
                 idle = 0 if changed else idle + 1
-                snap = self.snapshot(epoch)
+                snap = self.snapshot(epoch, now)
                 t0 = self.timer()
                 plan = self.policy.plan(snap, previous)
                 self.plan_ms.append((self.timer() - t0) * 1000.0)

@@ -2,7 +2,12 @@
 
 Definitions (all from the simulated ground truth, never from the planner's view):
 
-* **JCT**: finish - arrival; **queueing delay**: first start - arrival.
+* **JCT**: finish - arrival; **queueing delay**: first start - arrival.  Beside
+  the averages, ``p99_jct_s`` and ``max_queue_s`` (the worst queueing delay)
+  show whether length-aware ordering starves anyone.
+* **Stretch**: JCT / solo duration (the trace's duration at the default
+  configuration alone), per finished job: 1.0 means neither queueing nor
+  sharing nor a leaner configuration cost the job anything.
 * **Throughput** (``throughput``): useful work per second over the trace's
   arrival window [0, W] (the spec's "24-hour replay"), in GPU-equivalents:
   a job at its default configuration alone on g GPUs contributes g; slower
@@ -49,6 +54,7 @@ def summarise(result: RunResult) -> dict[str, float]:
     done = r.status == DONE
     jct = (r.finish - r.arrival)[done]
     queue = (r.first_start - r.arrival)[done]
+    stretch = jct / np.maximum(r.work[done], 1e-9)
     dt = r.seg_t1 - r.seg_t0
     total_work = float((r.work * r.gpus_of).sum())
     done_work = float((r.seg_useful * dt).sum())
@@ -71,6 +77,10 @@ def summarise(result: RunResult) -> dict[str, float]:
         "avg_jct_s": float(jct.mean()) if jct.size else float("nan"),
         "median_jct_s": float(np.median(jct)) if jct.size else float("nan"),
         "p95_jct_s": float(np.percentile(jct, 95)) if jct.size else float("nan"),
+        "p99_jct_s": float(np.percentile(jct, 99)) if jct.size else float("nan"),
+        "max_queue_s": float(queue.max()) if queue.size else float("nan"),
+        "avg_stretch": float(stretch.mean()) if stretch.size else float("nan"),
+        "max_stretch": float(stretch.max()) if stretch.size else float("nan"),
         "avg_queue_s": float(queue.mean()) if queue.size else float("nan"),
         "median_queue_s": float(np.median(queue)) if queue.size else float("nan"),
         "throughput": window_average(r, r.seg_useful),

@@ -41,6 +41,7 @@ class DeviceTable:
         self.occupants: defaultdict[int, list[int]] = defaultdict(list)
         self.count = np.zeros(len(self.refs), dtype=np.intp)  # jobs per device, for vector checks
         self.version = 0  # bumped by every placement or removal
+        self.freed = 0  # bumped by every removal: only a removal can make room
         self.idle_per_node = static.per_node.copy()
         self._idle_total = self.idle_per_node.copy()
         # Per node: first device index and the smallest / largest usable device memory,
@@ -81,6 +82,7 @@ class DeviceTable:
         twin.occupants = defaultdict(list)
         twin.count = np.zeros(len(self.refs), dtype=np.intp)
         twin.version = 0
+        twin.freed = 0
         twin.idle_per_node = self._idle_total.copy()
         return twin
 
@@ -120,6 +122,8 @@ class DeviceTable:
 
     def _apply(self, row: int, devices: Sequence[int], per_gpu: np.ndarray, sign: float) -> None:
         self.version += 1
+        if sign > 0:
+            self.freed += 1
         for d in devices:
             self.mem_free[d] += sign * per_gpu[GPU_MEM]
             self.sm_free[d] += sign * per_gpu[GPU_SM]

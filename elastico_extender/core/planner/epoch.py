@@ -13,7 +13,11 @@
 
 Pending jobs take part in ESP with a "wait" option (see ``pricing.scoring``),
 rationed by priority against the aggregate capacity, so admissions come out
-of the same price signal.  One packing pass (``pack``) then runs, in order:
+of the same price signal.  Priority is the weight scaled by the job's length
+band (``pricing.queueing``: attained service, or expected remaining time where
+completed jobs give an estimate), then arrival; below the utilisation target a
+queued job with an estimate starts on a shared GPU only if that beats waiting
+for one of its own (``planner.patience``).  One packing pass (``pack``) then runs, in order:
 
 1. running jobs, in place, in bulk where no device overflows; the others go
    back in place first and grow or migrate only if there is room, so a job is
@@ -42,10 +46,12 @@ from elastico_extender.core.interference.predictor import ContentionPredictor, S
 from elastico_extender.core.interference.tolerance import adaptive_tolerance
 from elastico_extender.core.model import AssignmentColumns, DeviceRef, Plan, Snapshot
 from elastico_extender.core.planner.devices import DeviceTable, gpu_equivalent, shared_devices
+from elastico_extender.core.planner.patience import Patience
 from elastico_extender.core.planner.placement import Placer
 from elastico_extender.core.planner.running import place_running
 from elastico_extender.core.planner.squeeze import Squeeze
 from elastico_extender.core.planner.tables import JobTables, build_tables
+from elastico_extender.core.pricing.queueing import queue_weights
 from elastico_extender.core.pricing.scoring import PricingProblem, Selection, select
 from elastico_extender.core.pricing.tatonnement import tatonnement
 from elastico_extender.core.resources import CPU, GPU_MEM, GPU_SM, HOST_MEM, NUM_RESOURCES
@@ -117,6 +123,7 @@ def plan(
     elif predictor is None:
         predictor = ContentionPredictor()
     tables = build_tables(snapshot, settings)
+    tables.rank = queue_weights(snapshot, tables.weight, settings)
     epoch = _Epoch(snapshot, tables, settings, predictor, previous)
     clock.lap("build")
     return epoch.run(clock)
@@ -141,6 +148,7 @@ class _Epoch:
         self.utilization = self._current_utilization()
         self.fastest = np.zeros(len(tables.jobs))
         self.residual_admits = 0  # admissions by Algorithm 1's last step, last packing pass
+        self.patience: Patience | None = None  # share-or-wait rule, fresh per packing pass
         self._tau: dict[int, np.ndarray] = {}  # row -> tau at every configuration
 
     # -- set-up -------------------------------------------------------------
@@ -211,13 +219,14 @@ class _Epoch:
         if switch:  # staying in the current configuration costs no switch
             base[run, current] = staying
         self.fastest = tmax  # T_j(c_max) over valid rows, for the regrow filter
+        rank = t.weight if t.rank is None else t.rank
         wait = np.where(t.running, np.inf, t.weight)
         reserve = np.zeros((NUM_RESOURCES, n))
         if s.coordination and s.reservation > 0 and n:
             reserve = (s.reservation * t.smallest * scale).T * (~t.running)[None, :]
         capacity = np.full(NUM_RESOURCES, float(self.device_probe.size))
         arrival = self.snapshot.columns.arrival
-        priority = np.lexsort((np.arange(n), arrival, -t.weight))  # heavier, then older first
+        priority = np.lexsort((np.arange(n), arrival, -rank))  # higher rank, then older first
         return PricingProblem(
             demand=demand,
             base=base,
@@ -298,6 +307,10 @@ class _Epoch:
         t, s = self.t, self.settings
         table = self.device_probe.fresh()
         placer = Placer(table, self.predictor, forbidden, rows=len(t.jobs))
+        # Holding a job back pays at low load; under a long queue sharing is the point.
+        calm = self.utilization < s.utilization_target
+        if calm and s.patience_horizon_s > 0 and np.any(self.snapshot.columns.expected > 0):
+            self.patience = Patience(self.snapshot, table.size, s.patience_horizon_s)
         choice = selection.choice
         preempted: list[int] = []
         run_rows = np.flatnonzero(t.running)
@@ -449,7 +462,8 @@ class _Epoch:
         """
         t = self.t
         still: list[int] = []
-        order = sorted(queued, key=lambda r: (-t.weight[r], t.jobs[r].arrival_time, r))
+        rank = t.weight if t.rank is None else t.rank
+        order = sorted(queued, key=lambda r: (-rank[r], t.jobs[r].arrival_time, r))
         candidates = np.array(order[: RESIDUAL_LIMIT + len(t.reasons)], dtype=np.intp)
         self.tolerance_rows(candidates)  # one pass for every row likely to be tried
         scores = dict(
@@ -510,19 +524,31 @@ class _Epoch:
         t = self.t
         if tolerance is None:
             tolerance = self.tolerance_rows(np.array([row]))[0]
+        gpus = int(t.gpus[row])
+        # A queued job with an expected duration starts shared only if that beats waiting.
+        patience = self.patience if not t.running[row] and self.patience is not None else None
+        if patience is not None and patience.expected[row] <= 0:
+            patience = None
         placed = placer.try_place(
             row,
-            int(t.gpus[row]),
+            gpus,
             options,
             t.per_gpu[row],
             t.feature_table[t.family_index[row]],
             tolerance,
             best_fit=self.settings.pricing,
             allowed_devices=allowed_devices,
+            commit=patience is None,
             # Demand, features and tau follow from the family, GPU count and floor.
-            question=(int(t.family_index[row]), int(t.gpus[row]), t.floor[row], *options),
+            question=(int(t.family_index[row]), gpus, t.floor[row], *options),
         )
-        return placed is not None
+        if patience is None:
+            return placed is not None
+        if placed is None or not patience.worth_sharing(row, gpus, placed.slowdown):
+            patience.queue(row, gpus)
+            return False
+        self.commit_row(placer, row, placed.config, placed.devices)
+        return True
 
     def commit_row(self, placer: Placer, row: int, config: int, devices: Sequence[int]) -> None:
         """``Placer.commit`` of one job row at ``config`` on ``devices``."""

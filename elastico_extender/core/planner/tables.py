@@ -68,6 +68,9 @@ class JobTables:
     feature_table: np.ndarray  # (F, K, 14)
     estimated_table: np.ndarray  # (F, K) bool
     reasons: dict[int, str]  # row -> why no configuration is valid
+    rank: np.ndarray | None = None
+    """(N,) queue priority: the weight scaled by the job's length band (pricing.queueing);
+    None until the epoch sets it (then ``weight`` serves)."""
 
     def features(self, rows: np.ndarray, configs: np.ndarray) -> np.ndarray:
         return self.feature_table[self.family_index[rows], configs]
