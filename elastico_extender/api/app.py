@@ -24,6 +24,7 @@ from elastico_extender import __version__
 from elastico_extender.api.deps import ApiError, json_response
 from elastico_extender.api.fastpath import DirectRoutes
 from elastico_extender.api.routes import extender, ops, rest, webhook
+from elastico_extender.api.validate import LargestNode
 from elastico_extender.cluster.base import Cluster
 from elastico_extender.core.interference.predictor import SlowdownPredictor
 from elastico_extender.core.settings import PlannerSettings
@@ -104,6 +105,7 @@ def create_app(
     app.state.metrics = metrics
     app.state.token = token
     app.state.token_generated = generated
+    app.state.largest_node = LargestNode()
 
     @app.exception_handler(ApiError)
     async def api_error(request: Request, exc: ApiError) -> Response:

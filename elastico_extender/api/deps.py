@@ -120,7 +120,13 @@ def require_auth(request: Request) -> None:
     token: str = request.app.state.token
     header = request.headers.get("authorization", "")
     scheme, _, given = header.partition(" ")
-    if scheme.lower() == "bearer" and given and hmac.compare_digest(given.strip(), token):
+    # Bytes, not str: compare_digest refuses non-ASCII text (a TypeError, i.e. a 500).
+    # Starlette decodes header bytes as latin-1, so this encoding is lossless.
+    if (
+        scheme.lower() == "bearer"
+        and given
+        and hmac.compare_digest(given.strip().encode("utf-8"), token.encode("utf-8"))
+    ):
         return
     raise ApiError(
         401,

@@ -27,6 +27,7 @@ from fastapi.responses import Response
 
 from elastico_extender.annotations import PREFIX, PodIntent, parse_intent
 from elastico_extender.api.deps import ApiError, engine_of, json_response, read_body
+from elastico_extender.api.validate import checked_pod
 from elastico_extender.core.handoff import framework_settings
 from elastico_extender.errors import AnnotationError
 
@@ -119,13 +120,20 @@ async def mutate(request: Request) -> Response:
     except orjson.JSONDecodeError as exc:
         raise ApiError(400, f"malformed JSON: {exc}") from None
     req = review.get("request") if isinstance(review, dict) else None
-    if not isinstance(req, dict) or "uid" not in req:
-        raise ApiError(400, "expected an AdmissionReview with request.uid")
+    if not isinstance(req, dict) or not isinstance(req.get("uid"), str):
+        raise ApiError(400, "expected an AdmissionReview with request.uid (a string)")
+    api_version = review.get("apiVersion", "admission.k8s.io/v1")
+    if not isinstance(api_version, str):
+        raise ApiError(400, "apiVersion must be a string")
+    operation = req.get("operation", "CREATE")
+    if not isinstance(operation, str):
+        raise ApiError(400, "request.operation must be a string")
     response: dict[str, Any] = {"uid": req["uid"], "allowed": True}
     pod = req.get("object")
-    if isinstance(pod, dict) and req.get("operation", "CREATE") == "CREATE":
+    if pod is not None and operation == "CREATE":
+        checked_pod(pod, "request.object")
         engine = engine_of(request)
-        annotations = (pod.get("metadata") or {}).get("annotations") or {}
+        annotations = pod["metadata"].get("annotations") or {}
         try:
             intent = parse_intent(annotations, engine.families)
         except AnnotationError as exc:
@@ -137,7 +145,7 @@ async def mutate(request: Request) -> Response:
             response["patch"] = base64.b64encode(orjson.dumps(patch)).decode()
     return json_response(
         {
-            "apiVersion": review.get("apiVersion", "admission.k8s.io/v1"),
+            "apiVersion": api_version,
             "kind": "AdmissionReview",
             "response": response,
         }
