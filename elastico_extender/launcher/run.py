@@ -30,6 +30,7 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from elastico_extender.annotations import ANNOTATIONS_FILE, ANNOTATIONS_FILE_ENV
 from elastico_extender.errors import AnnotationError, ElasticoError
 from elastico_extender.launcher.assignment import LaunchSettings, read_assignment
 from elastico_extender.launcher.downward import parse_annotations
@@ -39,7 +40,7 @@ __all__ = ["Supervisor", "build_launch", "compose_preload", "load_settings", "ma
 
 log = logging.getLogger(__name__)
 
-DEFAULT_ANNOTATIONS = "/etc/podinfo/annotations"
+DEFAULT_ANNOTATIONS = ANNOTATIONS_FILE  # where the webhook mounts the downward-API file
 SITE_DIR = Path(__file__).resolve().parent / "_site"
 
 
@@ -183,7 +184,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--annotations",
         type=Path,
-        default=Path(environ.get("ELASTICO_ANNOTATIONS_FILE", DEFAULT_ANNOTATIONS)),
+        default=Path(environ.get(ANNOTATIONS_FILE_ENV, DEFAULT_ANNOTATIONS)),
         help="downward-API annotations file (default %(default)s)",
     )
     parser.add_argument(

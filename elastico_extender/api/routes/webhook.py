@@ -9,7 +9,8 @@ bind time.  So at admission (pod CREATE) the webhook adds, for an opted-in pod:
   :func:`core.handoff.framework_settings`), each a ``configMapKeyRef`` into that
   ConfigMap; the kubelet holds the container until bind has created it;
 * a downward-API volume with the pod's annotations at
-  ``/etc/elastico/annotations`` (updated live, for runtime reconfiguration).
+  ``/etc/elastico/annotations`` (updated live, for runtime reconfiguration), and
+  ``ELASTICO_ANNOTATIONS_FILE`` naming that file: what ``elastico-run`` reads.
 
 Invalid annotations are admitted unchanged with warnings (filter reports them
 as the pod's scheduling failure, naming each annotation).
@@ -25,7 +26,14 @@ import orjson
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from elastico_extender.annotations import PREFIX, PodIntent, parse_intent
+from elastico_extender.annotations import (
+    ANNOTATIONS_FILE,
+    ANNOTATIONS_FILE_ENV,
+    DECISION_DIR,
+    PREFIX,
+    PodIntent,
+    parse_intent,
+)
 from elastico_extender.api.deps import ApiError, engine_of, json_response, read_body
 from elastico_extender.api.validate import checked_pod
 from elastico_extender.core.handoff import framework_settings
@@ -36,7 +44,6 @@ __all__ = ["DECISION_DIR", "DECISION_VOLUME", "mutation_patch", "router"]
 router = APIRouter(tags=["admission webhook"])
 
 DECISION_VOLUME = "elastico-decision"
-DECISION_DIR = "/etc/elastico"
 
 
 def setting_keys(intent: PodIntent, mps: bool) -> list[str]:
@@ -81,7 +88,7 @@ def mutation_patch(pod: dict[str, Any], intent: PodIntent, mps: bool) -> list[di
         {"name": key, "valueFrom": {"configMapKeyRef": {"name": configmap, "key": key}}}
         for key in keys
     ]
-    env.append({"name": "ELASTICO_DECISION_FILE", "value": f"{DECISION_DIR}/annotations"})
+    env.append({"name": ANNOTATIONS_FILE_ENV, "value": ANNOTATIONS_FILE})
     mount = {"name": DECISION_VOLUME, "mountPath": DECISION_DIR, "readOnly": True}
     for i, container in enumerate(spec.get("containers") or []):
         existing = {e.get("name") for e in container.get("env") or []}
@@ -103,7 +110,12 @@ def mutation_patch(pod: dict[str, Any], intent: PodIntent, mps: bool) -> list[di
     volume = {
         "name": DECISION_VOLUME,
         "downwardAPI": {
-            "items": [{"path": "annotations", "fieldRef": {"fieldPath": "metadata.annotations"}}]
+            "items": [
+                {
+                    "path": ANNOTATIONS_FILE.removeprefix(DECISION_DIR + "/"),
+                    "fieldRef": {"fieldPath": "metadata.annotations"},
+                }
+            ]
         },
     }
     if spec.get("volumes"):
