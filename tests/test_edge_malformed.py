@@ -88,8 +88,10 @@ def test_bad_gpu_quantities_are_named_and_never_internal(edge, verb, value):
         (lambda p: p["spec"]["containers"][0].update(resources=[]), "resources"),
         (lambda p: p["spec"]["containers"][0]["resources"].update(limits="x"), "limits"),
         (lambda p: p["metadata"].update(annotations=["a"]), "metadata.annotations"),
-        (lambda p: p["metadata"].update(annotations={"elastico.io/weight": 2}),
-         "elastico.io/weight"),
+        (
+            lambda p: p["metadata"].update(annotations={"elastico.io/weight": 2}),
+            "elastico.io/weight",
+        ),
         (lambda p: p["metadata"].update(name=5), "metadata.name"),
         (lambda p: p["metadata"].update(uid={"x": 1}), "metadata.uid"),
         (lambda p: p["metadata"].update(resourceVersion=[]), "metadata.resourceVersion"),
@@ -145,16 +147,38 @@ def test_quantity_parser_refuses_what_kubernetes_would():
 
 WEBHOOK_OBJECTS = [
     ({"metadata": "abc", "spec": {"containers": []}}, "metadata"),
-    ({"metadata": {"name": 5, "annotations": {"elastico.io/family": "bert"}},
-      "spec": {"containers": [{"name": "c"}]}}, "metadata.name"),  # fmt: skip
-    ({"metadata": {"name": "p", "annotations": {"elastico.io/family": "bert"}},
-      "spec": {"containers": [1]}}, "spec.containers[0]"),  # fmt: skip
-    ({"metadata": {"name": "p", "annotations": {"elastico.io/family": "bert"}}, "spec": "s"},
-     "spec"),
-    ({"metadata": {"name": "p", "annotations": {"elastico.io/family": "bert"}},
-      "spec": {"containers": [{"name": "c", "env": [3]}]}}, "env[0]"),  # fmt: skip
-    ({"metadata": {"name": "p", "annotations": {"elastico.io/family": "bert"}},
-      "spec": {"containers": [{"name": "c"}], "volumes": "v"}}, "spec.volumes"),  # fmt: skip
+    (
+        {
+            "metadata": {"name": 5, "annotations": {"elastico.io/family": "bert"}},
+            "spec": {"containers": [{"name": "c"}]},
+        },
+        "metadata.name",
+    ),  # fmt: skip
+    (
+        {
+            "metadata": {"name": "p", "annotations": {"elastico.io/family": "bert"}},
+            "spec": {"containers": [1]},
+        },
+        "spec.containers[0]",
+    ),  # fmt: skip
+    (
+        {"metadata": {"name": "p", "annotations": {"elastico.io/family": "bert"}}, "spec": "s"},
+        "spec",
+    ),
+    (
+        {
+            "metadata": {"name": "p", "annotations": {"elastico.io/family": "bert"}},
+            "spec": {"containers": [{"name": "c", "env": [3]}]},
+        },
+        "env[0]",
+    ),  # fmt: skip
+    (
+        {
+            "metadata": {"name": "p", "annotations": {"elastico.io/family": "bert"}},
+            "spec": {"containers": [{"name": "c"}], "volumes": "v"},
+        },
+        "spec.volumes",
+    ),  # fmt: skip
     ({"metadata": {"name": "p", "annotations": 7}, "spec": {}}, "metadata.annotations"),
 ]
 
@@ -171,8 +195,12 @@ def test_webhook_malformed_pods_are_4xx_naming_the_field(edge, obj, field):
 
 @pytest.mark.parametrize(
     "review",
-    [[1], {"request": {"uid": 5}}, {"request": {"uid": "u", "operation": 3, "object": {}}},
-     {"apiVersion": 7, "request": {"uid": "u"}}],  # fmt: skip
+    [
+        [1],
+        {"request": {"uid": 5}},
+        {"request": {"uid": "u", "operation": 3, "object": {}}},
+        {"apiVersion": 7, "request": {"uid": "u"}},
+    ],  # fmt: skip
 )
 def test_webhook_malformed_reviews(edge, review):
     client, _ = edge
@@ -185,8 +213,7 @@ def test_webhook_malformed_reviews(edge, review):
     [
         ({"Pod": pod(), "NodeNameToVictims": {"g0": {"Pods": ["x"]}}}, "Pods"),
         ({"Pod": pod(), "NodeNameToVictims": {"g0": {"Pods": [{"metadata": "m"}]}}}, "metadata"),
-        ({"Pod": pod(), "NodeNameToVictims": {"g0": {"Pods": [{"metadata": {"uid": 4}}]}}},
-         "uid"),
+        ({"Pod": pod(), "NodeNameToVictims": {"g0": {"Pods": [{"metadata": {"uid": 4}}]}}}, "uid"),
         ({"Pod": {"metadata": "abc"}, "NodeNameToMetaVictims": {}}, "metadata"),
         ({"Pod": pod(), "NodeNameToMetaVictims": {"g0": {"Pods": [{"UID": None}]}}}, "UID"),
     ],

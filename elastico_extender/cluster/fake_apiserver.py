@@ -48,6 +48,9 @@ class FakeApiServer:
         self.evictions: list[dict[str, Any]] = []
         self.disruptions_allowed = 1_000_000  # evictions granted before answering 429
         self.requests: list[str] = []
+        # Writes as the real API server attributes them: method, resource kind (the
+        # last path segment of a collection or subresource), field manager, User-Agent.
+        self.writes: list[dict[str, str]] = []
         self.watch_count = {"nodes": 0, "pods": 0}
         outer = self
 
@@ -227,8 +230,17 @@ class FakeApiServer:
     def _write(self, handler: BaseHTTPRequestHandler, method: str) -> None:
         length = int(handler.headers.get("Content-Length") or 0)
         body = json.loads(handler.rfile.read(length) or b"{}")
-        path = urlparse(handler.path).path
+        url = urlparse(handler.path)
+        path = url.path
         self.requests.append(f"{method} {path}")
+        agent = handler.headers.get("User-Agent") or ""
+        # kube-apiserver: the fieldManager parameter, else the User-Agent's product name.
+        manager = (parse_qs(url.query).get("fieldManager") or [agent.split("/")[0]])[0]
+        parts = path.rstrip("/").split("/")
+        kind = parts[-1] if parts[-1] in ("binding", "eviction", "configmaps") else parts[-2]
+        self.writes.append({"method": method, "kind": kind, "manager": manager,
+                            "user_agent": agent})  # fmt: skip
+        managed = [{"manager": manager, "operation": "Update", "apiVersion": "v1"}]
         pod = _POD.match(path)
         cm = _CM.match(path)
         if pod:
@@ -263,6 +275,7 @@ class FakeApiServer:
                                                    "message": "pod already bound"})  # fmt: skip
                     return
                 updated["spec"]["nodeName"] = body["target"]["name"]
+                _manage(updated, managed)
                 self.bindings.append(body)
                 self.put("pods", updated)
                 self._send_json(handler, 201, {"kind": "Status", "status": "Success", "code": 201})
@@ -270,6 +283,7 @@ class FakeApiServer:
             if method == "PATCH":
                 anns = (body.get("metadata") or {}).get("annotations") or {}
                 updated["metadata"].setdefault("annotations", {}).update(anns)
+                _manage(updated, managed)
                 self._send_json(handler, 200, self.put("pods", updated))
                 return
         if cm:
@@ -278,7 +292,15 @@ class FakeApiServer:
             if method == "POST" and key in self.configmaps:
                 self._send_json(handler, 409, {"kind": "Status", "code": 409, "message": "exists"})
                 return
+            body.setdefault("metadata", {})["managedFields"] = managed
             self.configmaps[key] = body
             self._send_json(handler, 201 if method == "POST" else 200, body)
             return
         self._send_json(handler, 404, {"kind": "Status", "code": 404, "message": "not found"})
+
+
+def _manage(obj: dict[str, Any], managed: list[dict[str, Any]]) -> None:
+    """Record a write in managedFields: one entry per manager, as the API server keeps."""
+    mine = {m["manager"] for m in managed}
+    kept = [m for m in obj["metadata"].get("managedFields") or () if m.get("manager") not in mine]
+    obj["metadata"]["managedFields"] = kept + managed
