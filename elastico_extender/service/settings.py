@@ -38,6 +38,10 @@ class ServiceSettings:
     """PEM CA: when set, ``port`` requires a client certificate signed by it (mTLS); the
     kube-scheduler presents one through the extender's ``tlsConfig``, and requests on
     that listener count as authenticated."""
+    client_cert_names: str = "elastico-scheduler"
+    """Comma-separated names (subject CN or DNS/URI subjectAltName) of client
+    certificates that may bind without the bearer token on the mTLS port: the
+    kube-scheduler's.  Other certificates of ``client_ca_file`` need the token."""
     token_file: str | None = None
     """File holding the bearer token for state-changing endpoints (bind, POST /epoch).
     None: a random token is generated at start-up and logged once."""
@@ -78,6 +82,10 @@ class ServiceSettings:
     mps: bool = True
     """Emit CUDA_MPS_* limits in the hand-off (spec 4.2 iii)."""
     log_level: str = "info"
+
+    @property
+    def allowed_client_names(self) -> tuple[str, ...]:
+        return tuple(n.strip() for n in self.client_cert_names.split(",") if n.strip())
 
     # -- construction --------------------------------------------------------
     @classmethod
