@@ -27,6 +27,7 @@ import uvicorn
 from elastico_extender.cluster.base import Cluster
 from elastico_extender.cluster.embedded import EmbeddedCluster
 from elastico_extender.service.gc_policy import FreezeAfterEpochs
+from elastico_extender.service.logs import configure_logging
 from elastico_extender.service.settings import ServiceSettings
 
 __all__ = ["build_cluster", "build_servers", "main", "parser", "serve_main"]
@@ -69,6 +70,11 @@ def parser() -> argparse.ArgumentParser:
         help="pods evicted per epoch to carry out the plan's moves (default 1; 0: log only)",
     )
     p.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+    p.add_argument(
+        "--log-format",
+        choices=["text", "json"],
+        help="text: event key=value ... (default); json: one JSON object per line",
+    )
     return p
 
 
@@ -132,10 +138,7 @@ def serve_main(argv: Sequence[str] | None = None) -> int:
     except (ValueError, OSError) as exc:
         print(f"elastico serve: {exc}", file=sys.stderr)
         return 2
-    logging.basicConfig(
-        level=settings.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s %(message)s",
-    )
+    configure_logging(settings.log_level, settings.log_format)
     from elastico_extender.api.app import create_app
 
     try:

@@ -82,6 +82,9 @@ class ServiceSettings:
     mps: bool = True
     """Emit CUDA_MPS_* limits in the hand-off (spec 4.2 iii)."""
     log_level: str = "info"
+    log_format: str = "text"
+    """``text``: one line per event with ``key=value`` fields; ``json``: one JSON object
+    per line (service.logs)."""
 
     @property
     def allowed_client_names(self) -> tuple[str, ...]:
@@ -163,6 +166,8 @@ class ServiceSettings:
             found.append("max_migrations_per_epoch: must be >= 0")
         if self.log_level.lower() not in ("debug", "info", "warning", "error"):
             found.append("log_level: must be debug, info, warning or error")
+        if self.log_format not in ("text", "json"):
+            found.append(f"log_format: must be text or json, got {self.log_format!r}")
         return found
 
 
