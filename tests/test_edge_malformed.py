@@ -259,3 +259,13 @@ def test_keep_alive_survives_a_run_of_bad_bodies(edge):
             reply = client.post(path, content=body)
             assert 400 <= reply.status_code < 500, (path, body, reply.text)
     still_serving(client)
+
+
+@pytest.mark.parametrize("item", [{"metadata": "m"}, "node", {"metadata": {"name": 3}}, {}])
+@pytest.mark.parametrize("verb", ["filter", "prioritize"])
+def test_node_items_without_a_name_object_are_named(edge, verb, item):
+    client, _ = edge
+    body = {"Pod": pod(name="n"), "Nodes": {"metadata": {}, "items": [item]}, "NodeNames": None}
+    reply = client.post(f"/scheduler/{verb}", json=body)
+    assert reply.status_code == 400
+    assert_clean(reply, "Nodes.items")

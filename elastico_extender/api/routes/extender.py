@@ -83,7 +83,8 @@ def _names(args: ExtenderArgs) -> list[str]:
         return list(args.node_names or [])
     names = []
     for i, item in enumerate(args.nodes.items):
-        name = (item.get("metadata") or {}).get("name") if isinstance(item, dict) else None
+        meta = item.get("metadata") if isinstance(item, dict) else None
+        name = meta.get("name") if isinstance(meta, dict) else None
         if not isinstance(name, str) or not name:
             raise ApiError(400, f"Nodes.items[{i}] has no metadata.name")
         names.append(name)
