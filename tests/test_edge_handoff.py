@@ -201,7 +201,7 @@ def test_reconfiguration_reaches_elastico_run_through_the_admitted_pod(one_gpu, 
     bind(client, token, "bert-a", "g40")
     bound = cluster.state.pod_by_name("ml", "bert-a")
     env = container_env(bound, cluster)
-    mount, item = downward_file(bound)
+    mount, _ = downward_file(bound)
     volume = tmp_path / "volume"
     volume.mkdir()
     kubelet_write(volume, bound["metadata"]["annotations"])

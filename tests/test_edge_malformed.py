@@ -36,7 +36,8 @@ def pod(gpu: object = "1", name: str = "p") -> dict:
     return {
         "metadata": {"name": name, "namespace": "ml", "uid": f"uid-{name}",
                      "annotations": {"elastico.io/family": "bert"}},
-        "spec": {"containers": [{"name": "main", "resources": {"limits": {"nvidia.com/gpu": gpu}}}]},
+        "spec": {"containers": [{"name": "main",
+                                 "resources": {"limits": {"nvidia.com/gpu": gpu}}}]},
     }  # fmt: skip
 
 
@@ -153,14 +154,14 @@ WEBHOOK_OBJECTS = [
             "spec": {"containers": [{"name": "c"}]},
         },
         "metadata.name",
-    ),  # fmt: skip
+    ),
     (
         {
             "metadata": {"name": "p", "annotations": {"elastico.io/family": "bert"}},
             "spec": {"containers": [1]},
         },
         "spec.containers[0]",
-    ),  # fmt: skip
+    ),
     (
         {"metadata": {"name": "p", "annotations": {"elastico.io/family": "bert"}}, "spec": "s"},
         "spec",
@@ -171,14 +172,14 @@ WEBHOOK_OBJECTS = [
             "spec": {"containers": [{"name": "c", "env": [3]}]},
         },
         "env[0]",
-    ),  # fmt: skip
+    ),
     (
         {
             "metadata": {"name": "p", "annotations": {"elastico.io/family": "bert"}},
             "spec": {"containers": [{"name": "c"}], "volumes": "v"},
         },
         "spec.volumes",
-    ),  # fmt: skip
+    ),
     ({"metadata": {"name": "p", "annotations": 7}, "spec": {}}, "metadata.annotations"),
 ]
 
@@ -200,7 +201,7 @@ def test_webhook_malformed_pods_are_4xx_naming_the_field(edge, obj, field):
         {"request": {"uid": 5}},
         {"request": {"uid": "u", "operation": 3, "object": {}}},
         {"apiVersion": 7, "request": {"uid": "u"}},
-    ],  # fmt: skip
+    ],
 )
 def test_webhook_malformed_reviews(edge, review):
     client, _ = edge
@@ -227,8 +228,13 @@ def test_preempt_malformed_victims(edge, body, field):
 def test_bind_malformed_bodies(edge):
     client, token = edge
     auth = {"Authorization": f"Bearer {token}"}
-    for body in ({"PodName": ["x"], "PodNamespace": "ml", "PodUID": "u", "Node": "g0"},
-                 {"PodName": "x", "PodNamespace": None, "PodUID": "u", "Node": 1}, [1], "s"):  # fmt: skip
+    bodies = [
+        {"PodName": ["x"], "PodNamespace": "ml", "PodUID": "u", "Node": "g0"},
+        {"PodName": "x", "PodNamespace": None, "PodUID": "u", "Node": 1},
+        [1],
+        "s",
+    ]
+    for body in bodies:
         assert_clean(client.post("/scheduler/bind", json=body, headers=auth))
         still_serving(client)
 

@@ -217,11 +217,12 @@ class Fuzzer:
         if roll < 0.45:
             headers["Authorization"] = f"Bearer {self.token}"
         elif roll < 0.6:
-            headers["Authorization"] = rng.choice([
+            choices: list[str | bytes] = [
                 "Bearer", "Bearer x", "Basic abc", "bearer  " + self.token,
                 "Bearer \u00e9\u00ff".encode(), "Bearer \u65e5".encode(), "Bearer " + "a" * 4096,
                 self.token,
-            ])  # fmt: skip
+            ]  # fmt: skip
+            headers["Authorization"] = rng.choice(choices)
         return headers
 
     def case(self) -> Case:
