@@ -275,3 +275,38 @@ def test_node_items_without_a_name_object_are_named(edge, verb, item):
     reply = client.post(f"/scheduler/{verb}", json=body)
     assert reply.status_code == 400
     assert_clean(reply, "Nodes.items")
+
+
+def test_an_unexpected_failure_is_a_plain_500_and_the_connection_survives(monkeypatch):
+    """A bug (not bad input) in a view: a JSON 500 without internals, logged, and the
+    keep-alive connection keeps serving (uvicorn closes it when an exception escapes)."""
+    cluster = EmbeddedCluster([gpu_node("g0")], "test")
+    app = create_app(ServiceSettings(epoch_seconds=600), cluster)
+
+    def broken() -> list:
+        raise AttributeError("'NoneType' object has no attribute 'plan'")
+
+    monkeypatch.setattr(app.state.engine, "jobs", broken)
+    with ServerThread(app) as server, httpx.Client(base_url=server.url, timeout=30) as client:
+        reply = client.get("/jobs")
+        assert reply.status_code == 500
+        assert "see the extender log" in reply.json()["Error"]
+        assert "NoneType" not in reply.text and "AttributeError" not in reply.text
+        before = client.get("/healthz")
+        assert before.status_code == 200
+        assert reply.extensions["network_stream"] is before.extensions["network_stream"]
+
+
+def test_a_non_ascii_token_from_the_token_file_authenticates(tmp_path):
+    token_file = tmp_path / "token"
+    token_file.write_text("t\u00f6k\u00e9n-\u65e5\n", encoding="utf-8")
+    cluster = EmbeddedCluster([gpu_node("g0")], "test")
+    app = create_app(ServiceSettings(epoch_seconds=600, token_file=str(token_file)), cluster)
+    bind = {"PodName": "x", "PodNamespace": "ml", "PodUID": "u", "Node": "g0"}
+    with ServerThread(app) as server, httpx.Client(base_url=server.url, timeout=30) as client:
+        good = "Bearer t\u00f6k\u00e9n-\u65e5".encode()
+        reply = client.post("/scheduler/bind", json=bind, headers={"Authorization": good})
+        assert reply.status_code == 200 and "not known" in reply.json()["Error"]
+        bad = "Bearer t\u00f6ken".encode()
+        reply = client.post("/scheduler/bind", json=bind, headers={"Authorization": bad})
+        assert reply.status_code == 401

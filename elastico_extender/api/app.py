@@ -23,6 +23,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from elastico_extender import __version__
 from elastico_extender.api.deps import ApiError, json_response
 from elastico_extender.api.fastpath import DirectRoutes
+from elastico_extender.api.guard import CatchAll
 from elastico_extender.api.routes import extender, ops, rest, webhook
 from elastico_extender.api.validate import LargestNode
 from elastico_extender.cluster.base import Cluster
@@ -130,4 +131,5 @@ def create_app(
     app.include_router(rest.router)
     app.include_router(webhook.router)
     app.include_router(ops.router)
+    app.add_middleware(CatchAll)  # added last: outermost of ours, inside Starlette's own
     return app

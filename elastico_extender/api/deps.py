@@ -126,11 +126,11 @@ def require_auth(request: Request) -> None:
     header = request.headers.get("authorization", "")
     scheme, _, given = header.partition(" ")
     # Bytes, not str: compare_digest refuses non-ASCII text (a TypeError, i.e. a 500).
-    # Starlette decodes header bytes as latin-1, so this encoding is lossless.
+    # Starlette decoded the header's bytes as latin-1: encoding back gives those bytes.
     if (
         scheme.lower() == "bearer"
         and given
-        and hmac.compare_digest(given.strip().encode("utf-8"), token.encode("utf-8"))
+        and hmac.compare_digest(given.strip().encode("latin-1"), token.encode("utf-8"))
     ):
         return
     raise ApiError(
