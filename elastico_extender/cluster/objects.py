@@ -207,20 +207,20 @@ def _container_gpus(containers: Any, where: str) -> list[int]:
     found = []
     for i, c in enumerate(containers):
         at = f"{where}[{i}]"
-        if not isinstance(c, Mapping):
+        if not isinstance(c, dict):
             raise PodFieldError(at, f"must be an object, got a JSON {_json_type(c)}")
         res = c.get("resources")
         if res is None:
             found.append(0)
             continue
-        if not isinstance(res, Mapping):
+        if not isinstance(res, dict):
             raise PodFieldError(f"{at}.resources", "must be an object")
         value = None
         for part in ("requests", "limits"):
             amounts = res.get(part)
             if amounts is None:
                 continue
-            if not isinstance(amounts, Mapping):
+            if not isinstance(amounts, dict):
                 raise PodFieldError(f"{at}.resources.{part}", "must be an object")
             if value is None and amounts.get(GPU_RESOURCE) is not None:
                 value = _gpu_count(amounts[GPU_RESOURCE], f"{at}.resources.{part}[{GPU_RESOURCE}]")
@@ -238,7 +238,7 @@ def pod_gpu_request(obj: Mapping[str, Any]) -> int:
     spec = obj.get("spec")
     if spec is None:
         return 0
-    if not isinstance(spec, Mapping):
+    if not isinstance(spec, dict):
         raise PodFieldError("spec", f"must be an object, got a JSON {_json_type(spec)}")
     main = sum(_container_gpus(spec.get("containers"), "spec.containers"))
     init = max(_container_gpus(spec.get("initContainers"), "spec.initContainers"), default=0)
@@ -260,7 +260,7 @@ _LIST_OF_OBJECTS = ("env", "volumeMounts", "envFrom")
 def _string_map(value: Any, field: str) -> None:
     if value is None:
         return
-    if not isinstance(value, Mapping):
+    if not isinstance(value, dict):
         raise PodFieldError(field, f"must be an object of strings, got a JSON {_json_type(value)}")
     for key, item in value.items():
         if not isinstance(item, str):
@@ -275,7 +275,7 @@ def _objects(value: Any, field: str) -> list[Mapping[str, Any]]:
     if not isinstance(value, list):
         raise PodFieldError(field, f"must be an array, got a JSON {_json_type(value)}")
     for i, item in enumerate(value):
-        if not isinstance(item, Mapping):
+        if not isinstance(item, dict):
             raise PodFieldError(
                 f"{field}[{i}]", f"must be an object, got a JSON {_json_type(item)}"
             )
@@ -285,13 +285,16 @@ def _objects(value: Any, field: str) -> list[Mapping[str, Any]]:
 def check_pod(obj: Any) -> int:
     """Check the shape of every pod field ElastiCo reads; returns its GPU request.
 
+    Objects are checked as ``dict`` (what JSON decodes to), not ``Mapping``: the
+    abstract check costs more than the rest of this function on a typical pod.
+
     The API server guarantees these shapes for pods it stores, but an extender or
     webhook caller can send anything: raising :class:`PodFieldError` naming the field
     here keeps malformed JSON from reaching code that trusts the shape."""
-    if not isinstance(obj, Mapping):
+    if not isinstance(obj, dict):
         raise PodFieldError("Pod", f"must be an object, got a JSON {_json_type(obj)}")
     meta = obj.get("metadata")
-    if not isinstance(meta, Mapping):
+    if not isinstance(meta, dict):
         raise PodFieldError("metadata", f"must be an object, got a JSON {_json_type(meta)}")
     for key in _META_STRINGS:
         value = meta.get(key)
@@ -304,7 +307,7 @@ def check_pod(obj: Any) -> int:
     _objects(meta.get("ownerReferences"), "metadata.ownerReferences")
     spec = obj.get("spec")
     if spec is not None:
-        if not isinstance(spec, Mapping):
+        if not isinstance(spec, dict):
             raise PodFieldError("spec", f"must be an object, got a JSON {_json_type(spec)}")
         for key in _SPEC_STRINGS:
             value = spec.get(key)
@@ -319,7 +322,7 @@ def check_pod(obj: Any) -> int:
         _objects(spec.get("volumes"), "spec.volumes")
     status = obj.get("status")
     if status is not None:
-        if not isinstance(status, Mapping):
+        if not isinstance(status, dict):
             raise PodFieldError("status", f"must be an object, got a JSON {_json_type(status)}")
         phase = status.get("phase")
         if phase is not None and not isinstance(phase, str):
