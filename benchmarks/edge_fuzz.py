@@ -4,6 +4,8 @@ Command (from the repository root):
 
     PYTHONPATH=. nice -n 5 python benchmarks/edge_fuzz.py --requests 100000 --seed 1 \
         --out benchmarks/results/edge_fuzz.md
+    PYTHONPATH=. nice -n 5 python benchmarks/edge_fuzz.py --requests 20000 --seed 1 \
+        --server-tree /work/main --out benchmarks/results/edge_fuzz_main.md   # before
 
 The server is ``elastico serve`` in its own process (embedded cluster built from the
 wire captures' nodes and pods, epoch loop at 5 s, bearer token from a file), so its
@@ -60,6 +62,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup", type=int, default=2_000)
     p.add_argument("--every", type=int, default=10_000)
     p.add_argument("--out", type=Path)
+    p.add_argument(
+        "--server-tree",
+        type=Path,
+        help="serve the extender from this source tree (e.g. /work/main, for a before/after); "
+        "default: the tree on PYTHONPATH",
+    )
     args = p.parse_args(argv)
 
     work = Path(tempfile.mkdtemp(prefix="elastico-fuzz-"))
@@ -69,12 +77,15 @@ def main(argv: list[str] | None = None) -> int:
     (work / "token").write_text(token)
     port = free_port()
     log_path = work / "server.log"
+    env = dict(os.environ)
+    if args.server_tree is not None:
+        env["PYTHONPATH"] = str(args.server_tree.resolve())
     with log_path.open("w") as log:
         server = subprocess.Popen(
             [sys.executable, "-m", "elastico_extender.cli", "serve", "--embedded",
              str(cluster_file), "--port", str(port), "--token-file", str(work / "token"),
              "--epoch-seconds", "5", "--log-level", "error"],
-            stdout=subprocess.DEVNULL, stderr=log,
+            stdout=subprocess.DEVNULL, stderr=log, env=env,
         )  # fmt: skip
     url = f"http://127.0.0.1:{port}"
     statuses: collections.Counter[int] = collections.Counter()
@@ -138,6 +149,7 @@ def main(argv: list[str] | None = None) -> int:
         "",
         f"Command: `{command}`",
         "",
+        f"Server tree: {args.server_tree or 'this one'}. "
         f"Machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f} at the end; "
         f"{args.requests} requests (after {args.warmup} warm-up) in {seconds:.0f} s "
         f"({args.requests / seconds:.0f}/s), seed {args.seed}.",
