@@ -310,3 +310,17 @@ def test_a_non_ascii_token_from_the_token_file_authenticates(tmp_path):
         bad = "Bearer t\u00f6ken".encode()
         reply = client.post("/scheduler/bind", json=bind, headers={"Authorization": bad})
         assert reply.status_code == 401
+
+
+def test_node_objects_too_deep_to_echo_are_a_400_naming_nodes(edge):
+    """nodeCacheCapable off: filter echoes the scheduler's Node objects; one nested deeper
+    than the reply encoder allows (found by benchmarks/edge_fuzz.py) is refused, named."""
+    client, _ = edge
+    deep: object = "x"
+    for _ in range(300):
+        deep = {"k": deep}
+    node = {"metadata": {"name": "g0", "annotations": {"a": "b"}}, "status": deep}
+    body = {"Pod": pod(name="deep"), "Nodes": {"metadata": {}, "items": [node]}}
+    reply = client.post("/scheduler/filter", json=body)
+    assert reply.status_code == 400
+    assert_clean(reply, "Nodes")

@@ -130,6 +130,12 @@ async def filter_nodes(request: Request) -> Response:
                 "metadata": args.nodes.metadata,
                 "items": [n for n in args.nodes.items if n["metadata"]["name"] in keep],
             }
+            try:
+                return json_response(reply)
+            except TypeError:  # orjson writes 255 levels of nesting; it reads 1,024
+                raise ApiError(
+                    400, "Nodes: node objects nested deeper than 255 levels cannot be echoed"
+                ) from None
         return json_response(reply)
 
     return await _timed(request, "filter", handle, _filter_error)
