@@ -182,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     print(report)
     if args.out:
         args.out.write_text(report)
-    return 1 if five or transport_errors or leaks else 0
+    return 1 if five or transport_errors or leaks or tracebacks else 0
 
 
 if __name__ == "__main__":
