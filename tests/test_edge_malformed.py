@@ -181,6 +181,13 @@ WEBHOOK_OBJECTS = [
         "spec.volumes",
     ),
     ({"metadata": {"name": "p", "annotations": 7}, "spec": {}}, "metadata.annotations"),
+    (
+        {
+            "metadata": {"name": "p", "annotations": {"elastico.io/family": "bert"}},
+            "spec": {"containers": [{"name": "c", "env": [{"name": ["unhashable"]}]}]},
+        },
+        "spec.containers[0].env[0].name",
+    ),
 ]
 
 

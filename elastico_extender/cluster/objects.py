@@ -318,7 +318,13 @@ def check_pod(obj: Any) -> int:
         for part in ("containers", "initContainers"):
             for i, c in enumerate(_objects(spec.get(part), f"spec.{part}")):
                 for key in _LIST_OF_OBJECTS:
-                    _objects(c.get(key), f"spec.{part}[{i}].{key}")
+                    for j, entry in enumerate(_objects(c.get(key), f"spec.{part}[{i}].{key}")):
+                        name = entry.get("name")
+                        if name is not None and not isinstance(name, str):
+                            raise PodFieldError(
+                                f"spec.{part}[{i}].{key}[{j}].name",
+                                f"must be a string, got a JSON {_json_type(name)}",
+                            )
         _objects(spec.get("volumes"), "spec.volumes")
     status = obj.get("status")
     if status is not None:
