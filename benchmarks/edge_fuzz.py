@@ -77,15 +77,16 @@ def main(argv: list[str] | None = None) -> int:
     (work / "token").write_text(token)
     port = free_port()
     log_path = work / "server.log"
-    env = dict(os.environ)
-    if args.server_tree is not None:
-        env["PYTHONPATH"] = str(args.server_tree.resolve())
+    # The server imports the package from exactly one tree: PYTHONPATH set to it, and
+    # run from the scratch directory (``python -m`` puts the working directory first).
+    tree = (args.server_tree or Path(__file__).resolve().parents[1]).resolve()
+    env = {**os.environ, "PYTHONPATH": str(tree)}
     with log_path.open("w") as log:
         server = subprocess.Popen(
             [sys.executable, "-m", "elastico_extender.cli", "serve", "--embedded",
              str(cluster_file), "--port", str(port), "--token-file", str(work / "token"),
              "--epoch-seconds", "5", "--log-level", "error"],
-            stdout=subprocess.DEVNULL, stderr=log, env=env,
+            stdout=subprocess.DEVNULL, stderr=log, env=env, cwd=work,
         )  # fmt: skip
     url = f"http://127.0.0.1:{port}"
     statuses: collections.Counter[int] = collections.Counter()
@@ -149,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
         "",
         f"Command: `{command}`",
         "",
-        f"Server tree: {args.server_tree or 'this one'}. "
+        f"Server tree: {tree}. "
         f"Machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f} at the end; "
         f"{args.requests} requests (after {args.warmup} warm-up) in {seconds:.0f} s "
         f"({args.requests / seconds:.0f}/s), seed {args.seed}.",

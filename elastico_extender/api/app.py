@@ -22,6 +22,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from elastico_extender import __version__
 from elastico_extender.api.deps import ApiError, json_response
+from elastico_extender.api.docs import install_docs
 from elastico_extender.api.fastpath import DirectRoutes
 from elastico_extender.api.guard import CatchAll
 from elastico_extender.api.routes import extender, ops, rest, webhook
@@ -100,6 +101,8 @@ def create_app(
             "ElastiCo plan, and the pod mutating webhook."
         ),
         lifespan=lifespan,
+        docs_url=None,  # install_docs: served from packaged assets (air-gapped clusters)
+        redoc_url=None,
     )
     app.state.settings = settings
     app.state.engine = engine
@@ -131,5 +134,6 @@ def create_app(
     app.include_router(rest.router)
     app.include_router(webhook.router)
     app.include_router(ops.router)
+    install_docs(app)
     app.add_middleware(CatchAll)  # added last: outermost of ours, inside Starlette's own
     return app

@@ -12,6 +12,12 @@ It serves, over real HTTP/1.1 on 127.0.0.1:
 * ``POST .../pods/{name}/eviction`` (policy/v1 Eviction): the pod is deleted, or
   ``429`` while :attr:`disruptions_allowed` is 0 (a PodDisruptionBudget says no).
 
+* ``GET .../services/[SCHEME:]NAME[:PORT]/proxy/PATH``: the service proxy, relayed to the
+  URL registered in :attr:`services` (``kubectl elastico`` reaches the extender this way);
+* every other kind (Leases, Events, the Helm chart's objects): create, read, list,
+  replace with ``resourceVersion`` preconditions, merge patch and delete, from
+  :class:`~.fake_objects.ObjectStore` (``self.store``).
+
 Test hooks: :meth:`compact` (older versions expire), :meth:`drop_watches`
 (cut every open stream mid-chunk, as a dying load balancer would),
 :meth:`bookmark`.  The official ``kubernetes`` client talks to it unchanged.
@@ -25,13 +31,18 @@ import re
 import socket
 import threading
 import time
+import urllib.error
+import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
-from urllib.parse import parse_qs, urlparse
+from urllib.parse import parse_qs, unquote, urlparse
+
+from elastico_extender.cluster.fake_objects import ObjectStore
 
 __all__ = ["FakeApiServer"]
 
 _POD = re.compile(r"^/api/v1/namespaces/([^/]+)/pods/([^/]+)(/binding|/eviction)?$")
+_PROXY = re.compile(r"^/api/v1/namespaces/([^/]+)/services/([^/]+)/proxy(/.*)?$")
 _CM = re.compile(r"^/api/v1/namespaces/([^/]+)/configmaps(?:/([^/]+))?$")
 
 
@@ -52,6 +63,8 @@ class FakeApiServer:
         # last path segment of a collection or subresource), field manager, User-Agent.
         self.writes: list[dict[str, str]] = []
         self.watch_count = {"nodes": 0, "pods": 0}
+        self.store = ObjectStore(self._next_rv)
+        self.services: dict[tuple[str, str], str] = {}  # (namespace, name) -> base URL
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -72,6 +85,9 @@ class FakeApiServer:
             def do_PUT(self) -> None:
                 outer._write(self, "PUT")
 
+            def do_DELETE(self) -> None:
+                outer._write(self, "DELETE")
+
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.httpd.daemon_threads = True
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
@@ -91,6 +107,11 @@ class FakeApiServer:
             self.cond.notify_all()
         self.httpd.shutdown()
         self.httpd.server_close()
+
+    def _next_rv(self) -> int:
+        with self.cond:
+            self.rv += 1
+            return self.rv
 
     # -- world changes -----------------------------------------------------------
     @staticmethod
@@ -162,9 +183,15 @@ class FakeApiServer:
         url = urlparse(handler.path)
         query = {k: v[0] for k, v in parse_qs(url.query).items()}
         self.requests.append(handler.path)
+        proxied = _PROXY.match(unquote(url.path))
+        if proxied:
+            self._proxy(handler, *proxied.groups())
+            return
         kind = {"/api/v1/nodes": "nodes", "/api/v1/pods": "pods"}.get(url.path)
         if kind is None:
-            self._send_json(handler, 404, {"kind": "Status", "code": 404, "message": "not found"})
+            answer = self.store.handle("GET", url.path, None)
+            status, body = answer or (404, {"kind": "Status", "code": 404, "message": "not found"})
+            self._send_json(handler, status, body)
             return
         if query.get("watch") in ("true", "1", "True"):
             self._watch(handler, kind, query)
@@ -179,6 +206,26 @@ class FakeApiServer:
             {"kind": list_kind, "apiVersion": "v1", "metadata": {"resourceVersion": str(rv)},
              "items": items},
         )  # fmt: skip
+
+    def _proxy(
+        self, handler: BaseHTTPRequestHandler, ns: str, service: str, path: str | None
+    ) -> None:
+        name = service.split(":")[1] if service.count(":") >= 1 else service
+        base = self.services.get((ns, name))
+        if base is None:
+            self._send_json(handler, 404, {"kind": "Status", "code": 404,
+                                           "message": f'services "{name}" not found'})  # fmt: skip
+            return
+        try:
+            with urllib.request.urlopen(base + (path or "/"), timeout=30) as resp:
+                status, data = resp.status, resp.read()
+        except urllib.error.HTTPError as exc:
+            status, data = exc.code, exc.read()
+        handler.send_response(status)
+        handler.send_header("Content-Type", "application/json")
+        handler.send_header("Content-Length", str(len(data)))
+        handler.end_headers()
+        handler.wfile.write(data)
 
     def _chunk(self, handler: BaseHTTPRequestHandler, event: dict[str, Any]) -> None:
         data = json.dumps(event).encode() + b"\n"
@@ -229,7 +276,11 @@ class FakeApiServer:
 
     def _write(self, handler: BaseHTTPRequestHandler, method: str) -> None:
         length = int(handler.headers.get("Content-Length") or 0)
-        body = json.loads(handler.rfile.read(length) or b"{}")
+        try:
+            body = json.loads(handler.rfile.read(length) or b"{}")
+        except json.JSONDecodeError:
+            self._send_json(handler, 400, {"kind": "Status", "code": 400, "message": "bad JSON"})
+            return
         url = urlparse(handler.path)
         path = url.path
         self.requests.append(f"{method} {path}")
@@ -296,7 +347,9 @@ class FakeApiServer:
             self.configmaps[key] = body
             self._send_json(handler, 201 if method == "POST" else 200, body)
             return
-        self._send_json(handler, 404, {"kind": "Status", "code": 404, "message": "not found"})
+        answer = self.store.handle(method, path, body)
+        status, reply = answer or (404, {"kind": "Status", "code": 404, "message": "not found"})
+        self._send_json(handler, status, reply)
 
 
 def _manage(obj: dict[str, Any], managed: list[dict[str, Any]]) -> None:

@@ -32,7 +32,6 @@ model's output on the training inputs (max abs diff < ``EXPORT_TOLERANCE``).
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from collections.abc import Mapping, Sequence
@@ -256,28 +255,12 @@ def export_onnx(
     return diff
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m elastico_extender.interference.train",
-        description="Train the IAC slowdown DNN on pair measurements and export it to ONNX.",
-    )
-    parser.add_argument(
-        "--csv",
-        action="append",
-        type=Path,
-        help="pair CSV (repeatable; default: the shipped Gavel pairs)",
-    )
-    parser.add_argument("--out", type=Path, required=True, help="ONNX file to write")
-    defaults = TrainConfig()
-    parser.add_argument("--epochs", type=int, default=defaults.epochs)
-    parser.add_argument("--hidden", type=int, default=defaults.hidden)
-    parser.add_argument("--seed", type=int, default=defaults.seed)
-    args = parser.parse_args(argv)
-    csvs = args.csv or [shipped_csv()]
+def run(csv: Sequence[Path] | None, out: Path, config: TrainConfig) -> int:
+    """Train on ``csv`` (default: the shipped pairs), export to ``out``; the exit code."""
+    csvs = list(csv or [shipped_csv()])
     torch.set_num_threads(1)  # a 128-wide MLP gains nothing from more threads
     try:
         data = load_pairs(csvs)
-        config = TrainConfig(hidden=args.hidden, epochs=args.epochs, seed=args.seed)
         net = fit(data.x, data.y, config)
         fitted = predict_torch(net, data.x)
         mape = float(np.mean(np.abs(fitted - data.y) / data.y) * 100)
@@ -287,17 +270,27 @@ def main(argv: Sequence[str] | None = None) -> int:
             "training_csv": ",".join(p.name for p in csvs),
             "train_config": json.dumps(asdict(config), sort_keys=True),
         }
-        diff = export_onnx(net, args.out, data.x, metadata)
+        diff = export_onnx(net, out, data.x, metadata)
     except PredictorError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"elastico train-iac: error: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:
+        print(f"elastico train-iac: cannot write {out}: {exc.strerror}", file=sys.stderr)
         return 1
     print(
         f"trained on {len(data)} rows ({len(np.unique(data.pair_id))} job pairs) "
         f"from {', '.join(str(p) for p in csvs)}"
     )
     print(f"in-sample MAPE {mape:.2f}%; ONNX export check max |ORT - torch| = {diff:.2e}")
-    print(f"wrote {args.out} ({args.out.stat().st_size} bytes)")
+    print(f"wrote {out} ({out.stat().st_size} bytes)")
     return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """The command line (arguments checked in train_cli, before torch is needed)."""
+    from elastico_extender.interference.train_cli import main as cli_main
+
+    return cli_main(argv)
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ every invalid field with its name, not only the first.
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import MISSING, dataclass, fields, replace
@@ -85,6 +86,16 @@ class ServiceSettings:
     log_format: str = "text"
     """``text``: one line per event with ``key=value`` fields; ``json``: one JSON object
     per line (service.logs)."""
+    # -- high availability (service/leader.py): Lease-based leader election ------------
+    leader_election: bool = False
+    """Run as one of several replicas: only the Lease holder plans, binds and writes."""
+    lease_name: str = "elastico-extender"
+    lease_namespace: str = "elastico-system"
+    identity: str = ""
+    """This replica's holderIdentity (the chart sets the pod name; default: host name)."""
+    lease_duration_seconds: float = 15.0
+    renew_deadline_seconds: float = 10.0
+    retry_period_seconds: float = 2.0
 
     @property
     def allowed_client_names(self) -> tuple[str, ...]:
@@ -154,16 +165,24 @@ class ServiceSettings:
         if self.webhook_port is not None and not self.tls_cert:
             found.append("webhook_port: the API server only calls webhooks over TLS")
         for name in ("epoch_seconds", "assume_ttl_seconds", "resync_seconds"):
-            if not getattr(self, name) > 0:
-                found.append(f"{name}: must be > 0 seconds")
+            if not 0 < getattr(self, name) < math.inf:
+                found.append(f"{name}: must be a finite number > 0 seconds")
         if self.max_body_bytes < 1024:
             found.append("max_body_bytes: must be >= 1024")
-        if not self.default_gpu_memory_mib > 0:
+        if not 0 < self.default_gpu_memory_mib < math.inf:
             found.append("default_gpu_memory_mib: must be > 0")
         if self.price_history < 1:
             found.append("price_history: must be >= 1")
         if self.max_migrations_per_epoch < 0:
             found.append("max_migrations_per_epoch: must be >= 0")
+        if not (
+            0 < self.retry_period_seconds < self.renew_deadline_seconds
+            and self.renew_deadline_seconds < self.lease_duration_seconds
+        ):
+            found.append(
+                "lease_duration_seconds > renew_deadline_seconds > retry_period_seconds > 0 "
+                "is required (a leader must give up before another may take over)"
+            )
         if self.log_level.lower() not in ("debug", "info", "warning", "error"):
             found.append("log_level: must be debug, info, warning or error")
         if self.log_format not in ("text", "json"):
