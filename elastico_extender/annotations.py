@@ -43,6 +43,7 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
+from elastico_extender.core.handoff import memory_share
 from elastico_extender.core.model import (
     Configuration,
     JobKind,
@@ -54,6 +55,9 @@ from elastico_extender.core.shapes.knobs import KnobRange, KnobSpace
 from elastico_extender.errors import AnnotationError, UnknownWorkloadError
 
 __all__ = [
+    "ANNOTATIONS_FILE",
+    "ANNOTATIONS_FILE_ENV",
+    "DECISION_DIR",
     "DECISION_KEYS",
     "INPUT_KEYS",
     "PREFIX",
@@ -70,6 +74,13 @@ __all__ = [
 ]
 
 PREFIX = "elastico.io/"
+
+# Where the container finds the decision: the webhook mounts the pod's annotations
+# (downward API) at DECISION_DIR and sets ANNOTATIONS_FILE_ENV to the file, which is
+# what elastico-run reads (and its default); one name, defined once, for both sides.
+DECISION_DIR = "/etc/elastico"
+ANNOTATIONS_FILE = f"{DECISION_DIR}/annotations"
+ANNOTATIONS_FILE_ENV = "ELASTICO_ANNOTATIONS_FILE"
 
 FAMILY = "family"
 MODE = "mode"
@@ -479,17 +490,19 @@ def decision_annotations(
     """The annotations bind (and every in-place reconfiguration) writes on the pod.
 
     All strings; ``elastico-run`` reads them back through the downward-API file.
+    The budget is rounded by :func:`core.handoff.memory_share`, as in the ConfigMap.
     """
+    share = memory_share(memory_budget_mib, device_memory_mib)
     return {
         _key(WORKLOAD_KIND): kind.value,
-        _key(ASSIGNED_KNOBS): json.dumps(configuration.as_dict(), sort_keys=True),
-        _key(DEVICE_MEMORY): f"{device_memory_mib:.0f}",
+        _key(ASSIGNED_KNOBS): json.dumps(configuration.as_dict()),  # knob order = the label's
+        _key(DEVICE_MEMORY): str(share.device_mib),
         _key(SM_SHARE): f"{sm_share:.4f}",
         _key(MPS): "true" if mps else "false",
         _key(ASSIGNED_NODE): node,
         _key(ASSIGNED_DEVICES): ",".join(str(d) for d in devices),
         _key(ASSIGNED_CONFIGURATION): configuration.label,
-        _key(MEMORY_BUDGET): f"{memory_budget_mib:.0f}",
+        _key(MEMORY_BUDGET): str(share.budget_mib),
         _key(PREDICTED_SLOWDOWN): f"{predicted_slowdown:.3f}",
         _key(PRICE_EPOCH): str(price_epoch),
         _key(CONFIGMAP): configmap,

@@ -24,7 +24,9 @@ from elastico_extender import __version__
 from elastico_extender.api.deps import ApiError, json_response
 from elastico_extender.api.docs import install_docs
 from elastico_extender.api.fastpath import DirectRoutes
+from elastico_extender.api.guard import CatchAll
 from elastico_extender.api.routes import extender, observations, ops, rest, webhook
+from elastico_extender.api.validate import LargestNode
 from elastico_extender.cluster.base import Cluster
 from elastico_extender.core.interference.predictor import SlowdownPredictor
 from elastico_extender.core.settings import PlannerSettings
@@ -126,6 +128,7 @@ def create_app(
     app.state.observations = observed
     app.state.token = token
     app.state.token_generated = generated
+    app.state.largest_node = LargestNode()
 
     @app.exception_handler(ApiError)
     async def api_error(request: Request, exc: ApiError) -> Response:
@@ -152,4 +155,5 @@ def create_app(
     app.include_router(ops.router)
     app.include_router(observations.router)
     install_docs(app)
+    app.add_middleware(CatchAll)  # added last: outermost of ours, inside Starlette's own
     return app

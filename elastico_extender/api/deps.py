@@ -113,16 +113,27 @@ async def read_model(request: Request, model: type[M], limit: int | None = None)
 
 
 def require_auth(request: Request) -> None:
-    """State-changing endpoints: a verified client certificate (the mTLS listener) or
+    """State-changing endpoints: on the mTLS listener a verified client certificate
+    whose CN or DNS/URI SAN is one of ``client_cert_names`` (the scheduler's), else
     ``Authorization: Bearer <token>``; 401 otherwise."""
     settings = settings_of(request)
     server = request.scope.get("server") or (None, None)
     if settings.client_ca_file and server[1] == settings.port:
-        return  # uvicorn required a client certificate signed by client_ca_file
+        # uvicorn required a certificate signed by client_ca_file; api.listeners put
+        # its names in the scope.  Any name of the CA is not enough: only the allowed.
+        tls = (request.scope.get("extensions") or {}).get("tls") or {}
+        if set(tls.get("client_cert_names", ())) & set(settings.allowed_client_names):
+            return
     token: str = request.app.state.token
     header = request.headers.get("authorization", "")
     scheme, _, given = header.partition(" ")
-    if scheme.lower() == "bearer" and given and hmac.compare_digest(given.strip(), token):
+    # Bytes, not str: compare_digest refuses non-ASCII text (a TypeError, i.e. a 500).
+    # Starlette decoded the header's bytes as latin-1: encoding back gives those bytes.
+    if (
+        scheme.lower() == "bearer"
+        and given
+        and hmac.compare_digest(given.strip().encode("latin-1"), token.encode("utf-8"))
+    ):
         return
     raise ApiError(
         401,

@@ -62,6 +62,9 @@ class FakeApiServer:
         self.evictions: list[dict[str, Any]] = []
         self.disruptions_allowed = 1_000_000  # evictions granted before answering 429
         self.requests: list[str] = []
+        # Writes as the real API server attributes them: method, resource kind (the
+        # last path segment of a collection or subresource), field manager, User-Agent.
+        self.writes: list[dict[str, str]] = []
         self.watch_count = {"nodes": 0, "pods": 0}
         self.store = ObjectStore(self._next_rv)
         self.services: dict[tuple[str, str], str] = {}  # (namespace, name) -> base URL
@@ -282,10 +285,19 @@ class FakeApiServer:
         except json.JSONDecodeError:
             self._send_json(handler, 400, {"kind": "Status", "code": 400, "message": "bad JSON"})
             return
-        path = urlparse(handler.path).path
+        url = urlparse(handler.path)
+        path = url.path
         self.requests.append(f"{method} {path}")
         if self.write_delay:
             time.sleep(self.write_delay)
+        agent = handler.headers.get("User-Agent") or ""
+        # kube-apiserver: the fieldManager parameter, else the User-Agent's product name.
+        manager = (parse_qs(url.query).get("fieldManager") or [agent.split("/")[0]])[0]
+        parts = path.rstrip("/").split("/")
+        kind = parts[-1] if parts[-1] in ("binding", "eviction", "configmaps") else parts[-2]
+        self.writes.append({"method": method, "kind": kind, "manager": manager,
+                            "user_agent": agent})  # fmt: skip
+        managed = [{"manager": manager, "operation": "Update", "apiVersion": "v1"}]
         pod = _POD.match(path)
         cm = _CM.match(path)
         if pod:
@@ -328,6 +340,7 @@ class FakeApiServer:
                 anns = (body.get("metadata") or {}).get("annotations") or {}
                 if anns:
                     updated["metadata"].setdefault("annotations", {}).update(anns)
+                _manage(updated, managed)
                 self.bindings.append(body)
                 self.put("pods", updated)
                 self._send_json(handler, 201, {"kind": "Status", "status": "Success", "code": 201})
@@ -335,6 +348,7 @@ class FakeApiServer:
             if method == "PATCH":
                 anns = (body.get("metadata") or {}).get("annotations") or {}
                 updated["metadata"].setdefault("annotations", {}).update(anns)
+                _manage(updated, managed)
                 self._send_json(handler, 200, self.put("pods", updated))
                 return
         if cm:
@@ -343,9 +357,17 @@ class FakeApiServer:
             if method == "POST" and key in self.configmaps:
                 self._send_json(handler, 409, {"kind": "Status", "code": 409, "message": "exists"})
                 return
+            body.setdefault("metadata", {})["managedFields"] = managed
             self.configmaps[key] = body
             self._send_json(handler, 201 if method == "POST" else 200, body)
             return
         answer = self.store.handle(method, path, body)
         status, reply = answer or (404, {"kind": "Status", "code": 404, "message": "not found"})
         self._send_json(handler, status, reply)
+
+
+def _manage(obj: dict[str, Any], managed: list[dict[str, Any]]) -> None:
+    """Record a write in managedFields: one entry per manager, as the API server keeps."""
+    mine = {m["manager"] for m in managed}
+    kept = [m for m in obj["metadata"].get("managedFields") or () if m.get("manager") not in mine]
+    obj["metadata"]["managedFields"] = kept + managed

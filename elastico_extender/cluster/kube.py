@@ -30,15 +30,20 @@ from typing import Any
 from kubernetes import client, config, watch
 from kubernetes.client.rest import ApiException
 
+from elastico_extender import __version__
 from elastico_extender.cluster.base import BindRequest, ClusterError
 from elastico_extender.cluster.embedded import configmap_object
 from elastico_extender.cluster.state import ClusterState
 
-__all__ = ["KubeCluster", "api_client_from"]
+__all__ = ["FIELD_MANAGER", "USER_AGENT", "KubeCluster", "api_client_from"]
 
 log = logging.getLogger(__name__)
 
 HTTP_GONE = 410
+
+FIELD_MANAGER = "elastico-extender"
+"""Every write passes it as ``fieldManager``: managedFields and audit logs name ElastiCo."""
+USER_AGENT = f"{FIELD_MANAGER}/{__version__} (scheduler extender; python kubernetes client)"
 
 
 def api_client_from(kubeconfig: str | None) -> client.ApiClient:
@@ -164,6 +169,7 @@ class KubeCluster:
         watch_timeout_seconds: int = 240,
         description: str | None = None,
     ) -> None:
+        api_client.user_agent = USER_AGENT  # instead of the client's OpenAPI-Generator/...
         self.api = client.CoreV1Api(api_client)
         self.state = ClusterState()
         host = api_client.configuration.host
@@ -233,6 +239,7 @@ class KubeCluster:
                 name,
                 ns,
                 binding,
+                field_manager=FIELD_MANAGER,
                 _preload_content=False,
             )
 
@@ -252,7 +259,7 @@ class KubeCluster:
         )
         with _as_cluster_error({429: refused}):
             self.api.create_namespaced_pod_eviction(
-                name, namespace, eviction, _preload_content=False
+                name, namespace, eviction, field_manager=FIELD_MANAGER, _preload_content=False
             )
 
     def _write_decision(self, request: BindRequest) -> None:
@@ -274,7 +281,9 @@ class KubeCluster:
             if request.configmap is not None:
                 body: Any = configmap_object(request, request.uid)
                 try:
-                    self.api.create_namespaced_config_map(ns, body, _preload_content=False)
+                    self.api.create_namespaced_config_map(
+                        ns, body, field_manager=FIELD_MANAGER, _preload_content=False
+                    )
                 except ApiException as exc:
                     if exc.status != 409:
                         raise
@@ -282,5 +291,6 @@ class KubeCluster:
                         request.configmap,
                         ns,
                         body,
+                        field_manager=FIELD_MANAGER,
                         _preload_content=False,
                     )

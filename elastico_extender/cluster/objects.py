@@ -21,8 +21,10 @@ setting, logged once per node) rather than being dropped.
 from __future__ import annotations
 
 import logging
+import math
+import re
 from collections.abc import Mapping
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
 from functools import lru_cache
 from typing import Any
 
@@ -33,6 +35,9 @@ __all__ = [
     "LABEL_COUNT",
     "LABEL_MEMORY",
     "LABEL_PRODUCT",
+    "MAX_GPUS_PER_NODE",
+    "PodFieldError",
+    "check_pod",
     "node_from_json",
     "pod_gpu_request",
     "pod_is_active",
@@ -67,30 +72,71 @@ _SUFFIX: dict[str, int | Decimal] = {
 }
 
 
-@lru_cache(maxsize=4096)
-def quantity(text: str | int | float) -> float:
-    """A Kubernetes resource quantity (``500m``, ``64Gi``, ``1e3``) as a float.
+MAX_QUANTITY_CHARS = 64
+"""Longer quantity strings are refused before parsing (and never enter the cache)."""
 
-    Raises ValueError on anything else.
+MAX_GPUS_PER_NODE = 1024
+"""No node holds more GPUs: larger counts, on a node or a pod, are refused as unreadable
+before anything is sized by them (the edge also checks against the cluster's largest)."""
+
+# Kubernetes' quantity grammar (apimachinery resource.Quantity): a signed decimal
+# number, then a binary-SI suffix, a decimal-SI suffix or a decimal exponent.
+_QUANTITY = re.compile(
+    r"(?P<number>[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+))"
+    r"(?P<suffix>Ki|Mi|Gi|Ti|Pi|Ei|[numkKMGTPE]|[eE][+-]?[0-9]{1,3})?"
+)
+
+
+def quantity(text: object) -> float:
+    """A Kubernetes resource quantity (``500m``, ``64Gi``, ``1e3``) as a finite float.
+
+    Raises ValueError (never TypeError or OverflowError) on anything else: other
+    JSON types, NaN/Infinity, text outside the quantity grammar, non-finite values.
     """
+    if isinstance(text, bool) or not isinstance(text, str | int | float):
+        raise ValueError(f"not a Kubernetes quantity: a JSON {_json_type(text)}")
     if isinstance(text, int | float):
-        return float(text)
-    raw = str(text).strip()
-    for suffix in ("Ki", "Mi", "Gi", "Ti", "Pi", "Ei"):
-        if raw.endswith(suffix):
-            number, factor = raw[: -len(suffix)], Decimal(_SUFFIX[suffix])
-            break
+        value = float(text)
+        if not math.isfinite(value):
+            raise ValueError(f"not a finite quantity: {text!r}")
+        return value
+    if len(text) > MAX_QUANTITY_CHARS:
+        raise ValueError(f"not a Kubernetes quantity: {len(text)} characters")
+    return _parse_quantity(text.strip())
+
+
+@lru_cache(maxsize=4096)  # keys are at most MAX_QUANTITY_CHARS long
+def _parse_quantity(raw: str) -> float:
+    match = _QUANTITY.fullmatch(raw)
+    if match is None:
+        raise ValueError(f"not a Kubernetes quantity: {raw!r}")
+    suffix = match["suffix"] or ""
+    if suffix[:1] in ("e", "E") and len(suffix) > 1:
+        factor: Decimal | int = Decimal(10) ** int(suffix[1:])
     else:
-        if raw and raw[-1] in _SUFFIX and not raw[-1].isdigit() and raw[-1] != "E":
-            number, factor = raw[:-1], Decimal(_SUFFIX[raw[-1]])
-        elif raw.endswith("E") and raw[:-1].replace(".", "", 1).isdigit():
-            number, factor = raw[:-1], Decimal(_SUFFIX["E"])
-        else:
-            number, factor = raw, Decimal(1)
+        factor = _SUFFIX.get(suffix, 1)
     try:
-        return float(Decimal(number) * factor)
-    except InvalidOperation:
-        raise ValueError(f"not a Kubernetes quantity: {text!r}") from None
+        value = float(Decimal(match["number"]) * Decimal(factor))
+    except ArithmeticError:
+        raise ValueError(f"not a Kubernetes quantity: {raw!r}") from None
+    if not math.isfinite(value):
+        raise ValueError(f"quantity out of range: {raw!r}")
+    return value
+
+
+def _json_type(value: object) -> str:
+    """The JSON name of a decoded value's type (messages name JSON, not Python, types)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int | float):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, list | tuple):
+        return "array"
+    return "object"
 
 
 def _get(obj: Mapping[str, Any], *path: str) -> Any:
@@ -126,31 +172,168 @@ def node_from_json(obj: Mapping[str, Any], default_gpu_memory_mib: float) -> Nod
         ram = quantity(allocatable.get("memory", 0)) / 2**20
     except ValueError as exc:
         raise ValueError(f"node {name}: {exc}") from None
-    if count < 0 or memory <= 0:
+    if not 0 <= count <= MAX_GPUS_PER_NODE or memory <= 0:
         raise ValueError(f"node {name}: bad GPU inventory ({count} GPUs of {memory} MiB)")
     product = str(labels.get(LABEL_PRODUCT, "unknown"))
     gpus = tuple(GpuDevice(i, memory, product) for i in range(count))
     return Node(name=name, gpus=gpus, cpu_cores=cpu, host_mem_mib=ram)
 
 
+class PodFieldError(ValueError):
+    """A pod object with a field of the wrong shape; ``field`` is its JSON path."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+
+
+def _gpu_count(value: Any, field: str) -> int:
+    try:
+        number = quantity(value)
+    except ValueError as exc:
+        raise PodFieldError(field, str(exc)) from None
+    if number < 0 or number != int(number):
+        raise PodFieldError(field, f"GPUs must be a whole number >= 0, got {value!r}")
+    if number > MAX_GPUS_PER_NODE:
+        raise PodFieldError(field, f"{value} GPUs: no node holds more than {MAX_GPUS_PER_NODE}")
+    return int(number)
+
+
+def _container_gpus(containers: Any, where: str) -> list[int]:
+    if containers is None:
+        return []
+    if not isinstance(containers, list):
+        raise PodFieldError(where, f"must be an array, got a JSON {_json_type(containers)}")
+    found = []
+    for i, c in enumerate(containers):
+        at = f"{where}[{i}]"
+        if not isinstance(c, dict):
+            raise PodFieldError(at, f"must be an object, got a JSON {_json_type(c)}")
+        res = c.get("resources")
+        if res is None:
+            found.append(0)
+            continue
+        if not isinstance(res, dict):
+            raise PodFieldError(f"{at}.resources", "must be an object")
+        value = None
+        for part in ("requests", "limits"):
+            amounts = res.get(part)
+            if amounts is None:
+                continue
+            if not isinstance(amounts, dict):
+                raise PodFieldError(f"{at}.resources.{part}", "must be an object")
+            if value is None and amounts.get(GPU_RESOURCE) is not None:
+                value = _gpu_count(amounts[GPU_RESOURCE], f"{at}.resources.{part}[{GPU_RESOURCE}]")
+        found.append(value or 0)
+    return found
+
+
 def pod_gpu_request(obj: Mapping[str, Any]) -> int:
     """GPUs the pod asks for: the sum over containers of ``nvidia.com/gpu`` (requests,
-    else limits), or the largest init container's if larger.  Raises ValueError."""
+    else limits), or the largest init container's if larger.
 
-    def of(containers: Any) -> list[int]:
-        found = []
-        for c in containers or ():
-            res = _get(c, "resources") or {}
-            value = (res.get("requests") or {}).get(GPU_RESOURCE)
-            if value is None:
-                value = (res.get("limits") or {}).get(GPU_RESOURCE)
-            found.append(int(quantity(value)) if value is not None else 0)
-        return found
+    Raises :class:`PodFieldError` (a ValueError) naming the field, e.g.
+    ``spec.containers[0].resources.limits[nvidia.com/gpu]``, for a quantity that is
+    not a whole number of GPUs, or more than :data:`MAX_GPUS_PER_NODE`."""
+    spec = obj.get("spec")
+    if spec is None:
+        return 0
+    if not isinstance(spec, dict):
+        raise PodFieldError("spec", f"must be an object, got a JSON {_json_type(spec)}")
+    main = sum(_container_gpus(spec.get("containers"), "spec.containers"))
+    init = max(_container_gpus(spec.get("initContainers"), "spec.initContainers"), default=0)
+    total = max(main, init)
+    if total > MAX_GPUS_PER_NODE:
+        raise PodFieldError(
+            f"spec.containers[*].resources[{GPU_RESOURCE}]",
+            f"{total} GPUs: no node holds more than {MAX_GPUS_PER_NODE}",
+        )
+    return total
 
-    spec = obj.get("spec") or {}
-    main = sum(of(spec.get("containers")))
-    init = max(of(spec.get("initContainers")), default=0)
-    return max(main, init)
+
+_META_STRINGS = ("name", "namespace", "uid", "resourceVersion", "generateName",
+                 "creationTimestamp", "deletionTimestamp")  # fmt: skip
+_SPEC_STRINGS = ("nodeName", "schedulerName", "priorityClassName")
+_LIST_OF_OBJECTS = ("env", "volumeMounts", "envFrom")
+
+
+def _string_map(value: Any, field: str) -> None:
+    if value is None:
+        return
+    if not isinstance(value, dict):
+        raise PodFieldError(field, f"must be an object of strings, got a JSON {_json_type(value)}")
+    for key, item in value.items():
+        if not isinstance(item, str):
+            raise PodFieldError(
+                f"{field}[{key}]", f"must be a string, got a JSON {_json_type(item)}"
+            )
+
+
+def _objects(value: Any, field: str) -> list[Mapping[str, Any]]:
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise PodFieldError(field, f"must be an array, got a JSON {_json_type(value)}")
+    for i, item in enumerate(value):
+        if not isinstance(item, dict):
+            raise PodFieldError(
+                f"{field}[{i}]", f"must be an object, got a JSON {_json_type(item)}"
+            )
+    return value
+
+
+def check_pod(obj: Any) -> int:
+    """Check the shape of every pod field ElastiCo reads; returns its GPU request.
+
+    Objects are checked as ``dict`` (what JSON decodes to), not ``Mapping``: the
+    abstract check costs more than the rest of this function on a typical pod.
+
+    The API server guarantees these shapes for pods it stores, but an extender or
+    webhook caller can send anything: raising :class:`PodFieldError` naming the field
+    here keeps malformed JSON from reaching code that trusts the shape."""
+    if not isinstance(obj, dict):
+        raise PodFieldError("Pod", f"must be an object, got a JSON {_json_type(obj)}")
+    meta = obj.get("metadata")
+    if not isinstance(meta, dict):
+        raise PodFieldError("metadata", f"must be an object, got a JSON {_json_type(meta)}")
+    for key in _META_STRINGS:
+        value = meta.get(key)
+        if value is not None and not isinstance(value, str):
+            raise PodFieldError(
+                f"metadata.{key}", f"must be a string, got a JSON {_json_type(value)}"
+            )
+    _string_map(meta.get("annotations"), "metadata.annotations")
+    _string_map(meta.get("labels"), "metadata.labels")
+    _objects(meta.get("ownerReferences"), "metadata.ownerReferences")
+    spec = obj.get("spec")
+    if spec is not None:
+        if not isinstance(spec, dict):
+            raise PodFieldError("spec", f"must be an object, got a JSON {_json_type(spec)}")
+        for key in _SPEC_STRINGS:
+            value = spec.get(key)
+            if value is not None and not isinstance(value, str):
+                raise PodFieldError(
+                    f"spec.{key}", f"must be a string, got a JSON {_json_type(value)}"
+                )
+        for part in ("containers", "initContainers"):
+            for i, c in enumerate(_objects(spec.get(part), f"spec.{part}")):
+                for key in _LIST_OF_OBJECTS:
+                    for j, entry in enumerate(_objects(c.get(key), f"spec.{part}[{i}].{key}")):
+                        name = entry.get("name")
+                        if name is not None and not isinstance(name, str):
+                            raise PodFieldError(
+                                f"spec.{part}[{i}].{key}[{j}].name",
+                                f"must be a string, got a JSON {_json_type(name)}",
+                            )
+        _objects(spec.get("volumes"), "spec.volumes")
+    status = obj.get("status")
+    if status is not None:
+        if not isinstance(status, dict):
+            raise PodFieldError("status", f"must be an object, got a JSON {_json_type(status)}")
+        phase = status.get("phase")
+        if phase is not None and not isinstance(phase, str):
+            raise PodFieldError("status.phase", f"must be a string, got a JSON {_json_type(phase)}")
+    return pod_gpu_request(obj)
 
 
 def pod_is_active(obj: Mapping[str, Any]) -> bool:

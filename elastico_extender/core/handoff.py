@@ -27,16 +27,51 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import dataclass
 
 from elastico_extender.core.model import Configuration, JobKind
 
-__all__ = ["ENV_PREFIX", "framework_settings", "vllm_arguments"]
+__all__ = ["ENV_PREFIX", "MemoryShare", "framework_settings", "memory_share", "vllm_arguments"]
 
 ENV_PREFIX = "ELASTICO_"
 
 
 def _knob_env(name: str) -> str:
     return ENV_PREFIX + name.upper()
+
+
+@dataclass(frozen=True)
+class MemoryShare:
+    """A job's memory budget M_j on a device of M_GPU MiB, as every consumer writes it.
+
+    Computed once per decision (:func:`memory_share`) and only formatted afterwards,
+    so the pod annotation, the ConfigMap, the vLLM flag and the knob environment can
+    never disagree by a rounding: whole MiB rounded down, and the fraction rounded
+    down to 4 decimals, so no setting hands the workload more than M_j."""
+
+    budget_mib: int
+    device_mib: int
+    fraction: str  # budget_mib / device_mib, 4 decimals, rounded down
+
+    @property
+    def value(self) -> float:
+        return float(self.fraction)
+
+
+def memory_share(memory_budget_mib: float, device_memory_mib: float) -> MemoryShare:
+    """The one rounding of (M_j, M_GPU); ValueError unless 0 < M_j <= M_GPU."""
+    if not (
+        math.isfinite(memory_budget_mib)
+        and math.isfinite(device_memory_mib)
+        and 0 < memory_budget_mib <= device_memory_mib
+    ):
+        raise ValueError(
+            f"memory budget {memory_budget_mib} MiB must be in (0, {device_memory_mib}] MiB"
+        )
+    device = int(device_memory_mib)
+    budget = max(1, min(int(memory_budget_mib), device))
+    fraction = math.floor(budget * 10_000 / device) / 10_000
+    return MemoryShare(budget, device, f"{fraction:.4f}")
 
 
 def vllm_arguments(configuration: Configuration, memory_fraction: float) -> list[str]:
@@ -70,14 +105,10 @@ def framework_settings(
     Raises ValueError on a budget that is not a positive number no larger than
     the device, so a bad decision never reaches a pod.
     """
-    if not (math.isfinite(memory_budget_mib) and 0 < memory_budget_mib <= device_memory_mib):
-        raise ValueError(
-            f"memory budget {memory_budget_mib} MiB must be in (0, {device_memory_mib}] MiB"
-        )
+    share = memory_share(memory_budget_mib, device_memory_mib)
     if not device_indices:
         raise ValueError("at least one device index is required")
-    fraction = memory_budget_mib / device_memory_mib
-    budget = int(memory_budget_mib)
+    budget = share.budget_mib
     host = ",".join(str(i) for i in device_indices)
     env = {
         # The NVIDIA container runtime exposes these host GPUs; inside, CUDA numbers them 0..n-1.
@@ -86,10 +117,10 @@ def framework_settings(
         _knob_env("GPU_INDICES"): host,
         _knob_env("WORKLOAD_KIND"): kind.value,
         _knob_env("CONFIGURATION"): configuration.label,
-        _knob_env("CONFIGURATION_JSON"): json.dumps(configuration.as_dict(), sort_keys=True),
+        _knob_env("CONFIGURATION_JSON"): json.dumps(configuration.as_dict()),
         _knob_env("MEMORY_BUDGET_MIB"): str(budget),
-        _knob_env("DEVICE_MEMORY_MIB"): str(int(device_memory_mib)),
-        _knob_env("MEMORY_FRACTION"): f"{fraction:.4f}",
+        _knob_env("DEVICE_MEMORY_MIB"): str(share.device_mib),
+        _knob_env("MEMORY_FRACTION"): share.fraction,
         _knob_env("SM_SHARE"): f"{sm_share:.4f}",
         _knob_env("MPS"): "true" if mps else "false",
     }
@@ -97,8 +128,12 @@ def framework_settings(
         shown = ("1" if value else "0") if isinstance(value, bool) else str(value)
         env[_knob_env(name)] = shown
     if kind is JobKind.INFERENCE:
-        env[_knob_env("VLLM_ARGS")] = " ".join(vllm_arguments(configuration, fraction))
-        env["VLLM_GPU_MEMORY_UTILIZATION"] = f"{fraction:.4f}"
+        # The profile's MU knob is relative to the device it was profiled on (an A100
+        # 40 GB for the catalog); on any other device the share vLLM really gets is the
+        # budget's, so the knob variable says that one value too.
+        env[_knob_env("GPU_MEMORY_UTILIZATION")] = share.fraction
+        env[_knob_env("VLLM_ARGS")] = " ".join(vllm_arguments(configuration, share.value))
+        env["VLLM_GPU_MEMORY_UTILIZATION"] = share.fraction
     else:
         env["PYTORCH_CUDA_ALLOC_CONF"] = f"max_split_size_mb:{budget}"
     if mps:

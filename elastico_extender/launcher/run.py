@@ -31,6 +31,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
+from elastico_extender.annotations import ANNOTATIONS_FILE, ANNOTATIONS_FILE_ENV
 from elastico_extender.errors import AnnotationError, ElasticoError
 from elastico_extender.launcher.assignment import LaunchSettings, read_assignment
 from elastico_extender.launcher.downward import parse_annotations
@@ -47,7 +48,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-DEFAULT_ANNOTATIONS = "/etc/elastico/annotations"  # where the webhook mounts the file
+DEFAULT_ANNOTATIONS = ANNOTATIONS_FILE  # where the webhook mounts the downward-API file
 DEFAULT_RING_ROOT = "/run/elastico/rings"
 """Host directory (hostPath) shared with ``elastico agent``: one ring directory per pod."""
 SITE_DIR = Path(__file__).resolve().parent / "_site"
@@ -233,7 +234,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--annotations",
         type=Path,
-        default=Path(environ.get("ELASTICO_ANNOTATIONS_FILE", DEFAULT_ANNOTATIONS)),
+        default=Path(environ.get(ANNOTATIONS_FILE_ENV, DEFAULT_ANNOTATIONS)),
         help="downward-API annotations file (default %(default)s)",
     )
     parser.add_argument(

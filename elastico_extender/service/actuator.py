@@ -33,6 +33,7 @@ from elastico_extender.core.handoff import framework_settings
 from elastico_extender.core.model import Action, Assignment, Node, Plan
 from elastico_extender.core.planner import NodeVerdict
 from elastico_extender.core.resources import GPU_MEM, GPU_SM
+from elastico_extender.service.logs import decision_fields
 from elastico_extender.service.pods import PodJob
 from elastico_extender.service.settings import ServiceSettings
 
@@ -135,9 +136,7 @@ class Actuator:
         except OSError as exc:
             raise ClusterError(f"API server unreachable: {exc}") from exc
         self.metrics.bind("ok")
-        log.info(
-            "bind.ok", extra={"pod": f"{request.namespace}/{request.name}", "node": request.node}
-        )
+        log.info("bind.ok", extra=decision_fields(request))
 
     # -- the plan's changes to running pods ------------------------------------------
     def shrink(
@@ -205,12 +204,10 @@ class Actuator:
                 self.cluster.reconfigure(request)
             except (ClusterError, OSError) as exc:
                 self.metrics.bind("reconfigure-error")
-                log.warning("reconfigure.failed", extra={"pod": pj.key, "error": str(exc)})
+                log.warning("reconfigure.failed", extra=decision_fields(request, error=str(exc)))
                 continue
             self.metrics.bind("reconfigured")
-            log.info(
-                "reconfigure.ok", extra={"pod": pj.key, "configuration": a.configuration.label}
-            )
+            log.info("reconfigure.ok", extra=decision_fields(request))
 
     def _migrate(self, a: Assignment, pj: PodJob | None, done: int) -> int:
         """Evict a pod the plan moves, when it may be moved; returns 1 if evicted.

@@ -28,9 +28,10 @@ import uvicorn
 from elastico_extender.cluster.base import Cluster
 from elastico_extender.cluster.embedded import EmbeddedCluster
 from elastico_extender.service.gc_policy import FreezeAfterEpochs
+from elastico_extender.service.logs import configure_logging
 from elastico_extender.service.settings import ServiceSettings
 
-__all__ = ["build_cluster", "listen", "main", "parser", "serve_main"]
+__all__ = ["build_cluster", "build_servers", "listen", "main", "parser", "serve_main"]
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +60,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--tls-cert", help="PEM server certificate")
     p.add_argument("--tls-key", help="PEM server key")
     p.add_argument("--client-ca-file", help="require client certificates signed by this CA")
+    p.add_argument(
+        "--client-cert-names",
+        help="comma-separated CN/SAN names of client certificates that may bind without a "
+        "token (default elastico-scheduler)",
+    )
     p.add_argument("--token-file", help="bearer token for state-changing endpoints")
     p.add_argument("--scheduler-name", help="schedulerName of pods to plan for")
     p.add_argument("--predictor-model", help="ONNX interference model")
@@ -73,6 +79,11 @@ def parser() -> argparse.ArgumentParser:
         help="pods evicted per epoch to carry out the plan's moves (default 1; 0: log only)",
     )
     p.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+    p.add_argument(
+        "--log-format",
+        choices=["text", "json"],
+        help="text: event key=value ... (default); json: one JSON object per line",
+    )
     return p
 
 
@@ -114,14 +125,37 @@ def build_cluster(settings: ServiceSettings) -> Cluster:
 
 
 def _config(app: Any, settings: ServiceSettings, port: int, mtls: bool) -> uvicorn.Config:
+    from uvicorn.protocols.http.auto import AutoHTTPProtocol
+
+    from elastico_extender.api.listeners import with_client_certificate
+
     kwargs: dict[str, Any] = {}
     if settings.tls_cert:
         kwargs.update(ssl_certfile=settings.tls_cert, ssl_keyfile=settings.tls_key)
         if mtls and settings.client_ca_file:
-            kwargs.update(ssl_ca_certs=settings.client_ca_file, ssl_cert_reqs=ssl.CERT_REQUIRED)
+            kwargs.update(
+                ssl_ca_certs=settings.client_ca_file,
+                ssl_cert_reqs=ssl.CERT_REQUIRED,
+                http=with_client_certificate(AutoHTTPProtocol),
+            )
     return uvicorn.Config(
         app, host=settings.host, port=port, log_config=None, access_log=False, **kwargs
     )
+
+
+def build_servers(app: Any, settings: ServiceSettings) -> list[uvicorn.Server]:
+    """The extender listener (mTLS when ``client_ca_file``) and, with ``webhook_port``,
+    the webhook listener, which serves only /mutate and health (api.listeners)."""
+    from elastico_extender.api.listeners import WEBHOOK_PATHS, OnlyPaths
+
+    servers = [uvicorn.Server(_config(app, settings, settings.port, mtls=True))]
+    if settings.webhook_port is not None:
+        webhook_only = OnlyPaths(app, WEBHOOK_PATHS, "webhook port")
+        servers.append(
+            uvicorn.Server(_config(webhook_only, settings, settings.webhook_port, mtls=False))
+        )
+        servers[1].config.lifespan = "off"  # the app's lifespan runs once, with the first
+    return servers
 
 
 def serve_main(argv: Sequence[str] | None = None) -> int:
@@ -131,10 +165,7 @@ def serve_main(argv: Sequence[str] | None = None) -> int:
     except (ValueError, OSError) as exc:
         print(f"elastico serve: {exc}", file=sys.stderr)
         return 2
-    logging.basicConfig(
-        level=settings.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s %(message)s",
-    )
+    configure_logging(settings.log_level, settings.log_format)
     from elastico_extender.api.app import create_app
 
     try:
@@ -173,10 +204,7 @@ def serve_main(argv: Sequence[str] | None = None) -> int:
         f"docs at {scheme}://{settings.host}:{settings.port}/docs",
         file=sys.stderr,
     )
-    servers = [uvicorn.Server(_config(app, settings, settings.port, mtls=True))]
-    if settings.webhook_port is not None:
-        servers.append(uvicorn.Server(_config(app, settings, settings.webhook_port, mtls=False)))
-        servers[1].config.lifespan = "off"  # the app's lifespan runs once, with the first
+    servers = build_servers(app, settings)
     # Everything built so far (modules, the app, the cluster objects) lives as long as
     # the process: keep it out of the cyclic collector's scans, so a full collection
     # walks only what requests and epochs created (in-process with 1,000 nodes, 115k

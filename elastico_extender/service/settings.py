@@ -39,6 +39,10 @@ class ServiceSettings:
     """PEM CA: when set, ``port`` requires a client certificate signed by it (mTLS); the
     kube-scheduler presents one through the extender's ``tlsConfig``, and requests on
     that listener count as authenticated."""
+    client_cert_names: str = "elastico-scheduler"
+    """Comma-separated names (subject CN or DNS/URI subjectAltName) of client
+    certificates that may bind without the bearer token on the mTLS port: the
+    kube-scheduler's.  Other certificates of ``client_ca_file`` need the token."""
     token_file: str | None = None
     """File holding the bearer token for state-changing endpoints (bind, POST /epoch).
     None: a random token is generated at start-up and logged once."""
@@ -105,6 +109,9 @@ class ServiceSettings:
     mps: bool = True
     """Emit CUDA_MPS_* limits in the hand-off (spec 4.2 iii)."""
     log_level: str = "info"
+    log_format: str = "text"
+    """``text``: one line per event with ``key=value`` fields; ``json``: one JSON object
+    per line (service.logs)."""
     # -- high availability (service/leader.py): Lease-based leader election ------------
     leader_election: bool = False
     """Run as one of several replicas: only the Lease holder plans, binds and writes."""
@@ -115,6 +122,10 @@ class ServiceSettings:
     lease_duration_seconds: float = 15.0
     renew_deadline_seconds: float = 10.0
     retry_period_seconds: float = 2.0
+
+    @property
+    def allowed_client_names(self) -> tuple[str, ...]:
+        return tuple(n.strip() for n in self.client_cert_names.split(",") if n.strip())
 
     # -- construction --------------------------------------------------------
     @classmethod
@@ -209,6 +220,8 @@ class ServiceSettings:
             )
         if self.log_level.lower() not in ("debug", "info", "warning", "error"):
             found.append("log_level: must be debug, info, warning or error")
+        if self.log_format not in ("text", "json"):
+            found.append(f"log_format: must be text or json, got {self.log_format!r}")
         return found
 
 

@@ -36,6 +36,7 @@ from elastico_extender.api.extender_v1 import (
     ExtenderPreemptionResult,
     HostPriority,
 )
+from elastico_extender.api.validate import checked_pod, oversized_request
 
 __all__ = ["router"]
 
@@ -69,10 +70,10 @@ async def _timed(
         return response
     except ApiError:
         raise
-    except Exception as exc:  # degrade, don't crash: the scheduler sees the Error and retries
+    except Exception:  # degrade, don't crash: the scheduler sees the Error and retries
+        # The details go to the log, not to the caller (no Python internals on the wire).
         log.exception("verb.failed", extra={"verb": verb})
-        body = error_body(f"elastico internal error in {verb}: {type(exc).__name__}: {exc}")
-        return json_response(body)
+        return json_response(error_body(f"elastico could not answer {verb}; see the extender log"))
     finally:
         metrics_of(request).request.labels(verb).observe(time.perf_counter() - started)
 
@@ -82,7 +83,8 @@ def _names(args: ExtenderArgs) -> list[str]:
         return list(args.node_names or [])
     names = []
     for i, item in enumerate(args.nodes.items):
-        name = (item.get("metadata") or {}).get("name") if isinstance(item, dict) else None
+        meta = item.get("metadata") if isinstance(item, dict) else None
+        name = meta.get("name") if isinstance(meta, dict) else None
         if not isinstance(name, str) or not name:
             raise ApiError(400, f"Nodes.items[{i}] has no metadata.name")
         names.append(name)
@@ -102,23 +104,38 @@ def _filter_error(message: str) -> dict[str, Any]:
 async def filter_nodes(request: Request) -> Response:
     async def handle() -> Response:
         args = await read_model(request, ExtenderArgs)
-        if not isinstance(args.pod.get("metadata"), dict):
-            raise ApiError(400, "Pod.metadata must be an object")
+        gpus = checked_pod(args.pod)
         names = _names(args)
-        outcome = engine_of(request).filter(args.pod, names)
-        reply: dict[str, Any] = {
-            "NodeNames": outcome.passed,
-            "FailedNodes": outcome.failed,
-            "FailedAndUnresolvableNodes": outcome.unresolvable,
-            "Error": "",
-        }
+        engine = engine_of(request)
+        too_big = oversized_request(gpus, request.app.state.largest_node.gpus(engine))
+        if too_big is not None:
+            reply: dict[str, Any] = {
+                "NodeNames": [],
+                "FailedNodes": {},
+                "FailedAndUnresolvableNodes": dict.fromkeys(names, too_big),
+                "Error": "",
+            }
+        else:
+            outcome = engine.filter(args.pod, names)
+            reply = {
+                "NodeNames": outcome.passed,
+                "FailedNodes": outcome.failed,
+                "FailedAndUnresolvableNodes": outcome.unresolvable,
+                "Error": "",
+            }
         if args.nodes is not None:
             # nodeCacheCapable false: the scheduler reads only Nodes from the reply.
-            keep = set(outcome.passed)
+            keep = set(reply["NodeNames"])
             reply["Nodes"] = {
                 "metadata": args.nodes.metadata,
                 "items": [n for n in args.nodes.items if n["metadata"]["name"] in keep],
             }
+            try:
+                return json_response(reply)
+            except TypeError:  # orjson writes 255 levels of nesting; it reads 1,024
+                raise ApiError(
+                    400, "Nodes: node objects nested deeper than 255 levels cannot be echoed"
+                ) from None
         return json_response(reply)
 
     return await _timed(request, "filter", handle, _filter_error)
@@ -133,9 +150,13 @@ async def filter_nodes(request: Request) -> Response:
 async def prioritize_nodes(request: Request) -> Response:
     async def handle() -> Response:
         args = await read_model(request, ExtenderArgs)
-        if not isinstance(args.pod.get("metadata"), dict):
-            raise ApiError(400, "Pod.metadata must be an object")
-        scores = engine_of(request).prioritize(args.pod, _names(args))
+        gpus = checked_pod(args.pod)
+        names = _names(args)
+        engine = engine_of(request)
+        if oversized_request(gpus, request.app.state.largest_node.gpus(engine)) is not None:
+            zeros = [{"Host": n, "Score": 0} for n in dict.fromkeys(names)]
+            return json_response(zeros)  # filter named the field; nothing to rank
+        scores = engine.prioritize(args.pod, names)
         return Response(host_priority_json(scores), media_type="application/json")
 
     def error(message: str) -> Any:
@@ -177,6 +198,7 @@ async def bind_pod(request: Request) -> Response:
 async def preempt(request: Request) -> Response:
     async def handle() -> Response:
         args = await read_model(request, ExtenderPreemptionArgs)
+        checked_pod(args.pod)
         candidates: dict[str, list[str]] = {}
         pdb: dict[str, int] = {}
         if args.node_name_to_meta_victims is not None:
@@ -185,9 +207,11 @@ async def preempt(request: Request) -> Response:
                 pdb[node] = meta.num_pdb_violations
         elif args.node_name_to_victims is not None:
             for node, victims in args.node_name_to_victims.items():
-                candidates[node] = [
-                    str((p.get("metadata") or {}).get("uid", "")) for p in victims.pods
-                ]
+                uids = []
+                for i, victim in enumerate(victims.pods):
+                    checked_pod(victim, f"NodeNameToVictims[{node}].Pods[{i}]")
+                    uids.append(str(victim["metadata"].get("uid") or ""))
+                candidates[node] = uids
                 pdb[node] = victims.num_pdb_violations
         kept = engine_of(request).victims(candidates)
         return json_response(

@@ -11,6 +11,8 @@ from fastapi.responses import Response
 from starlette.concurrency import run_in_threadpool
 
 from elastico_extender.api.deps import engine_of, json_response, metrics_of, require_auth
+from elastico_extender.cluster.base import Cluster
+from elastico_extender.cluster.objects import pod_key
 
 __all__ = ["router"]
 
@@ -30,9 +32,22 @@ async def prices(request: Request) -> Response:
     return _timed_view(request, "prices", engine_of(request).prices)
 
 
+def with_pod_names(rows: list[dict[str, Any]], cluster: Cluster) -> list[dict[str, Any]]:
+    """Fill ``pod`` (``namespace/name``) in rows that carry only the pod's UID (the
+    invalid pods: they never became jobs), from the cluster view."""
+    missing = [row for row in rows if row.get("pod") is None]
+    if missing:
+        pods = cluster.state.pods()
+        for row in missing:
+            obj = pods.get(str(row.get("id")))
+            row["pod"] = pod_key(obj) if obj is not None else None
+    return rows
+
+
 @router.get("/jobs", summary="Jobs: chosen configuration, predicted slowdown, floor, state")
 async def jobs(request: Request) -> Response:
-    return _timed_view(request, "jobs", engine_of(request).jobs)
+    engine = engine_of(request)
+    return _timed_view(request, "jobs", lambda: with_pod_names(engine.jobs(), engine.cluster))
 
 
 @router.get("/nodes", summary="Per-GPU occupancy and co-located pairs")

@@ -11,7 +11,8 @@ bind time.  So at admission (pod CREATE) the webhook adds, for an opted-in pod:
   ``configMapKeyRef`` into that ConfigMap; the kubelet holds the container until bind has
   created it;
 * a downward-API volume with the pod's annotations at
-  ``/etc/elastico/annotations`` (updated live, for runtime reconfiguration).
+  ``/etc/elastico/annotations`` (updated live, for runtime reconfiguration), and
+  ``ELASTICO_ANNOTATIONS_FILE`` naming that file: what ``elastico-run`` reads.
 
 A variable the container already sets (``CUDA_VISIBLE_DEVICES`` say) is left as the user
 wrote it, and the AdmissionReview carries a warning naming it (:func:`user_overrides`):
@@ -31,8 +32,16 @@ import orjson
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from elastico_extender.annotations import PREFIX, PodIntent, parse_intent
+from elastico_extender.annotations import (
+    ANNOTATIONS_FILE,
+    ANNOTATIONS_FILE_ENV,
+    DECISION_DIR,
+    PREFIX,
+    PodIntent,
+    parse_intent,
+)
 from elastico_extender.api.deps import ApiError, engine_of, json_response, read_body
+from elastico_extender.api.validate import checked_pod
 from elastico_extender.core.handoff import framework_settings
 from elastico_extender.errors import AnnotationError
 
@@ -50,7 +59,6 @@ __all__ = [
 router = APIRouter(tags=["admission webhook"])
 
 DECISION_VOLUME = "elastico-decision"
-DECISION_DIR = "/etc/elastico"
 RINGS_VOLUME = "elastico-rings"
 RINGS_DIR = "/run/elastico/rings"
 """The profiler shim's rings, one directory per pod uid (``elastico-run``), on a hostPath
@@ -129,7 +137,7 @@ def mutation_patch(pod: dict[str, Any], intent: PodIntent, mps: bool) -> list[di
         {"name": key, "valueFrom": {"configMapKeyRef": {"name": configmap, "key": key}}}
         for key in keys
     ]
-    env.append({"name": "ELASTICO_DECISION_FILE", "value": f"{DECISION_DIR}/annotations"})
+    env.append({"name": ANNOTATIONS_FILE_ENV, "value": ANNOTATIONS_FILE})
     env.append(
         {"name": "ELASTICO_POD_UID", "valueFrom": {"fieldRef": {"fieldPath": "metadata.uid"}}}
     )
@@ -159,7 +167,12 @@ def mutation_patch(pod: dict[str, Any], intent: PodIntent, mps: bool) -> list[di
     volume = {
         "name": DECISION_VOLUME,
         "downwardAPI": {
-            "items": [{"path": "annotations", "fieldRef": {"fieldPath": "metadata.annotations"}}]
+            "items": [
+                {
+                    "path": ANNOTATIONS_FILE.removeprefix(DECISION_DIR + "/"),
+                    "fieldRef": {"fieldPath": "metadata.annotations"},
+                }
+            ]
         },
     }
     rings = {"name": RINGS_VOLUME, "hostPath": {"path": RINGS_DIR, "type": "DirectoryOrCreate"}}
@@ -177,13 +190,20 @@ async def mutate(request: Request) -> Response:
     except orjson.JSONDecodeError as exc:
         raise ApiError(400, f"malformed JSON: {exc}") from None
     req = review.get("request") if isinstance(review, dict) else None
-    if not isinstance(req, dict) or "uid" not in req:
-        raise ApiError(400, "expected an AdmissionReview with request.uid")
+    if not isinstance(req, dict) or not isinstance(req.get("uid"), str):
+        raise ApiError(400, "expected an AdmissionReview with request.uid (a string)")
+    api_version = review.get("apiVersion", "admission.k8s.io/v1")
+    if not isinstance(api_version, str):
+        raise ApiError(400, "apiVersion must be a string")
+    operation = req.get("operation", "CREATE")
+    if not isinstance(operation, str):
+        raise ApiError(400, "request.operation must be a string")
     response: dict[str, Any] = {"uid": req["uid"], "allowed": True}
     pod = req.get("object")
-    if isinstance(pod, dict) and req.get("operation", "CREATE") == "CREATE":
+    if pod is not None and operation == "CREATE":
+        checked_pod(pod, "request.object")
         engine = engine_of(request)
-        annotations = (pod.get("metadata") or {}).get("annotations") or {}
+        annotations = pod["metadata"].get("annotations") or {}
         try:
             intent = parse_intent(annotations, engine.families)
         except AnnotationError as exc:
@@ -197,7 +217,7 @@ async def mutate(request: Request) -> Response:
             response["patch"] = base64.b64encode(orjson.dumps(patch)).decode()
     return json_response(
         {
-            "apiVersion": review.get("apiVersion", "admission.k8s.io/v1"),
+            "apiVersion": api_version,
             "kind": "AdmissionReview",
             "response": response,
         }

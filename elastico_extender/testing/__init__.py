@@ -1,0 +1,1 @@
+"""Support for tests and benchmarks that exercise the service from outside (no mocks)."""
