@@ -14,9 +14,11 @@ from pathlib import Path
 import pytest
 from kubernetes import client
 from test_service_observations import SOLO, gpu_node, running_pod, wait_for, window
+from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
 from elastico_extender.agent.reporter import Reporter
 from elastico_extender.api.app import create_app
+from elastico_extender.api.listeners import with_client_certificate
 from elastico_extender.cluster.fake_apiserver import FakeApiServer
 from elastico_extender.cluster.kube import KubeCluster
 from elastico_extender.service.server import ServerThread
@@ -63,11 +65,14 @@ def test_agent_reports_over_mtls_with_its_certificate_only(tmp_path: Path) -> No
         tls_cert=files["server.crt"],
         tls_key=files["server.key"],
         client_ca_file=files["ca.crt"],
+        agent_cert_names="agent",  # the test certificate's CN
     )
     app = create_app(settings, kube)
     server = ServerThread(app, port=port, ssl_certfile=files["server.crt"],
                           ssl_keyfile=files["server.key"], ssl_ca_certs=files["ca.crt"],
-                          ssl_cert_reqs=ssl.CERT_REQUIRED).start()  # fmt: skip
+                          ssl_cert_reqs=ssl.CERT_REQUIRED,
+                          # as `elastico serve` does: the certificate's names reach the app
+                          http=with_client_certificate(AutoHTTPProtocol)).start()  # fmt: skip
     url = f"https://127.0.0.1:{port}"
     try:
         assert wait_for(lambda: len(kube.state.pods()) == 1)
@@ -75,6 +80,10 @@ def test_agent_reports_over_mtls_with_its_certificate_only(tmp_path: Path) -> No
         agent = Reporter(url, ca_file=files["ca.crt"],
                          client_cert=(files["agent.crt"], files["agent.key"]))  # fmt: skip
         assert agent.send("g0", [window("uid-a", SOLO)]) == {"accepted": 1, "pair_samples": 0}
+        # least privilege: the agent's certificate alone does not open bind
+        bind = {"PodName": "a", "PodNamespace": "ml", "PodUID": "uid-a", "Node": "g0"}
+        refused = agent.client.post(f"{url}/scheduler/bind", json=bind)
+        assert refused.status_code == 401
         agent.close()
         no_cert = Reporter(url, token=app.state.token, ca_file=files["ca.crt"])
         time.sleep(0.01)

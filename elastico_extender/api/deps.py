@@ -117,12 +117,25 @@ def require_auth(request: Request) -> None:
     whose CN or DNS/URI SAN is one of ``client_cert_names`` (the scheduler's), else
     ``Authorization: Bearer <token>``; 401 otherwise."""
     settings = settings_of(request)
+    _authenticate(request, settings.allowed_client_names)
+
+
+def require_agent_auth(request: Request) -> None:
+    """Observation reports: a verified client certificate named in ``agent_cert_names``
+    (the node agents'), else the bearer token; 401 otherwise.  An agent's certificate
+    does not open bind, nor the scheduler's this endpoint."""
+    settings = settings_of(request)
+    _authenticate(request, settings.allowed_agent_names)
+
+
+def _authenticate(request: Request, names: tuple[str, ...]) -> None:
+    settings = settings_of(request)
     server = request.scope.get("server") or (None, None)
     if settings.client_ca_file and server[1] == settings.port:
         # uvicorn required a certificate signed by client_ca_file; api.listeners put
         # its names in the scope.  Any name of the CA is not enough: only the allowed.
         tls = (request.scope.get("extensions") or {}).get("tls") or {}
-        if set(tls.get("client_cert_names", ())) & set(settings.allowed_client_names):
+        if set(tls.get("client_cert_names", ())) & set(names):
             return
     token: str = request.app.state.token
     header = request.headers.get("authorization", "")

@@ -65,6 +65,11 @@ def parser() -> argparse.ArgumentParser:
         help="comma-separated CN/SAN names of client certificates that may bind without a "
         "token (default elastico-scheduler)",
     )
+    p.add_argument(
+        "--agent-cert-names",
+        help="comma-separated CN/SAN names of client certificates that may post "
+        "observations without a token (default elastico-agent)",
+    )
     p.add_argument("--token-file", help="bearer token for state-changing endpoints")
     p.add_argument("--scheduler-name", help="schedulerName of pods to plan for")
     p.add_argument("--predictor-model", help="ONNX interference model")

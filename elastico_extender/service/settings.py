@@ -43,6 +43,10 @@ class ServiceSettings:
     """Comma-separated names (subject CN or DNS/URI subjectAltName) of client
     certificates that may bind without the bearer token on the mTLS port: the
     kube-scheduler's.  Other certificates of ``client_ca_file`` need the token."""
+    agent_cert_names: str = "elastico-agent"
+    """Comma-separated names (CN or DNS/URI subjectAltName) of client certificates that
+    may post observations without the token on the mTLS port: the node agents'.  They may
+    not bind: each identity gets only its own endpoints (least privilege)."""
     token_file: str | None = None
     """File holding the bearer token for state-changing endpoints (bind, POST /epoch).
     None: a random token is generated at start-up and logged once."""
@@ -125,7 +129,11 @@ class ServiceSettings:
 
     @property
     def allowed_client_names(self) -> tuple[str, ...]:
-        return tuple(n.strip() for n in self.client_cert_names.split(",") if n.strip())
+        return _names(self.client_cert_names)
+
+    @property
+    def allowed_agent_names(self) -> tuple[str, ...]:
+        return _names(self.agent_cert_names)
 
     # -- construction --------------------------------------------------------
     @classmethod
@@ -252,3 +260,8 @@ def _coerce(raw: Any, default: Any, declared: Any) -> Any:
         raise TypeError(f"expected a string, got {type(raw).__name__}")
     del default
     return str(raw)
+
+
+def _names(listed: str) -> tuple[str, ...]:
+    """A comma-separated list of certificate names, blanks dropped."""
+    return tuple(n.strip() for n in listed.split(",") if n.strip())

@@ -23,7 +23,12 @@ from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
-from elastico_extender.api.deps import ApiError, json_response, read_model, require_auth
+from elastico_extender.api.deps import (
+    ApiError,
+    json_response,
+    read_model,
+    require_agent_auth,
+)
 from elastico_extender.service.observations import (
     AgentWindow,
     ObservationRefused,
@@ -70,7 +75,7 @@ def service_of(request: Request) -> ObservationService:
 
 @router.post(
     "/observations",
-    dependencies=[Depends(require_auth)],
+    dependencies=[Depends(require_agent_auth)],
     summary="A node agent's windows: progress rate, peak memory, SM activity per pod",
 )
 async def post_observations(request: Request) -> Response:
