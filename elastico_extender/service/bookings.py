@@ -52,6 +52,7 @@ class Published:
     invalid: dict[str, str]
     synced: bool = True  # planned on a cluster view that had synced
     node_generation: int = -1  # the cluster view's node generation it was planned on
+    pending: frozenset[str] = frozenset()  # jobs the snapshot holds as pending
 
 
 @dataclass(eq=False)
@@ -152,6 +153,12 @@ class Bookings:
             if held and held[0][0] == node:
                 verdict = self.held_verdict(pub, pj, node, held)
             else:
+                proposal = job.id in pub.pending and job.id not in view.assumed
+                if held and not proposal:  # booked or bound there (a stale pod object)
+                    raise Refused(
+                        f"elastico: pod {pj.key} is already bound to {held[0][0]}; "
+                        f"not binding it to {node} (the first placement is kept)"
+                    )
                 if held:  # the plan proposed another node: a proposal, not a booking
                     view.forget(job.id)
                     self.version += 1
@@ -199,9 +206,9 @@ class Bookings:
         view = pub.view
         with self.lock:
             for uid, b in self._bookings.items():
-                if view.devices_of(uid) == b.verdict.devices:
-                    continue  # the plan kept it where it was booked
-                view.forget(uid)
+                if uid not in pending and view.devices_of(uid) == b.verdict.devices:
+                    continue  # in the snapshot, held in its configuration: the plan kept it
+                view.forget(uid)  # booked while the epoch planned: the plan's proposal goes
                 try:
                     view.assume(b.pod_job.job, b.pod_job.family, b.verdict)
                     continue

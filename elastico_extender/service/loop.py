@@ -150,7 +150,7 @@ class EpochLoop:
         leading = self.is_leader()
         if leading:
             self.actuator.shrink(new_plan, built.pods, nodes, bookings.pinned())
-        pending = {j.id for j in built.snapshot.jobs if not j.running}
+        pending = frozenset(j.id for j in built.snapshot.jobs if not j.running)
         published = Published(
             built.snapshot,
             new_plan,
@@ -161,6 +161,7 @@ class EpochLoop:
             built.invalid,
             built.synced,
             built.node_generation,
+            pending,
         )
         with bookings.serial:
             if not bookings.publish(published, pending):
