@@ -156,13 +156,45 @@ class Actuator:
         pods: Mapping[str, PodJob],
         nodes: Mapping[str, Node],
         skip: Container[str] = (),
+        moves: Container[str] | None = None,
     ) -> None:
-        """Write the growing reconfigurations and carry out the plan's migrations."""
+        """Write the growing reconfigurations and carry out the plan's migrations (those
+        in ``moves`` when given: what :meth:`moves` chose before the publish)."""
         self._reconfigure(plan, pods, nodes, skip, grow=True)
         migrations = 0
         for a in plan.changed():
             if a.action is Action.MIGRATE and a.job_id not in skip:
+                if moves is not None and a.job_id not in moves:
+                    continue
                 migrations += self._migrate(a, pods.get(a.job_id), migrations)
+
+    def moves(self, plan: Plan, pods: Mapping[str, PodJob], skip: Container[str]) -> set[str]:
+        """The plan's migrations this epoch will carry out (see :meth:`_migrate`); every
+        other MIGRATE stays where it runs, and the published view must say so."""
+        chosen: set[str] = set()
+        if not self.is_leader():
+            return chosen
+        for a in plan.changed():
+            if a.action is not Action.MIGRATE or a.job_id in skip:
+                continue
+            if len(chosen) >= self.settings.max_migrations_per_epoch:
+                break
+            if not self._why_not(a, pods.get(a.job_id), self.cluster.state.pod(a.job_id)):
+                chosen.add(a.job_id)
+        return chosen
+
+    def _why_not(self, a: Assignment, pj: PodJob | None, pod: Mapping[str, Any] | None) -> str:
+        """Why the pod of ``a`` may not be moved ('' when it may)."""
+        if pj is None or pod is None:
+            return "pod no longer known"
+        if pj.intent is None or not pj.intent.migration_allowed:
+            return "pod does not allow migration (elastico.io/migration: allowed)"
+        owners = (pod.get("metadata") or {}).get("ownerReferences") or ()
+        if not any(o.get("controller") for o in owners):
+            return "no controller owns the pod, so nothing would recreate it"
+        if a.job_id in self._evicted:
+            return "eviction already requested"
+        return ""
 
     def _reconfigure(
         self,
@@ -219,20 +251,8 @@ class Actuator:
         PodDisruptionBudgets and the pod's graceful termination, in which
         ``elastico-run`` forwards SIGTERM so the workload can checkpoint."""
         pod = self.cluster.state.pod(a.job_id)
-        why = ""
-        if not self.is_leader():
-            why = "not the leader"
-        elif pj is None or pod is None:
-            why = "pod no longer known"
-        elif pj.intent is None or not pj.intent.migration_allowed:
-            why = "pod does not allow migration (elastico.io/migration: allowed)"
-        elif not any(
-            o.get("controller") for o in (pod.get("metadata") or {}).get("ownerReferences") or ()
-        ):
-            why = "no controller owns the pod, so nothing would recreate it"
-        elif a.job_id in self._evicted:
-            why = "eviction already requested"
-        elif done >= self.settings.max_migrations_per_epoch:
+        why = "not the leader" if not self.is_leader() else self._why_not(a, pj, pod)
+        if not why and done >= self.settings.max_migrations_per_epoch:
             why = "max_migrations_per_epoch reached"
         if why:
             log.info("migration.suggested", extra={"job": a.job_id, "to": a.devices, "why": why})

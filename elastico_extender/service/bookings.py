@@ -27,14 +27,14 @@ from __future__ import annotations
 import logging
 import math
 import threading
-from collections.abc import Callable, Container
+from collections.abc import Callable, Container, Sequence
 from dataclasses import dataclass, field
 
 from elastico_extender.core.model import Plan, Snapshot
 from elastico_extender.core.planner import NodeVerdict, PlacementView
 from elastico_extender.service.pods import PodJob
 
-__all__ = ["Booking", "Bookings", "Published", "Refused"]
+__all__ = ["AlreadyPlaced", "Booking", "Bookings", "Published", "Refused"]
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +52,7 @@ class Published:
     invalid: dict[str, str]
     synced: bool = True  # planned on a cluster view that had synced
     node_generation: int = -1  # the cluster view's node generation it was planned on
+    pending: frozenset[str] = frozenset()  # jobs the snapshot holds as pending
 
 
 @dataclass(eq=False)
@@ -73,6 +74,10 @@ class Refused(Exception):
     def __init__(self, message: str) -> None:
         super().__init__(message)
         self.message = message
+
+
+class AlreadyPlaced(Refused):
+    """The pod is booked or bound on the node asked for already: nothing to do."""
 
 
 class Bookings:
@@ -149,7 +154,15 @@ class Bookings:
             pub = self.published
             view = pub.view
             held = view.devices_of(job.id) if view.holds(job.id) else ()
-            if held and held[0][0] == node:
+            if held and not (job.id in pub.pending and job.id not in view.assumed):
+                # Booked or bound already (the caller read a stale pod object).
+                if held[0][0] == node:
+                    raise AlreadyPlaced(f"pod {pj.key} is already bound to {node}")
+                raise Refused(
+                    f"elastico: pod {pj.key} is already bound to {held[0][0]}; "
+                    f"not binding it to {node} (the first placement is kept)"
+                )
+            if held and held[0][0] == node:  # the plan's own proposal
                 verdict = self.held_verdict(pub, pj, node, held)
             else:
                 if held:  # the plan proposed another node: a proposal, not a booking
@@ -187,7 +200,12 @@ class Bookings:
                     del self._bookings[uid]
 
     # -- publishing ------------------------------------------------------------------
-    def publish(self, pub: Published, pending: Container[str]) -> bool:
+    def publish(
+        self,
+        pub: Published,
+        pending: Container[str],
+        in_place: Sequence[tuple[PodJob, NodeVerdict]] = (),
+    ) -> bool:
         """Make ``pub`` the view the verbs read, every booking counted in it exactly
         where it was booked; call with ``serial`` held (no booking in flight).
 
@@ -198,10 +216,13 @@ class Bookings:
         and False is returned: the old view, which counts every booking, stays."""
         view = pub.view
         with self.lock:
+            for pj, verdict in in_place:  # moves the plan wants and nobody will make
+                view.forget(pj.job.id)
+                self._place(view, pj, verdict, pending, force=True)
             for uid, b in self._bookings.items():
-                if view.devices_of(uid) == b.verdict.devices:
-                    continue  # the plan kept it where it was booked
-                view.forget(uid)
+                if uid not in pending and view.devices_of(uid) == b.verdict.devices:
+                    continue  # in the snapshot, held in its configuration: the plan kept it
+                view.forget(uid)  # booked while the epoch planned: the plan's proposal goes
                 try:
                     view.assume(b.pod_job.job, b.pod_job.family, b.verdict)
                     continue
@@ -218,3 +239,28 @@ class Bookings:
             self._published = pub
             self.version += 1
             return True
+
+    def _place(
+        self,
+        view: PlacementView,
+        pj: PodJob,
+        verdict: NodeVerdict,
+        pending: Container[str],
+        *,
+        force: bool,
+    ) -> bool:
+        """Count ``pj`` where ``verdict`` says in ``view``; proposals for pending pods on
+        those devices give way; ``force``: count it even if it still does not fit."""
+        try:
+            view.assume(pj.job, pj.family, verdict)
+            return True
+        except ValueError:
+            pass
+        for other in view.jobs_on(verdict.devices):
+            if other in pending and other not in self._bookings:
+                view.forget(other)
+        try:
+            view.assume(pj.job, pj.family, verdict, force=force)
+            return True
+        except ValueError:
+            return False

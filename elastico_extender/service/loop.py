@@ -22,13 +22,15 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from elastico_extender.core.interference.predictor import SlowdownPredictor
-from elastico_extender.core.model import Plan
-from elastico_extender.core.planner import PlacementView, plan
+from elastico_extender.core.model import Action, Plan
+from elastico_extender.core.planner import NodeVerdict, PlacementView, plan
+from elastico_extender.core.resources import GPU_MEM
 from elastico_extender.core.settings import PlannerSettings
 from elastico_extender.errors import ElasticoError
 from elastico_extender.service.actuator import Actuator
 from elastico_extender.service.bookings import Bookings, Published
-from elastico_extender.service.snapshot import SnapshotBuilder
+from elastico_extender.service.pods import PodJob
+from elastico_extender.service.snapshot import Built, SnapshotBuilder
 
 __all__ = ["POLL_SECONDS", "EpochLoop", "EpochMetrics"]
 
@@ -150,7 +152,9 @@ class EpochLoop:
         leading = self.is_leader()
         if leading:
             self.actuator.shrink(new_plan, built.pods, nodes, bookings.pinned())
-        pending = {j.id for j in built.snapshot.jobs if not j.running}
+        pending = frozenset(j.id for j in built.snapshot.jobs if not j.running)
+        moves = self.actuator.moves(new_plan, built.pods, bookings.pinned()) if leading else set()
+        in_place = self._unmoved(new_plan, built, moves)
         published = Published(
             built.snapshot,
             new_plan,
@@ -161,19 +165,45 @@ class EpochLoop:
             built.invalid,
             built.synced,
             built.node_generation,
+            pending,
         )
         with bookings.serial:
-            if not bookings.publish(published, pending):
+            if not bookings.publish(published, pending, in_place):
                 return None  # a booking collided with the plan: plan again
             booked = bookings.pinned()
         self.last_epoch_error = None
         if leading:
-            self.actuator.apply(new_plan, built.pods, nodes, booked)
+            self.actuator.apply(new_plan, built.pods, nodes, booked, moves)
         self.history.append(
             {"epoch": built.snapshot.epoch, "time": time.time(), "prices": new_plan.price_map()}
         )
         self.metrics.epoch(elapsed, new_plan)
         return new_plan
+
+    @staticmethod
+    def _unmoved(plan: Plan, built: Built, moves: set[str]) -> list[tuple[PodJob, NodeVerdict]]:
+        """The plan's migrations nobody will carry out, as placements where the pods
+        run now (the view must count a pod where it is, not where the plan wished)."""
+        stay = [a for a in plan.changed() if a.action is Action.MIGRATE and a.job_id not in moves]
+        if not stay:
+            return []
+        jobs = {j.id: j for j in built.snapshot.jobs}
+        kept = []
+        for a in stay:
+            job, pj = jobs.get(a.job_id), built.pods.get(a.job_id)
+            if job is None or pj is None or not job.devices or job.current_config is None:
+                continue
+            verdict = NodeVerdict(
+                job.devices[0][0],
+                True,
+                config_index=job.current_config,
+                devices=job.devices,
+                predicted_slowdown=a.predicted_slowdown,
+                tolerance=a.tolerance,
+                memory_budget_mib=float(pj.family.resources[job.current_config, GPU_MEM]),
+            )
+            kept.append((pj, verdict))
+        return kept
 
     # -- the thread ----------------------------------------------------------------------
     def start(self) -> None:

@@ -32,7 +32,13 @@ from elastico_extender.core.model import Node
 from elastico_extender.core.planner import Answers, PlacementView
 from elastico_extender.errors import AnnotationError
 from elastico_extender.service.actuator import Actuator
-from elastico_extender.service.bookings import Booking, Bookings, Published, Refused
+from elastico_extender.service.bookings import (
+    AlreadyPlaced,
+    Booking,
+    Bookings,
+    Published,
+    Refused,
+)
 from elastico_extender.service.loop import EpochLoop
 from elastico_extender.service.pods import PodJob, PodJobs
 
@@ -328,6 +334,8 @@ class Verbs:
         with self.bookings.serial:
             try:
                 booking = self.bookings.book(pj, node)
+            except AlreadyPlaced:
+                return ""  # a retry of a bind that went through: idempotent
             except Refused as refused:
                 self.metrics.bind("rejected")
                 return refused.message

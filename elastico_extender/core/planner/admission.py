@@ -333,8 +333,11 @@ class PlacementView:
         placed = self.placer.devices_of
         return {job for job, row in self._rows.items() if row in rows and row in placed}
 
-    def assume(self, job: Job, family: ProfileFamily, verdict: NodeVerdict) -> None:
-        """Count a bind in flight against capacity. Raises ValueError if it no longer fits."""
+    def assume(
+        self, job: Job, family: ProfileFamily, verdict: NodeVerdict, *, force: bool = False
+    ) -> None:
+        """Count a bind in flight against capacity. Raises ValueError if it no longer fits
+        (``force``: count it anyway -- a pod that is there, whatever the plan wanted)."""
         if not verdict.feasible:
             raise ValueError(f"cannot assume an infeasible placement on {verdict.node}")
         if self.holds(job.id):
@@ -342,7 +345,7 @@ class PlacementView:
         row = self._row_for(job.id)
         devices = [self.table.index[ref] for ref in verdict.devices]
         demand = family.resources[verdict.config_index]
-        if not self.table.fits_on(devices, demand):
+        if not force and not self.table.fits_on(devices, demand):
             raise ValueError(f"job {job.id} no longer fits on {verdict.node}")
         self.placer.commit(
             row,
