@@ -43,6 +43,13 @@ from elastico_extender.core.interference.tolerance import adaptive_tolerance
 from elastico_extender.core.model import AssignmentColumns, DeviceRef, Plan, Snapshot
 from elastico_extender.core.planner.devices import DeviceTable, gpu_equivalent, shared_devices
 from elastico_extender.core.planner.placement import Placer
+from elastico_extender.core.planner.protect import (
+    Protection,
+    harmed_rows,
+    held_apart,
+    separate,
+    solo_rows,
+)
 from elastico_extender.core.planner.running import place_running
 from elastico_extender.core.planner.squeeze import Squeeze
 from elastico_extender.core.planner.tables import JobTables, build_tables
@@ -142,6 +149,20 @@ class _Epoch:
         self.fastest = np.zeros(len(tables.jobs))
         self.residual_admits = 0  # admissions by Algorithm 1's last step, last packing pass
         self._tau: dict[int, np.ndarray] = {}  # row -> tau at every configuration
+        self._loop_setup()
+
+    def _loop_setup(self) -> None:
+        """Closed loop (``protect``): harmed rows, held-apart pairs, run-alone rows."""
+        self.harmed: dict[int, float] = {}
+        self.apart: set[tuple[int, int]] = set()
+        self.solo: set[int] = set()
+        self.protections: list[Protection] = []
+        if not self.snapshot.observed and not (self.previous and self.previous.separated):
+            return
+        rows = {job.id: r for r, job in enumerate(self.t.jobs)}
+        self.apart = held_apart(self.snapshot, self.previous, rows)
+        self.harmed = harmed_rows(self)
+        self.solo = solo_rows(self)
 
     # -- set-up -------------------------------------------------------------
     def _units(self) -> np.ndarray:
@@ -298,11 +319,16 @@ class _Epoch:
         t, s = self.t, self.settings
         table = self.device_probe.fresh()
         placer = Placer(table, self.predictor, forbidden, rows=len(t.jobs))
+        if self.apart or self.solo:
+            placer.set_loop(self.apart, self.solo)
         choice = selection.choice
         preempted: list[int] = []
         run_rows = np.flatnonzero(t.running)
         if run_rows.size:
             preempted = place_running(self, placer, run_rows, choice)
+        if self.harmed:  # closed loop: separate pairs observed above tolerance
+            requeued, self.protections = separate(self, placer, self.harmed, s.switch_cost)
+            preempted += requeued
         pending = np.flatnonzero(~t.running & selection.running)
         # Best-fit decreasing within a priority class: heavier jobs first, then the
         # largest per-GPU memory (packs with less fragmentation), then arrival order.
@@ -597,6 +623,20 @@ class _Epoch:
         return sorted(set(queued) | evicted), remaining, slowdown
 
     # -- output ---------------------------------------------------------------
+    def _loop_output(
+        self, placer: Placer
+    ) -> tuple[tuple[tuple[str, str], ...], tuple[tuple[str, str, str, str, float, float], ...]]:
+        """Held-apart pairs (each once) and this epoch's separations, by job id."""
+        if not placer.apart and not self.protections:
+            return (), ()
+        ids = [job.id for job in self.t.jobs]
+        pairs = tuple(sorted({tuple(sorted((ids[a], ids[b]))) for a, b in placer.apart}))
+        done = tuple(
+            (ids[p.victim], ids[p.partner], p.action, ids[p.actor], p.observed, p.tolerance)
+            for p in self.protections
+        )
+        return pairs, done  # type: ignore[return-value]
+
     def build_plan(
         self,
         placer: Placer,
@@ -664,7 +704,12 @@ class _Epoch:
         violation_ids = tuple((t.jobs[v].id, t.jobs[p].id, float(e)) for v, p, e in violations)
         clock.lap("output")
         stats.update(clock.phases)
+        separated, protections = self._loop_output(placer)
+        if protections:
+            stats["separations"] = float(len(protections))
         return Plan(
+            separated=separated,
+            protections=protections,
             epoch=self.snapshot.epoch,
             prices=prices.copy(),
             assignments=assignments,
