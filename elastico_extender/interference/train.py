@@ -267,12 +267,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         type=Path,
         help="pair CSV (repeatable; default: the shipped Gavel pairs)",
     )
+    parser.add_argument(
+        "--from-store",
+        type=Path,
+        metavar="SQLITE",
+        help="train on the pair samples the closed loop collected in this store "
+        "(profiles.loop_store; the extender's --profile-store file) instead of CSVs",
+    )
     parser.add_argument("--out", type=Path, required=True, help="ONNX file to write")
     defaults = TrainConfig()
     parser.add_argument("--epochs", type=int, default=defaults.epochs)
     parser.add_argument("--hidden", type=int, default=defaults.hidden)
     parser.add_argument("--seed", type=int, default=defaults.seed)
     args = parser.parse_args(argv)
+    if args.from_store is not None:
+        if args.csv:
+            parser.error("--from-store and --csv are exclusive")
+        return _train_from_store(args)
     csvs = args.csv or [shipped_csv()]
     torch.set_num_threads(1)  # a 128-wide MLP gains nothing from more threads
     try:
@@ -295,6 +306,53 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"trained on {len(data)} rows ({len(np.unique(data.pair_id))} job pairs) "
         f"from {', '.join(str(p) for p in csvs)}"
     )
+    print(f"in-sample MAPE {mape:.2f}%; ONNX export check max |ORT - torch| = {diff:.2e}")
+    print(f"wrote {args.out} ({args.out.stat().st_size} bytes)")
+    return 0
+
+
+MIN_STORE_SAMPLES = 32
+"""Fewest collected samples worth a training run (below, the online correction suffices)."""
+
+
+def _train_from_store(args: argparse.Namespace) -> int:
+    """``--from-store``: fit on the closed loop's observed pairs, export ONNX."""
+    from elastico_extender.profiles.loop_store import LoopStore
+
+    if not args.from_store.exists():
+        print(f"error: no store at {args.from_store}", file=sys.stderr)
+        return 2
+    store = LoopStore(args.from_store)
+    try:
+        x, y = store.samples()
+    finally:
+        store.close()
+    if len(y) < MIN_STORE_SAMPLES:
+        print(
+            f"error: {args.from_store} holds {len(y)} observed pair samples; "
+            f"at least {MIN_STORE_SAMPLES} are needed",
+            file=sys.stderr,
+        )
+        return 2
+    torch.set_num_threads(1)
+    config = TrainConfig(hidden=args.hidden, epochs=args.epochs, seed=args.seed)
+    try:
+        net = fit(x, y, config)
+        fitted = predict_torch(net, x)
+        mape = float(np.mean(np.abs(fitted - y) / y) * 100)
+        metadata = {
+            "trained_colocation_types": ",".join(
+                str(int(t)) for t in np.unique(x[:, 32].round())
+            ),
+            "training_rows": str(len(y)),
+            "training_store": args.from_store.name,
+            "train_config": json.dumps(asdict(config), sort_keys=True),
+        }
+        diff = export_onnx(net, args.out, x, metadata)
+    except PredictorError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print(f"trained on {len(y)} observed pair samples from {args.from_store}")
     print(f"in-sample MAPE {mape:.2f}%; ONNX export check max |ORT - torch| = {diff:.2e}")
     print(f"wrote {args.out} ({args.out.stat().st_size} bytes)")
     return 0
