@@ -702,6 +702,8 @@ class Plan:
     stats: Mapping[str, float] = field(default_factory=dict)
     separated: tuple[tuple[str, str], ...] = ()
     """Closed loop: job pairs held apart (observed harm), carried to the next epoch."""
+    stepped: tuple[tuple[str, str], ...] = ()
+    """Closed loop: job pairs that already stepped down once for observed harm."""
     protections: tuple[tuple[str, str, str, str, float, float], ...] = ()
     """This epoch's separations: (victim, partner, action, actor, observed S, tau)."""
 

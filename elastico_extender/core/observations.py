@@ -90,7 +90,8 @@ class ObservedSlowdown:
     last: float
     """Driver clock of the newest window."""
     recent: tuple[float, ...]
-    """The newest window slowdowns, oldest first (at most ``ObservationBook.history``)."""
+    """The newest window slowdowns, oldest first (at most ``ObservationBook.history``),
+    across configuration switches (each relative to the solo rate at its configuration)."""
     partners: tuple[str, ...] = ()
     """Who shared its devices in the newest window."""
 
@@ -156,9 +157,16 @@ class ObservationBook:
         slowdown = ref / obs.rate if obs.rate > 0 else math.inf
         slowdown = max(1.0, min(slowdown, 100.0))
         prior = self._jobs.get(obs.job_id)
-        if prior is None or prior[0] != obs.config:
+        if prior is None:
             smoothed, samples = slowdown, 1
             recent: tuple[float, ...] = (slowdown,)
+        elif prior[0] != obs.config:
+            # A slowdown is relative to the job's own solo rate at each configuration,
+            # so window slowdowns stay comparable across a switch: the recent windows
+            # carry on (harm that survives a step-down is still harm), the smoothed
+            # value and the sample count restart.
+            smoothed, samples = slowdown, 1
+            recent = (*prior[1].recent, slowdown)[-self.history :]
         else:
             old = prior[1]
             smoothed = old.slowdown + self.smoothing * (slowdown - old.slowdown)

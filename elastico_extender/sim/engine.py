@@ -29,13 +29,16 @@ preempted something), for at most ``max_idle_replans`` epochs in a row.
 
 Closed loop (``loop``)
 ----------------------
-With a :class:`~elastico_extender.core.closed_loop.ClosedLoop`, every planning
-point first reports one observation window per running, unpaused job to it, as
-the node agent does in the service: the job's progress rate in samples/s (or
-tokens/s), i.e. its true throughput ``T_true(c) / S_j`` times a measurement
-error, log-normal with sigma ``noise`` (default 0.03: the scatter of a
-launch-rate count over one window), and the tenants active on its devices as
-partners.  The book's reference for a job is its profiled ``T(c)`` until the
+With a :class:`~elastico_extender.core.closed_loop.ClosedLoop`, the engine
+reports observation windows to it as the node agent does in the service: two
+windows per epoch (the agent reports every half epoch), each ending at a
+planning point or half-way to the next one.  A window of a job is its progress
+rate in samples/s (or tokens/s): the work it did over the seconds it was not
+paused, times ``T_true(default)``, i.e. its true throughput ``T_true(c) / S_j``
+averaged over the window, times a measurement error, log-normal with sigma
+``noise`` (default 0.03: the scatter of a launch-rate count over a window),
+with the tenants active on its devices at the window's end as partners.  A
+job paused for more than two thirds of a window reports nothing for it.  The book's reference for a job is its profiled ``T(c)`` until the
 job is seen alone, then its own solo rate (profile error fades out).  The
 snapshot carries the book's per-job observed slowdowns and the clock.  While
 any device is shared the engine plans every epoch (a window per epoch), so a
@@ -228,6 +231,9 @@ class Simulator:
         self._observed_pairs: set[tuple[int, int]] = set()
         self.mape: list[tuple[float, int, float, float]] = []
         self._next_mape = 3600.0
+        self.win_work = np.zeros(n)  # work done in the current observation window
+        self.win_active = np.zeros(n)  # seconds not paused in it
+        self._window_start = 0.0
 
     # -- closed loop ------------------------------------------------------------
     def _observe(self, now: float) -> None:
@@ -236,7 +242,14 @@ class Simulator:
         if loop is None:
             return
         active = (self.status == RUNNING) & (self.pause_until <= now + _EPS) & (self.rate > 0)
-        idx = np.flatnonzero(active)
+        span = now - self._window_start
+        self._window_start = now
+        worked = self.win_active >= max(span, _EPS) / 3.0
+        idx = np.flatnonzero(active & worked)
+        rate_now = self.win_work[idx] / np.maximum(self.win_active[idx], _EPS)
+        seconds = self.win_active[idx].copy()
+        self.win_work[:] = 0.0
+        self.win_active[:] = 0.0
         if idx.size == 0:
             return
         noise = np.exp(self._rng.normal(0.0, self.noise, idx.size)) if self.noise > 0 else None
@@ -254,7 +267,8 @@ class Simulator:
             partners = sorted(
                 {o for d in self.devices[i] for o in self.tenants[d] if o != i and active[o]}
             )
-            rate = float(self.c.t_true[self.gid[i]] / self.slow[i])
+            default = self.c.default_gid[int(self.c.workload[self.gid[i]])]
+            rate = float(rate_now[k] * self.c.t_true[default])
             if noise is not None:
                 rate *= float(noise[k])
             running[t.job_id] = RunningConfig(t.workload, config, memory)
@@ -263,7 +277,7 @@ class Simulator:
                     t.job_id,
                     config,
                     now,
-                    self.epoch_s,
+                    float(seconds[k]),
                     rate,
                     unit,
                     tuple(self.trace[o].job_id for o in partners),
@@ -480,6 +494,9 @@ class Simulator:
         if run.size:
             over = (self.slow[run] > self.tau[run] + 1e-9) & (self.rate[run] > 0)
             self.counters["above_tolerance_s"] += float(over.sum()) * dt
+            if self.loop is not None:
+                self.win_work[run] += self.rate[run] * dt
+                self.win_active[run] += dt * (self.rate[run] > 0)
             self.remaining[run] -= self.rate[run] * dt
             self.held_time[run] += dt
             self.tput_integral[run] += (
@@ -598,7 +615,14 @@ class Simulator:
                     target = now + ep
                 else:
                     target = max(now + ep, math.ceil((t_evt - _EPS) / ep) * ep)
-            now, completed = self._advance(now, target)
+            if self.loop is not None and target - now <= ep + _EPS:
+                # The agent's first window of this epoch ends half-way.
+                now, completed = self._advance(now, now + ep / 2.0)
+                self._observe(now)
+                now, late = self._advance(now, target)
+                completed = completed or late
+            else:
+                now, completed = self._advance(now, target)
             changed = changed or completed
             if self.progress is not None:
                 self.progress(now, int(np.count_nonzero(self.status >= DONE)), n)

@@ -62,6 +62,12 @@ from elastico_extender.errors import InvalidInputError
 __all__ = ["plan"]
 
 Timer = Callable[[], float]
+Pairs = tuple[tuple[str, str], ...]
+Protections = tuple[tuple[str, str, str, str, float, float], ...]
+
+
+def _ordered(a: str, b: str) -> tuple[str, str]:
+    return (a, b) if a <= b else (b, a)
 
 SPREAD_LIMIT = 16
 """Co-located jobs moved to idle GPUs per epoch (bounds migration churn)."""
@@ -155,12 +161,16 @@ class _Epoch:
         """Closed loop (``protect``): harmed rows, held-apart pairs, run-alone rows."""
         self.harmed: dict[int, float] = {}
         self.apart: set[tuple[int, int]] = set()
+        self.stepped: set[tuple[int, int]] = set()
         self.solo: set[int] = set()
         self.protections: list[Protection] = []
-        if not self.snapshot.observed and not (self.previous and self.previous.separated):
+        previous = self.previous
+        if not self.snapshot.observed and not (previous and previous.separated):
             return
         rows = {job.id: r for r, job in enumerate(self.t.jobs)}
-        self.apart = held_apart(self.snapshot, self.previous, rows)
+        if previous is not None:
+            self.apart = held_apart(previous.separated, rows)
+            self.stepped = held_apart(previous.stepped, rows)
         self.harmed = harmed_rows(self)
         self.solo = solo_rows(self)
 
@@ -327,7 +337,9 @@ class _Epoch:
         if run_rows.size:
             preempted = place_running(self, placer, run_rows, choice)
         if self.harmed:  # closed loop: separate pairs observed above tolerance
-            requeued, self.protections = separate(self, placer, self.harmed, s.switch_cost)
+            requeued, self.protections = separate(
+                self, placer, self.harmed, s.switch_cost, self.stepped
+            )
             preempted += requeued
         pending = np.flatnonzero(~t.running & selection.running)
         # Best-fit decreasing within a priority class: heavier jobs first, then the
@@ -623,19 +635,20 @@ class _Epoch:
         return sorted(set(queued) | evicted), remaining, slowdown
 
     # -- output ---------------------------------------------------------------
-    def _loop_output(
-        self, placer: Placer
-    ) -> tuple[tuple[tuple[str, str], ...], tuple[tuple[str, str, str, str, float, float], ...]]:
-        """Held-apart pairs (each once) and this epoch's separations, by job id."""
-        if not placer.apart and not self.protections:
-            return (), ()
+    def _loop_output(self, placer: Placer) -> tuple[Pairs, Pairs, Protections]:
+        """Held-apart and stepped-down pairs (each once), this epoch's separations, by id."""
+        if not placer.apart and not self.stepped and not self.protections:
+            return (), (), ()
         ids = [job.id for job in self.t.jobs]
-        pairs = tuple(sorted({tuple(sorted((ids[a], ids[b]))) for a, b in placer.apart}))
+
+        def named(pairs: set[tuple[int, int]]) -> Pairs:
+            return tuple(sorted({_ordered(ids[a], ids[b]) for a, b in pairs}))
+
         done = tuple(
             (ids[p.victim], ids[p.partner], p.action, ids[p.actor], p.observed, p.tolerance)
             for p in self.protections
         )
-        return pairs, done  # type: ignore[return-value]
+        return named(placer.apart), named(self.stepped), done
 
     def build_plan(
         self,
@@ -704,11 +717,12 @@ class _Epoch:
         violation_ids = tuple((t.jobs[v].id, t.jobs[p].id, float(e)) for v, p, e in violations)
         clock.lap("output")
         stats.update(clock.phases)
-        separated, protections = self._loop_output(placer)
+        separated, stepped, protections = self._loop_output(placer)
         if protections:
             stats["separations"] = float(len(protections))
         return Plan(
             separated=separated,
+            stepped=stepped,
             protections=protections,
             epoch=self.snapshot.epoch,
             prices=prices.copy(),

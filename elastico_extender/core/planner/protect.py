@@ -8,7 +8,9 @@ Rules
 -----
 * **Harm.** A running job is *harmed* when each of its newest ``HARM_WINDOWS``
   (k = 2) observation windows shows a slowdown above its tolerance tau (the
-  planner's adaptive tolerance at its current configuration), the newest
+  planner's adaptive tolerance at its current configuration), or the mean of
+  its newest ``SLOW_WINDOWS`` (4) windows is (a pair just above tau, where
+  one window's noise hides it; the mean has half the noise), the newest
   window is at most ``STALE_S`` old, and it shared a device in that window.
   The driver's window is one epoch (the simulator) or the agent's report
   period (the extender, a few seconds, at most one epoch), so a harmful pair
@@ -25,7 +27,8 @@ Rules
   a restart and the lost warm-up).  The cheapest option wins; when there is
   none, the newer tenant goes back to the queue (never worse than not
   sharing: it would have waited without sharing).
-* **Hysteresis.** A pair separated by a move or a requeue is *held apart*
+* **Hysteresis.** A pair steps down at most once (``Plan.stepped``): harm
+  observed again after its step-down separates it.  A pair separated by a move or a requeue is *held apart*
   while both jobs live: the plan lists it (``Plan.separated``) and the next
   epoch's planner, given that plan as ``previous``, never puts the two on one
   device again.  The configuration pair itself is remembered as harmful by the
@@ -49,13 +52,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from elastico_extender.core.interference.features import pair_features
-from elastico_extender.core.model import Plan, Snapshot
 from elastico_extender.core.planner.context import EpochRows
 from elastico_extender.core.planner.placement import Placer
 
 __all__ = [
     "HARM_WINDOWS",
     "MOVE_COST_SWITCHES",
+    "SLOW_WINDOWS",
     "STALE_S",
     "Protection",
     "held_apart",
@@ -66,6 +69,8 @@ __all__ = [
 
 HARM_WINDOWS = 2
 """k: consecutive observation windows above tolerance before a pair is separated."""
+SLOW_WINDOWS = 4
+"""Windows whose mean above tau also counts as harm (marginal pairs, noisy windows)."""
 STALE_S = 300.0
 """Observations older than this (seconds of the driver's clock) are not acted on."""
 MOVE_COST_SWITCHES = 2.0
@@ -100,7 +105,12 @@ def harmed_rows(epoch: EpochRows) -> dict[int, float]:
         if seen.age(snapshot.now) > STALE_S:
             continue
         rows.append(row)
-        low.append(min(seen.recent[-HARM_WINDOWS:]))
+        # k windows all above tau, or (a marginal pair, within the noise of one window)
+        # the mean of the newest SLOW_WINDOWS above tau.
+        evidence = min(seen.recent[-HARM_WINDOWS:])
+        if len(seen.recent) >= SLOW_WINDOWS:
+            evidence = max(evidence, sum(seen.recent[-SLOW_WINDOWS:]) / SLOW_WINDOWS)
+        low.append(evidence)
     if not rows:
         return {}
     idx = np.array(rows, dtype=np.intp)
@@ -112,12 +122,12 @@ def harmed_rows(epoch: EpochRows) -> dict[int, float]:
     }
 
 
-def held_apart(snapshot: Snapshot, previous: Plan | None, rows: dict[str, int]) -> set[tuple[int, int]]:
-    """Row pairs the previous plan held apart whose jobs both still live (both orders)."""
-    if previous is None or not previous.separated:
-        return set()
+def held_apart(
+    pairs: tuple[tuple[str, str], ...], rows: dict[str, int]
+) -> set[tuple[int, int]]:
+    """Row pairs of ``pairs`` (job ids, from the previous plan) whose jobs both live."""
     out: set[tuple[int, int]] = set()
-    for a, b in previous.separated:
+    for a, b in pairs:
         ra, rb = rows.get(a), rows.get(b)
         if ra is not None and rb is not None:
             out.add((ra, rb))
@@ -140,6 +150,7 @@ def separate(
     placer: Placer,
     harmed: dict[int, float],
     switch_cost: float,
+    stepped: set[tuple[int, int]],
 ) -> tuple[list[int], list[Protection]]:
     """Separate every harmed job from its partners, cheapest option first (module doc).
 
@@ -163,12 +174,17 @@ def separate(
                 continue
             seen = observed[t.jobs[victim].id]
             tau = float(placer.tolerance[victim])
-            step = _cheapest_step_down(epoch, placer, victim, partner, seen.slowdown, switch_cost)
+            step = None
+            if (victim, partner) not in stepped:  # a pair steps down once, then separates
+                step = _cheapest_step_down(
+                    epoch, placer, victim, partner, seen.slowdown, switch_cost
+                )
             move = _move_target(epoch, placer, victim, partner)
             move_cost = MOVE_COST_SWITCHES * switch_cost
             if step is not None and (move is None or step[0] <= move_cost):
                 _, row, config = step
                 epoch.reconfigure(placer, row, config)
+                stepped.update(((victim, partner), (partner, victim)))
                 done.append(Protection(victim, partner, "step-down", row, seen.slowdown, tau))
                 continue
             placer.keep_apart(victim, partner)
