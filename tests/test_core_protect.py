@@ -124,3 +124,38 @@ def test_no_idle_gpu_requeues_the_newer_job_and_holds_the_pair_apart(families):
     held = plan(later, result)
     assert "resnet" not in held.assignments and "resnet" in held.queued
     assert held.separated == (("bert", "resnet"),)
+
+
+def test_an_unknown_workload_runs_alone_until_observed(families):
+    """A family with no measured configuration shares only after it has been observed."""
+    import numpy as np
+
+    from elastico_extender.core.model import ProfileFamily
+    from elastico_extender.core.observations import ObservedSlowdown
+    from elastico_extender.profiles.observed import record_solo_profile
+    from elastico_extender.profiles.store import ProfileStore
+
+    resnet = families["resnet50"]
+    mystery = replace(resnet, workload="mystery", estimated=np.ones(resnet.size, dtype=bool))
+    fams = {**families, "mystery": mystery}
+    shared = shared_pair(families, gpus=1)
+    bert = next(j for j in shared.jobs if j.id == "bert")
+    newcomer = Job("new", "mystery", arrival_time=20.0)
+    seen = {"bert": ObservedSlowdown(1.0, 4, 5.0, (1.0,) * 4)}
+    snap = Snapshot(shared.nodes, (bert, newcomer), fams, epoch=2, observed=seen, now=5.0)
+    assert "new" in plan(replace(snap, observed={})).assignments  # without the loop: shares
+    assert "new" not in plan(snap).assignments  # loop engaged: it waits for an idle GPU
+    # Observed alone (its solo reference known), it may share.
+    observed = {**seen, "new": ObservedSlowdown(1.0, 1, 5.0, (1.0,))}
+    assert "new" in plan(replace(snap, observed=observed)).assignments
+
+    # Its solo window becomes the family's measured profile through the profile store.
+    store = ProfileStore()
+    window = Observation("new", 0, 5.0, 5.0, 321.0, mystery.throughput_unit, (),
+                         peak_mem_mib=9000.0, sm_activity=0.4)
+    assert record_solo_profile(store, mystery, window, measured_at=5.0)
+    measured: ProfileFamily = store.family(mystery)
+    assert not measured.estimated[0] and measured.throughput[0] == 321.0
+    assert measured.resources[0, 1] == 9000.0
+    shared_window = replace(window, partners=("bert",))
+    assert not record_solo_profile(store, mystery, shared_window, measured_at=6.0)

@@ -49,6 +49,7 @@ CREATE TABLE IF NOT EXISTS loop_references (
     config INTEGER NOT NULL,
     unit   TEXT NOT NULL,
     rate   REAL NOT NULL,
+    solo   INTEGER NOT NULL,       -- 1: measured alone, 0: a profile's T(c)
     PRIMARY KEY (job, config, unit)
 );
 """
@@ -135,18 +136,18 @@ class LoopStore:
     # -- observation references -------------------------------------------------------
     def save_references(self, book: ObservationBook) -> None:
         rows = [
-            (str(j), int(str(c)), str(u), float(str(r)))
-            for j, c, u, r in book.state()["refs"]
+            (str(j), int(str(c)), str(u), float(str(r)), int(str(m)))
+            for j, c, u, r, m in book.state()["refs"]
             if math.isfinite(float(str(r)))
         ]
         with self._lock, self._db:
             self._db.execute("DELETE FROM loop_references")
-            self._db.executemany("INSERT INTO loop_references VALUES (?,?,?,?)", rows)
+            self._db.executemany("INSERT INTO loop_references VALUES (?,?,?,?,?)", rows)
 
     def load_references(self, book: ObservationBook) -> int:
         with self._lock:
             rows = self._db.execute(
-                "SELECT job, config, unit, rate FROM loop_references"
+                "SELECT job, config, unit, rate, solo FROM loop_references"
             ).fetchall()
         book.restore({"refs": [list(r) for r in rows]})
         return len(rows)

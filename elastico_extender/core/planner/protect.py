@@ -16,7 +16,10 @@ Rules
   period (the extender, a few seconds, at most one epoch), so a harmful pair
   is observed for at most two epochs before the plan that separates it:
   a harmful pair lives at most two epochs.  A stale job (its agent stopped
-  reporting) is left where it is: the last decision stands.
+  reporting) is left where it is: the last decision stands.  A job whose
+  reference rate is its profile's T(c) (it was never seen alone at that
+  configuration) carries the profile's error in every window, so its evidence
+  is raised by ``PROFILE_MARGIN`` (10%) before the comparison.
 * **Separate, cheapest first.** For each harmed job and each partner on its
   device, the planner prices, for either tenant: stepping down in place to a
   configuration that needs no more of any resource, whose slowdown, predicted
@@ -58,6 +61,7 @@ from elastico_extender.core.planner.placement import Placer
 __all__ = [
     "HARM_WINDOWS",
     "MOVE_COST_SWITCHES",
+    "PROFILE_MARGIN",
     "SLOW_WINDOWS",
     "STALE_S",
     "Protection",
@@ -71,6 +75,10 @@ HARM_WINDOWS = 2
 """k: consecutive observation windows above tolerance before a pair is separated."""
 SLOW_WINDOWS = 4
 """Windows whose mean above tau also counts as harm (marginal pairs, noisy windows)."""
+PROFILE_MARGIN = 0.10
+"""Relative margin on a slowdown measured against a profile's T(c) instead of a solo
+window (two sigma of a profile's throughput error): such a job is separated once
+its evidence times 1.1 exceeds tau."""
 STALE_S = 300.0
 """Observations older than this (seconds of the driver's clock) are not acted on."""
 MOVE_COST_SWITCHES = 2.0
@@ -110,6 +118,8 @@ def harmed_rows(epoch: EpochRows) -> dict[int, float]:
         evidence = min(seen.recent[-HARM_WINDOWS:])
         if len(seen.recent) >= SLOW_WINDOWS:
             evidence = max(evidence, sum(seen.recent[-SLOW_WINDOWS:]) / SLOW_WINDOWS)
+        if not seen.solo_reference:  # the profile's own error may hide the excess
+            evidence *= 1.0 + PROFILE_MARGIN
         low.append(evidence)
     if not rows:
         return {}
