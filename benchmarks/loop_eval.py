@@ -147,7 +147,9 @@ def plot(results: dict[str, RunResult], path: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--scenario", choices=sorted(SCENARIOS), default="load100")
-    p.add_argument("--policy", action="append", help="policies (default: %s)" % ", ".join(POLICIES))
+    p.add_argument(
+        "--policy", action="append", help="policies (default: {})".format(", ".join(POLICIES))
+    )
     p.add_argument("--gpus", type=int)
     p.add_argument("--hours", type=float)
     p.add_argument("--seed", type=int, default=0)
@@ -157,8 +159,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=OUT)
     args = p.parse_args(argv)
     jobs, gpus = trace_for(args.scenario, args.gpus, args.hours, args.seed)
-    exp = Experiment(trace=tuple(jobs), cluster=ClusterSpec(gpus=gpus), seed=args.seed,
-                     epoch_s=args.epoch)
+    exp = Experiment(
+        trace=tuple(jobs), cluster=ClusterSpec(gpus=gpus), seed=args.seed, epoch_s=args.epoch
+    )
     policies = args.policy or list(POLICIES)
     t0 = time.time()
     results = run_experiment(exp, policies, workers=args.jobs)
@@ -173,7 +176,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(text)
     args.out.mkdir(parents=True, exist_ok=True)
-    tag = args.scenario if not (args.hours or args.gpus) else f"{args.scenario}_{gpus}g_{args.hours}h"
+    tag = (
+        args.scenario if not (args.hours or args.gpus) else f"{args.scenario}_{gpus}g_{args.hours}h"
+    )
     (args.out / f"{tag}.md").write_text(text)
     if args.plot:
         plot(results, args.out / f"{tag}_mape.png")

@@ -30,14 +30,14 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from epoch_latency import scenario  # noqa: E402
+from epoch_latency import scenario
 
-from elastico_extender.core.interference.features import pair_features  # noqa: E402
-from elastico_extender.core.interference.online import OnlineCorrection  # noqa: E402
-from elastico_extender.core.interference.predictor import ContentionPredictor  # noqa: E402
-from elastico_extender.core.model import Snapshot  # noqa: E402
-from elastico_extender.core.observations import ObservedSlowdown  # noqa: E402
-from elastico_extender.core.planner import plan  # noqa: E402
+from elastico_extender.core.interference.features import pair_features
+from elastico_extender.core.interference.online import OnlineCorrection
+from elastico_extender.core.interference.predictor import ContentionPredictor
+from elastico_extender.core.model import Snapshot
+from elastico_extender.core.observations import ObservedSlowdown
+from elastico_extender.core.planner import plan
 
 
 def loop_inputs(snapshot: Snapshot) -> tuple[OnlineCorrection, dict[str, ObservedSlowdown]]:

@@ -13,9 +13,7 @@ from elastico_extender.core.observations import Observation
 
 
 def rows(families, victim: str, vc: int, partner: str, pc: int) -> np.ndarray:
-    return pair_features(
-        families[victim].features[[vc]], families[partner].features[[pc]], 40.0
-    )
+    return pair_features(families[victim].features[[vc]], families[partner].features[[pc]], 40.0)
 
 
 def test_seen_pair_converges_to_observed_and_unseen_pairs_keep_the_base(families):

@@ -74,7 +74,7 @@ def test_pair_above_tolerance_is_moved_apart_after_k_windows(families):
         assert shared == (k < HARM_WINDOWS), f"window {k}: {devices_of(result)}"
     assert result is not None
     assert result.stats["separations"] == 1.0
-    (victim, partner, action, actor, observed, tau) = result.protections[0]
+    (_victim, _partner, action, _actor, observed, tau) = result.protections[0]
     assert action == "move" and observed > tau
     assert result.separated == (("bert", "resnet"),)
 
@@ -151,8 +151,9 @@ def test_an_unknown_workload_runs_alone_until_observed(families):
 
     # Its solo window becomes the family's measured profile through the profile store.
     store = ProfileStore()
-    window = Observation("new", 0, 5.0, 5.0, 321.0, mystery.throughput_unit, (),
-                         peak_mem_mib=9000.0, sm_activity=0.4)
+    window = Observation(
+        "new", 0, 5.0, 5.0, 321.0, mystery.throughput_unit, (), peak_mem_mib=9000.0, sm_activity=0.4
+    )
     assert record_solo_profile(store, mystery, window, measured_at=5.0)
     measured: ProfileFamily = store.family(mystery)
     assert not measured.estimated[0] and measured.throughput[0] == 321.0

@@ -200,7 +200,8 @@ class ObservationBook:
         """Plain data for persistence (references only: window history is short-lived)."""
         return {
             "refs": [
-                [j, c, u, r, int((j, c, u) in self._measured)] for (j, c, u), r in self._refs.items()
+                [j, c, u, r, int((j, c, u) in self._measured)]
+                for (j, c, u), r in self._refs.items()
             ]
         }
 

@@ -341,9 +341,7 @@ def _train_from_store(args: argparse.Namespace) -> int:
         fitted = predict_torch(net, x)
         mape = float(np.mean(np.abs(fitted - y) / y) * 100)
         metadata = {
-            "trained_colocation_types": ",".join(
-                str(int(t)) for t in np.unique(x[:, 32].round())
-            ),
+            "trained_colocation_types": ",".join(str(int(t)) for t in np.unique(x[:, 32].round())),
             "training_rows": str(len(y)),
             "training_store": args.from_store.name,
             "train_config": json.dumps(asdict(config), sort_keys=True),

@@ -114,8 +114,7 @@ class LoopStore:
                 "INSERT INTO loop_samples (features, slowdown, observed_at) VALUES (?,?,?)", rows
             )
             self._db.execute(
-                "DELETE FROM loop_samples WHERE id <= "
-                "(SELECT MAX(id) FROM loop_samples) - ?",
+                "DELETE FROM loop_samples WHERE id <= (SELECT MAX(id) FROM loop_samples) - ?",
                 (self.max_samples,),
             )
         return len(rows)

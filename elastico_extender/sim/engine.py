@@ -38,10 +38,11 @@ paused, times ``T_true(default)``, i.e. its true throughput ``T_true(c) / S_j``
 averaged over the window, times a measurement error, log-normal with sigma
 ``noise`` (default 0.03: the scatter of a launch-rate count over a window),
 with the tenants active on its devices at the window's end as partners.  A
-job paused for more than two thirds of a window reports nothing for it.  The book's reference for a job is its profiled ``T(c)`` until the
+job paused for more than two thirds of a window reports nothing for it.
+The book's reference for a job is its profiled ``T(c)`` until the
 job is seen alone, then its own solo rate (profile error fades out).  The
 snapshot carries the book's per-job observed slowdowns and the clock.  While
-any device is shared the engine plans every epoch (a window per epoch), so a
+any device is shared the engine plans every epoch (two windows per epoch), so a
 harmful pair is seen and separated within the planner's k windows.
 
 Harm is measured against each job's tolerance as the last plan stated it
@@ -263,7 +264,9 @@ class Simulator:
             config = int(self.gid[i] - self.offset[i])
             unit = fams[t.workload].throughput_unit
             if book.reference(t.job_id, config, unit) is None:
-                book.set_reference(t.job_id, config, unit, float(fams[t.workload].throughput[config]))
+                book.set_reference(
+                    t.job_id, config, unit, float(fams[t.workload].throughput[config])
+                )
             partners = sorted(
                 {o for d in self.devices[i] for o in self.tenants[d] if o != i and active[o]}
             )

@@ -69,6 +69,7 @@ Protections = tuple[tuple[str, str, str, str, float, float], ...]
 def _ordered(a: str, b: str) -> tuple[str, str]:
     return (a, b) if a <= b else (b, a)
 
+
 SPREAD_LIMIT = 16
 """Co-located jobs moved to idle GPUs per epoch (bounds migration churn)."""
 SPREAD_MIN_SLOWDOWN = 1.05

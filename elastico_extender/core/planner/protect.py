@@ -27,17 +27,20 @@ Rules
   current pair, stays within both tolerances (cost: the throughput given up
   plus the switching cost gamma0); or moving a one-GPU tenant to an idle GPU
   where it fits (cost: ``MOVE_COST_SWITCHES`` switching costs: a checkpoint,
-  a restart and the lost warm-up).  The cheapest option wins; when there is
-  none, the newer tenant goes back to the queue (never worse than not
-  sharing: it would have waited without sharing).
+  a restart and the lost warm-up).  The cheapest option wins.  Without
+  either, a one-GPU tenant moves next to other jobs where the ordinary IAC
+  screen (the corrected predictor) admits it; failing that too, the newer
+  tenant goes back to the queue (never worse than not sharing: it would have
+  waited without sharing).
 * **Hysteresis.** A pair steps down at most once (``Plan.stepped``): harm
-  observed again after its step-down separates it.  A pair separated by a move or a requeue is *held apart*
-  while both jobs live: the plan lists it (``Plan.separated``) and the next
-  epoch's planner, given that plan as ``previous``, never puts the two on one
-  device again.  The configuration pair itself is remembered as harmful by the
-  online correction (:mod:`..interference.online`), which learns the observed
-  slowdown from the same windows, so other jobs of the same pair are refused by
-  the ordinary IAC screen, and that memory persists across restarts.
+  observed again after its step-down separates it.  A pair separated by a
+  move or a requeue is *held apart* while both jobs live: the plan lists it
+  (``Plan.separated``) and the next epoch's planner, given that plan as
+  ``previous``, never puts the two on one device again.  The configuration
+  pair itself is remembered as harmful by the online correction
+  (:mod:`..interference.online`), which learns the observed slowdown from the
+  same windows, so other jobs of the same pair are refused by the ordinary
+  IAC screen, and that memory persists across restarts.
 * **Unknown workloads run alone.** While the loop is engaged (any observation
   present), a job whose family has no measured configuration and which has
   never been observed may only start on an idle GPU, and nobody joins it,
@@ -65,8 +68,8 @@ __all__ = [
     "SLOW_WINDOWS",
     "STALE_S",
     "Protection",
-    "held_apart",
     "harmed_rows",
+    "held_apart",
     "separate",
     "solo_rows",
 ]
@@ -126,15 +129,10 @@ def harmed_rows(epoch: EpochRows) -> dict[int, float]:
     idx = np.array(rows, dtype=np.intp)
     tau = epoch.tolerance(idx, t.current[idx])
     over = np.array(low) > tau + 1e-9
-    return {
-        r: float(observed[t.jobs[r].id].slowdown)
-        for r in idx[over].tolist()
-    }
+    return {r: float(observed[t.jobs[r].id].slowdown) for r in idx[over].tolist()}
 
 
-def held_apart(
-    pairs: tuple[tuple[str, str], ...], rows: dict[str, int]
-) -> set[tuple[int, int]]:
+def held_apart(pairs: tuple[tuple[str, str], ...], rows: dict[str, int]) -> set[tuple[int, int]]:
     """Row pairs of ``pairs`` (job ids, from the previous plan) whose jobs both live."""
     out: set[tuple[int, int]] = set()
     for a, b in pairs:
@@ -151,7 +149,7 @@ def solo_rows(epoch: EpochRows) -> set[int]:
     if not snapshot.observed:
         return set()
     t = epoch.t
-    unknown = t.estimated_table.all(axis=1)[t.family_index]
+    unknown = np.asarray(t.estimated_table.all(axis=1))[t.family_index]
     return {r for r in np.flatnonzero(unknown).tolist() if t.jobs[r].id not in snapshot.observed}
 
 
@@ -205,6 +203,10 @@ def separate(
                 epoch.commit_row(placer, row, config, [device])
                 done.append(Protection(victim, partner, "move", row, seen.slowdown, tau))
                 continue
+            moved = _move_next_to_others(epoch, placer, victim, partner)
+            if moved is not None:
+                done.append(Protection(victim, partner, "move", moved, seen.slowdown, tau))
+                continue
             newer = max((victim, partner), key=lambda r: (t.jobs[r].arrival_time, r))
             placer.release(newer, t.per_gpu[newer, placer.config[newer]])
             requeued.append(newer)
@@ -228,6 +230,29 @@ def _move_target(
             target = table.choose(idle, need, 1, best_fit=True)
             if target is not None:
                 return row, int(target[0])
+    return None
+
+
+def _move_next_to_others(epoch: EpochRows, placer: Placer, victim: int, partner: int) -> int | None:
+    """Move one one-GPU tenant (the newer first) to another device where IAC admits it.
+
+    No idle GPU fits: the tenant goes wherever the ordinary screen (corrected
+    prediction within every tolerance, held-apart pairs refused) accepts it,
+    in its current configuration, off its current device.  Returns the moved
+    row, or None (nothing moved) when no device accepts either tenant.
+    """
+    t, table = epoch.t, placer.table
+    for row in sorted((victim, partner), key=lambda r: (-t.jobs[r].arrival_time, -r)):
+        devices = placer.devices_of[row]
+        if len(devices) != 1:
+            continue
+        config = int(placer.config[row])
+        allowed = np.ones(table.size, dtype=bool)
+        allowed[list(devices)] = False
+        placer.release(row, t.per_gpu[row, config])
+        if epoch.try_row(placer, row, [config], allowed_devices=allowed):
+            return row
+        epoch.commit_row(placer, row, config, list(devices))
     return None
 
 
