@@ -99,7 +99,7 @@ def table(results: dict[str, RunResult], epoch_s: float) -> str:
             + " | ".join(
                 [
                     name,
-                    f"{ratio:.2f}x",
+                    f"{ratio:.3f}x",
                     f"{s['attainment']:.1f}",
                     *harm_row(r, epoch_s),
                     f"{c['migrations']:.0f}/{c['reconfigurations']:.0f}/{c['preemptions']:.0f}",
