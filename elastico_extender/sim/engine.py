@@ -42,8 +42,9 @@ job paused for more than two thirds of a window reports nothing for it.
 The book's reference for a job is its profiled ``T(c)`` until the
 job is seen alone, then its own solo rate (profile error fades out).  The
 snapshot carries the book's per-job observed slowdowns and the clock.  While
-any device is shared the engine plans every epoch (two windows per epoch), so a
-harmful pair is seen and separated within the planner's k windows.
+any device is shared the engine plans every epoch (two windows per epoch; the
+observations change the snapshot, and the extender plans every epoch too), so
+a harmful pair is seen and separated within the planner's k windows.
 
 Harm is measured against each job's tolerance as the last plan stated it
 (``Assignment.tolerance``): ``harm_s`` lists how long each (victim, partner)
@@ -81,6 +82,7 @@ from elastico_extender.sim.workloads import ConfigTable
 __all__ = ["ClusterSpec", "RunResult", "Simulator"]
 
 FUTURE, PENDING, RUNNING, DONE, REJECTED = 0, 1, 2, 3, 4
+
 _EPS = 1e-9
 
 
@@ -564,10 +566,14 @@ class Simulator:
             live = np.count_nonzero((self.status == PENDING) | (self.status == RUNNING))
             if live == 0 and next_arrival >= n:
                 break
-            if changed or replan:
-                idle = 0 if changed else idle + 1
+            if self.loop is not None:
                 self._observe(now)
                 self._measure_mape(now)
+                # Observations change the snapshot: plan every epoch while a device is
+                # shared, as the extender plans every epoch.
+                replan = replan or any(len(m) >= 2 for m in self.tenants)
+            if changed or replan:
+                idle = 0 if changed else idle + 1
                 snap = self.snapshot(epoch, now)
                 t0 = self.timer()
                 plan = self.policy.plan(snap, previous)
@@ -597,9 +603,8 @@ class Simulator:
             changed = False
             # Next time the scheduler has something new to look at; with the closed
             # loop, every epoch while a device is shared (a window per epoch).
-            if self.loop is not None and any(len(m) >= 2 for m in self.tenants):
-                replan = True
-            if replan:
+            shared = self.loop is not None and any(len(m) >= 2 for m in self.tenants)
+            if replan or shared:
                 target = now + ep
             else:
                 t_evt = self.arrival[next_arrival] if next_arrival < n else math.inf

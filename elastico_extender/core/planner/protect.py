@@ -58,6 +58,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from elastico_extender.core.interference.features import pair_features
+from elastico_extender.core.observations import ObservedSlowdown
 from elastico_extender.core.planner.context import EpochRows
 from elastico_extender.core.planner.placement import Placer
 
@@ -68,6 +69,7 @@ __all__ = [
     "SLOW_WINDOWS",
     "STALE_S",
     "Protection",
+    "harm_evidence",
     "harmed_rows",
     "held_apart",
     "separate",
@@ -100,8 +102,26 @@ class Protection:
     tolerance: float
 
 
+def harm_evidence(seen: ObservedSlowdown, now: float) -> float | None:
+    """The slowdown a job's windows vouch for, to compare with tau (module doc, "Harm").
+
+    None when there is no case: the newest window was not shared, fewer than
+    ``HARM_WINDOWS`` windows, or stale.  Otherwise the least of the newest k
+    windows, or the mean of the newest ``SLOW_WINDOWS`` if larger, raised by
+    ``PROFILE_MARGIN`` for a profile-referenced job.
+    """
+    if not seen.partners or len(seen.recent) < HARM_WINDOWS or seen.age(now) > STALE_S:
+        return None
+    evidence = min(seen.recent[-HARM_WINDOWS:])
+    if len(seen.recent) >= SLOW_WINDOWS:
+        evidence = max(evidence, sum(seen.recent[-SLOW_WINDOWS:]) / SLOW_WINDOWS)
+    if not seen.solo_reference:  # the profile's own error may hide the excess
+        evidence *= 1.0 + PROFILE_MARGIN
+    return evidence
+
+
 def harmed_rows(epoch: EpochRows) -> dict[int, float]:
-    """Running rows observed above tolerance for ``HARM_WINDOWS`` windows -> worst window."""
+    """Harmed running rows (module doc, "Harm") -> their smoothed observed slowdown."""
     snapshot = epoch.snapshot
     observed = snapshot.observed
     if not observed:
@@ -111,19 +131,10 @@ def harmed_rows(epoch: EpochRows) -> dict[int, float]:
     low: list[float] = []
     for row in np.flatnonzero(t.running).tolist():
         seen = observed.get(t.jobs[row].id)
-        if seen is None or not seen.partners or len(seen.recent) < HARM_WINDOWS:
-            continue
-        if seen.age(snapshot.now) > STALE_S:
-            continue
-        rows.append(row)
-        # k windows all above tau, or (a marginal pair, within the noise of one window)
-        # the mean of the newest SLOW_WINDOWS above tau.
-        evidence = min(seen.recent[-HARM_WINDOWS:])
-        if len(seen.recent) >= SLOW_WINDOWS:
-            evidence = max(evidence, sum(seen.recent[-SLOW_WINDOWS:]) / SLOW_WINDOWS)
-        if not seen.solo_reference:  # the profile's own error may hide the excess
-            evidence *= 1.0 + PROFILE_MARGIN
-        low.append(evidence)
+        evidence = None if seen is None else harm_evidence(seen, snapshot.now)
+        if evidence is not None:
+            rows.append(row)
+            low.append(evidence)
     if not rows:
         return {}
     idx = np.array(rows, dtype=np.intp)
