@@ -172,7 +172,7 @@ class _Epoch:
         if previous is not None:
             self.apart = held_apart(previous.separated, rows)
             self.stepped = held_apart(previous.stepped, rows)
-        self.harmed = harmed_rows(self)
+        self.harmed = harmed_rows(self, rows)
         self.solo = solo_rows(self)
 
     # -- set-up -------------------------------------------------------------

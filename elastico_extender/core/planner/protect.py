@@ -120,24 +120,29 @@ def harm_evidence(seen: ObservedSlowdown, now: float) -> float | None:
     return evidence
 
 
-def harmed_rows(epoch: EpochRows) -> dict[int, float]:
-    """Harmed running rows (module doc, "Harm") -> their smoothed observed slowdown."""
+def harmed_rows(epoch: EpochRows, rows: dict[str, int]) -> dict[int, float]:
+    """Harmed running rows (module doc, "Harm") -> their smoothed observed slowdown.
+
+    ``rows`` maps job ids to rows; only jobs observed sharing are looked at.
+    """
     snapshot = epoch.snapshot
     observed = snapshot.observed
-    if not observed:
-        return {}
     t = epoch.t
-    rows: list[int] = []
+    found: list[int] = []
     low: list[float] = []
-    for row in np.flatnonzero(t.running).tolist():
-        seen = observed.get(t.jobs[row].id)
-        evidence = None if seen is None else harm_evidence(seen, snapshot.now)
+    for job_id, seen in observed.items():
+        if not seen.partners:
+            continue
+        row = rows.get(job_id)
+        if row is None or not t.running[row]:
+            continue
+        evidence = harm_evidence(seen, snapshot.now)
         if evidence is not None:
-            rows.append(row)
+            found.append(row)
             low.append(evidence)
-    if not rows:
+    if not found:
         return {}
-    idx = np.array(rows, dtype=np.intp)
+    idx = np.array(found, dtype=np.intp)
     tau = epoch.tolerance(idx, t.current[idx])
     over = np.array(low) > tau + 1e-9
     return {r: float(observed[t.jobs[r].id].slowdown) for r in idx[over].tolist()}
