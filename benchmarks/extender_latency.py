@@ -102,7 +102,11 @@ def pod(name: str, family: str, node_name: str | None = None, device: int = 0) -
     spec: dict = {"schedulerName": "elastico-scheduler",
                   "containers": [{"name": "main", "image": "img",
                                   "resources": {"limits": {"nvidia.com/gpu": "1"},
-                                                "requests": {"nvidia.com/gpu": "1"}}}]}  # fmt: skip
+                                                "requests": {"nvidia.com/gpu": "1"}}}],
+                  # the webhook's decision volume: the pod was admitted through it
+                  "volumes": [{"name": "elastico-decision", "downwardAPI": {"items": [
+                      {"path": "annotations",
+                       "fieldRef": {"fieldPath": "metadata.annotations"}}]}}]}  # fmt: skip
     if node_name:
         spec["nodeName"] = node_name
         annotations["elastico.io/assigned-node"] = node_name

@@ -17,6 +17,8 @@ Input annotations (set by the user; any one of them opts the pod in)::
                                 the extender evicts it (Eviction API, PodDisruptionBudgets
                                 apply) so its controller recreates it; ``never``
                                 (default): a move is only logged
+    elastico.io/profiling       ``true``: ``elastico-run`` preloads the profiler shim
+                                (read in the container; does not opt a pod in by itself)
 
 Decision annotations (written by bind and by every in-place reconfiguration; read
 back to rebuild state after a restart, and by ``elastico-run`` in the container
@@ -73,7 +75,10 @@ WEIGHT = "weight"
 ALLOWED = "allowed"
 CONFIGURATION = "configuration"
 MIGRATION = "migration"
+PROFILING = "profiling"  # read by elastico-run in the container (launcher.assignment)
 INPUT_KEYS = (FAMILY, MODE, KIND, MIN_THROUGHPUT, WEIGHT, ALLOWED, CONFIGURATION, MIGRATION)
+# Accepted on a pod without being an opt-in: the container's own switches.
+CONTAINER_KEYS = (PROFILING,)
 
 ASSIGNED_NODE = "assigned-node"
 ASSIGNED_DEVICES = "assigned-devices"
@@ -285,7 +290,7 @@ def parse_intent(
         return None
     assert annotations is not None
     problems: list[tuple[str, str]] = []
-    known = {_key(k) for k in INPUT_KEYS + DECISION_KEYS}
+    known = {_key(k) for k in INPUT_KEYS + DECISION_KEYS + CONTAINER_KEYS}
     for key in annotations:
         if key.startswith(PREFIX) and key not in known:
             problems.append(

@@ -6,6 +6,7 @@
     elastico train-iac  retrain the interference DNN on your own pair measurements
     elastico run        the container entrypoint (same as elastico-run)
     elastico catalog    list the built-in workload families (RST catalog)
+    elastico runtime-bundle DEST   elastico-run + shim for an init container's volume
 
 Subcommands added by other parts of the package register in ``SUBCOMMANDS``.
 Logging is configured here and only here.
@@ -14,17 +15,20 @@ Logging is configured here and only here.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import logging
+import os
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
 from elastico_extender import __version__
 from elastico_extender.core.model import GpuDevice, Job, Node, Snapshot
-from elastico_extender.core.resources import RESOURCE_NAMES
+from elastico_extender.core.resources import GPU_MEM, GPU_SM, RESOURCE_NAMES
 from elastico_extender.core.shapes.catalog import CATALOG, REFERENCE_DEVICE_MIB, catalog_families
 from elastico_extender.errors import ElasticoError
 
@@ -37,18 +41,26 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
         "trace-driven simulation: ElastiCo vs Volcano-like and Lucid-like baselines",
     ),
     "train-iac": (
-        "elastico_extender.interference.train:main",
+        "elastico_extender.interference.train_cli:main",
         "train the interference DNN on a pair CSV and export it to ONNX (needs torch)",
     ),
     "run": (
         "elastico_extender.launcher.run:main",
         "elastico-run: launch a workload with its assigned configuration (container entrypoint)",
     ),
+    "runtime-bundle": (
+        "elastico_extender.launcher.bundle:main",
+        "copy elastico-run and the profiler shim into a shared volume (init container)",
+    ),
     "serve": (
         "elastico_extender.service.cli:serve_main",
         "run the scheduler extender (embedded demo cluster unless --kubeconfig or in-cluster)",
     ),
 }
+
+
+MAX_DEMO_GPUS = 65_536
+MAX_DEMO_JOBS = 100_000
 
 
 def _plan_demo(argv: Sequence[str]) -> int:
@@ -61,8 +73,12 @@ def _plan_demo(argv: Sequence[str]) -> int:
     parser.add_argument("--jobs", type=int, default=24, help="jobs arriving at once (default 24)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
-    if args.gpus < 1 or args.jobs < 0:
-        parser.error("--gpus must be >= 1 and --jobs >= 0")
+    if not 1 <= args.gpus <= MAX_DEMO_GPUS:
+        parser.error(f"--gpus must be 1..{MAX_DEMO_GPUS}, got {args.gpus}")
+    if not 0 <= args.jobs <= MAX_DEMO_JOBS:
+        parser.error(f"--jobs must be 0..{MAX_DEMO_JOBS}, got {args.jobs}")
+    if args.seed < 0:
+        parser.error(f"--seed must be >= 0, got {args.seed}")
     from elastico_extender.core.planner import plan
 
     families = catalog_families()
@@ -114,6 +130,9 @@ def _plan_demo(argv: Sequence[str]) -> int:
         )
     prices = ", ".join(f"{n}={p:.3f}" for n, p in zip(RESOURCE_NAMES, result.prices, strict=True))
     print(f"\nshadow prices: {prices}")
+    note = _zero_price_note(jobs, families, args.gpus, result.prices, len(result.queued))
+    if note:
+        print(note)
     print(
         f"admitted {len(result.assignments)}, queued {len(result.queued)}, "
         f"co-located GPUs {int(result.stats['colocated_devices'])}, "
@@ -121,6 +140,31 @@ def _plan_demo(argv: Sequence[str]) -> int:
         f"memory allocated {result.stats['memory_allocated']:.0%}"
     )
     return 0
+
+
+def _zero_price_note(
+    jobs: Sequence[Job], families: Mapping[str, Any], gpus: int, prices: Any, queued: int
+) -> str:
+    """Why every price is 0 although jobs wait (docs/plan-prices.md).
+
+    ESP returns the prices of the best-valued feasible selection it found.  When demand at
+    λ=0 is several times the capacity, the first step (proportional to the excess) lands
+    where no job prefers running; when it is near capacity, higher prices admit nothing
+    more.  Either way rationing at λ=0 is the best seen, and the queue shows the shortage.
+    """
+    if queued == 0 or float(np.max(prices)) > 0:
+        return ""
+    demand = sum((families[j.family].resources[families[j.family].fastest_index] for j in jobs),
+                 np.zeros(len(RESOURCE_NAMES)))  # fmt: skip
+    sm = demand[GPU_SM] / gpus
+    mem = demand[GPU_MEM] / (gpus * REFERENCE_DEVICE_MIB)
+    return (
+        f"prices are 0 although {queued} jobs wait: ESP keeps the prices of the best feasible "
+        "selection it finds, and no higher price it tried admitted more work than rationing "
+        f"at λ=0 (demand at λ=0: {sm:.1f}x the GPU SMs, {mem:.1f}x the GPU memory); admission "
+        "is by rationing in priority order, so the queue, not the price, shows the shortage "
+        "(docs/plan-prices.md)"
+    )
 
 
 def _catalog(argv: Sequence[str]) -> int:
@@ -153,13 +197,14 @@ def _resolve(name: str) -> Callable[[Sequence[str]], int]:
     return getattr(importlib.import_module(module), func)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def _main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     commands = {
         **{k: v[1] for k, v in BUILTIN.items()},
         **{k: v[1] for k, v in SUBCOMMANDS.items()},
     }
-    usage = "\n".join(f"  {name:<10} {text}" for name, text in sorted(commands.items()))
+    width = max(map(len, commands))
+    usage = "\n".join(f"  {name:<{width}}  {text}" for name, text in sorted(commands.items()))
     if not argv or argv[0] in {"-h", "--help"}:
         print(
             f"usage: elastico <command> [options]\n\ncommands:\n{usage}\n\n"
@@ -179,6 +224,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ElasticoError as exc:
         print(f"elastico {name}: error: {exc}", file=sys.stderr)
         return 1
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    except BrokenPipeError:
+        # `elastico plan | head`: the reader left; exit quietly as other filters do.
+        with contextlib.suppress(OSError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141  # 128 + SIGPIPE, what a shell reports for a filter killed by it
 
 
 if __name__ == "__main__":

@@ -80,7 +80,15 @@ class PredictorError(ElasticoError):
 
 
 class ClusterError(ElasticoError):
-    """A write to the cluster (ConfigMap, annotations, Binding) failed; the message says which."""
+    """A write to the cluster (ConfigMap, annotations, Binding) failed; the message says which.
+
+    ``status`` is the API server's HTTP status when it answered (409: the pod is
+    already bound; 404: it is gone), None when the outcome is unknown (timeout,
+    connection lost): the write may have happened."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 class ProfilingError(ElasticoError):

@@ -145,11 +145,32 @@ def test_bind_writes_configmap_annotations_and_binding(server, cluster):
     pod_a = cluster.state.pod_by_name("ml", "a") or {}
     assert pod_a["metadata"]["annotations"]["elastico.io/assigned-devices"] == "1"
     order = [r for r in server.requests if r.startswith(("POST", "PATCH"))]
-    assert order == [
+    assert order == [  # two round trips: the decision travels with the Binding
         "POST /api/v1/namespaces/ml/configmaps",
-        "PATCH /api/v1/namespaces/ml/pods/a",
         "POST /api/v1/namespaces/ml/pods/a/binding",
     ]
+    assert server.bindings[0]["metadata"]["annotations"] == {"elastico.io/assigned-devices": "1"}
+
+
+def test_a_pod_is_never_bound_without_its_decision(server, cluster):
+    """Whatever stops between bind's writes, every version of the pod the API server
+    ever held with a node also holds the decision (crash safety of issue 12 item 18)."""
+    a = cluster.state.pod_by_name("ml", "a") or {}
+    request = BindRequest("ml", "a", a["metadata"]["uid"], "gpu-1",
+                          {"elastico.io/assigned-devices": "3"}, "elastico-a",
+                          {"CUDA_VISIBLE_DEVICES": "3"})  # fmt: skip
+    cluster.bind(request)
+    versions = [obj for _, _, obj in server.events["pods"] if obj["metadata"]["name"] == "a"]
+    bound = [v for v in versions if v["spec"].get("nodeName")]
+    assert bound and all(
+        v["metadata"].get("annotations", {}).get("elastico.io/assigned-devices") == "3"
+        for v in bound
+    )
+    from elastico_extender.cluster.base import ClusterError
+
+    with pytest.raises(ClusterError) as again:  # a retried Binding: 409, reported as such
+        cluster.bind(request)
+    assert again.value.status == 409
 
 
 def test_evict_goes_through_the_eviction_api_and_reports_a_budget_refusal(server, cluster):

@@ -120,7 +120,7 @@ def test_rbac_is_least_privilege_and_bound_to_the_deployments_accounts():
     assert accounts <= bound
 
 
-@pytest.mark.parametrize("name", ["bert-finetune", "llama3-batch-infer"])
+@pytest.mark.parametrize("name", ["bert-finetune", "llama3-batch-infer", "resnet-bundle"])
 def test_example_pods_use_the_scheduler_and_valid_annotations(name):
     pod = by_kind("Pod")[name]
     assert pod["spec"]["schedulerName"] == scheduler_config()["profiles"][0]["schedulerName"]

@@ -7,6 +7,7 @@ import dataclasses
 import json
 
 import pytest
+from test_service_snapshot import DECISION_VOLUME
 from test_service_wire import WIRE, wire_cluster
 
 from elastico_extender.cluster.embedded import EmbeddedCluster
@@ -73,9 +74,9 @@ def test_pods_of_one_shape_share_an_answer_until_the_view_changes():
     twin["metadata"].update(name="twin", uid="uid-twin")
     first = engine.filter(pod, names)
     assert engine.filter(twin, names) == first
-    cached = len(engine._answer_cache)
+    cached = len(engine.verbs._answer_cache)
     engine.filter(twin, names)
-    assert len(engine._answer_cache) == cached  # one entry for the shape
+    assert len(engine.verbs._answer_cache) == cached  # one entry for the shape
     assert first.passed
     meta = pod["metadata"]
     assert (
@@ -102,7 +103,8 @@ def _benchmark_like_cluster() -> EmbeddedCluster:
                             "uid": f"uid-{name}", "resourceVersion": "1",
                             "annotations": annotations},
                             "spec": {"nodeName": f"n{i}", "containers": [{"name": "c",
-                                     "resources": {"limits": {"nvidia.com/gpu": "1"}}}]},
+                                     "resources": {"limits": {"nvidia.com/gpu": "1"}}}],
+                                     "volumes": [DECISION_VOLUME]},
                             "status": {"phase": "Running"}})  # fmt: skip
     return EmbeddedCluster(objects, "test")
 
@@ -155,7 +157,7 @@ def test_prioritize_scores_follow_a_bind_not_the_cached_answer():
     assert engine.filter(twin, ["g0"]).passed == ["g0"]
     assert engine.bind("ml", "twin", "uid-twin", "g0") == ""
     after = engine.prioritize(pod, ["g0", "g1"]).pairs()
-    engine._score_cache.clear()
-    engine._answer_cache.clear()
+    engine.verbs._score_cache.clear()
+    engine.verbs._answer_cache.clear()
     assert engine.prioritize(pod, ["g0", "g1"]).pairs() == after  # recomputed: the same
     assert after != before  # g0 is fuller now

@@ -25,6 +25,12 @@ def gpu_node(name: str, gpus: int = 1, memory_mib: int = 40960) -> dict:
 
 
 def elastic_pod(name: str, family: str = "bert", **extra: str) -> dict:
+    """An opted-in pod as stored after the webhook admitted it."""
+    return webhook_applied(raw_elastic_pod(name, family, **extra))
+
+
+def raw_elastic_pod(name: str, family: str = "bert", **extra: str) -> dict:
+    """An opted-in pod as its author wrote it (before the webhook)."""
     annotations = {
         "elastico.io/family": family,
         **{f"elastico.io/{k}": v for k, v in extra.items()},
@@ -38,6 +44,41 @@ def elastic_pod(name: str, family: str = "bert", **extra: str) -> dict:
                  "image": "img", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]},
         "status": {"phase": "Pending"},
     }  # fmt: skip
+
+
+def webhook_applied(pod: dict) -> dict:
+    """``pod`` as the API server stores it after the mutating webhook's patch."""
+    from elastico_extender.annotations import parse_intent
+    from elastico_extender.api.routes.webhook import mutation_patch
+    from elastico_extender.errors import AnnotationError
+    from elastico_extender.service.families import FamilyResolver
+
+    try:
+        intent = parse_intent(pod["metadata"]["annotations"], FamilyResolver(40960.0))
+    except AnnotationError:
+        return pod  # admitted unchanged, with warnings
+    if intent is None:
+        return pod
+    return apply_patch(pod, mutation_patch(pod, intent, mps=True))
+
+
+def apply_patch(obj: dict, ops: list[dict]) -> dict:
+    """RFC 6902 ``add`` operations, as the API server applies a webhook's JSONPatch."""
+    import copy
+
+    out = copy.deepcopy(obj)
+    for op in ops:
+        assert op["op"] == "add"
+        parts = [p.replace("~1", "/").replace("~0", "~") for p in op["path"].split("/")[1:]]
+        target = out
+        for part in parts[:-1]:
+            target = target[int(part)] if isinstance(target, list) else target[part]
+        last = parts[-1]
+        if isinstance(target, list):
+            target.append(op["value"]) if last == "-" else target.insert(int(last), op["value"])
+        else:
+            target[last] = op["value"]
+    return out
 
 
 class LaggingCluster(EmbeddedCluster):
@@ -229,7 +270,7 @@ def test_webhook_adds_configmap_env_and_downward_api():
     cluster = EmbeddedCluster([gpu_node("g0")], "test")
     server, _ = start(cluster)
     try:
-        pod = elastic_pod("trainer")
+        pod = raw_elastic_pod("trainer")
         pod["metadata"]["annotations"]["elastico.io/kind"] = "training"
         review = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
                   "request": {"uid": "r1", "operation": "CREATE", "object": pod}}  # fmt: skip
@@ -261,7 +302,7 @@ def test_epoch_reconfigures_a_running_pod_in_place_to_admit_another():
     ConfigMap and annotations (what elastico-run reads), without a new Binding."""
     cluster = EmbeddedCluster([gpu_node("g0")], "test")
     cluster.add_pod(elastic_pod("bert-a", "bert"))
-    server, token = start(cluster)
+    server, token = start(cluster, min_dwell_seconds=0)  # reshaped at once: no dwell
     auth = {"Authorization": f"Bearer {token}"}
     try:
         bind = {"PodName": "bert-a", "PodNamespace": "ml", "PodUID": "uid-bert-a", "Node": "g0"}

@@ -43,6 +43,11 @@ def test_heartbeats_keep_the_nodes_tuple_and_changes_replace_it():
     assert [n.name for n in engine.build_snapshot()[0].nodes] == ["a"]
 
 
+DECISION_VOLUME = {"name": "elastico-decision", "downwardAPI": {"items": [
+    {"path": "annotations", "fieldRef": {"fieldPath": "metadata.annotations"}}]}}  # fmt: skip
+"""What the webhook adds (the extender shares GPUs only with pods that carry it)."""
+
+
 def bound_pod(name: str, node: str, device: int, family: str = "bert") -> dict:
     annotations = {"elastico.io/family": family, "elastico.io/assigned-node": node,
                    "elastico.io/assigned-devices": str(device)}  # fmt: skip
@@ -51,7 +56,8 @@ def bound_pod(name: str, node: str, device: int, family: str = "bert") -> dict:
             "metadata": {"name": name, "namespace": "t", "uid": f"uid-{name}",
                          "resourceVersion": "1", "annotations": annotations},
             "spec": {"nodeName": node, "containers": [{"name": "m", "image": "i",
-                     "resources": {"limits": limits, "requests": limits}}]},
+                     "resources": {"limits": limits, "requests": limits}}],
+                     "volumes": [DECISION_VOLUME]},
             "status": {"phase": "Running"}}  # fmt: skip
 
 
@@ -82,7 +88,8 @@ def test_a_bound_pod_with_invalid_annotations_is_reported_every_epoch():
     cluster = EmbeddedCluster([gpu_node("a", 2, "1"), broken], "test")
     engine = Engine(ServiceSettings(epoch_seconds=60), cluster)
     for _ in range(3):
-        snapshot, _, _, invalid = engine.build_snapshot()
+        built = engine.build_snapshot()
+        snapshot, invalid = built.snapshot, built.invalid
         assert "elastico.io/mode" in invalid["uid-bad"]
         assert [j.devices for j in snapshot.jobs] == [(("a", 0),)]  # still holds its GPU
 
@@ -117,12 +124,44 @@ def test_the_plans_moves_evict_only_pods_that_allow_it_and_a_controller_owns():
         }
         return Plan(epoch=1, prices=np.zeros(NUM_RESOURCES), assignments=assignments)
 
-    engine._apply_reconfigurations(moves("optout", "bare", "ok", "ok2"), meta)
+    engine.actuator.apply(moves("optout", "bare", "ok", "ok2"), meta, {})
     assert cluster.evictions == [("t", "ok")]  # one per epoch; opted-out and unowned stay
-    engine._apply_reconfigurations(moves("ok", "ok2"), meta)  # "ok" is already on its way
+    engine.actuator.apply(moves("ok", "ok2"), meta, {})  # "ok" is already on its way
     assert cluster.evictions == [("t", "ok"), ("t", "ok2")]
     remaining = {p["metadata"]["name"] for p in cluster.state.pods().values()}
     assert remaining == {"ok3", "optout", "bare"}
     off = Engine(ServiceSettings(epoch_seconds=60, max_migrations_per_epoch=0), cluster)
-    off._apply_reconfigurations(moves("ok3"), off.build_snapshot()[1])
+    off.actuator.apply(moves("ok3"), off.build_snapshot()[1], {})
     assert len(cluster.evictions) == 2  # 0: moves are only logged
+
+
+def test_a_pod_keeps_its_configuration_for_the_dwell_time_after_its_bind():
+    """Issue 12 item 6: a reshape restarts the workload, so no epoch reshapes a pod
+    during ``min_dwell_seconds`` after its bind; after that the plan may."""
+    from test_service_behaviour import elastic_pod
+    from test_service_behaviour import gpu_node as full_node
+
+    from elastico_extender.cluster.base import BindRequest
+
+    now = [0.0]
+    reshaped: list[str] = []
+
+    class Recording(EmbeddedCluster):
+        def reconfigure(self, request: BindRequest) -> None:
+            super().reconfigure(request)
+            reshaped.append(request.name)
+
+    cluster = Recording([full_node("g0")], "test")
+    cluster.add_pod(elastic_pod("bert-a", "bert"))
+    engine = Engine(ServiceSettings(epoch_seconds=5, min_dwell_seconds=60), cluster,
+                    clock=lambda: now[0])  # fmt: skip
+    engine.run_epoch()
+    assert engine.bind("ml", "bert-a", "uid-bert-a", "g0") == ""
+    cluster.add_pod(elastic_pod("resnet-b", "resnet50"))  # would need bert reshaped
+    for t in range(5, 60, 5):
+        now[0] = float(t)
+        engine.run_epoch()
+    assert reshaped == []  # not within the first minute
+    now[0] = 65.0
+    engine.run_epoch()
+    assert reshaped == ["bert-a"]  # once the dwell is over, Case 1 as before

@@ -95,9 +95,12 @@ def test_bind_needs_auth_then_binds_through_the_cluster(service):
     pod = cluster.state.pod_by_name("default", "gpu-pod-a")
     assert pod is not None and pod["spec"]["nodeName"] == "gpu-node-3"
     assert cluster.bindings[-1]["target"]["name"] == "gpu-node-3"
-    # the pod's two GPUs are now taken: a second 2-GPU pod no longer fits gpu-node-2 and 3 both
-    again = post(url, "bind", args, token).json()
-    assert "already bound" in again["Error"]
+    # a retried bind (same pod, same node) succeeds; one to another node is refused
+    assert post(url, "bind", args, token).json() == {"Error": ""}
+    elsewhere = json.loads(args)
+    elsewhere["Node"] = "gpu-node-2"
+    assert "already bound to gpu-node-3" in post(url, "bind", elsewhere, token).json()["Error"]
+    assert len(cluster.bindings) == 1
 
 
 def test_two_gpu_pod_then_one_gpu_pod_follow_the_capacity(service):

@@ -22,7 +22,7 @@ _spec.loader.exec_module(fakes)
 @pytest.fixture(scope="module")
 def shim(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("shim") / fakes.build.LIBRARY_NAME
-    return fakes.build.compile_shim(out)
+    return fakes.build.compile_shim(out, extra_cflags=fakes.build.STRICT_CFLAGS)
 
 
 def test_python_twin_matches_the_layout_compiled_into_the_library(shim: Path) -> None:

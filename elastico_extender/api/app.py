@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import secrets
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -22,6 +22,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from elastico_extender import __version__
 from elastico_extender.api.deps import ApiError, json_response
+from elastico_extender.api.docs import install_docs
 from elastico_extender.api.fastpath import DirectRoutes
 from elastico_extender.api.routes import extender, ops, rest, webhook
 from elastico_extender.cluster.base import Cluster
@@ -50,6 +51,13 @@ def _token(settings: ServiceSettings) -> tuple[str, bool]:
     return secrets.token_urlsafe(32), True
 
 
+def _leadership(cluster: Cluster) -> Callable[[], bool]:
+    """The engine's write gate: the Lease elector's answer when replicas elect a leader
+    (``LeaderGatedCluster``), else always True (one replica)."""
+    elector = getattr(cluster, "elector", None)
+    return elector.is_leader if elector is not None else (lambda: True)
+
+
 def create_app(
     settings: ServiceSettings,
     cluster: Cluster,
@@ -76,6 +84,7 @@ def create_app(
         predictor_degraded=predictor_degraded,
         families=FamilyResolver(settings.default_gpu_memory_mib, store=store),
         metrics=metrics,
+        is_leader=_leadership(cluster),
     )
     token, generated = _token(settings)
 
@@ -98,6 +107,8 @@ def create_app(
             "ElastiCo plan, and the pod mutating webhook."
         ),
         lifespan=lifespan,
+        docs_url=None,  # install_docs: served from packaged assets (air-gapped clusters)
+        redoc_url=None,
     )
     app.state.settings = settings
     app.state.engine = engine
@@ -128,4 +139,5 @@ def create_app(
     app.include_router(rest.router)
     app.include_router(webhook.router)
     app.include_router(ops.router)
+    install_docs(app)
     return app

@@ -6,6 +6,12 @@ It is the no-cluster default of ``serve`` (so every endpoint can be tried
 without Kubernetes), the tests' fixture, and a starting state for experiments.
 Bind applies the same writes a real API server would (ConfigMap owned by the
 pod, annotations, ``spec.nodeName``) to the in-memory objects.
+
+What survives a restart: with ``state_file`` (``elastico serve --embedded-state``)
+every change -- pods created, bound, reconfigured, deleted, and the ConfigMaps --
+is written to that file atomically before the call returns, and a restart
+(``kill -9`` included) starts from it.  Without it the objects live in memory only:
+a restart starts again from the seed file, every bind forgotten.
 """
 
 from __future__ import annotations
@@ -14,6 +20,8 @@ import copy
 import itertools
 import json
 import logging
+import os
+import tempfile
 import threading
 from importlib import resources
 from pathlib import Path
@@ -46,14 +54,31 @@ def load_objects(path: str | Path | None = None) -> list[KubeObject]:
 class EmbeddedCluster:
     """A :class:`~.base.Cluster` over objects held in memory."""
 
-    def __init__(self, objects: list[KubeObject], source: str = "embedded") -> None:
+    def __init__(
+        self,
+        objects: list[KubeObject],
+        source: str = "embedded",
+        *,
+        state_file: str | Path | None = None,
+    ) -> None:
         self.state = ClusterState()
-        self.description = f"embedded cluster from {source} (no Kubernetes API server)"
+        self.state_file = Path(state_file) if state_file is not None else None
+        kept = f" (state kept in {self.state_file})" if self.state_file else ""
+        self.description = f"embedded cluster from {source}{kept} (no Kubernetes API server)"
         self.configmaps: dict[tuple[str, str], KubeObject] = {}
         self.bindings: list[KubeObject] = []
         self.evictions: list[tuple[str, str]] = []  # (namespace, name) of evicted pods
         self._lock = threading.Lock()
+        self._save_lock = threading.Lock()
         self._rv = itertools.count(1000)
+        if self.state_file is not None and self.state_file.exists():
+            objects = load_objects(self.state_file)  # what the last run wrote, not the seed
+            self.description = f"embedded cluster restored from {self.state_file}"
+            versions = (str((o.get("metadata") or {}).get("resourceVersion", "")) for o in objects)
+            rvs = [int(v) for v in versions if v.isdigit()]
+            self._rv = itertools.count(max(rvs, default=999) + 1)
+            for cm in (o for o in objects if o.get("kind") == "ConfigMap"):
+                self.configmaps[(cm["metadata"]["namespace"], cm["metadata"]["name"])] = cm
         nodes = [o for o in objects if self._is_node(o)]
         pods = [o for o in objects if self._is_pod(o)]
         for obj in nodes + pods:
@@ -64,6 +89,38 @@ class EmbeddedCluster:
         rv = str(next(self._rv))
         self.state.replace("nodes", nodes, rv)
         self.state.replace("pods", pods, rv)
+        self._save()
+
+    def _save(self) -> None:
+        """Write every object to ``state_file`` (when set) atomically and durably: a
+        temporary file, fsync, rename, fsync of the directory -- after every change, so
+        a ``kill -9`` at any point leaves the last complete state."""
+        if self.state_file is None:
+            return
+        with self._save_lock:
+            items = [
+                *self.state.nodes().values(),
+                *self.state.pods().values(),
+                *self.configmaps.values(),
+            ]
+            body = json.dumps({"apiVersion": "v1", "kind": "List", "items": items}).encode()
+            folder = self.state_file.parent
+            folder.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix=".embedded-", dir=folder)
+            try:
+                with os.fdopen(fd, "wb") as out:
+                    out.write(body)
+                    out.flush()
+                    os.fsync(out.fileno())
+                os.replace(tmp, self.state_file)
+            except BaseException:
+                Path(tmp).unlink(missing_ok=True)
+                raise
+            dir_fd = os.open(folder, os.O_RDONLY)
+            try:
+                os.fsync(dir_fd)
+            finally:
+                os.close(dir_fd)
 
     @staticmethod
     def _is_node(obj: KubeObject) -> bool:
@@ -74,9 +131,13 @@ class EmbeddedCluster:
         return obj.get("kind") == "Pod"
 
     @classmethod
-    def from_file(cls, path: str | Path | None = None) -> EmbeddedCluster:
+    def from_file(
+        cls, path: str | Path | None = None, state_file: str | Path | None = None
+    ) -> EmbeddedCluster:
+        """The objects of ``path`` (the packaged demo when None); with ``state_file``,
+        what the last run left there instead, once it exists."""
         source = str(path) if path is not None else f"elastico_extender/data/{DEFAULT_EMBEDDED}"
-        return cls(load_objects(path), source)
+        return cls(load_objects(path), source, state_file=state_file)
 
     def start(self) -> None:
         log.info("cluster.start", extra={"cluster": self.description})
@@ -93,6 +154,7 @@ class EmbeddedCluster:
         meta.setdefault("uid", f"embedded-{meta.get('name')}")
         meta["resourceVersion"] = str(next(self._rv))
         self.state.apply("pods", "ADDED", obj)
+        self._save()
         return obj
 
     def delete_pod(self, namespace: str, name: str) -> None:
@@ -105,6 +167,7 @@ class EmbeddedCluster:
                     owners = cm["metadata"].get("ownerReferences") or []
                     if any(o.get("uid") == uid for o in owners):
                         del self.configmaps[key]  # garbage collection of owned objects
+            self._save()
 
     def evict(self, namespace: str, name: str, uid: str) -> None:
         """No controllers here: the pod is deleted (recorded in ``evictions``)."""
@@ -118,21 +181,24 @@ class EmbeddedCluster:
         with self._lock:
             pod = self.state.pod_by_name(request.namespace, request.name)
             if pod is None:
-                raise ClusterError(f"pod {request.namespace}/{request.name} not found")
+                raise ClusterError(f"pod {request.namespace}/{request.name} not found", 404)
             uid = str(pod["metadata"].get("uid"))
             if request.uid and uid != request.uid:
                 raise ClusterError(
-                    f"pod {request.namespace}/{request.name} has UID {uid}, not {request.uid}"
+                    f"pod {request.namespace}/{request.name} has UID {uid}, not {request.uid}",
+                    409,
                 )
             if pod.get("spec", {}).get("nodeName"):
                 raise ClusterError(
                     f"pod {request.namespace}/{request.name} is already bound to "
-                    f"{pod['spec']['nodeName']}"
+                    f"{pod['spec']['nodeName']}",
+                    409,
                 )
             if self.state.node(request.node) is None:
-                raise ClusterError(f"node {request.node} not found")
+                raise ClusterError(f"node {request.node} not found", 404)
             self.bindings.append(binding_object(request))
             self._write_decision(pod, request, bind=True)
+            self._save()
 
     def reconfigure(self, request: BindRequest) -> None:
         with self._lock:
@@ -144,6 +210,7 @@ class EmbeddedCluster:
                     f"pod {request.namespace}/{request.name} is not bound to {request.node}"
                 )
             self._write_decision(pod, request, bind=False)
+            self._save()
 
     def _write_decision(self, pod: KubeObject, request: BindRequest, *, bind: bool) -> None:
         """ConfigMap, then the pod's decision annotations (and nodeName when binding);

@@ -7,14 +7,23 @@ It serves, over real HTTP/1.1 on 127.0.0.1:
   watch events (ADDED / MODIFIED / DELETED / BOOKMARK) after N, held open until
   ``timeoutSeconds``; a version older than the last compaction gets an
   ``ERROR`` event carrying a ``410 Expired`` Status, as etcd compaction causes;
-* ``POST .../pods/{name}/binding``, ``PATCH .../pods/{name}`` (merge patch of
-  metadata), ``POST``/``PUT .../configmaps``: the writes bind performs;
+* ``POST .../pods/{name}/binding`` (the Binding's ``metadata.annotations`` are
+  copied onto the pod with its node, as kube-apiserver's binding registry does;
+  409 when already bound), ``PATCH .../pods/{name}`` (merge patch of metadata),
+  ``POST``/``PUT .../configmaps``: the writes bind performs;
 * ``POST .../pods/{name}/eviction`` (policy/v1 Eviction): the pod is deleted, or
   ``429`` while :attr:`disruptions_allowed` is 0 (a PodDisruptionBudget says no).
 
+* ``GET .../services/[SCHEME:]NAME[:PORT]/proxy/PATH``: the service proxy, relayed to the
+  URL registered in :attr:`services` (``kubectl elastico`` reaches the extender this way);
+* every other kind (Leases, Events, the Helm chart's objects): create, read, list,
+  replace with ``resourceVersion`` preconditions, merge patch and delete, from
+  :class:`~.fake_objects.ObjectStore` (``self.store``).
+
 Test hooks: :meth:`compact` (older versions expire), :meth:`drop_watches`
 (cut every open stream mid-chunk, as a dying load balancer would),
-:meth:`bookmark`.  The official ``kubernetes`` client talks to it unchanged.
+:meth:`bookmark`, :attr:`write_delay` (each write waits, as an etcd commit does).
+The official ``kubernetes`` client talks to it unchanged.
 """
 
 from __future__ import annotations
@@ -25,13 +34,18 @@ import re
 import socket
 import threading
 import time
+import urllib.error
+import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
-from urllib.parse import parse_qs, urlparse
+from urllib.parse import parse_qs, unquote, urlparse
+
+from elastico_extender.cluster.fake_objects import ObjectStore
 
 __all__ = ["FakeApiServer"]
 
 _POD = re.compile(r"^/api/v1/namespaces/([^/]+)/pods/([^/]+)(/binding|/eviction)?$")
+_PROXY = re.compile(r"^/api/v1/namespaces/([^/]+)/services/([^/]+)/proxy(/.*)?$")
 _CM = re.compile(r"^/api/v1/namespaces/([^/]+)/configmaps(?:/([^/]+))?$")
 
 
@@ -49,6 +63,9 @@ class FakeApiServer:
         self.disruptions_allowed = 1_000_000  # evictions granted before answering 429
         self.requests: list[str] = []
         self.watch_count = {"nodes": 0, "pods": 0}
+        self.store = ObjectStore(self._next_rv)
+        self.services: dict[tuple[str, str], str] = {}  # (namespace, name) -> base URL
+        self.write_delay = 0.0  # seconds each write takes (a real server's etcd commit)
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -69,6 +86,9 @@ class FakeApiServer:
             def do_PUT(self) -> None:
                 outer._write(self, "PUT")
 
+            def do_DELETE(self) -> None:
+                outer._write(self, "DELETE")
+
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.httpd.daemon_threads = True
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
@@ -88,6 +108,11 @@ class FakeApiServer:
             self.cond.notify_all()
         self.httpd.shutdown()
         self.httpd.server_close()
+
+    def _next_rv(self) -> int:
+        with self.cond:
+            self.rv += 1
+            return self.rv
 
     # -- world changes -----------------------------------------------------------
     @staticmethod
@@ -159,9 +184,15 @@ class FakeApiServer:
         url = urlparse(handler.path)
         query = {k: v[0] for k, v in parse_qs(url.query).items()}
         self.requests.append(handler.path)
+        proxied = _PROXY.match(unquote(url.path))
+        if proxied:
+            self._proxy(handler, *proxied.groups())
+            return
         kind = {"/api/v1/nodes": "nodes", "/api/v1/pods": "pods"}.get(url.path)
         if kind is None:
-            self._send_json(handler, 404, {"kind": "Status", "code": 404, "message": "not found"})
+            answer = self.store.handle("GET", url.path, None)
+            status, body = answer or (404, {"kind": "Status", "code": 404, "message": "not found"})
+            self._send_json(handler, status, body)
             return
         if query.get("watch") in ("true", "1", "True"):
             self._watch(handler, kind, query)
@@ -176,6 +207,26 @@ class FakeApiServer:
             {"kind": list_kind, "apiVersion": "v1", "metadata": {"resourceVersion": str(rv)},
              "items": items},
         )  # fmt: skip
+
+    def _proxy(
+        self, handler: BaseHTTPRequestHandler, ns: str, service: str, path: str | None
+    ) -> None:
+        name = service.split(":")[1] if service.count(":") >= 1 else service
+        base = self.services.get((ns, name))
+        if base is None:
+            self._send_json(handler, 404, {"kind": "Status", "code": 404,
+                                           "message": f'services "{name}" not found'})  # fmt: skip
+            return
+        try:
+            with urllib.request.urlopen(base + (path or "/"), timeout=30) as resp:
+                status, data = resp.status, resp.read()
+        except urllib.error.HTTPError as exc:
+            status, data = exc.code, exc.read()
+        handler.send_response(status)
+        handler.send_header("Content-Type", "application/json")
+        handler.send_header("Content-Length", str(len(data)))
+        handler.end_headers()
+        handler.wfile.write(data)
 
     def _chunk(self, handler: BaseHTTPRequestHandler, event: dict[str, Any]) -> None:
         data = json.dumps(event).encode() + b"\n"
@@ -226,9 +277,15 @@ class FakeApiServer:
 
     def _write(self, handler: BaseHTTPRequestHandler, method: str) -> None:
         length = int(handler.headers.get("Content-Length") or 0)
-        body = json.loads(handler.rfile.read(length) or b"{}")
+        try:
+            body = json.loads(handler.rfile.read(length) or b"{}")
+        except json.JSONDecodeError:
+            self._send_json(handler, 400, {"kind": "Status", "code": 400, "message": "bad JSON"})
+            return
         path = urlparse(handler.path).path
         self.requests.append(f"{method} {path}")
+        if self.write_delay:
+            time.sleep(self.write_delay)
         pod = _POD.match(path)
         cm = _CM.match(path)
         if pod:
@@ -259,10 +316,18 @@ class FakeApiServer:
                 return
             if binding and method == "POST":
                 if updated["spec"].get("nodeName"):
+                    assigned = updated["spec"]["nodeName"]
                     self._send_json(handler, 409, {"kind": "Status", "code": 409,
-                                                   "message": "pod already bound"})  # fmt: skip
+                                                   "reason": "Conflict",
+                                                   "message": f"pod {name} is already assigned "
+                                                   f"to node \"{assigned}\""})  # fmt: skip
                     return
                 updated["spec"]["nodeName"] = body["target"]["name"]
+                # As the real registry does: the Binding's own annotations land on the pod
+                # in the same write as its node.
+                anns = (body.get("metadata") or {}).get("annotations") or {}
+                if anns:
+                    updated["metadata"].setdefault("annotations", {}).update(anns)
                 self.bindings.append(body)
                 self.put("pods", updated)
                 self._send_json(handler, 201, {"kind": "Status", "status": "Success", "code": 201})
@@ -281,4 +346,6 @@ class FakeApiServer:
             self.configmaps[key] = body
             self._send_json(handler, 201 if method == "POST" else 200, body)
             return
-        self._send_json(handler, 404, {"kind": "Status", "code": 404, "message": "not found"})
+        answer = self.store.handle(method, path, body)
+        status, reply = answer or (404, {"kind": "Status", "code": 404, "message": "not found"})
+        self._send_json(handler, status, reply)

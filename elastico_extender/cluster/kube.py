@@ -12,7 +12,8 @@ own cache follows:
 Objects are kept as raw JSON dicts (``_preload_content=False``, watch
 ``deserialize=False``): the extender reads a few fields and never pays for the
 client's model classes.  Bind writes, in order: the per-pod ConfigMap (owned by
-the pod), the pod's decision annotations (merge patch), the ``v1 Binding``.
+the pod), then the ``v1 Binding`` carrying the decision annotations (the API
+server puts them on the pod with its node, in one write).
 """
 
 from __future__ import annotations
@@ -145,8 +146,10 @@ def _as_cluster_error(known: Mapping[int, str] | None = None) -> Iterator[None]:
         yield
     except ApiException as exc:
         message = (known or {}).get(exc.status)
-        raise ClusterError(message or f"API server answered {exc.status}: {exc.reason}") from exc
-    except Exception as exc:  # urllib3 connection errors and the like
+        raise ClusterError(
+            message or f"API server answered {exc.status}: {exc.reason}", status=exc.status
+        ) from exc
+    except Exception as exc:  # urllib3 connection errors and the like: outcome unknown
         raise ClusterError(f"API server unreachable: {exc}") from exc
 
 
@@ -208,7 +211,13 @@ class KubeCluster:
         self._threads.clear()
 
     def bind(self, request: BindRequest) -> None:
-        self._write_decision(request)
+        """Two writes: the ConfigMap, then the Binding carrying the decision annotations.
+
+        The API server copies a Binding's ``metadata.annotations`` onto the pod in
+        the same write that sets its node, so a pod is never bound without its
+        decision, whatever stops between the writes (a ConfigMap without a bound
+        pod is harmless: owned by the pod, replaced by the next bind)."""
+        self._write_configmap(request)
         ns, name = request.namespace, request.name
         binding: Any = {
             "apiVersion": "v1",
@@ -216,6 +225,8 @@ class KubeCluster:
             "metadata": {"name": name, "namespace": ns, "uid": request.uid},
             "target": {"apiVersion": "v1", "kind": "Node", "name": request.node},
         }
+        if request.annotations:
+            binding["metadata"]["annotations"] = dict(request.annotations)
         with _as_cluster_error():
             # _preload_content=False: the client's Binding model rejects the Status reply.
             self.api.create_namespaced_pod_binding(
@@ -246,7 +257,19 @@ class KubeCluster:
 
     def _write_decision(self, request: BindRequest) -> None:
         """ConfigMap first (the webhook's env refers to it), then the pod's annotations."""
-        ns, name = request.namespace, request.name
+        self._write_configmap(request)
+        if request.annotations:
+            with _as_cluster_error():
+                self.api.patch_namespaced_pod(
+                    request.name,
+                    request.namespace,
+                    {"metadata": {"annotations": request.annotations}},
+                    _preload_content=False,
+                )
+
+    def _write_configmap(self, request: BindRequest) -> None:
+        """The per-pod ConfigMap of framework settings: created, or replaced if it exists."""
+        ns = request.namespace
         with _as_cluster_error():
             if request.configmap is not None:
                 body: Any = configmap_object(request, request.uid)
@@ -261,10 +284,3 @@ class KubeCluster:
                         body,
                         _preload_content=False,
                     )
-            if request.annotations:
-                self.api.patch_namespaced_pod(
-                    name,
-                    ns,
-                    {"metadata": {"annotations": request.annotations}},
-                    _preload_content=False,
-                )

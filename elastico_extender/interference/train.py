@@ -32,7 +32,6 @@ model's output on the training inputs (max abs diff < ``EXPORT_TOLERANCE``).
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from collections.abc import Mapping, Sequence
@@ -256,39 +255,12 @@ def export_onnx(
     return diff
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m elastico_extender.interference.train",
-        description="Train the IAC slowdown DNN on pair measurements and export it to ONNX.",
-    )
-    parser.add_argument(
-        "--csv",
-        action="append",
-        type=Path,
-        help="pair CSV (repeatable; default: the shipped Gavel pairs)",
-    )
-    parser.add_argument(
-        "--from-store",
-        type=Path,
-        metavar="SQLITE",
-        help="train on the pair samples the closed loop collected in this store "
-        "(profiles.loop_store; the extender's --profile-store file) instead of CSVs",
-    )
-    parser.add_argument("--out", type=Path, required=True, help="ONNX file to write")
-    defaults = TrainConfig()
-    parser.add_argument("--epochs", type=int, default=defaults.epochs)
-    parser.add_argument("--hidden", type=int, default=defaults.hidden)
-    parser.add_argument("--seed", type=int, default=defaults.seed)
-    args = parser.parse_args(argv)
-    if args.from_store is not None:
-        if args.csv:
-            parser.error("--from-store and --csv are exclusive")
-        return _train_from_store(args)
-    csvs = args.csv or [shipped_csv()]
+def run(csv: Sequence[Path] | None, out: Path, config: TrainConfig) -> int:
+    """Train on ``csv`` (default: the shipped pairs), export to ``out``; the exit code."""
+    csvs = list(csv or [shipped_csv()])
     torch.set_num_threads(1)  # a 128-wide MLP gains nothing from more threads
     try:
         data = load_pairs(csvs)
-        config = TrainConfig(hidden=args.hidden, epochs=args.epochs, seed=args.seed)
         net = fit(data.x, data.y, config)
         fitted = predict_torch(net, data.x)
         mape = float(np.mean(np.abs(fitted - data.y) / data.y) * 100)
@@ -298,16 +270,19 @@ def main(argv: Sequence[str] | None = None) -> int:
             "training_csv": ",".join(p.name for p in csvs),
             "train_config": json.dumps(asdict(config), sort_keys=True),
         }
-        diff = export_onnx(net, args.out, data.x, metadata)
+        diff = export_onnx(net, out, data.x, metadata)
     except PredictorError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"elastico train-iac: error: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:
+        print(f"elastico train-iac: cannot write {out}: {exc.strerror}", file=sys.stderr)
         return 1
     print(
         f"trained on {len(data)} rows ({len(np.unique(data.pair_id))} job pairs) "
         f"from {', '.join(str(p) for p in csvs)}"
     )
     print(f"in-sample MAPE {mape:.2f}%; ONNX export check max |ORT - torch| = {diff:.2e}")
-    print(f"wrote {args.out} ({args.out.stat().st_size} bytes)")
+    print(f"wrote {out} ({out.stat().st_size} bytes)")
     return 0
 
 
@@ -315,45 +290,53 @@ MIN_STORE_SAMPLES = 32
 """Fewest collected samples worth a training run (below, the online correction suffices)."""
 
 
-def _train_from_store(args: argparse.Namespace) -> int:
-    """``--from-store``: fit on the closed loop's observed pairs, export ONNX."""
+def run_from_store(store_path: Path, out: Path, config: TrainConfig) -> int:
+    """``--from-store``: fit on the closed loop's observed pairs, export ONNX; the exit code."""
     from elastico_extender.profiles.loop_store import LoopStore
 
-    if not args.from_store.exists():
-        print(f"error: no store at {args.from_store}", file=sys.stderr)
-        return 2
-    store = LoopStore(args.from_store)
+    store = LoopStore(store_path)
     try:
         x, y = store.samples()
     finally:
         store.close()
     if len(y) < MIN_STORE_SAMPLES:
         print(
-            f"error: {args.from_store} holds {len(y)} observed pair samples; "
+            f"elastico train-iac: error: {store_path} holds {len(y)} observed pair samples; "
             f"at least {MIN_STORE_SAMPLES} are needed",
             file=sys.stderr,
         )
         return 2
     torch.set_num_threads(1)
-    config = TrainConfig(hidden=args.hidden, epochs=args.epochs, seed=args.seed)
     try:
         net = fit(x, y, config)
         fitted = predict_torch(net, x)
         mape = float(np.mean(np.abs(fitted - y) / y) * 100)
         metadata = {
-            "trained_colocation_types": ",".join(str(int(t)) for t in np.unique(x[:, 32].round())),
+            "trained_colocation_types": ",".join(
+                str(int(t)) for t in np.unique(x[:, 32].round())
+            ),
             "training_rows": str(len(y)),
-            "training_store": args.from_store.name,
+            "training_store": store_path.name,
             "train_config": json.dumps(asdict(config), sort_keys=True),
         }
-        diff = export_onnx(net, args.out, x, metadata)
+        diff = export_onnx(net, out, x, metadata)
     except PredictorError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"elastico train-iac: error: {exc}", file=sys.stderr)
         return 1
-    print(f"trained on {len(y)} observed pair samples from {args.from_store}")
+    except OSError as exc:
+        print(f"elastico train-iac: cannot write {out}: {exc.strerror}", file=sys.stderr)
+        return 1
+    print(f"trained on {len(y)} observed pair samples from {store_path}")
     print(f"in-sample MAPE {mape:.2f}%; ONNX export check max |ORT - torch| = {diff:.2e}")
-    print(f"wrote {args.out} ({args.out.stat().st_size} bytes)")
+    print(f"wrote {out} ({out.stat().st_size} bytes)")
     return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """The command line (arguments checked in train_cli, before torch is needed)."""
+    from elastico_extender.interference.train_cli import main as cli_main
+
+    return cli_main(argv)
 
 
 if __name__ == "__main__":

@@ -21,13 +21,14 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
+import math
 import os
 import signal
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from elastico_extender.errors import AnnotationError, ElasticoError
@@ -39,7 +40,7 @@ __all__ = ["Supervisor", "build_launch", "compose_preload", "load_settings", "ma
 
 log = logging.getLogger(__name__)
 
-DEFAULT_ANNOTATIONS = "/etc/podinfo/annotations"
+DEFAULT_ANNOTATIONS = "/etc/elastico/annotations"  # where the webhook mounts the file
 SITE_DIR = Path(__file__).resolve().parent / "_site"
 
 
@@ -174,6 +175,23 @@ def _status(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode
 
 
+def _seconds(env: str, low: float, high: float) -> Callable[[str], float]:
+    """argparse type: a finite number of seconds in [low, high]."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if not low <= value <= high:  # NaN fails both comparisons
+            raise argparse.ArgumentTypeError(
+                f"{text!r} is not a number of seconds in {low:g}..{high:g} (flag or {env})"
+            )
+        return value
+
+    return parse
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="elastico-run",
@@ -188,15 +206,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument(
         "--grace-period",
-        type=float,
-        default=float(environ.get("ELASTICO_GRACE_SECONDS", 30)),
-        help="seconds between SIGTERM and SIGKILL on restart or stop (default %(default)s)",
+        type=_seconds("ELASTICO_GRACE_SECONDS", 0.0, 3600.0),
+        # a string default goes through `type` too: a bad environment value is an
+        # argument error naming the variable, not a traceback
+        default=environ.get("ELASTICO_GRACE_SECONDS", "30"),
+        help="seconds between SIGTERM and SIGKILL on restart or stop "
+        "(default %(default)s; ELASTICO_GRACE_SECONDS)",
     )
     parser.add_argument(
         "--poll-interval",
-        type=float,
-        default=float(environ.get("ELASTICO_POLL_SECONDS", 2)),
-        help="seconds between reads of the annotations file (default %(default)s)",
+        type=_seconds("ELASTICO_POLL_SECONDS", 0.05, 3600.0),
+        default=environ.get("ELASTICO_POLL_SECONDS", "2"),
+        help="seconds between reads of the annotations file "
+        "(default %(default)s; ELASTICO_POLL_SECONDS)",
     )
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND [ARGS...]")
     args = parser.parse_args(argv)

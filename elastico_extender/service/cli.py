@@ -17,6 +17,7 @@ import contextlib
 import gc
 import logging
 import os
+import socket
 import ssl
 import sys
 from collections.abc import Sequence
@@ -29,7 +30,7 @@ from elastico_extender.cluster.embedded import EmbeddedCluster
 from elastico_extender.service.gc_policy import FreezeAfterEpochs
 from elastico_extender.service.settings import ServiceSettings
 
-__all__ = ["build_cluster", "main", "parser", "serve_main"]
+__all__ = ["build_cluster", "listen", "main", "parser", "serve_main"]
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +51,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--webhook-port", type=int, help="separate TLS port for the webhook")
     p.add_argument("--kubeconfig", help="kubeconfig path (default: in-cluster config)")
     p.add_argument("--embedded", help="v1 List file of Node/Pod objects to serve instead")
+    p.add_argument(
+        "--embedded-state",
+        help="file keeping the embedded cluster's binds across restarts (default: memory only)",
+    )
     p.add_argument("--epoch-seconds", type=float, help="planning interval (default 5 s)")
     p.add_argument("--tls-cert", help="PEM server certificate")
     p.add_argument("--tls-key", help="PEM server key")
@@ -78,12 +83,30 @@ def build_cluster(settings: ServiceSettings) -> Cluster:
     if settings.kubeconfig or (in_pod and not settings.embedded):
         from elastico_extender.cluster.kube import KubeCluster, api_client_from
 
-        return KubeCluster(
-            api_client_from(settings.kubeconfig),
+        api_client = api_client_from(settings.kubeconfig)
+        kube = KubeCluster(
+            api_client,
             resync_seconds=settings.resync_seconds,
             watch_timeout_seconds=settings.watch_timeout_seconds,
         )
-    return EmbeddedCluster.from_file(settings.embedded)
+        if not settings.leader_election:
+            return kube
+        from elastico_extender.service.leader import LeaseTiming, elect
+
+        _, gated = elect(
+            kube,
+            api_client,
+            name=settings.lease_name,
+            namespace=settings.lease_namespace,
+            identity=settings.identity or None,
+            timing=LeaseTiming(
+                settings.lease_duration_seconds,
+                settings.renew_deadline_seconds,
+                settings.retry_period_seconds,
+            ),
+        )
+        return gated  # type: ignore[return-value]
+    return EmbeddedCluster.from_file(settings.embedded, state_file=settings.embedded_state)
 
 
 def _config(app: Any, settings: ServiceSettings, port: int, mtls: bool) -> uvicorn.Config:
@@ -116,11 +139,24 @@ def serve_main(argv: Sequence[str] | None = None) -> int:
     except Exception as exc:  # reported, not a traceback: usually a bad path or kubeconfig
         print(f"elastico serve: cannot start: {exc}", file=sys.stderr)
         return 1
+    try:  # bound before the banner: a busy port is an error, not a server that looks up
+        sockets = [listen(settings.host, settings.port)]
+        if settings.webhook_port is not None:
+            sockets.append(listen(settings.host, settings.webhook_port))
+    except OSError as exc:
+        print(f"elastico serve: cannot listen: {exc}", file=sys.stderr)
+        return 1
     if isinstance(cluster, EmbeddedCluster):
         print(
             f"elastico: no Kubernetes cluster configured; serving the {cluster.description}",
             file=sys.stderr,
         )
+        if cluster.state_file is None:
+            print(
+                "elastico: the embedded cluster lives in memory: binds are lost when this "
+                "process ends (--embedded-state FILE keeps them)",
+                file=sys.stderr,
+            )
     if app.state.token_generated:
         print(
             f"elastico: state-changing endpoints need 'Authorization: Bearer {app.state.token}'"
@@ -144,16 +180,55 @@ def serve_main(argv: Sequence[str] | None = None) -> int:
     gc.collect()
     gc.freeze()
     app.state.engine.after_epoch.append(FreezeAfterEpochs())
+    _report_leadership(cluster, app.state.metrics)
     # The epoch thread computes for tens of ms; a verb waiting for the interpreter
     # lock gets it after at most this long instead of CPython's default 5 ms.
     sys.setswitchinterval(GIL_SWITCH_SECONDS)
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(_serve_all(servers))
+        asyncio.run(_serve_all(servers, sockets))
     return 0
 
 
-async def _serve_all(servers: list[uvicorn.Server]) -> None:
-    await asyncio.gather(*(s.serve() for s in servers))
+def _report_leadership(cluster: Cluster, metrics: Any) -> None:
+    """elastico_leader is 1 on the Lease holder (always 1 without leader election)."""
+    elector = getattr(cluster, "elector", None)
+    if elector is None:
+        metrics.leader.set(1)
+        return
+    started, stopped = elector.on_started, elector.on_stopped
+
+    def on_started() -> bool:
+        ok = started() if started is not None else True
+        metrics.leader.set(1 if ok else 0)
+        return ok
+
+    def on_stopped() -> None:
+        metrics.leader.set(0)
+        if stopped is not None:
+            stopped()
+
+    elector.on_started, elector.on_stopped = on_started, on_stopped
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """A bound, listening TCP socket; OSError names the address when it is taken."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+        sock.listen(2048)
+    except OSError as exc:
+        sock.close()
+        raise OSError(exc.errno, f"{host}:{port}: {exc.strerror}") from None
+    sock.set_inheritable(True)
+    return sock
+
+
+async def _serve_all(servers: list[uvicorn.Server], sockets: list[socket.socket]) -> None:
+    await asyncio.gather(
+        *(s.serve(sockets=[sock]) for s, sock in zip(servers, sockets, strict=True))
+    )
 
 
 main = serve_main

@@ -65,9 +65,25 @@ class PrometheusMetrics(Metrics):
             ["reason"],
             registry=r,
         )
+        # For the chart's alerts: epochs failing (no success for a while), pairs the
+        # closed loop observed to hurt (set by whoever owns the observations), HA.
+        self.last_epoch = Gauge(
+            "elastico_last_epoch_timestamp_seconds",
+            "Unix time of the last successful planning epoch",
+            registry=r,
+        )
+        self.harmful_pairs = Gauge(
+            "elastico_harmful_pairs_observed",
+            "Co-located pairs whose observed slowdown exceeds a tolerance",
+            registry=r,
+        )
+        self.leader = Gauge(
+            "elastico_leader", "1 while this replica holds the leader Lease", registry=r
+        )
 
     def epoch(self, seconds: float, plan: Plan) -> None:
         self.epoch_seconds.observe(seconds)
+        self.last_epoch.set_to_current_time()
         for name, value in plan.price_map().items():
             self.price.labels(name).set(value)
         self.colocated.set(float(plan.stats.get("colocated_devices", 0.0)))

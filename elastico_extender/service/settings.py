@@ -9,6 +9,7 @@ every invalid field with its name, not only the first.
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import MISSING, dataclass, fields, replace
@@ -50,6 +51,10 @@ class ServiceSettings:
     embedded: str | None = None
     """Path of a v1 List of Node/Pod objects to serve instead of a real cluster; used
     (with the packaged file) when no cluster is configured."""
+    embedded_state: str | None = None
+    """File where the embedded cluster keeps its objects (pods bound, their decisions,
+    ConfigMaps) across restarts, ``kill -9`` included; None: in memory only, every bind
+    is forgotten when the process ends (docs/embedded.md)."""
     scheduler_name: str = "elastico-scheduler"
     """Pending pods of this schedulerName take part in planning ('' = every scheduler)."""
     default_gpu_memory_mib: float = 40960.0
@@ -65,6 +70,16 @@ class ServiceSettings:
     assume_ttl_seconds: float = 60.0
     """How long a bound-but-unconfirmed placement counts against capacity, seconds; the
     watch normally confirms it within a second."""
+    require_webhook: bool = True
+    """An opted-in pod shares GPUs only if the mutating webhook admitted it (its
+    ``elastico-decision`` volume is there): without the webhook's env and decision file
+    nothing inside the pod enforces a budget, so such a pod (created while the webhook
+    was down, failurePolicy Ignore) may only take whole idle GPUs.  False: trust every
+    opted-in pod (a cluster that injects the env another way)."""
+    min_dwell_seconds: float = 60.0
+    """A pod bound (or reconfigured) less than this long ago keeps its configuration:
+    every reshape restarts the workload (spec 5.7's restart cost), so no epoch reshapes
+    a job that has just started.  0: no dwell."""
     price_history: int = 120
     """Epochs of price history kept for GET /prices (10 minutes at 5 s)."""
     max_migrations_per_epoch: int = 1
@@ -78,6 +93,16 @@ class ServiceSettings:
     mps: bool = True
     """Emit CUDA_MPS_* limits in the hand-off (spec 4.2 iii)."""
     log_level: str = "info"
+    # -- high availability (service/leader.py): Lease-based leader election ------------
+    leader_election: bool = False
+    """Run as one of several replicas: only the Lease holder plans, binds and writes."""
+    lease_name: str = "elastico-extender"
+    lease_namespace: str = "elastico-system"
+    identity: str = ""
+    """This replica's holderIdentity (the chart sets the pod name; default: host name)."""
+    lease_duration_seconds: float = 15.0
+    renew_deadline_seconds: float = 10.0
+    retry_period_seconds: float = 2.0
 
     # -- construction --------------------------------------------------------
     @classmethod
@@ -143,16 +168,26 @@ class ServiceSettings:
         if self.webhook_port is not None and not self.tls_cert:
             found.append("webhook_port: the API server only calls webhooks over TLS")
         for name in ("epoch_seconds", "assume_ttl_seconds", "resync_seconds"):
-            if not getattr(self, name) > 0:
-                found.append(f"{name}: must be > 0 seconds")
+            if not 0 < getattr(self, name) < math.inf:
+                found.append(f"{name}: must be a finite number > 0 seconds")
         if self.max_body_bytes < 1024:
             found.append("max_body_bytes: must be >= 1024")
-        if not self.default_gpu_memory_mib > 0:
+        if not 0 < self.default_gpu_memory_mib < math.inf:
             found.append("default_gpu_memory_mib: must be > 0")
+        if self.min_dwell_seconds < 0:
+            found.append("min_dwell_seconds: must be >= 0 seconds")
         if self.price_history < 1:
             found.append("price_history: must be >= 1")
         if self.max_migrations_per_epoch < 0:
             found.append("max_migrations_per_epoch: must be >= 0")
+        if not (
+            0 < self.retry_period_seconds < self.renew_deadline_seconds
+            and self.renew_deadline_seconds < self.lease_duration_seconds
+        ):
+            found.append(
+                "lease_duration_seconds > renew_deadline_seconds > retry_period_seconds > 0 "
+                "is required (a leader must give up before another may take over)"
+            )
         if self.log_level.lower() not in ("debug", "info", "warning", "error"):
             found.append("log_level: must be debug, info, warning or error")
         return found

@@ -53,5 +53,7 @@ def build_all(directory: Path, *, opt: str = "-O2", shim_flags: tuple[str, ...] 
     libs = (f"-L{d}", "-lcudart", "-lcuda", "-lnccl", "-pthread", rpath)
     _cc(*common, "-o", d / "workload", HERE / "workload.c", *libs)
     _cc(*common, "-o", d / "bench_launch", HERE / "bench_launch.c", *libs)
-    shim = build.compile_shim(d / build.LIBRARY_NAME, extra_cflags=shim_flags)
+    shim = build.compile_shim(
+        d / build.LIBRARY_NAME, extra_cflags=(*build.STRICT_CFLAGS, *shim_flags)
+    )
     return Built(d, shim, d / "workload", d / "bench_launch", d / "libotherhook.so")

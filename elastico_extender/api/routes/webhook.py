@@ -5,11 +5,17 @@ bind time.  So at admission (pod CREATE) the webhook adds, for an opted-in pod:
 
 * ``elastico.io/configmap: elastico-<name>-<random>``: the per-pod ConfigMap that
   bind fills (owned by the pod, so it is garbage-collected with it);
-* to every container, one ``env`` entry per framework setting (spec 4.2, from
-  :func:`core.handoff.framework_settings`), each a ``configMapKeyRef`` into that
-  ConfigMap; the kubelet holds the container until bind has created it;
+* to each GPU container (:func:`gpu_containers`: those whose resources name a GPU, else
+  the first container, the workload by convention; never a sidecar), one ``env`` entry
+  per framework setting (spec 4.2, from :func:`core.handoff.framework_settings`), each a
+  ``configMapKeyRef`` into that ConfigMap; the kubelet holds the container until bind has
+  created it;
 * a downward-API volume with the pod's annotations at
   ``/etc/elastico/annotations`` (updated live, for runtime reconfiguration).
+
+A variable the container already sets (``CUDA_VISIBLE_DEVICES`` say) is left as the user
+wrote it, and the AdmissionReview carries a warning naming it (:func:`user_overrides`):
+the user's value then decides, not ElastiCo's decision.
 
 Invalid annotations are admitted unchanged with warnings (filter reports them
 as the pod's scheduling failure, naming each annotation).
@@ -30,7 +36,14 @@ from elastico_extender.api.deps import ApiError, engine_of, json_response, read_
 from elastico_extender.core.handoff import framework_settings
 from elastico_extender.errors import AnnotationError
 
-__all__ = ["DECISION_DIR", "DECISION_VOLUME", "mutation_patch", "router"]
+__all__ = [
+    "DECISION_DIR",
+    "DECISION_VOLUME",
+    "gpu_containers",
+    "mutation_patch",
+    "router",
+    "user_overrides",
+]
 
 router = APIRouter(tags=["admission webhook"])
 
@@ -51,6 +64,36 @@ def setting_keys(intent: PodIntent, mps: bool) -> list[str]:
         mps=mps,
     )
     return sorted(env)
+
+
+def gpu_containers(spec: dict[str, Any]) -> list[int]:
+    """Indices of the containers that get the GPU settings: those requesting a GPU
+    resource (``nvidia.com/gpu``, or any ``*/gpu*`` extended resource), else the first."""
+    containers = spec.get("containers") or []
+    found = []
+    for i, container in enumerate(containers):
+        resources = (container or {}).get("resources") or {}
+        names = {*((resources.get("limits") or {}).keys()),
+                 *((resources.get("requests") or {}).keys())}  # fmt: skip
+        if any("/gpu" in str(name) for name in names):
+            found.append(i)
+    return found or ([0] if containers else [])
+
+
+def user_overrides(pod: dict[str, Any], intent: PodIntent, mps: bool) -> list[str]:
+    """Warnings for the settings a GPU container already sets itself (kept as written)."""
+    keys = set(setting_keys(intent, mps))
+    containers = (pod.get("spec") or {}).get("containers") or []
+    warnings = []
+    for i in gpu_containers(pod.get("spec") or {}):
+        container = containers[i] or {}
+        for entry in container.get("env") or []:
+            if entry.get("name") in keys:
+                warnings.append(
+                    f"container {container.get('name', i)!s} sets {entry['name']} itself: "
+                    "kept as written, so it overrides ElastiCo's decision for that setting"
+                )
+    return warnings
 
 
 def _escape(key: str) -> str:
@@ -82,7 +125,9 @@ def mutation_patch(pod: dict[str, Any], intent: PodIntent, mps: bool) -> list[di
     ]
     env.append({"name": "ELASTICO_DECISION_FILE", "value": f"{DECISION_DIR}/annotations"})
     mount = {"name": DECISION_VOLUME, "mountPath": DECISION_DIR, "readOnly": True}
-    for i, container in enumerate(spec.get("containers") or []):
+    containers = spec.get("containers") or []
+    for i in gpu_containers(spec):
+        container = containers[i]
         existing = {e.get("name") for e in container.get("env") or []}
         mine = [e for e in env if e["name"] not in existing]
         if container.get("env"):
@@ -133,6 +178,8 @@ async def mutate(request: Request) -> Response:
             intent = None
         if intent is not None:
             patch = mutation_patch(pod, intent, engine.settings.mps)
+            if overrides := user_overrides(pod, intent, engine.settings.mps):
+                response["warnings"] = overrides
             response["patchType"] = "JSONPatch"
             response["patch"] = base64.b64encode(orjson.dumps(patch)).decode()
     return json_response(

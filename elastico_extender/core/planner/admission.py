@@ -326,6 +326,13 @@ class PlacementView:
             return ()
         return tuple(self.table.refs[d] for d in self.placer.devices_of[row])
 
+    def jobs_on(self, refs: Iterable[DeviceRef]) -> set[str]:
+        """Ids of the jobs the view places on any of the devices ``refs``."""
+        index = self.table.index
+        rows = {r for ref in refs if ref in index for r in self.table.occupants[index[ref]]}
+        placed = self.placer.devices_of
+        return {job for job, row in self._rows.items() if row in rows and row in placed}
+
     def assume(self, job: Job, family: ProfileFamily, verdict: NodeVerdict) -> None:
         """Count a bind in flight against capacity. Raises ValueError if it no longer fits."""
         if not verdict.feasible:

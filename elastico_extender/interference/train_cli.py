@@ -1,0 +1,99 @@
+"""``elastico train-iac``: arguments checked before torch is imported.
+
+``--help`` and every argument error work on an install without the ``[train]`` extra;
+only a valid request imports :mod:`elastico_extender.interference.train` (torch), and a
+missing torch is one clear line naming the CPU build to install, not a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+__all__ = ["TORCH_HINT", "main", "parser"]
+
+TORCH_HINT = (
+    "train-iac needs torch (the CPU build is enough): "
+    "pip install torch --index-url https://download.pytorch.org/whl/cpu && "
+    "pip install 'elastico-extender[train]'"
+)
+# TrainConfig's defaults, repeated here so --help needs no torch (a test keeps them equal).
+DEFAULT_EPOCHS = 400
+DEFAULT_HIDDEN = 64
+DEFAULT_SEED = 0
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if not 1 <= value <= 100_000:
+        raise argparse.ArgumentTypeError(f"must be 1..100000, got {value}")
+    return value
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="elastico train-iac",
+        description="Train the IAC slowdown DNN on pair measurements and export it to ONNX "
+        "(needs torch: pip install 'elastico-extender[train]', CPU build, docs/install.md).",
+    )
+    p.add_argument(
+        "--csv",
+        action="append",
+        type=Path,
+        help="pair CSV (repeatable; default: the shipped Gavel pairs)",
+    )
+    p.add_argument(
+        "--from-store",
+        type=Path,
+        metavar="SQLITE",
+        help="train on the pair samples the closed loop collected in this store "
+        "(profiles.loop_store) instead of CSVs",
+    )
+    p.add_argument("--out", type=Path, required=True, help="ONNX file to write")
+    p.add_argument("--epochs", type=_positive_int, default=DEFAULT_EPOCHS)
+    p.add_argument("--hidden", type=_positive_int, default=DEFAULT_HIDDEN)
+    p.add_argument("--seed", type=int, default=DEFAULT_SEED)
+    return p
+
+
+def _check_writable(p: argparse.ArgumentParser, out: Path) -> None:
+    """Fail now, not after minutes of training, when --out cannot be written."""
+    if out.is_dir():
+        p.error(f"--out: {out} is a directory")
+    existed = out.exists()
+    try:
+        with open(out, "ab"):
+            pass
+    except OSError as exc:
+        p.error(f"--out: cannot write {out}: {exc.strerror}")
+    if not existed:
+        os.unlink(out)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = parser()
+    args = p.parse_args(argv)
+    for csv in args.csv or []:
+        if not csv.is_file():
+            p.error(f"--csv: {csv} is not a readable file")
+    if args.from_store is not None:
+        if args.csv:
+            p.error("--from-store and --csv are exclusive")
+        if not args.from_store.is_file():
+            p.error(f"--from-store: {args.from_store} is not a readable file")
+    _check_writable(p, args.out)
+    try:
+        from elastico_extender.interference import train
+    except ImportError as exc:
+        print(f"elastico train-iac: {TORCH_HINT} ({exc})", file=sys.stderr)
+        return 2
+    config = train.TrainConfig(hidden=args.hidden, epochs=args.epochs, seed=args.seed)
+    if args.from_store is not None:
+        return train.run_from_store(args.from_store, args.out, config)
+    return train.run(args.csv, args.out, config)

@@ -1,0 +1,175 @@
+"""``kubectl elastico jobs|nodes|prices|why POD``: ElastiCo's view from kubectl.
+
+Installed as the ``kubectl-elastico`` executable (pip puts it on PATH, which is how kubectl
+finds plugins).  It reaches the extender through the API server's service proxy
+(``/api/v1/namespaces/NS/services/https:SERVICE:8443/proxy/...``) with the user's own
+kubeconfig and RBAC, so no port-forward and no extra credentials are needed: reading the
+views needs ``get`` on ``services/proxy`` in ElastiCo's namespace.
+
+``--server URL`` talks to an extender directly instead (``elastico serve`` on a laptop).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Sequence
+from typing import Any
+
+__all__ = ["main"]
+
+Fetch = Callable[[str], Any]
+
+
+def _proxy_fetcher(args: argparse.Namespace) -> Fetch:
+    from kubernetes import client, config
+
+    api_client = config.new_client_from_config(config_file=args.kubeconfig, context=args.context)
+    core = client.CoreV1Api(api_client)
+    service = f"https:{args.service}:{args.port}"
+
+    def fetch(path: str) -> Any:
+        resp = core.connect_get_namespaced_service_proxy_with_path(
+            service, args.namespace, path.lstrip("/"), _preload_content=False
+        )
+        return json.loads(resp.data)  # type: ignore[attr-defined]  # _preload_content=False
+
+    return fetch
+
+
+def _direct_fetcher(base: str) -> Fetch:
+    def fetch(path: str) -> Any:
+        with urllib.request.urlopen(base.rstrip("/") + path, timeout=30) as resp:
+            return json.loads(resp.read())
+
+    return fetch
+
+
+def _table(rows: list[list[str]]) -> str:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join(
+        "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
+        for row in rows
+    )
+
+
+def _num(value: Any, fmt: str = ".2f") -> str:
+    return "-" if value is None else format(float(value), fmt)
+
+
+def show_jobs(jobs: list[dict[str, Any]]) -> str:
+    rows = [["POD", "FAMILY", "STATE", "GPU", "MEM GiB", "Ŝ", "τ", "CONFIGURATION"]]
+    for j in jobs:
+        rows.append([
+            str(j.get("pod") or j.get("id")), str(j.get("family", "-")), str(j.get("state")),
+            ",".join(j.get("devices") or []) or "-",
+            _num((j.get("memory_budget_mib") or 0) / 1024, ".1f") if j.get("devices") else "-",
+            _num(j.get("predicted_slowdown")), _num(j.get("tolerance")),
+            str(j.get("configuration") or j.get("reason") or "-"),
+        ])  # fmt: skip
+    return _table(rows)
+
+
+def show_nodes(nodes: list[dict[str, Any]]) -> str:
+    rows = [["NODE", "GPU", "PRODUCT", "MEM USED/TOTAL GiB", "SM", "PODS"]]
+    for node in nodes:
+        for g in node.get("gpus") or []:
+            rows.append([
+                node["name"], str(g["index"]), str(g.get("product", "-")),
+                f"{g['memory_assigned_mib'] / 1024:.1f}/{g['memory_mib'] / 1024:.1f}",
+                f"{g['sm_assigned']:.2f}", ",".join(g.get("pods") or []) or "-",
+            ])  # fmt: skip
+    return _table(rows)
+
+
+def show_prices(prices: dict[str, Any]) -> str:
+    units = prices.get("units") or {}
+    rows = [["RESOURCE", "PRICE λ", "UNIT"]]
+    for name, value in (prices.get("resources") or {}).items():
+        rows.append([name, _num(value, ".4f"), str(units.get(name, ""))])
+    return f"epoch {prices.get('epoch')}\n" + _table(rows)
+
+
+def show_why(pod: str, jobs: list[dict[str, Any]], prices: dict[str, Any]) -> str:
+    job = next((j for j in jobs if j.get("pod") == pod), None)
+    if job is None:
+        return f"{pod}: not an ElastiCo job (no elastico.io/ annotations, or not yet seen)"
+    lines = [f"{pod}: {job.get('state')} ({job.get('family')}, {job.get('kind')}, "
+             f"{job.get('mode')})"]  # fmt: skip
+    if job.get("devices"):
+        lines.append(
+            f"  on {', '.join(job['devices'])} at {job.get('configuration')}: "
+            f"{_num(job.get('memory_budget_mib'), '.0f')} MiB, throughput "
+            f"{_num(job.get('throughput'), '.1f')} {job.get('throughput_unit', '')} "
+            f"(floor {_num(job.get('floor'), '.1f')})"
+        )
+        lines.append(
+            f"  predicted slowdown Ŝ={_num(job.get('predicted_slowdown'))} ≤ "
+            f"τ={_num(job.get('tolerance'))}; action {job.get('action')}"
+            + ("; profile estimated" if job.get("estimated_profile") else "")
+        )
+    if job.get("reason"):
+        lines.append(f"  reason: {job['reason']}")
+    priced = ", ".join(f"{k}={_num(v, '.3f')}" for k, v in (prices.get("resources") or {}).items())
+    lines.append(f"  shadow prices (epoch {prices.get('epoch')}): {priced}")
+    return "\n".join(lines)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="kubectl elastico",
+        description="ElastiCo's jobs, GPUs and prices, through the API server's service proxy.",
+    )
+    p.add_argument("command", choices=["jobs", "nodes", "prices", "why"])
+    p.add_argument("pod", nargs="?", help="for why: NAMESPACE/NAME (or NAME with --pod-namespace)")
+    p.add_argument("-n", "--namespace", default="elastico-system", help="ElastiCo's namespace")
+    p.add_argument(
+        "--service",
+        default="elastico-webhook",
+        help="the Service every extender replica answers on (chart: RELEASE-webhook)",
+    )
+    p.add_argument("--port", type=int, default=8443, help="the Service port serving the views")
+    p.add_argument("--pod-namespace", default="default", help="namespace of POD for why")
+    p.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG, ~/.kube/config)")
+    p.add_argument("--context", help="kubeconfig context")
+    p.add_argument("--server", help="talk to this extender URL directly (no API server)")
+    p.add_argument("-o", "--output", choices=["table", "json"], default="table")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = parser()
+    args = p.parse_args(argv)
+    if args.command == "why" and not args.pod:
+        p.error("why needs a POD (NAMESPACE/NAME)")
+    if args.command != "why" and args.pod:
+        p.error(f"{args.command} takes no POD")
+    pod = args.pod if not args.pod or "/" in args.pod else f"{args.pod_namespace}/{args.pod}"
+    try:
+        fetch = _direct_fetcher(args.server) if args.server else _proxy_fetcher(args)
+        if args.command == "why":
+            data: Any = {"jobs": fetch("/jobs"), "prices": fetch("/prices")}
+        else:
+            data = fetch(f"/{args.command}")
+    except Exception as exc:  # every transport problem is one line, not a traceback
+        reason = getattr(exc, "reason", None) or exc
+        print(f"kubectl elastico: cannot reach the extender: {reason}", file=sys.stderr)
+        return 1
+    if args.output == "json":
+        print(json.dumps(data, indent=2))
+    elif args.command == "jobs":
+        print(show_jobs(data))
+    elif args.command == "nodes":
+        print(show_nodes(data))
+    elif args.command == "prices":
+        print(show_prices(data))
+    else:
+        print(show_why(pod, data["jobs"], data["prices"]))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

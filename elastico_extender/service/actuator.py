@@ -1,0 +1,258 @@
+"""The actuator: the only part of the service that writes to the cluster.
+
+It turns a decision (a :class:`NodeVerdict`, or a plan's :class:`Assignment`)
+into the writes of a :class:`BindRequest` -- the per-pod ConfigMap of
+framework settings and the decision annotations (spec 4.2); for a pod held as
+whole GPUs only the node and devices it was counted on, so a restarted extender
+counts it on the same devices instead of guessing -- and performs
+binds, in-place reconfigurations and the evictions that carry out a
+migration.  It keeps one piece of state: the pods it asked to evict.
+
+Ordering keeps the cluster's record of decisions within capacity at all
+times: reconfigurations that shrink (or keep) a budget are written before the
+epoch publishes the view that counts the freed memory (:meth:`shrink`); ones
+that grow it, and evictions, after (:meth:`apply`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+from collections.abc import Callable, Container, Mapping
+from typing import Any, Protocol
+
+from elastico_extender.annotations import (
+    ASSIGNED_DEVICES,
+    ASSIGNED_NODE,
+    PREFIX,
+    decision_annotations,
+    read_decision,
+)
+from elastico_extender.cluster.base import BindRequest, Cluster, ClusterError
+from elastico_extender.core.handoff import framework_settings
+from elastico_extender.core.model import Action, Assignment, Node, Plan
+from elastico_extender.core.planner import NodeVerdict
+from elastico_extender.core.resources import GPU_MEM, GPU_SM
+from elastico_extender.service.pods import PodJob
+from elastico_extender.service.settings import ServiceSettings
+
+__all__ = ["EVICTED_KEPT", "Actuator", "BindMetrics"]
+
+log = logging.getLogger(__name__)
+
+EVICTED_KEPT = 4096
+"""Pods remembered as asked to evict (so one move is requested once)."""
+
+
+class BindMetrics(Protocol):
+    """What the actuator reports (the API layer supplies Prometheus-backed metrics)."""
+
+    def bind(self, result: str) -> None: ...
+
+
+class Actuator:
+    """Writes decisions, reconfigurations and evictions (see the module docstring).
+
+    ``is_leader``: with several replicas only the leader reshapes and moves
+    running pods; binds are answered by whichever replica the scheduler asks."""
+
+    def __init__(
+        self,
+        cluster: Cluster,
+        settings: ServiceSettings,
+        metrics: BindMetrics,
+        *,
+        is_leader: Callable[[], bool] = lambda: True,
+    ) -> None:
+        self.cluster = cluster
+        self.settings = settings
+        self.metrics = metrics
+        self.is_leader = is_leader
+        self._evicted: OrderedDict[str, None] = OrderedDict()
+
+    # -- decisions -----------------------------------------------------------------
+    def request(
+        self,
+        pod: Mapping[str, Any],
+        pj: PodJob,
+        verdict: NodeVerdict,
+        epoch: int,
+        node: Node | None,
+    ) -> BindRequest:
+        """Everything bind (or a reconfiguration) writes for ``verdict``."""
+        meta = pod.get("metadata") or {}
+        namespace = str(meta.get("namespace") or "default")
+        name = str(meta.get("name", ""))
+        uid = str(meta.get("uid", ""))
+        if pj.intent is None:  # whole GPUs, no budget: only where they were counted
+            held = {
+                PREFIX + ASSIGNED_NODE: verdict.node,
+                PREFIX + ASSIGNED_DEVICES: ",".join(str(d) for _, d in verdict.devices),
+            }
+            return BindRequest(namespace, name, uid, verdict.node, held)
+        family, config = pj.family, verdict.config_index
+        devices = tuple(d for _, d in verdict.devices)
+        device_mib = (
+            min(g.memory_mib for g in node.gpus if g.index in devices)
+            if node is not None and node.gpus
+            else self.settings.default_gpu_memory_mib
+        )
+        budget = float(verdict.memory_budget_mib or family.resources[config, GPU_MEM])
+        budget = min(budget, device_mib)
+        configmap = (meta.get("annotations") or {}).get(PREFIX + "configmap") or (
+            "elastico-" + name
+        )[:253]
+        sm_share = float(family.resources[config, GPU_SM])
+        data = framework_settings(
+            kind=family.kind,
+            configuration=family.configs[config],
+            memory_budget_mib=budget,
+            device_memory_mib=device_mib,
+            device_indices=devices,
+            sm_share=sm_share,
+            mps=self.settings.mps,
+        )
+        annotations = decision_annotations(
+            node=verdict.node,
+            devices=devices,
+            kind=family.kind,
+            configuration=family.configs[config],
+            memory_budget_mib=budget,
+            device_memory_mib=device_mib,
+            sm_share=sm_share,
+            mps=self.settings.mps,
+            predicted_slowdown=verdict.predicted_slowdown,
+            price_epoch=epoch,
+            configmap=configmap,
+        )
+        return BindRequest(namespace, name, uid, verdict.node, annotations, configmap, data)
+
+    def bind(self, request: BindRequest) -> None:
+        """Write the decision and the Binding; raises ClusterError (status set when the
+        API server answered)."""
+        try:
+            self.cluster.bind(request)
+        except OSError as exc:
+            raise ClusterError(f"API server unreachable: {exc}") from exc
+        self.metrics.bind("ok")
+        log.info(
+            "bind.ok", extra={"pod": f"{request.namespace}/{request.name}", "node": request.node}
+        )
+
+    # -- the plan's changes to running pods ------------------------------------------
+    def shrink(
+        self,
+        plan: Plan,
+        pods: Mapping[str, PodJob],
+        nodes: Mapping[str, Node],
+        skip: Container[str] = (),
+    ) -> None:
+        """Write the reconfigurations that do not grow a pod's memory budget (before
+        the view that counts the freed memory is published)."""
+        self._reconfigure(plan, pods, nodes, skip, grow=False)
+
+    def apply(
+        self,
+        plan: Plan,
+        pods: Mapping[str, PodJob],
+        nodes: Mapping[str, Node],
+        skip: Container[str] = (),
+    ) -> None:
+        """Write the growing reconfigurations and carry out the plan's migrations."""
+        self._reconfigure(plan, pods, nodes, skip, grow=True)
+        migrations = 0
+        for a in plan.changed():
+            if a.action is Action.MIGRATE and a.job_id not in skip:
+                migrations += self._migrate(a, pods.get(a.job_id), migrations)
+
+    def _reconfigure(
+        self,
+        plan: Plan,
+        pods: Mapping[str, PodJob],
+        nodes: Mapping[str, Node],
+        skip: Container[str],
+        *,
+        grow: bool,
+    ) -> None:
+        """Push in-place reconfigurations of bound pods to the cluster (spec 4.2): the
+        new ConfigMap and decision annotations reach the workload through
+        ``elastico-run``; only those that grow the budget (``grow``) or not."""
+        if not self.is_leader():
+            return
+        for a in plan.changed():
+            if a.action is not Action.RECONFIGURE or a.job_id in skip:
+                continue
+            pj = pods.get(a.job_id)
+            pod = self.cluster.state.pod(a.job_id)
+            if pj is None or pj.intent is None or pod is None or not a.devices:
+                continue
+            current = read_decision((pod.get("metadata") or {}).get("annotations"))
+            grows = current is None or a.memory_budget_mib > current.memory_budget_mib + 1e-6
+            if grows is not grow:
+                continue
+            verdict = NodeVerdict(
+                a.devices[0][0],
+                True,
+                a.config_index,
+                a.devices,
+                a.predicted_slowdown,
+                a.tolerance,
+                0.0,
+                a.memory_budget_mib,
+            )
+            request = self.request(pod, pj, verdict, plan.epoch, nodes.get(verdict.node))
+            try:
+                self.cluster.reconfigure(request)
+            except (ClusterError, OSError) as exc:
+                self.metrics.bind("reconfigure-error")
+                log.warning("reconfigure.failed", extra={"pod": pj.key, "error": str(exc)})
+                continue
+            self.metrics.bind("reconfigured")
+            log.info(
+                "reconfigure.ok", extra={"pod": pj.key, "configuration": a.configuration.label}
+            )
+
+    def _migrate(self, a: Assignment, pj: PodJob | None, done: int) -> int:
+        """Evict a pod the plan moves, when it may be moved; returns 1 if evicted.
+
+        A pod is moved only when it opted in (``elastico.io/migration: allowed``), a
+        controller owns it (so a replacement pod comes back through filter and
+        prioritize), it was not evicted before, and this epoch's budget
+        (``max_migrations_per_epoch``) is not spent.  The Eviction API honours
+        PodDisruptionBudgets and the pod's graceful termination, in which
+        ``elastico-run`` forwards SIGTERM so the workload can checkpoint."""
+        pod = self.cluster.state.pod(a.job_id)
+        why = ""
+        if not self.is_leader():
+            why = "not the leader"
+        elif pj is None or pod is None:
+            why = "pod no longer known"
+        elif pj.intent is None or not pj.intent.migration_allowed:
+            why = "pod does not allow migration (elastico.io/migration: allowed)"
+        elif not any(
+            o.get("controller") for o in (pod.get("metadata") or {}).get("ownerReferences") or ()
+        ):
+            why = "no controller owns the pod, so nothing would recreate it"
+        elif a.job_id in self._evicted:
+            why = "eviction already requested"
+        elif done >= self.settings.max_migrations_per_epoch:
+            why = "max_migrations_per_epoch reached"
+        if why:
+            log.info("migration.suggested", extra={"job": a.job_id, "to": a.devices, "why": why})
+            return 0
+        assert pj is not None and pod is not None
+        meta = pod.get("metadata") or {}
+        try:
+            self.cluster.evict(
+                str(meta.get("namespace") or "default"), str(meta.get("name")), a.job_id
+            )
+        except (ClusterError, OSError) as exc:
+            self.metrics.bind("migration-refused")
+            log.warning("migration.refused", extra={"pod": pj.key, "error": str(exc)})
+            return 0
+        self._evicted[a.job_id] = None
+        if len(self._evicted) > EVICTED_KEPT:
+            self._evicted.popitem(last=False)
+        self.metrics.bind("migrated")
+        log.info("migration.evicted", extra={"pod": pj.key, "to": a.devices})
+        return 1

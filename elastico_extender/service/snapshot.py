@@ -1,0 +1,316 @@
+"""Cluster view -> core :class:`Snapshot`: the planner's input, rebuilt every epoch.
+
+The builder owns what it needs to rebuild cheaply: parsed nodes by
+resourceVersion (a heartbeat keeps the same :class:`Node` object, so the core's
+per-cluster device index is built once per node set) and the running records
+of bound pods (the same record while the pod object and its node are the same).
+
+Bound pods take their devices from the decision annotations bind wrote
+(``annotations.read_decision``): the API server is the only store, so a
+restarted extender rebuilds every placement from it.  Placements booked by
+bind and not yet shown by the watch come in as ``bookings`` and are counted as
+running where they were booked.  Observations (the closed loop) come from an
+``observed`` callable given by their owner; the snapshot only carries them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import threading
+from collections.abc import Callable, Mapping
+from typing import Any, NamedTuple, Protocol
+
+from elastico_extender.annotations import read_decision
+from elastico_extender.cluster.objects import node_from_json, pod_is_active
+from elastico_extender.cluster.state import ClusterState
+from elastico_extender.core.model import Job, Node, ProfileFamily, Snapshot
+from elastico_extender.core.observations import ObservedSlowdown
+from elastico_extender.core.planner import NodeVerdict
+from elastico_extender.errors import AnnotationError
+from elastico_extender.service.pods import PodJob, PodJobs
+
+__all__ = ["Built", "Pinned", "SnapshotBuilder"]
+
+log = logging.getLogger(__name__)
+
+
+class Pinned(Protocol):
+    """A placement the snapshot must show as running where ``verdict`` put it: a
+    booking that the watch has not confirmed yet (see :mod:`.bookings`)."""
+
+    @property
+    def pod_job(self) -> PodJob: ...
+
+    @property
+    def verdict(self) -> NodeVerdict: ...
+
+
+class Built(NamedTuple):
+    """One snapshot and what the rest of the service needs to know about it."""
+
+    snapshot: Snapshot
+    pods: dict[str, PodJob]  # every planned job's pod, by job id
+    in_snapshot: set[str]  # bookings the snapshot shows as running
+    invalid: dict[str, str]  # pods with invalid annotations: id -> message (GET /jobs)
+    confirmed: set[str]  # booked pods the watch shows bound or deleted (the booking can go)
+    synced: bool  # the cluster view had synced when the snapshot was read
+    node_generation: int  # the cluster view's node generation the snapshot is of
+
+
+class SnapshotBuilder:
+    """Builds :class:`Built` snapshots from a :class:`ClusterState` (one owner: the epoch)."""
+
+    def __init__(
+        self,
+        state: ClusterState,
+        pod_jobs: PodJobs,
+        *,
+        default_gpu_memory_mib: float,
+        scheduler_name: str = "",
+        observed: Callable[[], Mapping[str, ObservedSlowdown]] | None = None,
+        clock: Callable[[], float] | None = None,
+        dwell_seconds: float = 0.0,
+    ) -> None:
+        self.state = state
+        self.pod_jobs = pod_jobs
+        self.default_gpu_memory_mib = default_gpu_memory_mib
+        self.scheduler_name = scheduler_name
+        # The observations owner hands its per-job observed slowdowns in here (closed
+        # loop, core.observations); None: nothing observed yet.
+        self.observed = observed
+        self.clock = clock
+        self.dwell_seconds = dwell_seconds
+        self.epoch = 0
+        # Per running pod: the configuration it runs and since when (this clock), to
+        # hold it for dwell_seconds after a bind or a reshape (issue 12 item 6).
+        self._since: dict[str, tuple[int, float]] = {}
+        self._held_copies: dict[str, tuple[Job, Job]] = {}
+        self._primed = False  # the first snapshot's running pods started before us
+        self._node_cache: dict[str, tuple[str, Node | None]] = {}
+        self._last_nodes: tuple[Node, ...] = ()
+        self._nodes_generation = -1
+        self._nodes_lock = threading.Lock()  # the epoch thread and a verb's refresh
+        # Bound pods' running records from the last snapshot, by pod uid, with what
+        # they were built from: (Pod object, PodJob, Node, running Job).
+        self._bound: dict[str, tuple[dict[str, Any], PodJob, Node, Job]] = {}
+
+    # -- nodes -------------------------------------------------------------------------
+    def nodes(self) -> tuple[Node, ...]:
+        """The cluster's nodes as the planner sees them.
+
+        While no node changes what the planner sees, the same tuple of the same
+        objects comes back (a status heartbeat bumps a node's resourceVersion but
+        parses to an equal Node), so the core's per-cluster device index is built
+        once, not every epoch."""
+        with self._nodes_lock:
+            return self._nodes()
+
+    def _nodes(self) -> tuple[Node, ...]:
+        generation = self.state.node_generation
+        if generation == self._nodes_generation:
+            return self._last_nodes
+        nodes = []
+        for name, obj in sorted(self.state.nodes().items()):
+            rv = str((obj.get("metadata") or {}).get("resourceVersion", ""))
+            cached = self._node_cache.get(name)
+            if cached is None or cached[0] != rv:
+                try:
+                    parsed: Node | None = node_from_json(obj, self.default_gpu_memory_mib)
+                except ValueError as exc:
+                    log.warning("node.unreadable", extra={"node": name, "error": str(exc)})
+                    parsed = None
+                if cached is not None and parsed is not None and parsed == cached[1]:
+                    parsed = cached[1]  # unchanged for the planner: keep the object
+                cached = (rv, parsed)
+                self._node_cache[name] = cached
+            if cached[1] is not None:
+                nodes.append(cached[1])
+        for name in set(self._node_cache) - set(self.state.nodes()):
+            del self._node_cache[name]
+        self._nodes_generation = generation
+        last = self._last_nodes
+        if len(last) == len(nodes) and all(a is b for a, b in zip(last, nodes, strict=True)):
+            return last
+        self._last_nodes = tuple(nodes)
+        return self._last_nodes
+
+    # -- the snapshot ------------------------------------------------------------------
+    def build(self, bookings: Mapping[str, Pinned] | None = None) -> Built:
+        """The planner's input from the cluster view plus the placements in ``bookings``."""
+        synced = self.state.is_synced  # read before the objects: a view at least this fresh
+        now = self.clock() if self.clock is not None else 0.0
+        generation = self.state.node_generation
+        nodes = self.nodes()
+        by_name = {n.name: n for n in nodes}
+        assumed = dict(bookings or {})
+        pods = self.state.pods()
+        jobs: list[Job] = []
+        meta: dict[str, PodJob] = {}
+        deferred: list[tuple[PodJob, str, int]] = []
+        confirmed: set[str] = set()
+        in_snapshot: set[str] = set()
+        invalid: dict[str, str] = {}
+        bound: dict[str, tuple[dict[str, Any], PodJob, Node, Job]] = {}
+        wanted = self.scheduler_name
+        previous = self._bound
+        for uid, pod in pods.items():
+            # A bound pod whose object and node are the ones of the last epoch: the same
+            # record (the cluster view replaces objects, never edits them).  Most pods.
+            hit = previous.get(uid)
+            if hit is not None and hit[0] is pod and by_name.get(hit[3].devices[0][0]) is hit[2]:
+                bound[uid] = hit
+                jobs.append(hit[3])
+                meta[uid] = hit[1]
+                continue
+            if not pod_is_active(pod) or (pod.get("metadata") or {}).get("deletionTimestamp"):
+                continue
+            node_name = (pod.get("spec") or {}).get("nodeName")
+            try:
+                pj = self.pod_jobs.get(pod)
+            except AnnotationError as exc:
+                invalid[uid] = str(exc)
+                pj = self.pod_jobs.fallback(pod, uid) if node_name else None
+            except ValueError as exc:
+                invalid[uid] = str(exc)
+                continue
+            if pj is None:
+                continue
+            job, family = pj.job, pj.family
+            if node_name:
+                node = by_name.get(node_name)
+                if node is None:
+                    continue
+                confirmed.add(uid)
+                decision = read_decision((pod.get("metadata") or {}).get("annotations"))
+                config = config_row(family, pj, decision.configuration if decision else "")
+                indices = {g.index for g in node.gpus}
+                if (
+                    decision is not None
+                    and decision.node == node_name
+                    and len(decision.devices) == job.gpus
+                    and all(d in indices for d in decision.devices)
+                ):
+                    running = running_job(job, node_name, decision.devices, config)
+                    if uid not in invalid:  # an invalid pod is reported again every epoch
+                        bound[uid] = (pod, pj, node, running)
+                    jobs.append(running)
+                    meta[uid] = pj
+                    continue
+                booked = assumed.get(uid)
+                if booked is not None and booked.verdict.node == node_name:
+                    devices = tuple(d for _, d in booked.verdict.devices)
+                    jobs.append(running_job(job, node_name, devices, booked.verdict.config_index))
+                    meta[uid] = pj
+                    continue
+                deferred.append((pj, node_name, config))
+            elif uid in assumed:
+                jobs.append(booked_job(job, assumed[uid].verdict))
+                in_snapshot.add(uid)
+                meta[uid] = pj
+            elif not wanted or (pod.get("spec") or {}).get("schedulerName") == wanted:
+                jobs.append(job)
+                meta[uid] = pj
+        for uid, a in assumed.items():  # booked by us, not yet seen bound by the watch
+            if uid not in pods:
+                confirmed.add(uid)  # deleted since its bind: the booking can go too
+                continue
+            if uid in meta or uid in confirmed or a.verdict.node not in by_name:
+                continue
+            jobs.append(booked_job(a.pod_job.job, a.verdict))
+            in_snapshot.add(uid)
+            meta[uid] = a.pod_job
+        if deferred:
+            used: dict[str, set[int]] = {}
+            for placed in jobs:
+                for ref_node, device in placed.devices:
+                    used.setdefault(ref_node, set()).add(device)
+            for pj, node_name, config in deferred:  # bound elsewhere: lowest free devices
+                node = by_name[node_name]
+                taken = used.setdefault(node_name, set())
+                free = [g.index for g in node.gpus if g.index not in taken]
+                pool = free + [g.index for g in node.gpus if g.index in taken]
+                devices = tuple(pool[: pj.job.gpus])
+                if len(devices) < pj.job.gpus:
+                    continue
+                taken.update(devices)
+                jobs.append(running_job(pj.job, node_name, devices, config))
+                meta[pj.job.id] = pj
+        self._bound = bound
+        if self.dwell_seconds > 0:
+            jobs = self._hold(jobs, now)
+        families = {j.family: meta[j.id].family for j in jobs}
+        self.epoch += 1
+        snapshot = Snapshot(
+            nodes,
+            tuple(jobs),
+            families,
+            epoch=self.epoch,
+            observed=dict(self.observed()) if self.observed is not None else {},
+            now=now,
+        )
+        return Built(snapshot, meta, in_snapshot, invalid, confirmed, synced, generation)
+
+    def _hold(self, jobs: list[Job], now: float) -> list[Job]:
+        """Running jobs that started (or were reshaped) less than ``dwell_seconds`` ago,
+        held in their configuration: a reshape restarts the workload (spec 5.7).  Pods
+        already running at the first snapshot count as running long enough."""
+        since, copies = self._since, self._held_copies
+        held: list[Job] = []
+        seen: dict[str, tuple[int, float]] = {}
+        kept: dict[str, tuple[Job, Job]] = {}
+        for job in jobs:
+            config = job.current_config
+            if config is None:
+                held.append(job)
+                continue
+            start = since.get(job.id)
+            if start is None and not self._primed:
+                start = (config, -math.inf)  # running before this process: long enough
+            elif start is None or start[0] != config:
+                start = (config, now)
+            seen[job.id] = start
+            if now - start[1] < self.dwell_seconds and job.allowed != (config,):
+                copy = copies.get(job.id)
+                if copy is None or copy[0] is not job:  # the same record gets the same copy
+                    copy = (job, dataclasses.replace(job, allowed=(config,)))
+                kept[job.id] = copy
+                job = copy[1]
+            held.append(job)
+        self._since = seen  # pods gone or pending are forgotten
+        self._held_copies = kept
+        self._primed = True
+        return held
+
+
+def config_row(family: ProfileFamily, pj: PodJob, label: str) -> int:
+    """The configuration row named ``label``; else the fastest allowed one."""
+    if label:
+        for i, config in enumerate(family.configs):
+            if config.label == label:
+                return i
+    allowed = pj.job.allowed
+    if allowed:
+        return max(allowed, key=lambda r: float(family.throughput[r]))
+    return family.fastest_index
+
+
+def running_job(job: Job, node: str, devices: tuple[int, ...], config: int) -> Job:
+    """``job`` running on ``devices`` of ``node`` in configuration row ``config``."""
+    refs = tuple((node, d) for d in devices)
+    allowed = job.allowed
+    if allowed is not None and config not in allowed:
+        allowed = (*allowed, config)
+    return dataclasses.replace(job, devices=refs, current_config=config, allowed=allowed)
+
+
+def booked_job(job: Job, verdict: NodeVerdict) -> Job:
+    """A booked job, running where it was booked and held in its booked configuration
+    (a bind in flight is never reshaped or moved by the epoch that overlaps it)."""
+    return dataclasses.replace(
+        job,
+        devices=verdict.devices,
+        current_config=verdict.config_index,
+        allowed=(verdict.config_index,),
+    )

@@ -1,0 +1,171 @@
+"""Read-only REST views of what is published: prices, jobs, nodes, the plan.
+
+They read the published plan and view and the bookings; they own nothing.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from elastico_extender.core.resources import GPU_SM, RESOURCE_NAMES
+from elastico_extender.service.bookings import Bookings
+
+__all__ = ["RestViews"]
+
+
+class RestViews:
+    """GET /prices, /jobs, /nodes, /plan (see :mod:`elastico_extender.api.routes.rest`)."""
+
+    def __init__(
+        self,
+        bookings: Bookings,
+        history: Sequence[dict[str, Any]],
+        predictor_name: str,
+        predictor_degraded: str | None,
+    ) -> None:
+        self.bookings = bookings
+        self.history = history
+        self.predictor_name = predictor_name
+        self.predictor_degraded = predictor_degraded
+
+    def prices(self) -> dict[str, Any]:
+        pub = self.bookings.published
+        return {
+            "epoch": pub.plan.epoch,
+            "resources": pub.plan.price_map(),
+            "units": dict(zip(RESOURCE_NAMES, ("fraction", "MiB", "cores", "MiB"), strict=True)),
+            "history": list(self.history),
+        }
+
+    def jobs(self) -> list[dict[str, Any]]:
+        pub = self.bookings.published
+        booked = self.bookings.pinned()
+        rows = []
+        for job in pub.snapshot.jobs:
+            pj = pub.pods.get(job.id)
+            if pj is None:
+                continue
+            a = pub.plan.assignments.get(job.id)
+            state = "running" if job.running else "pending"
+            if job.id in pub.plan.rejected:
+                state = "rejected"
+            elif job.id in pub.plan.queued:
+                state = "queued"
+            elif job.id in booked:
+                state = "binding"
+            row: dict[str, Any] = {
+                "id": job.id,
+                "pod": pj.key,
+                "family": job.family,
+                "kind": job.kind.value,
+                "mode": job.mode.value,
+                "gpus": job.gpus,
+                "weight": job.weight,
+                "floor": job.min_throughput,
+                "throughput_unit": pj.family.throughput_unit,
+                "state": state,
+                "reason": pub.plan.rejected.get(job.id) or (pj.note or None),
+            }
+            if a is not None:
+                row.update(
+                    {
+                        "action": a.action.value,
+                        "configuration": a.configuration.label,
+                        "config_index": a.config_index,
+                        "devices": [f"{n}/{d}" for n, d in a.devices],
+                        "memory_budget_mib": a.memory_budget_mib,
+                        "throughput": a.throughput,
+                        "predicted_slowdown": a.predicted_slowdown,
+                        "tolerance": a.tolerance if math.isfinite(a.tolerance) else None,
+                        "estimated_profile": a.estimated,
+                    }
+                )
+            rows.append(row)
+        for uid, message in pub.invalid.items():
+            rows.append({"id": uid, "state": "invalid", "reason": message})
+        return rows
+
+    def nodes(self) -> list[dict[str, Any]]:
+        pub = self.bookings.published
+        pinned = self.bookings.pinned()
+        booked = list(pinned.values())
+        occupants: dict[tuple[str, int], list[tuple[str, float, float]]] = {}
+        for a in pub.plan.assignments.values():
+            if a.job_id in pinned:
+                continue  # shown where it was booked, below
+            pj = pub.pods.get(a.job_id)
+            sm = float(pj.family.resources[a.config_index, GPU_SM]) if pj else 0.0
+            for ref in a.devices:
+                occupants.setdefault(ref, []).append(
+                    (pj.key if pj else a.job_id, a.memory_budget_mib, sm)
+                )
+        for x in booked:
+            sm = float(x.pod_job.family.resources[x.verdict.config_index, GPU_SM])
+            for ref in x.verdict.devices:
+                occupants.setdefault(ref, []).append(
+                    (x.pod_job.key, x.verdict.memory_budget_mib, sm)
+                )
+        rows = []
+        for node in pub.snapshot.nodes:
+            gpus = []
+            pairs: list[list[str]] = []
+            for g in node.gpus:
+                here = occupants.get((node.name, g.index), [])
+                gpus.append(
+                    {
+                        "index": g.index,
+                        "product": g.product,
+                        "memory_mib": g.memory_mib,
+                        "memory_assigned_mib": float(sum(m for _, m, _ in here)),
+                        "sm_assigned": float(np.clip(sum(s for _, _, s in here), 0.0, None)),
+                        "pods": [p for p, _, _ in here],
+                    }
+                )
+                names = [p for p, _, _ in here]
+                pairs.extend(
+                    [names[i], names[j]]
+                    for i in range(len(names))
+                    for j in range(i + 1, len(names))
+                )
+            rows.append(
+                {
+                    "name": node.name,
+                    "cpu_cores": node.cpu_cores,
+                    "host_mem_mib": node.host_mem_mib,
+                    "gpus": gpus,
+                    "colocated_pairs": pairs,
+                }
+            )
+        return rows
+
+    def plan_summary(self) -> dict[str, Any]:
+        pub = self.bookings.published
+        p = pub.plan
+        return {
+            "epoch": p.epoch,
+            "published_at": pub.published_at,
+            "epoch_ms": pub.epoch_ms,
+            "prices": p.price_map(),
+            "assignments": {
+                job_id: {
+                    "pod": pub.pods[job_id].key if job_id in pub.pods else job_id,
+                    "configuration": a.configuration.label,
+                    "devices": [f"{n}/{d}" for n, d in a.devices],
+                    "action": a.action.value,
+                    "memory_budget_mib": a.memory_budget_mib,
+                    "predicted_slowdown": a.predicted_slowdown,
+                }
+                for job_id, a in p.assignments.items()
+            },
+            "queued": list(p.queued),
+            "rejected": dict(p.rejected),
+            "preempted": list(p.preempted),
+            "violations": [list(v) for v in p.violations],
+            "stats": {k: float(v) for k, v in p.stats.items()},
+            "predictor": self.predictor_name,
+            "predictor_degraded": self.predictor_degraded,
+        }

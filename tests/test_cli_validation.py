@@ -1,0 +1,131 @@
+"""The first five minutes: every command (but simulate, tested with the simulator) checks
+its arguments, says what is wrong, and never ends in a traceback."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
+
+
+def elastico(*args: str, env: dict[str, str] | None = None, code: str | None = None):
+    command = (
+        [sys.executable, "-c", code] if code else [sys.executable, "-m", "elastico_extender.cli"]
+    )
+    return subprocess.run(
+        [*command, *args], capture_output=True, text=True, timeout=120, env=env or ENV, cwd=ROOT
+    )
+
+
+def no_traceback(done: subprocess.CompletedProcess[str]) -> None:
+    assert "Traceback" not in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize("args", [["plan", "--jobs", "3000"], ["catalog"], ["--help"]])
+def test_output_into_a_closed_pipe_ends_quietly(args):
+    with subprocess.Popen(
+        [sys.executable, "-m", "elastico_extender.cli", *args],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=ENV, cwd=ROOT,
+    ) as proc:  # fmt: skip
+        assert proc.stdout is not None and proc.stderr is not None
+        proc.stdout.readline()
+        proc.stdout.close()  # what `| head -1` does
+        err = proc.stderr.read().decode()
+        assert proc.wait(timeout=120) in (0, 141)
+    assert "Traceback" not in err and "BrokenPipe" not in err
+
+
+@pytest.mark.parametrize(
+    ("args", "named"),
+    [
+        (["plan", "--gpus", "0"], "--gpus"),
+        (["plan", "--gpus", "100000000"], "--gpus"),
+        (["plan", "--jobs", "-1"], "--jobs"),
+        (["train-iac", "--out", "/proc/elastico/x"], "--out"),
+        (["train-iac", "--csv", "/nope.csv", "--out", "/tmp/x.onnx"], "--csv"),
+        (["train-iac", "--epochs", "0", "--out", "/tmp/x.onnx"], "--epochs"),
+        (["serve", "--epoch-seconds", "inf"], "epoch_seconds"),
+        (["serve", "--epoch-seconds", "nan"], "epoch_seconds"),
+        (["serve", "--port", "70000"], "port"),
+        (["run", "--grace-period", "nan", "--", "true"], "--grace-period"),
+        (["run", "--poll-interval", "-1", "--", "true"], "--poll-interval"),
+        (["runtime-bundle"], "dest"),
+    ],
+)
+def test_bad_arguments_are_named_without_a_traceback(args, named):
+    done = elastico(*args)
+    assert done.returncode == 2, done.stderr
+    assert named in done.stderr
+    no_traceback(done)
+
+
+def test_a_bad_environment_value_for_elastico_run_names_the_variable():
+    done = elastico("run", "--", "true", env={**ENV, "ELASTICO_GRACE_SECONDS": "soon"})
+    assert done.returncode == 2 and "ELASTICO_GRACE_SECONDS" in done.stderr
+    no_traceback(done)
+
+
+def test_serve_on_a_busy_port_fails_before_announcing_itself():
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        done = elastico("serve", "--port", str(port))
+    assert done.returncode == 1
+    assert f"127.0.0.1:{port}" in done.stderr and "in use" in done.stderr
+    assert "extender at" not in done.stderr and "Bearer" not in done.stderr
+    no_traceback(done)
+
+
+NO_TORCH = (
+    "import sys; sys.modules['torch'] = None; "
+    "from elastico_extender.cli import main; raise SystemExit(main(sys.argv[1:]))"
+)
+
+
+def test_train_iac_help_and_errors_work_without_torch(tmp_path):
+    helped = elastico("train-iac", "--help", code=NO_TORCH)
+    assert helped.returncode == 0 and "usage: elastico train-iac" in helped.stdout
+    done = elastico("train-iac", "--out", str(tmp_path / "m.onnx"), code=NO_TORCH)
+    assert done.returncode == 2
+    assert "needs torch" in done.stderr and "whl/cpu" in done.stderr
+    no_traceback(done)
+    assert not (tmp_path / "m.onnx").exists()  # the write check leaves nothing behind
+
+
+def test_train_iac_defaults_are_the_training_defaults():
+    pytest.importorskip("torch")
+    from elastico_extender.interference import train, train_cli
+
+    config = train.TrainConfig()
+    assert (
+        config.epochs, config.hidden, config.seed,
+    ) == (train_cli.DEFAULT_EPOCHS, train_cli.DEFAULT_HIDDEN, train_cli.DEFAULT_SEED)  # fmt: skip
+
+
+def test_every_help_banner_names_the_command_a_user_types():
+    overview = elastico("--help").stdout
+    for command in ("serve", "plan", "catalog", "train-iac", "run", "runtime-bundle"):
+        assert f"  {command} " in overview
+        usage = elastico(command, "--help").stdout
+        expected = "usage: elastico-run" if command == "run" else f"usage: elastico {command}"
+        assert usage.startswith(expected), usage[:80]
+
+
+def test_plan_explains_zero_prices_when_the_cluster_is_short():
+    short = elastico("plan", "--gpus", "16", "--jobs", "100")
+    assert short.returncode == 0
+    prices = next(line for line in short.stdout.splitlines() if line.startswith("shadow prices"))
+    if all(part.endswith("=0.000") for part in prices.split(": ")[1].split(", ")):
+        assert "prices are 0 although" in short.stdout
+        assert "4.0x the GPU memory" in short.stdout
+    priced = elastico("plan", "--gpus", "16", "--jobs", "40")
+    assert "gpu_mem_mib=0.000" not in priced.stdout
+    assert "prices are 0 although" not in priced.stdout

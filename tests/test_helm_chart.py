@@ -1,0 +1,395 @@
+"""charts/elastico: `helm lint` and `helm template` through Helm's own Go SDK (libhelm, in
+the helm-python-sdk wheel), every rendered object parsed into the kubernetes client's
+models, references consistent, and every object created on the fake API server."""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import re
+import ssl
+import time
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote, urlparse
+
+import pytest
+import yaml
+from kubernetes import client, utils
+
+from elastico_extender.cluster.fake_apiserver import FakeApiServer
+from elastico_extender.service.settings import ServiceSettings
+
+helm = pytest.importorskip("helm_python", reason="helm-python-sdk (the test extra) not installed")
+
+CHART = Path(__file__).resolve().parents[1] / "charts" / "elastico"
+NAMESPACE = "gpu-sched"
+FULL = {
+    "tls": {"mode": "cert-manager"},
+    "metrics": {"serviceMonitor": {"enabled": True}, "prometheusRule": {"enabled": True}},
+    "predictor": {"configMap": "my-iac-model"},
+    "mpsDaemon": {"enabled": True},
+}
+VARIANTS = {"defaults": {}, "cert-manager+monitoring": FULL}
+MODELS = {
+    ("v1", "ServiceAccount"): "V1ServiceAccount",
+    ("v1", "ConfigMap"): "V1ConfigMap",
+    ("v1", "Secret"): "V1Secret",
+    ("v1", "Service"): "V1Service",
+    ("apps/v1", "Deployment"): "V1Deployment",
+    ("apps/v1", "DaemonSet"): "V1DaemonSet",
+    ("policy/v1", "PodDisruptionBudget"): "V1PodDisruptionBudget",
+    ("networking.k8s.io/v1", "NetworkPolicy"): "V1NetworkPolicy",
+    ("rbac.authorization.k8s.io/v1", "ClusterRole"): "V1ClusterRole",
+    ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding"): "V1ClusterRoleBinding",
+    ("rbac.authorization.k8s.io/v1", "Role"): "V1Role",
+    ("rbac.authorization.k8s.io/v1", "RoleBinding"): "V1RoleBinding",
+    ("admissionregistration.k8s.io/v1", "MutatingWebhookConfiguration"):
+        "V1MutatingWebhookConfiguration",
+}  # fmt: skip
+CUSTOM = {  # kinds from CRDs (no client model): group, version, plural
+    "Certificate": ("cert-manager.io", "v1", "certificates"),
+    "Issuer": ("cert-manager.io", "v1", "issuers"),
+    "ServiceMonitor": ("monitoring.coreos.com", "v1", "servicemonitors"),
+    "PrometheusRule": ("monitoring.coreos.com", "v1", "prometheusrules"),
+}
+
+
+def render(values: dict[str, Any]) -> list[dict[str, Any]]:
+    chart = helm.Chart.load(str(CHART))
+    out = chart.render(values, name="elastico", namespace=NAMESPACE, is_install=True)
+    docs: list[dict[str, Any]] = []
+    for name in sorted(out):
+        if name.endswith(".txt"):
+            continue
+        docs.extend(d for d in yaml.safe_load_all(out[name]) if d)
+    return docs
+
+
+def named(docs: list[dict[str, Any]], kind: str) -> dict[str, dict[str, Any]]:
+    return {d["metadata"]["name"]: d for d in docs if d["kind"] == kind}
+
+
+@pytest.fixture(scope="module", params=sorted(VARIANTS))
+def variant(request: pytest.FixtureRequest) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    values = VARIANTS[request.param]
+    return values, render(values)
+
+
+@pytest.mark.parametrize("values", list(VARIANTS.values()), ids=list(VARIANTS))
+def test_helm_lint_strict_reports_no_warning_or_error(values):
+    report = helm.lint(str(CHART), values, strict=True, namespace=NAMESPACE)
+    assert report["errors"] == []
+    worse_than_info = [m for m in report["messages"] if m["severity"] >= 2]
+    assert worse_than_info == []
+
+
+def test_helm_refuses_an_unknown_tls_mode():
+    with pytest.raises(Exception, match=r"tls\.mode must be"):
+        render({"tls": {"mode": "plaintext"}})
+
+
+def test_every_rendered_object_parses_into_its_model_or_is_a_known_custom_kind(variant):
+    _, docs = variant
+    api = client.ApiClient()
+    kinds = {d["kind"] for d in docs}
+    assert {"Deployment", "DaemonSet", "Service", "PodDisruptionBudget", "NetworkPolicy",
+            "MutatingWebhookConfiguration", "ClusterRole", "Secret"} <= kinds  # fmt: skip
+    for doc in docs:
+        assert doc["metadata"]["name"]
+        if doc["kind"] in CUSTOM:
+            group, version, _ = CUSTOM[doc["kind"]]
+            assert doc["apiVersion"] == f"{group}/{version}"
+            assert isinstance(doc["spec"], dict)
+            continue
+        model = MODELS[(doc["apiVersion"], doc["kind"])]
+        obj = api.deserialize(json.dumps(doc), model, "application/json")
+        # nothing silently dropped: the model round-trips to the same document
+        assert api.sanitize_for_serialization(obj) == doc, doc["metadata"]["name"]
+        if doc["kind"] not in ("ClusterRole", "ClusterRoleBinding",
+                               "MutatingWebhookConfiguration"):  # fmt: skip
+            assert doc["metadata"]["namespace"] in (NAMESPACE, "kube-system")
+
+
+def pod_templates(docs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {
+        d["metadata"]["name"]: d["spec"]["template"]
+        for d in docs
+        if d["kind"] in ("Deployment", "DaemonSet")
+    }
+
+
+def test_services_pdbs_and_policies_select_the_pods_of_a_workload(variant):
+    _, docs = variant
+    templates = pod_templates(docs)
+    for template in templates.values():
+        assert template["metadata"]["labels"]["app.kubernetes.io/name"] == "elastico"
+    extender = templates["elastico-extender"]
+    labels = extender["metadata"]["labels"]
+    ports = {p["name"] for c in extender["spec"]["containers"] for p in c.get("ports", [])}
+    services = named(docs, "Service")
+    assert set(services) == {"elastico-extender", "elastico-webhook"}
+    for svc in services.values():
+        selector = dict(svc["spec"]["selector"])
+        # the leader label is set at run time by the Lease holder (service/leader.py)
+        selector.pop("elastico.io/leader", None)
+        assert selector.items() <= labels.items(), svc["metadata"]["name"]
+        for port in svc["spec"]["ports"]:
+            assert port["targetPort"] in ports
+    assert services["elastico-extender"]["spec"]["selector"]["elastico.io/leader"] == "true"
+    assert services["elastico-webhook"]["spec"]["publishNotReadyAddresses"] is True
+    pdb = named(docs, "PodDisruptionBudget")["elastico-extender"]
+    assert pdb["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    policy = named(docs, "NetworkPolicy")["elastico-extender"]
+    assert policy["spec"]["podSelector"]["matchLabels"].items() <= labels.items()
+    scheduler_labels = templates["elastico-scheduler"]["metadata"]["labels"]
+    allowed = policy["spec"]["ingress"][0]["from"][0]["podSelector"]["matchLabels"]
+    assert allowed.items() <= scheduler_labels.items()
+
+
+def test_every_secret_configmap_and_account_a_pod_uses_is_rendered(variant):
+    values, docs = variant
+    secrets = set(named(docs, "Secret"))
+    secrets |= {c["spec"]["secretName"] for c in docs if c["kind"] == "Certificate"}
+    configmaps = set(named(docs, "ConfigMap")) | {values.get("predictor", {}).get("configMap")}
+    accounts = set(named(docs, "ServiceAccount"))
+    for name, template in pod_templates(docs).items():
+        spec = template["spec"]
+        # node daemons run as root by design: the MPS control daemon (privileged) and the
+        # agent (reads rings written by workload users; no privilege escalation)
+        component = template["metadata"]["labels"]["app.kubernetes.io/component"]
+        node_daemon = component == "mps"
+        if node_daemon:
+            assert spec["automountServiceAccountToken"] is False
+        else:
+            assert spec["serviceAccountName"] in accounts, name
+            if component != "agent":
+                assert spec["securityContext"]["runAsNonRoot"] is True
+        volumes = {v["name"]: v for v in spec.get("volumes", [])}
+        for container in spec["containers"]:
+            if not node_daemon:
+                assert container["securityContext"]["allowPrivilegeEscalation"] is False
+            for mount in container.get("volumeMounts", []):
+                assert mount["name"] in volumes, (name, mount["name"])
+        for volume in volumes.values():
+            if "secret" in volume:
+                assert volume["secret"]["secretName"] in secrets, (name, volume)
+            if "configMap" in volume:
+                assert volume["configMap"]["name"] in configmaps, (name, volume)
+    for binding in [d for d in docs if d["kind"] in ("ClusterRoleBinding", "RoleBinding")]:
+        for subject in binding["subjects"]:
+            assert subject["name"] in accounts
+        if binding["roleRef"]["name"].startswith("elastico"):
+            kind = binding["roleRef"]["kind"]
+            assert binding["roleRef"]["name"] in named(docs, kind)
+
+
+def test_extender_settings_file_loads_into_service_settings(variant, tmp_path):
+    values, docs = variant
+    text = named(docs, "ConfigMap")["elastico-extender-settings"]["data"]["settings.yaml"]
+    path = tmp_path / "settings.yaml"
+    path.write_text(text)
+    settings = ServiceSettings.load(path, env={})
+    assert settings.leader_election is True
+    assert settings.lease_namespace == NAMESPACE
+    assert settings.scheduler_name == "elastico-scheduler"
+    if values.get("predictor", {}).get("configMap"):
+        assert settings.predictor_model == "/etc/elastico/model/model.onnx"
+
+
+def test_scheduler_calls_the_extender_service_and_trusts_the_webhook_ca(variant, tmp_path):
+    values, docs = variant
+    config = yaml.safe_load(
+        named(docs, "ConfigMap")["elastico-scheduler-config"]["data"]["config.yaml"]
+    )
+    assert config["profiles"][0]["schedulerName"] == "elastico-scheduler"
+    extender = config["extenders"][0]
+    assert extender["ignorable"] is False and extender["nodeCacheCapable"] is True
+    url = urlparse(extender["urlPrefix"])
+    host, namespace = url.hostname.split(".")[:2]
+    assert (host, namespace, url.port) == ("elastico-extender", NAMESPACE, 8888)
+    webhook = named(docs, "MutatingWebhookConfiguration")["elastico-pod-settings"]["webhooks"][0]
+    assert webhook["clientConfig"]["service"]["name"] in named(docs, "Service")
+    assert webhook["failurePolicy"] == "Fail"
+    assert "schedulerName == 'elastico-scheduler'" in webhook["matchConditions"][0]["expression"]
+    if values.get("tls", {}).get("mode") == "cert-manager":
+        meta = named(docs, "MutatingWebhookConfiguration")["elastico-pod-settings"]["metadata"]
+        assert meta["annotations"]["cert-manager.io/inject-ca-from"] == (
+            f"{NAMESPACE}/elastico-extender-tls"
+        )
+        return
+    secrets = named(docs, "Secret")
+    ca = base64.b64decode(webhook["clientConfig"]["caBundle"])
+    server = secrets["elastico-extender-tls"]["data"]
+    assert base64.b64decode(server["ca.crt"]) == ca
+    files = {}
+    for key in ("tls.crt", "tls.key"):
+        files[key] = tmp_path / key
+        files[key].write_bytes(base64.b64decode(server[key]))
+    for host in ("elastico-webhook", "elastico-extender"):
+        # what the API server does when it calls the webhook: verify against caBundle
+        tls_handshake(files["tls.crt"], files["tls.key"], ca, f"{host}.{NAMESPACE}.svc")
+
+
+def tls_handshake(cert: Path, key: Path, ca: bytes, hostname: str) -> None:
+    """A TLS handshake in memory: server with cert/key, client trusting only ``ca``."""
+    server_ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server_ctx.load_cert_chain(cert, key)
+    client_ctx = ssl.create_default_context(cadata=ca.decode())
+    pipes = [ssl.MemoryBIO() for _ in range(4)]
+    srv = server_ctx.wrap_bio(pipes[0], pipes[1], server_side=True)
+    cli = client_ctx.wrap_bio(pipes[2], pipes[3], server_hostname=hostname)
+    for _ in range(10):
+        for end, outgoing, incoming in ((cli, pipes[3], pipes[0]), (srv, pipes[1], pipes[2])):
+            with contextlib.suppress(ssl.SSLWantReadError):
+                end.do_handshake()
+            incoming.write(outgoing.read())
+    assert cli.getpeercert()["subjectAltName"]
+
+
+def create(api: client.ApiClient, doc: dict[str, Any]) -> None:
+    if doc["kind"] in CUSTOM:
+        group, version, plural = CUSTOM[doc["kind"]]
+        client.CustomObjectsApi(api).create_namespaced_custom_object(
+            group, version, doc["metadata"]["namespace"], plural, doc
+        )
+    else:
+        utils.create_from_dict(api, doc)
+
+
+def test_every_object_is_created_on_the_api_server_with_the_real_client(variant):
+    _, docs = variant
+    server = FakeApiServer().start()
+    try:
+        config = client.Configuration()
+        config.host = server.url
+        api = client.ApiClient(config)
+        for doc in docs:
+            create(api, doc)
+        apps = client.AppsV1Api(api)
+        deployment = apps.read_namespaced_deployment("elastico-extender", NAMESPACE)
+        assert deployment.spec.replicas == 2
+        assert apps.read_namespaced_daemon_set("elastico-agent", NAMESPACE).spec.template
+        rbac = client.RbacAuthorizationV1Api(api)
+        assert rbac.read_cluster_role("elastico-extender").rules
+        stored = {k[3] for k in server.store.objects} | {k[1] for k in server.configmaps}
+        assert {d["metadata"]["name"] for d in docs} <= stored
+    finally:
+        server.stop()
+
+
+_REQUEST = re.compile(
+    r"^(?:(?P<method>[A-Z]+) )?/(?:api/v1|apis/(?P<group>[^/]+)/[^/]+)"
+    r"(?:/namespaces/[^/]+)?/(?P<resource>[^/?]+)(?:/(?P<name>[^/?]+))?(?:/(?P<sub>[^/?]+))?"
+    r"(?P<query>\?.*)?$"
+)
+_VERBS = {"POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}
+
+
+def rbac_needs(requests: list[str]) -> set[tuple[str, str, str]]:
+    """(apiGroup, resource[/subresource], verb) of each request the fake server saw."""
+    needs = set()
+    for entry in requests:
+        m = _REQUEST.match(unquote(entry))
+        assert m, entry
+        resource = m["resource"] + (f"/{m['sub']}" if m["sub"] else "")
+        if m["method"]:
+            verb = _VERBS[m["method"]]
+        elif m["name"]:
+            verb = "get"
+        else:
+            verb = "watch" if "watch=" in (m["query"] or "") else "list"
+        needs.add((m["group"] or "", resource, verb))
+    return needs
+
+
+def allowed(roles: list[dict[str, Any]], group: str, resource: str, verb: str) -> bool:
+    return any(
+        group in rule["apiGroups"] and resource in rule["resources"] and verb in rule["verbs"]
+        for role in roles
+        for rule in role["rules"]
+    )
+
+
+def test_extender_rbac_covers_every_request_the_code_makes():
+    """Run what the extender does (watch, bind, reconfigure, evict, lead, label its pod,
+    record Events) against the fake API server, then check each request against the
+    chart's roles for the extender's account."""
+    from kubernetes import client as k8s
+
+    from elastico_extender.cluster.base import BindRequest
+    from elastico_extender.cluster.kube import KubeCluster
+    from elastico_extender.service.events import EventRecorder, PodRef
+    from elastico_extender.service.leader import LeaseTiming, elect, label_own_pod
+
+    docs = render({})
+    account = "elastico-extender"
+    role_names = {
+        (b["roleRef"]["kind"], b["roleRef"]["name"])
+        for b in docs
+        if b["kind"] in ("ClusterRoleBinding", "RoleBinding")
+        and any(s["name"] == account for s in b["subjects"])
+    }
+    roles = [d for d in docs if (d["kind"], d["metadata"]["name"]) in role_names]
+    server = FakeApiServer().start()
+    pod = {"apiVersion": "v1", "kind": "Pod",
+           "metadata": {"name": "p", "namespace": "ml", "uid": "uid-p"},
+           "spec": {"containers": [{"name": "c", "image": "i"}]}}  # fmt: skip
+    server.put("pods", pod)
+    server.put("pods", {**pod, "metadata": {**pod["metadata"], "name": account, "uid": "e",
+                                            "namespace": NAMESPACE}})  # fmt: skip
+    api = k8s.ApiClient(k8s.Configuration(host=server.url))
+    kube = KubeCluster(api, resync_seconds=300, watch_timeout_seconds=5)
+    timing = LeaseTiming(1.5, 1.0, 0.1)
+    elector, cluster = elect(kube, api, name="elastico-extender", namespace=NAMESPACE,
+                             identity=account, timing=timing)  # fmt: skip
+    try:
+        cluster.start()
+        assert kube.wait_synced(15)
+        deadline = time.monotonic() + 10
+        while not elector.is_leader() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        request = BindRequest("ml", "p", "uid-p", "n0", {"elastico.io/x": "1"}, "cm-p", {"K": "v"})
+        cluster.bind(request)
+        cluster.reconfigure(request)
+        cluster.evict("ml", "p", "uid-p")
+        label_own_pod(k8s.CoreV1Api(api), NAMESPACE, account, False)
+        events = EventRecorder(api)
+        events.start()
+        events.bound(PodRef("ml", "p"), "bound")
+        events.flush()
+        events.stop()
+    finally:
+        cluster.stop()
+        server.stop()
+    needs = rbac_needs(server.requests)
+    for need in [("", "pods/binding", "create"), ("coordination.k8s.io", "leases", "update"),
+                 ("", "events", "create"), ("", "pods/eviction", "create")]:  # fmt: skip
+        assert need in needs  # the scenario exercised it
+    missing = sorted(n for n in needs if not allowed(roles, *n))
+    assert missing == []
+
+
+def test_dashboard_and_alerts_query_only_metrics_the_service_exports():
+    from elastico_extender.service.metrics import PrometheusMetrics
+
+    metrics = PrometheusMetrics()
+    suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"),
+                "gauge": ("",)}  # fmt: skip
+    exported = {
+        family.name + suffix
+        for family in metrics.registry.collect()
+        for suffix in suffixes[family.type]
+    }
+    dashboard = json.loads((CHART / "dashboards" / "elastico.json").read_text())
+    queries = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
+    rule = named(render(FULL), "PrometheusRule")["elastico-extender"]
+    queries += [r["expr"] for g in rule["spec"]["groups"] for r in g["rules"]]
+    used = {name for q in queries for name in re.findall(r"\belastico_[a-z_]+", q)}
+    assert used, "no ElastiCo metric queried"
+    assert used <= exported, sorted(used - exported)
+    assert {r["alert"] for g in rule["spec"]["groups"] for r in g["rules"]} >= {
+        "ElasticoPredictorDegraded", "ElasticoEpochsFailing", "ElasticoHarmfulPairsObserved",
+        "ElasticoPodsPending",
+    }  # fmt: skip

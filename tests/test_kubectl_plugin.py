@@ -1,0 +1,56 @@
+"""kubectl elastico: through the API server's service proxy with the real client."""
+
+from __future__ import annotations
+
+from urllib.parse import unquote
+
+import yaml
+
+from elastico_extender.api.app import create_app
+from elastico_extender.cluster.embedded import EmbeddedCluster
+from elastico_extender.cluster.fake_apiserver import FakeApiServer
+from elastico_extender.kubectl_plugin import main
+from elastico_extender.service.server import ServerThread
+from elastico_extender.service.settings import ServiceSettings
+
+
+def kubeconfig(tmp_path, server: FakeApiServer):
+    path = tmp_path / "kubeconfig"
+    path.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "test",
+        "clusters": [{"name": "c", "cluster": {"server": server.url}}],
+        "users": [{"name": "u", "user": {"token": "t"}}],
+        "contexts": [{"name": "test", "context": {"cluster": "c", "user": "u"}}],
+    }))  # fmt: skip
+    return str(path)
+
+
+def test_jobs_nodes_prices_and_why_through_the_service_proxy(tmp_path, capsys):
+    extender = ServerThread(
+        create_app(ServiceSettings(epoch_seconds=60), EmbeddedCluster.from_file(None))
+    ).start()
+    api = FakeApiServer().start()
+    try:
+        api.services[("elastico-system", "elastico-webhook")] = extender.url
+        common = ["--kubeconfig", kubeconfig(tmp_path, api)]
+        assert main(["jobs", *common]) == 0
+        jobs = capsys.readouterr().out
+        assert jobs.startswith("POD") and "ml/bert-finetune" in jobs
+        assert main(["nodes", *common]) == 0
+        assert "NVIDIA-A100-SXM4-40GB" in capsys.readouterr().out
+        assert main(["prices", *common]) == 0
+        assert "gpu_mem_mib" in capsys.readouterr().out
+        assert main(["why", "ml/bert-finetune", *common]) == 0
+        why = capsys.readouterr().out
+        assert "predicted slowdown Ŝ=" in why and "≤ τ=" in why and "shadow prices" in why
+        paths = [unquote(r) for r in api.requests]
+        proxied = [r for r in paths if "/services/https:elastico-webhook:8443/proxy/" in r]
+        assert len(proxied) >= 5
+        assert main(["why", "ml/nope", *common]) == 0
+        assert "not an ElastiCo job" in capsys.readouterr().out
+        # a wrong Service is one line, not a traceback
+        assert main(["jobs", "--service", "missing", *common]) == 1
+        assert "cannot reach the extender" in capsys.readouterr().err
+    finally:
+        api.stop()
+        extender.stop()

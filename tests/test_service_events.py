@@ -1,0 +1,99 @@
+"""Decision Events: written as core/v1 Events on the fake API server, rate-limited."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from kubernetes import client
+
+from elastico_extender.cluster.fake_apiserver import FakeApiServer
+from elastico_extender.service.events import (
+    EventRecorder,
+    PodRef,
+    bound_message,
+    refused_message,
+)
+
+
+@pytest.fixture
+def server():
+    srv = FakeApiServer().start()
+    yield srv
+    srv.stop()
+
+
+def recorder(server: FakeApiServer, now: list[float], **kw) -> EventRecorder:
+    api = client.ApiClient(client.Configuration(host=server.url))
+    rec = EventRecorder(api, identity="replica-a", clock=lambda: now[0], **kw)
+    rec.start()
+    return rec
+
+
+def events(server: FakeApiServer) -> list[dict]:
+    return server.store.items("", "events", "ml")
+
+
+def test_bound_event_carries_the_decision_in_numbers(server):
+    now = [0.0]
+    rec = recorder(server, now)
+    pod = PodRef("ml", "bert-1", "uid-1")
+    text = bound_message("gpu-3", (1,), "batch_size=64,amp=on", 0.4123, 1.081, 1.25)
+    assert rec.bound(pod, text)
+    rec.flush()
+    rec.stop()
+    (event,) = events(server)
+    assert event["involvedObject"] == {
+        "apiVersion": "v1", "kind": "Pod", "name": "bert-1", "namespace": "ml", "uid": "uid-1"
+    }  # fmt: skip
+    assert event["reason"] == "Bound" and event["type"] == "Normal"
+    assert event["message"] == (
+        "bound to gpu-3/GPU 1 at batch_size=64,amp=on: price λ=0.412, "
+        "predicted slowdown Ŝ=1.08 ≤ τ=1.25"
+    )
+    assert event["source"]["component"] == "elastico"
+    # it parses back into the client's model, as kubectl reads it
+    api = client.ApiClient()
+    model = api.deserialize(json.dumps(event), "CoreV1Event", "application/json")
+    assert model.reason == "Bound"
+
+
+def test_repeats_inside_the_interval_are_folded_into_the_next_event(server):
+    now = [0.0]
+    rec = recorder(server, now, min_interval=30.0)
+    pod = PodRef("ml", "llama-2")
+    assert rec.refused(pod, refused_message("gpu-1", "Ŝ=1.41 > τ=1.25"))
+    for _ in range(5):
+        now[0] += 1.0
+        assert not rec.refused(pod, refused_message("gpu-1", "Ŝ=1.41 > τ=1.25"))
+    # another reason for the same pod is not limited by the first
+    assert rec.bound(pod, "bound")
+    now[0] = 31.0
+    assert rec.refused(pod, refused_message("gpu-2", "memory 41 GiB > 40 GiB"))
+    rec.flush()
+    rec.stop()
+    refused = sorted((e["message"] for e in events(server) if e["reason"] == "Refused"), key=len)
+    assert len(refused) == 2
+    assert refused[1].endswith("(5 similar in the last 30s)")
+    assert rec.suppressed == 5
+
+
+def test_the_queue_and_the_key_memory_are_bounded(server):
+    now = [0.0]
+    api = client.ApiClient(client.Configuration(host=server.url))
+    rec = EventRecorder(api, max_queue=3, max_keys=10, clock=lambda: now[0])  # not started
+    results = [rec.bound(PodRef("ml", f"p{i}"), "bound") for i in range(50)]
+    assert results.count(True) == 3 and rec.dropped == 47
+    assert len(rec._last) == 10
+
+
+def test_rejected_configurations_are_listed_with_reasons_and_capped():
+    from elastico_extender.service.events import rejected_configurations_message
+
+    rejected = [(f"batch_size={b}", f"memory {b // 4} GiB > budget 12 GiB") for b in (64, 128)]
+    assert rejected_configurations_message(rejected) == (
+        "rejected batch_size=64: memory 16 GiB > budget 12 GiB; "
+        "batch_size=128: memory 32 GiB > budget 12 GiB"
+    )
+    many = [(f"c{i}", "Ŝ=1.4 > τ=1.25") for i in range(8)]
+    assert rejected_configurations_message(many).endswith("(+3 more)")

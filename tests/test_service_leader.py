@@ -1,0 +1,261 @@
+"""HA: two extender replicas elect a leader through a Lease on the fake API server; only the
+leader binds; when it dies the follower takes over, with no GPU booked twice and no
+decision lost."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+
+import pytest
+from kubernetes import client
+
+from elastico_extender.cluster.fake_apiserver import FakeApiServer
+from elastico_extender.cluster.kube import KubeCluster
+from elastico_extender.cluster.state import ClusterState
+from elastico_extender.service.engine import Engine
+from elastico_extender.service.leader import (
+    LeaderElector,
+    LeaseTiming,
+    elect,
+    view_caught_up,
+)
+from elastico_extender.service.pods import DECISION_VOLUME
+from elastico_extender.service.settings import ServiceSettings
+
+TIMING = LeaseTiming(lease_duration=1.5, renew_deadline=1.0, retry_period=0.1)
+DEVICE_MIB = 40960
+
+
+def gpu_node(name: str) -> dict:
+    labels = {"nvidia.com/gpu.count": "1", "nvidia.com/gpu.memory": str(DEVICE_MIB),
+              "nvidia.com/gpu.product": "NVIDIA-A100-SXM4-40GB"}  # fmt: skip
+    alloc = {"cpu": "64", "memory": "512Gi", "nvidia.com/gpu": "1", "pods": "110"}
+    return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": labels},
+            "spec": {}, "status": {"allocatable": alloc, "capacity": alloc}}  # fmt: skip
+
+
+def job_pod(name: str) -> dict:
+    return {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": "ml", "uid": f"uid-{name}",
+                     "annotations": {"elastico.io/family": "bert"}},
+        "spec": {"schedulerName": "elastico-scheduler", "containers": [{"name": "main",
+                 "image": "img", "resources": {"limits": {"nvidia.com/gpu": "1"}}}],
+                 # admitted through the webhook, as its downward-API volume shows
+                 "volumes": [{"name": DECISION_VOLUME, "downwardAPI": {"items": []}}]},
+        "status": {"phase": "Pending"},
+    }  # fmt: skip
+
+
+def wait_for(condition: Callable[[], bool], timeout: float = 15.0) -> float:
+    start = time.monotonic()
+    while time.monotonic() - start < timeout:
+        if condition():
+            return time.monotonic() - start
+        time.sleep(0.02)
+    raise AssertionError("condition not met in time")
+
+
+class Replica:
+    def __init__(self, server: FakeApiServer, identity: str) -> None:
+        api = client.ApiClient(client.Configuration(host=server.url))
+        self.kube = KubeCluster(api, resync_seconds=300, watch_timeout_seconds=30)
+        self.elector, self.cluster = elect(
+            self.kube, api, name="elastico-extender", namespace="elastico-system",
+            identity=identity, timing=TIMING,
+        )  # fmt: skip
+        self.engine = Engine(ServiceSettings(epoch_seconds=60), self.cluster)
+        self.cluster.start()
+        assert self.kube.wait_synced(15)
+        self.engine.start()
+
+    def bind(self, name: str, node: str) -> str:
+        self.engine.run_epoch()
+        return self.engine.bind("ml", name, f"uid-{name}", node)
+
+    def crash(self) -> None:
+        """Die without releasing the Lease (a killed pod)."""
+        self.engine.stop()
+        self.elector.stop(release=False)
+        self.kube.stop()
+
+    def stop(self) -> None:
+        self.engine.stop()
+        self.cluster.stop()
+
+
+@pytest.fixture
+def server() -> Iterator[FakeApiServer]:
+    srv = FakeApiServer().start()
+    for n in range(3):
+        srv.put("nodes", gpu_node(f"gpu-{n}"))
+    for p in range(12):
+        srv.put("pods", job_pod(f"job-{p:02d}"))
+    yield srv
+    srv.stop()
+
+
+def bound(server: FakeApiServer) -> dict[str, dict]:
+    return {k: p for k, p in server.objects["pods"].items() if p["spec"].get("nodeName")}
+
+
+def test_only_the_leader_binds_and_the_follower_takes_over_without_double_booking(server):
+    a = Replica(server, "replica-a")
+    wait_for(a.elector.is_leader)
+    b = Replica(server, "replica-b")
+    try:
+        time.sleep(3 * TIMING.retry_period)
+        assert not b.elector.is_leader()
+        # The follower plans on its own synced view but refuses to write.
+        refused = b.bind("job-00", "gpu-0")
+        assert "not the ElastiCo leader" in refused and "replica-a" in refused
+        assert not bound(server)
+        for i, name in enumerate(["job-00", "job-01", "job-02", "job-03"]):
+            a.bind(name, f"gpu-{i % 3}")
+        before = set(bound(server))
+        assert before
+        # The leader dies right after binding one more pod.
+        a.bind("job-04", "gpu-0")
+        a.crash()
+        takeover = wait_for(b.elector.is_leader)
+        assert takeover <= TIMING.lease_duration + 2 * TIMING.retry_period + 1.0
+        lease = server.store.get("coordination.k8s.io", "leases", "elastico-system",
+                                 "elastico-extender")  # fmt: skip
+        assert lease and lease["spec"]["holderIdentity"] == "replica-b"
+        assert lease["spec"]["leaseTransitions"] >= 1
+        for i in range(5, 12):
+            b.bind(f"job-{i:02d}", f"gpu-{i % 3}")
+        pods = bound(server)
+        assert before <= set(pods)  # nothing the old leader bound was undone
+        # No GPU promised twice: the memory budgets on each device fit the device.
+        used: dict[tuple[str, str], float] = defaultdict(float)
+        for pod in pods.values():
+            ann = pod["metadata"]["annotations"]
+            # no decision lost: every bound pod carries its decision and its ConfigMap
+            assert ann["elastico.io/assigned-devices"] != ""
+            assert ("ml", ann["elastico.io/configmap"]) in server.configmaps
+            for device in ann["elastico.io/assigned-devices"].split(","):
+                used[(pod["spec"]["nodeName"], device)] += float(
+                    ann["elastico.io/memory-budget-mib"]
+                )
+        assert used and max(used.values()) <= DEVICE_MIB
+        # b's view has every pod a bound before it died
+        b_view = {f"{p['metadata']['namespace']}/{p['metadata']['name']}"
+                  for p in b.kube.state.pods().values() if p["spec"].get("nodeName")}  # fmt: skip
+        assert before <= b_view
+    finally:
+        b.stop()
+
+
+def test_a_clean_stop_releases_the_lease_for_an_immediate_takeover(server):
+    a = Replica(server, "replica-a")
+    wait_for(a.elector.is_leader)
+    b = Replica(server, "replica-b")
+    try:
+        a.stop()
+        takeover = wait_for(b.elector.is_leader)
+        assert takeover < TIMING.lease_duration  # no waiting for expiry
+    finally:
+        b.stop()
+
+
+def test_two_candidates_racing_for_a_free_lease_produce_one_leader(server):
+    api = client.ApiClient(client.Configuration(host=server.url))
+    electors = [
+        LeaderElector(api, name="race", namespace="ns", identity=f"c{i}", timing=TIMING)
+        for i in range(4)
+    ]
+    barrier = threading.Barrier(len(electors))
+    wins: list[bool] = [False] * len(electors)
+
+    def go(i: int) -> None:
+        barrier.wait()
+        wins[i] = electors[i].try_acquire_or_renew()
+
+    threads = [threading.Thread(target=go, args=(i,)) for i in range(len(electors))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sum(wins) == 1
+    # a second round: the holder renews, nobody else acquires before expiry
+    assert [e.try_acquire_or_renew() for e in electors] == wins
+
+
+def test_a_leader_that_cannot_renew_stops_leading_before_the_lease_expires(server):
+    api = client.ApiClient(client.Configuration(host=server.url))
+    now = [0.0]
+    elector = LeaderElector(api, name="l", namespace="ns", identity="x", timing=TIMING,
+                            clock=lambda: now[0])  # fmt: skip
+    elector.step()
+    assert elector.is_leader()
+    now[0] = TIMING.renew_deadline - 0.01
+    assert elector.is_leader()
+    now[0] = TIMING.renew_deadline + 0.01  # no renewal since: writes must stop
+    assert not elector.is_leader()
+    assert TIMING.renew_deadline < TIMING.lease_duration
+
+
+def test_view_caught_up_compares_resource_versions():
+    state = ClusterState()
+    pod = {"metadata": {"uid": "u1", "name": "p", "namespace": "ml", "resourceVersion": "7"}}
+    state.replace("pods", [pod], "7")
+    assert view_caught_up({"u1": "7"}, state)
+    assert view_caught_up({"u1": "6"}, state)
+    assert not view_caught_up({"u1": "9"}, state)  # the view lags the list
+    assert not view_caught_up({"u2": "3"}, state)  # a pod the view has not seen
+
+
+def test_serve_wires_leader_election_from_settings_and_reports_it_as_a_metric(server, tmp_path):
+    import yaml
+
+    from elastico_extender.service.cli import _report_leadership, build_cluster
+    from elastico_extender.service.metrics import PrometheusMetrics
+
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "t",
+        "clusters": [{"name": "c", "cluster": {"server": server.url}}],
+        "users": [{"name": "u", "user": {"token": "x"}}],
+        "contexts": [{"name": "t", "context": {"cluster": "c", "user": "u"}}],
+    }))  # fmt: skip
+    settings = ServiceSettings.load(env={}, overrides={
+        "kubeconfig": str(kubeconfig), "leader_election": True, "lease_namespace": "ops",
+        "identity": "replica-x", "lease_duration_seconds": 1.5,
+        "renew_deadline_seconds": 1.0, "retry_period_seconds": 0.1,
+    })  # fmt: skip
+    cluster = build_cluster(settings)
+    metrics = PrometheusMetrics()
+    _report_leadership(cluster, metrics)
+    cluster.start()
+    try:
+        wait_for(cluster.elector.is_leader)
+        assert metrics.registry.get_sample_value("elastico_leader") == 1
+        lease = server.store.get("coordination.k8s.io", "leases", "ops", "elastico-extender")
+        assert lease and lease["spec"]["holderIdentity"] == "replica-x"
+    finally:
+        cluster.stop()
+    lease = server.store.get("coordination.k8s.io", "leases", "ops", "elastico-extender")
+    assert lease["spec"]["holderIdentity"] == ""  # released on a clean stop
+    assert metrics.registry.get_sample_value("elastico_leader") == 0
+
+
+def test_a_replica_whose_view_lags_the_api_server_does_not_start_leading(server):
+    from elastico_extender.service.leader import catch_up_fence
+
+    api = client.ApiClient(client.Configuration(host=server.url))
+    core = client.CoreV1Api(api)
+    state = ClusterState()
+    state.replace("pods", [], "0")  # a view that has seen none of the server's 12 pods
+    fence = catch_up_fence(core, state, timeout=0.3)
+    assert fence() is False
+    elector = LeaderElector(api, name="lag", namespace="ns", identity="x", timing=TIMING)
+    elector.on_started = fence
+    elector.step()
+    assert not elector.is_leader()  # holds the Lease, but will not write on a stale view
+    state.replace("pods", list(server.objects["pods"].values()), str(server.rv))
+    elector.step()
+    assert elector.is_leader()
