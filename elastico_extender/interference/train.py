@@ -312,9 +312,7 @@ def run_from_store(store_path: Path, out: Path, config: TrainConfig) -> int:
         fitted = predict_torch(net, x)
         mape = float(np.mean(np.abs(fitted - y) / y) * 100)
         metadata = {
-            "trained_colocation_types": ",".join(
-                str(int(t)) for t in np.unique(x[:, 32].round())
-            ),
+            "trained_colocation_types": ",".join(str(int(t)) for t in np.unique(x[:, 32].round())),
             "training_rows": str(len(y)),
             "training_store": store_path.name,
             "train_config": json.dumps(asdict(config), sort_keys=True),
