@@ -34,6 +34,8 @@ def test_a_new_configuration_starts_a_new_history():
     book.record(window(40.0, 10.0, ("b",)))
     book.record(window(80.0, 15.0, config=1))
     assert book.observed()["a"].samples == 1
+    # Window slowdowns stay comparable across a switch: harm survives a step-down.
+    assert book.observed()["a"].recent == pytest.approx((1.0, 2.5, 1.0))
 
 
 @pytest.mark.parametrize(

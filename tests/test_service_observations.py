@@ -15,12 +15,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+import numpy as np
 import pytest
 from kubernetes import client
 
 from elastico_extender.api.app import create_app
 from elastico_extender.cluster.fake_apiserver import FakeApiServer
 from elastico_extender.cluster.kube import KubeCluster
+from elastico_extender.core.interference.features import pair_features
 from elastico_extender.core.shapes.catalog import catalog_families
 from elastico_extender.service.pods import DECISION_VOLUME
 from elastico_extender.service.server import ServerThread
@@ -374,7 +376,6 @@ def test_a_separation_by_the_plan_is_reported_with_its_reason(service: Service) 
     assert "elastico_observed_slowdown{" not in metrics  # separated pairs leave the gauge
 
 
-@pytest.mark.xfail(strict=False, reason="needs loop-core planner (protect: separate harm)")
 def test_a_pair_observed_above_tolerance_for_k_windows_is_separated(service: Service) -> None:
     """a and b share GPU 0, c holds GPU 1: no idle GPU, so the plan keeps the pair until
     observations say it hurts; then a reconfiguration or a move must reach the pods."""
@@ -417,3 +418,50 @@ def test_a_pair_observed_above_tolerance_for_k_windows_is_separated(service: Ser
     view = httpx.get(f"{service.url}/observations").json()
     assert view["separations"] and "observed slowdown" in view["separations"][0]["why"]
     assert not math.isnan(view["separations"][0]["observed_slowdown"])
+
+
+def _pair_features(svc: Service, victim: str, partner: str) -> np.ndarray:
+    """The 36 IAC features of ``victim`` next to ``partner`` as the planner builds them."""
+    snap = svc.engine.published.snapshot
+    jobs = {j.id: j for j in snap.jobs}
+    a, b = jobs[victim], jobs[partner]
+    node, index = a.devices[0]
+    gib = next(g.memory_mib for n in snap.nodes if n.name == node for g in n.gpus
+               if g.index == index) / 1024.0  # fmt: skip
+    return pair_features(
+        snap.families[a.family].features[[a.current_config]],
+        snap.families[b.family].features[[b.current_config]],
+        np.array([gib]),
+    )
+
+
+def test_observed_pairs_correct_the_planners_predictor_and_survive_a_restart(
+    tmp_path: Path,
+) -> None:
+    """Observed beats predicted: the windows of a pair teach the online correction the
+    planner asks, and what it learned is there again after a restart."""
+    api = FakeApiServer().start()
+    api.put("nodes", gpu_node("g0", 2))
+    api.put("pods", running_pod("a", "g0", 0))
+    api.put("pods", running_pod("b", "g0", 0))
+    store = str(tmp_path / "loop.db")
+    try:
+        server, _, svc = start_service(api, observation_store=store)
+        svc.epoch()
+        x = _pair_features(svc, "uid-a", "uid-b")
+        before = float(svc.engine.predictor.predict(x)[0])
+        start = time.time() - 60
+        for i in range(8):  # a runs at 1/2.5 of its profile's solo rate next to b
+            item = window("uid-a", SOLO / 2.5, end=start + 5 * i)
+            assert svc.post(batch(item)).status_code == 200
+        learned = float(svc.engine.predictor.predict(x)[0])
+        assert abs(learned - 2.5) < abs(before - 2.5)
+        assert learned == pytest.approx(2.5, rel=0.15)
+        server.stop()
+        server, kube, svc = start_service(api, observation_store=store)
+        assert wait_for(lambda: len(kube.state.pods()) == 2)
+        svc.epoch()
+        assert float(svc.engine.predictor.predict(x)[0]) == pytest.approx(learned, rel=1e-6)
+        server.stop()
+    finally:
+        api.stop()

@@ -28,7 +28,9 @@ from elastico_extender.api.guard import CatchAll
 from elastico_extender.api.routes import extender, observations, ops, rest, webhook
 from elastico_extender.api.validate import LargestNode
 from elastico_extender.cluster.base import Cluster
-from elastico_extender.core.interference.predictor import SlowdownPredictor
+from elastico_extender.core.closed_loop import ClosedLoop
+from elastico_extender.core.interference.online import OnlineCorrection
+from elastico_extender.core.interference.predictor import ContentionPredictor, SlowdownPredictor
 from elastico_extender.core.settings import PlannerSettings
 from elastico_extender.profiles.store import ProfileStore
 from elastico_extender.service.engine import Engine
@@ -37,6 +39,7 @@ from elastico_extender.service.metrics import PrometheusMetrics
 from elastico_extender.service.observations import (
     ObservationCollector,
     ObservationService,
+    open_loop_store,
     open_store,
 )
 from elastico_extender.service.predictor import resolve_predictor
@@ -83,12 +86,20 @@ def create_app(
     metrics = PrometheusMetrics()
     if predictor_degraded:
         metrics.degraded.labels(predictor_degraded).set(1)
-    observed = ObservationService(settings, open_store(settings))
+    # Observed beats predicted (issue 11): the planner asks the online correction, which
+    # answers the base model's prediction until the cluster's own pairs say otherwise.
+    correction = OnlineCorrection(predictor or ContentionPredictor())
+    observed = ObservationService(
+        settings,
+        open_store(settings),
+        loop=ClosedLoop(correction),
+        loop_store=open_loop_store(settings),
+    )
     engine = Engine(
         settings,
         cluster,
         planner_settings=planner_settings,
-        predictor=predictor,
+        predictor=correction,
         predictor_degraded=predictor_degraded,
         families=FamilyResolver(settings.default_gpu_memory_mib, store=store),
         metrics=metrics,

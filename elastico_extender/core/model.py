@@ -727,6 +727,12 @@ class Plan:
     preempted: tuple[str, ...] = ()
     violations: tuple[tuple[str, str, float], ...] = ()
     stats: Mapping[str, float] = field(default_factory=dict)
+    separated: tuple[tuple[str, str], ...] = ()
+    """Closed loop: job pairs held apart (observed harm), carried to the next epoch."""
+    stepped: tuple[tuple[str, str], ...] = ()
+    """Closed loop: job pairs that already stepped down once for observed harm."""
+    protections: tuple[tuple[str, str, str, str, float, float], ...] = ()
+    """This epoch's separations: (victim, partner, action, actor, observed S, tau)."""
 
     def price_map(self) -> dict[str, float]:
         return {name: float(p) for name, p in zip(RESOURCE_NAMES, self.prices, strict=True)}

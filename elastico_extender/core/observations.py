@@ -90,9 +90,13 @@ class ObservedSlowdown:
     last: float
     """Driver clock of the newest window."""
     recent: tuple[float, ...]
-    """The newest window slowdowns, oldest first (at most ``ObservationBook.history``)."""
+    """The newest window slowdowns, oldest first (at most ``ObservationBook.history``),
+    across configuration switches (each relative to the solo rate at its configuration)."""
     partners: tuple[str, ...] = ()
     """Who shared its devices in the newest window."""
+    solo_reference: bool = True
+    """Whether the reference rate was measured alone (False: a profile's T(c), whose
+    own error, a few percent, biases the slowdown until the job is seen alone)."""
 
     def age(self, now: float) -> float:
         return max(0.0, now - self.last)
@@ -127,6 +131,7 @@ class ObservationBook:
         self.max_jobs = max_jobs
         self.max_refs = max_refs
         self._refs: OrderedDict[tuple[str, int, str], float] = OrderedDict()
+        self._measured: set[tuple[str, int, str]] = set()  # refs learned from solo windows
         self._jobs: OrderedDict[str, tuple[int, ObservedSlowdown]] = OrderedDict()
 
     def reference(self, job_id: str, config: int, unit: str) -> float | None:
@@ -150,15 +155,23 @@ class ObservationBook:
         if not obs.partners and obs.rate > 0:
             new_ref = obs.rate if ref is None else ref + self.smoothing * (obs.rate - ref)
             self._put_ref(key, new_ref)
+            self._measured.add(key)
             ref = new_ref
         if ref is None:
             return []
         slowdown = ref / obs.rate if obs.rate > 0 else math.inf
         slowdown = max(1.0, min(slowdown, 100.0))
         prior = self._jobs.get(obs.job_id)
-        if prior is None or prior[0] != obs.config:
+        if prior is None:
             smoothed, samples = slowdown, 1
             recent: tuple[float, ...] = (slowdown,)
+        elif prior[0] != obs.config:
+            # A slowdown is relative to the job's own solo rate at each configuration,
+            # so window slowdowns stay comparable across a switch: the recent windows
+            # carry on (harm that survives a step-down is still harm), the smoothed
+            # value and the sample count restart.
+            smoothed, samples = slowdown, 1
+            recent = (*prior[1].recent, slowdown)[-self.history :]
         else:
             old = prior[1]
             smoothed = old.slowdown + self.smoothing * (slowdown - old.slowdown)
@@ -166,7 +179,9 @@ class ObservationBook:
             recent = (*old.recent, slowdown)[-self.history :]
         self._jobs[obs.job_id] = (
             obs.config,
-            ObservedSlowdown(smoothed, samples, obs.end, recent, obs.partners),
+            ObservedSlowdown(
+                smoothed, samples, obs.end, recent, obs.partners, key in self._measured
+            ),
         )
         self._jobs.move_to_end(obs.job_id)
         while len(self._jobs) > self.max_jobs:
@@ -183,14 +198,22 @@ class ObservationBook:
 
     def state(self) -> dict[str, list[list[object]]]:
         """Plain data for persistence (references only: window history is short-lived)."""
-        return {"refs": [[j, c, u, r] for (j, c, u), r in self._refs.items()]}
+        return {
+            "refs": [
+                [j, c, u, r, int((j, c, u) in self._measured)]
+                for (j, c, u), r in self._refs.items()
+            ]
+        }
 
     def restore(self, state: dict[str, list[list[object]]]) -> None:
-        for job, config, unit, rate in state.get("refs", []):
+        for job, config, unit, rate, *measured in state.get("refs", []):
             self.set_reference(str(job), int(str(config)), str(unit), float(str(rate)))
+            if measured and int(str(measured[0])):
+                self._measured.add((str(job), int(str(config)), str(unit)))
 
     def _put_ref(self, key: tuple[str, int, str], rate: float) -> None:
         self._refs[key] = rate
         self._refs.move_to_end(key)
         while len(self._refs) > self.max_refs:
-            self._refs.popitem(last=False)
+            dropped, _ = self._refs.popitem(last=False)
+            self._measured.discard(dropped)

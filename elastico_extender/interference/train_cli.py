@@ -48,6 +48,13 @@ def parser() -> argparse.ArgumentParser:
         type=Path,
         help="pair CSV (repeatable; default: the shipped Gavel pairs)",
     )
+    p.add_argument(
+        "--from-store",
+        type=Path,
+        metavar="SQLITE",
+        help="train on the pair samples the closed loop collected in this store "
+        "(profiles.loop_store) instead of CSVs",
+    )
     p.add_argument("--out", type=Path, required=True, help="ONNX file to write")
     p.add_argument("--epochs", type=_positive_int, default=DEFAULT_EPOCHS)
     p.add_argument("--hidden", type=_positive_int, default=DEFAULT_HIDDEN)
@@ -75,6 +82,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     for csv in args.csv or []:
         if not csv.is_file():
             p.error(f"--csv: {csv} is not a readable file")
+    if args.from_store is not None:
+        if args.csv:
+            p.error("--from-store and --csv are exclusive")
+        if not args.from_store.is_file():
+            p.error(f"--from-store: {args.from_store} is not a readable file")
     _check_writable(p, args.out)
     try:
         from elastico_extender.interference import train
@@ -82,4 +94,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"elastico train-iac: {TORCH_HINT} ({exc})", file=sys.stderr)
         return 2
     config = train.TrainConfig(hidden=args.hidden, epochs=args.epochs, seed=args.seed)
+    if args.from_store is not None:
+        return train.run_from_store(args.from_store, args.out, config)
     return train.run(args.csv, args.out, config)

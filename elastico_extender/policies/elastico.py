@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 
+from elastico_extender.core.closed_loop import ClosedLoop
 from elastico_extender.core.interference.predictor import SlowdownPredictor
 from elastico_extender.core.model import Plan, Snapshot
 from elastico_extender.core.planner import plan
@@ -32,11 +33,16 @@ class ElasticoPolicy:
         predictor: SlowdownPredictor | None = None,
         timer: Callable[[], float] | None = None,
         name: str = "elastico",
+        loop: ClosedLoop | None = None,
     ) -> None:
         self.name = name
         self.settings = settings or PlannerSettings()
-        self.predictor = predictor
         self.timer = timer
+        self.loop = loop
+        """The closed loop the driver feeds (observations, online correction), if any."""
+        if loop is not None and loop.correction is not None:
+            predictor = loop.correction  # plans with the corrected predictor
+        self.predictor = predictor
 
     @classmethod
     def ablation(cls, name: str, **kwargs: object) -> ElasticoPolicy:

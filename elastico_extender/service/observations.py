@@ -47,8 +47,15 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
+from elastico_extender.core.closed_loop import ClosedLoop, RunningConfig
 from elastico_extender.core.model import Job, Snapshot
-from elastico_extender.core.observations import Observation, ObservationBook, ObservedSlowdown
+from elastico_extender.core.observations import (
+    Observation,
+    ObservationBook,
+    ObservedSlowdown,
+    PairSample,
+)
+from elastico_extender.profiles.loop_store import LoopStore
 from elastico_extender.profiles.observations import ObservationStore, StoredSample
 from elastico_extender.service.engine import Published
 from elastico_extender.service.settings import ServiceSettings
@@ -83,6 +90,13 @@ def open_store(settings: ServiceSettings) -> ObservationStore | None:
         )
         return None
     return ObservationStore(path)
+
+
+def open_loop_store(settings: ServiceSettings) -> LoopStore | None:
+    """The store of the online correction: the same file as the observations' (its own
+    tables), so one path keeps everything the closed loop learns."""
+    path = settings.observation_store or settings.profile_store
+    return LoopStore(path) if path else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,6 +152,11 @@ class PairStat:
     separated: bool = False
 
 
+CORRECTION_SAVE_SECONDS = 30.0
+"""How often at most the online correction is written to the loop store (it is bounded
+in rows; a restart loses at most this much learning)."""
+
+
 class ObservationService:
     """Holds the observation book for the extender; thread-safe (one lock)."""
 
@@ -147,11 +166,19 @@ class ObservationService:
         store: ObservationStore | None = None,
         *,
         book: ObservationBook | None = None,
+        loop: ClosedLoop | None = None,
+        loop_store: LoopStore | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.settings = settings
         self.store = store
-        self.book = book or ObservationBook()
+        # The closed loop (core.closed_loop): its book is this service's book, and the
+        # pairs the windows label teach its online correction (the predictor the
+        # planner uses), exactly as in the simulator.
+        self.loop = loop or ClosedLoop(book=book)
+        self.book = self.loop.book
+        self.loop_store = loop_store
+        self._saved_at = 0.0
         self.clock = clock
         self._published: Callable[[], Published | None] = lambda: None
         self._lock = threading.Lock()
@@ -174,11 +201,17 @@ class ObservationService:
         self._seen_plan: Published | None = None
         if store is not None:
             self.book.restore(store.book_state(self.book.max_refs))
+        if loop_store is not None and self.loop.correction is not None:
+            loop_store.load_correction(self.loop.correction)
 
     def close(self) -> None:
         """Close the store (the app's shutdown); what it holds is already written."""
         if self.store is not None:
             self.store.close()
+        if self.loop_store is not None:
+            if self.loop.correction is not None:
+                self.loop_store.save_correction(self.loop.correction)
+            self.loop_store.close()
 
     def attach(self, published: Callable[[], Published | None]) -> None:
         """Where the latest published plan comes from (the engine)."""
@@ -304,6 +337,7 @@ class ObservationService:
         refs: list[tuple[str, int, str, float]] = []
         samples: list[StoredSample] = []
         errors: list[float] = []
+        teachable: list[PairSample] = []
         for _, obs, predicted, tolerance in accepted:
             pj = pub.pods.get(obs.job_id)
             key = (obs.job_id, obs.config, obs.unit)
@@ -317,6 +351,8 @@ class ObservationService:
                 self.book.set_reference(*key, float(pj.family.throughput[obs.config]))
             before = self.book.reference(*key)
             pair_samples = self.book.record(obs)
+            if len(pair_samples) == 1:  # one partner: the slowdown is that pair's
+                teachable.append(pair_samples[0])
             after = self.book.reference(*key)
             if after is not None and after != before:
                 refs.append((*key, after))
@@ -347,6 +383,7 @@ class ObservationService:
         while len(self._reports) > MAX_PODS:
             self._reports.popitem(last=False)
         self._agents[node] = now
+        self._teach(teachable, pub, now)
         self._count("accepted", len(accepted))
         if errors:
             self._error_sum += sum(errors)
@@ -355,6 +392,36 @@ class ObservationService:
                 {"time": now, "mean_abs_error": sum(errors) / len(errors), "windows": len(errors)}
             )
         return refs, samples
+
+    def _teach(self, samples: list[PairSample], pub: Published, now: float) -> None:
+        """The labelled pairs teach the online correction (one vectorised call); what it
+        learned is saved at most every ``CORRECTION_SAVE_SECONDS``."""
+        if not samples or self.loop.correction is None:
+            return
+        snapshot = pub.snapshot
+        memory = {
+            (node.name, gpu.index): gpu.memory_mib / 1024.0
+            for node in snapshot.nodes
+            for gpu in node.gpus
+        }
+        running = {
+            job.id: RunningConfig(
+                job.family, int(job.current_config), memory.get(job.devices[0], 40.0)
+            )
+            for job in snapshot.jobs
+            if job.running and job.current_config is not None
+        }
+        labelled = self.loop.teach(samples, running, snapshot.families)
+        if self.loop_store is None:
+            return
+        try:
+            # the samples `elastico train-iac --from-store` retrains the DNN on
+            self.loop_store.add_samples(labelled.features, labelled.observed, at=now)
+            if now - self._saved_at >= CORRECTION_SAVE_SECONDS:
+                self.loop_store.save_correction(self.loop.correction)
+                self._saved_at = now
+        except sqlite3.Error as exc:
+            log.warning("observations.loop_not_saved", extra={"error": str(exc)})
 
     def _pair(
         self,

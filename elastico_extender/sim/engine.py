@@ -27,6 +27,32 @@ event; the engine therefore keeps planning every epoch while the queue is
 non-empty and the last plan acted (admitted, reconfigured, migrated or
 preempted something), for at most ``max_idle_replans`` epochs in a row.
 
+Closed loop (``loop``)
+----------------------
+With a :class:`~elastico_extender.core.closed_loop.ClosedLoop`, the engine
+reports observation windows to it as the node agent does in the service: two
+windows per epoch (the agent reports every half epoch), each ending at a
+planning point or half-way to the next one.  A window of a job is its progress
+rate in samples/s (or tokens/s): the work it did over the seconds it was not
+paused, times ``T_true(default)``, i.e. its true throughput ``T_true(c) / S_j``
+averaged over the window, times a measurement error, log-normal with sigma
+``noise`` (default 0.03: the scatter of a launch-rate count over a window),
+with the tenants active on its devices at the window's end as partners.  A
+job paused for more than two thirds of a window reports nothing for it.
+The book's reference for a job is its profiled ``T(c)`` until the
+job is seen alone, then its own solo rate (profile error fades out).  The
+snapshot carries the book's per-job observed slowdowns and the clock.  While
+any device is shared the engine plans every epoch (two windows per epoch; the
+observations change the snapshot, and the extender plans every epoch too), so
+a harmful pair is seen and separated within the planner's k windows.
+
+Harm is measured against each job's tolerance as the last plan stated it
+(``Assignment.tolerance``): ``harm_s`` lists how long each (victim, partner)
+pair whose true slowdown exceeded the victim's tolerance stayed co-located,
+``counters["above_tolerance_s"]`` the job-seconds spent so, and with an online
+correction ``mape`` the corrected predictor's MAPE against the ground truth on
+every configuration pair observed so far, once per simulated hour.
+
 Invariants checked while running (recorded, asserted by the tests)
 -----------------------------------------------------------------
 * no device ever holds more memory than it physically has, nor SM shares
@@ -44,8 +70,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from elastico_extender.core.closed_loop import ClosedLoop, RunningConfig
 from elastico_extender.core.duration import CompletedJob, DurationEstimator
+from elastico_extender.core.interference.features import pair_features
 from elastico_extender.core.model import GpuDevice, Job, Node, Plan, Snapshot
+from elastico_extender.core.observations import Observation
 from elastico_extender.policies.base import Policy
 from elastico_extender.sim.traces import TraceJob
 from elastico_extender.sim.truth import GroundTruth
@@ -54,6 +83,7 @@ from elastico_extender.sim.workloads import ConfigTable
 __all__ = ["ClusterSpec", "RunResult", "Simulator"]
 
 FUTURE, PENDING, RUNNING, DONE, REJECTED = 0, 1, 2, 3, 4
+
 _EPS = 1e-9
 MIN_HISTORY = 5
 """Completed jobs before the duration estimator's guesses reach the snapshot."""
@@ -115,6 +145,10 @@ class RunResult:
     capacity_violations: list[tuple[float, int, float, float]] = field(default_factory=list)
     anomalies: list[str] = field(default_factory=list)
     wall_s: float = 0.0
+    harm_s: list[float] = field(default_factory=list)
+    """Closed loop: per harmful co-location (true S above tolerance), seconds it lasted."""
+    mape: list[tuple[float, int, float, float]] = field(default_factory=list)
+    """(hour, observed configuration pairs, corrected MAPE %, base MAPE %) per hour."""
 
 
 class Simulator:
@@ -132,6 +166,9 @@ class Simulator:
         max_idle_replans: int = 3,
         progress: Callable[[float, int, int], None] | None = None,
         timer: Callable[[], float] = time.perf_counter,
+        loop: ClosedLoop | None = None,
+        noise: float = 0.03,
+        seed: int = 0,
     ) -> None:
         self.trace = sorted(trace, key=lambda j: (j.arrival_s, j.job_id))
         self.policy = policy
@@ -195,6 +232,129 @@ class Simulator:
         self.plan_ms: list[float] = []
         self.capacity_violations: list[tuple[float, int, float, float]] = []
         self.anomalies: list[str] = []
+        # closed loop and harm accounting
+        self.loop = loop
+        self.noise = noise
+        self._rng = np.random.default_rng([seed, 0x0B5])
+        self.tau = np.full(n, np.inf)
+        self._harm_open: dict[tuple[int, int], float] = {}
+        self.harm_s: list[float] = []
+        self.counters["above_tolerance_s"] = 0.0
+        self.counters["observations"] = 0.0
+        self._observed_pairs: set[tuple[int, int]] = set()
+        self.mape: list[tuple[float, int, float, float]] = []
+        self._next_mape = 3600.0
+        self.win_work = np.zeros(n)  # work done in the current observation window
+        self.win_active = np.zeros(n)  # seconds not paused in it
+        self._window_start = 0.0
+
+    # -- closed loop ------------------------------------------------------------
+    def _observe(self, now: float) -> None:
+        """One observation window per running, unpaused job (module doc)."""
+        loop = self.loop
+        if loop is None:
+            return
+        active = (self.status == RUNNING) & (self.pause_until <= now + _EPS) & (self.rate > 0)
+        span = now - self._window_start
+        self._window_start = now
+        worked = self.win_active >= max(span, _EPS) / 3.0
+        idx = np.flatnonzero(active & worked)
+        rate_now = self.win_work[idx] / np.maximum(self.win_active[idx], _EPS)
+        seconds = self.win_active[idx].copy()
+        self.win_work[:] = 0.0
+        self.win_active[:] = 0.0
+        if idx.size == 0:
+            return
+        noise = np.exp(self._rng.normal(0.0, self.noise, idx.size)) if self.noise > 0 else None
+        fams = self.c.families
+        running: dict[str, RunningConfig] = {}
+        observations: list[Observation] = []
+        book = loop.book
+        memory = self.cluster.device_mib / 1024.0
+        for k, i in enumerate(idx.tolist()):
+            t = self.trace[i]
+            config = int(self.gid[i] - self.offset[i])
+            unit = fams[t.workload].throughput_unit
+            if book.reference(t.job_id, config, unit) is None:
+                book.set_reference(
+                    t.job_id, config, unit, float(fams[t.workload].throughput[config])
+                )
+            partners = sorted(
+                {o for d in self.devices[i] for o in self.tenants[d] if o != i and active[o]}
+            )
+            default = self.c.default_gid[int(self.c.workload[self.gid[i]])]
+            rate = float(rate_now[k] * self.c.t_true[default])
+            if noise is not None:
+                rate *= float(noise[k])
+            running[t.job_id] = RunningConfig(t.workload, config, memory)
+            observations.append(
+                Observation(
+                    t.job_id,
+                    config,
+                    now,
+                    float(seconds[k]),
+                    rate,
+                    unit,
+                    tuple(self.trace[o].job_id for o in partners),
+                )
+            )
+            if len(partners) == 1:
+                self._observed_pairs.add((int(self.gid[i]), int(self.gid[partners[0]])))
+        loop.record(observations, running, fams)
+        self.counters["observations"] += len(observations)
+
+    def _measure_mape(self, now: float) -> None:
+        """Hourly: corrected vs base prediction against the truth on observed pairs."""
+        loop = self.loop
+        if loop is None or loop.correction is None:
+            return
+        while now >= self._next_mape:
+            hour = self._next_mape / 3600.0
+            self._next_mape += 3600.0
+            if not self._observed_pairs:
+                continue
+            pairs = np.array(sorted(self._observed_pairs), dtype=np.intp)
+            feats = self._features
+            x = pair_features(
+                feats[pairs[:, 0]], feats[pairs[:, 1]], self.cluster.device_mib / 1024.0
+            )
+            truth = self.truth.slowdown[pairs[:, 0], pairs[:, 1]]
+            fixed = loop.correction.predict(x)
+            base = np.asarray(loop.correction.base.predict(x), dtype=np.float64)
+            err = float(np.mean(np.abs(fixed - truth) / truth)) * 100.0
+            err_base = float(np.mean(np.abs(base - truth) / truth)) * 100.0
+            self.mape.append((hour, int(pairs.shape[0]), err, err_base))
+
+    @property
+    def _features(self) -> np.ndarray:
+        cached = getattr(self, "_feature_rows", None)
+        if cached is None:
+            cached = np.concatenate(
+                [
+                    np.asarray(self.c.families[name].features, dtype=np.float32)
+                    for name in self.c.names
+                ]
+            )
+            self._feature_rows = cached
+        return cached
+
+    def _track_harm(self, now: float) -> None:
+        """Open and close harmful co-locations (true S(i|j) above i's tolerance)."""
+        current: set[tuple[int, int]] = set()
+        for members in self.tenants:
+            if len(members) < 2:
+                continue
+            g = self.gid[members]
+            block = self.truth.slowdown[g[:, None], g[None, :]]
+            for a, i in enumerate(members):
+                for b, j in enumerate(members):
+                    if a != b and block[a, b] > self.tau[i] + 1e-9:
+                        current.add((i, j))
+        for pair in list(self._harm_open):
+            if pair not in current:
+                self.harm_s.append(now - self._harm_open.pop(pair))
+        for pair in current:
+            self._harm_open.setdefault(pair, now)
 
     # -- snapshot -------------------------------------------------------------
     def _job(self, i: int) -> Job:
@@ -237,7 +397,8 @@ class Simulator:
         self._learn_durations()
         live = np.flatnonzero((self.status == PENDING) | (self.status == RUNNING))
         jobs = tuple(self._job(int(i)) for i in live)
-        return Snapshot(self.nodes, jobs, self.c.families, epoch=epoch, now=now)
+        observed = self.loop.observed() if self.loop is not None else {}
+        return Snapshot(self.nodes, jobs, self.c.families, epoch=epoch, observed=observed, now=now)
 
     # -- applying a plan ----------------------------------------------------------
     def _apply(self, plan: Plan, now: float) -> bool:
@@ -250,6 +411,7 @@ class Simulator:
                 self.anomalies.append(f"t={now:.0f}: plan assigns unknown or finished job {job_id}")
                 continue
             seen.add(i)
+            self.tau[i] = float(a.tolerance)
             new_gid = int(self.offset[i] + a.config_index)
             devs = tuple(self.dev_index[r] for r in a.devices)
             if len(devs) != self.gpus[i]:
@@ -322,6 +484,7 @@ class Simulator:
             m, s = float(mem[g].sum()), float(sm[g].sum())
             if m > self.cluster.device_mib + 1e-6 or s > 1.0 + 1e-6:
                 self.capacity_violations.append((now, d, m, s))
+        self._track_harm(now)
 
     # -- progress ---------------------------------------------------------------
     def _update_rates(self, now: float) -> None:
@@ -362,6 +525,11 @@ class Simulator:
         self.segments.append((t0, t1, sm, mem, busy, useful, tenants, act, cfg))
         dt = t1 - t0
         if run.size:
+            over = (self.slow[run] > self.tau[run] + 1e-9) & (self.rate[run] > 0)
+            self.counters["above_tolerance_s"] += float(over.sum()) * dt
+            if self.loop is not None:
+                self.win_work[run] += self.rate[run] * dt
+                self.win_active[run] += dt * (self.rate[run] > 0)
             self.remaining[run] -= self.rate[run] * dt
             self.held_time[run] += dt
             self.tput_integral[run] += (
@@ -401,6 +569,9 @@ class Simulator:
                     for d in self.devices[i]:
                         self.tenants[d].remove(i)
                     self._job_cache.pop(i, None)
+                    if self.loop is not None:
+                        self.loop.forget([self.trace[i].job_id])
+                self._track_harm(now)
             self._update_rates(now)
             if not run.size:
                 now = target
@@ -427,6 +598,12 @@ class Simulator:
             live = np.count_nonzero((self.status == PENDING) | (self.status == RUNNING))
             if live == 0 and next_arrival >= n:
                 break
+            if self.loop is not None:
+                self._observe(now)
+                self._measure_mape(now)
+                # Observations change the snapshot: plan every epoch while a device is
+                # shared, as the extender plans every epoch.
+                replan = replan or any(len(m) >= 2 for m in self.tenants)
             if changed or replan:
                 idle = 0 if changed else idle + 1
                 snap = self.snapshot(epoch, now)
@@ -456,8 +633,10 @@ class Simulator:
                 else:
                     stuck = 0
             changed = False
-            # Next time the scheduler has something new to look at.
-            if replan:
+            # Next time the scheduler has something new to look at; with the closed
+            # loop, every epoch while a device is shared (a window per epoch).
+            shared = self.loop is not None and any(len(m) >= 2 for m in self.tenants)
+            if replan or shared:
                 target = now + ep
             else:
                 t_evt = self.arrival[next_arrival] if next_arrival < n else math.inf
@@ -476,10 +655,19 @@ class Simulator:
                     target = now + ep
                 else:
                     target = max(now + ep, math.ceil((t_evt - _EPS) / ep) * ep)
-            now, completed = self._advance(now, target)
+            if self.loop is not None and target - now <= ep + _EPS:
+                # The agent's first window of this epoch ends half-way.
+                now, completed = self._advance(now, now + ep / 2.0)
+                self._observe(now)
+                now, late = self._advance(now, target)
+                completed = completed or late
+            else:
+                now, completed = self._advance(now, target)
             changed = changed or completed
             if self.progress is not None:
                 self.progress(now, int(np.count_nonzero(self.status >= DONE)), n)
+        for pair in list(self._harm_open):
+            self.harm_s.append(now - self._harm_open.pop(pair))
         seg = np.array(self.segments, dtype=np.float64).reshape(-1, 9)
         held_gpu_s = self.held_time * self.gpus
         achieved = np.where(
@@ -514,4 +702,6 @@ class Simulator:
             capacity_violations=self.capacity_violations,
             anomalies=self.anomalies,
             wall_s=time.perf_counter() - wall0,
+            harm_s=self.harm_s,
+            mape=self.mape,
         )

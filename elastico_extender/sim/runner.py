@@ -7,6 +7,12 @@ the spec's profiling protocol); appending ``+iac`` plans with the
 :class:`NoisyTablePredictor` (spec-accuracy IAC, 7.6% MAPE against the ground
 truth) instead of the core's default ContentionPredictor.
 
+Appending ``+online`` (alone or after ``+learned``/``+iac``) closes the loop
+(issue 11): the simulator reports observation windows (ground truth plus
+measurement noise) to a :class:`ClosedLoop` whose :class:`OnlineCorrection`
+sits in front of the policy's predictor, and the planner separates pairs it
+observes above tolerance.
+
 The Lucid-like policy gets duration estimates: the trace duration times a
 log-normal error (sigma 0.3, fixed per job and seed), standing in for Lucid's
 duration estimator.
@@ -25,6 +31,9 @@ from pathlib import Path
 
 import numpy as np
 
+from elastico_extender.core.closed_loop import ClosedLoop
+from elastico_extender.core.interference.online import OnlineCorrection
+from elastico_extender.core.interference.predictor import ContentionPredictor, SlowdownPredictor
 from elastico_extender.core.model import Job
 from elastico_extender.policies import POLICIES, Policy, make_policy
 from elastico_extender.sim.engine import ClusterSpec, RunResult, Simulator
@@ -75,22 +84,30 @@ class _Estimates:
 
 
 def build_policy(name: str, exp: Experiment, truth: GroundTruth) -> Policy:
-    base, _, extra = name.partition("+")
+    base, *extras = name.split("+")
     if base not in POLICIES:
         raise ValueError(f"unknown policy {base!r}; known: {', '.join(sorted(POLICIES))}")
     kwargs: dict[str, object] = {}
     if base == "lucid":
         kwargs["duration_estimate"] = _Estimates(exp.trace, exp.seed)
-    if extra in ("iac", "learned"):
-        if not base.startswith("elastico"):
-            raise ValueError(f"+{extra} only applies to ElastiCo policies, not {base!r}")
-        kwargs["predictor"] = (
+    online = extras[-1:] == ["online"]
+    if online:
+        extras = extras[:-1]
+    if len(extras) > 1 or (extras and extras[0] not in ("iac", "learned")):
+        raise ValueError(f"unknown policy suffix +{'+'.join(extras)}")
+    if (extras or online) and not base.startswith("elastico"):
+        raise ValueError(f"+{'+'.join(extras) or 'online'} only applies to ElastiCo policies")
+    predictor: SlowdownPredictor | None = None
+    if extras:
+        predictor = (
             NoisyTablePredictor(truth, seed=exp.seed)
-            if extra == "iac"
+            if extras[0] == "iac"
             else SampledPairsPredictor(truth, seed=exp.seed)
         )
-    elif extra:
-        raise ValueError(f"unknown policy suffix +{extra}")
+        kwargs["predictor"] = predictor
+    if online:
+        correction = OnlineCorrection(predictor or ContentionPredictor())
+        kwargs["loop"] = ClosedLoop(correction)
     policy = make_policy(base, **kwargs)
     policy.name = name
     return policy
@@ -112,7 +129,15 @@ def run_one(
     configs, truth = _world(exp)
     policy = build_policy(name, exp, truth)
     sim = Simulator(
-        list(exp.trace), policy, configs, truth, exp.cluster, epoch_s=exp.epoch_s, progress=progress
+        list(exp.trace),
+        policy,
+        configs,
+        truth,
+        exp.cluster,
+        epoch_s=exp.epoch_s,
+        progress=progress,
+        loop=getattr(policy, "loop", None),
+        seed=exp.seed,
     )
     return sim.run()
 

@@ -48,6 +48,13 @@ from elastico_extender.core.model import AssignmentColumns, DeviceRef, Plan, Sna
 from elastico_extender.core.planner.devices import DeviceTable, gpu_equivalent, shared_devices
 from elastico_extender.core.planner.patience import Patience
 from elastico_extender.core.planner.placement import Placer
+from elastico_extender.core.planner.protect import (
+    Protection,
+    harmed_rows,
+    held_apart,
+    separate,
+    solo_rows,
+)
 from elastico_extender.core.planner.running import place_running
 from elastico_extender.core.planner.squeeze import Squeeze
 from elastico_extender.core.planner.tables import JobTables, build_tables
@@ -61,6 +68,13 @@ from elastico_extender.errors import InvalidInputError
 __all__ = ["plan"]
 
 Timer = Callable[[], float]
+Pairs = tuple[tuple[str, str], ...]
+Protections = tuple[tuple[str, str, str, str, float, float], ...]
+
+
+def _ordered(a: str, b: str) -> tuple[str, str]:
+    return (a, b) if a <= b else (b, a)
+
 
 SPREAD_LIMIT = 16
 """Co-located jobs moved to idle GPUs per epoch (bounds migration churn)."""
@@ -150,6 +164,24 @@ class _Epoch:
         self.residual_admits = 0  # admissions by Algorithm 1's last step, last packing pass
         self.patience: Patience | None = None  # share-or-wait rule, fresh per packing pass
         self._tau: dict[int, np.ndarray] = {}  # row -> tau at every configuration
+        self._loop_setup()
+
+    def _loop_setup(self) -> None:
+        """Closed loop (``protect``): harmed rows, held-apart pairs, run-alone rows."""
+        self.harmed: dict[int, float] = {}
+        self.apart: set[tuple[int, int]] = set()
+        self.stepped: set[tuple[int, int]] = set()
+        self.solo: set[int] = set()
+        self.protections: list[Protection] = []
+        previous = self.previous
+        if not self.snapshot.observed and not (previous and previous.separated):
+            return
+        rows = {job.id: r for r, job in enumerate(self.t.jobs)}
+        if previous is not None:
+            self.apart = held_apart(previous.separated, rows)
+            self.stepped = held_apart(previous.stepped, rows)
+        self.harmed = harmed_rows(self, rows)
+        self.solo = solo_rows(self)
 
     # -- set-up -------------------------------------------------------------
     def _units(self) -> np.ndarray:
@@ -311,11 +343,18 @@ class _Epoch:
         calm = self.utilization < s.utilization_target
         if calm and s.patience_horizon_s > 0 and np.any(self.snapshot.columns.expected > 0):
             self.patience = Patience(self.snapshot, table.size, s.patience_horizon_s)
+        if self.apart or self.solo:
+            placer.set_loop(self.apart, self.solo)
         choice = selection.choice
         preempted: list[int] = []
         run_rows = np.flatnonzero(t.running)
         if run_rows.size:
             preempted = place_running(self, placer, run_rows, choice)
+        if self.harmed:  # closed loop: separate pairs observed above tolerance
+            requeued, self.protections = separate(
+                self, placer, self.harmed, s.switch_cost, self.stepped
+            )
+            preempted += requeued
         pending = np.flatnonzero(~t.running & selection.running)
         # Best-fit decreasing within a priority class: heavier jobs first, then the
         # largest per-GPU memory (packs with less fragmentation), then arrival order.
@@ -623,6 +662,21 @@ class _Epoch:
         return sorted(set(queued) | evicted), remaining, slowdown
 
     # -- output ---------------------------------------------------------------
+    def _loop_output(self, placer: Placer) -> tuple[Pairs, Pairs, Protections]:
+        """Held-apart and stepped-down pairs (each once), this epoch's separations, by id."""
+        if not placer.apart and not self.stepped and not self.protections:
+            return (), (), ()
+        ids = [job.id for job in self.t.jobs]
+
+        def named(pairs: set[tuple[int, int]]) -> Pairs:
+            return tuple(sorted({_ordered(ids[a], ids[b]) for a, b in pairs}))
+
+        done = tuple(
+            (ids[p.victim], ids[p.partner], p.action, ids[p.actor], p.observed, p.tolerance)
+            for p in self.protections
+        )
+        return named(placer.apart), named(self.stepped), done
+
     def build_plan(
         self,
         placer: Placer,
@@ -690,7 +744,13 @@ class _Epoch:
         violation_ids = tuple((t.jobs[v].id, t.jobs[p].id, float(e)) for v, p, e in violations)
         clock.lap("output")
         stats.update(clock.phases)
+        separated, stepped, protections = self._loop_output(placer)
+        if protections:
+            stats["separations"] = float(len(protections))
         return Plan(
+            separated=separated,
+            stepped=stepped,
+            protections=protections,
             epoch=self.snapshot.epoch,
             prices=prices.copy(),
             assignments=assignments,

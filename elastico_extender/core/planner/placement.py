@@ -71,6 +71,10 @@ class Placer:
         self.predictor = predictor
         self.forbidden = forbidden or set()
         self.forbidden_rows = {key[0] for key in self.forbidden}
+        # Closed loop (``protect``): job rows held apart in every configuration, and
+        # rows that must run alone (an unknown workload not yet observed).
+        self.apart: set[tuple[int, int]] = set()
+        self.solo: set[int] = set()
         self.config = np.full(rows, -1, dtype=np.intp)
         self.tolerance = np.zeros(rows)
         self.features = np.zeros((rows, NUM_JOB_FEATURES), dtype=np.float32)
@@ -135,14 +139,29 @@ class Placer:
         self.table.remove(row, devices, per_gpu)
         self.config[row] = -1
 
+    def keep_apart(self, a: int, b: int) -> None:
+        """Never put rows ``a`` and ``b`` on one device (closed-loop hysteresis)."""
+        self.apart.update(((a, b), (b, a)))
+        self.forbidden_rows.update((a, b))
+
+    def set_loop(self, apart: set[tuple[int, int]], solo: set[int]) -> None:
+        """Held-apart row pairs (both orders) and run-alone rows for this epoch."""
+        self.apart = set(apart)
+        self.solo = set(solo)
+        self.forbidden_rows.update(a for a, _ in apart)
+        self.forbidden_rows.update(solo)
+
     # -- checks ------------------------------------------------------------
     def is_forbidden(self, row: int, config: int, devices: Sequence[int]) -> bool:
         if row not in self.forbidden_rows:
             return False
+        alone = row in self.solo
         for d in devices:
             for other in self.table.occupants[d]:
                 if other == row:
                     continue
+                if alone or other in self.solo or (row, other) in self.apart:
+                    return True
                 if (row, config, other, int(self.config[other])) in self.forbidden:
                     return True
         return False
@@ -287,7 +306,8 @@ class Placer:
             # Idle devices are always safe and ``choose`` prefers them: screening the
             # occupied ones is only needed when the idle ones cannot take the whole job.
             enough_idle = np.count_nonzero(mask & (table.count == 0)) >= gpus
-            if not enough_idle and (self.predictor is not None or row in self.forbidden_rows):
+            screen = self.predictor is not None or row in self.forbidden_rows or bool(self.solo)
+            if not enough_idle and screen:
                 if screens >= MAX_SCREENED_OPTIONS:
                     continue
                 screens += 1
@@ -350,6 +370,11 @@ class Placer:
         screened = np.zeros_like(mask)
         screened[idx[~occupied]] = True
         slowdown_of = np.ones(table.size)
+        if checked.size and self.solo and row not in self.forbidden_rows:
+            occupied_by_solo = np.array(
+                [any(o in self.solo for o in table.occupants[int(d)]) for d in checked], dtype=bool
+            )
+            checked = checked[~occupied_by_solo]
         if checked.size:
             if row in self.forbidden_rows:
                 keep = np.array(

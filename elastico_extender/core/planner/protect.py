@@ -1,0 +1,336 @@
+"""Protect: undo co-location that observation says hurts (closed loop, spec 3.3.3, 3.4).
+
+Predictions start co-locations; observations end them.  The planner reads,
+per running job, its observed slowdown (``Snapshot.observed``, built by
+:class:`~elastico_extender.core.observations.ObservationBook`).
+
+Rules
+-----
+* **Harm.** A running job is *harmed* when each of its newest ``HARM_WINDOWS``
+  (k = 2) observation windows shows a slowdown above its tolerance tau (the
+  planner's adaptive tolerance at its current configuration), or the mean of
+  its newest ``SLOW_WINDOWS`` (4) windows is (a pair just above tau, where
+  one window's noise hides it; the mean has half the noise), the newest
+  window is at most ``STALE_S`` old, and it shared a device in that window.
+  The driver's window is one epoch (the simulator) or the agent's report
+  period (the extender, a few seconds, at most one epoch), so a harmful pair
+  is observed for at most two epochs before the plan that separates it:
+  a harmful pair lives at most two epochs.  A stale job (its agent stopped
+  reporting) is left where it is: the last decision stands.  A job whose
+  reference rate is its profile's T(c) (it was never seen alone at that
+  configuration) carries the profile's error in every window, so its evidence
+  is raised by ``PROFILE_MARGIN`` (10%) before the comparison.
+* **Separate, cheapest first.** For each harmed job and each partner on its
+  device, the planner prices, for either tenant: stepping down in place to a
+  configuration that needs no more of any resource, whose slowdown, predicted
+  and then scaled by how far the observation exceeded the prediction for the
+  current pair, stays within both tolerances (cost: the throughput given up
+  plus the switching cost gamma0); or moving a one-GPU tenant to an idle GPU
+  where it fits (cost: ``MOVE_COST_SWITCHES`` switching costs: a checkpoint,
+  a restart and the lost warm-up).  The cheapest option wins.  Without
+  either, a one-GPU tenant moves next to other jobs where the ordinary IAC
+  screen (the corrected predictor) admits it; failing that too, the newer
+  tenant goes back to the queue (never worse than not sharing: it would have
+  waited without sharing).
+* **Hysteresis.** A pair steps down at most once (``Plan.stepped``): harm
+  observed again after its step-down separates it.  A pair separated by a
+  move or a requeue is *held apart* while both jobs live: the plan lists it
+  (``Plan.separated``) and the next epoch's planner, given that plan as
+  ``previous``, never puts the two on one device again.  The configuration
+  pair itself is remembered as harmful by the online correction
+  (:mod:`..interference.online`), which learns the observed slowdown from the
+  same windows, so other jobs of the same pair are refused by the ordinary
+  IAC screen, and that memory persists across restarts.
+* **Unknown workloads run alone.** While the loop is engaged (any observation
+  present), a job whose family has no measured configuration and which has
+  never been observed may only start on an idle GPU, and nobody joins it,
+  until the book has its solo rate (its observed peak memory, SM activity and
+  rate become its measured profile through the profile store).
+
+With an empty ``Snapshot.observed`` and no held-apart pairs none of this runs
+and the planner's decisions are unchanged.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from elastico_extender.core.interference.features import pair_features
+from elastico_extender.core.observations import ObservedSlowdown
+from elastico_extender.core.planner.context import EpochRows
+from elastico_extender.core.planner.placement import Placer
+
+__all__ = [
+    "HARM_WINDOWS",
+    "MOVE_COST_SWITCHES",
+    "PROFILE_MARGIN",
+    "SLOW_WINDOWS",
+    "STALE_S",
+    "Protection",
+    "harm_evidence",
+    "harmed_rows",
+    "held_apart",
+    "separate",
+    "solo_rows",
+]
+
+HARM_WINDOWS = 2
+"""k: consecutive observation windows above tolerance before a pair is separated."""
+SLOW_WINDOWS = 4
+"""Windows whose mean above tau also counts as harm (marginal pairs, noisy windows)."""
+PROFILE_MARGIN = 0.10
+"""Relative margin on a slowdown measured against a profile's T(c) instead of a solo
+window (two sigma of a profile's throughput error): such a job is separated once
+its evidence times 1.1 exceeds tau."""
+STALE_S = 300.0
+"""Observations older than this (seconds of the driver's clock) are not acted on."""
+MOVE_COST_SWITCHES = 2.0
+"""A move (checkpoint, restart elsewhere, warm-up) costs this many in-place switches."""
+
+
+@dataclass(frozen=True, slots=True)
+class Protection:
+    """One separation: who was harmed, by whom, what the planner did and why."""
+
+    victim: int
+    partner: int
+    action: str  # "step-down", "move" or "requeue"
+    actor: int  # the row that stepped down, moved or went back to the queue
+    observed: float
+    tolerance: float
+
+
+def harm_evidence(seen: ObservedSlowdown, now: float) -> float | None:
+    """The slowdown a job's windows vouch for, to compare with tau (module doc, "Harm").
+
+    None when there is no case: the newest window was not shared, fewer than
+    ``HARM_WINDOWS`` windows, or stale.  Otherwise the least of the newest k
+    windows, or the mean of the newest ``SLOW_WINDOWS`` if larger, raised by
+    ``PROFILE_MARGIN`` for a profile-referenced job.
+    """
+    if not seen.partners or len(seen.recent) < HARM_WINDOWS or seen.age(now) > STALE_S:
+        return None
+    evidence = min(seen.recent[-HARM_WINDOWS:])
+    if len(seen.recent) >= SLOW_WINDOWS:
+        evidence = max(evidence, sum(seen.recent[-SLOW_WINDOWS:]) / SLOW_WINDOWS)
+    if not seen.solo_reference:  # the profile's own error may hide the excess
+        evidence *= 1.0 + PROFILE_MARGIN
+    return evidence
+
+
+def harmed_rows(epoch: EpochRows, rows: dict[str, int]) -> dict[int, float]:
+    """Harmed running rows (module doc, "Harm") -> their smoothed observed slowdown.
+
+    ``rows`` maps job ids to rows; only jobs observed sharing are looked at.
+    """
+    snapshot = epoch.snapshot
+    observed = snapshot.observed
+    t = epoch.t
+    found: list[int] = []
+    low: list[float] = []
+    for job_id, seen in observed.items():
+        if not seen.partners:
+            continue
+        row = rows.get(job_id)
+        if row is None or not t.running[row]:
+            continue
+        evidence = harm_evidence(seen, snapshot.now)
+        if evidence is not None:
+            found.append(row)
+            low.append(evidence)
+    if not found:
+        return {}
+    idx = np.array(found, dtype=np.intp)
+    tau = epoch.tolerance(idx, t.current[idx])
+    over = np.array(low) > tau + 1e-9
+    return {r: float(observed[t.jobs[r].id].slowdown) for r in idx[over].tolist()}
+
+
+def held_apart(pairs: tuple[tuple[str, str], ...], rows: dict[str, int]) -> set[tuple[int, int]]:
+    """Row pairs of ``pairs`` (job ids, from the previous plan) whose jobs both live."""
+    out: set[tuple[int, int]] = set()
+    for a, b in pairs:
+        ra, rb = rows.get(a), rows.get(b)
+        if ra is not None and rb is not None:
+            out.add((ra, rb))
+            out.add((rb, ra))
+    return out
+
+
+def solo_rows(epoch: EpochRows) -> set[int]:
+    """Jobs of families never measured that were never observed: they run alone first."""
+    snapshot = epoch.snapshot
+    if not snapshot.observed:
+        return set()
+    t = epoch.t
+    unknown = np.asarray(t.estimated_table.all(axis=1))[t.family_index]
+    return {r for r in np.flatnonzero(unknown).tolist() if t.jobs[r].id not in snapshot.observed}
+
+
+def separate(
+    epoch: EpochRows,
+    placer: Placer,
+    harmed: dict[int, float],
+    switch_cost: float,
+    stepped: set[tuple[int, int]],
+) -> tuple[list[int], list[Protection]]:
+    """Separate every harmed job from its partners, cheapest option first (module doc).
+
+    Returns the rows sent back to the queue and what was done.  Moved and
+    requeued pairs are added to ``placer.apart`` so nothing re-pairs them.
+    """
+    t, table = epoch.t, placer.table
+    requeued: list[int] = []
+    done: list[Protection] = []
+    observed = epoch.snapshot.observed
+    for victim in sorted(harmed, key=lambda r: (-harmed[r], r)):
+        if victim not in placer.devices_of:
+            continue
+        partners = sorted(
+            {o for d in placer.devices_of[victim] for o in table.occupants[d] if o != victim}
+        )
+        for partner in partners:
+            if victim not in placer.devices_of or partner not in placer.devices_of:
+                continue
+            if not set(placer.devices_of[victim]) & set(placer.devices_of[partner]):
+                continue
+            seen = observed[t.jobs[victim].id]
+            tau = float(placer.tolerance[victim])
+            step = None
+            if (victim, partner) not in stepped:  # a pair steps down once, then separates
+                step = _cheapest_step_down(
+                    epoch, placer, victim, partner, seen.slowdown, switch_cost
+                )
+            move = _move_target(epoch, placer, victim, partner)
+            move_cost = MOVE_COST_SWITCHES * switch_cost
+            if step is not None and (move is None or step[0] <= move_cost):
+                _, row, config = step
+                epoch.reconfigure(placer, row, config)
+                stepped.update(((victim, partner), (partner, victim)))
+                done.append(Protection(victim, partner, "step-down", row, seen.slowdown, tau))
+                continue
+            placer.keep_apart(victim, partner)
+            if move is not None:
+                row, device = move
+                config = int(placer.config[row])
+                placer.release(row, t.per_gpu[row, config])
+                epoch.commit_row(placer, row, config, [device])
+                done.append(Protection(victim, partner, "move", row, seen.slowdown, tau))
+                continue
+            moved = _move_next_to_others(epoch, placer, victim, partner)
+            if moved is not None:
+                done.append(Protection(victim, partner, "move", moved, seen.slowdown, tau))
+                continue
+            newer = max((victim, partner), key=lambda r: (t.jobs[r].arrival_time, r))
+            placer.release(newer, t.per_gpu[newer, placer.config[newer]])
+            requeued.append(newer)
+            done.append(Protection(victim, partner, "requeue", newer, seen.slowdown, tau))
+    return requeued, done
+
+
+def _move_target(
+    epoch: EpochRows, placer: Placer, victim: int, partner: int
+) -> tuple[int, int] | None:
+    """(row, idle device) for moving one one-GPU tenant, the newer first; None if neither can."""
+    t, table = epoch.t, placer.table
+    if not np.any(table.count == 0):
+        return None
+    for row in sorted((victim, partner), key=lambda r: (-t.jobs[r].arrival_time, -r)):
+        if len(placer.devices_of[row]) != 1:
+            continue
+        need = t.per_gpu[row, int(placer.config[row])]
+        idle = table.fits(need) & (table.count == 0)
+        if idle.any():
+            target = table.choose(idle, need, 1, best_fit=True)
+            if target is not None:
+                return row, int(target[0])
+    return None
+
+
+def _move_next_to_others(epoch: EpochRows, placer: Placer, victim: int, partner: int) -> int | None:
+    """Move one one-GPU tenant (the newer first) to another device where IAC admits it.
+
+    No idle GPU fits: the tenant goes wherever the ordinary screen (corrected
+    prediction within every tolerance, held-apart pairs refused) accepts it,
+    in its current configuration, off its current device.  Returns the moved
+    row, or None (nothing moved) when no device accepts either tenant.
+    """
+    t, table = epoch.t, placer.table
+    for row in sorted((victim, partner), key=lambda r: (-t.jobs[r].arrival_time, -r)):
+        devices = placer.devices_of[row]
+        if len(devices) != 1:
+            continue
+        config = int(placer.config[row])
+        allowed = np.ones(table.size, dtype=bool)
+        allowed[list(devices)] = False
+        placer.release(row, t.per_gpu[row, config])
+        if epoch.try_row(placer, row, [config], allowed_devices=allowed):
+            return row
+        epoch.commit_row(placer, row, config, list(devices))
+    return None
+
+
+def _cheapest_step_down(
+    epoch: EpochRows,
+    placer: Placer,
+    victim: int,
+    partner: int,
+    observed: float,
+    switch_cost: float,
+) -> tuple[float, int, int] | None:
+    """(cost, row, configuration) of the cheapest safe in-place step-down of either tenant.
+
+    Safety needs a predictor: S_hat of the stepped-down pair, in both
+    directions, times the victim's observed / predicted ratio at the current
+    pair (at least 1), within both tolerances.
+    """
+    predictor = placer.predictor
+    if predictor is None:
+        return None
+    t = epoch.t
+    device = placer.devices_of[victim][0]
+    memory = float(placer.table.memory_total[device]) / 1024.0
+    feats = placer.features
+    now = predictor.predict(pair_features(feats[[victim]], feats[[partner]], memory))
+    ratio = max(1.0, observed / max(float(now[0]), 1.0))
+    best: tuple[float, int, int] | None = None
+    for row, other in ((victim, partner), (partner, victim)):
+        if len(placer.devices_of[row]) != 1:
+            continue
+        current = int(placer.config[row])
+        need = t.per_gpu[row]
+        leaner = np.all(need <= need[current] + 1e-9, axis=1) & t.valid[row]
+        leaner &= t.throughput[row] < t.throughput[row, current] - 1e-12
+        options = np.flatnonzero(leaner)
+        if options.size == 0:
+            continue
+        mine = t.features(np.full(options.size, row), options)
+        theirs = np.broadcast_to(feats[other], mine.shape)
+        s = np.asarray(
+            predictor.predict(
+                np.concatenate(
+                    [pair_features(mine, theirs, memory), pair_features(theirs, mine, memory)]
+                )
+            ),
+            dtype=np.float64,
+        )
+        s_row, s_other = s[: options.size], s[options.size :]
+        # The victim's direction carries the observed excess over the prediction.
+        if row == victim:
+            s_row = s_row * ratio
+        else:
+            s_other = s_other * ratio
+        tau_row = epoch.tolerance_rows(np.array([row]))[0][options]
+        tau_other = float(placer.tolerance[other])
+        safe = (s_row <= tau_row) & (s_other <= tau_other)
+        if not safe.any():
+            continue
+        cost = 1.0 - t.throughput[row, options] / t.throughput[row, current]
+        cost = t.weight[row] * cost + switch_cost
+        cost[~safe] = np.inf
+        k = int(np.argmin(cost))
+        if best is None or cost[k] < best[0]:
+            best = (float(cost[k]), row, int(options[k]))
+    return best

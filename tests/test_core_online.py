@@ -1,0 +1,82 @@
+"""Closed loop, Learn: the online correction converges on seen pairs, leaves unseen at base."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from elastico_extender.core.closed_loop import ClosedLoop, RunningConfig
+from elastico_extender.core.interference.features import pair_features
+from elastico_extender.core.interference.online import OnlineCorrection
+from elastico_extender.core.interference.predictor import ContentionPredictor
+from elastico_extender.core.observations import Observation
+
+
+def rows(families, victim: str, vc: int, partner: str, pc: int) -> np.ndarray:
+    return pair_features(families[victim].features[[vc]], families[partner].features[[pc]], 40.0)
+
+
+def test_seen_pair_converges_to_observed_and_unseen_pairs_keep_the_base(families):
+    base = ContentionPredictor()
+    correction = OnlineCorrection(base)
+    seen = rows(families, "bert", 0, "resnet50", 0)
+    unseen_family = rows(families, "bert", 0, "dcgan", 0)
+    before_unseen = base.predict(unseen_family)
+    truth = 2.4
+    rng = np.random.default_rng(0)
+    for _ in range(40):
+        correction.learn(seen, [truth * float(np.exp(rng.normal(0, 0.03)))])
+    assert correction.predict(seen)[0] == pytest.approx(truth, rel=0.03)
+    assert base.predict(seen)[0] < truth * 0.9  # the base model was wrong about it
+    np.testing.assert_allclose(correction.predict(unseen_family), before_unseen)
+
+
+def test_shrinkage_weighs_the_base_until_evidence_accumulates(families):
+    base = ContentionPredictor()
+    correction = OnlineCorrection(base, prior_samples=1.0)
+    x = rows(families, "bert", 0, "resnet50", 0)
+    b = float(base.predict(x)[0])
+    correction.learn(x, [b * 2.0])
+    one = float(correction.predict(x)[0])
+    assert b < one < b * 2.0  # one sample moves it part of the way
+    for _ in range(20):
+        correction.learn(x, [b * 2.0])
+    assert correction.predict(x)[0] == pytest.approx(b * 2.0, rel=0.01)
+
+
+def test_other_configurations_of_a_seen_family_pair_move_with_it(families):
+    base = ContentionPredictor()
+    correction = OnlineCorrection(base)
+    x = rows(families, "bert", 0, "resnet50", 0)
+    other = rows(families, "bert", 1, "resnet50", 2)
+    for _ in range(10):
+        correction.learn(x, [float(base.predict(x)[0]) * 1.5])
+    assert correction.predict(other)[0] > base.predict(other)[0] * 1.3
+
+
+def test_bad_labels_teach_nothing(families):
+    correction = OnlineCorrection(ContentionPredictor())
+    x = rows(families, "bert", 0, "resnet50", 0)
+    correction.learn(np.repeat(x, 3, axis=0), [np.nan, 0.5, np.inf])
+    assert correction.samples_seen == 0 and correction.pairs == 0
+    with pytest.raises(ValueError, match="observed"):
+        correction.learn(x, [1.0, 2.0])
+
+
+def test_closed_loop_labels_single_partner_windows_and_teaches_the_correction(families):
+    loop = ClosedLoop(OnlineCorrection(ContentionPredictor()))
+    running = {"a": RunningConfig("bert", 0), "b": RunningConfig("resnet50", 0)}
+    for job in ("a", "b"):
+        loop.book.set_reference(job, 0, "samples/s", 100.0)
+    labelled = loop.record(
+        [
+            Observation("a", 0, 10.0, 5.0, 40.0, "samples/s", ("b",)),
+            Observation("b", 0, 10.0, 5.0, 80.0, "samples/s", ("a",)),
+        ],
+        running,
+        families,
+    )
+    np.testing.assert_allclose(labelled.observed, [2.5, 1.25])
+    assert labelled.victims == ("a", "b")
+    assert loop.correction is not None and loop.correction.pairs == 2
+    assert loop.observed()["a"].slowdown == pytest.approx(2.5)

@@ -1,0 +1,162 @@
+"""Closed loop, Protect: pairs observed above tolerance are separated within k windows."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from conftest import a100_nodes
+
+from elastico_extender.core.interference.predictor import ContentionPredictor
+from elastico_extender.core.model import Job, Plan, Snapshot
+from elastico_extender.core.observations import Observation, ObservationBook
+from elastico_extender.core.planner import plan as core_plan
+from elastico_extender.core.planner.protect import HARM_WINDOWS
+
+WINDOW_S = 5.0
+BLIND = ContentionPredictor(sm_weight=0.0, dram_weight=0.0, pressure_weight=0.0)
+"""A predictor that knows nothing of these jobs (answers 1.0): only observation can
+tell the planner the pair hurts, and the spread pass (S_hat > 1.05) never moves it."""
+
+
+def plan(snapshot: Snapshot, previous: Plan | None = None) -> Plan:
+    return core_plan(snapshot, previous, predictor=BLIND)
+
+
+def shared_pair(families, gpus: int) -> Snapshot:
+    """bert and resnet running together on GPU 0 of one node with ``gpus`` GPUs."""
+    first = plan(
+        Snapshot(a100_nodes(1, 1), (Job("bert", "bert"), Job("resnet", "resnet50")), families)
+    )
+    assert set(first.assignments) == {"bert", "resnet"}
+    jobs = []
+    for job_id, family, arrival in (("bert", "bert", 0.0), ("resnet", "resnet50", 10.0)):
+        a = first.assignments[job_id]
+        jobs.append(
+            Job(
+                job_id,
+                family,
+                current_config=a.config_index,
+                devices=(("node-0", 0),),
+                arrival_time=arrival,
+            )
+        )
+    return Snapshot(a100_nodes(1, gpus), tuple(jobs), families, epoch=1)
+
+
+def observe(book: ObservationBook, snapshot: Snapshot, slowdown: float, end: float) -> None:
+    """One window per running job: solo rate 100, shared rate 100 / slowdown."""
+    running = [j for j in snapshot.jobs if j.devices]
+    for job in running:
+        partners = tuple(
+            o.id for o in running if o.id != job.id and set(o.devices) & set(job.devices)
+        )
+        if book.reference(job.id, job.current_config, "launches/s") is None:
+            book.set_reference(job.id, job.current_config, "launches/s", 100.0)
+        rate = 100.0 / slowdown if partners else 100.0
+        book.record(
+            Observation(job.id, job.current_config, end, WINDOW_S, rate, "launches/s", partners)
+        )
+
+
+def devices_of(result: Plan) -> dict[str, tuple]:
+    return {job: a.devices for job, a in result.assignments.items()}
+
+
+def test_pair_above_tolerance_is_moved_apart_after_k_windows(families):
+    snapshot = shared_pair(families, gpus=2)
+    book = ObservationBook(smoothing=1.0)
+    result = None
+    for k in range(1, HARM_WINDOWS + 1):
+        observe(book, snapshot, slowdown=2.5, end=k * WINDOW_S)
+        snap = replace(snapshot, observed=book.observed(), now=k * WINDOW_S, epoch=k)
+        result = plan(snap)
+        shared = devices_of(result)["bert"] == devices_of(result)["resnet"]
+        assert shared == (k < HARM_WINDOWS), f"window {k}: {devices_of(result)}"
+    assert result is not None
+    assert result.stats["separations"] == 1.0
+    (_victim, _partner, action, _actor, observed, tau) = result.protections[0]
+    assert action == "move" and observed > tau
+    assert result.separated == (("bert", "resnet"),)
+
+
+def test_without_observations_the_pair_stays_as_planned(families):
+    snapshot = shared_pair(families, gpus=2)
+    result = plan(snapshot)
+    assert devices_of(result)["bert"] == devices_of(result)["resnet"]
+    assert result.separated == () and result.protections == ()
+
+
+def test_within_tolerance_keeps_sharing(families):
+    snapshot = shared_pair(families, gpus=2)
+    book = ObservationBook(smoothing=1.0)
+    for k in range(1, 4):
+        observe(book, snapshot, slowdown=1.1, end=k * WINDOW_S)
+    result = plan(replace(snapshot, observed=book.observed(), now=3 * WINDOW_S))
+    assert devices_of(result)["bert"] == devices_of(result)["resnet"]
+
+
+def test_stale_observations_leave_the_last_decision(families):
+    snapshot = shared_pair(families, gpus=2)
+    book = ObservationBook(smoothing=1.0)
+    for k in range(1, 4):
+        observe(book, snapshot, slowdown=2.5, end=k * WINDOW_S)
+    result = plan(replace(snapshot, observed=book.observed(), now=10_000.0))
+    assert devices_of(result)["bert"] == devices_of(result)["resnet"]
+
+
+def test_no_idle_gpu_requeues_the_newer_job_and_holds_the_pair_apart(families):
+    snapshot = shared_pair(families, gpus=1)
+    book = ObservationBook(smoothing=1.0)
+    for k in range(1, HARM_WINDOWS + 1):
+        observe(book, snapshot, slowdown=3.0, end=k * WINDOW_S)
+    result = plan(replace(snapshot, observed=book.observed(), now=HARM_WINDOWS * WINDOW_S))
+    assert "resnet" in result.preempted  # the newer of the two goes back to the queue
+    assert set(result.assignments) == {"bert"}
+    # Next epoch: resnet is pending, the GPU has room, the predictor would admit it,
+    # but the pair is held apart (hysteresis) because the previous plan says so.
+    bert = result.assignments["bert"]
+    jobs = (
+        Job("bert", "bert", current_config=bert.config_index, devices=bert.devices),
+        Job("resnet", "resnet50", arrival_time=10.0),
+    )
+    later = Snapshot(snapshot.nodes, jobs, families, epoch=5)
+    assert "resnet" in plan(later).assignments  # without the loop's memory it would share
+    held = plan(later, result)
+    assert "resnet" not in held.assignments and "resnet" in held.queued
+    assert held.separated == (("bert", "resnet"),)
+
+
+def test_an_unknown_workload_runs_alone_until_observed(families):
+    """A family with no measured configuration shares only after it has been observed."""
+    import numpy as np
+
+    from elastico_extender.core.model import ProfileFamily
+    from elastico_extender.core.observations import ObservedSlowdown
+    from elastico_extender.profiles.observed import record_solo_profile
+    from elastico_extender.profiles.store import ProfileStore
+
+    resnet = families["resnet50"]
+    mystery = replace(resnet, workload="mystery", estimated=np.ones(resnet.size, dtype=bool))
+    fams = {**families, "mystery": mystery}
+    shared = shared_pair(families, gpus=1)
+    bert = next(j for j in shared.jobs if j.id == "bert")
+    newcomer = Job("new", "mystery", arrival_time=20.0)
+    seen = {"bert": ObservedSlowdown(1.0, 4, 5.0, (1.0,) * 4)}
+    snap = Snapshot(shared.nodes, (bert, newcomer), fams, epoch=2, observed=seen, now=5.0)
+    assert "new" in plan(replace(snap, observed={})).assignments  # without the loop: shares
+    assert "new" not in plan(snap).assignments  # loop engaged: it waits for an idle GPU
+    # Observed alone (its solo reference known), it may share.
+    observed = {**seen, "new": ObservedSlowdown(1.0, 1, 5.0, (1.0,))}
+    assert "new" in plan(replace(snap, observed=observed)).assignments
+
+    # Its solo window becomes the family's measured profile through the profile store.
+    store = ProfileStore()
+    window = Observation(
+        "new", 0, 5.0, 5.0, 321.0, mystery.throughput_unit, (), peak_mem_mib=9000.0, sm_activity=0.4
+    )
+    assert record_solo_profile(store, mystery, window, measured_at=5.0)
+    measured: ProfileFamily = store.family(mystery)
+    assert not measured.estimated[0] and measured.throughput[0] == 321.0
+    assert measured.resources[0, 1] == 9000.0
+    shared_window = replace(window, partners=("bert",))
+    assert not record_solo_profile(store, mystery, shared_window, measured_at=6.0)

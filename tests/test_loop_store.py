@@ -1,0 +1,102 @@
+"""What the closed loop learns survives a restart (SQLite), and trains the DNN (--from-store)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from elastico_extender.core.interference.features import pair_features
+from elastico_extender.core.interference.online import OnlineCorrection
+from elastico_extender.core.interference.predictor import ContentionPredictor
+from elastico_extender.core.observations import Observation, ObservationBook
+from elastico_extender.profiles.loop_store import LoopStore
+
+
+def test_correction_round_trip_through_sqlite(tmp_path, families):
+    path = tmp_path / "loop.sqlite"
+    learned = OnlineCorrection(ContentionPredictor())
+    x = np.concatenate(
+        [
+            pair_features(families["bert"].features[[0]], families["resnet50"].features[[0]], 40),
+            pair_features(families["dcgan"].features[[1]], families["lstm"].features[[0]], 40),
+        ]
+    )
+    for _ in range(5):
+        learned.learn(x, [2.2, 1.7])
+    store = LoopStore(path)
+    store.save_correction(learned)
+    store.close()
+
+    restarted = OnlineCorrection(ContentionPredictor())
+    assert restarted.predict(x)[0] != pytest.approx(learned.predict(x)[0])
+    reopened = LoopStore(path)
+    assert reopened.load_correction(restarted) == 4  # two config pairs + two family pairs
+    np.testing.assert_allclose(restarted.predict(x), learned.predict(x))
+    reopened.close()
+
+
+def test_references_and_samples_round_trip(tmp_path):
+    path = tmp_path / "loop.sqlite"
+    book = ObservationBook()
+    book.record(Observation("a", 2, 5.0, 5.0, 120.0))  # alone: a measured reference
+    book.set_reference("b", 0, "tokens/s", 900.0)  # a profile's T(c)
+    store = LoopStore(path, max_samples=3)
+    store.save_references(book)
+    x = np.arange(5 * 36, dtype=np.float32).reshape(5, 36)
+    assert store.add_samples(x, np.array([1.2, np.nan, 1.4, 1.5, 1.6]), at=7.0) == 4
+    store.close()
+
+    fresh = ObservationBook()
+    reopened = LoopStore(path, max_samples=3)
+    assert reopened.load_references(fresh) == 2
+    assert fresh.reference("a", 2, "launches/s") == pytest.approx(120.0)
+    fresh.record(Observation("a", 2, 10.0, 5.0, 60.0, partners=("b",)))
+    assert fresh.observed()["a"].slowdown == pytest.approx(2.0)
+    assert fresh.observed()["a"].solo_reference
+    xs, ys = reopened.samples()
+    np.testing.assert_allclose(ys, [1.4, 1.5, 1.6])  # only the newest max_samples kept
+    np.testing.assert_array_equal(xs[0], x[2])
+    reopened.close()
+
+
+def test_bad_sample_shapes_are_refused(tmp_path):
+    store = LoopStore(tmp_path / "s.sqlite")
+    with pytest.raises(ValueError, match="features"):
+        store.add_samples(np.zeros((2, 35)), np.ones(2), at=0.0)
+    store.close()
+
+
+def test_train_iac_from_store_trains_a_servable_model_on_observed_pairs(tmp_path, capsys, families):
+    pytest.importorskip("torch")
+    from elastico_extender.interference.onnx_predictor import OnnxSlowdownPredictor
+    from elastico_extender.interference.train import main
+
+    names = sorted(families)
+    rng = np.random.default_rng(0)
+    victims = [families[names[i % len(names)]].features[0] for i in range(64)]
+    partners = [families[names[(i * 5 + 3) % len(names)]].features[0] for i in range(64)]
+    x = pair_features(np.stack(victims), np.stack(partners), 40.0)
+    y = 1.0 + rng.uniform(0.1, 1.0, 64)
+    path = tmp_path / "loop.sqlite"
+    store = LoopStore(path)
+    store.add_samples(x, y, at=1.0)
+    store.close()
+    out = tmp_path / "cluster.onnx"
+    argv = ["--from-store", str(path), "--out", str(out), "--epochs", "2", "--hidden", "8"]
+    assert main(argv) == 0
+    assert "64 observed pair samples" in capsys.readouterr().out
+    assert OnnxSlowdownPredictor(out).predict(x).min() >= 1.0
+
+
+def test_train_iac_from_store_refuses_a_store_without_enough_samples(tmp_path, capsys):
+    pytest.importorskip("torch")
+    from elastico_extender.interference.train import main
+
+    path = tmp_path / "empty.sqlite"
+    LoopStore(path).close()
+    assert main(["--from-store", str(path), "--out", str(tmp_path / "m.onnx")]) == 2
+    assert "observed pair samples" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--from-store", str(tmp_path / "missing.sqlite"), "--out", str(tmp_path / "x")])
+    assert exit_info.value.code == 2
+    assert "--from-store" in capsys.readouterr().err
