@@ -198,3 +198,16 @@ def test_views_port_refuses_the_verbs_the_webhook_and_epoch(views, pki):
             reply = c.post(path, json=args, headers=auth)
             assert reply.status_code == 404, (path, reply.text)
             assert "views port" in reply.json()["Error"]
+
+
+def test_views_port_zero_is_off_and_ports_must_differ():
+    from elastico_extender.service.cli import listener_ports
+
+    off = ServiceSettings.load(env={"ELASTICO_VIEWS_PORT": "0"})
+    assert listener_ports(off) == [8888]
+    on = ServiceSettings.load(env={"ELASTICO_VIEWS_PORT": "8444"})
+    assert listener_ports(on) == [8888, 8444]
+    with pytest.raises(ValueError, match="must differ"):
+        ServiceSettings.load(env={"ELASTICO_VIEWS_PORT": "8888"})
+    with pytest.raises(ValueError, match="views_port"):
+        ServiceSettings.load(env={"ELASTICO_VIEWS_PORT": "70000"})
