@@ -30,6 +30,7 @@ from elastico_extender.annotations import PREFIX
 from elastico_extender.cluster.base import BindRequest, Cluster, ClusterError
 from elastico_extender.core.model import Node
 from elastico_extender.core.planner import Answers, PlacementView
+from elastico_extender.core.resources import GPU_MEM
 from elastico_extender.errors import AnnotationError
 from elastico_extender.service.actuator import Actuator
 from elastico_extender.service.bookings import Booking, Bookings, Published, Refused
@@ -330,6 +331,7 @@ class Verbs:
                 booking = self.bookings.book(pj, node)
             except Refused as refused:
                 self.metrics.bind("rejected")
+                self.actuator.refused(namespace, name, uid, node, refused.message)
                 return refused.message
         return self._write(pod, pj, booking)
 
@@ -344,7 +346,7 @@ class Verbs:
             node = pub.snapshot.nodes[at] if at is not None else None
             request = self.actuator.request(pod, pj, verdict, pub.plan.epoch, node)
             try:
-                self.actuator.bind(request)
+                self.actuator.bind(request, verdict, float(pub.plan.prices[GPU_MEM]))
             except ClusterError as exc:
                 return self._failed(request, booking, exc)
             if pj.note:
