@@ -157,6 +157,18 @@ def test_a_bind_through_the_service_writes_one_bound_event_with_its_numbers():
         refused = [e for e in events(api) if e["reason"] == "Refused"]
         assert len(refused) == 1 and refused[0]["involvedObject"]["name"] == "q"
         assert refused[0]["message"].startswith("refused g9: ")
+        # filter with no node that fits: one Refused Event for the pod, not one per node
+        api.put("pods", pending_pod("r"))
+        assert wait_for(lambda: len(kube.state.pods()) == 3)
+        for _ in range(5):  # nodes ElastiCo does not know
+            args = {"Pod": api.objects["pods"]["ml/r"], "NodeNames": ["g8", "g9"]}
+            reply = httpx.post(f"{svc.url}/scheduler/filter", json=args, timeout=30)
+            assert reply.json()["NodeNames"] == [], reply.text
+        assert wait_for(lambda: len(events(api)) >= 3)
+        time.sleep(0.2)
+        (nowhere,) = [e for e in events(api) if e["involvedObject"]["name"] == "r"]
+        assert nowhere["reason"] == "Refused"
+        assert nowhere["message"].startswith("refused all 2 nodes offered: elastico: ")
     finally:
         server.stop()
         api.stop()

@@ -264,6 +264,16 @@ class Verbs:
             counts[hit[2]] = counts.get(hit[2], 0) + 1
         for label, count in counts.items():
             self.metrics.rejection(label, count)
+        if not passed:  # nowhere to go: one Event per pod (rate-limited), not per node
+            meta = pod.get("metadata") or {}
+            reasons = "; ".join(sorted({hit[1] for hit in seen.values()})[:3])
+            self.actuator.refused(
+                str(meta.get("namespace") or "default"),
+                str(meta.get("name", "")),
+                str(meta.get("uid", "")),
+                f"all {len(names)} nodes offered",
+                reasons,
+            )
         return FilterOutcome(passed, failed, unresolvable)
 
     def prioritize(self, pod: Mapping[str, Any], names: Iterable[str]) -> HostScores:
