@@ -100,11 +100,11 @@ def test_rejected_configurations_are_listed_with_reasons_and_capped():
     assert rejected_configurations_message(many).endswith("(+3 more)")
 
 
-def pending_pod(name: str) -> dict:
+def pending_pod(name: str, family: str = "bert") -> dict:
     """A pod the webhook admitted, waiting for ElastiCo to place it."""
     from test_service_observations import running_pod
 
-    pod = running_pod(name, "g0", 0)
+    pod = running_pod(name, "g0", 0, family=family)
     notes = pod["metadata"]["annotations"]
     for key in ("assigned-node", "assigned-devices", "assigned-configuration"):
         notes.pop(f"elastico.io/{key}")
@@ -169,6 +169,44 @@ def test_a_bind_through_the_service_writes_one_bound_event_with_its_numbers():
         (nowhere,) = [e for e in events(api) if e["involvedObject"]["name"] == "r"]
         assert nowhere["reason"] == "Refused"
         assert nowhere["message"].startswith("refused all 2 nodes offered: elastico: ")
+    finally:
+        server.stop()
+        api.stop()
+
+
+def test_an_in_place_reconfiguration_writes_a_reconfigured_event():
+    """Spec 5.3 Case 1 on the fake API server: BERT alone on a 40 GB GPU, then ResNet-50
+    arrives; the epoch reshapes BERT and the pod is told from what to what and why."""
+    import httpx
+    from test_service_observations import gpu_node, start_service, wait_for
+
+    api = FakeApiServer().start()
+    api.put("nodes", gpu_node("g0", 1, memory_mib=40960))
+    api.put("pods", pending_pod("a", "bert"))
+    server, kube, svc = start_service(api, min_dwell_seconds=0)
+    try:
+        assert wait_for(lambda: len(kube.state.pods()) == 1)
+        svc.epoch()
+        auth = {"Authorization": f"Bearer {svc.token}"}
+        bind = {"PodName": "a", "PodNamespace": "ml", "PodUID": "uid-a", "Node": "g0"}
+        reply = httpx.post(f"{svc.url}/scheduler/bind", json=bind, headers=auth, timeout=30)
+        assert not reply.json().get("Error"), reply.text
+        before = api.objects["pods"]["ml/a"]["metadata"]["annotations"]
+        assert wait_for(lambda: (kube.state.pod("uid-a") or {}).get("spec", {}).get("nodeName"))
+        api.put("pods", pending_pod("b", "resnet50"))
+        assert wait_for(lambda: len(kube.state.pods()) == 2)
+        plan = svc.epoch()
+        assert wait_for(lambda: any(e["reason"] == "Reconfigured" for e in events(api)))
+        (event,) = [e for e in events(api) if e["reason"] == "Reconfigured"]
+        after = api.objects["pods"]["ml/a"]["metadata"]["annotations"]
+        old, new = (before["elastico.io/assigned-configuration"],
+                    after["elastico.io/assigned-configuration"])  # fmt: skip
+        assert old != new
+        price = plan["prices"]["gpu_mem_mib"]
+        assert event["message"].startswith(
+            f"{old} -> {new} because the GPU memory price λ is {price:.3f} (memory budget "
+        ), event["message"]
+        assert f"-> {after['elastico.io/memory-budget-mib']} MiB" in event["message"]
     finally:
         server.stop()
         api.stop()
