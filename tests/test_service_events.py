@@ -204,7 +204,8 @@ def test_an_in_place_reconfiguration_writes_a_reconfigured_event():
         assert old != new
         price = plan["prices"]["gpu_mem_mib"]
         assert event["message"].startswith(
-            f"{old} -> {new} because the GPU memory price λ is {price:.3f} (memory budget "
+            f"{old} -> {new} because the plan of epoch {plan['epoch']} reshapes it at GPU "
+            f"memory price λ={price:.3f}: memory budget "
         ), event["message"]
         assert f"-> {after['elastico.io/memory-budget-mib']} MiB" in event["message"]
     finally:

@@ -260,9 +260,10 @@ class Actuator:
                 before = current.configuration if current is not None else "unrecorded"
                 was = f"{current.memory_budget_mib:.0f}" if current is not None else "?"
                 because = (
-                    f"the GPU memory price λ is {float(plan.prices[GPU_MEM]):.3f} "
-                    f"(memory budget {was} -> {request_budget(request)} MiB, "
-                    f"predicted slowdown Ŝ={a.predicted_slowdown:.2f} ≤ τ={a.tolerance:.2f})"
+                    f"the plan of epoch {plan.epoch} reshapes it at GPU memory price "
+                    f"λ={float(plan.prices[GPU_MEM]):.3f}: memory budget {was} -> "
+                    f"{request_budget(request)} MiB, predicted slowdown "
+                    f"Ŝ={a.predicted_slowdown:.2f} ≤ τ={a.tolerance:.2f}"
                 )
                 self.events.reconfigured(
                     self._ref(request), reconfigured_message(before, after, because)
