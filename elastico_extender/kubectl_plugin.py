@@ -2,7 +2,7 @@
 
 Installed as the ``kubectl-elastico`` executable (pip puts it on PATH, which is how kubectl
 finds plugins).  It reaches the extender through the API server's service proxy
-(``/api/v1/namespaces/NS/services/https:SERVICE:8443/proxy/...``) with the user's own
+(``/api/v1/namespaces/NS/services/https:SERVICE:8444/proxy/...``) with the user's own
 kubeconfig and RBAC, so no port-forward and no extra credentials are needed: reading the
 views needs ``get`` on ``services/proxy`` in ElastiCo's namespace.
 
@@ -131,7 +131,7 @@ def parser() -> argparse.ArgumentParser:
         default="elastico-webhook",
         help="the Service every extender replica answers on (chart: RELEASE-webhook)",
     )
-    p.add_argument("--port", type=int, default=8443, help="the Service port serving the views")
+    p.add_argument("--port", type=int, default=8444, help="the Service port serving the views")
     p.add_argument("--pod-namespace", default="default", help="namespace of POD for why")
     p.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG, ~/.kube/config)")
     p.add_argument("--context", help="kubeconfig context")

@@ -141,3 +141,73 @@ def test_another_certificate_of_the_ca_needs_the_token(listeners, pki):
         assert c.post("/epoch").status_code == 401
         auth = {"Authorization": "Bearer s3cret-token"}
         assert c.post("/scheduler/bind", json=BIND, headers=auth).status_code == 200
+
+
+@pytest.fixture(scope="module")
+def views(pki: Path) -> Iterator[str]:
+    """An extender with the views listener next to the mTLS one."""
+    settings = ServiceSettings(
+        port=free_port(), views_port=free_port(), epoch_seconds=600,
+        tls_cert=str(pki / "server.crt"), tls_key=str(pki / "server.key"),
+        client_ca_file=str(pki / "ca.crt"), token_file=str(pki / "token"),
+    )  # fmt: skip
+    app = create_app(settings, EmbeddedCluster.from_file())
+    app.state.engine.run_epoch()
+    servers = build_servers(app, settings)
+    threads = [threading.Thread(target=s.run, daemon=True) for s in servers]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + 30
+    while not all(s.started for s in servers):
+        assert time.monotonic() < deadline, "servers did not start"
+        time.sleep(0.02)
+    yield f"https://127.0.0.1:{settings.views_port}"
+    for s in servers:
+        s.should_exit = True
+    for t in threads:
+        t.join(timeout=10)
+
+
+def test_views_port_serves_the_views_without_a_client_certificate(views, pki):
+    with httpx.Client(base_url=views, verify=tls(pki), timeout=30) as c:
+        for path in ["/healthz", "/readyz", "/jobs", "/nodes", "/prices", "/plan",
+                     "/observations", "/openapi.json", "/docs"]:  # fmt: skip
+            assert c.get(path).status_code == 200, path
+        assert "elastico_" in c.get("/metrics").text
+        assert c.get("/docs/assets/swagger-ui.css").status_code == 200
+        assert "/scheduler/bind" in c.get("/openapi.json").json()["paths"]
+
+
+def test_views_port_takes_observations_with_the_token_only(views, pki):
+    batch = {"node": "gpu-a100-0", "observations": []}
+    with httpx.Client(base_url=views, verify=tls(pki), timeout=30) as c:
+        assert c.post("/observations", json=batch).status_code == 401
+        wrong = {"Authorization": "Bearer nope"}
+        assert c.post("/observations", json=batch, headers=wrong).status_code == 401
+        auth = {"Authorization": "Bearer s3cret-token"}
+        reply = c.post("/observations", json=batch, headers=auth)
+        assert reply.status_code == 200, reply.text
+
+
+def test_views_port_refuses_the_verbs_the_webhook_and_epoch(views, pki):
+    auth = {"Authorization": "Bearer s3cret-token"}
+    args = {"Pod": {"metadata": {"name": "p"}}, "NodeNames": ["gpu-a100-0"]}
+    with httpx.Client(base_url=views, verify=tls(pki), timeout=30) as c:
+        for path in ["/scheduler/filter", "/scheduler/prioritize", "/scheduler/preempt",
+                     "/scheduler/bind", "/epoch", "/mutate"]:  # fmt: skip
+            reply = c.post(path, json=args, headers=auth)
+            assert reply.status_code == 404, (path, reply.text)
+            assert "views port" in reply.json()["Error"]
+
+
+def test_views_port_zero_is_off_and_ports_must_differ():
+    from elastico_extender.service.cli import listener_ports
+
+    off = ServiceSettings.load(env={"ELASTICO_VIEWS_PORT": "0"})
+    assert listener_ports(off) == [8888]
+    on = ServiceSettings.load(env={"ELASTICO_VIEWS_PORT": "8444"})
+    assert listener_ports(on) == [8888, 8444]
+    with pytest.raises(ValueError, match="must differ"):
+        ServiceSettings.load(env={"ELASTICO_VIEWS_PORT": "8888"})
+    with pytest.raises(ValueError, match="views_port"):
+        ServiceSettings.load(env={"ELASTICO_VIEWS_PORT": "70000"})

@@ -148,6 +148,58 @@ def test_services_pdbs_and_policies_select_the_pods_of_a_workload(variant):
     assert allowed.items() <= scheduler_labels.items()
 
 
+def views_port_of(template: dict[str, Any]) -> int:
+    """The --views-port the extender container is started with."""
+    args = template["spec"]["containers"][0]["args"]
+    (port,) = [int(a.split("=", 1)[1]) for a in args if a.startswith("--views-port=")]
+    return port
+
+
+def service_port(service: dict[str, Any], template: dict[str, Any], port: int | str) -> int:
+    """The container port behind ``port`` (number or name) of ``service``; fails if the
+    Service does not expose it."""
+    container_ports = {
+        p["name"]: p["containerPort"] for c in template["spec"]["containers"] for p in c["ports"]
+    }
+    for entry in service["spec"]["ports"]:
+        if port in (entry["port"], entry["name"]):
+            return int(container_ports[entry["targetPort"]])
+    raise AssertionError(f"{service['metadata']['name']} exposes no port {port}")
+
+
+def test_monitoring_agents_and_plugin_reach_the_views_port(variant):
+    """Issue 12 item 13 left the webhook port serving only /mutate and health: metrics,
+    the kubectl plugin and the agents' observations go to the views port."""
+    from elastico_extender.kubectl_plugin import parser as plugin_parser
+
+    values, docs = variant
+    templates = pod_templates(docs)
+    extender = templates["elastico-extender"]
+    views = views_port_of(extender)
+    services = named(docs, "Service")
+    agent_args = templates["elastico-agent"]["spec"]["containers"][0]["args"]
+    (url,) = [urlparse(a.split("=", 1)[1]) for a in agent_args if a.startswith("--extender=")]
+    assert url.scheme == "https"
+    host, namespace = url.hostname.split(".")[:2]
+    assert namespace == NAMESPACE
+    assert service_port(services[host], extender, url.port) == views
+    assert "--token-file=/etc/elastico/token/token" in agent_args
+    plugin = plugin_parser().parse_args(["jobs"])
+    assert service_port(services["elastico-webhook"], extender, plugin.port) == views
+    policy = named(docs, "NetworkPolicy")["elastico-extender"]
+    open_ports = {p["port"] for rule in policy["spec"]["ingress"] for p in rule["ports"]}
+    assert views in open_ports
+    for monitor in named(docs, "ServiceMonitor").values():
+        selector = monitor["spec"]["selector"]["matchLabels"]
+        (scraped,) = [
+            s for s in services.values() if selector.items() <= s["metadata"]["labels"].items()
+        ]
+        for endpoint in monitor["spec"]["endpoints"]:
+            assert service_port(scraped, extender, endpoint["port"]) == views
+    if values.get("metrics", {}).get("serviceMonitor", {}).get("enabled"):
+        assert named(docs, "ServiceMonitor")
+
+
 def test_every_secret_configmap_and_account_a_pod_uses_is_rendered(variant):
     values, docs = variant
     secrets = set(named(docs, "Secret"))

@@ -44,7 +44,7 @@ def test_jobs_nodes_prices_and_why_through_the_service_proxy(tmp_path, capsys):
         why = capsys.readouterr().out
         assert "predicted slowdown Ŝ=" in why and "≤ τ=" in why and "shadow prices" in why
         paths = [unquote(r) for r in api.requests]
-        proxied = [r for r in paths if "/services/https:elastico-webhook:8443/proxy/" in r]
+        proxied = [r for r in paths if "/services/https:elastico-webhook:8444/proxy/" in r]
         assert len(proxied) >= 5
         assert main(["why", "ml/nope", *common]) == 0
         assert "not an ElastiCo job" in capsys.readouterr().out

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 from kubernetes import client
@@ -97,3 +98,125 @@ def test_rejected_configurations_are_listed_with_reasons_and_capped():
     )
     many = [(f"c{i}", "Ŝ=1.4 > τ=1.25") for i in range(8)]
     assert rejected_configurations_message(many).endswith("(+3 more)")
+
+
+def pending_pod(name: str, family: str = "bert") -> dict:
+    """A pod the webhook admitted, waiting for ElastiCo to place it."""
+    from test_service_observations import running_pod
+
+    pod = running_pod(name, "g0", 0, family=family)
+    notes = pod["metadata"]["annotations"]
+    for key in ("assigned-node", "assigned-devices", "assigned-configuration"):
+        notes.pop(f"elastico.io/{key}")
+    del pod["spec"]["nodeName"]
+    pod["status"] = {"phase": "Pending"}
+    return pod
+
+
+def test_a_bind_through_the_service_writes_one_bound_event_with_its_numbers():
+    """The actuator, on a real (fake-API-server) cluster, tells the pod why it went where
+    it went: node/GPU, configuration, λ, Ŝ ≤ τ; a refused bind says why too."""
+    import httpx
+    from test_service_observations import gpu_node, start_service, wait_for
+
+    api = FakeApiServer().start()
+    api.put("nodes", gpu_node("g0", 1))
+    api.put("pods", pending_pod("p"))
+    server, kube, svc = start_service(api)
+    try:
+        assert wait_for(lambda: len(kube.state.pods()) == 1)
+        plan = svc.epoch()
+        auth = {"Authorization": f"Bearer {svc.token}"}
+        bind = {"PodName": "p", "PodNamespace": "ml", "PodUID": "uid-p", "Node": "g0"}
+        reply = httpx.post(f"{svc.url}/scheduler/bind", json=bind, headers=auth, timeout=30)
+        assert reply.status_code == 200 and not reply.json().get("Error"), reply.text
+        assert wait_for(lambda: len(events(api)) >= 1)
+        (event,) = events(api)
+        assert event["reason"] == "Bound" and event["type"] == "Normal"
+        assert event["involvedObject"]["uid"] == "uid-p"
+        bound = api.objects["pods"]["ml/p"]  # as the Binding left it
+        assert bound["spec"]["nodeName"] == "g0"
+        notes = bound["metadata"]["annotations"]
+        configuration = notes["elastico.io/assigned-configuration"]
+        slowdown = float(notes["elastico.io/predicted-slowdown"])
+        price = plan["prices"]["gpu_mem_mib"]  # of the plan that bound it
+        assert event["message"].startswith(
+            f"bound to g0/GPU {notes['elastico.io/assigned-devices']} at {configuration}: "
+            f"price λ={price:.3f}, predicted slowdown Ŝ={slowdown:.2f} ≤ τ="
+        ), event["message"]
+        assert float(event["message"].rsplit("τ=", 1)[1]) > 1.0  # the pod's tolerance
+        # a second pod asking for a node that does not exist: one Refused Event
+        api.put("pods", pending_pod("q"))
+        assert wait_for(lambda: len(kube.state.pods()) == 2)
+        for _ in range(3):  # the scheduler retries; the recorder folds the repeats
+            bind = {"PodName": "q", "PodNamespace": "ml", "PodUID": "uid-q", "Node": "g9"}
+            reply = httpx.post(f"{svc.url}/scheduler/bind", json=bind, headers=auth, timeout=30)
+            assert reply.json().get("Error")
+        assert wait_for(lambda: len(events(api)) >= 2)
+        time.sleep(0.2)
+        refused = [e for e in events(api) if e["reason"] == "Refused"]
+        assert len(refused) == 1 and refused[0]["involvedObject"]["name"] == "q"
+        assert refused[0]["message"].startswith("refused g9: ")
+        # filter with no node that fits: one Refused Event for the pod, not one per node
+        api.put("pods", pending_pod("r"))
+        assert wait_for(lambda: len(kube.state.pods()) == 3)
+        for _ in range(5):  # nodes ElastiCo does not know
+            args = {"Pod": api.objects["pods"]["ml/r"], "NodeNames": ["g8", "g9"]}
+            reply = httpx.post(f"{svc.url}/scheduler/filter", json=args, timeout=30)
+            assert reply.json()["NodeNames"] == [], reply.text
+        assert wait_for(lambda: len(events(api)) >= 3)
+        time.sleep(0.2)
+        (nowhere,) = [e for e in events(api) if e["involvedObject"]["name"] == "r"]
+        assert nowhere["reason"] == "Refused"
+        assert nowhere["message"].startswith("refused all 2 nodes offered: elastico: ")
+    finally:
+        server.stop()
+        api.stop()
+
+
+def test_an_in_place_reconfiguration_writes_a_reconfigured_event():
+    """Spec 5.3 Case 1 on the fake API server: BERT alone on a 40 GB GPU, then ResNet-50
+    arrives; the epoch reshapes BERT and the pod is told from what to what and why."""
+    import httpx
+    from test_service_observations import gpu_node, start_service, wait_for
+
+    api = FakeApiServer().start()
+    api.put("nodes", gpu_node("g0", 1, memory_mib=40960))
+    api.put("pods", pending_pod("a", "bert"))
+    server, kube, svc = start_service(api, min_dwell_seconds=0)
+    try:
+        assert wait_for(lambda: len(kube.state.pods()) == 1)
+        svc.epoch()
+        auth = {"Authorization": f"Bearer {svc.token}"}
+        bind = {"PodName": "a", "PodNamespace": "ml", "PodUID": "uid-a", "Node": "g0"}
+        reply = httpx.post(f"{svc.url}/scheduler/bind", json=bind, headers=auth, timeout=30)
+        assert not reply.json().get("Error"), reply.text
+        before = api.objects["pods"]["ml/a"]["metadata"]["annotations"]
+        assert wait_for(lambda: (kube.state.pod("uid-a") or {}).get("spec", {}).get("nodeName"))
+        api.put("pods", pending_pod("b", "resnet50"))
+        assert wait_for(lambda: len(kube.state.pods()) == 2)
+        plan = svc.epoch()
+        assert wait_for(lambda: any(e["reason"] == "Reconfigured" for e in events(api)))
+        (event,) = [e for e in events(api) if e["reason"] == "Reconfigured"]
+        after = api.objects["pods"]["ml/a"]["metadata"]["annotations"]
+        old, new = (before["elastico.io/assigned-configuration"],
+                    after["elastico.io/assigned-configuration"])  # fmt: skip
+        assert old != new
+        price = plan["prices"]["gpu_mem_mib"]
+        assert event["message"].startswith(
+            f"{old} -> {new} because the plan of epoch {plan['epoch']} reshapes it at GPU "
+            f"memory price λ={price:.3f}: memory budget "
+        ), event["message"]
+        assert f"-> {after['elastico.io/memory-budget-mib']} MiB" in event["message"]
+    finally:
+        server.stop()
+        api.stop()
+
+
+def test_no_recorder_without_a_real_cluster():
+    from elastico_extender.api.app import create_app
+    from elastico_extender.cluster.embedded import EmbeddedCluster
+    from elastico_extender.service.settings import ServiceSettings
+
+    app = create_app(ServiceSettings(epoch_seconds=3600), EmbeddedCluster.from_file())
+    assert app.state.engine.actuator.events is None

@@ -1,6 +1,6 @@
 """``elastico agent``: the closed loop's node agent (run as the DaemonSet in deploy/agent.yaml).
 
-    elastico agent --node "$NODE_NAME" --extender https://elastico-extender.elastico-system:8443 \\
+    elastico agent --node "$NODE_NAME" --extender https://elastico-extender.elastico-system:8444 \\
         --token-file /etc/elastico/token/token --ca-file /etc/elastico/tls/ca.crt
 
 Every ``--window-seconds`` it lists the pods bound to its node (the API server, a field

@@ -28,12 +28,14 @@ from elastico_extender.api.guard import CatchAll
 from elastico_extender.api.routes import extender, observations, ops, rest, webhook
 from elastico_extender.api.validate import LargestNode
 from elastico_extender.cluster.base import Cluster
+from elastico_extender.cluster.kube import KubeCluster
 from elastico_extender.core.closed_loop import ClosedLoop
 from elastico_extender.core.interference.online import OnlineCorrection
 from elastico_extender.core.interference.predictor import ContentionPredictor, SlowdownPredictor
 from elastico_extender.core.settings import PlannerSettings
 from elastico_extender.profiles.store import ProfileStore
 from elastico_extender.service.engine import Engine
+from elastico_extender.service.events import EventRecorder
 from elastico_extender.service.families import FamilyResolver
 from elastico_extender.service.metrics import PrometheusMetrics
 from elastico_extender.service.observations import (
@@ -68,6 +70,15 @@ def _leadership(cluster: Cluster) -> Callable[[], bool]:
     return elector.is_leader if elector is not None else (lambda: True)
 
 
+def _event_recorder(settings: ServiceSettings, cluster: Cluster) -> EventRecorder | None:
+    """Events go to a real cluster only (a KubeCluster, leader-gated or not); the
+    actuator records them on the leader only."""
+    inner = getattr(cluster, "inner", cluster)
+    if not isinstance(inner, KubeCluster):
+        return None
+    return EventRecorder(inner.api.api_client, identity=settings.identity)
+
+
 def create_app(
     settings: ServiceSettings,
     cluster: Cluster,
@@ -95,6 +106,7 @@ def create_app(
         loop=ClosedLoop(correction),
         loop_store=open_loop_store(settings),
     )
+    events = _event_recorder(settings, cluster)
     engine = Engine(
         settings,
         cluster,
@@ -104,6 +116,7 @@ def create_app(
         families=FamilyResolver(settings.default_gpu_memory_mib, store=store),
         metrics=metrics,
         is_leader=_leadership(cluster),
+        events=events,
         observed=lambda: observed.for_snapshot()[0],
     )
     observed.attach(lambda: engine.published if engine.has_plan else None)
@@ -113,12 +126,16 @@ def create_app(
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         cluster.start()
+        if events is not None:
+            events.start()
         engine.start()
         log.info("service.started", extra={"cluster": cluster.description})
         try:
             yield
         finally:
             engine.stop()
+            if events is not None:
+                events.stop()
             cluster.stop()
             observed.close()
 

@@ -1,6 +1,6 @@
 """What each TLS listener of ``elastico serve`` may do.
 
-Two listeners share one app (deploy/extender.yaml):
+Up to three listeners share one app (deploy/extender.yaml):
 
 * the **extender port** (``port``) requires a client certificate signed by
   ``client_ca_file``; a certificate whose name (subject CN, or a DNS/URI
@@ -9,7 +9,13 @@ Two listeners share one app (deploy/extender.yaml):
   read, and needs the bearer token to change state;
 * the **webhook port** (``webhook_port``) is called by the API server, which shows
   no client certificate, so it serves only ``/mutate`` and the health probes
-  (:class:`OnlyPaths`); everything else is a 404 there.
+  (:class:`OnlyPaths`); everything else is a 404 there;
+* the **views port** (``views_port``) is for readers that hold no client
+  certificate: Prometheus, ``kubectl elastico`` through the API server's service
+  proxy, and the node agents.  Server TLS only; it serves the read-only views, the
+  metrics, the docs, the health probes and ``POST /observations``, which the bearer
+  token authenticates there (``deps.require_agent_auth``).  No verb and no
+  ``/mutate``: a certificate-less caller cannot bind or reshape pods.
 
 uvicorn does not put the peer certificate in the ASGI scope, so
 :func:`with_client_certificate` makes its HTTP protocol do it, per connection, as
@@ -27,6 +33,8 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from elastico_extender.api.deps import json_response
 
 __all__ = [
+    "VIEWS_PATHS",
+    "VIEWS_PREFIXES",
     "WEBHOOK_PATHS",
     "OnlyPaths",
     "certificate_names",
@@ -34,19 +42,36 @@ __all__ = [
     "with_client_certificate",
 ]
 
-WEBHOOK_PATHS = frozenset({"/mutate", "/healthz", "/readyz"})
+HEALTH_PATHS = frozenset({"/healthz", "/readyz"})
+WEBHOOK_PATHS = HEALTH_PATHS | {"/mutate"}
+VIEWS_PATHS = HEALTH_PATHS | {
+    "/jobs",
+    "/nodes",
+    "/prices",
+    "/plan",
+    "/observations",
+    "/metrics",
+    "/docs",
+    "/openapi.json",
+}
+VIEWS_PREFIXES = ("/docs/assets/",)
 
 
 class OnlyPaths:
-    """ASGI wrapper serving ``paths`` of ``app`` and a 404 naming the listener for the rest."""
+    """ASGI wrapper serving ``paths`` (and paths under ``prefixes``) of ``app`` and a
+    404 naming the listener for the rest."""
 
-    def __init__(self, app: ASGIApp, paths: Iterable[str], listener: str) -> None:
+    def __init__(
+        self, app: ASGIApp, paths: Iterable[str], listener: str, prefixes: Iterable[str] = ()
+    ) -> None:
         self.app = app
         self.paths = frozenset(paths)
+        self.prefixes = tuple(prefixes)
         self.listener = listener
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] in self.paths:
+        path = scope["path"] if scope["type"] == "http" else None
+        if path is None or path in self.paths or path.startswith(self.prefixes):
             await self.app(scope, receive, send)
             return
         message = f"{scope['path']} is not served on the {self.listener}; only " + ", ".join(

@@ -8,6 +8,13 @@ counts it on the same devices instead of guessing -- and performs
 binds, in-place reconfigurations and the evictions that carry out a
 migration.  It keeps one piece of state: the pods it asked to evict.
 
+With an :class:`~.events.EventRecorder` (a real cluster, service/events.py) it also
+tells the pod why, as core/v1 Events written on the leader only: ``Bound`` with the
+configuration, node/GPUs, GPU-memory price λ and Ŝ ≤ τ; ``Reconfigured`` with the
+old and new configuration and the price behind it; ``Refused`` when bind refuses
+the scheduler's node.  The recorder rate-limits per (pod, reason) and writes on its
+own thread: a verb only queues.
+
 Ordering keeps the cluster's record of decisions within capacity at all
 times: reconfigurations that shrink (or keep) a budget are written before the
 epoch publishes the view that counts the freed memory (:meth:`shrink`); ones
@@ -22,8 +29,10 @@ from collections.abc import Callable, Container, Mapping
 from typing import Any, Protocol
 
 from elastico_extender.annotations import (
+    ASSIGNED_CONFIGURATION,
     ASSIGNED_DEVICES,
     ASSIGNED_NODE,
+    MEMORY_BUDGET,
     PREFIX,
     decision_annotations,
     read_decision,
@@ -33,6 +42,13 @@ from elastico_extender.core.handoff import framework_settings
 from elastico_extender.core.model import Action, Assignment, Node, Plan
 from elastico_extender.core.planner import NodeVerdict
 from elastico_extender.core.resources import GPU_MEM, GPU_SM
+from elastico_extender.service.events import (
+    EventRecorder,
+    PodRef,
+    bound_message,
+    reconfigured_message,
+    refused_message,
+)
 from elastico_extender.service.logs import decision_fields
 from elastico_extender.service.pods import PodJob
 from elastico_extender.service.settings import ServiceSettings
@@ -64,11 +80,13 @@ class Actuator:
         metrics: BindMetrics,
         *,
         is_leader: Callable[[], bool] = lambda: True,
+        events: EventRecorder | None = None,
     ) -> None:
         self.cluster = cluster
         self.settings = settings
         self.metrics = metrics
         self.is_leader = is_leader
+        self.events = events
         self._evicted: OrderedDict[str, None] = OrderedDict()
 
     # -- decisions -----------------------------------------------------------------
@@ -128,15 +146,44 @@ class Actuator:
         )
         return BindRequest(namespace, name, uid, verdict.node, annotations, configmap, data)
 
-    def bind(self, request: BindRequest) -> None:
+    def bind(
+        self, request: BindRequest, verdict: NodeVerdict | None = None, price: float = 0.0
+    ) -> None:
         """Write the decision and the Binding; raises ClusterError (status set when the
-        API server answered)."""
+        API server answered).  With the ``verdict`` it carries out and the GPU-memory
+        ``price`` of the plan that made it, the pod gets a ``Bound`` Event."""
         try:
             self.cluster.bind(request)
         except OSError as exc:
             raise ClusterError(f"API server unreachable: {exc}") from exc
         self.metrics.bind("ok")
         log.info("bind.ok", extra=decision_fields(request))
+        if verdict is not None and self._recording():
+            assert self.events is not None
+            configuration = request.annotations.get(PREFIX + ASSIGNED_CONFIGURATION)
+            message = bound_message(
+                request.node,
+                tuple(d for _, d in verdict.devices),
+                configuration or "whole GPUs",
+                price,
+                verdict.predicted_slowdown,
+                verdict.tolerance,
+            )
+            self.events.bound(self._ref(request), message)
+
+    def refused(self, namespace: str, name: str, uid: str, node: str, because: str) -> None:
+        """Bind refused the scheduler's ``node``: one ``Refused`` Event per pod and
+        reason per rate-limit window (the recorder folds repeats)."""
+        if self._recording():
+            assert self.events is not None
+            self.events.refused(PodRef(namespace, name, uid), refused_message(node, because))
+
+    def _recording(self) -> bool:
+        return self.events is not None and self.is_leader()
+
+    @staticmethod
+    def _ref(request: BindRequest) -> PodRef:
+        return PodRef(request.namespace, request.name, request.uid)
 
     # -- the plan's changes to running pods ------------------------------------------
     def shrink(
@@ -240,6 +287,19 @@ class Actuator:
                 continue
             self.metrics.bind("reconfigured")
             log.info("reconfigure.ok", extra=decision_fields(request))
+            if self.events is not None:  # _reconfigure runs on the leader only
+                after = request.annotations.get(PREFIX + ASSIGNED_CONFIGURATION, "")
+                before = current.configuration if current is not None else "unrecorded"
+                was = f"{current.memory_budget_mib:.0f}" if current is not None else "?"
+                because = (
+                    f"the plan of epoch {plan.epoch} reshapes it at GPU memory price "
+                    f"λ={float(plan.prices[GPU_MEM]):.3f}: memory budget {was} -> "
+                    f"{request_budget(request)} MiB, predicted slowdown "
+                    f"Ŝ={a.predicted_slowdown:.2f} ≤ τ={a.tolerance:.2f}"
+                )
+                self.events.reconfigured(
+                    self._ref(request), reconfigured_message(before, after, because)
+                )
 
     def _migrate(self, a: Assignment, pj: PodJob | None, done: int) -> int:
         """Evict a pod the plan moves, when it may be moved; returns 1 if evicted.
@@ -273,3 +333,8 @@ class Actuator:
         self.metrics.bind("migrated")
         log.info("migration.evicted", extra={"pod": pj.key, "to": a.devices})
         return 1
+
+
+def request_budget(request: BindRequest) -> str:
+    """The memory budget a request writes, as recorded in its annotations."""
+    return request.annotations.get(PREFIX + MEMORY_BUDGET, "?")

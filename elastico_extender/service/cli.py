@@ -50,6 +50,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--host", help="listen address (default 127.0.0.1)")
     p.add_argument("--port", type=int, help="extender/REST port (default 8888)")
     p.add_argument("--webhook-port", type=int, help="separate TLS port for the webhook")
+    p.add_argument(
+        "--views-port",
+        type=int,
+        help="TLS port without client certificates for the REST views, /metrics and the "
+        "agents' POST /observations (bearer token); the chart uses 8444 (default: off)",
+    )
     p.add_argument("--kubeconfig", help="kubeconfig path (default: in-cluster config)")
     p.add_argument("--embedded", help="v1 List file of Node/Pod objects to serve instead")
     p.add_argument(
@@ -148,18 +154,38 @@ def _config(app: Any, settings: ServiceSettings, port: int, mtls: bool) -> uvico
     )
 
 
+def listener_ports(settings: ServiceSettings) -> list[int]:
+    """The ports ``build_servers`` listens on, in its order."""
+    ports = [settings.port]
+    if settings.webhook_port is not None:
+        ports.append(settings.webhook_port)
+    if settings.views_port:
+        ports.append(settings.views_port)
+    return ports
+
+
 def build_servers(app: Any, settings: ServiceSettings) -> list[uvicorn.Server]:
-    """The extender listener (mTLS when ``client_ca_file``) and, with ``webhook_port``,
-    the webhook listener, which serves only /mutate and health (api.listeners)."""
-    from elastico_extender.api.listeners import WEBHOOK_PATHS, OnlyPaths
+    """The extender listener (mTLS when ``client_ca_file``); with ``webhook_port`` the
+    webhook listener, which serves only /mutate and health; with ``views_port`` the
+    views listener (api.listeners)."""
+    from elastico_extender.api.listeners import (
+        VIEWS_PATHS,
+        VIEWS_PREFIXES,
+        WEBHOOK_PATHS,
+        OnlyPaths,
+    )
 
     servers = [uvicorn.Server(_config(app, settings, settings.port, mtls=True))]
+    restricted: list[tuple[Any, int]] = []
     if settings.webhook_port is not None:
-        webhook_only = OnlyPaths(app, WEBHOOK_PATHS, "webhook port")
-        servers.append(
-            uvicorn.Server(_config(webhook_only, settings, settings.webhook_port, mtls=False))
-        )
-        servers[1].config.lifespan = "off"  # the app's lifespan runs once, with the first
+        restricted.append((OnlyPaths(app, WEBHOOK_PATHS, "webhook port"), settings.webhook_port))
+    if settings.views_port:
+        views = OnlyPaths(app, VIEWS_PATHS, "views port", VIEWS_PREFIXES)
+        restricted.append((views, settings.views_port))
+    for only, port in restricted:
+        server = uvicorn.Server(_config(only, settings, port, mtls=False))
+        server.config.lifespan = "off"  # the app's lifespan runs once, with the first
+        servers.append(server)
     return servers
 
 
@@ -180,9 +206,7 @@ def serve_main(argv: Sequence[str] | None = None) -> int:
         print(f"elastico serve: cannot start: {exc}", file=sys.stderr)
         return 1
     try:  # bound before the banner: a busy port is an error, not a server that looks up
-        sockets = [listen(settings.host, settings.port)]
-        if settings.webhook_port is not None:
-            sockets.append(listen(settings.host, settings.webhook_port))
+        sockets = [listen(settings.host, port) for port in listener_ports(settings)]
     except OSError as exc:
         print(f"elastico serve: cannot listen: {exc}", file=sys.stderr)
         return 1
@@ -209,6 +233,12 @@ def serve_main(argv: Sequence[str] | None = None) -> int:
         f"docs at {scheme}://{settings.host}:{settings.port}/docs",
         file=sys.stderr,
     )
+    if settings.views_port:
+        print(
+            f"elastico: views, /metrics and POST /observations (token) at "
+            f"{scheme}://{settings.host}:{settings.views_port}",
+            file=sys.stderr,
+        )
     servers = build_servers(app, settings)
     # Everything built so far (modules, the app, the cluster objects) lives as long as
     # the process: keep it out of the cyclic collector's scans, so a full collection

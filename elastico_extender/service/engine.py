@@ -38,6 +38,7 @@ from elastico_extender.core.observations import ObservedSlowdown
 from elastico_extender.core.settings import PlannerSettings
 from elastico_extender.service.actuator import Actuator
 from elastico_extender.service.bookings import Bookings, Published
+from elastico_extender.service.events import EventRecorder
 from elastico_extender.service.families import FamilyResolver
 from elastico_extender.service.loop import EpochLoop
 from elastico_extender.service.pods import PodJob, PodJobs
@@ -93,6 +94,7 @@ class Engine:
         clock: Callable[[], float] = time.monotonic,
         observed: Callable[[], Mapping[str, ObservedSlowdown]] | None = None,
         is_leader: Callable[[], bool] = lambda: True,
+        events: EventRecorder | None = None,
     ) -> None:
         self.settings = settings
         self.cluster = cluster
@@ -114,7 +116,9 @@ class Engine:
             dwell_seconds=settings.min_dwell_seconds,
         )
         self.bookings = Bookings(clock, settings.assume_ttl_seconds)
-        self.actuator = Actuator(cluster, settings, self.metrics, is_leader=is_leader)
+        self.actuator = Actuator(
+            cluster, settings, self.metrics, is_leader=is_leader, events=events
+        )
         self.loop = EpochLoop(
             self.builder,
             self.bookings,

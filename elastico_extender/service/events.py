@@ -8,10 +8,10 @@
     Warning  Refused       elastico  refused gpu-2: co-location with job-7 predicts Ŝ=1.41 > τ=1.25
 
 The text is built here (one place: :func:`bound_message` and friends); the engine's
-actuator calls :meth:`EventRecorder.bound` / ``reconfigured`` / ``refused`` (hook
-described in docs/events.md). Events are ``core/v1`` (what ``kubectl describe`` lists),
-written through the official client on a background thread so a verb never waits on the
-API server.
+actuator calls :meth:`EventRecorder.bound` / ``reconfigured`` / ``refused`` (wired in
+service/actuator.py, docs/monitoring.md). Events are ``core/v1`` (what ``kubectl
+describe`` lists), written through the official client on a background thread so a verb
+never waits on the API server.
 
 Rate limit (client-go's EventCorrelator does the same job): per (pod, reason) at most one
 Event per ``min_interval`` seconds; repeats inside the window are counted and the next

@@ -32,6 +32,12 @@ class ServiceSettings:
     """Optional second TLS listener for the mutating webhook (the API server presents no
     client certificate, so it cannot share a listener that requires one). None: the
     webhook is served on ``port``."""
+    views_port: int | None = None
+    """Optional TLS listener (server certificate only, no client certificate) for
+    readers without the scheduler's certificate: the read-only REST views, /metrics,
+    /docs, the health probes and ``POST /observations`` with the bearer token (the
+    node agents).  No verb, no /mutate (api.listeners).  The chart uses 8444.  None or
+    0: off."""
     tls_cert: str | None = None
     tls_key: str | None = None
     """PEM server certificate and key; both or neither."""
@@ -192,6 +198,12 @@ class ServiceSettings:
             found.append(f"port: must be 1..65535, got {self.port}")
         if self.webhook_port is not None and not 0 < self.webhook_port < 65536:
             found.append(f"webhook_port: must be 1..65535, got {self.webhook_port}")
+        if self.views_port and not 0 < self.views_port < 65536:
+            found.append(f"views_port: must be 1..65535 or 0 (off), got {self.views_port}")
+        ports = [self.port, self.webhook_port, self.views_port or None]
+        taken = [p for p in ports if p is not None]
+        if len(set(taken)) != len(taken):
+            found.append(f"port/webhook_port/views_port: must differ, got {ports}")
         if (self.tls_cert is None) != (self.tls_key is None):
             found.append("tls_cert/tls_key: give both or neither")
         if self.client_ca_file and not self.tls_cert:

@@ -30,6 +30,7 @@ from elastico_extender.annotations import PREFIX
 from elastico_extender.cluster.base import BindRequest, Cluster, ClusterError
 from elastico_extender.core.model import Node
 from elastico_extender.core.planner import Answers, PlacementView
+from elastico_extender.core.resources import GPU_MEM
 from elastico_extender.errors import AnnotationError
 from elastico_extender.service.actuator import Actuator
 from elastico_extender.service.bookings import (
@@ -269,6 +270,16 @@ class Verbs:
             counts[hit[2]] = counts.get(hit[2], 0) + 1
         for label, count in counts.items():
             self.metrics.rejection(label, count)
+        if not passed:  # nowhere to go: one Event per pod (rate-limited), not per node
+            meta = pod.get("metadata") or {}
+            reasons = "; ".join(sorted({hit[1] for hit in seen.values()})[:3])
+            self.actuator.refused(
+                str(meta.get("namespace") or "default"),
+                str(meta.get("name", "")),
+                str(meta.get("uid", "")),
+                f"all {len(names)} nodes offered",
+                reasons,
+            )
         return FilterOutcome(passed, failed, unresolvable)
 
     def prioritize(self, pod: Mapping[str, Any], names: Iterable[str]) -> HostScores:
@@ -338,6 +349,7 @@ class Verbs:
                 return ""  # a retry of a bind that went through: idempotent
             except Refused as refused:
                 self.metrics.bind("rejected")
+                self.actuator.refused(namespace, name, uid, node, refused.message)
                 return refused.message
         return self._write(pod, pj, booking)
 
@@ -352,7 +364,7 @@ class Verbs:
             node = pub.snapshot.nodes[at] if at is not None else None
             request = self.actuator.request(pod, pj, verdict, pub.plan.epoch, node)
             try:
-                self.actuator.bind(request)
+                self.actuator.bind(request, verdict, float(pub.plan.prices[GPU_MEM]))
             except ClusterError as exc:
                 return self._failed(request, booking, exc)
             if pj.note:
