@@ -39,7 +39,7 @@ from elastico_extender.annotations import (
 )
 from elastico_extender.cluster.base import BindRequest, Cluster, ClusterError
 from elastico_extender.core.handoff import framework_settings
-from elastico_extender.core.model import Action, Assignment, Node, Plan
+from elastico_extender.core.model import Action, DeviceRef, Node, Plan
 from elastico_extender.core.planner import NodeVerdict
 from elastico_extender.core.resources import GPU_MEM, GPU_SM
 from elastico_extender.service.events import (
@@ -213,7 +213,11 @@ class Actuator:
             if a.action is Action.MIGRATE and a.job_id not in skip:
                 if moves is not None and a.job_id not in moves:
                     continue
-                migrations += self._migrate(a, pods.get(a.job_id), migrations)
+                migrations += self._migrate(a.job_id, a.devices, pods.get(a.job_id), migrations)
+        for job_id in plan.preempted:  # e.g. requeued by the closed loop for observed harm
+            if job_id in skip or (moves is not None and job_id not in moves):
+                continue
+            migrations += self._migrate(job_id, (), pods.get(job_id), migrations)
 
     def moves(self, plan: Plan, pods: Mapping[str, PodJob], skip: Container[str]) -> set[str]:
         """The plan's migrations this epoch will carry out (see :meth:`_migrate`); every
@@ -221,17 +225,20 @@ class Actuator:
         chosen: set[str] = set()
         if not self.is_leader():
             return chosen
-        for a in plan.changed():
-            if a.action is not Action.MIGRATE or a.job_id in skip:
-                continue
+        # Requeued running pods first (the closed loop undoing observed harm), then moves.
+        wanted = [j for j in plan.preempted if j not in skip]
+        wanted += [
+            a.job_id for a in plan.changed() if a.action is Action.MIGRATE and a.job_id not in skip
+        ]
+        for job_id in wanted:
             if len(chosen) >= self.settings.max_migrations_per_epoch:
                 break
-            if not self._why_not(a, pods.get(a.job_id), self.cluster.state.pod(a.job_id)):
-                chosen.add(a.job_id)
+            if not self._why_not(job_id, pods.get(job_id), self.cluster.state.pod(job_id)):
+                chosen.add(job_id)
         return chosen
 
-    def _why_not(self, a: Assignment, pj: PodJob | None, pod: Mapping[str, Any] | None) -> str:
-        """Why the pod of ``a`` may not be moved ('' when it may)."""
+    def _why_not(self, job_id: str, pj: PodJob | None, pod: Mapping[str, Any] | None) -> str:
+        """Why the pod of job ``job_id`` may not be moved or requeued ('' when it may)."""
         if pj is None or pod is None:
             return "pod no longer known"
         if pj.intent is None or not pj.intent.migration_allowed:
@@ -239,7 +246,7 @@ class Actuator:
         owners = (pod.get("metadata") or {}).get("ownerReferences") or ()
         if not any(o.get("controller") for o in owners):
             return "no controller owns the pod, so nothing would recreate it"
-        if a.job_id in self._evicted:
+        if job_id in self._evicted:
             return "eviction already requested"
         return ""
 
@@ -301,8 +308,9 @@ class Actuator:
                     self._ref(request), reconfigured_message(before, after, because)
                 )
 
-    def _migrate(self, a: Assignment, pj: PodJob | None, done: int) -> int:
-        """Evict a pod the plan moves, when it may be moved; returns 1 if evicted.
+    def _migrate(self, job_id: str, to: tuple[DeviceRef, ...], pj: PodJob | None, done: int) -> int:
+        """Evict a pod the plan moves (to ``to``) or requeues (``to`` empty), when it may
+        be moved; returns 1 if evicted.
 
         A pod is moved only when it opted in (``elastico.io/migration: allowed``), a
         controller owns it (so a replacement pod comes back through filter and
@@ -310,28 +318,28 @@ class Actuator:
         (``max_migrations_per_epoch``) is not spent.  The Eviction API honours
         PodDisruptionBudgets and the pod's graceful termination, in which
         ``elastico-run`` forwards SIGTERM so the workload can checkpoint."""
-        pod = self.cluster.state.pod(a.job_id)
-        why = "not the leader" if not self.is_leader() else self._why_not(a, pj, pod)
+        pod = self.cluster.state.pod(job_id)
+        why = "not the leader" if not self.is_leader() else self._why_not(job_id, pj, pod)
         if not why and done >= self.settings.max_migrations_per_epoch:
             why = "max_migrations_per_epoch reached"
         if why:
-            log.info("migration.suggested", extra={"job": a.job_id, "to": a.devices, "why": why})
+            log.info("migration.suggested", extra={"job": job_id, "to": to, "why": why})
             return 0
         assert pj is not None and pod is not None
         meta = pod.get("metadata") or {}
         try:
             self.cluster.evict(
-                str(meta.get("namespace") or "default"), str(meta.get("name")), a.job_id
+                str(meta.get("namespace") or "default"), str(meta.get("name")), job_id
             )
         except (ClusterError, OSError) as exc:
             self.metrics.bind("migration-refused")
             log.warning("migration.refused", extra={"pod": pj.key, "error": str(exc)})
             return 0
-        self._evicted[a.job_id] = None
+        self._evicted[job_id] = None
         if len(self._evicted) > EVICTED_KEPT:
             self._evicted.popitem(last=False)
         self.metrics.bind("migrated")
-        log.info("migration.evicted", extra={"pod": pj.key, "to": a.devices})
+        log.info("migration.evicted", extra={"pod": pj.key, "to": to})
         return 1
 
 

@@ -184,13 +184,19 @@ class EpochLoop:
     def _unmoved(plan: Plan, built: Built, moves: set[str]) -> list[tuple[PodJob, NodeVerdict]]:
         """The plan's migrations nobody will carry out, as placements where the pods
         run now (the view must count a pod where it is, not where the plan wished)."""
-        stay = [a for a in plan.changed() if a.action is Action.MIGRATE and a.job_id not in moves]
+        # Moves and requeues (preempted running pods) nobody carries out: the pod stays.
+        stay = [
+            (a.job_id, a.predicted_slowdown, a.tolerance)
+            for a in plan.changed()
+            if a.action is Action.MIGRATE and a.job_id not in moves
+        ]
+        stay += [(j, 1.0, 1.0) for j in plan.preempted if j not in moves]
         if not stay:
             return []
         jobs = {j.id: j for j in built.snapshot.jobs}
         kept = []
-        for a in stay:
-            job, pj = jobs.get(a.job_id), built.pods.get(a.job_id)
+        for job_id, slowdown, tolerance in stay:
+            job, pj = jobs.get(job_id), built.pods.get(job_id)
             if job is None or pj is None or not job.devices or job.current_config is None:
                 continue
             verdict = NodeVerdict(
@@ -198,8 +204,8 @@ class EpochLoop:
                 True,
                 config_index=job.current_config,
                 devices=job.devices,
-                predicted_slowdown=a.predicted_slowdown,
-                tolerance=a.tolerance,
+                predicted_slowdown=slowdown,
+                tolerance=tolerance,
                 memory_budget_mib=float(pj.family.resources[job.current_config, GPU_MEM]),
             )
             kept.append((pj, verdict))
