@@ -263,6 +263,8 @@ class Job:
     current_config: int | None = None
     devices: tuple[DeviceRef, ...] = ()
     arrival_time: float = 0.0
+    user: str = ""
+    """Who submitted it (for :mod:`.duration`'s per-user estimates; empty when unknown)."""
 
     @property
     def running(self) -> bool:
