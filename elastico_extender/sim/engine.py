@@ -202,14 +202,21 @@ class Simulator:
             current_config=int(self.gid[i] - self.offset[i]) if running else None,
             devices=tuple(self.refs[d] for d in self.devices[i]) if running else (),
             arrival_time=float(self.arrival[i]),
+            user=t.user,
         )
         self._job_cache[i] = job
         return job
 
-    def snapshot(self, epoch: int) -> Snapshot:
+    def snapshot(self, epoch: int, now: float = 0.0) -> Snapshot:
         live = np.flatnonzero((self.status == PENDING) | (self.status == RUNNING))
         jobs = tuple(self._job(int(i)) for i in live)
-        return Snapshot(self.nodes, jobs, self.c.families, epoch=epoch)
+        return Snapshot(self.nodes, jobs, self.c.families, epoch=epoch, now=now)
+
+    def remaining_solo_s(self, job_id: str) -> float:
+        """True remaining seconds of ``job_id`` alone at its default configuration (ORACLE:
+        only the SRTF baseline, labelled as an oracle, may be bound to this)."""
+        i = self.index.get(job_id)
+        return float(self.remaining[i]) if i is not None else 0.0
 
     # -- applying a plan ----------------------------------------------------------
     def _apply(self, plan: Plan, now: float) -> bool:
@@ -384,6 +391,7 @@ class Simulator:
         epoch = 0
         previous: Plan | None = None
         stuck = 0
+        wake = False
         while True:
             while next_arrival < n and self.arrival[next_arrival] <= now + _EPS:
                 self.status[next_arrival] = PENDING
@@ -394,7 +402,7 @@ class Simulator:
                 break
             if changed or replan:
                 idle = 0 if changed else idle + 1
-                snap = self.snapshot(epoch)
+                snap = self.snapshot(epoch, now)
                 t0 = self.timer()
                 plan = self.policy.plan(snap, previous)
                 self.plan_ms.append((self.timer() - t0) * 1000.0)
@@ -437,12 +445,20 @@ class Simulator:
                     pu = self.pause_until[run]
                     if (pu > now + _EPS).any():
                         t_evt = min(t_evt, float(pu[pu > now + _EPS].min()))
+                # A policy may ask to decide again at a time no event announces
+                # (Tiresias' demotions): ``wake_at() -> seconds or None``.
+                wake_at = getattr(self.policy, "wake_at", None)
+                woke = wake_at() if callable(wake_at) else None
+                if woke is not None and woke < t_evt:
+                    t_evt = max(woke, now)
+                    wake = True
                 if not math.isfinite(t_evt):
                     target = now + ep
                 else:
                     target = max(now + ep, math.ceil((t_evt - _EPS) / ep) * ep)
             now, completed = self._advance(now, target)
-            changed = changed or completed
+            changed = changed or completed or wake
+            wake = False
             if self.progress is not None:
                 self.progress(now, int(np.count_nonzero(self.status >= DONE)), n)
         seg = np.array(self.segments, dtype=np.float64).reshape(-1, 9)

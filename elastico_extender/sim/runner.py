@@ -7,9 +7,11 @@ the spec's profiling protocol); appending ``+iac`` plans with the
 :class:`NoisyTablePredictor` (spec-accuracy IAC, 7.6% MAPE against the ground
 truth) instead of the core's default ContentionPredictor.
 
-The Lucid-like policy gets duration estimates: the trace duration times a
-log-normal error (sigma 0.3, fixed per job and seed), standing in for Lucid's
-duration estimator.
+The Lucid-like policy learns its duration estimates from the jobs it sees
+complete (plus ``Experiment.history``, completions before the trace window) and
+classifies jobs with the predictor learned from a sampled 25% of the workload
+pairs, the profiling budget ElastiCo+learned gets.  ``srtf`` is bound to the
+simulator's true remaining times: an ORACLE baseline, labelled as such.
 """
 
 from __future__ import annotations
@@ -17,15 +19,12 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import time
-import zlib
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-
-from elastico_extender.core.model import Job
+from elastico_extender.core.duration import CompletedJob
 from elastico_extender.policies import POLICIES, Policy, make_policy
 from elastico_extender.sim.engine import ClusterSpec, RunResult, Simulator
 from elastico_extender.sim.predictors import NoisyTablePredictor, SampledPairsPredictor
@@ -44,7 +43,6 @@ DEFAULT_POLICIES: tuple[str, ...] = (
     "elastico-no-iac",
     "elastico-no-pds",
 )
-ESTIMATE_SIGMA = 0.3
 
 
 @dataclass(frozen=True)
@@ -59,19 +57,8 @@ class Experiment:
     profile_noise: float = 0.05
     interference: float = 1.0
     """True excess slowdowns times this (0: no interference; a what-if, see GroundTruth.scaled)."""
-
-
-class _Estimates:
-    """Picklable Lucid duration estimator: trace duration x log-normal error."""
-
-    def __init__(self, trace: Sequence[TraceJob], seed: int) -> None:
-        self.table: dict[str, float] = {}
-        for j in trace:
-            rng = np.random.default_rng([seed, zlib.crc32(j.job_id.encode())])
-            self.table[j.job_id] = j.duration_s * float(np.exp(rng.normal(0, ESTIMATE_SIGMA)))
-
-    def __call__(self, job: Job) -> float:
-        return self.table.get(job.id, 3600.0)
+    history: tuple[CompletedJob, ...] = ()
+    """Jobs completed before the trace window (what a running cluster already knows)."""
 
 
 def build_policy(name: str, exp: Experiment, truth: GroundTruth) -> Policy:
@@ -80,7 +67,8 @@ def build_policy(name: str, exp: Experiment, truth: GroundTruth) -> Policy:
         raise ValueError(f"unknown policy {base!r}; known: {', '.join(sorted(POLICIES))}")
     kwargs: dict[str, object] = {}
     if base == "lucid":
-        kwargs["duration_estimate"] = _Estimates(exp.trace, exp.seed)
+        kwargs["predictor"] = SampledPairsPredictor(truth, seed=exp.seed)
+        kwargs["history"] = exp.history
     if extra in ("iac", "learned"):
         if not base.startswith("elastico"):
             raise ValueError(f"+{extra} only applies to ElastiCo policies, not {base!r}")
@@ -114,6 +102,8 @@ def run_one(
     sim = Simulator(
         list(exp.trace), policy, configs, truth, exp.cluster, epoch_s=exp.epoch_s, progress=progress
     )
+    if getattr(policy, "oracle", False):
+        policy.remaining = sim.remaining_solo_s  # type: ignore[attr-defined]
     return sim.run()
 
 

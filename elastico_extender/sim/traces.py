@@ -98,6 +98,7 @@ class TraceJob:
     duration_s: float
     workload: str
     floor_frac: float = 0.0
+    user: str = ""
 
 
 def default_data_dir() -> Path:
