@@ -1,4 +1,4 @@
-"""Each baseline's defining behaviour (docs/baselines.md): Lucid-like, Tiresias-like, SRTF oracle."""
+"""Each baseline's defining behaviour (docs/baselines.md): Lucid, Tiresias, SRTF (oracle)."""
 
 from __future__ import annotations
 

@@ -25,7 +25,7 @@ __all__ = ["priority_quota_plan"]
 
 
 def priority_quota_plan(
-    snapshot: Snapshot, key: Callable[[Job], tuple[float, ...]], margin_mib: float
+    snapshot: Snapshot, key: Callable[[Job], tuple[float, float, str]], margin_mib: float
 ) -> Plan:
     """One epoch of a preemptive whole-GPU priority scheduler (module docstring)."""
     snapshot.validate()

@@ -112,6 +112,9 @@ class RunResult:
     capacity_violations: list[tuple[float, int, float, float]] = field(default_factory=list)
     anomalies: list[str] = field(default_factory=list)
     wall_s: float = 0.0
+    window_t0: float = 0.0
+    """First arrival: metrics average over [window_t0, window_t0 + window_s], so they never
+    depend on where the trace's clock starts."""
 
 
 class Simulator:
@@ -384,7 +387,9 @@ class Simulator:
         n = self.n
         ep = self.epoch_s
         next_arrival = 0
-        now = math.ceil(self.arrival[0] / ep) * ep if n else 0.0
+        # The epoch grid starts at the first arrival: results never depend on the clock's origin.
+        origin = float(self.arrival[0]) if n else 0.0
+        now = origin
         changed = True
         idle = 0
         replan = False
@@ -455,7 +460,7 @@ class Simulator:
                 if not math.isfinite(t_evt):
                     target = now + ep
                 else:
-                    target = max(now + ep, math.ceil((t_evt - _EPS) / ep) * ep)
+                    target = max(now + ep, origin + math.ceil((t_evt - origin - _EPS) / ep) * ep)
             now, completed = self._advance(now, target)
             changed = changed or completed or wake
             wake = False
@@ -469,7 +474,8 @@ class Simulator:
         return RunResult(
             policy=getattr(self.policy, "name", type(self.policy).__name__),
             gpus=self.n_dev,
-            window_s=float(self.arrival.max()) if n else 0.0,
+            window_s=float(self.arrival.max() - self.arrival.min()) if n else 0.0,
+            window_t0=float(self.arrival.min()) if n else 0.0,
             jobs=self.trace,
             arrival=self.arrival,
             first_start=self.first_start,

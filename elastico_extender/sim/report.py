@@ -246,8 +246,9 @@ def _hourly(r: RunResult, bin_s: float = 3600.0) -> dict[float, tuple[float, ...
     """Time averages per bin of SM, memory, busy share and useful work."""
     if r.seg_t0.size == 0:
         return {}
+    start = r.window_t0
     end = float(r.seg_t1.max())
-    bins = np.arange(0.0, end + bin_s, bin_s)
+    bins = np.arange(start, end + bin_s, bin_s)
     out: dict[float, tuple[float, ...]] = {}
     for lo, hi in itertools.pairwise(bins):
         a = np.clip(r.seg_t0, lo, hi)
@@ -255,7 +256,7 @@ def _hourly(r: RunResult, bin_s: float = 3600.0) -> dict[float, tuple[float, ...
         w = b - a
         if w.sum() <= 0:
             continue
-        out[lo / 3600.0] = tuple(
+        out[(lo - start) / 3600.0] = tuple(
             float((v * w).sum() / (hi - lo))
             for v in (r.seg_sm, r.seg_mem, r.seg_busy, r.seg_useful)
         )

@@ -57,6 +57,10 @@ class Experiment:
     profile_noise: float = 0.05
     interference: float = 1.0
     """True excess slowdowns times this (0: no interference; a what-if, see GroundTruth.scaled)."""
+    gpu_type: str = "v100"
+    """GPU type whose rows of the pair CSV are preferred (others fill gaps)."""
+    world: str = "benchmark"
+    """Ground-truth world: 'benchmark' (saturating jobs, Gavel pairs) or 'production'."""
     history: tuple[CompletedJob, ...] = ()
     """Jobs completed before the trace window (what a running cluster already knows)."""
 
@@ -86,7 +90,7 @@ def build_policy(name: str, exp: Experiment, truth: GroundTruth) -> Policy:
 
 def _world(exp: Experiment) -> tuple[ConfigTable, GroundTruth]:
     configs = ConfigTable.build(exp.seed, exp.profile_noise)
-    truth = GroundTruth.build(configs, Path(exp.pairs) if exp.pairs else None)
+    truth = GroundTruth.build(configs, Path(exp.pairs) if exp.pairs else None, gpu=exp.gpu_type)
     if exp.interference != 1.0:
         truth = truth.scaled(exp.interference)
     return configs, truth
