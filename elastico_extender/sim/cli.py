@@ -25,6 +25,7 @@ from pathlib import Path
 from elastico_extender.policies import POLICIES
 from elastico_extender.sim.engine import ClusterSpec
 from elastico_extender.sim.instances import instances_needed
+from elastico_extender.sim.production import ProductionWorld
 from elastico_extender.sim.progress import ProgressBar
 from elastico_extender.sim.report import (
     ablation_table,
@@ -150,6 +151,11 @@ def build_parser() -> argparse.ArgumentParser:
         default="benchmark",
         help="ground truth: 'benchmark' (every job saturates its GPU, Gavel's measured pairs) or "
         "'production' (production activity, phases and bursty inference; sim.production)",
+    )
+    p.add_argument(
+        "--world-file",
+        help="JSON parameters of the production world (default: the shipped "
+        "sim/data/production_world.json, each figure with its source)",
     )
     p.add_argument(
         "--interference",
@@ -293,6 +299,11 @@ def main(argv: list[str] | None = None) -> int:
         pairs = _check_pairs(args)
         out = Path(args.out)
         _check_out(out)
+        if args.world_file is not None:
+            try:
+                ProductionWorld.load(args.world_file)
+            except ValueError as exc:
+                raise InputError(f"--world-file: {exc}") from None
         jobs, gpus, window, loaded = load_trace(args)
     except InputError as exc:
         parser.print_usage(sys.stderr)
@@ -310,6 +321,7 @@ def main(argv: list[str] | None = None) -> int:
         profile_noise=args.profile_noise,
         gpu_type=args.gpu_type,
         world=args.world,
+        world_file=args.world_file,
         history=loaded.history,
     )
     load = offered_load(jobs, gpus, window)

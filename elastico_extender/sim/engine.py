@@ -313,7 +313,7 @@ class Simulator:
             live = [i for i in members if active[i]]
             if len(live) < 2:
                 continue
-            s = self.truth.device_slowdowns(self.gid[live])
+            s = self.truth.device_slowdowns(self.gid[live], np.array(live), now)
             for i, v in zip(live, s.tolist(), strict=True):
                 if v > self.slow[i]:
                     self.slow[i] = v
@@ -329,7 +329,17 @@ class Simulator:
             g = self.gid[run]
             w = self.gpus[run].astype(np.float64)
             active = self.rate[run] > 0
-            sm = float((self.c.sm[g] * w * active).sum()) / self.n_dev
+            device_sm = getattr(self.truth, "device_sm", None)
+            if device_sm is None:
+                sm = float((self.c.sm[g] * w * active).sum()) / self.n_dev
+            else:  # a world with time-varying activity (sim.production)
+                on = self.rate > 0
+                sm = 0.0
+                for m in self.tenants:
+                    live = [i for i in m if on[i]]
+                    if live:
+                        sm += device_sm(np.array(live), self.gid[live], t0)
+                sm /= self.n_dev
             mem = float((self.c.mem_mib[g] * w).sum()) / (self.n_dev * self.cluster.device_mib)
             useful = float((self.rate[run] * w).sum())
             tenants = float(w.sum())
@@ -352,7 +362,7 @@ class Simulator:
         completed = False
         while now < target - _EPS:
             run = np.flatnonzero(self.status == RUNNING)
-            t_next = target
+            t_next = min(target, max(self.truth.next_change(now), now))
             if run.size:
                 r = self.rate[run]
                 moving = r > 0

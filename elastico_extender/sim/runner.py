@@ -28,6 +28,7 @@ from elastico_extender.core.duration import CompletedJob
 from elastico_extender.policies import POLICIES, Policy, make_policy
 from elastico_extender.sim.engine import ClusterSpec, RunResult, Simulator
 from elastico_extender.sim.predictors import NoisyTablePredictor, SampledPairsPredictor
+from elastico_extender.sim.production import DEFAULT_WORLD_FILE, ProductionWorld
 from elastico_extender.sim.traces import TraceJob
 from elastico_extender.sim.truth import DEFAULT_PAIRS, GroundTruth
 from elastico_extender.sim.workloads import ConfigTable
@@ -61,6 +62,8 @@ class Experiment:
     """GPU type whose rows of the pair CSV are preferred (others fill gaps)."""
     world: str = "benchmark"
     """Ground-truth world: 'benchmark' (saturating jobs, Gavel pairs) or 'production'."""
+    world_file: str | None = None
+    """Parameters of the production world (None: the shipped sim/data/production_world.json)."""
     history: tuple[CompletedJob, ...] = ()
     """Jobs completed before the trace window (what a running cluster already knows)."""
 
@@ -91,6 +94,11 @@ def build_policy(name: str, exp: Experiment, truth: GroundTruth) -> Policy:
 def _world(exp: Experiment) -> tuple[ConfigTable, GroundTruth]:
     configs = ConfigTable.build(exp.seed, exp.profile_noise)
     truth = GroundTruth.build(configs, Path(exp.pairs) if exp.pairs else None, gpu=exp.gpu_type)
+    if exp.world == "production":
+        world = ProductionWorld.load(exp.world_file or DEFAULT_WORLD_FILE)
+        truth = world.truth(truth, exp.trace, exp.seed)
+    elif exp.world != "benchmark":
+        raise ValueError(f"unknown world {exp.world!r}; known: benchmark, production")
     if exp.interference != 1.0:
         truth = truth.scaled(exp.interference)
     return configs, truth
