@@ -78,6 +78,8 @@ def summarise(result: RunResult) -> dict[str, float]:
         "avg_jct_s": float(jct.mean()) if jct.size else float("nan"),
         "median_jct_s": float(np.median(jct)) if jct.size else float("nan"),
         "p95_jct_s": float(np.percentile(jct, 95)) if jct.size else float("nan"),
+        "p99_jct_s": float(np.percentile(jct, 99)) if jct.size else float("nan"),
+        "max_queue_s": float(queue.max()) if queue.size else float("nan"),
         "avg_queue_s": float(queue.mean()) if queue.size else float("nan"),
         "median_queue_s": float(np.median(queue)) if queue.size else float("nan"),
         "throughput": window_average(r, r.seg_useful),
