@@ -138,3 +138,14 @@ def test_report_normalises_to_a_policy_that_ran(tmp_path: Path, capsys) -> None:
     out = capsys.readouterr().out
     assert "normalised to volcano" not in out
     assert "normalised to lucid" in out
+
+
+def test_quick_run_is_loaded_and_shows_a_difference(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    """The quick run once showed every policy at 1.00x: it must load the cluster."""
+    assert cli.main(["--quick", *FAST, "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    load = float(out.split("offered load=")[1].split()[0])
+    assert load >= 1.2
+    rows = [line for line in out.splitlines() if line.startswith("| ") and "x |" in line]
+    ratios = {line.split("|")[2].strip() for line in rows}
+    assert len(rows) >= 4 and len(ratios) > 1

@@ -270,6 +270,7 @@ def plot_all(results: Mapping[str, RunResult], out: Path, title: str = "") -> li
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
+        import matplotlib.ticker
     except ImportError:
         print("matplotlib not installed: plots skipped (CSV files written); pip install matplotlib")
         return []
@@ -281,6 +282,7 @@ def plot_all(results: Mapping[str, RunResult], out: Path, title: str = "") -> li
         jct = np.sort((r.finish - r.arrival)[done]) / 3600.0
         ax.plot(jct, np.arange(1, jct.size + 1) / max(jct.size, 1), label=name)
     ax.set_xscale("log")
+    ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
     ax.set_xlabel("JCT (hours, log scale)")
     ax.set_ylabel("CDF")
     ax.set_title(f"CDF of JCT {title}".strip())
@@ -301,9 +303,9 @@ def plot_all(results: Mapping[str, RunResult], out: Path, title: str = "") -> li
     axes[0].set_ylabel("SM active (%)")
     axes[1].set_ylabel("GPU memory held (%)")
     axes[1].set_xlabel("time (hours)")
+    window = next(iter(results.values())).window_s / 3600.0
     for a in axes:
-        window = next(iter(results.values())).window_s / 3600.0
-        a.axvline(window, color="grey", ls=":", lw=1)
+        a.axvline(window, color="grey", ls=":", lw=1, label="last arrival")
         a.grid(alpha=0.3)
     axes[0].legend(fontsize=7, ncol=2)
     axes[0].set_title(f"Cluster utilisation over time {title}".strip())
@@ -317,7 +319,7 @@ def plot_all(results: Mapping[str, RunResult], out: Path, title: str = "") -> li
     for name, r in results.items():
         order = np.argsort(r.arrival, kind="stable")
         q = (r.first_start - r.arrival)[order] / 60.0
-        k = max(1, q.size // 50)
+        k = max(3, q.size // 20)
         smooth = np.convolve(np.nan_to_num(q), np.ones(k) / k, mode="same")
         ax.plot(np.arange(q.size), smooth, label=name)
     ax.set_xlabel("job arrival order")
