@@ -185,3 +185,13 @@ def test_ledger_counts_gpu_seconds_and_observed_durations() -> None:
     assert list(ledger.completed) == [CompletedJob("lstm", 2, 500.0)]
     ledger.observe(_snap([], now=600.0))  # j1 never ran: not a completion
     assert len(ledger.completed) == 1
+
+
+def test_lucid_classes_a_job_by_its_measured_solo_activity() -> None:
+    """Lucid's profiler: a mostly idle job is tiny even if its family's profile is heavy."""
+    learned = ContentionPredictor()
+    fams = dict(FAMS)
+    heavy = LucidPolicy(predictor=learned).sharing_score(fams, "lstm", 0, 39 * 1024.0, "j1")
+    idle = LucidPolicy(predictor=learned, profiled=lambda job_id: (0.01, 0.0))
+    assert idle.sharing_score(fams, "lstm", 0, 39 * 1024.0, "j1") < heavy
+    assert idle.sharing_score(fams, "lstm", 0, 39 * 1024.0, "j1") == 0

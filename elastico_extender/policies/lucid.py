@@ -17,8 +17,12 @@ Written from the paper and the behaviour of its public simulator
   configurations that fit in memory beside the job, and the speed comes from
   the ``predictor`` the driver gives (the simulator gives the one learned from
   a sampled 25% of measured pairs, the same profiling budget ElastiCo+learned
-  gets; the core's contention heuristic otherwise).  Two jobs may share only
-  if their scores sum to <= 2.
+  gets; the core's contention heuristic otherwise).  Where the driver can
+  measure each job's own solo activity (``profiled``: job id -> (SM activity,
+  DRAM activity), Lucid's lightweight profiler; the simulator gives it in the
+  production world), the job's features carry those measurements instead of the
+  catalog profile, so a mostly idle job is classed as the tiny job it is.  Two
+  jobs may share only if their scores sum to <= 2.
 * **Time-aware pairing**: a waiting job of at most 8 GPUs may join a running
   job that runs alone (two jobs per GPU at most), asks for the same number of
   GPUs, fits beside it in memory (and SM share, the simulator's MPS limit),
@@ -39,7 +43,7 @@ Written from the paper and the behaviour of its public simulator
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import numpy as np
 
@@ -59,6 +63,9 @@ from elastico_extender.policies.volcano import (
 )
 
 __all__ = ["AFFINITY_SPEEDS", "LucidPolicy", "affinity_class"]
+
+SM_ACTIVE, DRAM_ACTIVE = 0, 2
+"""Columns of the solo feature block (core.interference.features) a profiler measures."""
 
 AFFINITY_SPEEDS = (0.95, 0.85)
 """Average co-located speed at or above which a job is tiny (0), medium (1); below: jumbo (2)."""
@@ -88,6 +95,7 @@ class LucidPolicy:
         history: Iterable[CompletedJob] = (),
         settings: PlannerSettings | None = None,
         priority_ratio: float = 2.0,
+        profiled: Callable[[str], tuple[float, float] | None] | None = None,
         name: str = "lucid",
     ) -> None:
         self.name = name
@@ -97,18 +105,30 @@ class LucidPolicy:
         self.ledger.seed(history)
         self.priority_ratio = priority_ratio
         self.margin = (settings or PlannerSettings()).memory_margin_mib
+        self.profiled = profiled
         self._classes: dict[tuple[str, int], int] = {}
+        self._job_classes: dict[str, int] = {}
 
     # -- the three models ---------------------------------------------------------
     def sharing_score(
-        self, families: dict[str, ProfileFamily], name: str, config: int, cap: float
+        self,
+        families: dict[str, ProfileFamily],
+        name: str,
+        config: int,
+        cap: float,
+        job_id: str | None = None,
     ) -> int:
-        """Affinity class of ``name`` at ``config`` on devices of ``cap`` usable MiB (cached)."""
-        key = (name, config)
-        cached = self._classes.get(key)
+        """Affinity class of ``name`` at ``config`` on devices of ``cap`` usable MiB (cached;
+        per job when the job's own solo activity was measured)."""
+        measured = self.profiled(job_id) if self.profiled is not None and job_id else None
+        key: str | tuple[str, int] = job_id if measured is not None and job_id else (name, config)
+        cached = self._job_classes.get(key) if isinstance(key, str) else self._classes.get(key)
         if cached is not None:
             return cached
         fam = families[name]
+        mine = fam.features[config, :14].astype(np.float64).copy()
+        if measured is not None:
+            mine[SM_ACTIVE], mine[DRAM_ACTIVE] = measured
         mem = float(fam.resources[config, GPU_MEM])
         partners = [
             f.features[f.fastest_index, :14]
@@ -118,10 +138,13 @@ class LucidPolicy:
         if not partners:
             score = 2
         else:
-            mine = np.repeat(fam.features[config : config + 1, :14], len(partners), axis=0)
-            slow = self.predictor.predict(pair_features(mine, np.stack(partners), cap / 1024.0))
+            rows = np.repeat(mine[None, :], len(partners), axis=0)
+            slow = self.predictor.predict(pair_features(rows, np.stack(partners), cap / 1024.0))
             score = affinity_class(float(np.mean(1.0 / np.maximum(slow, 1.0))))
-        self._classes[key] = score
+        if isinstance(key, str):
+            self._job_classes[key] = score
+        else:
+            self._classes[key] = score
         return score
 
     def priority(self, job: Job) -> float:
@@ -134,6 +157,8 @@ class LucidPolicy:
             self.estimator.fit(self.ledger.completed)
             self.ledger.new_completions = 0
         families = dict(snapshot.families)
+        live = {j.id for j in snapshot.jobs}
+        self._job_classes = {k: v for k, v in self._job_classes.items() if k in live}
         table, assignments, pending = seat_running(snapshot, self.margin, _profiled_sm)
         cap = float(table.memory_capacity.max()) if table.size else 0.0
         prio = {job.id: self.priority(job) for _, job in pending}
@@ -148,12 +173,13 @@ class LucidPolicy:
             devs = [table.index[r] for r in job.devices]
             if all(table.count[d] == 1 for d in devs):
                 fam = snapshot.families[job.family]
-                score = self.sharing_score(families, job.family, default_config(job, fam), cap)
+                config = default_config(job, fam)
+                score = self.sharing_score(families, job.family, config, cap, job.id)
                 alone.append((devs, job.gpus, self.priority(job), score))
 
         def seat(row: int, job: Job, fam: ProfileFamily, config: int) -> list[int] | None:
             per_gpu = demand(fam.resources[config, GPU_MEM], fam.resources[config, GPU_SM])
-            mine = self.sharing_score(families, job.family, config, cap)
+            mine = self.sharing_score(families, job.family, config, cap, job.id)
             if packing and job.gpus <= MAX_PACK_GPUS:
                 for k, (devs, gpus, their_prio, score) in enumerate(alone):
                     if (

@@ -145,6 +145,7 @@ class ProductionWorld:
             demand=curve,
             origin=t0,
             job_keys=keys,
+            job_index={j.job_id: i for i, j in enumerate(jobs)},
         )
 
 
@@ -197,6 +198,16 @@ class ProductionTruth(GroundTruth):
     demand: np.ndarray = field(default_factory=lambda: np.ones(1))
     origin: float = 0.0
     job_keys: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.uint64))
+    job_index: dict[str, int] = field(default_factory=dict)
+
+    def solo_profile(self, job_id: str) -> tuple[float, float] | None:
+        """(SM activity, DRAM activity) a profiler measures running ``job_id`` alone
+        (lifetime means), or None for a job not in the trace."""
+        i = self.job_index.get(job_id)
+        if i is None:
+            return None
+        a = float(self.solo_activity[i])
+        return a, min(1.0, a * float(self.dram_ratio[i]))
 
     def _slot(self, t: float) -> int:
         k = int((t - self.origin) // self.world.step_s)

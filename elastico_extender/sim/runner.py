@@ -28,7 +28,7 @@ from elastico_extender.core.duration import CompletedJob
 from elastico_extender.policies import POLICIES, Policy, make_policy
 from elastico_extender.sim.engine import ClusterSpec, RunResult, Simulator
 from elastico_extender.sim.predictors import NoisyTablePredictor, SampledPairsPredictor
-from elastico_extender.sim.production import DEFAULT_WORLD_FILE, ProductionWorld
+from elastico_extender.sim.production import DEFAULT_WORLD_FILE, ProductionTruth, ProductionWorld
 from elastico_extender.sim.traces import TraceJob
 from elastico_extender.sim.truth import DEFAULT_PAIRS, GroundTruth
 from elastico_extender.sim.workloads import ConfigTable
@@ -76,6 +76,8 @@ def build_policy(name: str, exp: Experiment, truth: GroundTruth) -> Policy:
     if base == "lucid":
         kwargs["predictor"] = SampledPairsPredictor(truth, seed=exp.seed)
         kwargs["history"] = exp.history
+        if isinstance(truth, ProductionTruth):  # Lucid's profiler measures each job alone
+            kwargs["profiled"] = truth.solo_profile
     if extra in ("iac", "learned"):
         if not base.startswith("elastico"):
             raise ValueError(f"+{extra} only applies to ElastiCo policies, not {base!r}")
