@@ -145,7 +145,10 @@ def collect(command: str) -> str:
     lines = [
         "# ElastiCo vs. peers (issue 14): Philly weeks at native load, and scale at load 1.5",
         "",
-        f"Command: `{command}`",
+        f"Last command: `{command}`.  The full set: three passes, cheap policies first "
+        "(`--only philly --no-learned --resume`, `--only scale --resume`, `--only philly "
+        "--resume`), each `PYTHONPATH=. nice -n 5 python benchmarks/peers_eval.py ...` from the "
+        "repository root; `--only collect` rebuilds this file from the saved JSON.",
         "",
         "Avg JCT normalised to volcano (FIFO, whole GPUs) of the same run; `srtf` knows every",
         "job's true remaining time (ORACLE). p99 JCT and worst queueing delay in hours.",
