@@ -33,9 +33,12 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import multiprocessing as mp
+import multiprocessing.queues
 import sys
 import time
 from pathlib import Path
+from queue import Empty
 
 from elastico_extender.sim.engine import ClusterSpec
 from elastico_extender.sim.metrics import summarise
@@ -66,6 +69,32 @@ def _save(path: Path, meta: dict[str, object], summ: dict[str, dict[str, float]]
     path.write_text(json.dumps({"meta": meta, "summary": summ}, indent=1, sort_keys=True))
 
 
+LIMIT = {"policy_s": 3600.0}
+"""Wall-clock limit per policy run (``--policy-timeout``); a run past it is reported as such."""
+
+
+def _one(exp: Experiment, name: str, queue: mp.queues.Queue) -> None:
+    r = run_experiment(exp, [name], workers=1)[name]
+    queue.put((summarise(r), r.wall_s))
+
+
+def _bounded(exp: Experiment, name: str, limit: float) -> tuple[dict[str, float], float] | None:
+    """One policy's summary and wall time, or None if it ran past ``limit`` seconds."""
+    ctx = mp.get_context("fork")
+    queue = ctx.Queue()
+    proc = ctx.Process(target=_one, args=(exp, name, queue))
+    proc.start()
+    try:
+        result: tuple[dict[str, float], float] = queue.get(timeout=limit)
+    except Empty:
+        result = None  # type: ignore[assignment]
+    proc.join(timeout=5)
+    if proc.is_alive():
+        proc.terminate()
+        proc.join()
+    return result
+
+
 def _run(
     key: str, exp: Experiment, policies: tuple[str, ...], meta: dict[str, object], resume: bool
 ) -> None:
@@ -78,11 +107,16 @@ def _run(
         summ, walls = saved["summary"], saved["meta"].get("wall_s", {})
     policies = tuple(n for n in policies if n not in summ)
     for name in policies:  # one at a time: the partial file is useful if stopped
-        r = run_experiment(exp, [name], workers=1)[name]
-        summ[name] = summarise(r)
-        walls[name] = r.wall_s
+        limit = LIMIT["policy_s"]
+        got = _bounded(exp, name, limit)
+        if got is None:
+            summ[name] = {"timed_out_s": limit}
+            walls[name] = limit
+            print(f"  {key} {name}: stopped after {limit:.0f}s", file=sys.stderr)
+        else:
+            summ[name], walls[name] = got
+            print(f"  {key} {name}: {walls[name]:.0f}s", file=sys.stderr)
         _save(path, {**meta, "wall_s": walls, "complete": False}, summ)
-        print(f"  {key} {name}: {r.wall_s:.0f}s", file=sys.stderr)
     _save(path, {**meta, "wall_s": walls, "complete": True}, summ)
     print(f"  {key}: {time.time() - t0:.0f}s", file=sys.stderr)
 
@@ -135,6 +169,14 @@ def scale(
             _run(f"scale_{gpus}_{world}", exp, policies, meta, resume)
 
 
+def _cell(s: dict[str, dict[str, float]], name: str, base: float) -> str:
+    if name not in s:
+        return ""
+    if "timed_out_s" in s[name]:
+        return f"stopped at {s[name]['timed_out_s'] / 60:.0f} min"
+    return _x(s[name]["avg_jct_s"], base)
+
+
 def _x(a: float, b: float) -> str:
     return f"{a / b:.2f}x" if b and math.isfinite(a) and math.isfinite(b) else "n/a"
 
@@ -181,7 +223,8 @@ def collect(command: str) -> str:
         for p in rows:
             m, s = p["meta"], p["summary"]
             base = s.get("volcano", {}).get("avg_jct_s", float("nan"))
-            cells = [_x(s[n]["avg_jct_s"], base) if n in s else "" for n in names]
+            cells = [_cell(s, n, base) for n in names]
+            s = {n: v for n, v in s.items() if "timed_out_s" not in v}
             others = [n for n in BASELINES if n in s and n != "volcano"]
             best = min(others, key=lambda n: s[n]["avg_jct_s"]) if others else None
             el = s.get("elastico")
@@ -227,7 +270,9 @@ def collect(command: str) -> str:
                 m, s = p["meta"], p["summary"]
                 b = s.get("volcano", {}).get("throughput", float("nan"))
                 cells = [
-                    f"{_x(s[n]['throughput'], b)} / {s[n]['sm_util']:.0f}" if n in s else ""
+                    f"{_x(s[n]['throughput'], b)} / {s[n]['sm_util']:.0f}"
+                    if n in s and "timed_out_s" not in s[n]
+                    else _cell(s, n, b)
                     for n in names
                 ]
                 lines.append(f"| {m['world']} | {m['gpus']} | " + " | ".join(cells) + " |")
@@ -252,7 +297,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--jobs", type=int, default=1, help="kept for symmetry; runs are serial")
     ap.add_argument("--no-learned", action="store_true", help="skip elastico+learned")
     ap.add_argument("--resume", action="store_true", help="run only policies not yet saved")
+    ap.add_argument(
+        "--policy-timeout", type=float, default=LIMIT["policy_s"], help="seconds per policy run"
+    )
     args = ap.parse_args(argv)
+    LIMIT["policy_s"] = args.policy_timeout
     only = set(args.only.split(","))
     worlds = tuple(w for w in args.worlds.split(",") if w)
     elastico = ("elastico",) if args.no_learned else ELASTICO
