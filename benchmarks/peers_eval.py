@@ -20,12 +20,15 @@ Sections (results under ``benchmarks/results/peers/``, tables in ``PEERS.md``):
   size, see SCALE), every baseline and elastico, in both worlds.
 
 Each policy's summary is saved as JSON as soon as it finishes; ``--resume`` runs
-only the policies not yet saved, so an interrupted run loses nothing.  The full
-set was produced in three passes (cheap policies first on a shared machine)::
+only the policies not yet saved, so an interrupted run loses nothing.  A policy run
+past ``--policy-timeout`` seconds is stopped and reported as such.  The saved set was
+produced in passes, cheap policies first, on a 2-core machine shared with 6 jobs::
 
-    PYTHONPATH=. nice -n 5 python benchmarks/peers_eval.py --only philly --no-learned --resume
-    PYTHONPATH=. nice -n 5 python benchmarks/peers_eval.py --only scale --resume
-    PYTHONPATH=. nice -n 5 python benchmarks/peers_eval.py --only philly --resume
+    P="PYTHONPATH=. nice -n 5 python benchmarks/peers_eval.py"
+    $P --only philly --no-learned --resume
+    $P --only scale --worlds benchmark --resume --policy-timeout 180
+    $P --only scale --worlds production --sizes 64,128,256 --resume --policy-timeout 180
+    $P --only philly --resume --policy-timeout 300          # adds elastico+learned
 """
 
 from __future__ import annotations
@@ -187,10 +190,9 @@ def collect(command: str) -> str:
     lines = [
         "# ElastiCo vs. peers (issue 14): Philly weeks at native load, and scale at load 1.5",
         "",
-        f"Last command: `{command}`.  The full set: three passes, cheap policies first "
-        "(`--only philly --no-learned --resume`, `--only scale --resume`, `--only philly "
-        "--resume`), each `PYTHONPATH=. nice -n 5 python benchmarks/peers_eval.py ...` from the "
-        "repository root; `--only collect` rebuilds this file from the saved JSON.",
+        f"Last command: `{command}`.  The saved set came from the passes listed in "
+        "`benchmarks/peers_eval.py`'s docstring (cheap policies first, per-policy time limit); "
+        "`--only collect` rebuilds this file from the saved JSON.",
         "",
         "Avg JCT normalised to volcano (FIFO, whole GPUs) of the same run; `srtf` knows every",
         "job's true remaining time (ORACLE). p99 JCT and worst queueing delay in hours.",
