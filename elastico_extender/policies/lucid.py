@@ -28,7 +28,7 @@ Written from the paper and the behaviour of its public simulator
   GPUs, fits beside it in memory (and SM share, the simulator's MPS limit),
   passes the class rule, and whose priority is at least half the newcomer's
   (``priority_ratio``: a long job is not stacked onto a short one).  The first
-  such partner in start order is taken.
+  such partner in snapshot (arrival) order is taken; Lucid takes its run list's first.
 * **Indolent packing** (Lucid's Prescient Adaptive Sharing): packing is on only
   while the queue is long, i.e. while the pending jobs ask for more GPUs than
   are idle; Lucid forecasts this with a throughput model, the queue is what
@@ -165,7 +165,7 @@ class LucidPolicy:
         pending.sort(key=lambda p: (prio[p[1].id], p[1].arrival_time, p[1].id))
         idle = int((table.count == 0).sum())
         packing = sum(job.gpus for _, job in pending) > idle
-        # Running jobs alone on their devices, in start order: (devices, row, priority, class).
+        # Running jobs alone on their devices, in snapshot order: (devices, gpus, priority, class).
         alone: list[tuple[list[int], int, float, int]] = []
         for _row, job in enumerate(snapshot.jobs):
             if not job.running:
