@@ -2,7 +2,7 @@
 
     elastico serve      run the scheduler extender (embedded demo cluster by default)
     elastico plan       run one planning epoch on a demo workload and print the plan
-    elastico simulate   trace-driven comparison with Volcano-like and Lucid-like baselines
+    elastico simulate   trace-driven comparison with FIFO, Lucid, Tiresias and SRTF baselines
     elastico train-iac  retrain the interference DNN on your own pair measurements
     elastico run        the container entrypoint (same as elastico-run)
     elastico catalog    list the built-in workload families (RST catalog)
@@ -39,7 +39,7 @@ __all__ = ["main"]
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "simulate": (
         "elastico_extender.sim.cli:main",
-        "trace-driven simulation: ElastiCo vs Volcano-like and Lucid-like baselines",
+        "trace-driven simulation: ElastiCo vs FIFO, Lucid, Tiresias and SRTF (oracle) baselines",
     ),
     "train-iac": (
         "elastico_extender.interference.train_cli:main",

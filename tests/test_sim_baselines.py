@@ -8,7 +8,6 @@ import pytest
 from elastico_extender.core.model import Job, Snapshot
 from elastico_extender.core.shapes.catalog import catalog_families
 from elastico_extender.policies import Policy, make_policy
-from elastico_extender.policies.lucid import sharing_class
 from elastico_extender.sim.engine import ClusterSpec
 from elastico_extender.sim.traces import load_csv, synthetic
 from elastico_extender.sim.truth import GroundTruth, load_pair_table
@@ -28,7 +27,7 @@ def _job(i: int, family: str, gpus: int = 1, **kw: object) -> Job:
 
 
 def test_policies_implement_the_protocol() -> None:
-    for name in ("volcano", "lucid"):
+    for name in ("volcano", "lucid", "tiresias", "srtf"):
         assert isinstance(make_policy(name), Policy)
 
 
@@ -49,32 +48,6 @@ def test_volcano_skips_a_blocked_gang_and_backfills() -> None:
     plan = make_policy("volcano").plan(_snap(jobs), None)
     assert set(plan.assignments) == {"j0", "j2"}
     assert plan.queued == ("j1",)
-
-
-def test_lucid_packs_only_compatible_classes_when_full() -> None:
-    light = "ncf"  # SM 0.25 -> class 0
-    heavy = "transformer"  # SM 0.55 -> class 2
-    medium = "dcgan"  # SM 0.40 -> class 1, 16 GiB
-    assert sharing_class(FAMS[light], FAMS[light].fastest_index) == 0
-    assert sharing_class(FAMS[heavy], FAMS[heavy].fastest_index) == 2
-    assert sharing_class(FAMS[medium], FAMS[medium].fastest_index) == 1
-    # Idle GPUs first: two jobs on two GPUs run alone.
-    plan = make_policy("lucid").plan(_snap([_job(0, heavy), _job(1, light)], gpus=2), None)
-    assert len({a.devices for a in plan.assignments.values()}) == 2
-    # One GPU busy with a medium job: another medium one shares (1 + 1 <= 2) ...
-    dev = (("node-0000", 0),)
-    running = _job(0, medium, current_config=FAMS[medium].fastest_index, devices=dev)
-    plan = make_policy("lucid").plan(_snap([running, _job(1, medium), _job(2, light)], 1), None)
-    assert plan.assignments["j1"].devices == dev
-    # ... and a third job waits: at most two per GPU.
-    assert plan.queued == ("j2",)
-
-
-def test_lucid_orders_by_estimated_duration() -> None:
-    est = {"j0": 9000.0, "j1": 60.0}
-    policy = make_policy("lucid", duration_estimate=lambda j: est[j.id])
-    plan = policy.plan(_snap([_job(0, "bert"), _job(1, "bert")], gpus=1), None)
-    assert set(plan.assignments) == {"j1"} and plan.queued == ("j0",)
 
 
 def test_lucid_respects_memory() -> None:

@@ -1,7 +1,8 @@
 """Scheduling policies behind one interface, picked by name from a small registry.
 
 ``make_policy("elastico")`` gives the full system; the ablations and the
-baselines (Volcano-like, Lucid-like) register here too, so the simulator and
+baselines (Volcano-like FIFO, Lucid-like, Tiresias-like 2D-LAS, SRTF with oracle
+durations; docs/baselines.md) register here too, so the simulator and
 the benchmarks run every policy through the same ``plan(snapshot, previous)``.
 """
 
@@ -12,6 +13,8 @@ from collections.abc import Callable
 from elastico_extender.policies.base import Policy
 from elastico_extender.policies.elastico import ABLATIONS, ElasticoPolicy
 from elastico_extender.policies.lucid import LucidPolicy
+from elastico_extender.policies.srtf import SrtfOraclePolicy
+from elastico_extender.policies.tiresias import TiresiasPolicy
 from elastico_extender.policies.volcano import VolcanoPolicy
 
 __all__ = ["POLICIES", "Policy", "make_policy", "register"]
@@ -37,3 +40,5 @@ for _name in ABLATIONS:
     register(_name, lambda _n=_name, **kw: ElasticoPolicy.ablation(_n, **kw))
 register("volcano", VolcanoPolicy)
 register("lucid", LucidPolicy)
+register("tiresias", TiresiasPolicy)
+register("srtf", SrtfOraclePolicy)

@@ -15,12 +15,17 @@ written to ``--out`` with per-job and timeline CSVs and PNG plots.
 from __future__ import annotations
 
 import argparse
+import csv
 import logging
+import math
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
+from elastico_extender.policies import POLICIES
 from elastico_extender.sim.engine import ClusterSpec
 from elastico_extender.sim.instances import instances_needed
+from elastico_extender.sim.production import ProductionWorld
 from elastico_extender.sim.progress import ProgressBar
 from elastico_extender.sim.report import (
     ablation_table,
@@ -33,114 +38,280 @@ from elastico_extender.sim.runner import DEFAULT_POLICIES, Experiment, build_pol
 from elastico_extender.sim.traces import (
     PHILLY_VC_GPUS,
     TraceJob,
+    TraceLoad,
+    arrival_span,
     fit_to_cluster,
     load_csv,
-    load_philly,
     offered_load,
+    philly_trace,
+    rebase,
     scale_arrivals,
     synthetic,
 )
-from elastico_extender.sim.truth import DEFAULT_PAIRS, GroundTruth
+from elastico_extender.sim.truth import DEFAULT_PAIRS, GroundTruth, load_pair_table
 from elastico_extender.sim.workloads import ConfigTable
 
-__all__ = ["build_parser", "load_trace", "main"]
+__all__ = ["WORLDS", "build_parser", "load_trace", "main"]
+
+WORLDS = ("benchmark", "production")
 
 log = logging.getLogger(__name__)
 
 
+def _finite(minimum: float, strict: bool) -> Callable[[str], float]:
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        ok = math.isfinite(value) and (value > minimum if strict else value >= minimum)
+        if not ok:
+            sign = ">" if strict else ">="
+            raise argparse.ArgumentTypeError(f"must be a finite number {sign} {minimum:g}")
+        return value
+
+    return parse
+
+
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError("must be >= 1")
+    return value
+
+
+def _days(text: str) -> tuple[float, float]:
+    """'7' (the first 7 days) or '2:9' (from day 2 to day 9)."""
+    parts = text.split(":")
+    try:
+        lo, hi = (0.0, float(parts[0])) if len(parts) == 1 else (float(parts[0]), float(parts[1]))
+    except (ValueError, IndexError):
+        raise argparse.ArgumentTypeError(f"{text!r}: use N or START:END (days)") from None
+    if len(parts) > 2 or not (math.isfinite(lo) and math.isfinite(hi) and 0 <= lo < hi):
+        raise argparse.ArgumentTypeError(f"{text!r}: need 0 <= START < END, finite")
+    return lo, hi
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="elastico-sim",
-        description="Trace-driven simulation of ElastiCo against Volcano-like and Lucid-like "
-        "baselines (spec section 5).",
+        prog="elastico simulate",
+        description="Trace-driven simulation of ElastiCo against Volcano-like (FIFO), "
+        "Lucid-like, Tiresias-like and SRTF (oracle) baselines (spec section 5).",
     )
     p.add_argument(
         "--policy",
         action="append",
-        help="policy to run (repeatable; default: all of " + ", ".join(DEFAULT_POLICIES) + "); "
+        help="policy to run (repeatable; default: all of " + ", ".join(DEFAULT_POLICIES) + "; "
+        "also tiresias, srtf = shortest remaining time first with ORACLE durations); "
         "suffix '+learned' plans ElastiCo with a predictor learned from 25%% of the "
         "workload pairs, '+iac' with a spec-accuracy (7.6%% MAPE) predictor",
     )
     p.add_argument(
         "--trace",
         default="synthetic",
-        help="'synthetic', 'philly:VC' (e.g. philly:ed69ec) or a CSV path (format: sim.traces)",
+        help="'synthetic', 'philly:VC' (e.g. philly:ed69ec; ships with the package) or a CSV "
+        "path (format: sim.traces)",
     )
-    p.add_argument("--gpus", type=int, help="cluster GPUs (default 64; a Philly VC's own size)")
+    p.add_argument("--gpus", type=_count, help="cluster GPUs (default 64; a Philly VC's own size)")
     p.add_argument(
         "--load",
-        type=float,
+        type=_finite(0.0, strict=True),
         help="load factor: synthetic arrival rate, or arrivals of a trace rescaled to it "
-        "(default 1.0 for synthetic, as recorded for traces)",
+        "over its arrival span (default 1.0 for synthetic, as recorded for traces)",
     )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
-        "--duration", type=float, help="arrival window in hours (default 24; whole trace for files)"
+        "--duration",
+        type=_finite(0.0, strict=True),
+        help="arrival window in hours (default 24; whole trace for files)",
     )
     p.add_argument(
-        "--epoch", type=float, default=60.0, help="scheduling epoch in simulated seconds"
+        "--days",
+        type=_days,
+        help="Philly window in days since the VC's first job: N or START:END; jobs that "
+        "finished before START are the history Lucid's estimator starts from",
+    )
+    p.add_argument(
+        "--epoch",
+        type=_finite(0.0, strict=True),
+        default=60.0,
+        help="scheduling epoch in simulated seconds",
     )
     p.add_argument("--out", default="sim-results", help="output directory")
-    p.add_argument("--quick", action="store_true", help="small cluster, short trace (smoke test)")
-    p.add_argument("--jobs", type=int, default=2, help="policies simulated in parallel")
+    p.add_argument(
+        "--quick", action="store_true", help="small loaded cluster, short trace (smoke test)"
+    )
+    p.add_argument("--jobs", type=_count, default=2, help="policies simulated in parallel")
+    p.add_argument(
+        "--world",
+        choices=WORLDS,
+        default="benchmark",
+        help="ground truth: 'benchmark' (every job saturates its GPU, Gavel's measured pairs) or "
+        "'production' (production activity, phases and bursty inference; sim.production)",
+    )
+    p.add_argument(
+        "--world-file",
+        help="JSON parameters of the production world (default: the shipped "
+        "sim/data/production_world.json, each figure with its source)",
+    )
     p.add_argument(
         "--interference",
         default=str(DEFAULT_PAIRS),
         help="measured pair CSV (format: sim.truth); 'none' uses the contention model only",
     )
-    p.add_argument("--gpu-type", default="v100", help="GPU type rows of the pair CSV to prefer")
-    p.add_argument("--profile-noise", type=float, default=0.05, help="sigma of log T_true/T")
-    p.add_argument("--max-job-hours", type=float, default=48.0, help="clip Philly durations")
+    p.add_argument(
+        "--gpu-type",
+        default="v100",
+        help="GPU type whose rows of the pair CSV are used (others only fill missing pairs); "
+        "one of the file's gpu column values (shipped file: v100, p100)",
+    )
+    p.add_argument(
+        "--profile-noise",
+        type=_finite(0.0, strict=False),
+        default=0.05,
+        help="sigma of log T_true/T",
+    )
+    p.add_argument(
+        "--max-job-hours",
+        type=_finite(0.0, strict=False),
+        default=48.0,
+        help="clip Philly durations to this many hours (0: no clipping); the count is printed",
+    )
+    p.add_argument(
+        "--inference-share",
+        type=_finite(0.0, strict=False),
+        default=0.3,
+        help="share of Philly's one-GPU jobs turned into LLM inference (0..1; printed)",
+    )
     p.add_argument("--instances", action="store_true", help="also count GPU instances per mix")
     p.add_argument("--no-plots", action="store_true")
     p.add_argument("--no-progress", action="store_true")
     return p
 
 
-def load_trace(args: argparse.Namespace) -> tuple[list[TraceJob], int, float]:
-    """(jobs, cluster GPUs, window seconds) for the parsed arguments."""
+class InputError(ValueError):
+    """A bad argument: the message names the option."""
+
+
+def load_trace(args: argparse.Namespace) -> tuple[list[TraceJob], int, float, TraceLoad]:
+    """(jobs rebased to t=0, cluster GPUs, arrival span seconds, what was done) for ``args``."""
     hours = args.duration
     gpus = args.gpus
+    days = getattr(args, "days", None)
+    if days is not None and not args.trace.startswith("philly:"):
+        raise InputError("--days: only applies to --trace philly:VC (use --duration otherwise)")
     if args.trace == "synthetic":
         gpus = gpus or 64
         window = (hours or 24.0) * 3600.0
         load = 1.0 if args.load is None else args.load
-        return synthetic(gpus, load, window, args.seed), gpus, window
+        jobs = synthetic(gpus, load, window, args.seed)
+        return jobs, gpus, window, TraceLoad(jobs)
     if args.trace.startswith("philly:"):
         vc = args.trace.split(":", 1)[1]
+        if hours and days is None:
+            days = (0.0, hours / 24.0)
+        share = getattr(args, "inference_share", 0.3)
+        if share > 1:
+            raise InputError("--inference-share: must be between 0 and 1")
+        clip = args.max_job_hours * 3600.0 if args.max_job_hours > 0 else None
+        try:
+            loaded = philly_trace(
+                vc, seed=args.seed, max_duration_s=clip, days=days, inference_share=share
+            )
+        except ValueError as exc:
+            raise InputError(f"--trace: {exc}") from None
         gpus = gpus or PHILLY_VC_GPUS.get(vc, 64)
-        window = hours * 3600.0 if hours else None
-        jobs = load_philly(
-            vc, seed=args.seed, max_duration_s=args.max_job_hours * 3600.0, window_s=window
-        )
     else:
+        try:
+            jobs = load_csv(args.trace, args.seed)
+        except (OSError, ValueError, KeyError) as exc:
+            raise InputError(f"--trace: cannot read {args.trace}: {exc}") from None
+        if not jobs:
+            raise InputError(f"--trace: {args.trace} has no jobs")
         gpus = gpus or 64
-        jobs = load_csv(args.trace, args.seed)
+        jobs = rebase(jobs)
         if hours:
             jobs = [j for j in jobs if j.arrival_s <= hours * 3600.0]
-    jobs = fit_to_cluster(jobs, gpus)
-    span = max(j.arrival_s for j in jobs) or 1.0
+        loaded = TraceLoad(jobs, notes=(f"{args.trace}: {len(jobs)} jobs, rebased to t=0",))
+    jobs = fit_to_cluster(loaded.jobs, gpus)
+    span = arrival_span(jobs) or 1.0
     if args.load is not None:
         jobs = scale_arrivals(jobs, args.load / max(offered_load(jobs, gpus, span), 1e-9))
-        span = max(j.arrival_s for j in jobs) or 1.0
-    return jobs, gpus, span
+        span = arrival_span(jobs) or 1.0
+    return jobs, gpus, span, loaded
+
+
+def _check_pairs(args: argparse.Namespace) -> str | None:
+    if args.interference.lower() == "none":
+        return None
+    path = Path(args.interference)
+    try:
+        with open(path, newline="") as handle:
+            types = {r.get("gpu", "") for r in csv.DictReader(handle)}
+        load_pair_table(path, args.gpu_type)
+    except (OSError, ValueError, KeyError, UnicodeDecodeError) as exc:
+        raise InputError(f"--interference: cannot read {path}: {exc}") from None
+    types.discard("")
+    if types and args.gpu_type not in types:
+        raise InputError(
+            f"--gpu-type: {args.gpu_type!r} has no rows in {path.name} "
+            f"(types: {', '.join(sorted(types))})"
+        )
+    return str(path)
+
+
+def _check_out(out: Path) -> None:
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / ".elastico-write-test"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as exc:
+        raise InputError(f"--out: cannot write to {out}: {exc.strerror or exc}") from None
+
+
+def _check_policies(names: list[str]) -> None:
+    for name in names:
+        base, _, extra = name.partition("+")
+        if base not in POLICIES:
+            raise InputError(f"--policy: unknown {base!r}; known: {', '.join(sorted(POLICIES))}")
+        if extra and (extra not in ("iac", "learned") or not base.startswith("elastico")):
+            raise InputError(f"--policy: {name!r}: +iac/+learned only apply to elastico policies")
+
+
+QUICK_POLICIES = ("volcano", "lucid", "tiresias", "elastico")
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     if args.quick:
+        # A loaded cluster, so the quick run shows what sharing changes.
         args.gpus = args.gpus or 16
-        args.duration = args.duration or 3.0
-    policies = args.policy or list(DEFAULT_POLICIES)
+        args.duration = args.duration or 6.0
+        args.load = args.load if args.load is not None else 1.6
+    policies = args.policy or list(QUICK_POLICIES if args.quick else DEFAULT_POLICIES)
     try:
-        jobs, gpus, window = load_trace(args)
-    except (OSError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        _check_policies(policies)
+        pairs = _check_pairs(args)
+        out = Path(args.out)
+        _check_out(out)
+        if args.world_file is not None:
+            try:
+                ProductionWorld.load(args.world_file)
+            except ValueError as exc:
+                raise InputError(f"--world-file: {exc}") from None
+        jobs, gpus, window, loaded = load_trace(args)
+    except InputError as exc:
+        parser.print_usage(sys.stderr)
+        print(f"{parser.prog}: error: {exc}", file=sys.stderr)
         return 2
     if not jobs:
-        print("error: the trace has no jobs", file=sys.stderr)
+        print(f"{parser.prog}: error: --trace: the trace has no jobs", file=sys.stderr)
         return 2
-    pairs = None if args.interference.lower() == "none" else args.interference
     exp = Experiment(
         trace=tuple(jobs),
         cluster=ClusterSpec(gpus=gpus),
@@ -148,32 +319,42 @@ def main(argv: list[str] | None = None) -> int:
         epoch_s=args.epoch,
         pairs=pairs,
         profile_noise=args.profile_noise,
+        gpu_type=args.gpu_type,
+        world=args.world,
+        world_file=args.world_file,
+        history=loaded.history,
     )
     load = offered_load(jobs, gpus, window)
     print(
         f"trace={args.trace} jobs={len(jobs)} gpus={gpus} window={window / 3600:.1f}h "
-        f"offered load={load:.2f} epoch={args.epoch:g}s seed={args.seed} "
-        f"policies={','.join(policies)}"
+        f"offered load={load:.2f} epoch={args.epoch:g}s seed={args.seed} world={args.world} "
+        f"gpu-type={args.gpu_type} policies={','.join(policies)}"
     )
+    for note in loaded.notes:
+        print(f"  {note}")
+    if any(p.partition("+")[0] == "srtf" for p in policies):
+        print("  srtf is an ORACLE: it is told every job's true remaining time")
     bar = ProgressBar(f"simulating {len(policies)} policies")
     bar.enabled = not args.no_progress
     try:
         results = run_experiment(exp, policies, workers=args.jobs, on_progress=bar.update)
     except ValueError as exc:
         bar.close()
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"{parser.prog}: error: {exc}", file=sys.stderr)
         return 2
     bar.update({n: (1, 1) for n in policies}, force=True)
     bar.close()
     summ = summaries(results)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    sections = [f"## Main results ({gpus} GPUs, normalised to volcano)\n", main_table(summ)]
+    baseline = "volcano" if "volcano" in summ else next(iter(summ))
+    sections = [
+        f"## Main results ({gpus} GPUs, {args.world} world, normalised to {baseline})\n",
+        main_table(summ, baseline=baseline),
+    ]
     if sum(n.startswith("elastico") for n in summ) > 1 and "elastico" in summ:
         sections += ["\n## Ablation (normalised to full elastico)\n", ablation_table(summ)]
     if args.instances:
         configs = ConfigTable.build(args.seed, args.profile_noise)
-        truth = GroundTruth.build(configs, pairs)
+        truth = GroundTruth.build(configs, pairs, gpu=args.gpu_type)
         mix = [j for j in jobs if j.gpus <= 8][:64]
         rows = ["| Policy | GPUs needed for the mix |", "|---|---|"]
         for name in policies:
@@ -194,7 +375,7 @@ def main(argv: list[str] | None = None) -> int:
     (out / "tables.md").write_text(text + "\n")
     write_run_files(results, out)
     if not args.no_plots:
-        plot_all(results, out, title=f"({gpus} GPUs)")
+        plot_all(results, out, title=f"({gpus} GPUs, load {load:.2f})")
     print(f"results written to {out}/")
     return 0
 

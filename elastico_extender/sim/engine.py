@@ -149,6 +149,9 @@ class RunResult:
     """Closed loop: per harmful co-location (true S above tolerance), seconds it lasted."""
     mape: list[tuple[float, int, float, float]] = field(default_factory=list)
     """(hour, observed configuration pairs, corrected MAPE %, base MAPE %) per hour."""
+    window_t0: float = 0.0
+    """First arrival: metrics average over [window_t0, window_t0 + window_s], so they never
+    depend on where the trace's clock starts."""
 
 
 class Simulator:
@@ -375,6 +378,7 @@ class Simulator:
             attained_gpu_seconds=float(self.attained[i]),
             started_at=float(self.run_start[i]) if running else None,
             expected_duration_s=float(self.expected[i]),
+            user=t.user,
         )
         self._job_cache[i] = job
         return job
@@ -399,6 +403,12 @@ class Simulator:
         jobs = tuple(self._job(int(i)) for i in live)
         observed = self.loop.observed() if self.loop is not None else {}
         return Snapshot(self.nodes, jobs, self.c.families, epoch=epoch, observed=observed, now=now)
+
+    def remaining_solo_s(self, job_id: str) -> float:
+        """True remaining seconds of ``job_id`` alone at its default configuration (ORACLE:
+        only the SRTF baseline, labelled as an oracle, may be bound to this)."""
+        i = self.index.get(job_id)
+        return float(self.remaining[i]) if i is not None else 0.0
 
     # -- applying a plan ----------------------------------------------------------
     def _apply(self, plan: Plan, now: float) -> bool:
@@ -497,7 +507,7 @@ class Simulator:
             live = [i for i in members if active[i]]
             if len(live) < 2:
                 continue
-            s = self.truth.device_slowdowns(self.gid[live])
+            s = self.truth.device_slowdowns(self.gid[live], np.array(live), now)
             for i, v in zip(live, s.tolist(), strict=True):
                 if v > self.slow[i]:
                     self.slow[i] = v
@@ -513,7 +523,17 @@ class Simulator:
             g = self.gid[run]
             w = self.gpus[run].astype(np.float64)
             active = self.rate[run] > 0
-            sm = float((self.c.sm[g] * w * active).sum()) / self.n_dev
+            device_sm = getattr(self.truth, "device_sm", None)
+            if device_sm is None:
+                sm = float((self.c.sm[g] * w * active).sum()) / self.n_dev
+            else:  # a world with time-varying activity (sim.production)
+                on = self.rate > 0
+                sm = 0.0
+                for m in self.tenants:
+                    live = [i for i in m if on[i]]
+                    if live:
+                        sm += device_sm(np.array(live), self.gid[live], t0)
+                sm /= self.n_dev
             mem = float((self.c.mem_mib[g] * w).sum()) / (self.n_dev * self.cluster.device_mib)
             useful = float((self.rate[run] * w).sum())
             tenants = float(w.sum())
@@ -541,7 +561,7 @@ class Simulator:
         completed = False
         while now < target - _EPS:
             run = np.flatnonzero(self.status == RUNNING)
-            t_next = target
+            t_next = min(target, max(self.truth.next_change(now), now))
             if run.size:
                 r = self.rate[run]
                 moving = r > 0
@@ -583,13 +603,16 @@ class Simulator:
         n = self.n
         ep = self.epoch_s
         next_arrival = 0
-        now = math.ceil(self.arrival[0] / ep) * ep if n else 0.0
+        # The epoch grid starts at the first arrival: results never depend on the clock's origin.
+        origin = float(self.arrival[0]) if n else 0.0
+        now = origin
         changed = True
         idle = 0
         replan = False
         epoch = 0
         previous: Plan | None = None
         stuck = 0
+        wake = False
         while True:
             while next_arrival < n and self.arrival[next_arrival] <= now + _EPS:
                 self.status[next_arrival] = PENDING
@@ -651,10 +674,17 @@ class Simulator:
                     pu = self.pause_until[run]
                     if (pu > now + _EPS).any():
                         t_evt = min(t_evt, float(pu[pu > now + _EPS].min()))
+                # A policy may ask to decide again at a time no event announces
+                # (Tiresias' demotions): ``wake_at() -> seconds or None``.
+                wake_at = getattr(self.policy, "wake_at", None)
+                woke = wake_at() if callable(wake_at) else None
+                if woke is not None and woke < t_evt:
+                    t_evt = max(woke, now)
+                    wake = True
                 if not math.isfinite(t_evt):
                     target = now + ep
                 else:
-                    target = max(now + ep, math.ceil((t_evt - _EPS) / ep) * ep)
+                    target = max(now + ep, origin + math.ceil((t_evt - origin - _EPS) / ep) * ep)
             if self.loop is not None and target - now <= ep + _EPS:
                 # The agent's first window of this epoch ends half-way.
                 now, completed = self._advance(now, now + ep / 2.0)
@@ -663,7 +693,8 @@ class Simulator:
                 completed = completed or late
             else:
                 now, completed = self._advance(now, target)
-            changed = changed or completed
+            changed = changed or completed or wake
+            wake = False
             if self.progress is not None:
                 self.progress(now, int(np.count_nonzero(self.status >= DONE)), n)
         for pair in list(self._harm_open):
@@ -676,7 +707,8 @@ class Simulator:
         return RunResult(
             policy=getattr(self.policy, "name", type(self.policy).__name__),
             gpus=self.n_dev,
-            window_s=float(self.arrival.max()) if n else 0.0,
+            window_s=float(self.arrival.max() - self.arrival.min()) if n else 0.0,
+            window_t0=float(self.arrival.min()) if n else 0.0,
             jobs=self.trace,
             arrival=self.arrival,
             first_start=self.first_start,

@@ -9,7 +9,8 @@ Definitions (all from the simulated ground truth, never from the planner's view)
   configuration alone), per finished job: 1.0 means neither queueing nor
   sharing nor a leaner configuration cost the job anything.
 * **Throughput** (``throughput``): useful work per second over the trace's
-  arrival window [0, W] (the spec's "24-hour replay"), in GPU-equivalents:
+  arrival window [t0, t0 + W] (first to last arrival; the spec's "24-hour
+  replay"; where the trace's clock starts changes nothing), in GPU-equivalents:
   a job at its default configuration alone on g GPUs contributes g; slower
   configurations and co-location slowdowns contribute proportionally less.
   ``throughput_makespan`` is total work / (last finish - first arrival).
@@ -40,12 +41,18 @@ __all__ = ["summarise", "window_average"]
 
 
 def window_average(result: RunResult, values: np.ndarray, end: float | None = None) -> float:
-    """Time average of a piecewise-constant timeline over [0, end] (default: the window)."""
+    """Time average of a piecewise-constant timeline over [t0, t0 + end] (default: the window;
+    t0 = first arrival; a one-instant window falls back to the whole run)."""
     end = result.window_s if end is None else end
-    if end <= 0 or values.size == 0:
+    if values.size == 0:
         return 0.0
-    t0 = np.clip(result.seg_t0, 0.0, end)
-    t1 = np.clip(result.seg_t1, 0.0, end)
+    start = result.window_t0
+    if end <= 0:
+        end = float(result.seg_t1.max()) - start
+        if end <= 0:
+            return 0.0
+    t0 = np.clip(result.seg_t0, start, start + end)
+    t1 = np.clip(result.seg_t1, start, start + end)
     return float((values * (t1 - t0)).sum() / end)
 
 

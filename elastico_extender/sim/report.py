@@ -252,8 +252,9 @@ def _hourly(r: RunResult, bin_s: float = 3600.0) -> dict[float, tuple[float, ...
     """Time averages per bin of SM, memory, busy share and useful work."""
     if r.seg_t0.size == 0:
         return {}
+    start = r.window_t0
     end = float(r.seg_t1.max())
-    bins = np.arange(0.0, end + bin_s, bin_s)
+    bins = np.arange(start, end + bin_s, bin_s)
     out: dict[float, tuple[float, ...]] = {}
     for lo, hi in itertools.pairwise(bins):
         a = np.clip(r.seg_t0, lo, hi)
@@ -261,7 +262,7 @@ def _hourly(r: RunResult, bin_s: float = 3600.0) -> dict[float, tuple[float, ...
         w = b - a
         if w.sum() <= 0:
             continue
-        out[lo / 3600.0] = tuple(
+        out[(lo - start) / 3600.0] = tuple(
             float((v * w).sum() / (hi - lo))
             for v in (r.seg_sm, r.seg_mem, r.seg_busy, r.seg_useful)
         )
@@ -275,6 +276,7 @@ def plot_all(results: Mapping[str, RunResult], out: Path, title: str = "") -> li
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
+        import matplotlib.ticker
     except ImportError:
         print("matplotlib not installed: plots skipped (CSV files written); pip install matplotlib")
         return []
@@ -286,6 +288,7 @@ def plot_all(results: Mapping[str, RunResult], out: Path, title: str = "") -> li
         jct = np.sort((r.finish - r.arrival)[done]) / 3600.0
         ax.plot(jct, np.arange(1, jct.size + 1) / max(jct.size, 1), label=name)
     ax.set_xscale("log")
+    ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
     ax.set_xlabel("JCT (hours, log scale)")
     ax.set_ylabel("CDF")
     ax.set_title(f"CDF of JCT {title}".strip())
@@ -306,9 +309,9 @@ def plot_all(results: Mapping[str, RunResult], out: Path, title: str = "") -> li
     axes[0].set_ylabel("SM active (%)")
     axes[1].set_ylabel("GPU memory held (%)")
     axes[1].set_xlabel("time (hours)")
+    window = next(iter(results.values())).window_s / 3600.0
     for a in axes:
-        window = next(iter(results.values())).window_s / 3600.0
-        a.axvline(window, color="grey", ls=":", lw=1)
+        a.axvline(window, color="grey", ls=":", lw=1, label="last arrival")
         a.grid(alpha=0.3)
     axes[0].legend(fontsize=7, ncol=2)
     axes[0].set_title(f"Cluster utilisation over time {title}".strip())
@@ -322,7 +325,7 @@ def plot_all(results: Mapping[str, RunResult], out: Path, title: str = "") -> li
     for name, r in results.items():
         order = np.argsort(r.arrival, kind="stable")
         q = (r.first_start - r.arrival)[order] / 60.0
-        k = max(1, q.size // 50)
+        k = max(3, q.size // 20)
         smooth = np.convolve(np.nan_to_num(q), np.ones(k) / k, mode="same")
         ax.plot(np.arange(q.size), smooth, label=name)
     ax.set_xlabel("job arrival order")

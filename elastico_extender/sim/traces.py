@@ -19,17 +19,28 @@ Optional columns:
 
 Philly per-VC traces (``--trace philly:VC``)
 --------------------------------------------
-``philly_gavel_vc_traces.csv`` (../shared/data, README section 4): real arrival
-times, GPU counts and durations of one Philly virtual cluster.  Job types come
-from column ``job_type_seed0`` (Gavel's random assignment) mapped to catalog
-workloads; Philly has no offline-inference jobs, so a share of the 1-GPU jobs
-(``inference_share``, default 0.3, chosen by a hash of the job id so every
-policy and seed sees the same ones) becomes one of the four LLM inference
-workloads, keeping the spec's mixed training + inference setting.  Philly jobs
-last a median of 4.6 h and up to 60 days; ``max_duration_s`` clips the tail
-(default 48 h) so a run ends in reasonable simulated time, and ``window_s``
-keeps only the jobs arriving in the first part of the trace.  Jobs wider than
-the simulated cluster are clipped to the cluster size.
+Real arrival times, GPU counts and durations of one Philly virtual cluster
+(Jeon et al., ATC'19, CC BY 4.0), as derived per VC by Gavel (Narayanan et
+al., OSDI'20, MIT): ``sim/data/philly_vc_traces.csv.gz`` ships with the
+package (the columns of ``philly_gavel_vc_traces.csv`` the simulator reads,
+../shared/data/README.md section 4), so an installed user needs nothing else;
+``ELASTICO_DATA_DIR`` or ``path`` may point at the full CSV instead.  Job
+types come from column ``job_type_seed0`` (Gavel's random assignment) mapped
+to catalog workloads.  Three transformations, each stated in
+:attr:`TraceLoad.notes` and printed by the CLI:
+
+* **Inference conversion.**  Philly has no offline-inference jobs, so a share
+  of the one-GPU jobs (``inference_share``, default 0.3, chosen by a hash of
+  the job id so every policy and seed sees the same ones) becomes one of the
+  four LLM inference workloads, keeping the spec's mixed setting; 0 keeps the
+  trace training-only.
+* **Duration clipping.**  Philly jobs last a median of 4.6 h and up to 60
+  days; ``max_duration_s`` (default 48 h; None keeps every duration) clips
+  the tail so a run ends in reasonable simulated time.
+* **Days window.**  ``days=(start, end)`` keeps the jobs arriving in that
+  window (days since the VC's first job), rebased so the window starts at 0;
+  jobs that finished before the window form :attr:`TraceLoad.history`, what a
+  running cluster already knows about job lengths.
 
 Synthetic generator (``--trace synthetic``)
 -------------------------------------------
@@ -47,13 +58,17 @@ throughput (the spec's attainment metric needs a floor per job).
 from __future__ import annotations
 
 import csv
+import gzip
+import io
 import math
+import os
 import zlib
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 
+from elastico_extender.core.duration import CompletedJob
 from elastico_extender.sim.workloads import (
     INFERENCE_WORKLOADS,
     TRAINING_WORKLOADS,
@@ -61,13 +76,17 @@ from elastico_extender.sim.workloads import (
 )
 
 __all__ = [
+    "PHILLY_DATA",
     "PHILLY_GPU_MIX",
     "PHILLY_VC_GPUS",
     "TraceJob",
+    "TraceLoad",
     "default_data_dir",
     "load_csv",
     "load_philly",
     "offered_load",
+    "philly_trace",
+    "rebase",
     "synthetic",
 ]
 
@@ -88,6 +107,9 @@ PHILLY_VC_GPUS: dict[str, int] = {
 }
 """VC sizes in GPUs (nodes x 8, HeliosArtifact philly_vc.csv via ../shared/data/README.md)."""
 FLOOR_RANGE = (0.25, 0.6)
+PHILLY_DATA = Path(__file__).with_name("data") / "philly_vc_traces.csv.gz"
+"""Package copy of the per-VC Philly traces (Philly CC BY 4.0 via Gavel MIT; see sim/data)."""
+PHILLY_FULL_NAME = "philly_gavel_vc_traces.csv"
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,25 +120,37 @@ class TraceJob:
     duration_s: float
     workload: str
     floor_frac: float = 0.0
+    user: str = ""
 
 
 def default_data_dir() -> Path:
-    """``../shared/data`` next to the repository (overridable with ELASTICO_DATA_DIR)."""
-    import os
-
+    """Where ``--trace philly:VC`` looks first: ``ELASTICO_DATA_DIR``, else the package data."""
     env = os.environ.get("ELASTICO_DATA_DIR")
-    if env:
-        return Path(env)
-    repo = Path(__file__).resolve().parents[2]
-    return repo.parent / "shared" / "data"
+    return Path(env) if env else PHILLY_DATA.parent
+
+
+def arrival_span(jobs: list[TraceJob]) -> float:
+    """Last minus first arrival (seconds): the window the jobs were offered over."""
+    if not jobs:
+        return 0.0
+    arrivals = [j.arrival_s for j in jobs]
+    return max(arrivals) - min(arrivals)
 
 
 def offered_load(jobs: list[TraceJob], gpus: int, span_s: float | None = None) -> float:
-    """Offered GPU-time over the arrival span divided by cluster GPU-time."""
+    """Offered GPU-time over the arrival span (last - first arrival) / cluster GPU-time."""
     if not jobs:
         return 0.0
-    span = span_s or max(j.arrival_s for j in jobs) or 1.0
+    span = span_s or arrival_span(jobs) or 1.0
     return sum(j.gpus * j.duration_s for j in jobs) / (gpus * span)
+
+
+def rebase(jobs: list[TraceJob]) -> list[TraceJob]:
+    """The same jobs with the first arrival at t = 0 (metrics never depend on the origin)."""
+    if not jobs:
+        return jobs
+    t0 = min(j.arrival_s for j in jobs)
+    return jobs if t0 == 0 else [replace(j, arrival_s=j.arrival_s - t0) for j in jobs]
 
 
 def _floor(rng: np.random.Generator) -> float:
@@ -201,37 +235,107 @@ def load_csv(path: Path | str, seed: int = 0) -> list[TraceJob]:
     return jobs
 
 
+@dataclass(frozen=True)
+class TraceLoad:
+    """A loaded trace with what was done to it and what came before its window."""
+
+    jobs: list[TraceJob]
+    history: tuple[CompletedJob, ...] = ()
+    notes: tuple[str, ...] = ()
+
+
+def _philly_rows(path: Path | str | None) -> tuple[list[dict[str, str]], str]:
+    if path is None:
+        full = default_data_dir() / PHILLY_FULL_NAME
+        path = full if full.exists() else PHILLY_DATA
+    path = Path(path)
+    if not path.exists():
+        raise ValueError(
+            f"Philly trace not found at {path}: it ships with the package as "
+            f"{PHILLY_DATA.name}; reinstall elastico-extender, or download Gavel's per-VC "
+            "traces (github.com/stanford-futuredata/gavel, scheduler/traces/msr) and set "
+            "ELASTICO_DATA_DIR to a folder holding philly_gavel_vc_traces.csv"
+        )
+    raw = path.read_bytes()
+    text = gzip.decompress(raw).decode() if raw[:2] == b"\x1f\x8b" else raw.decode()
+    return list(csv.DictReader(io.StringIO(text))), str(path)
+
+
+def philly_vcs(path: Path | str | None = None) -> list[str]:
+    """The VC ids in the trace file."""
+    rows, _ = _philly_rows(path)
+    return sorted({r["vc"] for r in rows})
+
+
+def philly_trace(
+    vc: str,
+    path: Path | str | None = None,
+    seed: int = 0,
+    inference_share: float = 0.3,
+    max_duration_s: float | None = 48 * 3600.0,
+    days: tuple[float, float] | None = None,
+) -> TraceLoad:
+    """One Philly VC with the transformations of the module docstring, each stated in notes."""
+    rows, source = _philly_rows(path)
+    rng = np.random.default_rng([seed, zlib.crc32(vc.encode())])
+    start, end = (days[0] * 86400.0, days[1] * 86400.0) if days else (0.0, math.inf)
+    jobs: list[TraceJob] = []
+    history: list[CompletedJob] = []
+    one_gpu = converted = clipped = 0
+    for rec in rows:
+        if rec["vc"] != vc:
+            continue
+        arrival = float(rec["arrival_time_s"])
+        job_id = rec["job_id"]
+        gpus = int(rec["gpu_num"])
+        workload = workload_from_gavel(rec["job_type_seed0"], job_id)
+        h = zlib.crc32(("inf:" + job_id).encode()) / 2**32
+        if gpus == 1 and h < inference_share:
+            workload = INFERENCE_WORKLOADS[int(h / inference_share * 4) % 4]
+        duration = float(rec["duration_s"])
+        if max_duration_s is not None and duration > max_duration_s:
+            duration = max_duration_s
+            in_window = start <= arrival < end
+            clipped += in_window
+        if arrival < start:
+            if arrival + duration <= start:
+                history.append(CompletedJob(workload, gpus, duration))
+            continue
+        if arrival >= end:
+            continue
+        one_gpu += gpus == 1
+        converted += workload in INFERENCE_WORKLOADS
+        jobs.append(TraceJob(job_id, arrival, gpus, duration, workload, _floor(rng)))
+    if not jobs:
+        known = ", ".join(sorted({r["vc"] for r in rows}))
+        raise ValueError(f"no jobs for Philly VC {vc!r} in {source} (VCs: {known})")
+    jobs.sort(key=lambda j: (j.arrival_s, j.job_id))
+    shift = jobs[0].arrival_s
+    jobs = rebase(jobs)
+    window = f"days {days[0]:g}-{days[1]:g}" if days else "whole trace"
+    notes = [
+        f"Philly VC {vc} ({window}, first arrival rebased to t=0 from {shift / 86400:.2f} d): "
+        f"{len(jobs)} jobs, {len(history)} earlier completions as history",
+        f"converted {converted} of {one_gpu} one-GPU jobs to LLM inference "
+        f"(inference share {inference_share:g}: Philly has no inference jobs)",
+        f"clipped {clipped} job durations to {max_duration_s / 3600:g} h (--max-job-hours)"
+        if max_duration_s is not None
+        else "durations not clipped",
+    ]
+    return TraceLoad(jobs, tuple(history), tuple(notes))
+
+
 def load_philly(
     vc: str,
     path: Path | str | None = None,
     seed: int = 0,
     inference_share: float = 0.3,
-    max_duration_s: float = 48 * 3600.0,
+    max_duration_s: float | None = 48 * 3600.0,
     window_s: float | None = None,
 ) -> list[TraceJob]:
-    """One Philly VC's jobs with the workload mapping of the module docstring."""
-    path = Path(path) if path else default_data_dir() / "philly_gavel_vc_traces.csv"
-    rng = np.random.default_rng([seed, zlib.crc32(vc.encode())])
-    jobs: list[TraceJob] = []
-    with open(path, newline="") as handle:
-        for rec in csv.DictReader(handle):
-            if rec["vc"] != vc:
-                continue
-            arrival = float(rec["arrival_time_s"])
-            if window_s is not None and arrival > window_s:
-                continue
-            job_id = rec["job_id"]
-            gpus = int(rec["gpu_num"])
-            workload = workload_from_gavel(rec["job_type_seed0"], job_id)
-            h = zlib.crc32(("inf:" + job_id).encode()) / 2**32
-            if gpus == 1 and h < inference_share:
-                workload = INFERENCE_WORKLOADS[int(h / inference_share * 4) % 4]
-            duration = min(float(rec["duration_s"]), max_duration_s)
-            jobs.append(TraceJob(job_id, arrival, gpus, duration, workload, _floor(rng)))
-    if not jobs:
-        raise ValueError(f"no jobs for Philly VC {vc!r} in {path}")
-    jobs.sort(key=lambda j: (j.arrival_s, j.job_id))
-    return jobs
+    """One Philly VC's jobs (the first ``window_s`` seconds); :func:`philly_trace` says more."""
+    days = (0.0, window_s / 86400.0) if window_s is not None else None
+    return philly_trace(vc, path, seed, inference_share, max_duration_s, days).jobs
 
 
 def fit_to_cluster(jobs: list[TraceJob], gpus: int) -> list[TraceJob]:

@@ -169,13 +169,23 @@ class GroundTruth:
         return replace(self, slowdown=1.0 + factor * (self.slowdown - 1.0))
 
     # -- slowdowns ----------------------------------------------------------------
-    def device_slowdowns(self, gids: np.ndarray) -> np.ndarray:
-        """S of every tenant of one device: 1 + sum over partners of (S(i|j) - 1)."""
+    def device_slowdowns(
+        self, gids: np.ndarray, jobs: np.ndarray | None = None, t: float = 0.0
+    ) -> np.ndarray:
+        """S of every tenant of one device: 1 + sum over partners of (S(i|j) - 1).
+
+        ``jobs`` (trace rows) and ``t`` matter only in worlds whose jobs vary over time
+        (:mod:`.production`); here every job saturates its GPU at all times.
+        """
         if gids.size < 2:
             return np.ones(gids.size)
         block = self.slowdown[gids[:, None], gids[None, :]] - 1.0
         np.fill_diagonal(block, 0.0)
         return 1.0 + block.sum(axis=1)
+
+    def next_change(self, t: float) -> float:
+        """When job activities next change (never: benchmark jobs always saturate)."""
+        return math.inf
 
     # -- reconfiguration costs ------------------------------------------------------
     def _size(self, gid: int) -> float:

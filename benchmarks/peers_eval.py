@@ -1,0 +1,325 @@
+"""ElastiCo against its peers on real Philly weeks and at scale, in both worlds (issue 14).
+
+Command (from the repository root; one command regenerates every table)::
+
+    PYTHONPATH=. nice -n 5 python benchmarks/peers_eval.py --jobs 1
+    PYTHONPATH=. python benchmarks/peers_eval.py --only philly --worlds benchmark
+    PYTHONPATH=. python benchmarks/peers_eval.py --only scale --sizes 64,256
+    PYTHONPATH=. python benchmarks/peers_eval.py --only collect     # tables from saved parts
+
+Sections (results under ``benchmarks/results/peers/``, tables in ``PEERS.md``):
+
+* ``philly``: three Philly virtual clusters, each over its busiest week, replayed at
+  its **native** load (recorded arrivals, no compression) on two cluster sizes,
+  every baseline -- volcano (FIFO, whole GPUs), lucid, tiresias (2D-LAS), srtf
+  (ORACLE durations) -- and elastico, elastico+learned, in the benchmark and
+  the production world.  Jobs that finished before the week are the history the
+  duration estimators start from (``--days``).  Durations clipped at 48 h and 30%
+  of one-GPU jobs turned into LLM inference, as printed by ``elastico simulate``.
+* ``scale``: synthetic mix at load 1.5 on 64 .. 2,048 GPUs (windows shrink with
+  size, see SCALE), every baseline and elastico, in both worlds.
+
+Each policy's summary is saved as JSON as soon as it finishes; ``--resume`` runs
+only the policies not yet saved, so an interrupted run loses nothing.  A policy run
+past ``--policy-timeout`` seconds is stopped and reported as such.  The saved set was
+produced in passes, cheap policies first, on a 2-core machine shared with 6 jobs::
+
+    P="PYTHONPATH=. nice -n 5 python benchmarks/peers_eval.py"
+    $P --only philly --no-learned --resume
+    $P --only scale --worlds benchmark --resume --policy-timeout 180
+    $P --only scale --worlds production --sizes 64,128,256 --resume --policy-timeout 180
+    $P --only philly --resume --policy-timeout 300          # adds elastico+learned
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import multiprocessing as mp
+import multiprocessing.queues
+import sys
+import time
+from pathlib import Path
+from queue import Empty
+
+from elastico_extender.sim.engine import ClusterSpec
+from elastico_extender.sim.metrics import summarise
+from elastico_extender.sim.runner import Experiment, run_experiment
+from elastico_extender.sim.traces import (
+    fit_to_cluster,
+    offered_load,
+    philly_trace,
+    synthetic,
+)
+
+OUT = Path(__file__).with_name("results") / "peers"
+BASELINES = ("volcano", "lucid", "tiresias", "srtf")
+ELASTICO = ("elastico", "elastico+learned")
+PHILLY: tuple[tuple[str, tuple[float, float], tuple[int, int]], ...] = (
+    ("6214e9", (41.0, 48.0), (144, 96)),
+    ("11cb48", (77.0, 84.0), (128, 96)),
+    ("0e4a51", (19.0, 26.0), (256, 160)),
+)
+"""(VC, its busiest week in days, two cluster sizes: native load about 0.6 and 0.9)."""
+SCALE = {64: 24.0, 128: 24.0, 256: 12.0, 512: 6.0, 1024: 3.0, 2048: 2.0}
+"""GPUs -> arrival window in hours at load 1.5 (shorter at large sizes to bound run time)."""
+WORLDS = ("benchmark", "production")
+
+
+def _save(path: Path, meta: dict[str, object], summ: dict[str, dict[str, float]]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"meta": meta, "summary": summ}, indent=1, sort_keys=True))
+
+
+LIMIT = {"policy_s": 3600.0}
+"""Wall-clock limit per policy run (``--policy-timeout``); a run past it is reported as such."""
+
+
+def _one(exp: Experiment, name: str, queue: mp.queues.Queue) -> None:
+    r = run_experiment(exp, [name], workers=1)[name]
+    queue.put((summarise(r), r.wall_s))
+
+
+def _bounded(exp: Experiment, name: str, limit: float) -> tuple[dict[str, float], float] | None:
+    """One policy's summary and wall time, or None if it ran past ``limit`` seconds."""
+    ctx = mp.get_context("fork")
+    queue = ctx.Queue()
+    proc = ctx.Process(target=_one, args=(exp, name, queue))
+    proc.start()
+    try:
+        result: tuple[dict[str, float], float] = queue.get(timeout=limit)
+    except Empty:
+        result = None  # type: ignore[assignment]
+    proc.join(timeout=5)
+    if proc.is_alive():
+        proc.terminate()
+        proc.join()
+    return result
+
+
+def _run(
+    key: str, exp: Experiment, policies: tuple[str, ...], meta: dict[str, object], resume: bool
+) -> None:
+    path = OUT / f"{key}.json"
+    t0 = time.time()
+    summ: dict[str, dict[str, float]] = {}
+    walls: dict[str, float] = {}
+    if resume and path.exists():  # keep what was saved, run only the missing policies
+        saved = json.loads(path.read_text())
+        summ, walls = saved["summary"], saved["meta"].get("wall_s", {})
+    policies = tuple(n for n in policies if n not in summ)
+    for name in policies:  # one at a time: the partial file is useful if stopped
+        limit = LIMIT["policy_s"]
+        got = _bounded(exp, name, limit)
+        if got is None:
+            summ[name] = {"timed_out_s": limit}
+            walls[name] = limit
+            print(f"  {key} {name}: stopped after {limit:.0f}s", file=sys.stderr)
+        else:
+            summ[name], walls[name] = got
+            print(f"  {key} {name}: {walls[name]:.0f}s", file=sys.stderr)
+        _save(path, {**meta, "wall_s": walls, "complete": False}, summ)
+    _save(path, {**meta, "wall_s": walls, "complete": True}, summ)
+    print(f"  {key}: {time.time() - t0:.0f}s", file=sys.stderr)
+
+
+def philly(worlds: tuple[str, ...], policies: tuple[str, ...], seed: int, resume: bool) -> None:
+    for world in worlds:
+        for vc, days, sizes in PHILLY:
+            loaded = philly_trace(vc, seed=seed, days=days)
+            for gpus in sizes:
+                jobs = fit_to_cluster(loaded.jobs, gpus)
+                span = max(j.arrival_s for j in jobs)
+                exp = Experiment(
+                    trace=tuple(jobs),
+                    cluster=ClusterSpec(gpus=gpus),
+                    seed=seed,
+                    world=world,
+                    history=loaded.history,
+                )
+                meta = {
+                    "section": "philly",
+                    "vc": vc,
+                    "days": list(days),
+                    "gpus": gpus,
+                    "world": world,
+                    "jobs": len(jobs),
+                    "load": offered_load(jobs, gpus, span),
+                    "notes": list(loaded.notes),
+                }
+                _run(f"philly_{vc}_{gpus}_{world}", exp, policies, meta, resume)
+
+
+def scale(
+    worlds: tuple[str, ...], sizes: list[int], policies: tuple[str, ...], seed: int, resume: bool
+) -> None:
+    for world in worlds:
+        for gpus in sizes:
+            hours = SCALE.get(gpus, 2.0)
+            jobs = synthetic(gpus, 1.5, hours * 3600.0, seed)
+            exp = Experiment(
+                trace=tuple(jobs), cluster=ClusterSpec(gpus=gpus), seed=seed, world=world
+            )
+            meta = {
+                "section": "scale",
+                "gpus": gpus,
+                "hours": hours,
+                "world": world,
+                "jobs": len(jobs),
+                "load": offered_load(jobs, gpus, hours * 3600.0),
+            }
+            _run(f"scale_{gpus}_{world}", exp, policies, meta, resume)
+
+
+def _cell(s: dict[str, dict[str, float]], name: str, base: float) -> str:
+    if name not in s:
+        return ""
+    if "timed_out_s" in s[name]:
+        return f"stopped at {s[name]['timed_out_s'] / 60:.0f} min"
+    return _x(s[name]["avg_jct_s"], base)
+
+
+def _x(a: float, b: float) -> str:
+    return f"{a / b:.2f}x" if b and math.isfinite(a) and math.isfinite(b) else "n/a"
+
+
+def collect(command: str) -> str:
+    """PEERS.md from every saved experiment (partial ones marked)."""
+    parts = [json.loads(p.read_text()) for p in sorted(OUT.glob("*.json"))]
+    lines = [
+        "# ElastiCo vs. peers (issue 14): Philly weeks at native load, and scale at load 1.5",
+        "",
+        f"Last command: `{command}`.  The saved set came from the passes listed in "
+        "`benchmarks/peers_eval.py`'s docstring (cheap policies first, per-policy time limit); "
+        "`--only collect` rebuilds this file from the saved JSON.",
+        "",
+        "Avg JCT normalised to volcano (FIFO, whole GPUs) of the same run; `srtf` knows every",
+        "job's true remaining time (ORACLE). p99 JCT and worst queueing delay in hours.",
+        "",
+    ]
+    for section in ("philly", "scale"):
+        rows = [p for p in parts if p["meta"]["section"] == section]
+        if not rows:
+            continue
+        names = [n for n in (*BASELINES, *ELASTICO) if any(n in p["summary"] for p in rows)]
+        head = [
+            "world",
+            "cluster",
+            "GPUs",
+            "jobs",
+            "load",
+            *names,
+            "p99 JCT h (volcano/best base/elastico)",
+            "worst queue h (volcano/elastico)",
+            "elastico vs best baseline",
+        ]
+        lines += [f"## {section}", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        rows.sort(
+            key=lambda p: (
+                p["meta"]["world"],
+                str(p["meta"].get("vc", "")),
+                -int(p["meta"]["gpus"]),
+            )
+        )
+        for p in rows:
+            m, s = p["meta"], p["summary"]
+            base = s.get("volcano", {}).get("avg_jct_s", float("nan"))
+            cells = [_cell(s, n, base) for n in names]
+            s = {n: v for n, v in s.items() if "timed_out_s" not in v}
+            others = [n for n in BASELINES if n in s and n != "volcano"]
+            best = min(others, key=lambda n: s[n]["avg_jct_s"]) if others else None
+            el = s.get("elastico")
+            p99 = "/".join(
+                f"{s[n]['p99_jct_s'] / 3600:.1f}" if n and n in s else "-"
+                for n in ("volcano", best, "elastico")
+            )
+            worst = "/".join(
+                f"{s[n]['max_queue_s'] / 3600:.1f}" if n in s else "-"
+                for n in ("volcano", "elastico")
+            )
+            vs = f"{el['avg_jct_s'] / s[best]['avg_jct_s']:.2f}x of {best}" if el and best else "-"
+            tag = "" if m.get("complete", True) else " (partial)"
+            cluster = f"{m.get('vc', 'synthetic')}" + (
+                f" d{m['days'][0]:g}-{m['days'][1]:g}" if "days" in m else f" {m['hours']:g}h"
+            )
+            lines.append(
+                "| "
+                + " | ".join(
+                    [
+                        m["world"] + tag,
+                        cluster,
+                        str(m["gpus"]),
+                        str(m["jobs"]),
+                        f"{m['load']:.2f}",
+                        *cells,
+                        p99,
+                        worst,
+                        vs,
+                    ]
+                )
+                + " |"
+            )
+        lines.append("")
+        if section == "scale":
+            lines += [
+                "Throughput and SM utilisation at scale (throughput normalised to volcano):",
+                "",
+                "| world | GPUs | " + " | ".join(f"{n} tput / SM%" for n in names) + " |",
+                "|" + "---|" * (2 + len(names)),
+            ]
+            for p in rows:
+                m, s = p["meta"], p["summary"]
+                b = s.get("volcano", {}).get("throughput", float("nan"))
+                cells = [
+                    f"{_x(s[n]['throughput'], b)} / {s[n]['sm_util']:.0f}"
+                    if n in s and "timed_out_s" not in s[n]
+                    else _cell(s, n, b)
+                    for n in names
+                ]
+                lines.append(f"| {m['world']} | {m['gpus']} | " + " | ".join(cells) + " |")
+            lines.append("")
+        walls = {n: sum(p["meta"].get("wall_s", {}).get(n, 0.0) for p in rows) for n in names}
+        lines.append(
+            "Simulation wall time (s, all rows): "
+            + ", ".join(f"{n} {w:.0f}" for n, w in walls.items())
+        )
+        lines.append("")
+    text = "\n".join(lines)
+    (OUT / "PEERS.md").write_text(text + "\n")
+    return text
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--only", default="philly,scale,collect")
+    ap.add_argument("--worlds", default=",".join(WORLDS))
+    ap.add_argument("--sizes", default=",".join(str(g) for g in SCALE))
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--jobs", type=int, default=1, help="kept for symmetry; runs are serial")
+    ap.add_argument("--no-learned", action="store_true", help="skip elastico+learned")
+    ap.add_argument("--resume", action="store_true", help="run only policies not yet saved")
+    ap.add_argument(
+        "--policy-timeout", type=float, default=LIMIT["policy_s"], help="seconds per policy run"
+    )
+    args = ap.parse_args(argv)
+    LIMIT["policy_s"] = args.policy_timeout
+    only = set(args.only.split(","))
+    worlds = tuple(w for w in args.worlds.split(",") if w)
+    elastico = ("elastico",) if args.no_learned else ELASTICO
+    command = "PYTHONPATH=. nice -n 5 python benchmarks/peers_eval.py " + " ".join(
+        argv if argv is not None else sys.argv[1:]
+    )
+    OUT.mkdir(parents=True, exist_ok=True)
+    if "philly" in only:
+        philly(worlds, (*BASELINES, *elastico), args.seed, args.resume)
+        print(collect(command))
+    if "scale" in only:
+        sizes = [int(s) for s in args.sizes.split(",") if s]
+        scale(worlds, sizes, (*BASELINES, "elastico"), args.seed, args.resume)
+    print(collect(command))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

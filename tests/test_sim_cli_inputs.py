@@ -1,0 +1,151 @@
+"""`elastico simulate` arguments and trace handling (issue 13 first five minutes, issue 14 §5).
+
+Every bad argument ends in a one-line error naming the option (exit 2), never a
+traceback or a hang; the Philly trace ships with the package; the trace clock's
+origin changes nothing; the report normalises to a policy that was run.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from elastico_extender.sim import cli
+from elastico_extender.sim.engine import ClusterSpec
+from elastico_extender.sim.metrics import summarise
+from elastico_extender.sim.runner import Experiment, run_experiment
+from elastico_extender.sim.traces import load_philly, offered_load, philly_trace, synthetic
+from elastico_extender.sim.truth import DEFAULT_PAIRS, GroundTruth
+from elastico_extender.sim.workloads import ConfigTable
+
+FAST = ["--no-progress", "--no-plots", "--jobs", "1"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "option"),
+    [
+        (["--load", "nan"], "--load"),
+        (["--load", "inf"], "--load"),
+        (["--load", "0"], "--load"),
+        (["--epoch", "-5"], "--epoch"),
+        (["--epoch", "0"], "--epoch"),
+        (["--epoch", "nan"], "--epoch"),
+        (["--gpus", "0"], "--gpus"),
+        (["--gpus", "-8"], "--gpus"),
+        (["--duration", "-1"], "--duration"),
+        (["--duration", "inf"], "--duration"),
+        (["--jobs", "0"], "--jobs"),
+        (["--profile-noise", "nan"], "--profile-noise"),
+        (["--max-job-hours", "-2"], "--max-job-hours"),
+        (["--gpu-type", "nonsense"], "--gpu-type"),
+        (["--interference", "/nope.csv"], "--interference"),
+        (["--trace", "/nope.csv"], "--trace"),
+        (["--trace", "philly:zzzzzz"], "--trace"),
+        (["--days", "3:1"], "--days"),
+        (["--days", "x"], "--days"),
+        (["--policy", "bogus"], "--policy"),
+        (["--world", "moon"], "--world"),
+    ],
+)
+def test_bad_arguments_fail_cleanly(argv: list[str], option: str, tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "elastico_extender.sim.cli", *argv, *FAST, "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert option in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_unwritable_out_is_a_clear_error() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "elastico_extender.sim.cli", "--quick", *FAST, "--out", "/proc/x"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2
+    assert "--out" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_philly_ships_with_the_package(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No ../shared/data needed: an installed user gets the trace from package data."""
+    monkeypatch.delenv("ELASTICO_DATA_DIR", raising=False)
+    jobs = load_philly("ed69ec")
+    assert len(jobs) == 951
+
+
+def test_philly_days_window_history_and_stated_conversions() -> None:
+    full = philly_trace("ed69ec")
+    part = philly_trace("ed69ec", days=(40.0, 43.0))
+    assert 0 < len(part.jobs) < len(full.jobs)
+    assert min(j.arrival_s for j in part.jobs) == 0.0  # rebased to the window's start
+    assert max(j.arrival_s for j in part.jobs) <= 3 * 86400.0
+    assert part.history and all(h.duration_s > 0 for h in part.history)
+    text = " ".join(full.notes)
+    assert "LLM inference" in text and "one-GPU" in text
+    assert "clipped" in text and "48" in text
+    unclipped = philly_trace("ed69ec", max_duration_s=None)
+    assert max(j.duration_s for j in unclipped.jobs) > 48 * 3600.0
+    assert "not clipped" in " ".join(unclipped.notes)
+    none = philly_trace("ed69ec", inference_share=0.0)
+    assert not any(j.workload in ("qwen-1.7b", "mistral-7b") for j in none.jobs)
+
+
+def test_gpu_type_selects_the_measured_pairs() -> None:
+    configs = ConfigTable.build(0, 0.0)
+    v100 = GroundTruth.build(configs, DEFAULT_PAIRS, gpu="v100")
+    p100 = GroundTruth.build(configs, DEFAULT_PAIRS, gpu="p100")
+    assert not np.allclose(v100.slowdown, p100.slowdown)
+
+
+def test_metrics_do_not_depend_on_the_trace_clock_origin() -> None:
+    trace = synthetic(16, load=1.2, duration_s=4 * 3600.0, seed=5)
+    shifted = [replace(j, arrival_s=j.arrival_s + 1e6) for j in trace]
+    runs = []
+    for jobs in (trace, shifted):
+        exp = Experiment(trace=tuple(jobs), cluster=ClusterSpec(gpus=16), seed=5)
+        runs.append(summarise(run_experiment(exp, ["volcano"], workers=1)["volcano"]))
+    for key in ("throughput", "sm_util", "mem_util", "avg_jct_s"):
+        assert runs[1][key] == pytest.approx(runs[0][key], rel=1e-6), key
+    span = max(j.arrival_s for j in trace) - min(j.arrival_s for j in trace)
+    assert offered_load(shifted, 16) == pytest.approx(offered_load(trace, 16, span))
+
+
+def test_load_rescaling_hits_the_requested_load_on_a_shifted_trace(tmp_path: Path) -> None:
+    rows = ["arrival_time_s,gpu_num,duration_s,workload"]
+    rows += [f"{1e6 + 600 * k},1,3600,lstm" for k in range(40)]
+    path = tmp_path / "t.csv"
+    path.write_text("\n".join(rows) + "\n")
+    args = cli.build_parser().parse_args(["--trace", str(path), "--gpus", "4", "--load", "1.5"])
+    jobs, gpus, window, _ = cli.load_trace(args)
+    assert min(j.arrival_s for j in jobs) == 0.0
+    assert offered_load(jobs, gpus, window) == pytest.approx(1.5, rel=1e-6)
+
+
+def test_report_normalises_to_a_policy_that_ran(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    code = cli.main(
+        ["--quick", "--policy", "lucid", "--policy", "srtf", *FAST, "--out", str(tmp_path)]
+    )
+    assert code == 0
+    out = capsys.readouterr().out
+    assert "normalised to volcano" not in out
+    assert "normalised to lucid" in out
+
+
+def test_quick_run_is_loaded_and_shows_a_difference(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    """The quick run once showed every policy at 1.00x: it must load the cluster."""
+    assert cli.main(["--quick", *FAST, "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    load = float(out.split("offered load=")[1].split()[0])
+    assert load >= 1.2
+    rows = [line for line in out.splitlines() if line.startswith("| ") and "x |" in line]
+    ratios = {line.split("|")[2].strip() for line in rows}
+    assert len(rows) >= 4 and len(ratios) > 1

@@ -1,0 +1,140 @@
+"""The production-like world: cited distributions, phases, and the reduction to Gavel's pairs."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from elastico_extender.sim.production import (
+    DEFAULT_WORLD_FILE,
+    ProductionWorld,
+    demand_curve,
+)
+from elastico_extender.sim.traces import TraceJob, synthetic
+from elastico_extender.sim.truth import DEFAULT_PAIRS, GroundTruth
+from elastico_extender.sim.workloads import INFERENCE_WORKLOADS, ConfigTable
+
+CONFIGS = ConfigTable.build(0, 0.0)
+BENCH = GroundTruth.build(CONFIGS, DEFAULT_PAIRS)
+
+
+def _world_truth(n: int = 4000, seed: int = 0):  # type: ignore[no-untyped-def]
+    trace = synthetic(64, load=1.0, duration_s=n * 30.0, seed=seed)[:n]
+    return trace, ProductionWorld.load().truth(BENCH, trace, seed)
+
+
+def test_shipped_file_cites_a_source_for_every_figure() -> None:
+    raw = json.loads(DEFAULT_WORLD_FILE.read_text())
+    assert {"train_beta", "infer_beta", "train_idle_share", "demand"} <= set(raw["sources"])
+    assert ProductionWorld.load() == ProductionWorld(sources=raw["sources"])
+
+
+def test_solo_activity_matches_pai_means_and_shapes() -> None:
+    _, truth = _world_truth()
+    inf = truth.inference
+    assert inf.any() and (~inf).any()
+    train, infer = truth.solo_activity[~inf], truth.solo_activity[inf]
+    assert train.mean() == pytest.approx(0.143, abs=0.02)  # PAI training mean
+    assert (train < 0.5).mean() == pytest.approx(0.90, abs=0.03)  # ~90% below 50%
+    assert infer.mean() == pytest.approx(0.064, abs=0.015)  # PAI inference mean
+    assert np.median(infer) < 0.02 and (infer < 0.5).mean() > 0.95  # GenAI: median ~0
+
+
+def test_inference_demand_is_as_bursty_as_the_serving_trace() -> None:
+    world = ProductionWorld.load()
+    curves = [demand_curve(world, 96 * 30, seed) for seed in range(6)]
+    cv = np.mean([c.std() / c.mean() for c in curves])
+    p95_p5 = np.mean([np.percentile(c, 95) / np.percentile(c, 5) for c in curves])
+    assert cv == pytest.approx(0.87, abs=0.12)
+    assert 50 < p95_p5 < 130
+    assert all(c.mean() == pytest.approx(1.0) for c in curves)
+
+
+def test_training_has_idle_stretches_with_the_same_lifetime_mean() -> None:
+    _, truth = _world_truth(400)
+    jobs = np.flatnonzero(~truth.inference)[:200]
+    gids = np.zeros(jobs.size, dtype=np.intp)
+    slots = np.array([truth.activity(jobs, gids, k * 900.0 + 1.0) for k in range(400)])
+    idle = (slots == 0).mean()
+    assert idle == pytest.approx(0.25, abs=0.03)
+    unclipped = truth.solo_activity[jobs] < 0.75
+    np.testing.assert_allclose(
+        slots.mean(axis=0)[unclipped], truth.solo_activity[jobs][unclipped], rtol=0.2, atol=0.01
+    )
+
+
+def test_slowdown_reduces_to_gavel_pairs_when_jobs_saturate() -> None:
+    trace = [
+        TraceJob("a", 0.0, 1, 3600.0, "lstm"),
+        TraceJob("b", 1.0, 1, 3600.0, "ncf"),
+    ]
+    truth = ProductionWorld(train_idle_share=0.0).truth(BENCH, trace)
+    truth.solo_activity[:] = 1.0
+    g = np.array([CONFIGS.default_of("lstm"), CONFIGS.default_of("ncf")])
+    assert BENCH.measured[g[0], g[1]]
+    got = truth.device_slowdowns(g, np.array([0, 1]), 10.0)
+    np.testing.assert_allclose(got, BENCH.device_slowdowns(g))
+
+
+def test_slowdown_scales_with_both_jobs_activity_and_vanishes_when_one_idles() -> None:
+    trace = [TraceJob("a", 0.0, 1, 3600.0, "lstm"), TraceJob("b", 1.0, 1, 3600.0, "lstm")]
+    truth = ProductionWorld(train_idle_share=0.0).truth(BENCH, trace)
+    g = np.array([CONFIGS.default_of("lstm")] * 2)
+    full = BENCH.device_slowdowns(g)[0] - 1.0
+    truth.dram_ratio[:] = 0.0
+    truth.solo_activity[:] = [0.5, 0.4]
+    s = truth.device_slowdowns(g, np.array([0, 1]), 10.0)
+    np.testing.assert_allclose(s - 1.0, 0.5 * 0.4 * full)
+    truth.solo_activity[:] = [0.0, 1.0]
+    np.testing.assert_allclose(truth.device_slowdowns(g, np.array([0, 1]), 10.0), 1.0)
+
+
+def test_memory_bandwidth_counts_as_occupancy() -> None:
+    trace = [TraceJob("a", 0.0, 1, 3600.0, "lstm"), TraceJob("b", 1.0, 1, 3600.0, "lstm")]
+    truth = ProductionWorld(train_idle_share=0.0).truth(BENCH, trace)
+    g = np.array([CONFIGS.default_of("lstm")] * 2)
+    truth.solo_activity[:] = 0.2
+    truth.dram_ratio[:] = 0.0
+    low = truth.device_slowdowns(g, np.array([0, 1]), 10.0)
+    truth.dram_ratio[:] = 4.0  # memory-bound: the bus busy 80% of the time
+    high = truth.device_slowdowns(g, np.array([0, 1]), 10.0)
+    assert (high > low).all()
+
+
+def test_inference_activity_follows_the_demand_curve() -> None:
+    trace = [TraceJob("q", 0.0, 1, 86400.0, INFERENCE_WORKLOADS[0])]
+    truth = ProductionWorld().truth(BENCH, trace)
+    truth.solo_activity[:] = 0.05
+    acts = np.array([truth.activity(np.array([0]), np.array([0]), k * 900.0)[0] for k in range(96)])
+    np.testing.assert_allclose(acts, np.minimum(1.0, 0.05 * truth.demand[:96]))
+    assert truth.next_change(100.0) == pytest.approx(900.0)
+
+
+@pytest.mark.parametrize(
+    "content",
+    ['{"train_beta": [0.2]}', '{"step_s": -1}', '{"bogus": 1}', "not json"],
+)
+def test_bad_world_files_are_rejected(tmp_path: Path, content: str) -> None:
+    p = tmp_path / "w.json"
+    p.write_text(content)
+    with pytest.raises(ValueError):
+        ProductionWorld.load(p)
+
+
+def test_world_is_chosen_by_the_experiment() -> None:
+    from elastico_extender.sim.engine import ClusterSpec
+    from elastico_extender.sim.metrics import summarise
+    from elastico_extender.sim.runner import Experiment, run_experiment
+
+    trace = tuple(synthetic(8, load=1.0, duration_s=3 * 3600.0, seed=2))
+    exp = Experiment(trace=trace, cluster=ClusterSpec(gpus=8), seed=2)
+    bench = summarise(run_experiment(exp, ["volcano"], workers=1)["volcano"])
+    prod = summarise(
+        run_experiment(replace(exp, world="production"), ["volcano"], workers=1)["volcano"]
+    )
+    assert prod["sm_util"] < 0.6 * bench["sm_util"]  # production jobs idle most of the time
+    assert prod["avg_jct_s"] == pytest.approx(bench["avg_jct_s"])  # no sharing: same JCT
