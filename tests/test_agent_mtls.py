@@ -76,7 +76,15 @@ def test_agent_reports_over_mtls_with_its_certificate_only(tmp_path: Path) -> No
     url = f"https://127.0.0.1:{port}"
     try:
         assert wait_for(lambda: len(kube.state.pods()) == 1)
-        app.state.engine.run_epoch()
+        engine = app.state.engine
+
+        def planned() -> bool:  # the epoch thread may be planning too: wait for a plan
+            engine.run_epoch()  # that has the pod running
+            return engine.has_plan and any(
+                j.id == "uid-a" and j.running for j in engine.published.snapshot.jobs
+            )
+
+        assert wait_for(planned)
         agent = Reporter(url, ca_file=files["ca.crt"],
                          client_cert=(files["agent.crt"], files["agent.key"]))  # fmt: skip
         assert agent.send("g0", [window("uid-a", SOLO)]) == {"accepted": 1, "pair_samples": 0}
