@@ -14,12 +14,17 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import numpy as np
-
 from elastico_extender.core.model import Job, Plan, Snapshot
 from elastico_extender.core.planner.devices import DeviceTable
-from elastico_extender.core.resources import GPU_MEM, NUM_RESOURCES
-from elastico_extender.policies.volcano import assignment, default_config, demand, gang, rejection
+from elastico_extender.core.resources import GPU_MEM
+from elastico_extender.policies.volcano import (
+    assignment,
+    default_config,
+    demand,
+    gang,
+    rejection,
+    table_plan,
+)
 
 __all__ = ["priority_quota_plan"]
 
@@ -75,15 +80,4 @@ def priority_quota_plan(
             continue
         table.place(row, devs, per_gpu)
         assignments[job.id] = assignment(job, fam, config, tuple(table.refs[d] for d in devs))
-    return Plan(
-        epoch=snapshot.epoch,
-        prices=np.zeros(NUM_RESOURCES),
-        assignments=assignments,
-        queued=tuple(queued),
-        rejected=rejected,
-        preempted=tuple(preempted),
-        stats={
-            "gpus_allocated": float((table.count > 0).sum()) / max(table.size, 1),
-            "colocated_devices": 0.0,
-        },
-    )
+    return table_plan(snapshot, table, assignments, queued, rejected, tuple(preempted))

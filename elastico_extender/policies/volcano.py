@@ -47,6 +47,7 @@ __all__ = [
     "gang",
     "rejection",
     "seat_running",
+    "table_plan",
 ]
 
 
@@ -193,12 +194,26 @@ def admit_in_order(
             queued.append(job.id)
             continue
         assignments[job.id] = assignment(job, fam, config, tuple(table.refs[d] for d in devs))
+    return table_plan(snapshot, table, assignments, queued, rejected)
+
+
+def table_plan(
+    snapshot: Snapshot,
+    table: DeviceTable,
+    assignments: dict[str, Assignment],
+    queued: list[str],
+    rejected: dict[str, str],
+    preempted: tuple[str, ...] = (),
+) -> Plan:
+    """A baseline's plan from its device table: no prices, and the stats every baseline
+    reports (share of GPUs holding a job, devices holding two or more)."""
     return Plan(
         epoch=snapshot.epoch,
         prices=np.zeros(NUM_RESOURCES),
         assignments=assignments,
         queued=tuple(queued),
         rejected=rejected,
+        preempted=preempted,
         stats={
             "gpus_allocated": float((table.count > 0).sum()) / max(table.size, 1),
             "colocated_devices": float((table.count >= 2).sum()),
