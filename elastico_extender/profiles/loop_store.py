@@ -17,7 +17,6 @@ Writes are batched per call (one transaction); the store is thread-safe.
 from __future__ import annotations
 
 import math
-import sqlite3
 import threading
 from pathlib import Path
 
@@ -26,7 +25,7 @@ import numpy as np
 from elastico_extender.core.interference.features import NUM_FEATURES
 from elastico_extender.core.interference.online import OnlineCorrection
 from elastico_extender.core.observations import ObservationBook
-from elastico_extender.errors import ProfileStoreError
+from elastico_extender.profiles.store import open_database
 
 __all__ = ["LoopStore"]
 
@@ -63,11 +62,7 @@ class LoopStore:
             raise ValueError("max_samples must be >= 1")
         self.path = str(path)
         self.max_samples = max_samples
-        try:
-            self._db = sqlite3.connect(self.path, check_same_thread=False)
-            self._db.executescript(_SCHEMA)
-        except sqlite3.Error as exc:
-            raise ProfileStoreError(f"cannot open loop store {self.path}: {exc}") from exc
+        self._db = open_database(self.path, _SCHEMA, "loop store")
         self._lock = threading.Lock()
 
     def close(self) -> None:

@@ -14,13 +14,12 @@ The book stays the one place where rates become slowdowns; this module only stor
 
 from __future__ import annotations
 
-import sqlite3
 import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from elastico_extender.errors import ProfileStoreError
+from elastico_extender.profiles.store import open_database
 
 __all__ = ["ObservationStore", "StoredSample"]
 
@@ -61,11 +60,7 @@ class ObservationStore:
     def __init__(self, path: str | Path = ":memory:", *, max_samples: int = 200_000) -> None:
         self.path = str(path)
         self.max_samples = max_samples
-        try:
-            self._db = sqlite3.connect(self.path, check_same_thread=False)
-            self._db.executescript(_SCHEMA)
-        except sqlite3.Error as exc:
-            raise ProfileStoreError(f"cannot open observation store {self.path}: {exc}") from exc
+        self._db = open_database(self.path, _SCHEMA, "observation store")
         self._lock = threading.Lock()
 
     def close(self) -> None:

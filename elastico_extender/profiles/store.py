@@ -42,6 +42,17 @@ CREATE TABLE IF NOT EXISTS profiles (
 """
 
 
+def open_database(path: str, schema: str, what: str) -> sqlite3.Connection:
+    """An SQLite connection shared by threads (callers hold their own lock) with ``schema``
+    applied; any failure is a :class:`ProfileStoreError` naming ``what`` and the file."""
+    try:
+        db = sqlite3.connect(path, check_same_thread=False)
+        db.executescript(schema)
+    except sqlite3.Error as exc:
+        raise ProfileStoreError(f"cannot open {what} {path}: {exc}") from exc
+    return db
+
+
 def _config_key(configuration: Configuration) -> str:
     return json.dumps(configuration.as_dict(), sort_keys=True)
 
@@ -62,11 +73,7 @@ class ProfileStore:
 
     def __init__(self, path: str | Path = ":memory:") -> None:
         self.path = str(path)
-        try:
-            self._db = sqlite3.connect(self.path, check_same_thread=False)
-            self._db.executescript(_SCHEMA)
-        except sqlite3.Error as exc:
-            raise ProfileStoreError(f"cannot open profile store {self.path}: {exc}") from exc
+        self._db = open_database(self.path, _SCHEMA, "profile store")
         self._lock = threading.Lock()
 
     def close(self) -> None:
