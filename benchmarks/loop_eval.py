@@ -6,11 +6,17 @@ for every policy)::
     PYTHONPATH=. nice -n 5 python benchmarks/loop_eval.py --scenario load100
     PYTHONPATH=. nice -n 5 python benchmarks/loop_eval.py --scenario load150
     PYTHONPATH=. nice -n 5 python benchmarks/loop_eval.py --scenario philly
+    PYTHONPATH=. nice -n 5 python benchmarks/loop_eval.py --scenario philly150 --resume
     PYTHONPATH=. python benchmarks/loop_eval.py --scenario load100 --hours 3 --gpus 16  # smoke
 
 Scenarios: ``load100`` 64 GPUs, synthetic mix, load 1.0, 24 h; ``load150``
 64 GPUs, load 1.5, 12 h; ``philly`` VC ed69ec (its own 64 GPUs) at load 1.0,
+``philly150`` the same VC at load 1.5 (its whole trace, arrivals compressed),
 durations clipped at 48 h.  ``--policy`` replaces the default policy list.
+
+Each policy's figures are saved as it finishes (``<tag>.parts/<policy>.json``);
+``--resume`` keeps the saved ones and runs only the missing policies, so a long
+scenario can be run one policy at a time.
 
 Printed per policy: average JCT relative to Volcano, attainment, the harm
 figures (p50/p95/max of how long a pair whose true slowdown exceeded the
@@ -25,6 +31,7 @@ observed so far (and the base predictor's on the same pairs) over time;
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
@@ -48,8 +55,16 @@ SCENARIOS = {
     "load100": ("synthetic", 1.0, 24.0),
     "load150": ("synthetic", 1.5, 12.0),
     "philly": ("philly:ed69ec", 1.0, None),
+    "philly150": ("philly:ed69ec", 1.5, None),
 }
 POLICIES = ("volcano", "elastico", "elastico+online", "elastico+iac")
+PHILLY_POLICIES = (
+    "volcano",
+    "elastico",
+    "elastico+online",
+    "elastico+learned",
+    "elastico+learned+online",
+)
 
 
 def trace_for(scenario: str, gpus: int | None, hours: float | None, seed: int):
@@ -70,72 +85,98 @@ def trace_for(scenario: str, gpus: int | None, hours: float | None, seed: int):
     return jobs, gpus
 
 
-def harm_row(r: RunResult, epoch_s: float) -> list[str]:
+def figures(r: RunResult, epoch_s: float) -> dict[str, object]:
+    """What the tables need of one run, as plain data (saved per policy)."""
+    s = summarise(r)
     harm = np.array(r.harm_s) / epoch_s
-    above_h = r.counters.get("above_tolerance_s", 0.0) / 3600.0
-    if harm.size:
-        p50, p95, worst = np.percentile(harm, 50), np.percentile(harm, 95), harm.max()
-        spans = f"{harm.size} | {p50:.1f} | {p95:.1f} | {worst:.1f}"
-    else:
-        spans = "0 | - | - | -"
-    return [spans, f"{above_h:.1f}"]
+    c = r.counters
+    return {
+        "avg_jct_s": s["avg_jct_s"],
+        "attainment": s["attainment"],
+        "harm": [float(harm.size)]
+        + (
+            [float(np.percentile(harm, 50)), float(np.percentile(harm, 95)), float(harm.max())]
+            if harm.size
+            else []
+        ),
+        "above_h": c.get("above_tolerance_s", 0.0) / 3600.0,
+        "actions": [c["migrations"], c["reconfigurations"], c["preemptions"]],
+        "plan_ms": [s["plan_ms_mean"], s["plan_ms_p95"]],
+        "plans": c["plans"],
+        "wall_s": r.wall_s,
+        "mape": [list(m) for m in r.mape],
+    }
 
 
-def table(results: dict[str, RunResult], epoch_s: float) -> str:
-    summ = {n: summarise(r) for n, r in results.items()}
-    base = summ.get("volcano")
+def table(parts: dict[str, dict]) -> str:
+    base = parts.get("volcano")
     lines = [
         "| Policy | Avg JCT vs Volcano | Attainment (%) | Harmful pairs | Harm p50 (epochs) "
         "| Harm p95 (epochs) | Harm max (epochs) | Job-h above tau | Migr./Reconf./Preempt. "
-        "| Plan ms mean/p95 | Wall s |",
-        "|" + "---|" * 11,
+        "| Plans | Plan ms mean/p95 | Wall s |",
+        "|" + "---|" * 12,
     ]
-    for name, r in results.items():
-        s = summ[name]
-        ratio = s["avg_jct_s"] / base["avg_jct_s"] if base else float("nan")
-        c = r.counters
+    for name, f in parts.items():
+        ratio = f["avg_jct_s"] / base["avg_jct_s"] if base else float("nan")
+        harm = f["harm"]
+        spans = (
+            f"{harm[0]:.0f} | {harm[1]:.1f} | {harm[2]:.1f} | {harm[3]:.1f}"
+            if len(harm) == 4
+            else "0 | - | - | -"
+        )
+        migr, reconf, preempt = f["actions"]
         lines.append(
-            "| "
-            + " | ".join(
-                [
-                    name,
-                    f"{ratio:.3f}x",
-                    f"{s['attainment']:.1f}",
-                    *harm_row(r, epoch_s),
-                    f"{c['migrations']:.0f}/{c['reconfigurations']:.0f}/{c['preemptions']:.0f}",
-                    f"{s['plan_ms_mean']:.1f}/{s['plan_ms_p95']:.1f}",
-                    f"{r.wall_s:.0f}",
-                ]
-            )
-            + " |"
+            f"| {name} | {ratio:.3f}x | {f['attainment']:.1f} | {spans} | {f['above_h']:.1f} "
+            f"| {migr:.0f}/{reconf:.0f}/{preempt:.0f} | {f['plans']:.0f} "
+            f"| {f['plan_ms'][0]:.1f}/{f['plan_ms'][1]:.1f} | {f['wall_s']:.0f} |"
         )
     return "\n".join(lines)
 
 
-def mape_table(results: dict[str, RunResult]) -> str:
+def loop_gain(parts: dict[str, dict]) -> str:
+    """Each open-loop policy against the same policy with the loop (issue 11's Philly figure)."""
+    lines = []
+    for name, f in parts.items():
+        closed = parts.get(f"{name}+online")
+        if closed is None:
+            continue
+        gain = 1.0 - closed["avg_jct_s"] / f["avg_jct_s"]
+        lines.append(
+            f"| {name} | {f['avg_jct_s']:.0f} | {closed['avg_jct_s']:.0f} | {100 * gain:.1f}% |"
+        )
+    if not lines:
+        return ""
+    head = (
+        "\n| Predictor | Avg JCT without loop (s) | with loop (s) | Better with loop |\n"
+        "|---|---|---|---|"
+    )
+    return "\n".join([head, *lines])
+
+
+def mape_table(parts: dict[str, dict]) -> str:
     out = []
-    for name, r in results.items():
-        if not r.mape:
+    for name, f in parts.items():
+        if not f["mape"]:
             continue
         out.append(f"\n{name}: MAPE on observed configuration pairs (corrected / base)\n")
         out.append("| Hour | Pairs | Corrected MAPE (%) | Base MAPE (%) |\n|---|---|---|---|")
-        for hour, pairs, fixed, base in r.mape:
-            out.append(f"| {hour:.0f} | {pairs} | {fixed:.1f} | {base:.1f} |")
+        for hour, pairs, fixed, base in f["mape"]:
+            out.append(f"| {hour:.0f} | {pairs:.0f} | {fixed:.1f} | {base:.1f} |")
     return "\n".join(out)
 
 
-def plot(results: dict[str, RunResult], path: Path) -> None:
+def plot(parts: dict[str, dict], path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6, 3.5))
-    for name, r in results.items():
-        if r.mape:
-            hours = [m[0] for m in r.mape]
-            ax.plot(hours, [m[2] for m in r.mape], label=f"{name} (corrected)")
-            ax.plot(hours, [m[3] for m in r.mape], "--", label=f"{name} (base)")
+    for name, f in parts.items():
+        if f["mape"]:
+            hours = [m[0] for m in f["mape"]]
+            ax.plot(hours, [m[2] for m in f["mape"]], label=f"{name} (corrected)")
+            ax.plot(hours, [m[3] for m in f["mape"]], "--", label=f"{name} (base)")
     ax.axhline(10.0, color="grey", lw=0.8)
     ax.set_xlabel("simulated hours")
     ax.set_ylabel("MAPE on observed pairs (%)")
@@ -154,34 +195,48 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--hours", type=float)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--epoch", type=float, default=60.0)
-    p.add_argument("--jobs", type=int, default=1, help="policies simulated at once")
     p.add_argument("--plot", action="store_true", help="write the MAPE-over-time plot")
+    p.add_argument("--resume", action="store_true", help="keep policies already saved")
     p.add_argument("--out", type=Path, default=OUT)
     args = p.parse_args(argv)
     jobs, gpus = trace_for(args.scenario, args.gpus, args.hours, args.seed)
     exp = Experiment(
         trace=tuple(jobs), cluster=ClusterSpec(gpus=gpus), seed=args.seed, epoch_s=args.epoch
     )
-    policies = args.policy or list(POLICIES)
-    t0 = time.time()
-    results = run_experiment(exp, policies, workers=args.jobs)
-    command = "PYTHONPATH=. python benchmarks/loop_eval.py " + " ".join(argv or sys.argv[1:])
-    text = (
-        f"# Closed loop: {args.scenario} ({gpus} GPUs, {len(jobs)} jobs, seed {args.seed}, "
-        f"epoch {args.epoch:.0f} s)\n\nCommand: `{command}` ({time.time() - t0:.0f} s)\n\n"
-        + table(results, args.epoch)
-        + "\n"
-        + mape_table(results)
-        + "\n"
-    )
-    print(text)
-    args.out.mkdir(parents=True, exist_ok=True)
+    default = PHILLY_POLICIES if args.scenario.startswith("philly") else POLICIES
+    policies = args.policy or list(default)
     tag = (
         args.scenario if not (args.hours or args.gpus) else f"{args.scenario}_{gpus}g_{args.hours}h"
     )
+    saved = args.out / f"{tag}.parts"
+    saved.mkdir(parents=True, exist_ok=True)
+    t0 = time.time()
+    parts: dict[str, dict] = {}
+    for name in policies:
+        part = saved / f"{name}.json"
+        if args.resume and part.exists():
+            parts[name] = json.loads(part.read_text())
+            continue
+        result = run_experiment(exp, [name], workers=1)[name]
+        parts[name] = figures(result, args.epoch)
+        part.write_text(json.dumps(parts[name]))
+        print(f"{name}: done in {result.wall_s:.0f} s", file=sys.stderr, flush=True)
+    command = "PYTHONPATH=. python benchmarks/loop_eval.py " + " ".join(argv or sys.argv[1:])
+    text = (
+        f"# Closed loop: {args.scenario} ({gpus} GPUs, {len(jobs)} jobs, seed {args.seed}, "
+        f"epoch {args.epoch:.0f} s)\n\nCommand: `{command}` ({time.time() - t0:.0f} s this "
+        "invocation; per-policy wall time in the table)\n\n"
+        + table(parts)
+        + "\n"
+        + loop_gain(parts)
+        + "\n"
+        + mape_table(parts)
+        + "\n"
+    )
+    print(text)
     (args.out / f"{tag}.md").write_text(text)
     if args.plot:
-        plot(results, args.out / f"{tag}_mape.png")
+        plot(parts, args.out / f"{tag}_mape.png")
     return 0
 
 

@@ -43,3 +43,78 @@ def test_online_suffix_combines_with_each_predictor():
     for bad in ("volcano+online", "elastico+online+iac", "elastico+magic"):
         with pytest.raises(ValueError):
             build_policy(bad, exp, truth)
+
+
+def _most_squeeze_screens(monkeypatch: pytest.MonkeyPatch, tries: int) -> int:
+    """Run the loop at load 1.5 with ``SQUEEZE_TRIES = tries``; the most screens in a squeeze."""
+    from elastico_extender.core.planner import squeeze
+    from elastico_extender.core.planner.epoch import _Epoch
+
+    monkeypatch.setattr(squeeze, "SQUEEZE_TRIES", tries)
+    state = {"inside": False, "screens": 0, "most": 0}
+    run, try_row = squeeze.Squeeze.run, _Epoch.try_row
+
+    def counted_run(self, queued):  # type: ignore[no-untyped-def]
+        state["inside"], state["screens"] = True, 0
+        try:
+            return run(self, queued)
+        finally:
+            state["inside"] = False
+            state["most"] = max(state["most"], state["screens"])
+
+    def counted_try(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        state["screens"] += bool(state["inside"])
+        return try_row(self, *args, **kwargs)
+
+    monkeypatch.setattr(squeeze.Squeeze, "run", counted_run)
+    monkeypatch.setattr(_Epoch, "try_row", counted_try)
+    exp = Experiment(trace=tuple(synthetic(16, 1.5, 4 * 3600.0, 0)), cluster=ClusterSpec(gpus=16))
+    run_experiment(exp, ["elastico+online"], workers=1)
+    return int(state["most"])
+
+
+def test_a_squeeze_screens_at_most_its_budget(monkeypatch: pytest.MonkeyPatch):
+    """The corrected predictor refuses whole family pairs; the squeeze must not retry forever."""
+    unbounded = _most_squeeze_screens(monkeypatch, 10**9)
+    assert unbounded > 5  # the premise: this trace asks more than the budget below
+    assert _most_squeeze_screens(monkeypatch, 5) <= 5
+
+
+def test_the_loop_plans_when_observed_harm_or_a_waiting_queue_could_change_the_plan():
+    """Sharing alone no longer forces a plan every epoch; harm and a waiting queue do."""
+    from elastico_extender.core.closed_loop import ClosedLoop
+    from elastico_extender.core.observations import Observation
+    from elastico_extender.core.planner.protect import HARM_WINDOWS
+    from elastico_extender.sim import engine
+    from elastico_extender.sim.traces import TraceJob
+
+    configs = ConfigTable.build(0, 0.05)
+    truth = GroundTruth.build(configs)
+    family = sorted(configs.families)[0]
+    trace = [TraceJob(f"j{i}", 0.0, 1, 3600.0, family) for i in range(3)]
+    exp = Experiment(trace=tuple(trace), cluster=ClusterSpec(gpus=8))
+    policy = build_policy("elastico+online", exp, truth)
+    loop: ClosedLoop = policy.loop  # type: ignore[attr-defined]
+    sim = engine.Simulator(trace, policy, configs, truth, exp.cluster, loop=loop)
+    sim.status[:] = [engine.RUNNING, engine.RUNNING, engine.DONE]
+    sim.tenants[0] = [0, 1]
+    sim.tau[:2] = 1.3
+
+    def windows(slowdown: float, count: int, start: float) -> float:
+        for k in range(count):
+            end = start + 30.0 * (k + 1)
+            for me, other in (("j0", "j1"), ("j1", "j0")):
+                rate = 100.0 / (slowdown if me == "j0" else 1.0)
+                loop.book.record(Observation(me, 0, end, 30.0, rate, partners=(other,)))
+        return start + 30.0 * count
+
+    for job in ("j0", "j1"):
+        loop.book.set_reference(job, 0, "launches/s", 100.0)
+    now = windows(1.05, 4, 0.0)  # shared, well within tolerance, nobody waiting
+    assert not sim._loop_news(now, epochs_since_plan=50.0)
+    sim.status[2] = engine.PENDING  # a waiting job: plan, but only every few epochs
+    assert not sim._loop_news(now, epochs_since_plan=engine.LOOP_QUEUE_REPLAN_EPOCHS - 1)
+    assert sim._loop_news(now, epochs_since_plan=engine.LOOP_QUEUE_REPLAN_EPOCHS)
+    sim.status[2] = engine.DONE
+    now = windows(1.6, HARM_WINDOWS, now)
+    assert sim._loop_news(now, epochs_since_plan=0.0)  # observed harm: plan at once

@@ -42,9 +42,18 @@ job paused for more than two thirds of a window reports nothing for it.
 The book's reference for a job is its profiled ``T(c)`` until the
 job is seen alone, then its own solo rate (profile error fades out).  The
 snapshot carries the book's per-job observed slowdowns and the clock.  While
-any device is shared the engine plans every epoch (two windows per epoch; the
-observations change the snapshot, and the extender plans every epoch too), so
-a harmful pair is seen and separated within the planner's k windows.
+any device is shared the engine observes every epoch (two windows per epoch),
+and plans when the observations could change the plan: when some shared job's
+windows make a case of harm against the tolerance its last plan stated
+(:func:`~elastico_extender.core.planner.protect.harm_evidence`, with
+``LOOP_HARM_SLACK`` so the planner's adaptive tolerance is never missed), so a
+harmful pair is seen and separated within the planner's k windows exactly as
+when planning every epoch; and, while jobs wait, every
+``LOOP_QUEUE_REPLAN_EPOCHS`` epochs, because what the correction learned may
+now admit one.  (The extender plans every epoch; in the planner only the
+protect step and the corrected predictor read observations, so the skipped
+plans are those that would repeat the previous one, as for epochs without
+events.)
 
 Harm is measured against each job's tolerance as the last plan stated it
 (``Assignment.tolerance``): ``harm_s`` lists how long each (victim, partner)
@@ -75,6 +84,7 @@ from elastico_extender.core.duration import CompletedJob, DurationEstimator
 from elastico_extender.core.interference.features import pair_features
 from elastico_extender.core.model import GpuDevice, Job, Node, Plan, Snapshot
 from elastico_extender.core.observations import Observation
+from elastico_extender.core.planner.protect import harm_evidence
 from elastico_extender.policies.base import Policy
 from elastico_extender.sim.traces import TraceJob
 from elastico_extender.sim.truth import GroundTruth
@@ -87,6 +97,10 @@ FUTURE, PENDING, RUNNING, DONE, REJECTED = 0, 1, 2, 3, 4
 _EPS = 1e-9
 MIN_HISTORY = 5
 """Completed jobs before the duration estimator's guesses reach the snapshot."""
+LOOP_HARM_SLACK = 0.03
+"""Relative margin below the last plan's tolerance at which observed harm triggers a plan."""
+LOOP_QUEUE_REPLAN_EPOCHS = 5
+"""With the loop and a non-empty queue, plan at least every this many epochs."""
 
 
 @dataclass(frozen=True)
@@ -305,6 +319,25 @@ class Simulator:
                 self._observed_pairs.add((int(self.gid[i]), int(self.gid[partners[0]])))
         loop.record(observations, running, fams)
         self.counters["observations"] += len(observations)
+
+    def _loop_news(self, now: float, epochs_since_plan: float) -> bool:
+        """Whether the observations since the last plan could change it (module doc)."""
+        loop = self.loop
+        if loop is None:
+            return False
+        observed = loop.observed()
+        for members in self.tenants:
+            if len(members) < 2:
+                continue
+            for i in members:
+                seen = observed.get(self.trace[i].job_id)
+                if seen is None:
+                    continue
+                evidence = harm_evidence(seen, now)
+                if evidence is not None and evidence > self.tau[i] * (1.0 - LOOP_HARM_SLACK):
+                    return True
+        waiting = bool(np.any(self.status == PENDING))
+        return waiting and epochs_since_plan >= LOOP_QUEUE_REPLAN_EPOCHS - _EPS
 
     def _measure_mape(self, now: float) -> None:
         """Hourly: corrected vs base prediction against the truth on observed pairs."""
@@ -613,6 +646,7 @@ class Simulator:
         previous: Plan | None = None
         stuck = 0
         wake = False
+        planned_at = now
         while True:
             while next_arrival < n and self.arrival[next_arrival] <= now + _EPS:
                 self.status[next_arrival] = PENDING
@@ -626,7 +660,7 @@ class Simulator:
                 self._measure_mape(now)
                 # Observations change the snapshot: plan every epoch while a device is
                 # shared, as the extender plans every epoch.
-                replan = replan or any(len(m) >= 2 for m in self.tenants)
+                replan = replan or self._loop_news(now, (now - planned_at) / ep)
             if changed or replan:
                 idle = 0 if changed else idle + 1
                 snap = self.snapshot(epoch, now)
@@ -636,6 +670,7 @@ class Simulator:
                 self.counters["plans"] += 1
                 self.counters["residual_admissions"] += plan.stats.get("residual_admissions", 0.0)
                 previous = plan
+                planned_at = now
                 epoch += 1
                 acted = self._apply(plan, now)
                 pending = bool(np.any(self.status == PENDING))

@@ -16,7 +16,11 @@ the primal objective improves:
 A long queue asks the same questions many times (jobs of one family, devices
 in the same state), so answers are remembered within one squeeze: shrink
 plans per device state, bounds per co-tenant, and whole failed searches until
-the next success changes the devices.
+the next success changes the devices.  Each attempt that passes the price test
+still costs an interference screen after the shrink; at most ``SQUEEZE_TRIES``
+of them per squeeze bound the epoch's cost when the screen keeps refusing (a
+corrected predictor that learned a family pair is harmful refuses every device
+that holds it), and the highest-priority queued jobs get them first.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from elastico_extender.core.planner.placement import Placer
 from elastico_extender.core.pricing.scoring import PricingProblem
 from elastico_extender.core.resources import CPU, GPU_MEM, GPU_SM, HOST_MEM, NUM_RESOURCES
 
-__all__ = ["SQUEEZE_DEVICES", "SQUEEZE_LIMIT", "SQUEEZE_OPTIONS", "Squeeze"]
+__all__ = ["SQUEEZE_DEVICES", "SQUEEZE_LIMIT", "SQUEEZE_OPTIONS", "SQUEEZE_TRIES", "Squeeze"]
 
 SQUEEZE_LIMIT = 64
 """Queued jobs per packing pass that may ask co-tenants to shrink (bounds epoch cost)."""
@@ -37,6 +41,8 @@ SQUEEZE_OPTIONS = 8
 """Best configurations of a queued job tried when squeezing."""
 SQUEEZE_DEVICES = 8
 """Devices with the smallest memory deficit tried per configuration."""
+SQUEEZE_TRIES = 48
+"""Shrink-and-screen attempts per squeeze, over all queued jobs (bounds epoch cost)."""
 
 ShrinkPlan = tuple[list[tuple[int, int]], float]
 """(co-tenant row, new configuration) changes and their total loss."""
@@ -56,6 +62,7 @@ class Squeeze:
         self.primal = problem.scores(np.zeros(NUM_RESOURCES), penalty)
         self._plans: dict[tuple[object, ...], ShrinkPlan | None] = {}
         self._most: dict[tuple[int, int], tuple[float, float]] = {}
+        self.tries_left = SQUEEZE_TRIES
 
     def run(self, queued: list[int]) -> list[int]:
         """Try the queue in priority order; return the rows still queued."""
@@ -72,7 +79,7 @@ class Squeeze:
             if t.gpus[row] != 1 or not np.isfinite(problem.wait_score[row]) or row in t.reasons:
                 still.append(row)
                 continue
-            if tried >= SQUEEZE_LIMIT:
+            if tried >= SQUEEZE_LIMIT or self.tries_left <= 0:
                 still.append(row)
                 continue
             tried += 1
@@ -124,6 +131,9 @@ class Squeeze:
                 changes, loss = plan
                 if loss >= gain or not self._node_fits_after(d, need, changes):
                     continue
+                if self.tries_left <= 0:
+                    return False
+                self.tries_left -= 1
                 undo = [(o, int(placer.config[o])) for o, _ in changes]
                 for o, new in changes:
                     self.epoch.reconfigure(placer, o, new)
