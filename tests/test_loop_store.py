@@ -100,3 +100,24 @@ def test_train_iac_from_store_refuses_a_store_without_enough_samples(tmp_path, c
         main(["--from-store", str(tmp_path / "missing.sqlite"), "--out", str(tmp_path / "x")])
     assert exit_info.value.code == 2
     assert "--from-store" in capsys.readouterr().err
+
+
+def test_a_restart_keeps_the_nearest_neighbour_answer(tmp_path, families):
+    base = ContentionPredictor()
+    learned = OnlineCorrection(base)
+    x = pair_features(families["bert"].features[[0]], families["resnet50"].features[[0]], 40)
+    for _ in range(10):
+        learned.learn(x, base.predict(x) * 1.8)
+    near = x.copy()
+    near[:, [6, 20]] += 0.01  # a family pair never observed, next to the observed one
+    answer = learned.predict(near)
+    assert answer[0] > base.predict(near)[0] * 1.3
+    store = LoopStore(tmp_path / "loop.sqlite")
+    store.save_correction(learned)
+    store.close()
+
+    restarted = OnlineCorrection(ContentionPredictor())
+    reopened = LoopStore(tmp_path / "loop.sqlite")
+    reopened.load_correction(restarted)
+    reopened.close()
+    np.testing.assert_allclose(restarted.predict(near), answer)

@@ -1,10 +1,13 @@
 """What the closed loop learns, in SQLite, so a restart loses nothing (issue 11, Learn).
 
 A sibling of :mod:`.store` (the profile store); by default the same file can
-hold both (different tables).  Three tables:
+hold both (different tables).  Four tables:
 
 * ``loop_correction``: the online correction's rows per level (configuration
   pair, family pair): 64-bit key (as text), mean log residual, capped count;
+* ``loop_neighbours``: the correction's ring of observed configuration pairs
+  (36 float32 features as a blob, mean log residual, count), oldest slot
+  first, for its nearest-neighbour level;
 * ``loop_samples``: labelled pair samples (36 float32 features as a blob, the
   observed slowdown, the driver's time), newest ``max_samples`` kept; the
   training set of ``elastico train-iac --from-store``;
@@ -36,6 +39,13 @@ CREATE TABLE IF NOT EXISTS loop_correction (
     mean  REAL NOT NULL,           -- mean log(S_observed / S_base)
     count REAL NOT NULL,           -- samples behind the mean (capped)
     PRIMARY KEY (level, key)
+);
+CREATE TABLE IF NOT EXISTS loop_neighbours (
+    slot     INTEGER PRIMARY KEY,  -- oldest first
+    key      TEXT NOT NULL,        -- uint64 configuration-pair key, decimal
+    features BLOB NOT NULL,        -- 36 little-endian float32
+    mean     REAL NOT NULL,
+    count    REAL NOT NULL
 );
 CREATE TABLE IF NOT EXISTS loop_samples (
     id          INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -71,15 +81,21 @@ class LoopStore:
 
     # -- correction ------------------------------------------------------------
     def save_correction(self, correction: OnlineCorrection) -> None:
-        """Replace the stored correction by ``correction``'s rows (both levels)."""
+        """Replace the stored correction by ``correction``'s rows (both levels and the ring)."""
         rows = [
             (level, str(key), mean, count)
             for level in ("config", "family")
             for key, mean, count in correction.rows(level)
         ]
+        ring = [
+            (slot, str(key), np.asarray(x, dtype="<f4").tobytes(), float(mean), float(count))
+            for slot, (key, x, mean, count) in enumerate(correction.neighbour_rows())
+        ]
         with self._lock, self._db:
             self._db.execute("DELETE FROM loop_correction")
             self._db.executemany("INSERT INTO loop_correction VALUES (?,?,?,?)", rows)
+            self._db.execute("DELETE FROM loop_neighbours")
+            self._db.executemany("INSERT INTO loop_neighbours VALUES (?,?,?,?,?)", ring)
 
     def load_correction(self, correction: OnlineCorrection) -> int:
         """Restore the stored rows into ``correction``; returns how many were read."""
@@ -87,10 +103,18 @@ class LoopStore:
             rows = self._db.execute(
                 "SELECT level, key, mean, count FROM loop_correction ORDER BY rowid"
             ).fetchall()
+            ring = self._db.execute(
+                "SELECT key, features, mean, count FROM loop_neighbours ORDER BY slot"
+            ).fetchall()
         for level in ("config", "family"):
             correction.restore_rows(
                 level, ((int(k), float(m), float(n)) for lv, k, m, n in rows if lv == level)
             )
+        correction.restore_neighbours(
+            (int(k), np.frombuffer(blob, dtype="<f4"), float(m), float(n))
+            for k, blob, m, n in ring
+            if len(blob) == 4 * NUM_FEATURES
+        )
         return len(rows)
 
     # -- samples -------------------------------------------------------------------
