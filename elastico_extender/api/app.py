@@ -41,7 +41,6 @@ from elastico_extender.service.metrics import PrometheusMetrics
 from elastico_extender.service.observations import (
     ObservationCollector,
     ObservationService,
-    open_loop_store,
     open_store,
 )
 from elastico_extender.service.predictor import resolve_predictor
@@ -100,12 +99,7 @@ def create_app(
     # Observed beats predicted (issue 11): the planner asks the online correction, which
     # answers the base model's prediction until the cluster's own pairs say otherwise.
     correction = OnlineCorrection(predictor or ContentionPredictor())
-    observed = ObservationService(
-        settings,
-        open_store(settings),
-        loop=ClosedLoop(correction),
-        loop_store=open_loop_store(settings),
-    )
+    observed = ObservationService(settings, open_store(settings), loop=ClosedLoop(correction))
     events = _event_recorder(settings, cluster)
     engine = Engine(
         settings,
