@@ -10,6 +10,11 @@ pod uid, as the engine keys jobs).  It
   pod runs).  The pod's configuration row and its partners (jobs sharing any of its
   GPUs) come from the published snapshot, never from the agent.  A batch with any
   problem is refused whole (4xx naming each field) and changes nothing;
+* turns the solo window of a pod whose family has no profile (every row estimated: an
+  unprofiled workload, ``service/families.py``) into that family's measured profile in
+  the profile store (``profiles/observed.record_solo_profile``: peak memory, SM activity)
+  and tells the engine, which drops the caches holding the old family
+  (``Engine.forget_family``): from the next epoch the pod may share (spec 4.1);
 * gives the engine ``(observed, now)`` for the next snapshot (:meth:`for_snapshot`),
   and at that moment compares the two newest plans to record pairs the plan separated;
 * persists what the closed loop learns in the one
@@ -40,6 +45,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -56,7 +62,10 @@ from elastico_extender.core.observations import (
     ObservedSlowdown,
     PairSample,
 )
+from elastico_extender.errors import InvalidProfileError, ProfileStoreError
 from elastico_extender.profiles.loop_store import LoopStore, PairRecord, ReferenceRow
+from elastico_extender.profiles.observed import record_solo_profile
+from elastico_extender.profiles.store import ProfileStore
 from elastico_extender.service.engine import Published
 from elastico_extender.service.settings import ServiceSettings
 
@@ -160,10 +169,13 @@ class ObservationService:
         *,
         book: ObservationBook | None = None,
         loop: ClosedLoop | None = None,
+        profiles: ProfileStore | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.settings = settings
         self.store = store
+        self.profiles = profiles  # where unprofiled workloads' solo windows are written
+        self._measured: Callable[[str], None] = lambda name: None
         # The closed loop (core.closed_loop): its book is this service's book, and the
         # pairs the windows label teach its online correction (the predictor the
         # planner uses), exactly as in the simulator.
@@ -202,9 +214,16 @@ class ObservationService:
                 self.store.save_correction(self.loop.correction)
             self.store.close()
 
-    def attach(self, published: Callable[[], Published | None]) -> None:
-        """Where the latest published plan comes from (the engine)."""
+    def attach(
+        self,
+        published: Callable[[], Published | None],
+        measured: Callable[[str], None] | None = None,
+    ) -> None:
+        """Where the latest published plan comes from (the engine), and whom to tell that
+        a family's profile was measured (the engine drops what it built from the old one)."""
         self._published = published
+        if measured is not None:
+            self._measured = measured
 
     # -- ingest -------------------------------------------------------------------------
     def ingest(self, node: str, windows: Sequence[AgentWindow]) -> dict[str, Any]:
@@ -258,6 +277,7 @@ class ObservationService:
                 self._count("refused", len(windows))
                 raise ObservationRefused(422, problems, refused)
             refs, samples = self._record(node, now, pub, accepted)
+        self._profile_unprofiled(pub, [obs for _, obs, _, _ in accepted], now)
         if self.store is not None:
             try:
                 self.store.put_references(refs, now)
@@ -265,6 +285,27 @@ class ObservationService:
             except sqlite3.Error as exc:  # degrade: kept in memory, said in the log
                 log.warning("observations.persist_failed", extra={"error": str(exc)})
         return {"accepted": len(accepted), "pair_samples": len(samples)}
+
+    def _profile_unprofiled(self, pub: Published, windows: list[Observation], now: float) -> None:
+        """Solo windows of pods whose family has no measured row become its profile."""
+        if self.profiles is None:
+            return
+        measured: set[str] = set()
+        for obs in windows:
+            pj = pub.pods.get(obs.job_id)
+            if pj is None or obs.partners or pj.family.workload in measured:
+                continue
+            flags = pj.family.estimated
+            if flags is None or not bool(np.all(flags)):
+                continue  # profiled (catalog or measured rows): nothing to learn here
+            try:
+                if record_solo_profile(self.profiles, pj.family, obs, measured_at=now):
+                    measured.add(pj.family.workload)
+            except (sqlite3.Error, ProfileStoreError, InvalidProfileError) as exc:
+                log.warning("observations.profile_not_saved", extra={"error": str(exc)})
+        for name in sorted(measured):
+            log.info("observations.profile_measured", extra={"family": name})
+            self._measured(name)
 
     def _check(
         self,
