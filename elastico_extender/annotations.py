@@ -174,6 +174,8 @@ def parse_progress_metrics(text: str) -> ProgressEndpoint:
 
 FamilyResolver = Callable[[str], ProfileFamily]
 """Returns the profile family for a name; raises :class:`UnknownWorkloadError` when none."""
+UnprofiledResolver = Callable[[str, JobKind], ProfileFamily]
+"""Returns the unprofiled family of a workload name the catalog lacks, for a kind."""
 
 
 @dataclass(frozen=True)
@@ -339,12 +341,17 @@ def _parse_configuration(
 
 
 def parse_intent(
-    annotations: Mapping[str, str] | None, resolve: FamilyResolver
+    annotations: Mapping[str, str] | None,
+    resolve: FamilyResolver,
+    unprofiled: UnprofiledResolver | None = None,
 ) -> PodIntent | None:
     """The pod's request, or None when it has not opted in.
 
     Raises :class:`AnnotationError` listing every invalid annotation (unknown
-    keys under the prefix included, so a typo is reported, not ignored).
+    keys under the prefix included, so a typo is reported, not ignored).  A
+    family ``resolve`` does not know is an error unless ``unprofiled`` is given
+    and the pod declares its kind: then it is an unprofiled workload (runs alone
+    until measured; ``service/families.py``).
     """
     if not is_opted_in(annotations):
         return None
@@ -414,7 +421,14 @@ def parse_intent(
         try:
             family = resolve(raw_family)
         except UnknownWorkloadError as exc:
-            problems.append((_key(FAMILY), str(exc)))
+            if unprofiled is None or kind is None:
+                hint = f"; or set {_key(KIND)} to run it unprofiled" if unprofiled else ""
+                problems.append((_key(FAMILY), f"{exc}{hint}"))
+            else:
+                try:
+                    family = unprofiled(raw_family, kind)
+                except UnknownWorkloadError as why:
+                    problems.append((_key(FAMILY), str(why)))
 
     allowed: tuple[int, ...] | None = None
     if family is not None:

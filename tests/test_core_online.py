@@ -80,3 +80,54 @@ def test_closed_loop_labels_single_partner_windows_and_teaches_the_correction(fa
     assert labelled.victims == ("a", "b")
     assert loop.correction is not None and loop.correction.pairs == 2
     assert loop.observed()["a"].slowdown == pytest.approx(2.5)
+
+
+def nudged(x: np.ndarray, step: float) -> np.ndarray:
+    """``x`` with both jobs' log10_params moved by ``step``: a new family pair (new keys)."""
+    y = x.copy()
+    y[:, [6, 20]] += step
+    return y
+
+
+def test_unseen_family_pair_near_observed_pairs_borrows_their_correction(families):
+    base = ContentionPredictor()
+    correction = OnlineCorrection(base)
+    seen = rows(families, "bert", 0, "resnet50", 0)
+    for _ in range(20):
+        correction.learn(seen, [float(base.predict(seen)[0]) * 1.6])
+    near = nudged(seen, 0.02)
+    b = float(base.predict(near)[0])
+    borrowed = float(correction.predict(near)[0])
+    assert b * 1.35 < borrowed < b * 1.6  # moved most of the way, shrunk by its distance
+    nearer = float(correction.predict(nudged(seen, 0.005))[0]) / float(
+        base.predict(nudged(seen, 0.005))[0]
+    )
+    assert nearer > borrowed / b  # the closer the row, the more it borrows
+
+
+def test_unseen_family_pair_far_from_every_observed_pair_keeps_the_base(families):
+    base = ContentionPredictor()
+    correction = OnlineCorrection(base)
+    learned = np.concatenate(
+        [
+            rows(families, "bert", 0, "resnet50", 0),
+            rows(families, "bert", 1, "resnet50", 1),
+            rows(families, "resnet50", 2, "bert", 0),
+        ]
+    )
+    for _ in range(10):
+        correction.learn(learned, base.predict(learned) * 2.0)
+    far = np.concatenate([nudged(learned[:1], 3.0), rows(families, "dcgan", 0, "lstm", 0)])
+    np.testing.assert_array_equal(correction.predict(far), base.predict(far))
+
+
+def test_neighbour_ring_is_bounded_and_keeps_the_newest_pairs(families):
+    base = ContentionPredictor()
+    correction = OnlineCorrection(base, neighbours=4)
+    names = sorted(families)
+    xs = [rows(families, names[i], 0, names[(i + 1) % len(names)], 0) for i in range(10)]
+    for x in xs:
+        correction.learn(x, base.predict(x) * 1.5)
+    kept = correction.neighbour_rows()
+    assert len(kept) == 4
+    np.testing.assert_array_equal(np.stack([row for _, row, _, _ in kept]), np.concatenate(xs[-4:]))

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import math
+import sqlite3
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -9,7 +13,7 @@ from elastico_extender.core.interference.features import pair_features
 from elastico_extender.core.interference.online import OnlineCorrection
 from elastico_extender.core.interference.predictor import ContentionPredictor
 from elastico_extender.core.observations import Observation, ObservationBook
-from elastico_extender.profiles.loop_store import LoopStore
+from elastico_extender.profiles.loop_store import LoopStore, PairRecord
 
 
 def test_correction_round_trip_through_sqlite(tmp_path, families):
@@ -41,7 +45,7 @@ def test_references_and_samples_round_trip(tmp_path):
     book.record(Observation("a", 2, 5.0, 5.0, 120.0))  # alone: a measured reference
     book.set_reference("b", 0, "tokens/s", 900.0)  # a profile's T(c)
     store = LoopStore(path, max_samples=3)
-    store.save_references(book)
+    assert store.save_references(book, at=3.0) == 2
     x = np.arange(5 * 36, dtype=np.float32).reshape(5, 36)
     assert store.add_samples(x, np.array([1.2, np.nan, 1.4, 1.5, 1.6]), at=7.0) == 4
     store.close()
@@ -100,3 +104,104 @@ def test_train_iac_from_store_refuses_a_store_without_enough_samples(tmp_path, c
         main(["--from-store", str(tmp_path / "missing.sqlite"), "--out", str(tmp_path / "x")])
     assert exit_info.value.code == 2
     assert "--from-store" in capsys.readouterr().err
+
+
+def test_a_restart_keeps_the_nearest_neighbour_answer(tmp_path, families):
+    base = ContentionPredictor()
+    learned = OnlineCorrection(base)
+    x = pair_features(families["bert"].features[[0]], families["resnet50"].features[[0]], 40)
+    for _ in range(10):
+        learned.learn(x, base.predict(x) * 1.8)
+    near = x.copy()
+    near[:, [6, 20]] += 0.01  # a family pair never observed, next to the observed one
+    answer = learned.predict(near)
+    assert answer[0] > base.predict(near)[0] * 1.3
+    store = LoopStore(tmp_path / "loop.sqlite")
+    store.save_correction(learned)
+    store.close()
+
+    restarted = OnlineCorrection(ContentionPredictor())
+    reopened = LoopStore(tmp_path / "loop.sqlite")
+    reopened.load_correction(restarted)
+    reopened.close()
+    np.testing.assert_allclose(restarted.predict(near), answer)
+
+
+def test_references_written_as_they_change_restore_a_book(tmp_path: Path) -> None:
+    path = tmp_path / "loop.db"
+    store = LoopStore(path)
+    book = ObservationBook(smoothing=1.0)
+    book.record(Observation("a", 3, 10.0, 5.0, 400.0))
+    book.record(Observation("a", 3, 15.0, 5.0, 500.0, "launches/s"))
+    rate = book.reference("a", 3, "launches/s") or 0.0
+    assert store.put_references([("a", 3, "launches/s", rate, True)], 15.0) == 1
+    store.put_references([("b", 0, "tokens/s", 90.0, False), ("c", 0, "x", math.nan, True)], 16.0)
+    store.put_references([("a", 3, "launches/s", 450.0, False)], 17.0)  # stays measured
+    store.close()
+    again = ObservationBook()
+    assert LoopStore(path).load_references(again) == 2
+    assert again.reference("a", 3, "launches/s") == pytest.approx(450.0)
+    assert again.reference("b", 0, "tokens/s") == pytest.approx(90.0)
+    assert again.reference("a", 0, "launches/s") is None
+    again.record(Observation("a", 3, 20.0, 5.0, 225.0, "launches/s", ("b",)))
+    again.record(Observation("b", 0, 20.0, 5.0, 45.0, "tokens/s", ("a",)))
+    assert again.observed()["a"].solo_reference  # measured alone, kept through the upsert
+    assert not again.observed()["b"].solo_reference  # a profile's T(c)
+
+
+def test_only_the_newest_references_are_read_back_into_a_bounded_book(tmp_path: Path) -> None:
+    store = LoopStore(tmp_path / "loop.db")
+    for i in range(5):
+        store.put_references([(f"j{i}", 0, "launches/s", 10.0 + i, True)], float(i))
+    book = ObservationBook(max_refs=2)
+    assert store.load_references(book) == 2
+    assert book.reference("j4", 0, "launches/s") == pytest.approx(14.0)
+    assert book.reference("j2", 0, "launches/s") is None
+    store.close()
+
+
+def test_pair_records_are_bounded_to_the_newest(tmp_path: Path) -> None:
+    store = LoopStore(tmp_path / "loop.db", max_samples=5)
+    for i in range(12):
+        store.add_pair_records([PairRecord("a", 1, "b", 1.0 + i / 10, 1.2 if i % 2 else None, i)])
+    kept = store.pair_records()
+    assert [s.end for s in kept] == [7, 8, 9, 10, 11]
+    assert kept[0] == PairRecord("a", 1, "b", pytest.approx(1.7), 1.2, 7)
+    assert kept[1].predicted is None
+    store.close()
+
+
+def test_a_file_of_the_old_two_store_layout_is_migrated(tmp_path: Path) -> None:
+    """References the earlier observation store wrote (``observation_refs``) and an
+    earlier ``loop_references`` without ``updated_at`` are read by the one store."""
+    path = tmp_path / "old.db"
+    db = sqlite3.connect(path)
+    db.executescript(
+        """
+        CREATE TABLE observation_refs (job_id TEXT NOT NULL, config INTEGER NOT NULL,
+            unit TEXT NOT NULL, rate REAL NOT NULL, updated_at REAL NOT NULL,
+            PRIMARY KEY (job_id, config, unit));
+        CREATE TABLE loop_references (job TEXT NOT NULL, config INTEGER NOT NULL,
+            unit TEXT NOT NULL, rate REAL NOT NULL, solo INTEGER NOT NULL,
+            PRIMARY KEY (job, config, unit));
+        INSERT INTO observation_refs VALUES ('old', 2, 'launches/s', 80.0, 5.0);
+        INSERT INTO loop_references VALUES ('kept', 1, 'tokens/s', 70.0, 1);
+        """
+    )
+    db.commit()
+    db.close()
+    store = LoopStore(path)
+    book = ObservationBook()
+    assert store.load_references(book) == 2
+    assert book.reference("old", 2, "launches/s") == pytest.approx(80.0)
+    assert book.reference("kept", 1, "tokens/s") == pytest.approx(70.0)
+    store.close()
+    tables = {r[0] for r in sqlite3.connect(path).execute("SELECT name FROM sqlite_master")}
+    assert "observation_refs" not in tables  # one owner of the references from now on
+
+
+def test_an_unopenable_store_is_a_clear_error(tmp_path: Path) -> None:
+    from elastico_extender.errors import ProfileStoreError
+
+    with pytest.raises(ProfileStoreError, match="cannot open loop store"):
+        LoopStore(tmp_path / "missing-dir" / "loop.db")

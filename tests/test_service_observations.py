@@ -170,7 +170,7 @@ def test_rest_and_metrics_show_observed_against_predicted(service: Service) -> N
     assert pair["predicted_slowdown"] is not None
     assert pair["error"] == pytest.approx(pair["predicted_slowdown"] - 1.5)
     assert view["prediction_error"]["windows"] == 1
-    (sample,) = service.app.state.observations.store.samples()  # type: ignore[attr-defined]
+    (sample,) = service.app.state.observations.store.pair_records()  # type: ignore[attr-defined]
     assert (sample.victim, sample.partner) == ("uid-a", "uid-b")  # labelled, in SQLite
     assert sample.slowdown == pytest.approx(1.5)
     assert sample.predicted == pytest.approx(pair["predicted_slowdown"])
@@ -342,6 +342,9 @@ def test_what_was_learned_survives_a_restart(tmp_path: Path) -> None:
         svc.epoch()
         assert svc.observed()["uid-a"].slowdown == pytest.approx(2.0)
         assert svc.observed()["uid-a"].partners == ("uid-b",)
+        # measured alone before the restart, still known as such after it (no profile
+        # margin on its evidence): the one store keeps whether a reference was solo
+        assert svc.observed()["uid-a"].solo_reference
         server.stop()
     finally:
         api.stop()

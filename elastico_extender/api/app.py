@@ -41,7 +41,6 @@ from elastico_extender.service.metrics import PrometheusMetrics
 from elastico_extender.service.observations import (
     ObservationCollector,
     ObservationService,
-    open_loop_store,
     open_store,
 )
 from elastico_extender.service.predictor import resolve_predictor
@@ -92,8 +91,11 @@ def create_app(
     ``settings.predictor_model`` (the core's contention heuristic when none)."""
     if predictor is None:
         predictor, predictor_degraded = resolve_predictor(settings.predictor_model)
-    if store is None and settings.profile_store:
-        store = ProfileStore(settings.profile_store)
+    profile_path = settings.profile_store or settings.observation_store
+    if store is None and profile_path:
+        # measured profiles (unprofiled workloads' solo windows) need a home that survives
+        # a restart: the profile store's file, else the observation store's
+        store = ProfileStore(profile_path)
     metrics = PrometheusMetrics()
     if predictor_degraded:
         metrics.degraded.labels(predictor_degraded).set(1)
@@ -101,10 +103,7 @@ def create_app(
     # answers the base model's prediction until the cluster's own pairs say otherwise.
     correction = OnlineCorrection(predictor or ContentionPredictor())
     observed = ObservationService(
-        settings,
-        open_store(settings),
-        loop=ClosedLoop(correction),
-        loop_store=open_loop_store(settings),
+        settings, open_store(settings), loop=ClosedLoop(correction), profiles=store
     )
     events = _event_recorder(settings, cluster)
     engine = Engine(
@@ -119,7 +118,7 @@ def create_app(
         events=events,
         observed=lambda: observed.for_snapshot()[0],
     )
-    observed.attach(lambda: engine.published if engine.has_plan else None)
+    observed.attach(lambda: engine.published if engine.has_plan else None, engine.forget_family)
     metrics.registry.register(ObservationCollector(observed))
     token, generated = _token(settings)
 

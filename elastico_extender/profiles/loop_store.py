@@ -1,15 +1,28 @@
 """What the closed loop learns, in SQLite, so a restart loses nothing (issue 11, Learn).
 
-A sibling of :mod:`.store` (the profile store); by default the same file can
-hold both (different tables).  Three tables:
+The one store of the closed loop (the extender's and anyone else's): a sibling
+of :mod:`.store` (the profile store); by default the same file holds both
+(different tables).  Five tables:
 
+* ``loop_references``: the observation book's solo reference rates per (job,
+  configuration, unit), whether measured alone, and when written; upserted as
+  they change, the newest read back at start so slowdowns resume at once;
 * ``loop_correction``: the online correction's rows per level (configuration
   pair, family pair): 64-bit key (as text), mean log residual, capped count;
+* ``loop_neighbours``: the correction's ring of observed configuration pairs
+  (36 float32 features as a blob, mean log residual, count), oldest slot
+  first, for its nearest-neighbour level;
 * ``loop_samples``: labelled pair samples (36 float32 features as a blob, the
   observed slowdown, the driver's time), newest ``max_samples`` kept; the
   training set of ``elastico train-iac --from-store``;
-* ``loop_references``: the observation book's solo reference rates per
-  (job, configuration, unit), so slowdowns resume at once after a restart.
+* ``pair_samples``: the record of every labelled window by job (victim,
+  configuration, partner, observed and the plan's predicted slowdown), newest
+  ``max_samples`` kept: what was observed against what was predicted.
+
+A file written by the earlier separate observation store (its references in
+``observation_refs``) is migrated when opened: the rows move into
+``loop_references`` (as not measured alone: the old table did not say) and the
+old table is dropped.
 
 Writes are batched per call (one transaction); the store is thread-safe.
 """
@@ -17,7 +30,10 @@ Writes are batched per call (one transaction); the store is thread-safe.
 from __future__ import annotations
 
 import math
+import sqlite3
 import threading
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -27,7 +43,7 @@ from elastico_extender.core.interference.online import OnlineCorrection
 from elastico_extender.core.observations import ObservationBook
 from elastico_extender.profiles.store import open_database
 
-__all__ = ["LoopStore"]
+__all__ = ["LoopStore", "PairRecord", "ReferenceRow"]
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS loop_correction (
@@ -37,6 +53,13 @@ CREATE TABLE IF NOT EXISTS loop_correction (
     count REAL NOT NULL,           -- samples behind the mean (capped)
     PRIMARY KEY (level, key)
 );
+CREATE TABLE IF NOT EXISTS loop_neighbours (
+    slot     INTEGER PRIMARY KEY,  -- oldest first
+    key      TEXT NOT NULL,        -- uint64 configuration-pair key, decimal
+    features BLOB NOT NULL,        -- 36 little-endian float32
+    mean     REAL NOT NULL,
+    count    REAL NOT NULL
+);
 CREATE TABLE IF NOT EXISTS loop_samples (
     id          INTEGER PRIMARY KEY AUTOINCREMENT,
     features    BLOB NOT NULL,     -- 36 little-endian float32, features.FEATURE_NAMES order
@@ -44,14 +67,55 @@ CREATE TABLE IF NOT EXISTS loop_samples (
     observed_at REAL NOT NULL
 );
 CREATE TABLE IF NOT EXISTS loop_references (
-    job    TEXT NOT NULL,
-    config INTEGER NOT NULL,
-    unit   TEXT NOT NULL,
-    rate   REAL NOT NULL,
-    solo   INTEGER NOT NULL,       -- 1: measured alone, 0: a profile's T(c)
+    job        TEXT NOT NULL,
+    config     INTEGER NOT NULL,
+    unit       TEXT NOT NULL,
+    rate       REAL NOT NULL,      -- solo progress rate, in ``unit``
+    solo       INTEGER NOT NULL,   -- 1: measured alone, 0: a profile's T(c)
+    updated_at REAL NOT NULL DEFAULT 0,
     PRIMARY KEY (job, config, unit)
 );
+CREATE TABLE IF NOT EXISTS pair_samples (
+    id            INTEGER PRIMARY KEY AUTOINCREMENT,
+    victim        TEXT NOT NULL,
+    victim_config INTEGER NOT NULL,
+    partner       TEXT NOT NULL,
+    slowdown      REAL NOT NULL,   -- observed over one window
+    predicted     REAL,            -- the plan's prediction for the victim then, or NULL
+    end_time      REAL NOT NULL
+);
 """
+
+ReferenceRow = tuple[str, int, str, float, bool]
+"""(job, configuration, unit, solo rate, measured alone)."""
+
+
+@dataclass(frozen=True, slots=True)
+class PairRecord:
+    """One labelled window by job: observed against the plan's predicted slowdown."""
+
+    victim: str
+    victim_config: int
+    partner: str
+    slowdown: float
+    predicted: float | None
+    end: float
+
+
+def _migrate(db: sqlite3.Connection) -> None:
+    """Bring a file of an earlier layout to this one (module doc)."""
+    columns = {row[1] for row in db.execute("PRAGMA table_info(loop_references)")}
+    tables = {row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    with db:
+        if "updated_at" not in columns:
+            db.execute("ALTER TABLE loop_references ADD COLUMN updated_at REAL NOT NULL DEFAULT 0")
+        if "observation_refs" in tables:
+            db.execute(
+                "INSERT OR IGNORE INTO loop_references (job, config, unit, rate, solo, "
+                "updated_at) SELECT job_id, config, unit, rate, 0, updated_at "
+                "FROM observation_refs"
+            )
+            db.execute("DROP TABLE observation_refs")
 
 
 class LoopStore:
@@ -63,6 +127,7 @@ class LoopStore:
         self.path = str(path)
         self.max_samples = max_samples
         self._db = open_database(self.path, _SCHEMA, "loop store")
+        _migrate(self._db)
         self._lock = threading.Lock()
 
     def close(self) -> None:
@@ -71,15 +136,21 @@ class LoopStore:
 
     # -- correction ------------------------------------------------------------
     def save_correction(self, correction: OnlineCorrection) -> None:
-        """Replace the stored correction by ``correction``'s rows (both levels)."""
+        """Replace the stored correction by ``correction``'s rows (both levels and the ring)."""
         rows = [
             (level, str(key), mean, count)
             for level in ("config", "family")
             for key, mean, count in correction.rows(level)
         ]
+        ring = [
+            (slot, str(key), np.asarray(x, dtype="<f4").tobytes(), float(mean), float(count))
+            for slot, (key, x, mean, count) in enumerate(correction.neighbour_rows())
+        ]
         with self._lock, self._db:
             self._db.execute("DELETE FROM loop_correction")
             self._db.executemany("INSERT INTO loop_correction VALUES (?,?,?,?)", rows)
+            self._db.execute("DELETE FROM loop_neighbours")
+            self._db.executemany("INSERT INTO loop_neighbours VALUES (?,?,?,?,?)", ring)
 
     def load_correction(self, correction: OnlineCorrection) -> int:
         """Restore the stored rows into ``correction``; returns how many were read."""
@@ -87,10 +158,18 @@ class LoopStore:
             rows = self._db.execute(
                 "SELECT level, key, mean, count FROM loop_correction ORDER BY rowid"
             ).fetchall()
+            ring = self._db.execute(
+                "SELECT key, features, mean, count FROM loop_neighbours ORDER BY slot"
+            ).fetchall()
         for level in ("config", "family"):
             correction.restore_rows(
                 level, ((int(k), float(m), float(n)) for lv, k, m, n in rows if lv == level)
             )
+        correction.restore_neighbours(
+            (int(k), np.frombuffer(blob, dtype="<f4"), float(m), float(n))
+            for k, blob, m, n in ring
+            if len(blob) == 4 * NUM_FEATURES
+        )
         return len(rows)
 
     # -- samples -------------------------------------------------------------------
@@ -128,20 +207,69 @@ class LoopStore:
         return x, y
 
     # -- observation references -------------------------------------------------------
-    def save_references(self, book: ObservationBook) -> None:
-        rows = [
-            (str(j), int(str(c)), str(u), float(str(r)), int(str(m)))
-            for j, c, u, r, m in book.state()["refs"]
-            if math.isfinite(float(str(r)))
+    def put_references(self, rows: Iterable[ReferenceRow], at: float) -> int:
+        """Upsert reference rows (finite, positive rates only); returns how many."""
+        data = [
+            (str(j), int(c), str(u), float(r), int(bool(solo)), float(at))
+            for j, c, u, r, solo in rows
+            if math.isfinite(float(r)) and float(r) > 0
         ]
-        with self._lock, self._db:
-            self._db.execute("DELETE FROM loop_references")
-            self._db.executemany("INSERT INTO loop_references VALUES (?,?,?,?,?)", rows)
+        if data:
+            with self._lock, self._db:
+                self._db.executemany(
+                    "INSERT INTO loop_references VALUES (?,?,?,?,?,?) "
+                    "ON CONFLICT(job, config, unit) DO UPDATE SET rate=excluded.rate, "
+                    "solo=MAX(solo, excluded.solo), updated_at=excluded.updated_at",
+                    data,
+                )
+        return len(data)
+
+    def save_references(self, book: ObservationBook, at: float) -> int:
+        """Upsert every reference ``book`` holds (a driver that keeps its book whole)."""
+        return self.put_references(
+            (
+                (str(j), int(str(c)), str(u), float(str(r)), bool(int(str(m))))
+                for j, c, u, r, m in book.state()["refs"]
+            ),
+            at,
+        )
 
     def load_references(self, book: ObservationBook) -> int:
+        """Restore the newest ``book.max_refs`` references into ``book`` (oldest first)."""
         with self._lock:
             rows = self._db.execute(
-                "SELECT job, config, unit, rate, solo FROM loop_references"
+                "SELECT job, config, unit, rate, solo FROM loop_references "
+                "ORDER BY updated_at DESC, rowid DESC LIMIT ?",
+                (book.max_refs,),
             ).fetchall()
-        book.restore({"refs": [list(r) for r in rows]})
+        book.restore({"refs": [list(r) for r in reversed(rows)]})
         return len(rows)
+
+    # -- observed against predicted, by job ---------------------------------------------
+    def add_pair_records(self, records: Sequence[PairRecord]) -> None:
+        """Append labelled windows by job; keeps the newest ``max_samples``."""
+        if not records:
+            return
+        with self._lock, self._db:
+            self._db.executemany(
+                "INSERT INTO pair_samples (victim, victim_config, partner, slowdown, predicted, "
+                "end_time) VALUES (?, ?, ?, ?, ?, ?)",
+                [
+                    (r.victim, r.victim_config, r.partner, r.slowdown, r.predicted, r.end)
+                    for r in records
+                ],
+            )
+            self._db.execute(
+                "DELETE FROM pair_samples WHERE id <= (SELECT MAX(id) FROM pair_samples) - ?",
+                (self.max_samples,),
+            )
+
+    def pair_records(self, limit: int = 10_000) -> list[PairRecord]:
+        """The newest ``limit`` labelled windows by job, oldest first."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT victim, victim_config, partner, slowdown, predicted, end_time "
+                "FROM pair_samples ORDER BY id DESC LIMIT ?",
+                (limit,),
+            ).fetchall()
+        return [PairRecord(*row) for row in reversed(rows)]

@@ -200,5 +200,13 @@ class Engine:
     def nodes(self) -> list[dict[str, Any]]:
         return self.views.nodes()
 
+    def forget_family(self, name: str) -> None:
+        """Family ``name``'s profile changed (an unprofiled workload was measured): drop
+        what was built from the old one (the resolver's family, the pod jobs, the snapshot
+        builder's bound-pod records), so the next epoch reads the new."""
+        self.families.forget(name)
+        self.pod_jobs.forget_family(name)
+        self.builder.forget_family(name)
+
     def plan_summary(self) -> dict[str, Any]:
         return self.views.plan_summary()

@@ -4,20 +4,50 @@ One family per workload name (a core :class:`Snapshot` keys families by name),
 built for the service's reference GPU; measured rows in the profile store for
 that hardware take precedence (``ProfileStore.family``).  Pods that request GPUs
 without opting in are modelled by :data:`EXCLUSIVE`: one whole device each.
+
+Unknown workloads (issue 11, Learn; spec 4.1): a pod that names a family the
+catalog does not have *and* declares its kind (``elastico.io/kind``) gets an
+*unprofiled* family (:meth:`FamilyResolver.unprofiled`): one configuration,
+``as-is``, flagged estimated, demanding a whole device (all SMs and all
+memory), so it runs alone; its IAC features are a typical catalog workload's
+of its kind (column medians) with a whole device's SM activity and memory.
+When the node agent reports a solo window of it (peak memory and SM
+activity), the observation owner writes that window as the family's measured
+profile (``profiles/observed.record_solo_profile``) and the engine drops what
+it built from the old family (``Engine.forget_family``); the family is then
+built again with the measured row, and the pod may share.  Without
+``elastico.io/kind`` an unknown name stays an annotation error (a typo is
+reported, not run).
+
+The cache is bounded (``FAMILY_CACHE`` names, least recently used dropped;
+a dropped family is simply built again).
 """
 
 from __future__ import annotations
 
+import re
 import threading
+from collections import OrderedDict
 
 import numpy as np
 
-from elastico_extender.core.interference.features import NUM_JOB_FEATURES
+from elastico_extender.core.interference.features import FB, NUM_JOB_FEATURES, SM
 from elastico_extender.core.model import Configuration, JobKind, ProfileFamily
-from elastico_extender.core.shapes.catalog import build_family
+from elastico_extender.core.shapes.catalog import CATALOG, build_family
+from elastico_extender.errors import UnknownWorkloadError
 from elastico_extender.profiles.store import ProfileStore
 
-__all__ = ["EXCLUSIVE", "EXCLUSIVE_FAMILY", "FamilyResolver"]
+__all__ = ["EXCLUSIVE", "EXCLUSIVE_FAMILY", "FAMILY_CACHE", "UNPROFILED", "FamilyResolver"]
+
+FAMILY_CACHE = 4096
+"""Families kept built (catalog ones plus unprofiled names in use)."""
+UNPROFILED = Configuration((("as-is", True),))
+"""The one configuration of an unprofiled workload: the pod as its user wrote it."""
+UNPROFILED_UNIT = "unprofiled"
+"""Throughput unit of an unprofiled family: no rate an agent reports is in it, so T(c)
+stays 1 (a launch rate is no throughput; the slowdown is measured against the pod's own
+solo rate by the observation book)."""
+_NAME = re.compile(r"^[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?$")
 
 EXCLUSIVE = "elastico.exclusive-gpu"
 """Reserved family name of GPU pods that did not opt in."""
@@ -47,25 +77,74 @@ class FamilyResolver:
         self.device_mib = device_mib
         self.hardware = hardware
         self.store = store
-        self._cache: dict[str, ProfileFamily] = {EXCLUSIVE: EXCLUSIVE_FAMILY}
+        self._cache: OrderedDict[str, ProfileFamily] = OrderedDict()
         self._lock = threading.Lock()
 
     def __call__(self, name: str) -> ProfileFamily:
-        with self._lock:
-            cached = self._cache.get(name)
-        if cached is not None and name != EXCLUSIVE:
-            return cached
+        """The catalog family ``name`` with measured rows; UnknownWorkloadError if none."""
         if name == EXCLUSIVE:
-            from elastico_extender.errors import UnknownWorkloadError
-
             raise UnknownWorkloadError(f"{EXCLUSIVE!r} is reserved")
-        family = build_family(name, self.device_mib, self.hardware)
-        if self.store is not None:
-            family = self.store.family(family, self.hardware)
+        cached = self._cached(name)
+        if cached is not None and cached.throughput_unit != UNPROFILED_UNIT:
+            return cached
+        return self._build(name, build_family(name, self.device_mib, self.hardware))
+
+    def unprofiled(self, name: str, kind: JobKind) -> ProfileFamily:
+        """The family of workload ``name`` that the catalog lacks (module doc): measured
+        rows from the profile store when its solo window was seen, else a whole device."""
+        if name == EXCLUSIVE or name in CATALOG or not _NAME.match(name):
+            raise UnknownWorkloadError(
+                f"{name!r} cannot name an unprofiled workload (lower-case letters, digits, "
+                "'.', '_', '-'; at most 63; not a catalog or reserved name)"
+            )
+        cached = self._cached(name)
+        if cached is not None and cached.kind is kind:
+            return cached
+        features = self._typical_features(kind)
+        features[0, SM] = 1.0  # a whole device until measured
+        features[0, FB] = self.device_mib / 1024.0
+        base = ProfileFamily(
+            workload=name,
+            kind=kind,
+            configs=(UNPROFILED,),
+            resources=np.array([[1.0, self.device_mib, 0.0, 0.0]]),
+            throughput=np.ones(1),
+            features=features,
+            estimated=np.ones(1, dtype=bool),
+            hardware=self.hardware,
+            throughput_unit=UNPROFILED_UNIT,
+        )
+        return self._build(name, base)
+
+    def _typical_features(self, kind: JobKind) -> np.ndarray:
+        """The IAC job block of a typical catalog workload of ``kind`` (column medians of
+        each family's fastest row): the prior of an unprofiled workload's features, whose
+        SM activity and memory its solo window then replaces."""
+        built = (build_family(name, self.device_mib, self.hardware) for name in sorted(CATALOG))
+        rows = [f for f in built if f.kind is kind]
+        block = np.median([f.features[f.fastest_index] for f in rows], axis=0)
+        return np.asarray(block, dtype=np.float32).reshape(1, NUM_JOB_FEATURES)
+
+    def forget(self, name: str) -> None:
+        """Drop ``name``'s built family (its profile changed): the next call rebuilds it."""
         with self._lock:
-            self._cache[name] = family
-        return family
+            self._cache.pop(name, None)
 
     def known(self) -> dict[str, ProfileFamily]:
         with self._lock:
-            return dict(self._cache)
+            return {EXCLUSIVE: EXCLUSIVE_FAMILY, **self._cache}
+
+    def _cached(self, name: str) -> ProfileFamily | None:
+        with self._lock:
+            cached = self._cache.get(name)
+            if cached is not None:
+                self._cache.move_to_end(name)
+            return cached
+
+    def _build(self, name: str, base: ProfileFamily) -> ProfileFamily:
+        family = base if self.store is None else self.store.family(base, self.hardware)
+        with self._lock:
+            self._cache[name] = family
+            while len(self._cache) > FAMILY_CACHE:
+                self._cache.popitem(last=False)
+        return family

@@ -10,10 +10,16 @@ pod uid, as the engine keys jobs).  It
   pod runs).  The pod's configuration row and its partners (jobs sharing any of its
   GPUs) come from the published snapshot, never from the agent.  A batch with any
   problem is refused whole (4xx naming each field) and changes nothing;
+* turns the solo window of a pod whose family has no profile (every row estimated: an
+  unprofiled workload, ``service/families.py``) into that family's measured profile in
+  the profile store (``profiles/observed.record_solo_profile``: peak memory, SM activity)
+  and tells the engine, which drops the caches holding the old family
+  (``Engine.forget_family``): from the next epoch the pod may share (spec 4.1);
 * gives the engine ``(observed, now)`` for the next snapshot (:meth:`for_snapshot`),
   and at that moment compares the two newest plans to record pairs the plan separated;
-* persists the book's reference rates and every labelled pair sample in an
-  :class:`~elastico_extender.profiles.observations.ObservationStore` (restored at start);
+* persists what the closed loop learns in the one
+  :class:`~elastico_extender.profiles.loop_store.LoopStore` (reference rates, labelled
+  pairs, the online correction; restored at start);
 * serves ``GET /observations`` (:meth:`view`) and Prometheus series
   (:class:`ObservationCollector`): observed vs predicted slowdown per co-located pair,
   prediction error over time, report age and staleness per pod and per agent node, pairs
@@ -39,6 +45,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -55,8 +62,10 @@ from elastico_extender.core.observations import (
     ObservedSlowdown,
     PairSample,
 )
-from elastico_extender.profiles.loop_store import LoopStore
-from elastico_extender.profiles.observations import ObservationStore, StoredSample
+from elastico_extender.errors import InvalidProfileError, ProfileStoreError
+from elastico_extender.profiles.loop_store import LoopStore, PairRecord, ReferenceRow
+from elastico_extender.profiles.observed import record_solo_profile
+from elastico_extender.profiles.store import ProfileStore
 from elastico_extender.service.engine import Published
 from elastico_extender.service.settings import ServiceSettings
 
@@ -80,8 +89,8 @@ SEPARATIONS_KEPT = 512
 """Recent separations listed by GET /observations."""
 
 
-def open_store(settings: ServiceSettings) -> ObservationStore | None:
-    """The observation store the settings name (the profile store's file by default)."""
+def open_store(settings: ServiceSettings) -> LoopStore | None:
+    """The closed loop's store the settings name (the profile store's file by default)."""
     path = settings.observation_store or settings.profile_store
     if not path:
         log.warning(
@@ -89,14 +98,7 @@ def open_store(settings: ServiceSettings) -> ObservationStore | None:
             "closed loop learns survives a restart"
         )
         return None
-    return ObservationStore(path)
-
-
-def open_loop_store(settings: ServiceSettings) -> LoopStore | None:
-    """The store of the online correction: the same file as the observations' (its own
-    tables), so one path keeps everything the closed loop learns."""
-    path = settings.observation_store or settings.profile_store
-    return LoopStore(path) if path else None
+    return LoopStore(path)
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,21 +165,22 @@ class ObservationService:
     def __init__(
         self,
         settings: ServiceSettings,
-        store: ObservationStore | None = None,
+        store: LoopStore | None = None,
         *,
         book: ObservationBook | None = None,
         loop: ClosedLoop | None = None,
-        loop_store: LoopStore | None = None,
+        profiles: ProfileStore | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.settings = settings
         self.store = store
+        self.profiles = profiles  # where unprofiled workloads' solo windows are written
+        self._measured: Callable[[str], None] = lambda name: None
         # The closed loop (core.closed_loop): its book is this service's book, and the
         # pairs the windows label teach its online correction (the predictor the
         # planner uses), exactly as in the simulator.
         self.loop = loop or ClosedLoop(book=book)
         self.book = self.loop.book
-        self.loop_store = loop_store
         self._saved_at = 0.0
         self.clock = clock
         self._published: Callable[[], Published | None] = lambda: None
@@ -200,22 +203,27 @@ class ObservationService:
         )
         self._seen_plan: Published | None = None
         if store is not None:
-            self.book.restore(store.book_state(self.book.max_refs))
-        if loop_store is not None and self.loop.correction is not None:
-            loop_store.load_correction(self.loop.correction)
+            store.load_references(self.book)
+            if self.loop.correction is not None:
+                store.load_correction(self.loop.correction)
 
     def close(self) -> None:
         """Close the store (the app's shutdown); what it holds is already written."""
         if self.store is not None:
-            self.store.close()
-        if self.loop_store is not None:
             if self.loop.correction is not None:
-                self.loop_store.save_correction(self.loop.correction)
-            self.loop_store.close()
+                self.store.save_correction(self.loop.correction)
+            self.store.close()
 
-    def attach(self, published: Callable[[], Published | None]) -> None:
-        """Where the latest published plan comes from (the engine)."""
+    def attach(
+        self,
+        published: Callable[[], Published | None],
+        measured: Callable[[str], None] | None = None,
+    ) -> None:
+        """Where the latest published plan comes from (the engine), and whom to tell that
+        a family's profile was measured (the engine drops what it built from the old one)."""
         self._published = published
+        if measured is not None:
+            self._measured = measured
 
     # -- ingest -------------------------------------------------------------------------
     def ingest(self, node: str, windows: Sequence[AgentWindow]) -> dict[str, Any]:
@@ -269,13 +277,35 @@ class ObservationService:
                 self._count("refused", len(windows))
                 raise ObservationRefused(422, problems, refused)
             refs, samples = self._record(node, now, pub, accepted)
+        self._profile_unprofiled(pub, [obs for _, obs, _, _ in accepted], now)
         if self.store is not None:
             try:
                 self.store.put_references(refs, now)
-                self.store.add_samples(samples)
+                self.store.add_pair_records(samples)
             except sqlite3.Error as exc:  # degrade: kept in memory, said in the log
                 log.warning("observations.persist_failed", extra={"error": str(exc)})
         return {"accepted": len(accepted), "pair_samples": len(samples)}
+
+    def _profile_unprofiled(self, pub: Published, windows: list[Observation], now: float) -> None:
+        """Solo windows of pods whose family has no measured row become its profile."""
+        if self.profiles is None:
+            return
+        measured: set[str] = set()
+        for obs in windows:
+            pj = pub.pods.get(obs.job_id)
+            if pj is None or obs.partners or pj.family.workload in measured:
+                continue
+            flags = pj.family.estimated
+            if flags is None or not bool(np.all(flags)):
+                continue  # profiled (catalog or measured rows): nothing to learn here
+            try:
+                if record_solo_profile(self.profiles, pj.family, obs, measured_at=now):
+                    measured.add(pj.family.workload)
+            except (sqlite3.Error, ProfileStoreError, InvalidProfileError) as exc:
+                log.warning("observations.profile_not_saved", extra={"error": str(exc)})
+        for name in sorted(measured):
+            log.info("observations.profile_measured", extra={"family": name})
+            self._measured(name)
 
     def _check(
         self,
@@ -333,9 +363,9 @@ class ObservationService:
         now: float,
         pub: Published,
         accepted: list[tuple[AgentWindow, Observation, float | None, float | None]],
-    ) -> tuple[list[tuple[str, int, str, float]], list[StoredSample]]:
-        refs: list[tuple[str, int, str, float]] = []
-        samples: list[StoredSample] = []
+    ) -> tuple[list[ReferenceRow], list[PairRecord]]:
+        refs: list[ReferenceRow] = []
+        samples: list[PairRecord] = []
         errors: list[float] = []
         teachable: list[PairSample] = []
         for _, obs, predicted, tolerance in accepted:
@@ -355,7 +385,8 @@ class ObservationService:
                 teachable.append(pair_samples[0])
             after = self.book.reference(*key)
             if after is not None and after != before:
-                refs.append((*key, after))
+                # the book moves a reference on a solo window only (then measured alone)
+                refs.append((*key, after, not obs.partners and obs.rate > 0))
             window = pair_samples[0].slowdown if pair_samples else None
             if window is None and not obs.partners and after is not None and obs.rate > 0:
                 window = max(1.0, after / obs.rate)
@@ -375,7 +406,7 @@ class ObservationService:
             self._reports.move_to_end(obs.job_id)
             for s in pair_samples:
                 samples.append(
-                    StoredSample(s.victim, s.victim_config, s.partner, s.slowdown, predicted, s.end)
+                    PairRecord(s.victim, s.victim_config, s.partner, s.slowdown, predicted, s.end)
                 )
                 self._pair(s.victim, s.partner, s.slowdown, predicted, tolerance, s.end)
             if pair_samples and predicted is not None:
@@ -412,13 +443,13 @@ class ObservationService:
             if job.running and job.current_config is not None
         }
         labelled = self.loop.teach(samples, running, snapshot.families)
-        if self.loop_store is None:
+        if self.store is None:
             return
         try:
             # the samples `elastico train-iac --from-store` retrains the DNN on
-            self.loop_store.add_samples(labelled.features, labelled.observed, at=now)
+            self.store.add_samples(labelled.features, labelled.observed, at=now)
             if now - self._saved_at >= CORRECTION_SAVE_SECONDS:
-                self.loop_store.save_correction(self.loop.correction)
+                self.store.save_correction(self.loop.correction)
                 self._saved_at = now
         except sqlite3.Error as exc:
             log.warning("observations.loop_not_saved", extra={"error": str(exc)})

@@ -168,12 +168,24 @@ class PodJobs:
             raise AnnotationError(list(cached))  # a fresh exception: no traceback chain
         return cached
 
+    def forget_family(self, name: str) -> int:
+        """Drop the cached jobs of family ``name`` (its profile changed); returns how many."""
+        with self._lock:
+            stale = [
+                key
+                for key, value in self._cache.items()
+                if isinstance(value, PodJob) and value.family.workload == name
+            ]
+            for key in stale:
+                del self._cache[key]
+        return len(stale)
+
     def _build(self, pod: Mapping[str, Any], uid: str) -> PodJob | None:
         annotations = (pod.get("metadata") or {}).get("annotations") or {}
         if not isinstance(annotations, Mapping):
             raise ValueError("metadata.annotations must be an object")
         gpus = pod_gpu_request(pod)
-        intent = parse_intent(annotations, self.families)
+        intent = parse_intent(annotations, self.families, self.families.unprofiled)
         if intent is None:
             return exclusive_job(pod, uid, gpus) if gpus > 0 else None
         if self.require_webhook and not webhook_applied(pod):

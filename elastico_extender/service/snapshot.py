@@ -100,6 +100,11 @@ class SnapshotBuilder:
         # Bound pods' running records from the last snapshot, by pod uid, with what
         # they were built from: (Pod object, PodJob, Node, running Job).
         self._bound: dict[str, tuple[dict[str, Any], PodJob, Node, Job]] = {}
+        # Families whose profile changed since the last build: their bound pods' records
+        # are built again (they hold the old family).  Taken at the start of a build, so
+        # a change that lands during one is seen by the next.
+        self._stale_families: set[str] = set()
+        self._stale_lock = threading.Lock()
 
     # -- nodes -------------------------------------------------------------------------
     def nodes(self) -> tuple[Node, ...]:
@@ -141,6 +146,11 @@ class SnapshotBuilder:
         self._last_nodes = tuple(nodes)
         return self._last_nodes
 
+    def forget_family(self, name: str) -> None:
+        """Family ``name``'s profile changed: the next build reads its bound pods anew."""
+        with self._stale_lock:
+            self._stale_families.add(name)
+
     # -- the snapshot ------------------------------------------------------------------
     def build(self, bookings: Mapping[str, Pinned] | None = None) -> Built:
         """The planner's input from the cluster view plus the placements in ``bookings``."""
@@ -160,11 +170,18 @@ class SnapshotBuilder:
         bound: dict[str, tuple[dict[str, Any], PodJob, Node, Job]] = {}
         wanted = self.scheduler_name
         previous = self._bound
+        with self._stale_lock:
+            stale, self._stale_families = self._stale_families, set()
         for uid, pod in pods.items():
             # A bound pod whose object and node are the ones of the last epoch: the same
             # record (the cluster view replaces objects, never edits them).  Most pods.
             hit = previous.get(uid)
-            if hit is not None and hit[0] is pod and by_name.get(hit[3].devices[0][0]) is hit[2]:
+            if (
+                hit is not None
+                and hit[0] is pod
+                and by_name.get(hit[3].devices[0][0]) is hit[2]
+                and hit[1].family.workload not in stale
+            ):
                 bound[uid] = hit
                 jobs.append(hit[3])
                 meta[uid] = hit[1]

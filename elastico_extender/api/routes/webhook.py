@@ -205,7 +205,7 @@ async def mutate(request: Request) -> Response:
         engine = engine_of(request)
         annotations = pod["metadata"].get("annotations") or {}
         try:
-            intent = parse_intent(annotations, engine.families)
+            intent = parse_intent(annotations, engine.families, engine.families.unprofiled)
         except AnnotationError as exc:
             response["warnings"] = [f"{key}: {msg}" for key, msg in exc.problems]
             intent = None

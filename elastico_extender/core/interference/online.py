@@ -20,22 +20,49 @@ Residuals are pooled at two levels:
   residual r_f over n_f samples.  This is the neighbourhood estimate for
   configuration pairs of a known family pair that were never observed.
 
-The answer for a row is::
+Nearest neighbours (the third level) cover what neither pool knows: a
+configuration pair never observed *and* whose family pair has no evidence.
+The correction keeps a capped ring (``neighbours`` slots, oldest new pair
+overwritten first) of the observed configuration pairs: each pair's feature
+row with its level-1 mean residual and count.  For such a row x the
+``NEIGHBOURS`` = 8 stored rows nearest in standardised feature space
+(per-column scale: the ring's standard deviation, at least ``MIN_SCALE``;
+distance d: root mean square over the 36 columns) give::
 
-    log S = log base(x) + w_c * r_c + (1 - w_c) * w_f * r_f,   w = n / (n + n0)
+    k_i  = exp(-(d_i / BANDWIDTH)^2 / 2)  for d_i <= RADIUS, else 0
+    n_nn = sum k_i n_i,  r_nn = sum k_i n_i r_i / n_nn
+    w_nn = n_nn / (n_nn + n0) * max_i k_i
+
+so the borrowed shift shrinks toward the base prediction with distance (even
+unlimited evidence counts only as much as its nearest row's kernel) and with
+little evidence, and a row farther than ``RADIUS`` from every observed pair
+keeps the base answer exactly.
+
+The answer for a row is, level by level (configuration pair, then family
+pair, then nearest neighbours, then the base model)::
+
+    log S = log base(x) + w_c * r_c + (1 - w_c) * w_f * r_f      (n_c + n_f > 0)
+    log S = log base(x) + w_nn * r_nn                            (n_c = n_f = 0)
+    w = n / (n + n0)
 
 so a seen configuration pair converges to its observed (mean log) slowdown as
 evidence accumulates, a new configuration of a seen family pair is shifted by
-its family pair's shrunk residual, and an unseen family pair gets the base
-answer unchanged.  n0 (``prior_samples``) is how many observations the base
-prediction is worth.  Counts are capped at ``memory`` samples, after which a
-mean becomes an exponentially weighted one (a drifting workload is followed).
+its family pair's shrunk residual, an unseen family pair near observed pairs
+borrows their residual, and an unseen family pair far from all of them gets
+the base answer unchanged.  n0 (``prior_samples``) is how many observations
+the base prediction is worth.  Counts are capped at ``memory`` samples, after
+which a mean becomes an exponentially weighted one (a drifting workload is
+followed).
 
 Rows are keyed by a 64-bit hash of their float32 bytes computed in numpy, and
 looked up with ``searchsorted``: one vectorised call per batch, and the base
-answer untouched (zero overhead) while nothing has been learned.  The state is
-bounded (``max_pairs`` configuration pairs, least recently updated dropped)
-and plain rows (:meth:`rows` / :meth:`restore_rows`), so a driver persists it.
+answer untouched (zero overhead) while nothing has been learned.  The
+neighbour search runs only on the batch's distinct unseen rows, as one
+matrix product against the ring (at most ``neighbours`` x 36), in chunks of
+bounded memory.  The state is bounded (``max_pairs`` configuration pairs,
+least recently updated dropped; ``neighbours`` ring slots, 0 turning the level off) and plain rows
+(:meth:`rows` / :meth:`restore_rows`, :meth:`neighbour_rows` /
+:meth:`restore_neighbours`), so a driver persists it.
 
 Multi-tenant windows (three or more jobs on a device) and gang jobs with
 several partners are not attributed: the driver passes only samples whose
@@ -60,6 +87,18 @@ CONFIG_COLUMNS = 28
 """Columns identifying a configuration pair: both 14-column job blocks."""
 FAMILY_COLUMNS = (5, 6, 19, 20)
 """Columns identifying a family pair: each job's is_inference and log10_params."""
+NEIGHBOURS = 8
+"""Stored pairs a neighbour estimate averages over (the nearest ones)."""
+BANDWIDTH = 0.25
+"""Kernel width, in standardised root-mean-square distance (module doc)."""
+RADIUS = 0.75
+"""Stored pairs farther than this lend nothing (3 bandwidths: kernel < 1.2%)."""
+MIN_SCALE = 0.1
+"""Floor of a column's scale: a column constant over the ring still tells pairs apart."""
+_CHUNK = 256
+"""Query rows per distance block (bounds the block to _CHUNK x ring floats)."""
+BORROWED_KEPT = 100_000
+"""Neighbour answers remembered between learning steps (the planner asks a row often)."""
 
 _MULT = np.random.default_rng(0x0C0FFEE).integers(1, 2**62, size=NUM_FEATURES, dtype=np.uint64) | 1
 
@@ -120,6 +159,86 @@ class _Level:
         return mean, count
 
 
+class _Ring:
+    """Capped ring of observed configuration pairs: feature row, mean residual, count."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.x = np.zeros((capacity, NUM_FEATURES), dtype=np.float32)
+        self.mean = np.zeros(capacity)
+        self.count = np.zeros(capacity)
+        self.keys: list[int] = []
+        self.slot: dict[int, int] = {}
+        self.next = 0
+        self._scaled: np.ndarray | None = None  # standardised ring (size, 36)
+        self._scaled_sq = np.zeros(0)
+        self._center = np.zeros(NUM_FEATURES)
+        self._scale = np.ones(NUM_FEATURES)
+
+    @property
+    def size(self) -> int:
+        return len(self.keys)
+
+    def put(self, key: int, row: np.ndarray, mean: float, count: float) -> None:
+        at = self.slot.get(key)
+        if at is None:
+            at = self.next
+            if at < len(self.keys):
+                del self.slot[self.keys[at]]
+                self.keys[at] = key
+            else:
+                self.keys.append(key)
+            self.slot[key] = at
+            self.next = (at + 1) % self.capacity
+            self.x[at] = row
+            self._scaled = None  # the standardisation follows the rows, not their means
+        self.mean[at] = mean
+        self.count[at] = count
+
+    def _standardised(self) -> np.ndarray:
+        if self._scaled is None:
+            x = self.x[: self.size].astype(np.float64)
+            self._center = x.mean(axis=0)
+            self._scale = np.maximum(x.std(axis=0), MIN_SCALE)
+            z = (x - self._center) / self._scale
+            self._scaled = np.ascontiguousarray(z)
+            self._scaled_sq = (z**2).sum(axis=1)
+        return self._scaled
+
+    def query(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(r_nn, n_nn, max kernel) per row (module doc); 0, 0, 0 where nothing is near."""
+        ring = self._standardised()
+        size = ring.shape[0]
+        k = min(NEIGHBOURS, size)
+        ring_sq = self._scaled_sq
+        shift = np.zeros(rows.shape[0])
+        evidence = np.zeros(rows.shape[0])
+        nearest = np.zeros(rows.shape[0])
+        for lo in range(0, rows.shape[0], _CHUNK):
+            z = (rows[lo : lo + _CHUNK].astype(np.float64) - self._center) / self._scale
+            # One matrix-vector product per row: a matrix product of this shape goes
+            # multi-threaded in OpenBLAS, which costs far more than it saves here.
+            dot = np.empty((z.shape[0], size))
+            for i in range(z.shape[0]):
+                dot[i] = ring @ z[i]
+            d2 = (z**2).sum(axis=1)[:, None] + ring_sq[None, :] - 2.0 * dot
+            d2 = np.maximum(d2, 0.0) / NUM_FEATURES
+            if k < size:
+                near = np.argpartition(d2, k - 1, axis=1)[:, :k]
+            else:
+                near = np.broadcast_to(np.arange(size), d2.shape)
+            d2k = np.take_along_axis(d2, near, axis=1)
+            kernel = np.where(d2k <= RADIUS**2, np.exp(-0.5 * d2k / BANDWIDTH**2), 0.0)
+            weight = kernel * self.count[near]
+            total = weight.sum(axis=1)
+            has = total > 0
+            block = slice(lo, lo + z.shape[0])
+            shift[block][has] = (weight[has] * self.mean[near][has]).sum(axis=1) / total[has]
+            evidence[block] = total
+            nearest[block] = kernel.max(axis=1)
+        return shift, evidence, nearest
+
+
 class OnlineCorrection:
     """A :class:`SlowdownPredictor` that corrects ``base`` by observed slowdowns (module doc)."""
 
@@ -130,14 +249,17 @@ class OnlineCorrection:
         prior_samples: float = 1.0,
         memory: int = 50,
         max_pairs: int = 200_000,
+        neighbours: int = 2048,
     ) -> None:
-        if prior_samples <= 0 or memory < 1 or max_pairs < 1:
+        if prior_samples <= 0 or memory < 1 or max_pairs < 1 or neighbours < 0:
             raise ValueError("prior_samples must be > 0, memory and max_pairs >= 1")
         self.base = base
         self.name = f"{getattr(base, 'name', type(base).__name__)}+online"
         self.prior_samples = float(prior_samples)
         self._config = _Level(memory, max_pairs)
         self._family = _Level(memory, max(1, max_pairs // 10))
+        self._ring = _Ring(neighbours)  # 0: no neighbour level
+        self._borrowed: dict[int, float] = {}  # key -> neighbour shift, until the ring changes
         self.samples_seen = 0
 
     # -- the predictor protocol ------------------------------------------------
@@ -156,7 +278,24 @@ class OnlineCorrection:
         w_c = n_c / (n_c + n0)
         w_f = n_f / (n_f + n0)
         shift = w_c * r_c + (1.0 - w_c) * w_f * r_f
+        unseen = (n_c == 0) & (n_f == 0)
+        if self._ring.size and unseen.any():
+            shift[unseen] = self._borrow(x[unseen], config_key[unseen])
         return np.maximum(base * np.exp(shift), 1.0)
+
+    def _borrow(self, x: np.ndarray, keys: np.ndarray) -> np.ndarray:
+        """The neighbour level's shift w_nn * r_nn, computed once per distinct row."""
+        distinct, first, back = np.unique(keys, return_index=True, return_inverse=True)
+        cache = self._borrowed
+        shift = np.array([cache.get(k, math.nan) for k in distinct.tolist()])
+        todo = np.isnan(shift)
+        if todo.any():
+            r_nn, n_nn, nearest = self._ring.query(x[first[todo]])
+            shift[todo] = n_nn / (n_nn + self.prior_samples) * nearest * r_nn
+            if len(cache) > BORROWED_KEPT:
+                cache.clear()
+            cache.update(zip(distinct[todo].tolist(), shift[todo].tolist(), strict=True))
+        return shift[back.reshape(-1)]
 
     # -- learning ----------------------------------------------------------------
     def learn(self, features: np.ndarray, observed: Sequence[float] | np.ndarray) -> np.ndarray:
@@ -179,6 +318,11 @@ class OnlineCorrection:
             config_key, family_key = pair_keys(x[ok])
             self._config.add(config_key, residual)
             self._family.add(family_key, residual)
+            table = self._config.table
+            self._borrowed.clear()
+            for row, key in zip(x[ok], config_key.tolist(), strict=True):
+                if key in table and self._ring.capacity:
+                    self._ring.put(key, row, *table[key])
             self.samples_seen += int(ok.sum())
         return before
 
@@ -201,6 +345,21 @@ class OnlineCorrection:
         target._dirty = True
         if level == "config":
             self.samples_seen += added
+
+    def neighbour_rows(self) -> list[tuple[int, np.ndarray, float, float]]:
+        """The ring's [key, feature row (float32), mean residual, count], oldest slot first."""
+        ring = self._ring
+        order = list(range(ring.next, ring.size)) + list(range(ring.next))
+        return [(ring.keys[i], ring.x[i].copy(), ring.mean[i], ring.count[i]) for i in order]
+
+    def restore_neighbours(self, rows: Iterable[tuple[int, np.ndarray, float, float]]) -> None:
+        """Load :meth:`neighbour_rows` output (oldest first; rows of the wrong shape skipped)."""
+        for key, row, mean, count in rows:
+            x = np.asarray(row, dtype=np.float32)
+            ok = x.shape == (NUM_FEATURES,) and np.isfinite(x).all() and self._ring.capacity > 0
+            if ok and math.isfinite(mean) and math.isfinite(count) and count > 0:
+                self._ring.put(int(key), x, float(mean), float(count))
+        self._borrowed.clear()
 
     def rows(self, level: str) -> list[tuple[int, float, float]]:
         """[key, mean residual, count] rows of ``level``, oldest update first."""

@@ -1,0 +1,115 @@
+"""Unknown workloads through the real service (issue 11, Learn; spec 4.1).
+
+A pod names a family the catalog lacks and declares its kind: it runs alone
+(an unprofiled family demands the whole device).  When its node agent posts a
+solo window with peak memory and SM activity, the extender writes that window
+as the family's measured profile, drops the caches that held the old family,
+and from the next plan another pod may share its GPU; a restart keeps it.
+The extender runs under uvicorn on 127.0.0.1 against the fake API server.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from test_service_events import pending_pod
+from test_service_observations import batch, gpu_node, running_pod, start_service, wait_for
+
+from elastico_extender.cluster.fake_apiserver import FakeApiServer
+from elastico_extender.core.model import JobKind
+from elastico_extender.profiles.store import ProfileStore
+from elastico_extender.service.families import UNPROFILED, FamilyResolver
+
+FAMILY = "mystery-net"
+HARDWARE = FamilyResolver(40960.0).hardware
+
+
+def unprofiled_pod(name: str) -> dict:
+    """A running pod of a workload the catalog does not know (its kind declared)."""
+    pod = running_pod(name, "g0", 0, family=FAMILY, kind="training")
+    notes = pod["metadata"]["annotations"]
+    notes["elastico.io/assigned-configuration"] = UNPROFILED.label
+    return pod
+
+
+def solo_window(uid: str, **measured: float) -> dict:
+    return {"pod_uid": uid, "end": time.time(), "seconds": 5.0, "rate": 400.0,
+            "unit": "launches/s", **measured}  # fmt: skip
+
+
+def shares_with_u(svc) -> bool:
+    assignments = svc.engine.published.plan.assignments
+    p, u = assignments.get("uid-p"), assignments.get("uid-u")
+    return p is not None and u is not None and set(p.devices) & set(u.devices) != set()
+
+
+def test_a_solo_window_makes_an_unknown_workload_measured_and_shareable(tmp_path: Path) -> None:
+    api = FakeApiServer().start()
+    api.put("nodes", gpu_node("g0", 1))
+    api.put("pods", unprofiled_pod("u"))
+    api.put("pods", pending_pod("p"))
+    path = str(tmp_path / "loop.db")
+    try:
+        server, kube, svc = start_service(api, observation_store=path)
+        assert wait_for(lambda: len(kube.state.pods()) == 2)
+        svc.epoch()
+        family = svc.engine.published.snapshot.families[FAMILY]
+        assert family.estimated is not None and family.estimated.all()
+        assert "uid-u" in svc.engine.published.plan.assignments
+        assert "uid-p" not in svc.engine.published.plan.assignments  # u holds the whole GPU
+
+        # a window without SM activity measures nothing; a shared one neither (none here)
+        assert svc.post(batch(solo_window("uid-u", peak_mem_mib=8000.0))).status_code == 200
+        assert ProfileStore(path).records(FAMILY, HARDWARE) == []
+        reply = svc.post(batch(solo_window("uid-u", peak_mem_mib=8000.0, sm_activity=0.3)))
+        assert reply.status_code == 200, reply.text
+        (record,) = ProfileStore(path).records(FAMILY, HARDWARE)
+        assert record.configuration == UNPROFILED
+        assert record.resources[1] == 8000.0 and record.resources[0] == 0.3
+
+        svc.epoch()  # the caches let go of the old family: the next plan reads the new one
+        family = svc.engine.published.snapshot.families[FAMILY]
+        assert family.estimated is not None and not family.estimated.any()
+        assert shares_with_u(svc)
+        server.stop()
+
+        server, kube, svc = start_service(api, observation_store=path)  # a restart
+        assert wait_for(lambda: len(kube.state.pods()) == 2)
+        svc.epoch()
+        assert not svc.engine.published.snapshot.families[FAMILY].estimated.any()
+        assert shares_with_u(svc)
+        server.stop()
+    finally:
+        api.stop()
+
+
+def test_unknown_family_without_a_kind_stays_an_annotation_error() -> None:
+    """A typo is reported, not run as an unprofiled workload; bad names are refused."""
+    import pytest
+
+    from elastico_extender.annotations import parse_intent
+    from elastico_extender.errors import AnnotationError, UnknownWorkloadError
+
+    resolver = FamilyResolver(40960.0)
+    with pytest.raises(AnnotationError, match=r"elastico\.io/kind"):
+        parse_intent({"elastico.io/family": "bret"}, resolver, resolver.unprofiled)
+    intent = parse_intent(
+        {"elastico.io/family": FAMILY, "elastico.io/kind": "inference"},
+        resolver,
+        resolver.unprofiled,
+    )
+    assert intent is not None and intent.family.kind is JobKind.INFERENCE
+    for bad in ("bert", "Upper", "x" * 70, "elastico.exclusive-gpu"):
+        with pytest.raises(UnknownWorkloadError):
+            resolver.unprofiled(bad, JobKind.TRAINING)
+
+
+def test_the_family_cache_is_bounded(monkeypatch) -> None:
+    import elastico_extender.service.families as families
+
+    monkeypatch.setattr(families, "FAMILY_CACHE", 3)
+    resolver = FamilyResolver(40960.0)
+    for i in range(10):
+        resolver.unprofiled(f"w{i}", JobKind.TRAINING)
+    assert len(resolver.known()) == 4  # three kept plus the reserved exclusive family
