@@ -1,9 +1,25 @@
 """Per-pod progress from the profiler shim's rings: kernel launches per second (issue 11).
 
-Where the rings are: ``elastico-run`` points the shim at ``<ring root>/<pod uid>/`` (the
-pod uid comes from the downward API as ``ELASTICO_POD_UID``; the root is a hostPath the
-agent mounts too), so every ``elastico-shim-<pid>.ring`` under a pod's directory belongs
-to that pod, whatever its processes' ids are inside the container.
+Where the rings are: ``elastico-run`` points the shim at ``/run/elastico/rings/<pod uid>/``
+in the container (the pod uid comes from the downward API as ``ELASTICO_POD_UID``), so
+every ``elastico-shim-<pid>.ring`` there belongs to that pod, whatever its processes' ids
+are inside the container.  What the webhook mounts at /run/elastico/rings decides where
+the agent finds that directory on the node (:meth:`PodRings.directory`):
+
+* ``emptyDir`` (the default, admitted at every Pod Security level): the kubelet keeps a
+  pod's emptyDir volume ``elastico-rings`` at
+  ``<kubelet root>/pods/<pod uid>/volumes/kubernetes.io~empty-dir/elastico-rings`` (for
+  ``medium: Memory`` it mounts a tmpfs at that same path), so the rings are
+  :func:`kubelet_ring_directory`.  The pod uid names the kubelet's directory, and the
+  directory inside it must carry the same uid: a pod can only write into its own volume,
+  so it cannot pass its rings off as another pod's.  The kubelet removes it with the pod.
+* ``hostPath`` (legacy, ``--ring-root``): ``<ring root>/<pod uid>/`` on a host directory
+  every opted-in pod shares; the agent removes a departed pod's directory
+  (:meth:`PodRings.remove_directory`).
+
+The kubelet layout is looked at first, then the ring root, so pods admitted under either
+mode are read while a cluster switches.  A uid with neither directory has no rings (no
+rate, no error).
 
 What is read: only the ring *headers*, never the records (the agent consumes nothing, so a
 profiler draining the same ring is undisturbed).  The header's ``launches`` counter is
@@ -31,15 +47,39 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
+from elastico_extender.annotations import RINGS_VOLUME
 from elastico_extender.errors import RingFormatError
 from elastico_extender.profiling.ring import RingReader, find_rings
 
-__all__ = ["PodLaunches", "PodRings", "ProcessCounters"]
+__all__ = [
+    "EMPTY_DIR_PLUGIN",
+    "KUBELET_ROOT",
+    "PodLaunches",
+    "PodRings",
+    "ProcessCounters",
+    "kubelet_ring_directory",
+]
 
 log = logging.getLogger(__name__)
 
 MAX_PROCESSES_PER_POD = 512
 """Rings followed per pod (mapped files are cheap, but bounded all the same)."""
+KUBELET_ROOT = "/var/lib/kubelet"
+"""The kubelet's ``--root-dir`` default (k3s keeps it; MicroK8s, k0s and some managed
+distributions move it: the agent's ``--kubelet-root``)."""
+EMPTY_DIR_PLUGIN = "kubernetes.io~empty-dir"
+"""The emptyDir plugin's name ``kubernetes.io/empty-dir`` as the kubelet escapes it in
+paths (``/`` -> ``~``; pkg/volume/emptydir)."""
+
+
+def _plain_uid(uid: str) -> bool:
+    """A uid usable as one path component (API server uids are UUIDs)."""
+    return 0 < len(uid) <= 128 and "/" not in uid and "\0" not in uid and uid not in (".", "..")
+
+
+def kubelet_ring_directory(kubelet_root: str | Path, uid: str, volume: str = RINGS_VOLUME) -> Path:
+    """Where a pod's rings lie on the node when its rings volume is an emptyDir."""
+    return Path(kubelet_root) / "pods" / uid / "volumes" / EMPTY_DIR_PLUGIN / volume / uid
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,10 +108,17 @@ class PodLaunches:
 
 
 class PodRings:
-    """Follows the rings of every pod directory under ``root`` (not thread-safe)."""
+    """Follows the rings of the node's pods (not thread-safe).
 
-    def __init__(self, root: str | Path) -> None:
-        self.root = Path(root)
+    ``root``: the legacy shared host directory (hostPath mode), None for none;
+    ``kubelet_root``: the kubelet's root directory, whose ``pods/`` holds each pod's
+    emptyDir volumes (default mode), None for none.  Rings are mapped read-only."""
+
+    def __init__(
+        self, root: str | Path | None = None, *, kubelet_root: str | Path | None = None
+    ) -> None:
+        self.root = Path(root) if root else None
+        self.kubelet_root = Path(kubelet_root) if kubelet_root else None
         self._readers: dict[tuple[str, int], RingReader] = {}
         self._last: dict[tuple[str, int], ProcessCounters] = {}
         self._scanned: dict[str, float] = {}  # pod uid -> newest flush time at last scan
@@ -82,20 +129,38 @@ class PodRings:
         self._readers.clear()
 
     def pods(self) -> list[str]:
-        """Pod uids that have a ring directory."""
-        if not self.root.is_dir():
+        """Pod uids with a directory under the shared host root (hostPath mode): the
+        directories the agent must remove itself (the kubelet removes emptyDirs)."""
+        if self.root is None or not self.root.is_dir():
             return []
         return sorted(p.name for p in self.root.iterdir() if p.is_dir())
 
+    def directory(self, uid: str) -> Path | None:
+        """The pod's ring directory on this node: its emptyDir through the kubelet's
+        layout, else ``<root>/<uid>``; None when it has neither."""
+        if not _plain_uid(uid):
+            return None
+        candidates = []
+        if self.kubelet_root is not None:
+            candidates.append(kubelet_ring_directory(self.kubelet_root, uid))
+        if self.root is not None:
+            candidates.append(self.root / uid)
+        for path in candidates:
+            # the last component is the pod's own doing: a directory, never a link
+            if path.is_dir() and not path.is_symlink():
+                return path
+        return None
+
     def _read(self, uid: str) -> dict[int, ProcessCounters]:
         found = {}
-        rings = find_rings(self.root / uid)
+        directory = self.directory(uid)
+        rings = find_rings(directory) if directory is not None else {}
         for pid, path in list(rings.items())[:MAX_PROCESSES_PER_POD]:
             key = (uid, pid)
             reader = self._readers.get(key)
             if reader is None:
                 try:
-                    reader = RingReader(path)
+                    reader = RingReader(path, writable=False)
                 except (RingFormatError, OSError) as exc:  # being created, or foreign
                     log.debug("ring.unreadable", extra={"path": str(path), "error": str(exc)})
                     continue
@@ -156,8 +221,11 @@ class PodRings:
         self._scanned.pop(uid, None)
 
     def remove_directory(self, uid: str) -> None:
-        """Delete a departed pod's ring directory (the rings are the shim's files)."""
+        """Delete a departed pod's directory under the host root (hostPath mode; the
+        kubelet removes an emptyDir with its pod, and the agent mounts that read-only)."""
         self.forget(uid)
+        if self.root is None or not _plain_uid(uid):
+            return
         directory = self.root / uid
         with contextlib.suppress(OSError):
             for path in directory.iterdir():

@@ -31,7 +31,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from elastico_extender.annotations import ANNOTATIONS_FILE, ANNOTATIONS_FILE_ENV
+from elastico_extender.annotations import ANNOTATIONS_FILE, ANNOTATIONS_FILE_ENV, RINGS_DIR
 from elastico_extender.errors import AnnotationError, ElasticoError
 from elastico_extender.launcher.assignment import LaunchSettings, read_assignment
 from elastico_extender.launcher.downward import parse_annotations
@@ -49,8 +49,9 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 DEFAULT_ANNOTATIONS = ANNOTATIONS_FILE  # where the webhook mounts the downward-API file
-DEFAULT_RING_ROOT = "/run/elastico/rings"
-"""Host directory (hostPath) shared with ``elastico agent``: one ring directory per pod."""
+DEFAULT_RING_ROOT = RINGS_DIR
+"""Where the webhook mounts the pod's rings volume (an emptyDir by default, the legacy
+shared hostPath on request): ``elastico agent`` reads ``<it>/<pod uid>/`` from the node."""
 SITE_DIR = Path(__file__).resolve().parent / "_site"
 
 
