@@ -151,3 +151,33 @@ def test_agent_maps_rings_read_only_and_never_blocks_on_a_fifo(
     window = rings.sample(UID)  # the FIFO is skipped, the real ring read
     assert window is not None and window.processes == 1
     rings.close()
+
+
+def test_a_full_memory_emptydir_leaves_the_workload_running_unprofiled(
+    tmp_path: Path,
+    stepper: tuple[Path, Path],  # noqa: F811
+) -> None:
+    """A ``medium: Memory`` emptyDir is a tmpfs of ``sizeLimit`` bytes: a ring that does
+    not fit must be refused when it is created (the workload runs on, unprofiled), not
+    fault the workload with SIGBUS at its first write to a page the tmpfs cannot back."""
+    program, shim = stepper
+    volume = tmp_path / "volume"
+    volume.mkdir()
+    # a two-page tmpfs, as the kubelet mounts one for a small sizeLimit: the 4 MiB ring's
+    # records outgrow it within the run (a flush every 10 ms)
+    script = 'mount -t tmpfs -o size=8k tmpfs "$1" || exit 77; shift; exec "$@"'
+    env = {**os.environ, "LD_PRELOAD": str(shim), "ELASTICO_SHIM_DIR": str(volume),
+           "ELASTICO_SHIM_BUFFER_BYTES": str(4 << 20), "ELASTICO_SHIM_FLUSH_MS": "10"}  # fmt: skip
+    try:
+        proc = subprocess.run(
+            ["unshare", "-rm", "sh", "-c", script, "sh", str(volume), str(program),
+             str(LAUNCHES_PER_STEP), "200", "1.5", "1", "0"],
+            env=env, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+    except FileNotFoundError:
+        pytest.skip("no unshare(1) here")
+    if proc.returncode == 77 or "unshare" in proc.stderr and proc.returncode == 1:
+        pytest.skip(f"cannot mount a tmpfs in a user namespace here: {proc.stderr.strip()}")
+    assert proc.returncode == 0, (proc.returncode, proc.stderr)
+    assert "phase 1" in proc.stdout
+    assert "profiling is off" in proc.stderr
