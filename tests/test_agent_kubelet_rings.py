@@ -181,3 +181,14 @@ def test_a_full_memory_emptydir_leaves_the_workload_running_unprofiled(
     assert proc.returncode == 0, (proc.returncode, proc.stderr)
     assert "phase 1" in proc.stdout
     assert "profiling is off" in proc.stderr
+
+
+def test_the_agent_command_refuses_to_run_with_nowhere_to_read_rings(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from elastico_extender.cli import main
+
+    code = main(["agent", "--node", "g0", "--extender", "http://127.0.0.1:9",
+                 "--kubelet-root", "", "--ring-root", ""])  # fmt: skip
+    assert code == 2
+    assert "--kubelet-root and --ring-root are both empty" in capsys.readouterr().err
