@@ -176,7 +176,7 @@ def test_a_full_memory_emptydir_leaves_the_workload_running_unprofiled(
         )  # fmt: skip
     except FileNotFoundError:
         pytest.skip("no unshare(1) here")
-    if proc.returncode == 77 or "unshare" in proc.stderr and proc.returncode == 1:
+    if proc.returncode == 77 or ("unshare" in proc.stderr and proc.returncode == 1):
         pytest.skip(f"cannot mount a tmpfs in a user namespace here: {proc.stderr.strip()}")
     assert proc.returncode == 0, (proc.returncode, proc.stderr)
     assert "phase 1" in proc.stdout

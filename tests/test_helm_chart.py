@@ -489,8 +489,9 @@ def test_default_rings_are_an_emptydir_the_agent_reads_through_the_kubelet(varia
 
 
 def test_legacy_hostpath_rings_and_a_moved_kubelet_root(tmp_path):
+    microk8s = "/var/snap/microk8s/common/var/lib/kubelet/"
     docs = render({"rings": {"volume": "hostPath", "hostPath": "/run/gpu/rings"},
-                   "agent": {"kubeletRoot": "/var/snap/microk8s/common/var/lib/kubelet/"}})  # fmt: skip
+                   "agent": {"kubeletRoot": microk8s}})  # fmt: skip
     settings = chart_settings(docs, tmp_path)
     assert settings.rings_volume == "hostPath" and settings.rings_host_path == "/run/gpu/rings"
     args, mounts, volumes = agent_view(docs)

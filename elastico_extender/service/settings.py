@@ -262,7 +262,6 @@ class ServiceSettings:
             found.append(f"log_format: must be text or json, got {self.log_format!r}")
         return found
 
-
     def _rings_problems(self) -> list[str]:
         found = []
         if self.rings_volume not in ("emptyDir", "hostPath"):
@@ -278,9 +277,7 @@ class ServiceSettings:
                 if size < 2**20:
                     found.append("rings_size_limit: must be at least 1Mi (or empty: none)")
         if not self.rings_host_path.startswith("/") or ".." in self.rings_host_path.split("/"):
-            found.append(
-                f"rings_host_path: must be an absolute path, got {self.rings_host_path!r}"
-            )
+            found.append(f"rings_host_path: must be an absolute path, got {self.rings_host_path!r}")
         return found
 
 
