@@ -192,3 +192,53 @@ def test_the_agent_command_refuses_to_run_with_nowhere_to_read_rings(
                  "--kubelet-root", "", "--ring-root", ""])  # fmt: skip
     assert code == 2
     assert "--kubelet-root and --ring-root are both empty" in capsys.readouterr().err
+
+
+def test_two_containers_of_a_pod_with_the_same_pids_keep_their_rings_apart(
+    tmp_path: Path,
+    stepper: tuple[Path, Path],  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each container of a pod has its own pid namespace, so its first process has the
+    same id in both: with one directory per container (``ELASTICO_CONTAINER_NAME``) the
+    two rings stay two files, and the pod's rate is the sum of both containers'."""
+    program, shim = stepper
+    monkeypatch.setenv("ELASTICO_SHIM_PATH", str(shim))
+    kubelet = tmp_path / "kubelet"
+    volume = empty_dir(kubelet, UID)
+    procs = []
+    for container, rate in (("trainer", 50), ("evaluator", 30)):
+        environ = {**os.environ, **ASSIGNED, "ELASTICO_POD_UID": UID,
+                   "ELASTICO_CONTAINER_NAME": container, "ELASTICO_RING_ROOT": str(volume),
+                   "ELASTICO_PROFILING": "true", "ELASTICO_SHIM_FLUSH_MS": "50"}  # fmt: skip
+        argv, env = build_launch(
+            [str(program), str(LAUNCHES_PER_STEP), str(rate), "2.5", "1", "0"],
+            load_settings(tmp_path / "absent", environ),
+            environ,
+        )
+        assert env["ELASTICO_SHIM_DIR"] == str(volume / UID / container)
+        # a pid namespace of its own, as in a container: the program is pid 1 there
+        procs.append(subprocess.Popen(["unshare", "-rpf", *argv], env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                      text=True))  # fmt: skip
+    rings = PodRings(None, kubelet_root=kubelet)
+    try:
+        started = time.monotonic()
+        time.sleep(0.6)
+        rings.sample(UID)
+        time.sleep(max(0.0, started + 1.8 - time.monotonic()))
+        window = rings.sample(UID)
+        outcomes = [p.communicate(timeout=30) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+        rings.close()
+    if any(p.returncode != 0 for p in procs):
+        pytest.skip(f"no pid namespace for an unprivileged user here: {outcomes}")
+    names = {
+        c: sorted(f.name for f in (volume / UID / c).iterdir()) for c in ("trainer", "evaluator")
+    }
+    assert names == {"trainer": ["elastico-shim-1.ring"], "evaluator": ["elastico-shim-1.ring"]}
+    assert window is not None and window.processes == 2
+    assert window.rate == pytest.approx(LAUNCHES_PER_STEP * (50 + 30), rel=0.15)

@@ -107,3 +107,23 @@ def test_legacy_hostpath_mode_mounts_the_shared_host_directory() -> None:
 def test_invalid_rings_settings_are_refused_naming_the_field(values, named) -> None:
     with pytest.raises(ValueError, match=named):
         ServiceSettings.load(overrides=values)
+
+
+def test_each_gpu_container_is_told_its_name_for_a_ring_directory_of_its_own() -> None:
+    from elastico_extender.annotations import parse_intent
+    from elastico_extender.api.routes.webhook import mutation_patch
+    from elastico_extender.service.families import FamilyResolver
+
+    gpu = {"resources": {"limits": {"nvidia.com/gpu": "1"}}}
+    evaluator = {"name": "evaluator", "image": "t", "env": [{"name": "X", "value": "1"}], **gpu}
+    containers = [{"name": "trainer", "image": "t", **gpu}, evaluator]
+    pod = {**POD, "spec": {**POD["spec"], "containers": containers}}
+    intent = parse_intent(pod["metadata"]["annotations"], FamilyResolver(40960.0))
+    assert intent is not None
+    patched = apply_patch(pod, mutation_patch(pod, intent, mps=True))
+    named = [
+        {e["name"]: e.get("value") for e in c["env"]}["ELASTICO_CONTAINER_NAME"]
+        for c in patched["spec"]["containers"]
+    ]
+    assert named == ["trainer", "evaluator"]
+    assert baseline_violations(patched) == []

@@ -1,10 +1,13 @@
 """Per-pod progress from the profiler shim's rings: kernel launches per second (issue 11).
 
-Where the rings are: ``elastico-run`` points the shim at ``/run/elastico/rings/<pod uid>/``
-in the container (the pod uid comes from the downward API as ``ELASTICO_POD_UID``), so
-every ``elastico-shim-<pid>.ring`` there belongs to that pod, whatever its processes' ids
-are inside the container.  What the webhook mounts at /run/elastico/rings decides where
-the agent finds that directory on the node (:meth:`PodRings.directory`):
+Where the rings are: ``elastico-run`` points the shim at
+``/run/elastico/rings/<pod uid>/<container>/`` in the container (the pod uid comes from
+the downward API as ``ELASTICO_POD_UID``, the container's name from the webhook as
+``ELASTICO_CONTAINER_NAME``), so every ``elastico-shim-<pid>.ring`` there belongs to that
+pod, whatever its processes' ids are inside the container, and two containers' processes
+with the same id do not share a file (:func:`pod_rings`).  What the webhook mounts at
+/run/elastico/rings decides where the agent finds the pod's directory on the node
+(:meth:`PodRings.directory`):
 
 * ``emptyDir`` (the default, admitted at every Pod Security level): the kubelet keeps a
   pod's emptyDir volume ``elastico-rings`` at
@@ -43,7 +46,9 @@ See docs/observability.md for why launches per second measure progress and its l
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -57,13 +62,17 @@ __all__ = [
     "PodLaunches",
     "PodRings",
     "ProcessCounters",
+    "ProcessKey",
     "kubelet_ring_directory",
+    "pod_rings",
 ]
 
 log = logging.getLogger(__name__)
 
 MAX_PROCESSES_PER_POD = 512
 """Rings followed per pod (mapped files are cheap, but bounded all the same)."""
+MAX_CONTAINER_DIRECTORIES = 64
+"""Subdirectories of a pod's ring directory looked into (one per profiled container)."""
 KUBELET_ROOT = "/var/lib/kubelet"
 """The kubelet's ``--root-dir`` default (k3s keeps it; MicroK8s, k0s and some managed
 distributions move it: the agent's ``--kubelet-root``)."""
@@ -72,9 +81,27 @@ EMPTY_DIR_PLUGIN = "kubernetes.io~empty-dir"
 paths (``/`` -> ``~``; pkg/volume/emptydir)."""
 
 
+ProcessKey = tuple[str, int]
+"""(container directory, pid): a process of a pod (``""``: rings directly in the pod's
+directory)."""
+
+
 def _plain_uid(uid: str) -> bool:
     """A uid usable as one path component (API server uids are UUIDs)."""
     return 0 < len(uid) <= 128 and "/" not in uid and "\0" not in uid and uid not in (".", "..")
+
+
+def pod_rings(directory: Path) -> dict[tuple[str, int], Path]:
+    """``(container, pid) -> ring`` for a pod's ring directory: the rings in it (container
+    ``""``) and in its subdirectories, one per container (``elastico-run`` makes them
+    from ``ELASTICO_CONTAINER_NAME``: the containers of a pod have pid namespaces of
+    their own, so their processes' ids may coincide).  Links are not followed."""
+    found = {("", pid): path for pid, path in find_rings(directory).items()}
+    with contextlib.suppress(OSError):
+        for sub in itertools.islice(directory.iterdir(), MAX_CONTAINER_DIRECTORIES):
+            if sub.is_dir() and not sub.is_symlink():
+                found.update(((sub.name, pid), path) for pid, path in find_rings(sub).items())
+    return dict(itertools.islice(sorted(found.items()), MAX_PROCESSES_PER_POD))
 
 
 def kubelet_ring_directory(kubelet_root: str | Path, uid: str, volume: str = RINGS_VOLUME) -> Path:
@@ -119,8 +146,8 @@ class PodRings:
     ) -> None:
         self.root = Path(root) if root else None
         self.kubelet_root = Path(kubelet_root) if kubelet_root else None
-        self._readers: dict[tuple[str, int], RingReader] = {}
-        self._last: dict[tuple[str, int], ProcessCounters] = {}
+        self._readers: dict[tuple[str, ProcessKey], RingReader] = {}
+        self._last: dict[tuple[str, ProcessKey], ProcessCounters] = {}
         self._scanned: dict[str, float] = {}  # pod uid -> newest flush time at last scan
 
     def close(self) -> None:
@@ -151,12 +178,12 @@ class PodRings:
                 return path
         return None
 
-    def _read(self, uid: str) -> dict[int, ProcessCounters]:
+    def _read(self, uid: str) -> dict[ProcessKey, ProcessCounters]:
         found = {}
         directory = self.directory(uid)
-        rings = find_rings(directory) if directory is not None else {}
-        for pid, path in list(rings.items())[:MAX_PROCESSES_PER_POD]:
-            key = (uid, pid)
+        rings = pod_rings(directory) if directory is not None else {}
+        for process, path in rings.items():
+            key = (uid, process)
             reader = self._readers.get(key)
             if reader is None:
                 try:
@@ -166,7 +193,7 @@ class PodRings:
                     continue
                 self._readers[key] = reader
             h = reader.header()
-            found[pid] = ProcessCounters(
+            found[process] = ProcessCounters(
                 launches=h["launches"],
                 flushed_at=h["last_flush_realtime_ns"] / 1e9,
                 started_at=h["start_realtime_ns"] / 1e9,
@@ -186,14 +213,14 @@ class PodRings:
         previous_scan = self._scanned.get(uid)
         rate = 0.0
         measured = False
-        for pid, c in now.items():
-            before = self._last.get((uid, pid))
+        for process, c in now.items():
+            before = self._last.get((uid, process))
             if before is not None and c.launches < before.launches:
                 before = None  # the file now belongs to a new process
             new = previous_scan is not None and c.started_at >= previous_scan - 1.0
             if before is None and new:
                 before = ProcessCounters(0, c.started_at, c.started_at, 0, 0)
-            self._last[(uid, pid)] = c
+            self._last[(uid, process)] = c
             if before is None:
                 continue
             span = c.flushed_at - before.flushed_at
@@ -227,7 +254,7 @@ class PodRings:
         if self.root is None or not _plain_uid(uid):
             return
         directory = self.root / uid
-        with contextlib.suppress(OSError):
-            for path in directory.iterdir():
-                path.unlink()
-            directory.rmdir()
+        if directory.is_symlink():
+            directory.unlink()
+        else:  # rmtree removes links inside without following them
+            shutil.rmtree(directory, ignore_errors=True)

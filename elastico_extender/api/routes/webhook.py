@@ -13,16 +13,13 @@ bind time.  So at admission (pod CREATE) the webhook adds, for an opted-in pod:
 * a downward-API volume with the pod's annotations at
   ``/etc/elastico/annotations`` (updated live, for runtime reconfiguration), and
   ``ELASTICO_ANNOTATIONS_FILE`` naming that file: what ``elastico-run`` reads;
-* the rings volume at ``/run/elastico/rings`` (``ELASTICO_RING_ROOT``, with the pod uid as
-  ``ELASTICO_POD_UID``), where ``elastico-run`` puts the profiler shim's rings for the
-  node agent (issue 11): by default an ``emptyDir`` (:func:`rings_volume`), which every
-  Pod Security level admits and the agent reads through the kubelet's pods directory;
-  the legacy ``hostPath`` only when ``rings_volume: hostPath`` is set (Pod Security
-  ``baseline`` and ``restricted`` refuse it).
-
-A variable the container already sets (``CUDA_VISIBLE_DEVICES`` say) is left as the user
-wrote it, and the AdmissionReview carries a warning naming it (:func:`user_overrides`):
-the user's value then decides, not ElastiCo's decision.
+* the rings volume at ``/run/elastico/rings`` (``ELASTICO_RING_ROOT``; the pod uid as
+  ``ELASTICO_POD_UID``, the container's name as ``ELASTICO_CONTAINER_NAME``), where
+  ``elastico-run`` puts the profiler shim's rings for the node agent (issue 11): by
+  default an ``emptyDir`` (:func:`rings_volume`), which every Pod Security level admits
+  and the agent reads through the kubelet's pods directory; the legacy ``hostPath`` only
+  when ``rings_volume: hostPath`` is set (Pod Security ``baseline`` and ``restricted``
+  refuse it).
 
 Invalid annotations are admitted unchanged with warnings (filter reports them
 as the pod's scheduling failure, naming each annotation).
@@ -181,7 +178,12 @@ def mutation_patch(
     for i in gpu_containers(spec):
         container = containers[i]
         existing = {e.get("name") for e in container.get("env") or []}
-        mine = [e for e in env if e["name"] not in existing]
+        # its own ring directory: the pod's containers have pid namespaces of their own
+        named: dict[str, Any] = {
+            "name": "ELASTICO_CONTAINER_NAME",
+            "value": str(container.get("name") or i),
+        }
+        mine = [e for e in (*env, named) if e["name"] not in existing]
         if container.get("env"):
             ops.extend(
                 {"op": "add", "path": f"/spec/containers/{i}/env/-", "value": e} for e in mine
