@@ -62,6 +62,8 @@ __all__ = [
     "INPUT_KEYS",
     "PREFIX",
     "PROGRESS_METRICS",
+    "RINGS_DIR",
+    "RINGS_VOLUME",
     "Decision",
     "PodIntent",
     "ProgressEndpoint",
@@ -81,6 +83,14 @@ PREFIX = "elastico.io/"
 DECISION_DIR = "/etc/elastico"
 ANNOTATIONS_FILE = f"{DECISION_DIR}/annotations"
 ANNOTATIONS_FILE_ENV = "ELASTICO_ANNOTATIONS_FILE"
+
+# Where the profiler shim's rings go (issue 11; docs/observability.md): the webhook
+# mounts the volume RINGS_VOLUME at RINGS_DIR in the container and sets
+# ELASTICO_RING_ROOT to it; elastico-run writes under RINGS_DIR/<pod uid>/; the node
+# agent finds that directory on the host through the kubelet's layout of the pod's
+# emptyDir named RINGS_VOLUME (or, in the legacy hostPath mode, under the host path).
+RINGS_VOLUME = "elastico-rings"
+RINGS_DIR = "/run/elastico/rings"
 
 FAMILY = "family"
 MODE = "mode"

@@ -292,11 +292,16 @@ static void es_init_locked(void) {
     snprintf(es_g.path, sizeof es_g.path, "%s/elastico-shim-%ld.ring", es_dir(), (long)getpid());
     int fd = open(es_g.path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     void *map = MAP_FAILED;
-    if (fd >= 0 && ftruncate(fd, (off_t)bytes) == 0)
-        map = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     int err = errno;
+    /* Reserve every page now: a ring on a full tmpfs (a memory emptyDir at its
+     * sizeLimit, /dev/shm) must fail here, not SIGBUS the workload at a later write. */
+    if (fd >= 0 && (err = posix_fallocate(fd, 0, (off_t)bytes)) == 0) {
+        map = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        if (map == MAP_FAILED) err = errno;
+    }
     if (fd >= 0) close(fd);
     if (map == MAP_FAILED) {
+        if (fd >= 0) unlink(es_g.path); /* give back what a partial reservation took */
         fprintf(stderr, "elastico-shim: cannot map %s (%s); profiling is off\n", es_g.path,
                 strerror(err));
         es_g.state = ES_DISABLED;

@@ -104,15 +104,17 @@ def test_the_agent_command_reports_a_window_from_a_kubeconfig(
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    """``elastico agent --once`` as a user runs it: kubeconfig, token file, ring root; no
-    GPU telemetry on this machine, so SM activity is simply left out."""
+    """``elastico agent --once`` as a user runs it: kubeconfig, token file, the kubelet
+    root under which the pod's rings emptyDir lies (the default webhook mode); no GPU
+    telemetry on this machine, so SM activity is simply left out."""
     from elastico_extender.cli import main
 
     program, shim = stepper
     monkeypatch.setenv("ELASTICO_SHIM_PATH", str(shim))
     monkeypatch.delenv("ELASTICO_DCGM_URL", raising=False)
-    root = tmp_path / "rings"
-    root.mkdir()
+    kubelet = tmp_path / "kubelet"
+    root = kubelet / "pods" / "uid-a" / "volumes" / "kubernetes.io~empty-dir" / "elastico-rings"
+    root.mkdir(parents=True)
     api = FakeApiServer().start()
     api.put("nodes", gpu_node("g0", 1))
     api.put("pods", running_pod("a", "g0", 0))
@@ -143,7 +145,8 @@ def test_the_agent_command_reports_a_window_from_a_kubeconfig(
         time.sleep(0.5)
         code = main(["agent", "--once", "--node", "g0", "--extender", server.url,
                      "--token-file", str(token), "--kubeconfig", str(kubeconfig),
-                     "--ring-root", str(root), "--window-seconds", "1.5"])  # fmt: skip
+                     "--kubelet-root", str(kubelet), "--ring-root", "",
+                     "--window-seconds", "1.5"])  # fmt: skip
         assert code == 0
         assert '"accepted": 1' in capsys.readouterr().out
         proc.communicate(timeout=30)

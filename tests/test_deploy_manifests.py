@@ -140,15 +140,31 @@ def test_extender_rollouts_never_run_two_extenders_at_once():
 
 def test_agent_daemonset_reads_what_the_webhook_mounts_and_reports_to_the_extender():
     from elastico_extender.agent.cli import parser as agent_parser
-    from elastico_extender.api.routes.webhook import RINGS_DIR
+    from elastico_extender.agent.rings import kubelet_ring_directory
+    from elastico_extender.service.settings import ServiceSettings
 
     agent = by_kind("DaemonSet")["elastico-agent"]["spec"]["template"]["spec"]
     (container,) = agent["containers"]
     args = agent_parser().parse_args(container["args"][1:])
-    assert args.ring_root == RINGS_DIR
     volumes = {v["name"]: v for v in agent["volumes"]}
-    mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
-    assert volumes[mounts[RINGS_DIR]]["hostPath"]["path"] == RINGS_DIR
+    mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
+    # the webhook's default rings volume is an emptyDir (no hostPath in user pods); the
+    # agent reaches it through the kubelet's pods directory, mounted read-only, with the
+    # tmpfs mounts the kubelet makes later propagated into the agent
+    extender = by_kind("Deployment")["elastico-extender"]["spec"]["template"]["spec"]
+    env = {e["name"]: e["value"] for e in extender["containers"][0].get("env", [])}
+    settings = ServiceSettings.load(env=env)
+    assert settings.rings_volume == "emptyDir"
+    pods_dir = str(kubelet_ring_directory(args.kubelet_root, "u").parents[4])
+    assert pods_dir == "/var/lib/kubelet/pods"
+    mount = mounts[pods_dir]
+    assert mount["readOnly"] is True and mount["mountPropagation"] == "HostToContainer"
+    assert volumes[mount["name"]]["hostPath"] == {"path": "/var/lib/kubelet/pods",
+                                                  "type": "Directory"}  # fmt: skip
+    assert not any(m.startswith(settings.rings_host_path) for m in mounts)
+    caps = container["securityContext"]["capabilities"]
+    assert caps == {"drop": ["ALL"], "add": ["DAC_READ_SEARCH"]}  # reads, writes nothing
+    mounts = {path: m["name"] for path, m in mounts.items()}
     # authenticated with the extender's own token Secret, verifying its CA
     token_dir = str(Path(args.token_file).parent)
     assert volumes[mounts[token_dir]]["secret"]["secretName"] == "elastico-extender-token"

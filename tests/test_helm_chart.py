@@ -445,3 +445,62 @@ def test_dashboard_and_alerts_query_only_metrics_the_service_exports():
         "ElasticoPredictorDegraded", "ElasticoEpochsFailing", "ElasticoHarmfulPairsObserved",
         "ElasticoPodsPending",
     }  # fmt: skip
+
+
+def agent_view(docs: list[dict[str, Any]]) -> tuple[Any, dict[str, Any], dict[str, Any]]:
+    """(parsed agent args, mounts by path, volumes by name) of the agent DaemonSet."""
+    from elastico_extender.agent.cli import parser as agent_parser
+
+    spec = pod_templates(docs)["elastico-agent"]["spec"]
+    (container,) = spec["containers"]
+    args = agent_parser().parse_args(container["args"][1:])
+    mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
+    return args, mounts, {v["name"]: v for v in spec["volumes"]}
+
+
+def chart_settings(docs: list[dict[str, Any]], tmp_path: Path) -> ServiceSettings:
+    path = tmp_path / "settings.yaml"
+    path.write_text(named(docs, "ConfigMap")["elastico-extender-settings"]["data"]["settings.yaml"])
+    return ServiceSettings.load(path, env={})
+
+
+def test_default_rings_are_an_emptydir_the_agent_reads_through_the_kubelet(variant, tmp_path):
+    """No hostPath in user pods (Pod Security baseline): the webhook's emptyDir, which the
+    agent finds under the kubelet's pods directory, mounted read-only with the tmpfs
+    mounts of later pods propagated."""
+    from elastico_extender.agent.rings import kubelet_ring_directory
+
+    _, docs = variant
+    settings = chart_settings(docs, tmp_path)
+    assert (settings.rings_volume, settings.rings_medium, settings.rings_size_limit) == (
+        "emptyDir", "Memory", "256Mi")  # fmt: skip
+    args, mounts, volumes = agent_view(docs)
+    pods_dir = str(kubelet_ring_directory(args.kubelet_root, "u").parents[4])
+    mount = mounts[pods_dir]
+    assert mount["readOnly"] is True and mount["mountPropagation"] == "HostToContainer"
+    assert volumes[mount["name"]]["hostPath"] == {"path": "/var/lib/kubelet/pods",
+                                                  "type": "Directory"}  # fmt: skip
+    assert args.ring_root == ""  # no shared host directory in this mode
+    assert [v["hostPath"]["path"] for v in volumes.values() if "hostPath" in v] == [
+        "/var/lib/kubelet/pods"
+    ]
+    container = pod_templates(docs)["elastico-agent"]["spec"]["containers"][0]
+    assert container["securityContext"]["capabilities"]["add"] == ["DAC_READ_SEARCH"]
+
+
+def test_legacy_hostpath_rings_and_a_moved_kubelet_root(tmp_path):
+    microk8s = "/var/snap/microk8s/common/var/lib/kubelet/"
+    docs = render({"rings": {"volume": "hostPath", "hostPath": "/run/gpu/rings"},
+                   "agent": {"kubeletRoot": microk8s}})  # fmt: skip
+    settings = chart_settings(docs, tmp_path)
+    assert settings.rings_volume == "hostPath" and settings.rings_host_path == "/run/gpu/rings"
+    args, mounts, volumes = agent_view(docs)
+    assert args.ring_root == "/run/gpu/rings"
+    assert volumes[mounts["/run/gpu/rings"]["name"]]["hostPath"]["path"] == "/run/gpu/rings"
+    pods = volumes[mounts["/var/lib/kubelet/pods"]["name"]]["hostPath"]
+    assert pods["path"] == "/var/snap/microk8s/common/var/lib/kubelet/pods"
+    report = helm.lint(str(CHART), {"rings": {"volume": "hostPath"}}, strict=True,
+                       namespace=NAMESPACE)  # fmt: skip
+    assert report["errors"] == []
+    with pytest.raises(Exception, match=r"rings\.volume must be emptyDir or hostPath"):
+        render({"rings": {"volume": "configMap"}})

@@ -287,13 +287,14 @@ def test_webhook_adds_configmap_env_and_downward_api():
         assert by_path["/spec/volumes"][0]["downwardAPI"]["items"][0]["fieldRef"] == {
             "fieldPath": "metadata.annotations"
         }
-        # the pod uid and the rings hostPath: elastico-run puts the shim's rings where the
-        # node agent finds them, under the pod's uid
+        # the pod uid and the rings volume (an emptyDir, which Pod Security admits):
+        # elastico-run puts the shim's rings there under the pod's uid, where the node
+        # agent finds them through the kubelet's pods directory
         assert env["ELASTICO_POD_UID"]["valueFrom"]["fieldRef"] == {"fieldPath": "metadata.uid"}
         rings = by_path["/spec/volumes"][1]
-        assert rings["hostPath"]["path"] == env["ELASTICO_RING_ROOT"]["value"]
+        assert "hostPath" not in rings and rings["emptyDir"]["medium"] == "Memory"
         mounts = {m["name"]: m["mountPath"] for m in by_path["/spec/containers/0/volumeMounts"]}
-        assert mounts[rings["name"]] == rings["hostPath"]["path"]
+        assert mounts[rings["name"]] == env["ELASTICO_RING_ROOT"]["value"]
         plain = {"uid": "r2", "operation": "CREATE", "object": {"metadata": {"name": "web"},
                  "spec": {"containers": [{"name": "c"}]}}}  # fmt: skip
         reply = httpx.post(f"{server.url}/mutate", json={"request": plain}).json()

@@ -73,7 +73,7 @@ def test_elastico_run_reads_the_decision_file_where_the_webhook_mounts_it():
 
     (mount,) = [
         m for m in by_path["/spec/containers/0/volumeMounts"] if m["name"] == DECISION_VOLUME
-    ]  # the rings hostPath is mounted beside it (node agent)
+    ]  # the rings volume is mounted beside it (node agent)
     (item,) = by_path["/spec/volumes"][0]["downwardAPI"]["items"]
     mounted = f"{mount['mountPath']}/{item['path']}"
     assert mounted == DEFAULT_ANNOTATIONS

@@ -1,7 +1,12 @@
 """``elastico agent``: the closed loop's node agent (run as the DaemonSet in deploy/agent.yaml).
 
     elastico agent --node "$NODE_NAME" --extender https://elastico-extender.elastico-system:8444 \\
-        --token-file /etc/elastico/token/token --ca-file /etc/elastico/tls/ca.crt
+        --token-file /etc/elastico/token/token --ca-file /etc/elastico/tls/ca.crt \\
+        --kubelet-root /var/lib/kubelet
+
+Each pod's rings are found through the kubelet's layout of its emptyDir rings volume
+under ``--kubelet-root`` (the default webhook mode), else under ``--ring-root`` (the
+legacy hostPath mode); see :mod:`.rings`.
 
 Every ``--window-seconds`` it lists the pods bound to its node (the API server, a field
 selector on ``spec.nodeName``), measures each (see :mod:`.daemon`) and posts the windows.
@@ -22,7 +27,7 @@ from typing import Any
 
 from elastico_extender.agent.daemon import Agent, PodInfo, pod_info
 from elastico_extender.agent.reporter import Reporter
-from elastico_extender.agent.rings import PodRings
+from elastico_extender.agent.rings import KUBELET_ROOT, PodRings
 from elastico_extender.launcher.run import DEFAULT_RING_ROOT
 from elastico_extender.profiling.hardware import HardwareSample, HardwareSource, detect_source
 
@@ -44,7 +49,18 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--ca-file", help="CA that signed the extender's certificate")
     p.add_argument("--client-cert", help="client certificate (mTLS listener)")
     p.add_argument("--client-key", help="client key (mTLS listener)")
-    p.add_argument("--ring-root", default=env.get("ELASTICO_RING_ROOT", DEFAULT_RING_ROOT))
+    p.add_argument(
+        "--kubelet-root",
+        default=env.get("ELASTICO_KUBELET_ROOT", KUBELET_ROOT),
+        help="the kubelet's root directory, whose pods/ holds each pod's emptyDir rings "
+        "volume (default %(default)s; '' to not look there)",
+    )
+    p.add_argument(
+        "--ring-root",
+        default=env.get("ELASTICO_RING_ROOT", DEFAULT_RING_ROOT),
+        help="shared host directory of the legacy hostPath mode, one directory per pod uid "
+        "(default %(default)s; '' to not look there)",
+    )
     p.add_argument("--window-seconds", type=float, default=10.0, help="default %(default)s")
     p.add_argument("--kubeconfig", help="kubeconfig (default: in-cluster config)")
     p.add_argument("--once", action="store_true", help="report two windows and exit")
@@ -93,9 +109,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         problems.append("--client-cert and --client-key go together")
     if not args.window_seconds > 0:
         problems.append("--window-seconds must be > 0")
+    if not args.kubelet_root and not args.ring_root:
+        problems.append("--kubelet-root and --ring-root are both empty: no rings to read")
     if problems:
         print("elastico agent: " + "; ".join(problems), file=sys.stderr)
         return 2
+    if args.kubelet_root and not (Path(args.kubelet_root) / "pods").is_dir():
+        log.warning(
+            "agent.kubelet_root_without_pods: %s/pods is not a directory here: pods' emptyDir "
+            "rings are not found (mount the kubelet's pods directory, or set --kubelet-root "
+            "to the kubelet's --root-dir)",
+            args.kubelet_root,
+        )
     token = Path(args.token_file).read_text().strip() if args.token_file else None
     from kubernetes import client
 
@@ -108,7 +133,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         ca_file=args.ca_file,
         client_cert=(args.client_cert, args.client_key) if args.client_cert else None,
     )
-    rings = PodRings(args.ring_root)
+    rings = PodRings(args.ring_root or None, kubelet_root=args.kubelet_root or None)
     agent = Agent(
         args.node, lambda: kube_pods(core, args.node), rings, reporter, hardware=DeviceMetrics()
     )
@@ -121,7 +146,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         stop = threading.Event()
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, lambda *_: stop.set())
-        log.info("agent.started", extra={"node": args.node, "rings": args.ring_root})
+        log.info(
+            "agent.started",
+            extra={"node": args.node, "kubelet_root": args.kubelet_root, "rings": args.ring_root},
+        )
         agent.run(args.window_seconds, stop)
         return 0
     finally:

@@ -12,7 +12,8 @@ Per pod (running on this node, uid from the API server):
 * configuration: the pod's ``elastico.io/assigned-configuration``, so the extender refuses
   a window measured under a configuration the pod no longer runs.
 
-Ring directories of pods that left the node are removed after ``ORPHAN_SECONDS``.
+Ring directories of pods that left the node are removed after ``ORPHAN_SECONDS`` (the
+legacy hostPath mode; the kubelet removes a pod's emptyDir itself).
 """
 
 from __future__ import annotations

@@ -1,9 +1,28 @@
 """Per-pod progress from the profiler shim's rings: kernel launches per second (issue 11).
 
-Where the rings are: ``elastico-run`` points the shim at ``<ring root>/<pod uid>/`` (the
-pod uid comes from the downward API as ``ELASTICO_POD_UID``; the root is a hostPath the
-agent mounts too), so every ``elastico-shim-<pid>.ring`` under a pod's directory belongs
-to that pod, whatever its processes' ids are inside the container.
+Where the rings are: ``elastico-run`` points the shim at
+``/run/elastico/rings/<pod uid>/<container>/`` in the container (the pod uid comes from
+the downward API as ``ELASTICO_POD_UID``, the container's name from the webhook as
+``ELASTICO_CONTAINER_NAME``), so every ``elastico-shim-<pid>.ring`` there belongs to that
+pod, whatever its processes' ids are inside the container, and two containers' processes
+with the same id do not share a file (:func:`pod_rings`).  What the webhook mounts at
+/run/elastico/rings decides where the agent finds the pod's directory on the node
+(:meth:`PodRings.directory`):
+
+* ``emptyDir`` (the default, admitted at every Pod Security level): the kubelet keeps a
+  pod's emptyDir volume ``elastico-rings`` at
+  ``<kubelet root>/pods/<pod uid>/volumes/kubernetes.io~empty-dir/elastico-rings`` (for
+  ``medium: Memory`` it mounts a tmpfs at that same path), so the rings are
+  :func:`kubelet_ring_directory`.  The pod uid names the kubelet's directory, and the
+  directory inside it must carry the same uid: a pod can only write into its own volume,
+  so it cannot pass its rings off as another pod's.  The kubelet removes it with the pod.
+* ``hostPath`` (legacy, ``--ring-root``): ``<ring root>/<pod uid>/`` on a host directory
+  every opted-in pod shares; the agent removes a departed pod's directory
+  (:meth:`PodRings.remove_directory`).
+
+The kubelet layout is looked at first, then the ring root, so pods admitted under either
+mode are read while a cluster switches.  A uid with neither directory has no rings (no
+rate, no error).
 
 What is read: only the ring *headers*, never the records (the agent consumes nothing, so a
 profiler draining the same ring is undisturbed).  The header's ``launches`` counter is
@@ -27,19 +46,67 @@ See docs/observability.md for why launches per second measure progress and its l
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from elastico_extender.annotations import RINGS_VOLUME
 from elastico_extender.errors import RingFormatError
 from elastico_extender.profiling.ring import RingReader, find_rings
 
-__all__ = ["PodLaunches", "PodRings", "ProcessCounters"]
+__all__ = [
+    "EMPTY_DIR_PLUGIN",
+    "KUBELET_ROOT",
+    "PodLaunches",
+    "PodRings",
+    "ProcessCounters",
+    "ProcessKey",
+    "kubelet_ring_directory",
+    "pod_rings",
+]
 
 log = logging.getLogger(__name__)
 
 MAX_PROCESSES_PER_POD = 512
 """Rings followed per pod (mapped files are cheap, but bounded all the same)."""
+MAX_CONTAINER_DIRECTORIES = 64
+"""Subdirectories of a pod's ring directory looked into (one per profiled container)."""
+KUBELET_ROOT = "/var/lib/kubelet"
+"""The kubelet's ``--root-dir`` default (k3s keeps it; MicroK8s, k0s and some managed
+distributions move it: the agent's ``--kubelet-root``)."""
+EMPTY_DIR_PLUGIN = "kubernetes.io~empty-dir"
+"""The emptyDir plugin's name ``kubernetes.io/empty-dir`` as the kubelet escapes it in
+paths (``/`` -> ``~``; pkg/volume/emptydir)."""
+
+
+ProcessKey = tuple[str, int]
+"""(container directory, pid): a process of a pod (``""``: rings directly in the pod's
+directory)."""
+
+
+def _plain_uid(uid: str) -> bool:
+    """A uid usable as one path component (API server uids are UUIDs)."""
+    return 0 < len(uid) <= 128 and "/" not in uid and "\0" not in uid and uid not in (".", "..")
+
+
+def pod_rings(directory: Path) -> dict[tuple[str, int], Path]:
+    """``(container, pid) -> ring`` for a pod's ring directory: the rings in it (container
+    ``""``) and in its subdirectories, one per container (``elastico-run`` makes them
+    from ``ELASTICO_CONTAINER_NAME``: the containers of a pod have pid namespaces of
+    their own, so their processes' ids may coincide).  Links are not followed."""
+    found = {("", pid): path for pid, path in find_rings(directory).items()}
+    with contextlib.suppress(OSError):
+        for sub in itertools.islice(directory.iterdir(), MAX_CONTAINER_DIRECTORIES):
+            if sub.is_dir() and not sub.is_symlink():
+                found.update(((sub.name, pid), path) for pid, path in find_rings(sub).items())
+    return dict(itertools.islice(sorted(found.items()), MAX_PROCESSES_PER_POD))
+
+
+def kubelet_ring_directory(kubelet_root: str | Path, uid: str, volume: str = RINGS_VOLUME) -> Path:
+    """Where a pod's rings lie on the node when its rings volume is an emptyDir."""
+    return Path(kubelet_root) / "pods" / uid / "volumes" / EMPTY_DIR_PLUGIN / volume / uid
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,12 +135,19 @@ class PodLaunches:
 
 
 class PodRings:
-    """Follows the rings of every pod directory under ``root`` (not thread-safe)."""
+    """Follows the rings of the node's pods (not thread-safe).
 
-    def __init__(self, root: str | Path) -> None:
-        self.root = Path(root)
-        self._readers: dict[tuple[str, int], RingReader] = {}
-        self._last: dict[tuple[str, int], ProcessCounters] = {}
+    ``root``: the legacy shared host directory (hostPath mode), None for none;
+    ``kubelet_root``: the kubelet's root directory, whose ``pods/`` holds each pod's
+    emptyDir volumes (default mode), None for none.  Rings are mapped read-only."""
+
+    def __init__(
+        self, root: str | Path | None = None, *, kubelet_root: str | Path | None = None
+    ) -> None:
+        self.root = Path(root) if root else None
+        self.kubelet_root = Path(kubelet_root) if kubelet_root else None
+        self._readers: dict[tuple[str, ProcessKey], RingReader] = {}
+        self._last: dict[tuple[str, ProcessKey], ProcessCounters] = {}
         self._scanned: dict[str, float] = {}  # pod uid -> newest flush time at last scan
 
     def close(self) -> None:
@@ -82,26 +156,44 @@ class PodRings:
         self._readers.clear()
 
     def pods(self) -> list[str]:
-        """Pod uids that have a ring directory."""
-        if not self.root.is_dir():
+        """Pod uids with a directory under the shared host root (hostPath mode): the
+        directories the agent must remove itself (the kubelet removes emptyDirs)."""
+        if self.root is None or not self.root.is_dir():
             return []
         return sorted(p.name for p in self.root.iterdir() if p.is_dir())
 
-    def _read(self, uid: str) -> dict[int, ProcessCounters]:
+    def directory(self, uid: str) -> Path | None:
+        """The pod's ring directory on this node: its emptyDir through the kubelet's
+        layout, else ``<root>/<uid>``; None when it has neither."""
+        if not _plain_uid(uid):
+            return None
+        candidates = []
+        if self.kubelet_root is not None:
+            candidates.append(kubelet_ring_directory(self.kubelet_root, uid))
+        if self.root is not None:
+            candidates.append(self.root / uid)
+        for path in candidates:
+            # the last component is the pod's own doing: a directory, never a link
+            if path.is_dir() and not path.is_symlink():
+                return path
+        return None
+
+    def _read(self, uid: str) -> dict[ProcessKey, ProcessCounters]:
         found = {}
-        rings = find_rings(self.root / uid)
-        for pid, path in list(rings.items())[:MAX_PROCESSES_PER_POD]:
-            key = (uid, pid)
+        directory = self.directory(uid)
+        rings = pod_rings(directory) if directory is not None else {}
+        for process, path in rings.items():
+            key = (uid, process)
             reader = self._readers.get(key)
             if reader is None:
                 try:
-                    reader = RingReader(path)
+                    reader = RingReader(path, writable=False)
                 except (RingFormatError, OSError) as exc:  # being created, or foreign
                     log.debug("ring.unreadable", extra={"path": str(path), "error": str(exc)})
                     continue
                 self._readers[key] = reader
             h = reader.header()
-            found[pid] = ProcessCounters(
+            found[process] = ProcessCounters(
                 launches=h["launches"],
                 flushed_at=h["last_flush_realtime_ns"] / 1e9,
                 started_at=h["start_realtime_ns"] / 1e9,
@@ -121,14 +213,14 @@ class PodRings:
         previous_scan = self._scanned.get(uid)
         rate = 0.0
         measured = False
-        for pid, c in now.items():
-            before = self._last.get((uid, pid))
+        for process, c in now.items():
+            before = self._last.get((uid, process))
             if before is not None and c.launches < before.launches:
                 before = None  # the file now belongs to a new process
             new = previous_scan is not None and c.started_at >= previous_scan - 1.0
             if before is None and new:
                 before = ProcessCounters(0, c.started_at, c.started_at, 0, 0)
-            self._last[(uid, pid)] = c
+            self._last[(uid, process)] = c
             if before is None:
                 continue
             span = c.flushed_at - before.flushed_at
@@ -156,10 +248,13 @@ class PodRings:
         self._scanned.pop(uid, None)
 
     def remove_directory(self, uid: str) -> None:
-        """Delete a departed pod's ring directory (the rings are the shim's files)."""
+        """Delete a departed pod's directory under the host root (hostPath mode; the
+        kubelet removes an emptyDir with its pod, and the agent mounts that read-only)."""
         self.forget(uid)
+        if self.root is None or not _plain_uid(uid):
+            return
         directory = self.root / uid
-        with contextlib.suppress(OSError):
-            for path in directory.iterdir():
-                path.unlink()
-            directory.rmdir()
+        if directory.is_symlink():
+            directory.unlink()
+        else:  # rmtree removes links inside without following them
+            shutil.rmtree(directory, ignore_errors=True)

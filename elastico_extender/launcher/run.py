@@ -31,7 +31,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from elastico_extender.annotations import ANNOTATIONS_FILE, ANNOTATIONS_FILE_ENV
+from elastico_extender.annotations import ANNOTATIONS_FILE, ANNOTATIONS_FILE_ENV, RINGS_DIR
 from elastico_extender.errors import AnnotationError, ElasticoError
 from elastico_extender.launcher.assignment import LaunchSettings, read_assignment
 from elastico_extender.launcher.downward import parse_annotations
@@ -49,8 +49,9 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 DEFAULT_ANNOTATIONS = ANNOTATIONS_FILE  # where the webhook mounts the downward-API file
-DEFAULT_RING_ROOT = "/run/elastico/rings"
-"""Host directory (hostPath) shared with ``elastico agent``: one ring directory per pod."""
+DEFAULT_RING_ROOT = RINGS_DIR
+"""Where the webhook mounts the pod's rings volume (an emptyDir by default, the legacy
+shared hostPath on request): ``elastico agent`` reads ``<it>/<pod uid>/`` from the node."""
 SITE_DIR = Path(__file__).resolve().parent / "_site"
 
 
@@ -62,20 +63,30 @@ def compose_preload(existing: str | None, library: Path) -> str:
     return " ".join(entries)
 
 
+def _plain_name(name: str) -> bool:
+    return bool(name) and "/" not in name and "\0" not in name and name not in (".", "..")
+
+
 def ring_directory(environ: Mapping[str, str]) -> Path | None:
-    """``<ring root>/<pod uid>`` for the shim's rings, so the node agent can tell which pod
-    a ring belongs to (issue 11); None when the pod uid is not given
-    (``ELASTICO_POD_UID``, downward API ``metadata.uid``), the shim directory is set
-    explicitly, or the root (``ELASTICO_RING_ROOT``) is not mounted."""
+    """``<ring root>/<pod uid>/<container>`` for the shim's rings, so the node agent can
+    tell which pod a ring belongs to (issue 11), and the containers of one pod, each with
+    its own pid namespace, never write the same ``elastico-shim-<pid>.ring``.  The
+    container level is left out without ``ELASTICO_CONTAINER_NAME`` (set by the webhook).
+    None when the pod uid is not given (``ELASTICO_POD_UID``, downward API
+    ``metadata.uid``), the shim directory is set explicitly, or the root
+    (``ELASTICO_RING_ROOT``) is not mounted."""
     uid = environ.get("ELASTICO_POD_UID", "").strip()
-    if not uid or "ELASTICO_SHIM_DIR" in environ or "/" in uid or uid in (".", ".."):
+    if not _plain_name(uid) or "ELASTICO_SHIM_DIR" in environ:
         return None
     root = Path(environ.get("ELASTICO_RING_ROOT", DEFAULT_RING_ROOT))
     if not root.is_dir():
         return None
     directory = root / uid
+    container = environ.get("ELASTICO_CONTAINER_NAME", "").strip()
+    if _plain_name(container):
+        directory = directory / container
     try:
-        directory.mkdir(exist_ok=True)
+        directory.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         log.warning("cannot create ring directory %s: %s", directory, exc)
         return None

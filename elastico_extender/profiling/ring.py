@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import stat
 import struct
 from collections import Counter
 from dataclasses import dataclass, field
@@ -59,14 +60,24 @@ def find_rings(directory: str | Path) -> dict[int, Path]:
 class RingReader:
     """A mapped ring file; use as a context manager."""
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, *, writable: bool = True) -> None:
+        """``writable=False`` maps the ring read-only (the node agent, which reads only the
+        header, from a read-only mount): :meth:`drain` is then refused.  Only a regular
+        file is mapped: a FIFO or device someone named like a ring is refused without
+        blocking (``O_NONBLOCK``)."""
         self.path = Path(path)
-        fd = os.open(self.path, os.O_RDWR)
+        self.writable = writable
+        flags = (os.O_RDWR if writable else os.O_RDONLY) | os.O_NONBLOCK | os.O_CLOEXEC
+        fd = os.open(self.path, flags)
         try:
-            size = os.fstat(fd).st_size
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode):
+                raise RingFormatError(f"{self.path}: not a regular file")
+            size = info.st_size
             if size < HEADER_SIZE + RECORD_SIZE:
                 raise RingFormatError(f"{self.path}: {size} bytes is too small for a ring")
-            self._map = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+            prot = mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0)
+            self._map = mmap.mmap(fd, size, mmap.MAP_SHARED, prot)
         finally:
             os.close(fd)
         head = self.header()
@@ -126,6 +137,8 @@ class RingReader:
 
     def drain(self, limit: int | None = None) -> np.ndarray:
         """Consume committed records from the tail (at most ``limit``) and return them."""
+        if not self.writable:
+            raise RingFormatError(f"{self.path}: mapped read-only, cannot consume records")
         head = self.header()
         stop = head["head"] if limit is None else min(head["head"], head["tail"] + limit)
         records = self._complete(head["tail"], stop)

@@ -16,6 +16,8 @@ from dataclasses import MISSING, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
+from elastico_extender.cluster.objects import quantity
+
 __all__ = ["ENV_PREFIX", "ServiceSettings"]
 
 ENV_PREFIX = "ELASTICO_"
@@ -118,6 +120,21 @@ class ServiceSettings:
     """ONNX interference model; None: the core's contention heuristic."""
     mps: bool = True
     """Emit CUDA_MPS_* limits in the hand-off (spec 4.2 iii)."""
+    # -- the profiler shim's rings in opted-in pods (webhook; docs/observability.md) ----
+    rings_volume: str = "emptyDir"
+    """What the webhook mounts at /run/elastico/rings for the shim's rings: ``emptyDir``
+    (allowed at every Pod Security level; the node agent reads it through the kubelet's
+    pods directory) or ``hostPath`` (the legacy shared host directory ``rings_host_path``,
+    which the Pod Security ``baseline`` and ``restricted`` levels refuse)."""
+    rings_medium: str = "Memory"
+    """emptyDir medium: ``Memory`` (tmpfs, like /run; its pages count against the pod's
+    memory) or ``""`` (the node's disk, with its write-back)."""
+    rings_size_limit: str = "256Mi"
+    """emptyDir sizeLimit (a quantity; ``""``: none).  Each profiled process maps one 4 MiB
+    ring (``ELASTICO_SHIM_BUFFER_BYTES``), so 256Mi holds 63; a process whose ring does not
+    fit runs unprofiled, it is not killed."""
+    rings_host_path: str = "/run/elastico/rings"
+    """Host directory of the ``hostPath`` mode (the agent's ``--ring-root``)."""
     log_level: str = "info"
     log_format: str = "text"
     """``text``: one line per event with ``key=value`` fields; ``json``: one JSON object
@@ -240,8 +257,27 @@ class ServiceSettings:
             )
         if self.log_level.lower() not in ("debug", "info", "warning", "error"):
             found.append("log_level: must be debug, info, warning or error")
+        found.extend(self._rings_problems())
         if self.log_format not in ("text", "json"):
             found.append(f"log_format: must be text or json, got {self.log_format!r}")
+        return found
+
+    def _rings_problems(self) -> list[str]:
+        found = []
+        if self.rings_volume not in ("emptyDir", "hostPath"):
+            found.append(f"rings_volume: must be emptyDir or hostPath, got {self.rings_volume!r}")
+        if self.rings_medium not in ("", "Memory"):
+            found.append(f"rings_medium: must be Memory or empty, got {self.rings_medium!r}")
+        if self.rings_size_limit:
+            try:
+                size = quantity(self.rings_size_limit)
+            except ValueError as exc:
+                found.append(f"rings_size_limit: {exc}")
+            else:
+                if size < 2**20:
+                    found.append("rings_size_limit: must be at least 1Mi (or empty: none)")
+        if not self.rings_host_path.startswith("/") or ".." in self.rings_host_path.split("/"):
+            found.append(f"rings_host_path: must be an absolute path, got {self.rings_host_path!r}")
         return found
 
 

@@ -12,11 +12,14 @@ bind time.  So at admission (pod CREATE) the webhook adds, for an opted-in pod:
   created it;
 * a downward-API volume with the pod's annotations at
   ``/etc/elastico/annotations`` (updated live, for runtime reconfiguration), and
-  ``ELASTICO_ANNOTATIONS_FILE`` naming that file: what ``elastico-run`` reads.
-
-A variable the container already sets (``CUDA_VISIBLE_DEVICES`` say) is left as the user
-wrote it, and the AdmissionReview carries a warning naming it (:func:`user_overrides`):
-the user's value then decides, not ElastiCo's decision.
+  ``ELASTICO_ANNOTATIONS_FILE`` naming that file: what ``elastico-run`` reads;
+* the rings volume at ``/run/elastico/rings`` (``ELASTICO_RING_ROOT``; the pod uid as
+  ``ELASTICO_POD_UID``, the container's name as ``ELASTICO_CONTAINER_NAME``), where
+  ``elastico-run`` puts the profiler shim's rings for the node agent (issue 11): by
+  default an ``emptyDir`` (:func:`rings_volume`), which every Pod Security level admits
+  and the agent reads through the kubelet's pods directory; the legacy ``hostPath`` only
+  when ``rings_volume: hostPath`` is set (Pod Security ``baseline`` and ``restricted``
+  refuse it).
 
 Invalid annotations are admitted unchanged with warnings (filter reports them
 as the pod's scheduling failure, naming each annotation).
@@ -37,6 +40,8 @@ from elastico_extender.annotations import (
     ANNOTATIONS_FILE_ENV,
     DECISION_DIR,
     PREFIX,
+    RINGS_DIR,
+    RINGS_VOLUME,
     PodIntent,
     parse_intent,
 )
@@ -52,6 +57,7 @@ __all__ = [
     "RINGS_VOLUME",
     "gpu_containers",
     "mutation_patch",
+    "rings_volume",
     "router",
     "user_overrides",
 ]
@@ -59,10 +65,29 @@ __all__ = [
 router = APIRouter(tags=["admission webhook"])
 
 DECISION_VOLUME = "elastico-decision"
-RINGS_VOLUME = "elastico-rings"
-RINGS_DIR = "/run/elastico/rings"
-"""The profiler shim's rings, one directory per pod uid (``elastico-run``), on a hostPath
-the node agent reads (issue 11; docs/observability.md)."""
+
+
+def rings_volume(
+    mode: str = "emptyDir",
+    *,
+    medium: str = "Memory",
+    size_limit: str = "256Mi",
+    host_path: str = RINGS_DIR,
+) -> dict[str, Any]:
+    """The pod volume ``RINGS_VOLUME`` for the shim's rings (settings ``rings_*``).
+
+    ``emptyDir``: the pod's own directory, which the kubelet keeps at
+    ``<root>/pods/<uid>/volumes/kubernetes.io~empty-dir/elastico-rings`` on the node (a
+    tmpfs mounted there for ``medium: Memory``) and removes with the pod; a pod can write
+    only its own rings there.  ``hostPath``: the legacy shared host directory."""
+    if mode == "hostPath":
+        return {"name": RINGS_VOLUME, "hostPath": {"path": host_path, "type": "DirectoryOrCreate"}}
+    source: dict[str, str] = {}
+    if medium:
+        source["medium"] = medium
+    if size_limit:
+        source["sizeLimit"] = size_limit
+    return {"name": RINGS_VOLUME, "emptyDir": source}
 
 
 def setting_keys(intent: PodIntent, mps: bool) -> list[str]:
@@ -114,8 +139,11 @@ def _escape(key: str) -> str:
     return key.replace("~", "~0").replace("/", "~1")
 
 
-def mutation_patch(pod: dict[str, Any], intent: PodIntent, mps: bool) -> list[dict[str, Any]]:
-    """JSON Patch (RFC 6902) operations adding the ConfigMap env, annotation and volume."""
+def mutation_patch(
+    pod: dict[str, Any], intent: PodIntent, mps: bool, rings: dict[str, Any] | None = None
+) -> list[dict[str, Any]]:
+    """JSON Patch (RFC 6902) operations adding the ConfigMap env, annotation and volumes
+    (``rings``: the rings volume, default :func:`rings_volume`'s emptyDir)."""
     meta = pod.get("metadata") or {}
     annotations = meta.get("annotations") or {}
     spec = pod.get("spec") or {}
@@ -150,7 +178,12 @@ def mutation_patch(pod: dict[str, Any], intent: PodIntent, mps: bool) -> list[di
     for i in gpu_containers(spec):
         container = containers[i]
         existing = {e.get("name") for e in container.get("env") or []}
-        mine = [e for e in env if e["name"] not in existing]
+        # its own ring directory: the pod's containers have pid namespaces of their own
+        named: dict[str, Any] = {
+            "name": "ELASTICO_CONTAINER_NAME",
+            "value": str(container.get("name") or i),
+        }
+        mine = [e for e in (*env, named) if e["name"] not in existing]
         if container.get("env"):
             ops.extend(
                 {"op": "add", "path": f"/spec/containers/{i}/env/-", "value": e} for e in mine
@@ -175,7 +208,7 @@ def mutation_patch(pod: dict[str, Any], intent: PodIntent, mps: bool) -> list[di
             ]
         },
     }
-    rings = {"name": RINGS_VOLUME, "hostPath": {"path": RINGS_DIR, "type": "DirectoryOrCreate"}}
+    rings = rings or rings_volume()
     if spec.get("volumes"):
         ops.extend({"op": "add", "path": "/spec/volumes/-", "value": v} for v in (volume, rings))
     else:
@@ -210,7 +243,14 @@ async def mutate(request: Request) -> Response:
             response["warnings"] = [f"{key}: {msg}" for key, msg in exc.problems]
             intent = None
         if intent is not None:
-            patch = mutation_patch(pod, intent, engine.settings.mps)
+            settings = engine.settings
+            rings = rings_volume(
+                settings.rings_volume,
+                medium=settings.rings_medium,
+                size_limit=settings.rings_size_limit,
+                host_path=settings.rings_host_path,
+            )
+            patch = mutation_patch(pod, intent, settings.mps, rings)
             if overrides := user_overrides(pod, intent, engine.settings.mps):
                 response["warnings"] = overrides
             response["patchType"] = "JSONPatch"
