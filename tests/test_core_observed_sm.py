@@ -92,9 +92,7 @@ def test_jobs_observed_at_ten_percent_make_room_for_a_third(families):
 
 
 def test_observed_sm_off_keeps_catalog_shares(families):
-    result = two_running_one_waiting(
-        families, {"a": [0.1] * 3, "b": [0.1] * 3}, observed_sm=False
-    )
+    result = two_running_one_waiting(families, {"a": [0.1] * 3, "b": [0.1] * 3}, observed_sm=False)
     assert "c" in result.queued
 
 
