@@ -56,7 +56,8 @@ from pathlib import Path
 
 import numpy as np
 
-from elastico_extender.sim.engine import ClusterSpec
+from elastico_extender.core.model import Plan
+from elastico_extender.sim.engine import ClusterSpec, RunResult
 from elastico_extender.sim.metrics import summarise
 from elastico_extender.sim.production import ProductionTruth
 from elastico_extender.sim.runner import Experiment, _world, run_one
@@ -108,6 +109,29 @@ def bounds(exp: Experiment, hours: float) -> dict[str, float]:
     }
 
 
+def run_policy(name: str, exp: Experiment) -> tuple[RunResult, dict[str, float]]:
+    """``runner.run_one``, also averaging what the planner allocated over its plans."""
+    seen: list[tuple[float, float, float]] = []
+
+    def planned(result: Plan) -> None:
+        st = result.stats
+        seen.append(
+            (
+                st.get("sm_allocated", 0.0),
+                st.get("memory_allocated", 0.0),
+                st.get("sm_observed_jobs", 0.0),
+            )
+        )
+
+    result = run_one(name, exp, planned=planned)
+    mean = np.array(seen).mean(axis=0) if seen else np.zeros(3)
+    return result, {
+        "plan_sm_allocated": float(mean[0]),
+        "plan_memory_allocated": float(mean[1]),
+        "plan_sm_observed_jobs": float(mean[2]),
+    }
+
+
 def _row_key(load: float, hours: float) -> str:
     return f"load{load:g}_{hours:g}h"
 
@@ -126,8 +150,9 @@ def run(rows: list[tuple[float, float]], resume: bool) -> dict[str, dict[str, ob
             if resume and name in summary:
                 continue
             t0 = time.perf_counter()
-            result = run_one(name, exp)
+            result, planner = run_policy(name, exp)
             s = summarise(result)
+            s.update(planner)
             dt = result.seg_t1 - result.seg_t0
             s["run_stretch"] = float((result.seg_active * dt).sum()) / max(
                 float((result.seg_useful * dt).sum()), 1e-9
@@ -160,8 +185,9 @@ def tables(saved: dict[str, dict[str, object]]) -> str:
             "",
             "| policy | avg JCT s | vs volcano | p99 JCT h | max queue h | throughput "
             "(GPU-eq) | vs volcano | SM % | mem % | busy GPUs % | attain. % | run stretch "
-            "| interf. eff. | jobs per busy GPU | SM-oversubscribed device-h | wall s |",
-            "|" + "---|" * 16,
+            "| interf. eff. | jobs per busy GPU | SM-oversubscribed device-h "
+            "| planner SM / memory allocated % (jobs charged observed SM) | wall s |",
+            "|" + "---|" * 17,
         ]
         for name in POLICIES:
             if name not in s:
@@ -175,6 +201,8 @@ def tables(saved: dict[str, dict[str, object]]) -> str:
                 f"| {r['attainment']:.1f} | {r['run_stretch']:.2f} "
                 f"| {r['interference_efficiency']:.3f} | {r['tenants_per_busy_gpu']:.2f} "
                 f"| {r['sm_oversubscribed_s'] / 3600:.1f} "
+                f"| {100 * r['plan_sm_allocated']:.0f} / {100 * r['plan_memory_allocated']:.0f}"
+                f" ({r['plan_sm_observed_jobs']:.0f}) "
                 f"| {walls.get(name, 0.0):.0f} |"
             )
         best = s.get("elastico+online")
