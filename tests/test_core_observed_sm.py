@@ -10,6 +10,7 @@ from conftest import a100_nodes
 from elastico_extender.core.interference.predictor import ContentionPredictor
 from elastico_extender.core.model import Job, Mode, Plan, Snapshot
 from elastico_extender.core.observations import SM_HORIZON_S, Observation, ObservationBook
+from elastico_extender.core.planner import PlacementView
 from elastico_extender.core.planner import plan as core_plan
 from elastico_extender.core.planner.observed_sm import SM_FLOOR, SM_MARGIN
 from elastico_extender.core.resources import GPU_MEM, GPU_SM
@@ -164,3 +165,21 @@ def test_an_idle_job_is_charged_the_floor(families):
     result = two_running_one_waiting(families, {"a": [0.0] * 3, "b": [0.0] * 3})
     expected = 2 * SM_FLOOR + families["dcgan"].resources[19, GPU_SM]
     assert abs(result.stats["sm_allocated"] - expected) < 1e-6
+
+
+def test_the_extender_view_charges_what_the_planner_charged(families):
+    # Between epochs a new pod is placed on the view the last plan left; with a and b
+    # observed at 10% it fits beside them there too (the planner would have agreed).
+    jobs = (fixed(A, True), fixed(B, True))
+    book = ObservationBook()
+    end = observe(book, jobs, {"a": [0.1] * 3, "b": [0.1] * 3})
+    snapshot = replace(
+        Snapshot(a100_nodes(1, 1), jobs, families, epoch=1), observed=book.observed(), now=end
+    )
+    newcomer = fixed(C, False, arrival=10.0)
+    for observed_sm in (True, False):
+        settings = PlannerSettings(observed_sm=observed_sm)
+        result = core_plan(snapshot, predictor=BLIND, settings=settings)
+        view = PlacementView(snapshot, result, settings, BLIND)
+        verdict = view.evaluate(newcomer, families["dcgan"])["node-0"]
+        assert verdict.feasible == observed_sm, verdict.reason

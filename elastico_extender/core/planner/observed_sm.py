@@ -45,7 +45,9 @@ not a reason to preempt; nobody new joins such a device.
 How: each observed running job gets its own row in the per-GPU demand table
 (a copy of its family's with the SM column rescaled), so every packing pass
 and ESP's prices see the charged share through the same ``per_gpu`` lookup,
-in one vectorised pass per epoch.
+in one vectorised pass per epoch.  The extender's between-epoch placement view
+(``planner.admission``) charges the plan's jobs the same way, from the same
+snapshot, so the service and the planner agree about what fits.
 """
 
 from __future__ import annotations
@@ -57,7 +59,14 @@ from elastico_extender.core.planner.protect import STALE_S
 from elastico_extender.core.planner.tables import JobTables, PerJob
 from elastico_extender.core.resources import GPU_SM
 
-__all__ = ["SM_FLOOR", "SM_MARGIN", "SM_MIN_SECONDS", "charge_observed_sm", "observed_ratios"]
+__all__ = [
+    "SM_FLOOR",
+    "SM_MARGIN",
+    "SM_MIN_SECONDS",
+    "charge_observed_sm",
+    "charged_sm",
+    "observed_ratios",
+]
 
 SM_MARGIN = 1.25
 """Headroom over the observed peak SM activity (module doc)."""
@@ -67,38 +76,46 @@ SM_MIN_SECONDS = 600.0
 """Observed seconds at the current configuration before the observed share is trusted."""
 
 
-def observed_ratios(t: JobTables, snapshot: Snapshot) -> tuple[np.ndarray, np.ndarray]:
-    """Running rows charged by observation and their ratio of the catalog share (< 1).
+def observed_ratios(snapshot: Snapshot) -> tuple[np.ndarray, np.ndarray]:
+    """Rows of ``snapshot.jobs`` charged by observation, and their ratio (< 1) of the
+    catalog share.
 
-    A row qualifies when its job was observed at its current configuration for at
-    least ``SM_MIN_SECONDS``, not stale, and the margin-raised peak is below its
+    A row qualifies when its job runs, was observed at its current configuration for
+    at least ``SM_MIN_SECONDS``, not stale, and the margin-raised peak is below its
     catalog share there.
     """
     observed = snapshot.observed
     if not observed:
         return np.zeros(0, dtype=np.intp), np.zeros(0)
     rows: list[int] = []
-    peaks: list[float] = []
-    ids = {job.id: r for r, job in enumerate(t.jobs) if t.running[r]}
-    for job_id, seen in observed.items():
-        row = ids.get(job_id)
+    ratios: list[float] = []
+    families = snapshot.families
+    for row, job in enumerate(snapshot.jobs):
+        seen = observed.get(job.id)
         if (
-            row is None
+            seen is None
+            or not job.devices
             or not seen.sm_buckets
-            or seen.sm_config != t.current[row]
+            or seen.sm_config != job.current_config
             or seen.sm_seconds < SM_MIN_SECONDS
             or seen.age(snapshot.now) > STALE_S
         ):
             continue
-        rows.append(row)
-        peaks.append(max(p for _, p in seen.sm_buckets))
-    if not rows:
-        return np.zeros(0, dtype=np.intp), np.zeros(0)
-    idx = np.array(rows, dtype=np.intp)
-    catalog = t.per_gpu[idx, t.current[idx], GPU_SM]
-    ratio = SM_MARGIN * np.array(peaks) / np.maximum(catalog, 1e-9)
-    keep = ratio < 1.0
-    return idx[keep], ratio[keep]
+        family = families.get(job.family)
+        if family is None or not 0 <= seen.sm_config < family.size:
+            continue
+        catalog = float(family.resources[seen.sm_config, GPU_SM])
+        ratio = SM_MARGIN * max(p for _, p in seen.sm_buckets) / max(catalog, 1e-9)
+        if ratio < 1.0:
+            rows.append(row)
+            ratios.append(ratio)
+    return np.array(rows, dtype=np.intp), np.array(ratios)
+
+
+def charged_sm(catalog: np.ndarray, ratio: np.ndarray) -> np.ndarray:
+    """The SM share charged: catalog x ratio, at least ``SM_FLOOR`` (or the catalog share
+    where that is smaller).  ``ratio`` broadcasts against ``catalog``."""
+    return np.maximum(catalog * ratio, np.minimum(SM_FLOOR, catalog))
 
 
 def charge_observed_sm(t: JobTables, snapshot: Snapshot) -> int:
@@ -107,14 +124,12 @@ def charge_observed_sm(t: JobTables, snapshot: Snapshot) -> int:
     Rewrites ``t.per_gpu`` and ``t.demand_table`` (extended by one family row per
     such job) and ``t.demand_family``; returns how many jobs were recharged.
     """
-    rows, ratio = observed_ratios(t, snapshot)
+    rows, ratio = observed_ratios(snapshot)
     if rows.size == 0:
         return 0
     table = t.per_gpu.table
     own = table[t.family_index[rows]].copy()  # (M, K, R)
-    catalog = own[:, :, GPU_SM]
-    floor = np.minimum(SM_FLOOR, catalog)
-    own[:, :, GPU_SM] = np.maximum(catalog * ratio[:, None], floor)
+    own[:, :, GPU_SM] = charged_sm(own[:, :, GPU_SM], ratio[:, None])
     extended = np.concatenate([table, own])
     family = t.demand_family.copy()
     family[rows] = len(table) + np.arange(rows.size)
