@@ -49,6 +49,8 @@ FAST = ["--no-progress", "--no-plots", "--jobs", "1"]
         (["--days", "3:1"], "--days"),
         (["--days", "x"], "--days"),
         (["--policy", "bogus"], "--policy"),
+        (["--policy", "volcano+online"], "--policy"),
+        (["--policy", "elastico+online+iac"], "--policy"),
         (["--world", "moon"], "--world"),
     ],
 )

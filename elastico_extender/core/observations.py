@@ -24,6 +24,18 @@ Per job the book keeps an exponentially weighted slowdown (weight
 window and the last ``history`` window slowdowns, so the planner can apply
 "above tolerance for k consecutive windows" with its own tolerance.
 
+Observed SM demand (the planner's charge, ``planner.observed_sm``): a report
+may carry the job's mean SM activity over its window (DCGM/NVML "SM active",
+or the simulator's truth plus noise).  The book keeps, per job and for its
+current configuration only, a *bucketed peak*: the highest window activity
+in each of the last ``SM_BUCKETS`` buckets of ``SM_HORIZON_S / SM_BUCKETS``
+seconds (driver clock).  ``ObservedSlowdown.sm_peak`` is the maximum over the
+buckets within the horizon: a peak, not a mean, so a bursty inference job is
+charged for its bursts of the last hour rather than its average; bounded in
+memory (``SM_BUCKETS`` numbers per job) whatever the agent's report period.
+A configuration switch restarts it (a new configuration keeps the GPU busy
+differently).  ``sm_seconds`` counts the observed seconds behind it.
+
 The book is pure (time is an argument, no I/O) and bounded: at most
 ``max_jobs`` jobs (least recently reported dropped first) and ``max_refs``
 references.  ``state()``/``restore()`` give plain data so a driver can persist it.
@@ -35,7 +47,20 @@ import math
 from collections import OrderedDict
 from dataclasses import dataclass
 
-__all__ = ["Observation", "ObservationBook", "ObservedSlowdown", "PairSample"]
+__all__ = [
+    "SM_BUCKETS",
+    "SM_HORIZON_S",
+    "Observation",
+    "ObservationBook",
+    "ObservedSlowdown",
+    "PairSample",
+]
+
+SM_HORIZON_S = 3600.0
+"""How far back the observed SM peak looks (an hour: several idle/busy phases of a
+training job, and an inference burst of the last hour)."""
+SM_BUCKETS = 6
+"""Buckets of the SM peak (each ``SM_HORIZON_S / SM_BUCKETS`` seconds, its highest window)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +122,17 @@ class ObservedSlowdown:
     solo_reference: bool = True
     """Whether the reference rate was measured alone (False: a profile's T(c), whose
     own error, a few percent, biases the slowdown until the job is seen alone)."""
+    sm_config: int = -1
+    """The configuration the SM buckets were observed at (-1: no SM reported)."""
+    sm_buckets: tuple[tuple[int, float], ...] = ()
+    """(bucket index, highest window SM activity in it), oldest first, within the horizon."""
+    sm_seconds: float = 0.0
+    """Observed seconds behind ``sm_buckets`` (since the configuration last changed)."""
+
+    @property
+    def sm_peak(self) -> float | None:
+        """Highest window SM activity over the last ``SM_HORIZON_S`` at ``sm_config``."""
+        return max(p for _, p in self.sm_buckets) if self.sm_buckets else None
 
     def age(self, now: float) -> float:
         return max(0.0, now - self.last)
@@ -162,6 +198,7 @@ class ObservationBook:
         slowdown = ref / obs.rate if obs.rate > 0 else math.inf
         slowdown = max(1.0, min(slowdown, 100.0))
         prior = self._jobs.get(obs.job_id)
+        sm = _sm_peaks(prior[1] if prior is not None else None, obs)
         if prior is None:
             smoothed, samples = slowdown, 1
             recent: tuple[float, ...] = (slowdown,)
@@ -180,7 +217,7 @@ class ObservationBook:
         self._jobs[obs.job_id] = (
             obs.config,
             ObservedSlowdown(
-                smoothed, samples, obs.end, recent, obs.partners, key in self._measured
+                smoothed, samples, obs.end, recent, obs.partners, key in self._measured, *sm
             ),
         )
         self._jobs.move_to_end(obs.job_id)
@@ -217,3 +254,25 @@ class ObservationBook:
         while len(self._refs) > self.max_refs:
             dropped, _ = self._refs.popitem(last=False)
             self._measured.discard(dropped)
+
+
+def _sm_peaks(
+    prior: ObservedSlowdown | None, obs: Observation
+) -> tuple[int, tuple[tuple[int, float], ...], float]:
+    """(sm_config, sm_buckets, sm_seconds) after ``obs`` (module doc, observed SM demand)."""
+    if prior is None or prior.sm_config != obs.config:
+        buckets: tuple[tuple[int, float], ...] = ()
+        seconds = 0.0
+    else:
+        buckets, seconds = prior.sm_buckets, prior.sm_seconds
+    width = SM_HORIZON_S / SM_BUCKETS
+    bucket = math.floor(obs.end / width)
+    kept = [(b, p) for b, p in buckets if bucket - SM_BUCKETS < b <= bucket]
+    if obs.sm_activity is None:  # nothing new; older buckets still age out
+        return (obs.config, tuple(kept), seconds) if kept else (-1, (), 0.0)
+    activity = min(float(obs.sm_activity), 1.0)
+    if kept and kept[-1][0] == bucket:
+        kept[-1] = (bucket, max(kept[-1][1], activity))
+    else:
+        kept.append((bucket, activity))
+    return obs.config, tuple(kept), seconds + obs.seconds

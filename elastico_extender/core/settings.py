@@ -79,6 +79,9 @@ class PlannerSettings:
     """PDS: False drops queue reservation and switching cost (uncoordinated reconfiguration)."""
     length_aware: bool = True
     """Queueing by attained service and predicted remaining time; False: weight, then FIFO."""
+    observed_sm: bool = True
+    """Closed loop: charge a running job observed long enough its observed peak SM activity
+    (planner.observed_sm) instead of its catalog SM share; False: catalog shares always."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.step_schedule, StepSchedule):

@@ -20,6 +20,7 @@ ABLATIONS: dict[str, dict[str, bool]] = {
     "elastico-no-iac": {"interference_check": False},
     "elastico-no-pds": {"coordination": False},
     "elastico-no-len": {"length_aware": False},
+    "elastico-catalog-sm": {"observed_sm": False},
 }
 """Registry names of the full system and each 'w/o X' variant of the ablation table."""
 

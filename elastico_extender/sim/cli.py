@@ -275,11 +275,18 @@ def _check_out(out: Path) -> None:
 
 def _check_policies(names: list[str]) -> None:
     for name in names:
-        base, _, extra = name.partition("+")
+        base, *extras = name.split("+")
         if base not in POLICIES:
             raise InputError(f"--policy: unknown {base!r}; known: {', '.join(sorted(POLICIES))}")
-        if extra and (extra not in ("iac", "learned") or not base.startswith("elastico")):
-            raise InputError(f"--policy: {name!r}: +iac/+learned only apply to elastico policies")
+        if extras[-1:] == ["online"]:  # the closed loop, alone or after a predictor
+            extras = extras[:-1]
+        elastico = base.startswith("elastico")
+        if extras and (len(extras) > 1 or extras[0] not in ("iac", "learned") or not elastico):
+            raise InputError(
+                f"--policy: {name!r}: +iac/+learned(+online) only apply to elastico policies"
+            )
+        if name.endswith("+online") and not elastico:
+            raise InputError(f"--policy: {name!r}: +online only applies to elastico policies")
 
 
 QUICK_POLICIES = ("volcano", "lucid", "tiresias", "elastico")

@@ -37,7 +37,12 @@ rate in samples/s (or tokens/s): the work it did over the seconds it was not
 paused, times ``T_true(default)``, i.e. its true throughput ``T_true(c) / S_j``
 averaged over the window, times a measurement error, log-normal with sigma
 ``noise`` (default 0.03: the scatter of a launch-rate count over a window),
-with the tenants active on its devices at the window's end as partners.  A
+with the tenants active on its devices at the window's end as partners, and
+its SM activity over the window (``Observation.sm_activity``, the field the
+node agent fills from NVML/DCGM): the world's true activity averaged over the
+window's unpaused seconds (the production world's a_i(t); in the benchmark
+world the configuration's profiled SM share), times its own log-normal error
+of the same sigma, clipped to [0, 1].  A
 job paused for more than two thirds of a window reports nothing for it.
 The book's reference for a job is its profiled ``T(c)`` until the
 job is seen alone, then its own solo rate (profile error fades out).  The
@@ -64,8 +69,15 @@ every configuration pair observed so far, once per simulated hour.
 
 Invariants checked while running (recorded, asserted by the tests)
 -----------------------------------------------------------------
-* no device ever holds more memory than it physically has, nor SM shares
-  summing above 1 (``capacity_violations``);
+* no device ever holds more memory than it physically has (``capacity_violations``);
+  in the benchmark world, where every job's true SM activity is its profiled SM
+  share all the time, neither SM shares summing above 1.  In the production world
+  a job's SM demand is its time-varying activity, not its catalog share, and SM
+  is time-shared: the planner may pack jobs whose catalog shares sum above 1 on
+  the strength of their observed activity (``core.planner.observed_sm``).  What
+  the device really holds there is recorded, not asserted: the device-seconds in
+  which its tenants' true activities summed above 1
+  (``counters["sm_oversubscribed_s"]``), during which the truth slows them;
 * every running job appears in each plan (or is listed as preempted);
 * every job finishes, and the work done equals the work of the trace.
 """
@@ -263,6 +275,8 @@ class Simulator:
         self._next_mape = 3600.0
         self.win_work = np.zeros(n)  # work done in the current observation window
         self.win_active = np.zeros(n)  # seconds not paused in it
+        self.win_sm = np.zeros(n)  # integral of its SM activity over it
+        self.counters["sm_oversubscribed_s"] = 0.0
         self._window_start = 0.0
 
     # -- closed loop ------------------------------------------------------------
@@ -277,12 +291,17 @@ class Simulator:
         worked = self.win_active >= max(span, _EPS) / 3.0
         idx = np.flatnonzero(active & worked)
         rate_now = self.win_work[idx] / np.maximum(self.win_active[idx], _EPS)
+        sm_now = self.win_sm[idx] / np.maximum(self.win_active[idx], _EPS)
         seconds = self.win_active[idx].copy()
         self.win_work[:] = 0.0
         self.win_active[:] = 0.0
+        self.win_sm[:] = 0.0
         if idx.size == 0:
             return
         noise = np.exp(self._rng.normal(0.0, self.noise, idx.size)) if self.noise > 0 else None
+        if self.noise > 0:  # the activity counter's own error, drawn independently
+            sm_now *= np.exp(self._rng.normal(0.0, self.noise, idx.size))
+        sm_now = np.clip(sm_now, 0.0, 1.0)
         fams = self.c.families
         running: dict[str, RunningConfig] = {}
         observations: list[Observation] = []
@@ -313,6 +332,7 @@ class Simulator:
                     rate,
                     unit,
                     tuple(self.trace[o].job_id for o in partners),
+                    sm_activity=float(sm_now[k]),
                 )
             )
             if len(partners) == 1:
@@ -520,12 +540,16 @@ class Simulator:
                 self.tenants[d].append(i)
         mem = self.c.mem_mib
         sm = self.c.sm
+        # SM shares are a capacity only where they are the jobs' true, constant activity
+        # (the benchmark world); with time-varying activity they are time-shared and
+        # contention is the truth's slowdown (module doc, invariants).
+        sm_capacity = 1.0 if getattr(self.truth, "activity", None) is None else math.inf
         for d, members in enumerate(self.tenants):
             if not members:
                 continue
             g = self.gid[members]
             m, s = float(mem[g].sum()), float(sm[g].sum())
-            if m > self.cluster.device_mib + 1e-6 or s > 1.0 + 1e-6:
+            if m > self.cluster.device_mib + 1e-6 or s > sm_capacity + 1e-6:
                 self.capacity_violations.append((now, d, m, s))
         self._track_harm(now)
 
@@ -556,17 +580,14 @@ class Simulator:
             g = self.gid[run]
             w = self.gpus[run].astype(np.float64)
             active = self.rate[run] > 0
-            device_sm = getattr(self.truth, "device_sm", None)
-            if device_sm is None:
-                sm = float((self.c.sm[g] * w * active).sum()) / self.n_dev
-            else:  # a world with time-varying activity (sim.production)
-                on = self.rate > 0
-                sm = 0.0
-                for m in self.tenants:
-                    live = [i for i in m if on[i]]
-                    if live:
-                        sm += device_sm(np.array(live), self.gid[live], t0)
-                sm /= self.n_dev
+            live = run[active]
+            activity = self._activity(live, t0)
+            if getattr(self.truth, "device_sm", None) is None:
+                sm = float((activity * w[active]).sum()) / self.n_dev
+            else:  # a world with time-varying activity (sim.production): 1 - prod(1 - a_i)
+                sm = self._device_activity(live, activity, dt=t1 - t0)
+            if self.loop is not None:
+                self.win_sm[live] += activity * (t1 - t0)
             mem = float((self.c.mem_mib[g] * w).sum()) / (self.n_dev * self.cluster.device_mib)
             useful = float((self.rate[run] * w).sum())
             tenants = float(w.sum())
@@ -588,6 +609,30 @@ class Simulator:
             self.tput_integral[run] += (
                 self.c.t_true[self.gid[run]] / self.slow[run] * (self.rate[run] > 0) * dt
             )
+
+    def _activity(self, jobs: np.ndarray, t: float) -> np.ndarray:
+        """SM activity of running ``jobs`` at ``t``: the world's (sim.production), or, in the
+        benchmark world, their configurations' profiled SM share (saturating jobs)."""
+        varying = getattr(self.truth, "activity", None)
+        if varying is None:
+            return np.asarray(self.c.sm[self.gid[jobs]], dtype=np.float64)
+        return np.asarray(varying(jobs, self.gid[jobs], t), dtype=np.float64)
+
+    def _device_activity(self, jobs: np.ndarray, act: np.ndarray, dt: float) -> float:
+        """Cluster SM activity, 1 - prod(1 - a_i) per device over its active tenants, as a
+        share of the cluster; counts the device-seconds whose tenants' activities sum above
+        1 (``sm_oversubscribed_s``: they contend, the truth slows them)."""
+        if jobs.size == 0:
+            return 0.0
+        width = self.gpus[jobs]
+        flat = np.fromiter(
+            (d for i in jobs.tolist() for d in self.devices[i]), np.intp, int(width.sum())
+        )
+        per_worker = np.repeat(act, width)
+        idle = np.bincount(flat, np.log1p(-np.minimum(per_worker, 1.0 - 1e-12)), self.n_dev)
+        summed = np.bincount(flat, per_worker, self.n_dev)
+        self.counters["sm_oversubscribed_s"] += float(np.count_nonzero(summed > 1.0 + 1e-9)) * dt
+        return float((1.0 - np.exp(idle)).sum()) / self.n_dev
 
     def _advance(self, now: float, target: float) -> tuple[float, bool]:
         """Progress jobs from ``now`` to ``target``; returns (now, any completion)."""

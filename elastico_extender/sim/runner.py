@@ -34,6 +34,7 @@ from elastico_extender.core.closed_loop import ClosedLoop
 from elastico_extender.core.duration import CompletedJob
 from elastico_extender.core.interference.online import OnlineCorrection
 from elastico_extender.core.interference.predictor import ContentionPredictor, SlowdownPredictor
+from elastico_extender.core.model import Plan, Snapshot
 from elastico_extender.policies import POLICIES, Policy, make_policy
 from elastico_extender.sim.engine import ClusterSpec, RunResult, Simulator
 from elastico_extender.sim.predictors import NoisyTablePredictor, SampledPairsPredictor
@@ -131,9 +132,20 @@ def run_one(
     name: str,
     exp: Experiment,
     progress: Callable[[float, int, int], None] | None = None,
+    planned: Callable[[Plan], None] | None = None,
 ) -> RunResult:
+    """One policy over ``exp``; ``planned``, if given, sees every plan the policy makes."""
     configs, truth = _world(exp)
     policy = build_policy(name, exp, truth)
+    if planned is not None:
+        plan = policy.plan
+
+        def watched(snapshot: Snapshot, previous: Plan | None = None) -> Plan:
+            result = plan(snapshot, previous)
+            planned(result)
+            return result
+
+        policy.plan = watched  # type: ignore[method-assign]
     sim = Simulator(
         list(exp.trace),
         policy,

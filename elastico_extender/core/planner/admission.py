@@ -44,6 +44,7 @@ from elastico_extender.core.model import (
     Snapshot,
 )
 from elastico_extender.core.planner.devices import DeviceTable, device_tuples, gpu_equivalent
+from elastico_extender.core.planner.observed_sm import charged_sm, observed_ratios
 from elastico_extender.core.planner.placement import Placer
 from elastico_extender.core.planner.tables import build_tables, stack_families
 from elastico_extender.core.resources import GPU_MEM, GPU_SM, NUM_RESOURCES
@@ -264,6 +265,13 @@ class PlacementView:
         family = snapshot.columns.family_code[rows[positions]]
         configs = columns.config[positions]
         demand = stack.resources[family, configs]
+        if self.settings.observed_sm and snapshot.observed:  # as the planner charged them
+            charged, ratio = observed_ratios(snapshot)
+            if charged.size:
+                full = np.ones(len(snapshot.jobs))
+                full[charged] = ratio
+                mine = full[rows[positions]]
+                demand[:, GPU_SM] = charged_sm(demand[:, GPU_SM], mine)
         view_rows = np.arange(positions.size, dtype=np.intp)
         self.placer.commit_many(
             view_rows,

@@ -6,6 +6,11 @@ one structure, so there is a single definition of "fits on a device":
     mem_free[g] >= R[GPU_MEM]     (device memory minus the driver/MPS margin)
     sm_free[g]  >= R[GPU_SM]      (SM shares on a device sum to at most 1)
     node CPU and host RAM of the device's node cover R[CPU], R[HOST_MEM]
+
+R[GPU_SM] is the catalog share, or the observed one for a running job observed
+long enough (``planner.observed_sm``).  Memory is a hard limit; SM is time-shared,
+so a job going back where it runs keeps its place when its observed share rose
+(``sm_free`` may then go below 0, and nobody new fits there).
 """
 
 from __future__ import annotations
@@ -101,12 +106,16 @@ class DeviceTable:
             & node_ok[self.node_of]
         )
 
-    def fits_on(self, devices: Sequence[int], per_gpu: np.ndarray) -> bool:
-        """Whether one worker fits on each of ``devices`` (node totals counted once per worker)."""
+    def fits_on(self, devices: Sequence[int], per_gpu: np.ndarray, check_sm: bool = True) -> bool:
+        """Whether one worker fits on each of ``devices`` (node totals counted once per worker).
+
+        ``check_sm=False``: memory, CPU and RAM only (a job going back where it runs,
+        whose observed SM share rose; see ``planner.observed_sm``).
+        """
         idx = np.asarray(devices, dtype=np.intp)
         if not np.all(self.mem_free[idx] >= per_gpu[GPU_MEM] - _EPS):
             return False
-        if not np.all(self.sm_free[idx] >= per_gpu[GPU_SM] - _EPS):
+        if check_sm and not np.all(self.sm_free[idx] >= per_gpu[GPU_SM] - _EPS):
             return False
         workers = np.bincount(self.node_of[idx], minlength=len(self.cpu_free))
         return bool(

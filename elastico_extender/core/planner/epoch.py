@@ -30,6 +30,10 @@ for one of its own (``planner.patience``).  One packing pass (``pack``) then run
 5. spread: co-located jobs move to GPUs still idle (migrations);
 6. regrow: a job alone on its GPUs takes back the speed prices took from it.
 
+With the closed loop, running jobs observed long enough are charged their
+observed peak SM activity (with a margin) instead of their catalog SM share
+(``planner.observed_sm``), in ESP's demand and in every packing pass alike.
+
 The function is pure: the snapshot and the previous plan in, a new plan out.
 Timing is measured only if the driver passes a ``timer`` (a monotonic clock).
 """
@@ -46,6 +50,7 @@ from elastico_extender.core.interference.predictor import ContentionPredictor, S
 from elastico_extender.core.interference.tolerance import adaptive_tolerance
 from elastico_extender.core.model import AssignmentColumns, DeviceRef, Plan, Snapshot
 from elastico_extender.core.planner.devices import DeviceTable, gpu_equivalent, shared_devices
+from elastico_extender.core.planner.observed_sm import charge_observed_sm
 from elastico_extender.core.planner.patience import Patience
 from elastico_extender.core.planner.placement import Placer
 from elastico_extender.core.planner.protect import (
@@ -137,8 +142,10 @@ def plan(
     elif predictor is None:
         predictor = ContentionPredictor()
     tables = build_tables(snapshot, settings)
+    recharged = charge_observed_sm(tables, snapshot) if settings.observed_sm else 0
     tables.rank = queue_weights(snapshot, tables.weight, settings)
     epoch = _Epoch(snapshot, tables, settings, predictor, previous)
+    epoch.recharged = recharged
     clock.lap("build")
     return epoch.run(clock)
 
@@ -162,6 +169,7 @@ class _Epoch:
         self.utilization = self._current_utilization()
         self.fastest = np.zeros(len(tables.jobs))
         self.residual_admits = 0  # admissions by Algorithm 1's last step, last packing pass
+        self.recharged = 0  # running jobs charged their observed SM share (observed_sm)
         self.patience: Patience | None = None  # share-or-wait rule, fresh per packing pass
         self._tau: dict[int, np.ndarray] = {}  # row -> tau at every configuration
         self._loop_setup()
@@ -266,7 +274,7 @@ class _Epoch:
             capacity=capacity,
             reserve=np.ascontiguousarray(reserve),
             priority=priority,
-            family=t.family_index,
+            family=t.demand_family,
             gpus=multi,
         )
 
@@ -323,6 +331,7 @@ class _Epoch:
                 "price_iterations": float(iterations),
                 "converged": float(converged),
                 "residual_admissions": float(self.residual_admits),
+                "sm_observed_jobs": float(self.recharged),
             },
             clock,
         )
@@ -578,8 +587,9 @@ class _Epoch:
             best_fit=self.settings.pricing,
             allowed_devices=allowed_devices,
             commit=patience is None,
-            # Demand, features and tau follow from the family, GPU count and floor.
-            question=(int(t.family_index[row]), gpus, t.floor[row], *options),
+            # Demand, features and tau follow from the demand row (the family's, or the
+            # job's own observed SM share), GPU count and floor.
+            question=(int(t.demand_family[row]), gpus, t.floor[row], *options),
         )
         if patience is None:
             return placed is not None

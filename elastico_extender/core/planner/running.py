@@ -80,7 +80,9 @@ def _place_conflicted(
     1. Every one goes back in place, at its chosen configuration if that needs no
        more of any resource than the current one, else at the current one: they
        all fit before, so this always fits and nobody is dropped for another's
-       growth.
+       growth.  SM is not checked here: an observed SM share may have risen since
+       (``planner.observed_sm``); tenants already together stay together unless
+       their observed slowdown says otherwise (protect).
     2. Jobs next to a forbidden partner try to migrate (chosen, then current).
     3. Jobs that wanted to grow try their chosen configuration in place.
     Only a job that fits nowhere, not even where it ran, is preempted.
@@ -95,7 +97,7 @@ def _place_conflicted(
         shrinks = bool(np.all(t.per_gpu[row, chosen] <= t.per_gpu[row, current] + 1e-9))
         small = chosen if shrinks else current
         devs = list(devices_of[row])
-        if placer.table.fits_on(devs, t.per_gpu[row, small]):
+        if placer.table.fits_on(devs, t.per_gpu[row, small], check_sm=False):
             epoch.commit_row(placer, row, small, devs)
             lower[row] = small
         else:

@@ -68,6 +68,8 @@ class JobTables:
     feature_table: np.ndarray  # (F, K, 14)
     estimated_table: np.ndarray  # (F, K) bool
     reasons: dict[int, str]  # row -> why no configuration is valid
+    demand_family: np.ndarray  # (N,) each job's row of ``demand_table`` and ``per_gpu``'s table:
+    # its family's, or its own where observation recharged its SM share (planner.observed_sm)
     rank: np.ndarray | None = None
     """(N,) queue priority: the weight scaled by the job's length band (pricing.queueing);
     None until the epoch sets it (then ``weight`` serves)."""
@@ -236,4 +238,5 @@ def build_tables(snapshot: Snapshot, settings: PlannerSettings) -> JobTables:
         feature_table=feat_table,
         estimated_table=est_table,
         reasons=reasons,
+        demand_family=fam_idx,
     )
