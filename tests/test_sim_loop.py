@@ -13,7 +13,8 @@ from elastico_extender.sim.workloads import ConfigTable
 
 
 def test_the_loop_reduces_harm_and_learns_the_observed_pairs():
-    exp = Experiment(trace=tuple(synthetic(16, 1.5, 4 * 3600.0, 0)), cluster=ClusterSpec(gpus=16))
+    # Six hours: enough harmful pairs (about 90) for a p95 that two outliers cannot move.
+    exp = Experiment(trace=tuple(synthetic(16, 1.5, 6 * 3600.0, 0)), cluster=ClusterSpec(gpus=16))
     results = run_experiment(exp, ["elastico", "elastico+online"], workers=1)
     off, on = results["elastico"], results["elastico+online"]
     assert on.counters["observations"] > 0 and off.counters["observations"] == 0
