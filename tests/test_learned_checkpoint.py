@@ -422,3 +422,23 @@ def test_merging_the_same_history_twice_adds_nothing(tmp_path: Path) -> None:
     back = decode(encode(state, 1 << 20)[0])
     assert back.records == records and back.samples[1].tolist() == [1.5, 2.0, 3.0]
     store.close()
+
+
+def test_the_bound_drops_history_then_references_then_the_correction() -> None:
+    rng = np.random.default_rng(3)
+    config = [(int(k), 0.3, 2.0) for k in rng.integers(1, 2**63, 2000).tolist()]
+    refs = [(f"pod-{i}", 0, "launches/s", 100.0 + i, True) for i in range(2000)]
+    x = rng.random((2000, NUM_FEATURES), dtype=np.float32)
+    samples = (x, np.full(2000, 1.5), np.arange(2000.0))
+    alone, _, _ = encode(LearnedState(config=config), 1 << 20)
+    bound = len(alone) + 2048
+    full = LearnedState(config=config, references=refs, samples=samples)
+    payload, kept, dropped = encode(full, bound)
+    assert len(payload) <= bound
+    assert kept["samples"] == 0 and dropped["samples"] == 2000
+    assert 0 < dropped["references"] < 2000 and kept["config"] == 2000
+    back = decode(payload)
+    assert [r[0] for r in back.references] == [r[0] for r in refs[-kept["references"] :]]
+    tight, kept, _ = encode(full, len(alone) // 2)
+    assert kept["references"] == 0 and 0 < kept["config"] < 2000
+    assert [k for k, _, _ in decode(tight).config] == [k for k, _, _ in config[-kept["config"] :]]

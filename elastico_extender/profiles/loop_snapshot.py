@@ -11,8 +11,9 @@ dtype, shape, offset, length; the references and per-pod records, which carry
 strings) followed by the raw little-endian arrays the header names.
 
 Bound: :func:`encode` keeps the payload at most ``max_bytes``, dropping the *oldest*
-rows first: first the training history (labelled samples, per-pod records), then,
-evenly, the correction's rows, its neighbour ring and the references.  What it
+rows first, tier by tier (:data:`TIERS`): the training history (labelled samples,
+per-pod records), then the references, then, evenly, the correction's rows and its
+neighbour ring.  What it
 kept and dropped per section travels in the header and comes back to the caller.
 
 Decoding trusts nothing: the decompressed size is capped, dtypes and shapes are checked
@@ -47,22 +48,27 @@ RingRow = tuple[int, np.ndarray, float, float]
 _ARRAYS: dict[str, tuple[str, tuple[int, ...]]] = {
     # name -> (dtype, trailing shape); every array of a section has the section's rows
     "config.key": ("<u8", ()),
-    "config.mean": ("<f8", ()),
+    "config.mean": ("<f4", ()),
     "config.count": ("<f4", ()),
     "family.key": ("<u8", ()),
-    "family.mean": ("<f8", ()),
+    "family.mean": ("<f4", ()),
     "family.count": ("<f4", ()),
     "ring.key": ("<u8", ()),
     "ring.x": ("<f4", (NUM_FEATURES,)),
-    "ring.mean": ("<f8", ()),
+    "ring.mean": ("<f4", ()),
     "ring.count": ("<f4", ()),
     "samples.x": ("<f4", (NUM_FEATURES,)),
     "samples.y": ("<f8", ()),
     "samples.at": ("<f8", ()),
 }
 SECTIONS = ("config", "family", "ring", "references", "samples", "records")
-_HISTORY = ("samples", "records")
-"""Dropped first: the training set and the per-pod record, not what the planner reads."""
+TIERS = (("samples", "records"), ("references",), ("config", "family", "ring"))
+"""Trimming order: the training set and the per-pod record first (the planner does not
+read them), then the references (the caller puts running pods' last), then the
+correction itself."""
+MIN_ROW_BYTES = 8
+"""No row compresses below its 64-bit key or the like: a section never needs more rows
+than ``max_bytes // MIN_ROW_BYTES`` (cut before encoding, to bound the work)."""
 
 
 class CorruptSnapshot(ValueError):
@@ -122,7 +128,7 @@ def _pack(state: LearnedState, dropped: dict[str, int]) -> bytes:
     for level in ("config", "family"):
         rows = getattr(state, level)
         arrays[f"{level}.key"] = np.array([r[0] for r in rows], dtype="<u8")
-        arrays[f"{level}.mean"] = np.array([r[1] for r in rows], dtype="<f8")
+        arrays[f"{level}.mean"] = np.array([r[1] for r in rows], dtype="<f4")
         arrays[f"{level}.count"] = np.array([r[2] for r in rows], dtype="<f4")
     ring = state.ring
     arrays["ring.key"] = np.array([r[0] for r in ring], dtype="<u8")
@@ -131,7 +137,7 @@ def _pack(state: LearnedState, dropped: dict[str, int]) -> bytes:
         if ring
         else np.zeros((0, NUM_FEATURES), dtype="<f4")
     )
-    arrays["ring.mean"] = np.array([r[2] for r in ring], dtype="<f8")
+    arrays["ring.mean"] = np.array([r[2] for r in ring], dtype="<f4")
     arrays["ring.count"] = np.array([r[3] for r in ring], dtype="<f4")
     x, y, at = state.samples
     arrays["samples.x"] = np.ascontiguousarray(x, dtype="<f4").reshape(-1, NUM_FEATURES)
@@ -167,19 +173,43 @@ def _pack(state: LearnedState, dropped: dict[str, int]) -> bytes:
 def encode(state: LearnedState, max_bytes: int) -> tuple[bytes, dict[str, int], dict[str, int]]:
     """``(payload, kept, dropped)`` with ``len(payload) <= max_bytes`` (module doc)."""
     total = state.counts()
-    keep = dict(total)
-    for _ in range(40):
+    keep = {k: min(n, max_bytes // MIN_ROW_BYTES) for k, n in total.items()}
+    for attempt in range(60):
         dropped = {k: total[k] - keep[k] for k in SECTIONS}
         payload = _pack(state.newest(keep), dropped)
         if len(payload) <= max_bytes:
             return payload, keep, dropped
-        ratio = max(0.0, min(0.95, 0.95 * max_bytes / len(payload)))
-        group = [k for k in _HISTORY if keep[k] > 0] or [k for k in SECTIONS if keep[k] > 0]
-        if not group:
+        if attempt == 0:  # a first guess from each section's bytes per row
+            keep = _estimate(state, keep, max_bytes)
+            continue
+        tier = next((t for t in TIERS if any(keep[k] for k in t)), None)
+        if tier is None:
             break  # only the header is left, and it does not fit
-        for k in group:
+        ratio = max(0.0, min(0.9, 0.95 * max_bytes / len(payload)))
+        for k in tier:
             keep[k] = int(keep[k] * ratio) if keep[k] * ratio >= 1 else 0
     raise ValueError(f"max_bytes={max_bytes} cannot hold even an empty snapshot")
+
+
+def _estimate(state: LearnedState, keep: dict[str, int], max_bytes: int) -> dict[str, int]:
+    """Rows per section that should fit, from each section's compressed bytes per row,
+    filling the bound tier by tier from the most important (one pack per section)."""
+    nothing = {k: 0 for k in SECTIONS}
+    empty = len(_pack(state.newest(nothing), {}))
+    per_row = {
+        k: (len(_pack(state.newest({**nothing, k: keep[k]}), {})) - empty) / keep[k]
+        for k in SECTIONS
+        if keep[k]
+    }
+    room = 0.97 * max_bytes - empty
+    out = dict(nothing)
+    for tier in reversed(TIERS):
+        need = sum(per_row.get(k, 0.0) * keep[k] for k in tier)
+        share = 1.0 if need <= room else max(0.0, room / need) if need else 0.0
+        for k in tier:
+            out[k] = int(keep[k] * share)
+        room -= need * share
+    return out
 
 
 def decode(payload: bytes) -> LearnedState:

@@ -544,6 +544,9 @@ class ObservationService:
                 ],
                 written_at=self.clock(),
             )
+            # running pods' references last: a bound drops departed pods' first
+            running = self._reports.keys()
+            state.references.sort(key=lambda row: row[0] in running)
         if self.store is not None and history > 0:
             try:
                 state.samples = self.store.recent_samples(history)
