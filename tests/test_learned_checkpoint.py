@@ -442,3 +442,22 @@ def test_the_bound_drops_history_then_references_then_the_correction() -> None:
     tight, kept, _ = encode(full, len(alone) // 2)
     assert kept["references"] == 0 and 0 < kept["config"] < 2000
     assert [k for k, _, _ in decode(tight).config] == [k for k, _, _ in config[-kept["config"] :]]
+
+
+def test_a_checkpoint_of_an_earlier_lease_does_not_depose_the_new_leader(
+    api: FakeApiServer,
+) -> None:
+    """The Lease was deleted and created anew (transitions from 0): the leader writes above
+    the term it restored, and a writer that did not restore is the one refused."""
+    before = observation_service(1)
+    assert writer(api, before, 9).save() == "written"
+    svc = observation_service(2)
+    fresh = writer(api, svc, 0)
+    assert fresh.restore()
+    teach(svc, 3, 2)
+    assert fresh.save() == "written"
+    assert stored(api)["metadata"]["annotations"]["elastico.io/learned-term"] == "10"
+    teach(svc, 4, 1)
+    assert fresh.save() == "written"
+    teach(before, 5, 1)
+    assert writer(api, before, 9).save() == "deposed"

@@ -15,10 +15,11 @@ controllers keep their state without shared storage:
 * **optimistic concurrency**: each write is a ``PUT`` conditional on the
   ``resourceVersion`` this replica last read or wrote, so a write that did not see the
   newest checkpoint gets ``409 Conflict`` and changes nothing.  On a conflict the replica
-  reads the newest checkpoint: written under a newer Lease term
-  (``elastico.io/learned-term``, the Lease's ``leaseTransitions`` when its writer won it)
-  means this replica was deposed, and it stops writing; otherwise (an older leader's
-  last write landing late) it merges it and writes again;
+  reads the newest checkpoint: written under a newer term (``elastico.io/learned-term``:
+  the Lease's ``leaseTransitions`` when its writer won it, or one more than the term of
+  the checkpoint it restored, whichever is larger) means this replica was deposed, and
+  it stops writing; otherwise (an older leader's last write landing late) it merges it
+  and writes again;
 * **restore** at start and whenever this replica becomes the leader (before it leads):
   the checkpoint is merged into the replica's state and its SQLite file.  A checkpoint
   that cannot be read (garbage, another format, too large) is ignored with a warning,
@@ -84,6 +85,7 @@ class LearnedCheckpoint:
         self._rv: str | None = None  # the resourceVersion last read or written here
         self._written_version = -1  # observations.learned_version when last written
         self._deposed_term: int | None = None  # a newer term's checkpoint was seen
+        self._floor = 0  # 1 + the term of the checkpoint last restored
         self.last_dropped: dict[str, int] = {}
         self.writes = 0
         self._lock = threading.Lock()
@@ -102,6 +104,10 @@ class LearnedCheckpoint:
             return False
         obj, payload = found
         self._rv = str((obj.get("metadata") or {}).get("resourceVersion") or "") or None
+        # Write above what was restored: a Lease created anew (transitions from 0) must
+        # not look older than the checkpoint of the Lease before it.
+        self._floor = _term_of(obj) + 1
+        self._deposed_term = None
         if payload is None:
             return False
         try:
@@ -160,7 +166,7 @@ class LearnedCheckpoint:
         with self._lock:
             if not self.is_leader():
                 return "follower"
-            term = self.term()
+            term = max(self.term(), self._floor)
             if self._deposed_term is not None and self._deposed_term > term:
                 return "deposed"
             self._deposed_term = None
@@ -242,11 +248,7 @@ class LearnedCheckpoint:
             self._rv = None  # deleted: the retry creates it
             return True
         obj, payload = found
-        annotations = (obj.get("metadata") or {}).get("annotations") or {}
-        try:
-            theirs = int(str(annotations.get(TERM, "0")))
-        except ValueError:
-            theirs = 0
+        theirs = _term_of(obj)
         if theirs > term:
             self._deposed_term = theirs
             log.warning(
@@ -288,3 +290,12 @@ class LearnedCheckpoint:
                 "checkpoint.final",
                 extra={"outcome": outcome, "seconds": round(time.monotonic() - started, 3)},
             )
+
+
+def _term_of(obj: dict[str, Any]) -> int:
+    """The Lease term a checkpoint was written under (0 when absent or unreadable)."""
+    annotations = (obj.get("metadata") or {}).get("annotations") or {}
+    try:
+        return max(0, int(str(annotations.get(TERM, "0"))))
+    except ValueError:
+        return 0
