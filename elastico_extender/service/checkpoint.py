@@ -53,6 +53,9 @@ TERM = "elastico.io/learned-term"
 WRITER = "elastico.io/learned-writer"
 KEPT = "elastico.io/learned-kept"
 DROPPED = "elastico.io/learned-dropped"
+TIMEOUT = 5.0
+"""Seconds per API call: the restore runs inside the Lease's on_started hook, which must
+return well within the renew deadline (10 s with the chart's defaults)."""
 HISTORY_ROWS = 5_000
 """Newest labelled samples and per-pod records offered to a checkpoint (before the bound)."""
 
@@ -130,7 +133,7 @@ class LearnedCheckpoint:
         """(the ConfigMap, its payload or None when unreadable); None when absent/unreachable."""
         try:
             reply: Any = self.api.read_namespaced_config_map(
-                self.name, self.namespace, _preload_content=False, _request_timeout=30
+                self.name, self.namespace, _preload_content=False, _request_timeout=TIMEOUT
             )
             obj = json.loads(reply.data)
         except ApiException as exc:
@@ -214,13 +217,13 @@ class LearnedCheckpoint:
             if self._rv is None:
                 reply = self.api.create_namespaced_config_map(
                     self.namespace, body, field_manager=FIELD_MANAGER, _preload_content=False,
-                    _request_timeout=30,
+                    _request_timeout=TIMEOUT,
                 )  # fmt: skip
             else:
                 meta["resourceVersion"] = self._rv
                 reply = self.api.replace_namespaced_config_map(
                     self.name, self.namespace, body, field_manager=FIELD_MANAGER,
-                    _preload_content=False, _request_timeout=30,
+                    _preload_content=False, _request_timeout=TIMEOUT,
                 )  # fmt: skip
             written = json.loads(reply.data)
         except ApiException as exc:
