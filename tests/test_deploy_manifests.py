@@ -121,6 +121,35 @@ def test_rbac_is_least_privilege_and_bound_to_the_deployments_accounts():
     assert accounts <= bound
 
 
+def test_the_extender_may_read_and_write_its_learned_state_checkpoint():
+    """The leader's checkpoint (service/checkpoint.py): get and update of the one ConfigMap
+    the settings name, in the namespace they name, and create; bound to the extender."""
+    from elastico_extender.service.settings import ServiceSettings
+
+    settings = ServiceSettings()
+    role = by_kind("Role")["elastico-extender-state"]
+    assert role["metadata"]["namespace"] == settings.lease_namespace
+    named = {
+        v
+        for rule in role["rules"]
+        if rule["resources"] == ["configmaps"]
+        and settings.learned_configmap in rule.get("resourceNames", ())
+        for v in rule["verbs"]
+    }
+    assert {"get", "update"} <= named
+    assert any(
+        rule["resources"] == ["configmaps"] and "create" in rule["verbs"]
+        and not rule.get("resourceNames")
+        for rule in role["rules"]
+    )  # fmt: skip
+    assert not any(v in {"*", "delete", "list", "watch"} for r in role["rules"] for v in r["verbs"])
+    binding = by_kind("RoleBinding")["elastico-extender-state"]
+    assert binding["roleRef"]["name"] == "elastico-extender-state"
+    assert binding["metadata"]["namespace"] == settings.lease_namespace
+    assert {"kind": "ServiceAccount", "name": "elastico-extender",
+            "namespace": "elastico-system"} in binding["subjects"]  # fmt: skip
+
+
 @pytest.mark.parametrize("name", ["bert-finetune", "llama3-batch-infer", "resnet-bundle"])
 def test_example_pods_use_the_scheduler_and_valid_annotations(name):
     pod = by_kind("Pod")[name]

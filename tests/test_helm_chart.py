@@ -245,6 +245,7 @@ def test_extender_settings_file_loads_into_service_settings(variant, tmp_path):
     settings = ServiceSettings.load(path, env={})
     assert settings.leader_election is True
     assert settings.lease_namespace == NAMESPACE
+    assert settings.learned_configmap == "elastico-learned"
     assert settings.scheduler_name == "elastico-scheduler"
     if values.get("predictor", {}).get("configMap"):
         assert settings.predictor_model == "/etc/elastico/model/model.onnx"
@@ -364,7 +365,13 @@ def allowed(roles: list[dict[str, Any]], group: str, resource: str, verb: str) -
     )
 
 
-def test_extender_rbac_covers_every_request_the_code_makes():
+def settings_file(docs: list[dict[str, Any]], tmp_path: Path) -> Path:
+    path = tmp_path / "settings.yaml"
+    path.write_text(named(docs, "ConfigMap")["elastico-extender-settings"]["data"]["settings.yaml"])
+    return path
+
+
+def test_extender_rbac_covers_every_request_the_code_makes(tmp_path):
     """Run what the extender does (watch, bind, reconfigure, evict, lead, label its pod,
     record Events) against the fake API server, then check each request against the
     chart's roles for the extender's account."""
@@ -372,8 +379,10 @@ def test_extender_rbac_covers_every_request_the_code_makes():
 
     from elastico_extender.cluster.base import BindRequest
     from elastico_extender.cluster.kube import KubeCluster
+    from elastico_extender.service.checkpoint import LearnedCheckpoint
     from elastico_extender.service.events import EventRecorder, PodRef
     from elastico_extender.service.leader import LeaseTiming, elect, label_own_pod
+    from elastico_extender.service.observations import ObservationService
 
     docs = render({})
     account = "elastico-extender"
@@ -412,15 +421,34 @@ def test_extender_rbac_covers_every_request_the_code_makes():
         events.bound(PodRef("ml", "p"), "bound")
         events.flush()
         events.stop()
+        # the learned-state checkpoint: create, read back, replace
+        learned = ServiceSettings.load(settings_file(docs, tmp_path), env={})
+        service = ObservationService(learned)
+        checkpoint = LearnedCheckpoint(
+            api, service, namespace=learned.lease_namespace, name=learned.learned_configmap
+        )
+        assert checkpoint.save() == "written"
+        assert checkpoint.restore()
+        service.learned_version += 1
+        assert checkpoint.save() == "written"
     finally:
         cluster.stop()
         server.stop()
     needs = rbac_needs(server.requests)
     for need in [("", "pods/binding", "create"), ("coordination.k8s.io", "leases", "update"),
-                 ("", "events", "create"), ("", "pods/eviction", "create")]:  # fmt: skip
+                 ("", "events", "create"), ("", "pods/eviction", "create"),
+                 ("", "configmaps", "get"), ("", "configmaps", "update")]:  # fmt: skip
         assert need in needs  # the scenario exercised it
     missing = sorted(n for n in needs if not allowed(roles, *n))
     assert missing == []
+    # the checkpoint's own rule, in the release namespace, names its ConfigMap
+    (state,) = [r for r in roles if r["kind"] == "Role"]
+    assert state["metadata"]["namespace"] == NAMESPACE == learned.lease_namespace
+    assert any(
+        rule["resources"] == ["configmaps"] and {"get", "update"} <= set(rule["verbs"])
+        and rule.get("resourceNames") == [learned.learned_configmap]
+        for rule in state["rules"]
+    )  # fmt: skip
 
 
 def test_dashboard_and_alerts_query_only_metrics_the_service_exports():

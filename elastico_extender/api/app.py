@@ -34,6 +34,7 @@ from elastico_extender.core.interference.online import OnlineCorrection
 from elastico_extender.core.interference.predictor import ContentionPredictor, SlowdownPredictor
 from elastico_extender.core.settings import PlannerSettings
 from elastico_extender.profiles.store import ProfileStore
+from elastico_extender.service.checkpoint import LearnedCheckpoint
 from elastico_extender.service.engine import Engine
 from elastico_extender.service.events import EventRecorder
 from elastico_extender.service.families import FamilyResolver
@@ -78,6 +79,42 @@ def _event_recorder(settings: ServiceSettings, cluster: Cluster) -> EventRecorde
     return EventRecorder(inner.api.api_client, identity=settings.identity)
 
 
+def _checkpoint(
+    settings: ServiceSettings, cluster: Cluster, observed: ObservationService
+) -> LearnedCheckpoint | None:
+    """The learned-state checkpoint on a real cluster (a KubeCluster, leader-gated or not):
+    restored at start and, with leader election, whenever this replica becomes leader."""
+    inner = getattr(cluster, "inner", cluster)
+    if not settings.learned_checkpoint or not isinstance(inner, KubeCluster):
+        return None
+    elector = getattr(cluster, "elector", None)
+    checkpoint = LearnedCheckpoint(
+        inner.api.api_client,
+        observed,
+        namespace=settings.learned_namespace or settings.lease_namespace,
+        name=settings.learned_configmap,
+        is_leader=_leadership(cluster),
+        term=(lambda: int(elector.transitions)) if elector is not None else (lambda: 0),
+        identity=settings.identity or getattr(elector, "identity", ""),
+        period=settings.learned_checkpoint_seconds,
+        max_bytes=settings.learned_checkpoint_max_bytes,
+    )
+    if elector is not None:
+        started = elector.on_started
+
+        def restore_then_lead() -> bool:
+            if started is not None and not started():
+                return False
+            try:  # before this replica leads, plans and learns: what the last leader knew
+                checkpoint.restore()
+            except Exception:  # a failed restore never blocks a takeover
+                log.exception("checkpoint.restore_failed")
+            return True
+
+        elector.on_started = restore_then_lead
+    return checkpoint
+
+
 def create_app(
     settings: ServiceSettings,
     cluster: Cluster,
@@ -105,6 +142,9 @@ def create_app(
     observed = ObservationService(
         settings, open_store(settings), loop=ClosedLoop(correction), profiles=store
     )
+    elector = getattr(cluster, "elector", None)
+    observed.gate(_leadership(cluster), lambda: str(getattr(elector, "holder", "")))
+    checkpoint = _checkpoint(settings, cluster, observed)
     events = _event_recorder(settings, cluster)
     engine = Engine(
         settings,
@@ -124,15 +164,21 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if checkpoint is not None:
+            checkpoint.restore()  # before the first plan: what the cluster already learned
         cluster.start()
         if events is not None:
             events.start()
         engine.start()
+        if checkpoint is not None:
+            checkpoint.start()
         log.info("service.started", extra={"cluster": cluster.description})
         try:
             yield
         finally:
             engine.stop()
+            if checkpoint is not None:
+                checkpoint.stop(final=True)  # while still holding the Lease
             if events is not None:
                 events.stop()
             cluster.stop()
@@ -153,6 +199,7 @@ def create_app(
     app.state.engine = engine
     app.state.metrics = metrics
     app.state.observations = observed
+    app.state.checkpoint = checkpoint
     app.state.token = token
     app.state.token_generated = generated
     app.state.largest_node = LargestNode()

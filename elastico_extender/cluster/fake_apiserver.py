@@ -10,7 +10,9 @@ It serves, over real HTTP/1.1 on 127.0.0.1:
 * ``POST .../pods/{name}/binding`` (the Binding's ``metadata.annotations`` are
   copied onto the pod with its node, as kube-apiserver's binding registry does;
   409 when already bound), ``PATCH .../pods/{name}`` (merge patch of metadata),
-  ``POST``/``PUT .../configmaps``: the writes bind performs;
+  ``POST``/``PUT``/``GET .../configmaps``: the writes bind performs and the learned-state
+  checkpoint (each write assigns a ``resourceVersion``; a ``PUT`` carrying a stale one
+  gets ``409 Conflict``, to a missing object ``404``);
 * ``POST .../pods/{name}/eviction`` (policy/v1 Eviction): the pod is deleted, or
   ``429`` while :attr:`disruptions_allowed` is 0 (a PodDisruptionBudget says no).
 
@@ -191,6 +193,16 @@ class FakeApiServer:
         if proxied:
             self._proxy(handler, *proxied.groups())
             return
+        cm = _CM.match(url.path)
+        if cm and cm.group(2):
+            with self.cond:
+                found = copy.deepcopy(self.configmaps.get(cm.groups()))  # type: ignore[arg-type]
+            if found is None:
+                missing = _status(404, "NotFound", f'configmaps "{cm.group(2)}" not found')
+                self._send_json(handler, 404, missing)
+            else:
+                self._send_json(handler, 200, {"kind": "ConfigMap", "apiVersion": "v1", **found})
+            return
         kind = {"/api/v1/nodes": "nodes", "/api/v1/pods": "pods"}.get(url.path)
         if kind is None:
             answer = self.store.handle("GET", url.path, None)
@@ -278,6 +290,43 @@ class FakeApiServer:
         except (BrokenPipeError, ConnectionResetError, OSError):
             handler.close_connection = True
 
+    def _configmap_write(
+        self,
+        method: str,
+        where: tuple[str, str | None],
+        body: dict[str, Any],
+        managed: list[dict[str, Any]],
+    ) -> tuple[int, dict[str, Any]]:
+        """Create (409 AlreadyExists) or replace (404 NotFound; 409 Conflict when the body's
+        ``metadata.resourceVersion`` is not the stored one, an unconditional update
+        without one), assigning a new ``resourceVersion`` as kube-apiserver does."""
+        ns, name = where
+        meta = body.get("metadata") if isinstance(body, dict) else None
+        if not isinstance(meta, dict) or not (name or meta.get("name")):
+            return 422, _status(422, "Invalid", "metadata.name: Required value")
+        key = (ns, str(name or meta["name"]))
+        with self.cond:
+            current = self.configmaps.get(key)
+            if method == "POST" and current is not None:
+                return 409, _status(409, "AlreadyExists", f'configmaps "{key[1]}" already exists')
+            if method == "PUT":
+                if current is None:
+                    return 404, _status(404, "NotFound", f'configmaps "{key[1]}" not found')
+                wanted = meta.get("resourceVersion")
+                if wanted and wanted != current["metadata"].get("resourceVersion"):
+                    return 409, _status(409, "Conflict", (
+                        f'Operation cannot be fulfilled on configmaps "{key[1]}": the object '
+                        "has been modified; please apply your changes to the latest version "
+                        "and try again"))  # fmt: skip
+            self.rv += 1
+            stored = copy.deepcopy(body)
+            meta = stored["metadata"]
+            meta.update(name=key[1], namespace=ns, resourceVersion=str(self.rv),
+                        managedFields=managed)  # fmt: skip
+            meta["uid"] = (current or {}).get("metadata", {}).get("uid") or f"uid-cm-{self.rv}"
+            self.configmaps[key] = stored
+            return (201 if method == "POST" else 200), copy.deepcopy(stored)
+
     def _write(self, handler: BaseHTTPRequestHandler, method: str) -> None:
         length = int(handler.headers.get("Content-Length") or 0)
         try:
@@ -351,19 +400,18 @@ class FakeApiServer:
                 _manage(updated, managed)
                 self._send_json(handler, 200, self.put("pods", updated))
                 return
-        if cm:
-            ns, name = cm.groups()
-            key = (ns, name or body["metadata"]["name"])
-            if method == "POST" and key in self.configmaps:
-                self._send_json(handler, 409, {"kind": "Status", "code": 409, "message": "exists"})
-                return
-            body.setdefault("metadata", {})["managedFields"] = managed
-            self.configmaps[key] = body
-            self._send_json(handler, 201 if method == "POST" else 200, body)
+        if cm and method in ("POST", "PUT"):
+            status, reply = self._configmap_write(method, (cm[1], cm[2]), body, managed)
+            self._send_json(handler, status, reply)
             return
         answer = self.store.handle(method, path, body)
         status, reply = answer or (404, {"kind": "Status", "code": 404, "message": "not found"})
         self._send_json(handler, status, reply)
+
+
+def _status(code: int, reason: str, message: str) -> dict[str, Any]:
+    return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+            "reason": reason, "message": message, "code": code}  # fmt: skip
 
 
 def _manage(obj: dict[str, Any], managed: list[dict[str, Any]]) -> None:

@@ -206,6 +206,49 @@ class LoopStore:
             y[k] = s
         return x, y
 
+    def recent_samples(self, limit: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The newest ``limit`` samples, oldest first: features, slowdowns, when recorded."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT features, slowdown, observed_at FROM loop_samples ORDER BY id DESC LIMIT ?",
+                (max(0, limit),),
+            ).fetchall()
+        rows.reverse()
+        x = np.zeros((len(rows), NUM_FEATURES), dtype=np.float32)
+        for k, (blob, _, _) in enumerate(rows):
+            x[k] = np.frombuffer(blob, dtype="<f4")
+        return x, np.array([r[1] for r in rows]), np.array([r[2] for r in rows])
+
+    def merge_history(
+        self, samples: tuple[np.ndarray, np.ndarray, np.ndarray], records: Sequence[PairRecord]
+    ) -> tuple[int, int]:
+        """Append another replica's samples and per-pod records that are newer than any this
+        store holds (so merging the same checkpoint twice adds nothing); returns how many."""
+        x, y, at = samples
+        with self._lock:
+            newest_sample = self._db.execute("SELECT MAX(observed_at) FROM loop_samples").fetchone()
+            newest_record = self._db.execute("SELECT MAX(end_time) FROM pair_samples").fetchone()
+        cut = float("-inf") if newest_sample[0] is None else float(newest_sample[0])
+        xs = np.ascontiguousarray(x, dtype="<f4").reshape(-1, NUM_FEATURES)
+        ys, ts = np.asarray(y, dtype=np.float64), np.asarray(at, dtype=np.float64)
+        ok = (ts > cut) & np.isfinite(ys) & (ys >= 1.0) & np.isfinite(xs).all(axis=1)
+        rows = [(xs[k].tobytes(), float(ys[k]), float(ts[k])) for k in np.flatnonzero(ok).tolist()]
+        if rows:
+            with self._lock, self._db:
+                self._db.executemany(
+                    "INSERT INTO loop_samples (features, slowdown, observed_at) VALUES (?,?,?)",
+                    rows,
+                )
+                self._db.execute(
+                    "DELETE FROM loop_samples WHERE id <= (SELECT MAX(id) FROM loop_samples) - ?",
+                    (self.max_samples,),
+                )
+        added = len(rows)
+        cut = float("-inf") if newest_record[0] is None else float(newest_record[0])
+        fresh = [r for r in records if r.end > cut]
+        self.add_pair_records(fresh)
+        return added, len(fresh)
+
     # -- observation references -------------------------------------------------------
     def put_references(self, rows: Iterable[ReferenceRow], at: float) -> int:
         """Upsert reference rows (finite, positive rates only); returns how many."""

@@ -63,6 +63,7 @@ from elastico_extender.core.observations import (
     PairSample,
 )
 from elastico_extender.errors import InvalidProfileError, ProfileStoreError
+from elastico_extender.profiles.loop_snapshot import LearnedState
 from elastico_extender.profiles.loop_store import LoopStore, PairRecord, ReferenceRow
 from elastico_extender.profiles.observed import record_solo_profile
 from elastico_extender.profiles.store import ProfileStore
@@ -202,6 +203,11 @@ class ObservationService:
             {},
         )
         self._seen_plan: Published | None = None
+        # Only the leader learns (docs/high-availability.md); one replica: always.
+        self._leader: Callable[[], bool] = lambda: True
+        self._holder: Callable[[], str] = lambda: ""
+        self.learned_version = 0
+        """Bumped whenever the learned state changes (the checkpoint writes only then)."""
         if store is not None:
             store.load_references(self.book)
             if self.loop.correction is not None:
@@ -225,9 +231,25 @@ class ObservationService:
         if measured is not None:
             self._measured = measured
 
+    def gate(self, is_leader: Callable[[], bool], holder: Callable[[], str]) -> None:
+        """Learn only while ``is_leader()``: a follower refuses windows with 503 naming the
+        Lease holder, so what the cluster learned has one owner, the leader, whose
+        checkpoint the next leader restores (``service/checkpoint.py``)."""
+        self._leader, self._holder = is_leader, holder
+
     # -- ingest -------------------------------------------------------------------------
     def ingest(self, node: str, windows: Sequence[AgentWindow]) -> dict[str, Any]:
         """Record a batch of one agent's windows, or refuse it whole (ObservationRefused)."""
+        if not self._leader():
+            holder = self._holder() or "none yet"
+            raise ObservationRefused(
+                503,
+                [
+                    f"this replica is not the ElastiCo leader (Lease holder: {holder}); post "
+                    "to the extender Service, which selects the leader, and retry"
+                ],
+                [],
+            )
         now = self.clock()
         pub = self._published()
         if pub is None:
@@ -277,6 +299,8 @@ class ObservationService:
                 self._count("refused", len(windows))
                 raise ObservationRefused(422, problems, refused)
             refs, samples = self._record(node, now, pub, accepted)
+            if accepted:
+                self.learned_version += 1
         self._profile_unprofiled(pub, [obs for _, obs, _, _ in accepted], now)
         if self.store is not None:
             try:
@@ -503,6 +527,56 @@ class ObservationService:
         result = {job_id: tuple(sorted(p)) for job_id, p in partners.items()}
         self._index = (snapshot, running, result)
         return running, result
+
+    # -- checkpoint (service/checkpoint.py) ---------------------------------------------
+    def learned_state(self, history: int) -> LearnedState:
+        """What the loop learned, oldest rows first: the correction's rows and ring, the
+        book's references and the newest ``history`` samples and per-pod records."""
+        with self._lock:
+            correction = self.loop.correction
+            state = LearnedState(
+                config=correction.rows("config") if correction is not None else [],
+                family=correction.rows("family") if correction is not None else [],
+                ring=correction.neighbour_rows() if correction is not None else [],
+                references=[
+                    (str(j), int(str(c)), str(u), float(str(r)), bool(int(str(m))))
+                    for j, c, u, r, m in self.book.state()["refs"]
+                ],
+                written_at=self.clock(),
+            )
+            # running pods' references last: a bound drops departed pods' first
+            running = self._reports.keys()
+            state.references.sort(key=lambda row: row[0] in running)
+        if self.store is not None and history > 0:
+            try:
+                state.samples = self.store.recent_samples(history)
+                state.records = self.store.pair_records(history)
+            except sqlite3.Error as exc:
+                log.warning("observations.history_unread", extra={"error": str(exc)})
+        return state
+
+    def merge_learned(self, state: LearnedState) -> None:
+        """Merge another replica's learned state (a checkpoint) into this one and its store:
+        on a key both hold, the checkpoint's row wins (it is the newest leader's); rows only
+        this replica holds are kept."""
+        with self._lock:
+            correction = self.loop.correction
+            if correction is not None:
+                correction.restore_rows("config", state.config)
+                correction.restore_rows("family", state.family)
+                correction.restore_neighbours(state.ring)
+            refs = [[j, c, u, r, int(m)] for j, c, u, r, m in state.references]
+            self.book.restore({"refs": refs})
+            self.learned_version += 1
+        if self.store is None:
+            return
+        try:
+            self.store.put_references(state.references, self.clock())
+            if correction is not None:
+                self.store.save_correction(correction)
+            self.store.merge_history(state.samples, state.records)
+        except sqlite3.Error as exc:
+            log.warning("observations.merge_not_saved", extra={"error": str(exc)})
 
     # -- the engine's side --------------------------------------------------------------
     def for_snapshot(self) -> tuple[Mapping[str, ObservedSlowdown], float]:

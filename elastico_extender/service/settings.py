@@ -149,6 +149,18 @@ class ServiceSettings:
     lease_duration_seconds: float = 15.0
     renew_deadline_seconds: float = 10.0
     retry_period_seconds: float = 2.0
+    # -- the learned-state checkpoint (service/checkpoint.py) -----------------------------
+    learned_checkpoint: bool = True
+    """On a Kubernetes cluster, the leader checkpoints what the closed loop learned to a
+    ConfigMap and every replica restores it at start and when it becomes the leader."""
+    learned_configmap: str = "elastico-learned"
+    learned_namespace: str = ""
+    """The checkpoint's namespace; empty: ``lease_namespace`` (the extender's)."""
+    learned_checkpoint_seconds: float = 30.0
+    """How often at most the leader writes the checkpoint (also once at a clean stop)."""
+    learned_checkpoint_max_bytes: int = 786_432
+    """Bound of the compressed checkpoint (768 KiB; a ConfigMap holds at most 1 MiB):
+    the oldest rows are dropped first, and the ConfigMap says how many."""
 
     @property
     def allowed_client_names(self) -> tuple[str, ...]:
@@ -237,6 +249,13 @@ class ServiceSettings:
         ):
             if not 0 < getattr(self, name) < math.inf:
                 found.append(f"{name}: must be a finite number > 0 seconds")
+        if not 0 < self.learned_checkpoint_seconds < math.inf:
+            found.append("learned_checkpoint_seconds: must be a finite number > 0 seconds")
+        if not 4096 <= self.learned_checkpoint_max_bytes <= 900 * 1024:
+            found.append(
+                "learned_checkpoint_max_bytes: must be 4096..921600 (a ConfigMap holds at "
+                "most 1 MiB, with its metadata)"
+            )
         if self.max_body_bytes < 1024:
             found.append("max_body_bytes: must be >= 1024")
         if not 0 < self.default_gpu_memory_mib < math.inf:

@@ -14,6 +14,7 @@
 {{- define "elastico.extender" -}}{{ include "elastico.fullname" . }}-extender{{- end -}}
 {{- define "elastico.webhookService" -}}{{ include "elastico.fullname" . }}-webhook{{- end -}}
 {{- define "elastico.scheduler" -}}{{ include "elastico.fullname" . }}-scheduler{{- end -}}
+{{- define "elastico.learned" -}}{{ include "elastico.fullname" . }}-learned{{- end -}}
 {{- define "elastico.agent" -}}{{ include "elastico.fullname" . }}-agent{{- end -}}
 {{- define "elastico.serverSecret" -}}
 {{- if eq .Values.tls.mode "existing" -}}{{ required "tls.existing.serverSecret is required in existing mode" .Values.tls.existing.serverSecret }}{{- else -}}{{ include "elastico.fullname" . }}-extender-tls{{- end -}}

@@ -84,8 +84,10 @@ async def post_observations(request: Request) -> Response:
     try:
         result = await run_in_threadpool(service_of(request).ingest, batch.node, windows)
     except ObservationRefused as exc:
+        # 503 (a follower): the agent's next window goes to the leader the Service selects
+        retry = {"Retry-After": "2"} if exc.status == 503 else None
         return json_response(
-            {"Error": "; ".join(exc.problems[:20]), "refused": exc.refused}, exc.status
+            {"Error": "; ".join(exc.problems[:20]), "refused": exc.refused}, exc.status, retry
         )
     return json_response(result)
 

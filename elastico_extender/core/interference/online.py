@@ -143,11 +143,13 @@ class _Level:
     def lookup(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(mean residual, count) per key; 0, 0 where unseen."""
         if self._dirty:
-            order = sorted(self.table)
-            self._keys = np.array(order, dtype=np.uint64)
-            self._mean = np.array([self.table[k][0] for k in order])
-            self._count = np.array([self.table[k][1] for k in order])
+            # Flag first, then one copy of the table (a single C-level call): a driver
+            # thread learning or restoring meanwhile marks it dirty again, never breaks it.
             self._dirty = False
+            items = sorted(self.table.items())
+            self._keys = np.array([k for k, _ in items], dtype=np.uint64)
+            self._mean = np.array([v[0] for _, v in items])
+            self._count = np.array([v[1] for _, v in items])
         mean = np.zeros(keys.size)
         count = np.zeros(keys.size)
         if self._keys.size == 0 or keys.size == 0:

@@ -1,0 +1,350 @@
+"""A bounded, compact snapshot of what the closed loop learned (issue 11, "survives a restart").
+
+The extender's replicas keep the loop's state in pod-local SQLite
+(:mod:`.loop_store`); the leader also checkpoints it to the API server
+(``service/checkpoint.py``) so a new leader starts from what the old one learned.
+This module is the checkpoint's format: plain rows in (:class:`LearnedState`),
+bytes out, and back, with no I/O.
+
+Format ``elastico-learned/1``: zlib over one JSON header line (format, sections with
+dtype, shape, offset, length; the references and per-pod records, which carry
+strings) followed by the raw little-endian arrays the header names.
+
+Bound: :func:`encode` keeps the payload at most ``max_bytes``, dropping the *oldest*
+rows first, tier by tier (:data:`TIERS`): the training history (labelled samples,
+per-pod records), then the references, then, evenly, the correction's rows and its
+neighbour ring.  What it
+kept and dropped per section travels in the header and comes back to the caller.
+
+Decoding trusts nothing: the decompressed size is capped, dtypes and shapes are checked
+against the section's schema, and anything else raises :class:`CorruptSnapshot`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from elastico_extender.core.interference.features import NUM_FEATURES
+from elastico_extender.profiles.loop_store import PairRecord, ReferenceRow
+
+__all__ = ["FORMAT", "MAX_DECODED_BYTES", "CorruptSnapshot", "LearnedState", "decode", "encode"]
+
+FORMAT = "elastico-learned/1"
+MAX_DECODED_BYTES = 64 << 20
+"""Largest decompressed snapshot accepted (a zip bomb is refused, not inflated)."""
+
+CorrectionRow = tuple[int, float, float]
+"""(64-bit pair key, mean log residual, capped count)."""
+RingRow = tuple[int, np.ndarray, float, float]
+"""(configuration-pair key, 36 float32 features, mean log residual, count)."""
+
+_ARRAYS: dict[str, tuple[str, tuple[int, ...]]] = {
+    # name -> (dtype, trailing shape); every array of a section has the section's rows
+    "config.key": ("<u8", ()),
+    "config.mean": ("<f4", ()),
+    "config.count": ("<f4", ()),
+    "family.key": ("<u8", ()),
+    "family.mean": ("<f4", ()),
+    "family.count": ("<f4", ()),
+    "ring.key": ("<u8", ()),
+    "ring.x": ("<f4", (NUM_FEATURES,)),
+    "ring.mean": ("<f4", ()),
+    "ring.count": ("<f4", ()),
+    "samples.x": ("<f4", (NUM_FEATURES,)),
+    "samples.y": ("<f8", ()),
+    "samples.at": ("<f8", ()),
+}
+SECTIONS = ("config", "family", "ring", "references", "samples", "records")
+TIERS = (("samples", "records"), ("references",), ("config", "family", "ring"))
+"""Trimming order: the training set and the per-pod record first (the planner does not
+read them), then the references (the caller puts running pods' last), then the
+correction itself."""
+MIN_ROW_BYTES = 8
+"""No row compresses below its 64-bit key or the like: a section never needs more rows
+than ``max_bytes // MIN_ROW_BYTES`` (cut before encoding, to bound the work)."""
+
+
+class CorruptSnapshot(ValueError):
+    """The bytes are not a snapshot this version can read (the reason says why)."""
+
+
+@dataclass
+class LearnedState:
+    """The loop's learned rows, oldest first in every section."""
+
+    config: list[CorrectionRow] = field(default_factory=list)
+    family: list[CorrectionRow] = field(default_factory=list)
+    ring: list[RingRow] = field(default_factory=list)
+    references: list[ReferenceRow] = field(default_factory=list)
+    samples: tuple[np.ndarray, np.ndarray, np.ndarray] = field(
+        default_factory=lambda: (
+            np.zeros((0, NUM_FEATURES), dtype=np.float32),
+            np.zeros(0),
+            np.zeros(0),
+        )
+    )
+    """Labelled pairs: features (n, 36), observed slowdown (n,), when recorded (n,)."""
+    records: list[PairRecord] = field(default_factory=list)
+    written_at: float = 0.0
+
+    def counts(self) -> dict[str, int]:
+        return {
+            "config": len(self.config),
+            "family": len(self.family),
+            "ring": len(self.ring),
+            "references": len(self.references),
+            "samples": int(self.samples[1].shape[0]),
+            "records": len(self.records),
+        }
+
+    def newest(self, keep: dict[str, int]) -> LearnedState:
+        """The newest ``keep[section]`` rows of each section."""
+
+        def tail(n: int, total: int) -> slice:
+            return slice(max(0, total - max(0, n)), total)
+
+        counts = self.counts()
+        s = tail(keep["samples"], counts["samples"])
+        return replace(
+            self,
+            config=self.config[tail(keep["config"], counts["config"])],
+            family=self.family[tail(keep["family"], counts["family"])],
+            ring=self.ring[tail(keep["ring"], counts["ring"])],
+            references=self.references[tail(keep["references"], counts["references"])],
+            samples=(self.samples[0][s], self.samples[1][s], self.samples[2][s]),
+            records=self.records[tail(keep["records"], counts["records"])],
+        )
+
+
+def _pack(state: LearnedState, dropped: dict[str, int]) -> bytes:
+    arrays: dict[str, np.ndarray] = {}
+    for level in ("config", "family"):
+        rows = getattr(state, level)
+        arrays[f"{level}.key"] = np.array([r[0] for r in rows], dtype="<u8")
+        arrays[f"{level}.mean"] = np.array([r[1] for r in rows], dtype="<f4")
+        arrays[f"{level}.count"] = np.array([r[2] for r in rows], dtype="<f4")
+    ring = state.ring
+    arrays["ring.key"] = np.array([r[0] for r in ring], dtype="<u8")
+    arrays["ring.x"] = (
+        np.stack([np.asarray(r[1], dtype="<f4") for r in ring])
+        if ring
+        else np.zeros((0, NUM_FEATURES), dtype="<f4")
+    )
+    arrays["ring.mean"] = np.array([r[2] for r in ring], dtype="<f4")
+    arrays["ring.count"] = np.array([r[3] for r in ring], dtype="<f4")
+    x, y, at = state.samples
+    arrays["samples.x"] = np.ascontiguousarray(x, dtype="<f4").reshape(-1, NUM_FEATURES)
+    arrays["samples.y"] = np.asarray(y, dtype="<f8")
+    arrays["samples.at"] = np.asarray(at, dtype="<f8")
+    sections: dict[str, Any] = {}
+    blobs: list[bytes] = []
+    offset = 0
+    for name, (dtype, _) in _ARRAYS.items():
+        data = np.ascontiguousarray(arrays[name], dtype=dtype).tobytes()
+        sections[name] = {"dtype": dtype, "shape": list(arrays[name].shape), "offset": offset,
+                          "length": len(data)}  # fmt: skip
+        blobs.append(data)
+        offset += len(data)
+    header = {
+        "format": FORMAT,
+        "written_at": state.written_at,
+        "arrays": sections,
+        "references": [
+            [j, int(c), u, float(r), int(bool(m))] for j, c, u, r, m in state.references
+        ],
+        "records": [
+            [r.victim, int(r.victim_config), r.partner, float(r.slowdown), r.predicted, r.end]
+            for r in state.records
+        ],
+        "kept": state.counts(),
+        "dropped": dropped,
+    }
+    raw = json.dumps(header, separators=(",", ":")).encode() + b"\n" + b"".join(blobs)
+    return zlib.compress(raw, 6)
+
+
+def encode(state: LearnedState, max_bytes: int) -> tuple[bytes, dict[str, int], dict[str, int]]:
+    """``(payload, kept, dropped)`` with ``len(payload) <= max_bytes`` (module doc)."""
+    total = state.counts()
+    keep = {k: min(n, max_bytes // MIN_ROW_BYTES) for k, n in total.items()}
+    for attempt in range(60):
+        dropped = {k: total[k] - keep[k] for k in SECTIONS}
+        payload = _pack(state.newest(keep), dropped)
+        if len(payload) <= max_bytes:
+            return payload, keep, dropped
+        if attempt == 0:  # a first guess from each section's bytes per row
+            keep = _estimate(state, keep, max_bytes)
+            continue
+        tier = next((t for t in TIERS if any(keep[k] for k in t)), None)
+        if tier is None:
+            break  # only the header is left, and it does not fit
+        ratio = max(0.0, min(0.9, 0.95 * max_bytes / len(payload)))
+        for k in tier:
+            keep[k] = int(keep[k] * ratio) if keep[k] * ratio >= 1 else 0
+    raise ValueError(f"max_bytes={max_bytes} cannot hold even an empty snapshot")
+
+
+def _estimate(state: LearnedState, keep: dict[str, int], max_bytes: int) -> dict[str, int]:
+    """Rows per section that should fit, from each section's compressed bytes per row,
+    filling the bound tier by tier from the most important (one pack per section)."""
+    nothing = {k: 0 for k in SECTIONS}
+    empty = len(_pack(state.newest(nothing), {}))
+    per_row = {
+        k: (len(_pack(state.newest({**nothing, k: keep[k]}), {})) - empty) / keep[k]
+        for k in SECTIONS
+        if keep[k]
+    }
+    room = 0.97 * max_bytes - empty
+    out = dict(nothing)
+    for tier in reversed(TIERS):
+        need = sum(per_row.get(k, 0.0) * keep[k] for k in tier)
+        share = 1.0 if need <= room else max(0.0, room / need) if need else 0.0
+        for k in tier:
+            out[k] = int(keep[k] * share)
+        room -= need * share
+    return out
+
+
+def decode(payload: bytes) -> LearnedState:
+    """The snapshot in ``payload``; raises :class:`CorruptSnapshot` for anything else."""
+    try:
+        inflater = zlib.decompressobj()
+        raw = inflater.decompress(payload, MAX_DECODED_BYTES)
+        if inflater.unconsumed_tail:
+            raise CorruptSnapshot(f"larger than {MAX_DECODED_BYTES} bytes decompressed")
+        if not inflater.eof:
+            raise CorruptSnapshot("truncated compressed stream")
+    except zlib.error as exc:
+        raise CorruptSnapshot(f"not zlib data ({exc})") from None
+    line, sep, body = raw.partition(b"\n")
+    if not sep:
+        raise CorruptSnapshot("no header line")
+    try:
+        header = json.loads(line)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CorruptSnapshot(f"header is not JSON ({exc})") from None
+    if not isinstance(header, dict) or header.get("format") != FORMAT:
+        found = header.get("format") if isinstance(header, dict) else type(header).__name__
+        raise CorruptSnapshot(f"format {found!r}, expected {FORMAT!r}")
+    try:
+        arrays = _arrays(header.get("arrays"), body)
+        state = LearnedState(
+            config=_correction(arrays, "config"),
+            family=_correction(arrays, "family"),
+            ring=[
+                (int(k), x, float(m), float(n))
+                for k, x, m, n in zip(
+                    arrays["ring.key"].tolist(),
+                    arrays["ring.x"],
+                    arrays["ring.mean"].tolist(),
+                    arrays["ring.count"].tolist(),
+                    strict=True,
+                )
+            ],
+            references=[_reference(r) for r in _rows(header, "references")],
+            samples=(arrays["samples.x"], arrays["samples.y"], arrays["samples.at"]),
+            records=[_record(r) for r in _rows(header, "records")],
+            written_at=_number(header.get("written_at", 0.0), "written_at"),
+        )
+    except (TypeError, ValueError, KeyError, IndexError) as exc:
+        if isinstance(exc, CorruptSnapshot):
+            raise
+        raise CorruptSnapshot(f"malformed rows ({type(exc).__name__}: {exc})") from None
+    for prefix in ("config", "family", "ring", "samples"):
+        rows = {arrays[n].shape[0] for n in _ARRAYS if n.startswith(prefix + ".")}
+        if len(rows) != 1:
+            raise CorruptSnapshot(f"section {prefix}: arrays of different lengths {sorted(rows)}")
+    return state
+
+
+def _arrays(spec: Any, body: bytes) -> dict[str, np.ndarray]:
+    if not isinstance(spec, dict):
+        raise CorruptSnapshot("header.arrays is missing")
+    out: dict[str, np.ndarray] = {}
+    for name, (dtype, trailing) in _ARRAYS.items():
+        s = spec.get(name)
+        if not isinstance(s, dict) or s.get("dtype") != dtype:
+            raise CorruptSnapshot(f"array {name}: missing or not {dtype}")
+        shape, offset, length = s.get("shape"), s.get("offset"), s.get("length")
+        if (
+            not isinstance(shape, list)
+            or len(shape) != 1 + len(trailing)
+            or not all(isinstance(d, int) and d >= 0 for d in shape)
+            or tuple(shape[1:]) != trailing
+            or not isinstance(offset, int)
+            or not isinstance(length, int)
+            or offset < 0
+            or length != math.prod(shape) * np.dtype(dtype).itemsize
+            or offset + length > len(body)
+        ):
+            raise CorruptSnapshot(f"array {name}: shape, offset or length do not fit")
+        out[name] = np.frombuffer(body, dtype=dtype, count=math.prod(shape), offset=offset)
+        out[name] = out[name].reshape(shape)
+    return out
+
+
+def _correction(arrays: dict[str, np.ndarray], level: str) -> list[CorrectionRow]:
+    return list(
+        zip(
+            arrays[f"{level}.key"].tolist(),
+            arrays[f"{level}.mean"].tolist(),
+            arrays[f"{level}.count"].tolist(),
+            strict=True,
+        )
+    )
+
+
+def _rows(header: dict[str, Any], name: str) -> list[list[Any]]:
+    rows = header.get(name, [])
+    if not isinstance(rows, list) or not all(isinstance(r, list) for r in rows):
+        raise CorruptSnapshot(f"header.{name} is not a list of rows")
+    return rows
+
+
+def _text(value: Any, what: str) -> str:
+    if not isinstance(value, str) or not 0 < len(value) <= 256:
+        raise CorruptSnapshot(f"{what}: not a short string")
+    return value
+
+
+def _number(value: Any, what: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise CorruptSnapshot(f"{what}: not a finite number")
+    return float(value)
+
+
+def _checked(row: list[Any], width: int, what: str) -> list[Any]:
+    if len(row) != width:
+        raise CorruptSnapshot(f"{what}: a row of {len(row)} fields, expected {width}")
+    return row
+
+
+def _reference(row: list[Any]) -> ReferenceRow:
+    job, config, unit, rate, solo = _checked(row, 5, "references")
+    return (
+        _text(job, "references.job"),
+        int(_number(config, "references.config")),
+        _text(unit, "references.unit"),
+        _number(rate, "references.rate"),
+        bool(_number(solo, "references.solo")),
+    )
+
+
+def _record(row: list[Any]) -> PairRecord:
+    victim, config, partner, slowdown, predicted, end = _checked(row, 6, "records")
+    number: Callable[[Any, str], float] = _number
+    return PairRecord(
+        _text(victim, "records.victim"),
+        int(number(config, "records.victim_config")),
+        _text(partner, "records.partner"),
+        number(slowdown, "records.slowdown"),
+        None if predicted is None else number(predicted, "records.predicted"),
+        number(end, "records.end"),
+    )
