@@ -468,3 +468,23 @@ def test_observed_pairs_correct_the_planners_predictor_and_survive_a_restart(
         server.stop()
     finally:
         api.stop()
+
+
+def test_the_planners_predictions_wait_while_the_correction_changes(service: Service) -> None:
+    """The epoch thread predicts while agents' windows teach the correction: the engine's
+    predictor must not read a half-applied update (it waits on the correction's lock)."""
+    import threading
+
+    observations = service.app.state.observations  # type: ignore[attr-defined]
+    predictor = service.engine.predictor
+    families = catalog_families()
+    bert = families["bert"].features[:1]
+    x = pair_features(bert, bert, np.array([80.0]))
+    answers: list[np.ndarray] = []
+    with observations.correction_lock:  # as a learning step would hold it
+        worker = threading.Thread(target=lambda: answers.append(predictor.predict(x)))
+        worker.start()
+        worker.join(0.3)
+        assert worker.is_alive() and not answers  # blocked until the update is complete
+    worker.join(5.0)
+    assert answers and np.allclose(answers[0], observations.loop.correction.predict(x))

@@ -150,7 +150,7 @@ def create_app(
         settings,
         cluster,
         planner_settings=planner_settings,
-        predictor=correction,
+        predictor=observed.guarded(correction),
         predictor_degraded=predictor_degraded,
         families=FamilyResolver(settings.default_gpu_memory_mib, store=store),
         metrics=metrics,

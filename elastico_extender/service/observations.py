@@ -55,6 +55,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from elastico_extender.core.closed_loop import ClosedLoop, RunningConfig
+from elastico_extender.core.interference.predictor import SlowdownPredictor
 from elastico_extender.core.model import Job, Snapshot
 from elastico_extender.core.observations import (
     Observation,
@@ -68,6 +69,7 @@ from elastico_extender.profiles.loop_store import LoopStore, PairRecord, Referen
 from elastico_extender.profiles.observed import record_solo_profile
 from elastico_extender.profiles.store import ProfileStore
 from elastico_extender.service.engine import Published
+from elastico_extender.service.predictor import GuardedPredictor
 from elastico_extender.service.settings import ServiceSettings
 
 __all__ = [
@@ -186,6 +188,10 @@ class ObservationService:
         self.clock = clock
         self._published: Callable[[], Published | None] = lambda: None
         self._lock = threading.Lock()
+        # The online correction is read by the engine's epoch thread (every prediction)
+        # and changed by the ingest and checkpoint threads: every read and change of it
+        # holds this lock, the innermost one (nothing is called out while holding it).
+        self.correction_lock = threading.Lock()
         self._reports: OrderedDict[str, PodReport] = OrderedDict()
         self._agents: dict[str, float] = {}  # node -> when its agent last reported
         self._pairs: OrderedDict[tuple[str, str], PairStat] = OrderedDict()
@@ -213,11 +219,17 @@ class ObservationService:
             if self.loop.correction is not None:
                 store.load_correction(self.loop.correction)
 
+    def guarded(self, predictor: SlowdownPredictor) -> SlowdownPredictor:
+        """``predictor`` (the correction, as the engine's predictor) answering under
+        :attr:`correction_lock`, so no prediction reads a half-applied update."""
+        return GuardedPredictor(predictor, self.correction_lock)
+
     def close(self) -> None:
         """Close the store (the app's shutdown); what it holds is already written."""
         if self.store is not None:
             if self.loop.correction is not None:
-                self.store.save_correction(self.loop.correction)
+                with self.correction_lock:
+                    self.store.save_correction(self.loop.correction)
             self.store.close()
 
     def attach(
@@ -466,14 +478,16 @@ class ObservationService:
             for job in snapshot.jobs
             if job.running and job.current_config is not None
         }
-        labelled = self.loop.teach(samples, running, snapshot.families)
+        with self.correction_lock:
+            labelled = self.loop.teach(samples, running, snapshot.families)
         if self.store is None:
             return
         try:
             # the samples `elastico train-iac --from-store` retrains the DNN on
             self.store.add_samples(labelled.features, labelled.observed, at=now)
             if now - self._saved_at >= CORRECTION_SAVE_SECONDS:
-                self.store.save_correction(self.loop.correction)
+                with self.correction_lock:
+                    self.store.save_correction(self.loop.correction)
                 self._saved_at = now
         except sqlite3.Error as exc:
             log.warning("observations.loop_not_saved", extra={"error": str(exc)})
@@ -534,10 +548,14 @@ class ObservationService:
         book's references and the newest ``history`` samples and per-pod records."""
         with self._lock:
             correction = self.loop.correction
+            with self.correction_lock:
+                config = correction.rows("config") if correction is not None else []
+                family = correction.rows("family") if correction is not None else []
+                ring = correction.neighbour_rows() if correction is not None else []
             state = LearnedState(
-                config=correction.rows("config") if correction is not None else [],
-                family=correction.rows("family") if correction is not None else [],
-                ring=correction.neighbour_rows() if correction is not None else [],
+                config=config,
+                family=family,
+                ring=ring,
                 references=[
                     (str(j), int(str(c)), str(u), float(str(r)), bool(int(str(m))))
                     for j, c, u, r, m in self.book.state()["refs"]
@@ -562,9 +580,10 @@ class ObservationService:
         with self._lock:
             correction = self.loop.correction
             if correction is not None:
-                correction.restore_rows("config", state.config)
-                correction.restore_rows("family", state.family)
-                correction.restore_neighbours(state.ring)
+                with self.correction_lock:
+                    correction.restore_rows("config", state.config)
+                    correction.restore_rows("family", state.family)
+                    correction.restore_neighbours(state.ring)
             refs = [[j, c, u, r, int(m)] for j, c, u, r, m in state.references]
             self.book.restore({"refs": refs})
             self.learned_version += 1
@@ -573,7 +592,8 @@ class ObservationService:
         try:
             self.store.put_references(state.references, self.clock())
             if correction is not None:
-                self.store.save_correction(correction)
+                with self.correction_lock:
+                    self.store.save_correction(correction)
             self.store.merge_history(state.samples, state.records)
         except sqlite3.Error as exc:
             log.warning("observations.merge_not_saved", extra={"error": str(exc)})

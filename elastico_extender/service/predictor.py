@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import importlib
 import logging
+import threading
+
+import numpy as np
 
 from elastico_extender.core.interference.predictor import ContentionPredictor, SlowdownPredictor
 
-__all__ = ["resolve_predictor"]
+__all__ = ["GuardedPredictor", "resolve_predictor"]
 
 log = logging.getLogger(__name__)
 
@@ -32,3 +35,20 @@ def resolve_predictor(model_path: str | None) -> tuple[SlowdownPredictor, str | 
         log.warning("predictor.load_failed", extra={"error": str(exc)})
         return ContentionPredictor(), f"model {model_path} failed to load: {exc}"
     return predictor, reason
+
+
+class GuardedPredictor:
+    """A predictor answering under a lock its learner also holds while it changes.
+
+    The online correction learns on the observation threads while the epoch thread
+    predicts; the core is single-threaded by design, so the service serialises them.
+    """
+
+    def __init__(self, inner: SlowdownPredictor, lock: threading.Lock) -> None:
+        self.inner = inner
+        self.lock = lock
+        self.name = getattr(inner, "name", type(inner).__name__)
+
+    def predict(self, features: np.ndarray) -> np.ndarray:
+        with self.lock:
+            return self.inner.predict(features)
