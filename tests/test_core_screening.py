@@ -67,3 +67,38 @@ def test_a_refused_first_choice_screens_the_rest_in_one_predictor_call(families)
     placed = placer.try_place(12, 1, options, fam.resources, fam.features, np.full(k, 1.5))
     assert placed is None
     assert k > 2 and len(calls) == 2  # first choice alone, then every other one at once
+
+
+def test_a_held_apart_row_is_refused_without_screening_once_its_question_failed(families):
+    """Held-apart and run-alone rows only lose devices to their constraints: when the same
+    question without them found nothing, they are refused at once, whatever their number."""
+    placer, names = _crowded_placer(families)
+    calls: list[int] = []
+
+    class Refusing:
+        name = "refusing"
+
+        def predict(self, x: np.ndarray) -> np.ndarray:
+            calls.append(x.shape[0])
+            return np.full(x.shape[0], 3.0)
+
+    placer.predictor = Refusing()
+    fam = families[names[1]]
+    k = fam.size
+    for d in range(placer.table.size):  # no idle GPU left
+        if placer.table.count[d] == 0:
+            placer.commit(20 + d, 0, [d], fam.resources[0] * 0, fam.features[0], 9.0)
+    placer.set_loop({(12, 0), (0, 12), (13, 1), (1, 13)}, set())
+    question = ("family", 1, 0.0, *range(k))
+    tau = np.full(k, 1.5)
+
+    def ask(row: int) -> object:
+        options = list(range(k))
+        shapes, features = fam.resources, fam.features
+        return placer.try_place(row, 1, options, shapes, features, tau, question=question)
+
+    assert ask(12) is None
+    asked = len(calls)
+    assert asked > 0
+    assert ask(13) is None
+    assert len(calls) == asked  # the second held-apart row asked the predictor nothing

@@ -34,6 +34,8 @@ __all__ = ["Placed", "Placer"]
 MAX_CHECKED_DEVICES = 32
 """Occupied candidate devices whose interference is predicted per attempt (best fit first);
 bounds one placement's cost on a large cluster while keeping the tightest options."""
+_NO_ROW = -1
+"""A row id no constraint names: asks a placement question without any row's constraints."""
 MAX_SCREENED_OPTIONS = 6
 """Configurations of one job screened for interference per placement attempt (best score
 first).  A job whose best few configurations are all refused next to every occupant
@@ -152,17 +154,25 @@ class Placer:
         self.forbidden_rows.update(solo)
 
     # -- checks ------------------------------------------------------------
+    def kept_apart(self, row: int, device: int) -> bool:
+        """Whether a constraint of every configuration keeps ``row`` off ``device``: it or
+        an occupant must run alone, or the two are held apart (protect)."""
+        if row not in self.forbidden_rows and not self.solo:
+            return False
+        alone = row in self.solo
+        return any(
+            other != row and (alone or other in self.solo or (row, other) in self.apart)
+            for other in self.table.occupants[device]
+        )
+
     def is_forbidden(self, row: int, config: int, devices: Sequence[int]) -> bool:
         if row not in self.forbidden_rows:
             return False
-        alone = row in self.solo
         for d in devices:
+            if self.kept_apart(row, d):
+                return True
             for other in self.table.occupants[d]:
-                if other == row:
-                    continue
-                if alone or other in self.solo or (row, other) in self.apart:
-                    return True
-                if (row, config, other, int(self.config[other])) in self.forbidden:
+                if other != row and (row, config, other, int(self.config[other])) in self.forbidden:
                     return True
         return False
 
@@ -246,12 +256,23 @@ class Placer:
         """
         table = self.table
         memo = None
-        if question is not None and allowed_devices is None and row not in self.forbidden_rows:
+        if question is not None and allowed_devices is None:
             # Placements only take room and add pairs to check: a question that found
             # nothing stays unanswerable until something is removed.
             memo = (question, best_fit, table.freed)
             if memo in self._failed:
                 return None
+            if row in self.forbidden_rows:
+                # Held-apart, run-alone and forbidden-pair rows only lose devices to their
+                # constraints: if the same question without them finds nothing, neither do
+                # they.  Asked once (as no row), the answer serves every such row after it.
+                unconstrained = self._try_options(
+                    _NO_ROW, gpus, options, per_gpu, features, tolerance, best_fit, None, False
+                )
+                if unconstrained is None:
+                    self._failed.add(memo)
+                    return None
+                memo = None  # their own failure may come from their constraints
         placed = self._try_options(
             row, gpus, options, per_gpu, features, tolerance, best_fit, allowed_devices, commit
         )
@@ -300,6 +321,8 @@ class Placer:
             mask = table.fits(demand)
             if allowed_devices is not None:
                 mask &= allowed_devices
+            if row in self.solo:  # runs alone (protect): only idle devices, nothing to screen
+                mask &= table.count == 0
             if mask.sum() < gpus:
                 continue
             slowdown_of = np.ones(table.size)

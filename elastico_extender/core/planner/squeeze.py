@@ -118,6 +118,8 @@ class Squeeze:
                 :SQUEEZE_DEVICES
             ]
             for d in candidates.tolist():
+                if placer.kept_apart(row, d):  # no shrink makes room for a held-apart pair
+                    continue
                 # Queued jobs of one family ask the same question of the same device state:
                 # a plan depends only on that state, the need and this squeeze's primal scores.
                 occupants = tuple((o, int(placer.config[o])) for o in table.occupants[d])
