@@ -119,3 +119,6 @@ def test_the_loop_plans_when_observed_harm_or_a_waiting_queue_could_change_the_p
     sim.status[2] = engine.DONE
     now = windows(1.6, HARM_WINDOWS, now)
     assert sim._loop_news(now, epochs_since_plan=0.0)  # observed harm: plan at once
+    sim._planned_flags = sim._harm_flags  # the plan saw it
+    now = windows(1.6, 1, now)
+    assert not sim._loop_news(now, epochs_since_plan=1.0)  # the same case: same answer

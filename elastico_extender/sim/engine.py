@@ -51,7 +51,8 @@ any device is shared the engine observes every epoch (two windows per epoch),
 and plans when the observations could change the plan: when some shared job's
 windows make a case of harm against the tolerance its last plan stated
 (:func:`~elastico_extender.core.planner.protect.harm_evidence`, with
-``LOOP_HARM_SLACK`` so the planner's adaptive tolerance is never missed), so a
+``LOOP_HARM_SLACK`` so the planner's adaptive tolerance is never missed) that
+the last plan did not see (a new case, or one now above tolerance), so a
 harmful pair is seen and separated within the planner's k windows exactly as
 when planning every epoch; and, while jobs wait, every
 ``LOOP_QUEUE_REPLAN_EPOCHS`` epochs, because what the correction learned may
@@ -274,6 +275,8 @@ class Simulator:
         self._observed_pairs: set[tuple[int, int]] = set()
         self.mape: list[tuple[float, int, float, float]] = []
         self._next_mape = 3600.0
+        self._harm_flags: dict[int, bool] = {}  # cases of harm at this epoch (_loop_news)
+        self._planned_flags: dict[int, bool] = {}  # ... when the last plan was made
         self.win_work = np.zeros(n)  # work done in the current observation window
         self.win_active = np.zeros(n)  # seconds not paused in it
         self.win_sm = np.zeros(n)  # integral of its SM activity over it
@@ -347,6 +350,7 @@ class Simulator:
         if loop is None:
             return False
         observed = loop.observed()
+        flags: dict[int, bool] = {}  # job -> its evidence is above its tolerance
         for members in self.tenants:
             if len(members) < 2:
                 continue
@@ -356,7 +360,12 @@ class Simulator:
                     continue
                 evidence = harm_evidence(seen, now)
                 if evidence is not None and evidence > self.tau[i] * (1.0 - LOOP_HARM_SLACK):
-                    return True
+                    flags[i] = evidence > self.tau[i]
+        self._harm_flags = flags
+        # A case the last plan already saw, no worse, would get the same answer.
+        seen = self._planned_flags
+        if any(i not in seen or (over and not seen[i]) for i, over in flags.items()):
+            return True
         waiting = bool(np.any(self.status == PENDING))
         return waiting and epochs_since_plan >= LOOP_QUEUE_REPLAN_EPOCHS - _EPS
 
@@ -717,6 +726,7 @@ class Simulator:
                 self.counters["residual_admissions"] += plan.stats.get("residual_admissions", 0.0)
                 previous = plan
                 planned_at = now
+                self._planned_flags = self._harm_flags
                 epoch += 1
                 acted = self._apply(plan, now)
                 pending = bool(np.any(self.status == PENDING))
