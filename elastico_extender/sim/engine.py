@@ -363,8 +363,8 @@ class Simulator:
                     flags[i] = evidence > self.tau[i]
         self._harm_flags = flags
         # A case the last plan already saw, no worse, would get the same answer.
-        seen = self._planned_flags
-        if any(i not in seen or (over and not seen[i]) for i, over in flags.items()):
+        planned = self._planned_flags
+        if any(i not in planned or (over and not planned[i]) for i, over in flags.items()):
             return True
         waiting = bool(np.any(self.status == PENDING))
         return waiting and epochs_since_plan >= LOOP_QUEUE_REPLAN_EPOCHS - _EPS
