@@ -3,6 +3,8 @@
 It serves, over real HTTP/1.1 on 127.0.0.1:
 
 * ``GET /api/v1/nodes``, ``GET /api/v1/pods``: lists with ``metadata.resourceVersion``;
+  ``GET /api/v1/nodes/{name}`` and ``GET .../namespaces/{ns}/pods/{name}``: the object,
+  or a ``404 NotFound`` Status;
 * the same with ``?watch=true&resourceVersion=N``: a chunked stream of JSON
   watch events (ADDED / MODIFIED / DELETED / BOOKMARK) after N, held open until
   ``timeoutSeconds``; a version older than the last compaction gets an
@@ -49,6 +51,8 @@ __all__ = ["FakeApiServer"]
 _POD = re.compile(r"^/api/v1/namespaces/([^/]+)/pods/([^/]+)(/binding|/eviction)?$")
 _PROXY = re.compile(r"^/api/v1/namespaces/([^/]+)/services/([^/]+)/proxy(/.*)?$")
 _CM = re.compile(r"^/api/v1/namespaces/([^/]+)/configmaps(?:/([^/]+))?$")
+_NODE = re.compile(r"^/api/v1/nodes/([^/]+)$")
+_KINDS = {"pods": "Pod", "nodes": "Node"}
 
 
 class FakeApiServer:
@@ -203,6 +207,13 @@ class FakeApiServer:
             else:
                 self._send_json(handler, 200, {"kind": "ConfigMap", "apiVersion": "v1", **found})
             return
+        pod, node = _POD.match(url.path), _NODE.match(url.path)
+        if pod and not pod.group(3):
+            self._get_one(handler, "pods", pod.group(1), pod.group(2))
+            return
+        if node:
+            self._get_one(handler, "nodes", node.group(1))
+            return
         kind = {"/api/v1/nodes": "nodes", "/api/v1/pods": "pods"}.get(url.path)
         if kind is None:
             answer = self.store.handle("GET", url.path, None)
@@ -222,6 +233,21 @@ class FakeApiServer:
             {"kind": list_kind, "apiVersion": "v1", "metadata": {"resourceVersion": str(rv)},
              "items": items},
         )  # fmt: skip
+
+    def _get_one(
+        self, handler: BaseHTTPRequestHandler, kind: str, first: str, name: str | None = None
+    ) -> None:
+        """``GET .../pods/{name}`` or ``/api/v1/nodes/{name}``: the object, or the
+        API server's 404 NotFound Status naming it."""
+        key = first if kind == "nodes" else f"{first}/{name}"
+        with self.cond:
+            found = copy.deepcopy(self.objects[kind].get(key))
+        if found is None:
+            missing = _status(404, "NotFound", f'{kind} "{name or first}" not found')
+            missing["details"] = {"name": name or first, "kind": kind}
+            self._send_json(handler, 404, missing)
+            return
+        self._send_json(handler, 200, {"kind": _KINDS[kind], "apiVersion": "v1", **found})
 
     def _proxy(
         self, handler: BaseHTTPRequestHandler, ns: str, service: str, path: str | None
