@@ -12,6 +12,10 @@ Per pod (running on this node, uid from the API server):
 * configuration: the pod's ``elastico.io/assigned-configuration``, so the extender refuses
   a window measured under a configuration the pod no longer runs.
 
+Windows refused for a passing reason (a follower's 503 while the leader changes) are held
+by the :class:`~.reporter.Reporter` and resent with the next window, bounded and only
+while the extender would still take them.
+
 Ring directories of pods that left the node are removed after ``ORPHAN_SECONDS`` (the
 legacy hostPath mode; the kubelet removes a pod's emptyDir itself).
 """
