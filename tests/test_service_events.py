@@ -220,3 +220,36 @@ def test_no_recorder_without_a_real_cluster():
 
     app = create_app(ServiceSettings(epoch_seconds=3600), EmbeddedCluster.from_file())
     assert app.state.engine.actuator.events is None
+
+
+def test_a_pod_whose_configurations_are_all_rejected_is_told_once():
+    """A pending pod no configuration of which fits any GPU stays queued: one
+    ``ConfigurationsRejected`` Event says why, not one per epoch (the recorder's rate
+    limit is switched off here, so only the actuator's memory of what it said holds)."""
+    from test_service_observations import gpu_node, start_service, wait_for
+
+    api = FakeApiServer().start()
+    api.put("nodes", gpu_node("g0", 1, memory_mib=1024))  # smaller than any bert row
+    api.put("pods", pending_pod("p"))
+    server, kube, svc = start_service(api)
+    try:
+        svc.app.state.engine.actuator.events.min_interval = 0.0
+        assert wait_for(lambda: len(kube.state.pods()) == 1)
+        for _ in range(3):
+            svc.epoch()
+        assert "uid-p" in svc.app.state.engine.published.plan.rejected
+        assert wait_for(lambda: any(e["reason"] == "ConfigurationsRejected" for e in events(api)))
+        time.sleep(0.3)
+        (event,) = [e for e in events(api) if e["reason"] == "ConfigurationsRejected"]
+        assert event["involvedObject"]["name"] == "p" and event["involvedObject"]["uid"] == "uid-p"
+        assert event["type"] == "Warning"
+        assert event["message"].startswith("rejected all ")
+        assert "no allowed configuration fits any GPU" in event["message"], event["message"]
+        # a node that fits: the pod is no longer rejected; no further Event about it
+        api.put("nodes", gpu_node("g1", 1))
+        assert wait_for(lambda: len(kube.state.nodes()) == 2)
+        svc.epoch()
+        assert "uid-p" not in svc.app.state.engine.published.plan.rejected
+    finally:
+        server.stop()
+        api.stop()

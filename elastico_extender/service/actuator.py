@@ -12,8 +12,11 @@ With an :class:`~.events.EventRecorder` (a real cluster, service/events.py) it a
 tells the pod why, as core/v1 Events written on the leader only: ``Bound`` with the
 configuration, node/GPUs, GPU-memory price λ and Ŝ ≤ τ; ``Reconfigured`` with the
 old and new configuration and the price behind it; ``Refused`` when bind refuses
-the scheduler's node.  The recorder rate-limits per (pod, reason) and writes on its
-own thread: a verb only queues.
+the scheduler's node; ``ConfigurationsRejected`` when the plan rejects every
+configuration of a pending pod's family (``Plan.rejected``: knob ranges, throughput
+floor, no GPU large enough), so it stays queued -- said once per pod and reason, not
+every epoch (:meth:`announce_rejected`).  The recorder rate-limits per (pod, reason)
+and writes on its own thread: a verb only queues.
 
 Ordering keeps the cluster's record of decisions within capacity at all
 times: reconfigurations that shrink (or keep) a budget are written before the
@@ -48,17 +51,20 @@ from elastico_extender.service.events import (
     bound_message,
     reconfigured_message,
     refused_message,
+    rejected_configurations_message,
 )
 from elastico_extender.service.logs import decision_fields
 from elastico_extender.service.pods import PodJob
 from elastico_extender.service.settings import ServiceSettings
 
-__all__ = ["EVICTED_KEPT", "Actuator", "BindMetrics"]
+__all__ = ["ANNOUNCED_KEPT", "EVICTED_KEPT", "Actuator", "BindMetrics"]
 
 log = logging.getLogger(__name__)
 
 EVICTED_KEPT = 4096
 """Pods remembered as asked to evict (so one move is requested once)."""
+ANNOUNCED_KEPT = 10_000
+"""Rejected pods remembered with what their Event said (so it is said once)."""
 
 
 class BindMetrics(Protocol):
@@ -88,6 +94,7 @@ class Actuator:
         self.is_leader = is_leader
         self.events = events
         self._evicted: OrderedDict[str, None] = OrderedDict()
+        self._announced: OrderedDict[str, str] = OrderedDict()
 
     # -- decisions -----------------------------------------------------------------
     def request(
@@ -177,6 +184,33 @@ class Actuator:
         if self._recording():
             assert self.events is not None
             self.events.refused(PodRef(namespace, name, uid), refused_message(node, because))
+
+    def announce_rejected(self, plan: Plan, pods: Mapping[str, PodJob]) -> None:
+        """A ``ConfigurationsRejected`` Event for each pod the plan rejects whole (no
+        configuration of its family can run: ``Plan.rejected``), once per pod and
+        message: a pod that stays rejected is not told again each epoch; one that is
+        rejected again after it was not, or for another reason, is."""
+        if not self._recording():
+            return
+        assert self.events is not None
+        for job_id in [j for j in self._announced if j not in plan.rejected]:
+            del self._announced[job_id]
+        for job_id, reason in plan.rejected.items():
+            pj = pods.get(job_id)
+            if pj is None:
+                continue
+            count = len(pj.family.configs)
+            message = rejected_configurations_message(
+                [(f"all {count} configurations of {pj.family.workload}", reason)]
+            )
+            if self._announced.get(job_id) == message:
+                continue
+            namespace, _, name = pj.key.partition("/")
+            if self.events.rejected(PodRef(namespace, name, job_id), message):
+                self._announced[job_id] = message
+                self._announced.move_to_end(job_id)
+                if len(self._announced) > ANNOUNCED_KEPT:
+                    self._announced.popitem(last=False)
 
     def _recording(self) -> bool:
         return self.events is not None and self.is_leader()

@@ -6,9 +6,12 @@
                                      price λ=0.412, predicted slowdown Ŝ=1.08 ≤ τ=1.25
     Normal   Reconfigured  elastico  batch_size=128 -> batch_size=64 because λ rose to 0.61
     Warning  Refused       elastico  refused gpu-2: co-location with job-7 predicts Ŝ=1.41 > τ=1.25
+    Warning  ConfigurationsRejected  elastico  rejected all 6 configurations of bert: no
+                                     configuration meets the throughput floor 900 (best ...)
 
 The text is built here (one place: :func:`bound_message` and friends); the engine's
-actuator calls :meth:`EventRecorder.bound` / ``reconfigured`` / ``refused`` (wired in
+actuator calls :meth:`EventRecorder.bound` / ``reconfigured`` / ``refused`` /
+``rejected`` (wired in
 service/actuator.py, docs/monitoring.md). Events are ``core/v1`` (what ``kubectl
 describe`` lists), written through the official client on a background thread so a verb
 never waits on the API server.
@@ -122,7 +125,8 @@ class EventRecorder:
         return self.record(pod, "Warning", "Refused", message)
 
     def rejected(self, pod: PodRef, message: str) -> bool:
-        return self.record(pod, "Normal", "ConfigurationsRejected", message)
+        """The pod stays queued: no configuration of its family can run as submitted."""
+        return self.record(pod, "Warning", "ConfigurationsRejected", message)
 
     def record(self, pod: PodRef, type_: str, reason: str, message: str) -> bool:
         """Queue an Event; False when rate-limited or the queue is full."""
