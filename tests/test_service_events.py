@@ -240,7 +240,9 @@ def test_a_pod_whose_configurations_are_all_rejected_is_told_once():
         assert "uid-p" in svc.app.state.engine.published.plan.rejected
         assert wait_for(lambda: any(e["reason"] == "ConfigurationsRejected" for e in events(api)))
         time.sleep(0.3)
-        (event,) = [e for e in events(api) if e["reason"] == "ConfigurationsRejected"]
+        found = [e for e in events(api) if e["reason"] == "ConfigurationsRejected"]
+        assert len(found) == 1, [e["message"] for e in found]
+        (event,) = found
         assert event["involvedObject"]["name"] == "p" and event["involvedObject"]["uid"] == "uid-p"
         assert event["type"] == "Warning"
         assert event["message"].startswith("rejected all ")

@@ -27,6 +27,7 @@ that grow it, and evictions, after (:meth:`apply`).
 from __future__ import annotations
 
 import logging
+import threading
 from collections import OrderedDict
 from collections.abc import Callable, Container, Mapping
 from typing import Any, Protocol
@@ -95,6 +96,7 @@ class Actuator:
         self.events = events
         self._evicted: OrderedDict[str, None] = OrderedDict()
         self._announced: OrderedDict[str, str] = OrderedDict()
+        self._announce_lock = threading.Lock()
 
     # -- decisions -----------------------------------------------------------------
     def request(
@@ -192,6 +194,10 @@ class Actuator:
         rejected again after it was not, or for another reason, is."""
         if not self._recording():
             return
+        with self._announce_lock:  # two epochs at once (a forced one) must not both tell
+            self._announce_rejected(plan, pods)
+
+    def _announce_rejected(self, plan: Plan, pods: Mapping[str, PodJob]) -> None:
         assert self.events is not None
         for job_id in [j for j in self._announced if j not in plan.rejected]:
             del self._announced[job_id]

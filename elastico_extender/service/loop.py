@@ -174,7 +174,8 @@ class EpochLoop:
         self.last_epoch_error = None
         if leading:
             self.actuator.apply(new_plan, built.pods, nodes, booked, moves)
-            self.actuator.announce_rejected(new_plan, built.pods)
+            if nodes:  # a view without nodes yet (startup) says nothing about a pod
+                self.actuator.announce_rejected(new_plan, built.pods)
         self.history.append(
             {"epoch": built.snapshot.epoch, "time": time.time(), "prices": new_plan.price_map()}
         )
