@@ -255,3 +255,24 @@ def test_a_pod_whose_configurations_are_all_rejected_is_told_once():
     finally:
         server.stop()
         api.stop()
+
+
+def test_a_view_without_nodes_tells_a_pending_pod_nothing():
+    """At startup the pods may be listed before the nodes: a plan on that view rejects
+    every pod ("the cluster has no GPU devices"), which says nothing about the pod."""
+    from test_service_observations import start_service, wait_for
+
+    api = FakeApiServer().start()
+    api.put("pods", pending_pod("p"))
+    server, kube, svc = start_service(api)
+    try:
+        svc.app.state.engine.actuator.events.min_interval = 0.0
+        assert wait_for(lambda: len(kube.state.pods()) == 1)
+        for _ in range(3):
+            svc.epoch()
+        assert "uid-p" in svc.app.state.engine.published.plan.rejected
+        time.sleep(0.3)
+        assert not [e for e in events(api) if e["reason"] == "ConfigurationsRejected"]
+    finally:
+        server.stop()
+        api.stop()
