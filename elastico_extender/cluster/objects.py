@@ -257,6 +257,16 @@ _SPEC_STRINGS = ("nodeName", "schedulerName", "priorityClassName")
 _LIST_OF_OBJECTS = ("env", "volumeMounts", "envFrom")
 
 
+def _strings(obj: Mapping[str, Any], keys: tuple[str, ...], field: str) -> None:
+    """Each of ``keys`` in ``obj``, where present, must be a string."""
+    for key in keys:
+        value = obj.get(key)
+        if value is not None and not isinstance(value, str):
+            raise PodFieldError(
+                f"{field}.{key}", f"must be a string, got a JSON {_json_type(value)}"
+            )
+
+
 def _string_map(value: Any, field: str) -> None:
     if value is None:
         return
@@ -296,12 +306,7 @@ def check_pod(obj: Any) -> int:
     meta = obj.get("metadata")
     if not isinstance(meta, dict):
         raise PodFieldError("metadata", f"must be an object, got a JSON {_json_type(meta)}")
-    for key in _META_STRINGS:
-        value = meta.get(key)
-        if value is not None and not isinstance(value, str):
-            raise PodFieldError(
-                f"metadata.{key}", f"must be a string, got a JSON {_json_type(value)}"
-            )
+    _strings(meta, _META_STRINGS, "metadata")
     _string_map(meta.get("annotations"), "metadata.annotations")
     _string_map(meta.get("labels"), "metadata.labels")
     _objects(meta.get("ownerReferences"), "metadata.ownerReferences")
@@ -309,12 +314,7 @@ def check_pod(obj: Any) -> int:
     if spec is not None:
         if not isinstance(spec, dict):
             raise PodFieldError("spec", f"must be an object, got a JSON {_json_type(spec)}")
-        for key in _SPEC_STRINGS:
-            value = spec.get(key)
-            if value is not None and not isinstance(value, str):
-                raise PodFieldError(
-                    f"spec.{key}", f"must be a string, got a JSON {_json_type(value)}"
-                )
+        _strings(spec, _SPEC_STRINGS, "spec")
         for part in ("containers", "initContainers"):
             for i, c in enumerate(_objects(spec.get(part), f"spec.{part}")):
                 for key in _LIST_OF_OBJECTS:
