@@ -160,3 +160,83 @@ def test_an_unknown_workload_runs_alone_until_observed(families):
     assert measured.resources[0, 1] == 9000.0
     shared_window = replace(window, partners=("bert",))
     assert not record_solo_profile(store, mystery, shared_window, measured_at=6.0)
+
+
+class Constant:
+    """A predictor answering the same slowdown for every pair."""
+
+    def __init__(self, level: float) -> None:
+        self.level = level
+
+    def predict(self, features):
+        import numpy as np
+
+        return np.full(len(features), self.level)
+
+
+def band_case(families) -> tuple[Snapshot, float, dict]:
+    """bert running alone on a one-GPU node, resnet queued; a prediction just inside
+    both tolerances (3% below the tighter one, inside the admission band)."""
+    from elastico_extender.core.observations import ObservedSlowdown
+    from elastico_extender.core.planner.protect import ADMIT_BAND
+
+    shared = shared_pair(families, gpus=1)
+    bert = next(j for j in shared.jobs if j.id == "bert")
+    snap = Snapshot(
+        shared.nodes, (bert, Job("resnet", "resnet50", arrival_time=10.0)), families, epoch=2
+    )
+    open_loop = core_plan(snap, None, predictor=Constant(1.0))
+    tau = min(a.tolerance for a in open_loop.assignments.values())
+    assert set(open_loop.assignments) == {"bert", "resnet"}
+    level = 0.97 * tau
+    assert level * (1.0 + ADMIT_BAND) > tau  # inside the band even for a solo-referenced job
+    seen = {"bert": ObservedSlowdown(1.0, 4, 5.0, (1.0,) * 4)}  # observed, alone
+    return replace(snap, now=5.0), level, seen
+
+
+def test_loop_admits_a_new_pair_only_clear_of_the_band(families):
+    """Predicted within tau but inside the admission band: shares without the loop,
+    waits with it (it would be separated on its profile-referenced evidence)."""
+    snap, level, seen = band_case(families)
+    predictor = Constant(level)
+    assert "resnet" in core_plan(snap, None, predictor=predictor).assignments  # open loop
+    engaged = core_plan(replace(snap, observed=seen), None, predictor=predictor)
+    assert "resnet" not in engaged.assignments and "resnet" in engaged.queued
+    # Clear of the band, the loop admits it too.
+    clear = core_plan(replace(snap, observed=seen), None, predictor=Constant(1.0))
+    assert "resnet" in clear.assignments
+
+
+def test_the_band_guards_admission_only_a_running_pair_within_tau_stays(families):
+    """Hysteresis: the same prediction does not evict a pair already sharing, whose
+    observations are within tolerance."""
+    snap, level, _ = band_case(families)
+    snapshot = shared_pair(families, gpus=1)
+    book = ObservationBook(smoothing=1.0)
+    for k in range(1, 5):
+        observe(book, snapshot, slowdown=1.05, end=k * WINDOW_S)
+    result = core_plan(
+        replace(snapshot, observed=book.observed(), now=4 * WINDOW_S),
+        None,
+        predictor=Constant(level),
+    )
+    assert set(result.assignments) == {"bert", "resnet"}
+    assert devices_of(result)["bert"] == devices_of(result)["resnet"]
+    assert result.protections == ()
+
+
+def test_the_extender_view_applies_the_same_band(families):
+    """Filter/prioritize between epochs (PlacementView) refuse what the epoch refuses."""
+    from elastico_extender.core.planner import PlacementView
+
+    snap, level, seen = band_case(families)
+    shared = core_plan(snap, None, predictor=Constant(1.0))  # bert's devices as planned
+    bert = tuple(j for j in snap.jobs if j.id == "bert")
+    alone = replace(snap, jobs=bert)
+    newcomer = Job("resnet", "resnet50", arrival_time=10.0)
+    resnet = families["resnet50"]
+    for observed, feasible in (({}, True), (seen, False)):
+        view = PlacementView(replace(alone, observed=observed), shared, predictor=Constant(level))
+        verdict = view.evaluate(newcomer, resnet)["node-0"]
+        assert verdict.feasible == feasible, (observed, verdict)
+    assert "admission band" in verdict.reason

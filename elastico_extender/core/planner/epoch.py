@@ -55,6 +55,7 @@ from elastico_extender.core.planner.patience import Patience
 from elastico_extender.core.planner.placement import Placer
 from elastico_extender.core.planner.protect import (
     Protection,
+    admit_margins,
     harmed_rows,
     held_apart,
     separate,
@@ -354,6 +355,9 @@ class _Epoch:
             self.patience = Patience(self.snapshot, table.size, s.patience_horizon_s)
         if self.apart or self.solo:
             placer.set_loop(self.apart, self.solo)
+        margins = admit_margins(self.snapshot.observed, [job.id for job in t.jobs])
+        if margins is not None:  # closed loop: new co-locations clear the admission band
+            placer.set_margins(np.arange(len(t.jobs)), margins)
         choice = selection.choice
         preempted: list[int] = []
         run_rows = np.flatnonzero(t.running)

@@ -98,7 +98,9 @@ class OptionScreen:
         key = self.inverse[sel]
         s_new = self.s_new[k, key]
         s_old = self.s_old[k, key]
-        bad = (s_new > tolerance) | (s_old > self.placer.tolerance[self.partners[sel]])
+        partners = self.partners[sel]
+        their_tol = self.placer.tolerance[partners] / self.placer.margin[partners]
+        bad = (s_new > tolerance) | (s_old > their_tol)
         idx = at[sel]
         np.maximum.at(worst, idx, s_new)
         safe[np.unique(idx[bad])] = False
