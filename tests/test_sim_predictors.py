@@ -75,3 +75,25 @@ def test_cache_is_bounded_and_empty_batches_work(
         assert len(learned._cache) <= 64
     assert learned.predict(np.zeros((0, 36), dtype=np.float32)).shape == (0,)
     np.testing.assert_allclose(learned.predict(rows), _brute_force(learned, rows), rtol=1e-12)
+
+
+def test_the_truth_oracle_answers_the_ground_truth_and_iac_does_not():
+    """``elastico+truth`` (the ceiling of interference knowledge) plans with the exact
+    benchmark-world slowdowns; ``elastico+iac`` with the spec's 7.6% error."""
+    from elastico_extender.sim.engine import ClusterSpec
+    from elastico_extender.sim.runner import Experiment, _world, build_policy
+
+    exp = Experiment(trace=(), cluster=ClusterSpec(gpus=8), seed=0)
+    configs, truth = _world(exp)
+    feats = np.concatenate([configs.families[n].features[:, :14] for n in configs.names])
+    rng = np.random.default_rng(3)
+    a, b = rng.integers(0, configs.size, 200), rng.integers(0, configs.size, 200)
+    x = pair_features(feats[a], feats[b], np.full(200, 40.0))
+    exact = np.maximum(truth.slowdown[a, b], 1.0)
+    oracle = build_policy("elastico+truth", exp, truth).predictor
+    assert oracle is not None and oracle.name == "ground-truth-oracle"
+    np.testing.assert_allclose(oracle.predict(x), exact, rtol=1e-6)
+    iac = build_policy("elastico+iac", exp, truth).predictor
+    assert iac is not None and not np.allclose(iac.predict(x), exact, rtol=1e-3)
+    with pytest.raises(ValueError, match="suffix"):
+        build_policy("elastico+oracle", exp, truth)

@@ -5,7 +5,10 @@ Policy names are registry names (``volcano``, ``lucid``, ``elastico``,
 :class:`SampledPairsPredictor` (learned from a stratified 25% of the workload pairs,
 the spec's profiling protocol); appending ``+iac`` plans with the
 :class:`NoisyTablePredictor` (spec-accuracy IAC, 7.6% MAPE against the ground
-truth) instead of the core's default ContentionPredictor.
+truth) instead of the core's default ContentionPredictor; ``+truth`` plans with the
+ground truth itself (:class:`NoisyTablePredictor` without noise): an ORACLE, the
+ceiling of what any knowledge of interference (a better model, or the closed loop's
+learning) can buy the planner.
 
 Appending ``+online`` (alone or after ``+learned``/``+iac``) closes the loop
 (issue 11): the simulator reports observation windows (ground truth plus
@@ -95,17 +98,18 @@ def build_policy(name: str, exp: Experiment, truth: GroundTruth) -> Policy:
     online = extras[-1:] == ["online"]
     if online:
         extras = extras[:-1]
-    if len(extras) > 1 or (extras and extras[0] not in ("iac", "learned")):
+    if len(extras) > 1 or (extras and extras[0] not in ("iac", "learned", "truth")):
         raise ValueError(f"unknown policy suffix +{'+'.join(extras)}")
     if (extras or online) and not base.startswith("elastico"):
         raise ValueError(f"+{'+'.join(extras) or 'online'} only applies to ElastiCo policies")
     predictor: SlowdownPredictor | None = None
     if extras:
-        predictor = (
-            NoisyTablePredictor(truth, seed=exp.seed)
-            if extras[0] == "iac"
-            else SampledPairsPredictor(truth, seed=exp.seed)
-        )
+        if extras[0] == "learned":
+            predictor = SampledPairsPredictor(truth, seed=exp.seed)
+        elif extras[0] == "truth":  # the ORACLE: the ground truth, no error
+            predictor = NoisyTablePredictor(truth, sigma=0.0, seed=exp.seed)
+        else:  # "iac": the spec's accuracy
+            predictor = NoisyTablePredictor(truth, seed=exp.seed)
         kwargs["predictor"] = predictor
     if online:
         correction = OnlineCorrection(predictor or ContentionPredictor())
