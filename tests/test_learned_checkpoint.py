@@ -11,10 +11,12 @@ from __future__ import annotations
 import base64
 import json
 import logging
+import threading
 import time
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import httpx
@@ -594,3 +596,63 @@ def test_a_checkpoint_of_an_earlier_lease_does_not_depose_the_new_leader(
     assert fresh.save() == "written"
     teach(before, 5, 1)
     assert writer(api, before, 9).save() == "deposed"
+
+
+class Forbidding:
+    """An API server on 127.0.0.1 without the RBAC grant: 403 Forbidden to everything."""
+
+    def __init__(self) -> None:
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: object) -> None:
+                return None
+
+            def answer(self) -> None:
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                body = json.dumps({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                                   "reason": "Forbidden", "code": 403,
+                                   "message": "configmaps is forbidden"}).encode()  # fmt: skip
+                self.send_response(403)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            do_GET = do_POST = do_PUT = answer
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+
+    def stop(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def test_failures_are_counted_by_reason_once_each(api: FakeApiServer) -> None:
+    none = dict.fromkeys(FAILURE_REASONS, 0)
+    svc = observation_service(1)
+    forbidden = Forbidding()
+    try:  # the API server answers, but refuses (RBAC): api_error, read and write
+        w = LearnedCheckpoint(client.ApiClient(client.Configuration(host=forbidden.url)), svc,
+                              namespace=NS)  # fmt: skip
+        assert w.restore() is False and w.save() == "failed"
+        assert w.failures == {**none, "api_error": 2}
+        status = w.status()
+        assert status["last_failure"]["reason"] == "api_error" and not status["synced"]
+        assert status["last_failure"]["operation"] == "write"
+    finally:
+        forbidden.stop()
+    # nothing answers at all
+    gone = LearnedCheckpoint(client.ApiClient(client.Configuration(host="http://127.0.0.1:9")),
+                             svc, namespace=NS)  # fmt: skip
+    assert gone.save() == "failed" and gone.failures == {**none, "unreachable": 1}
+    # a deposed leader: its conflict and the newer term counted once, however often it tries
+    old, new = observation_service(2), observation_service(3)
+    a, b = writer(api, old, 1), writer(api, new, 2)
+    assert a.save() == "written" and b.restore() and b.save() == "written"
+    for _ in range(3):
+        teach(old, 4, 1)
+        assert a.save() == "deposed"
+    assert a.failures == {**none, "conflict": 1, "deposed": 1}
+    assert b.failures == none and b.status()["synced"]
+    assert b.status()["bytes"] == len(payload_of(api))
