@@ -39,6 +39,8 @@ from typing import Any
 
 import httpx
 
+from elastico_extender.agent import MAX_AGE_HEADER
+
 __all__ = [
     "MAX_AGE_HEADER",
     "MAX_HELD_WINDOWS",
@@ -55,9 +57,6 @@ RETRY_AFTER_CAP_SECONDS = 30.0
 STALE_AFTER_SECONDS = 110.0
 """A held window older than this is dropped until the extender states its bound: its
 default ``observation_max_age_seconds`` (120 s) less the margin of :func:`hold_bound`."""
-MAX_AGE_HEADER = "Elastico-Observation-Max-Age"
-"""The extender's staleness bound, seconds, on its answers (``api/routes/observations.py``
-sets it; this module is the one definition of the name)."""
 MIN_STATED_SECONDS = 1.0
 MAX_STATED_SECONDS = 3600.0
 """Range a stated bound is clamped to: held windows are bounded in count anyway, this

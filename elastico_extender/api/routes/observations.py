@@ -28,7 +28,7 @@ from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
-from elastico_extender.agent.reporter import MAX_AGE_HEADER
+from elastico_extender.agent import MAX_AGE_HEADER
 from elastico_extender.api.deps import (
     ApiError,
     json_response,
@@ -86,7 +86,7 @@ def service_of(request: Request) -> ObservationService:
 )
 async def post_observations(request: Request) -> Response:
     service = service_of(request)
-    bound = {MAX_AGE_HEADER: f"{service.settings.observation_max_age_seconds:g}"}
+    bound = {MAX_AGE_HEADER: f"{service.settings.observation_max_age_seconds:.15g}"}
     try:
         batch = await read_model(request, ObservationBatch, MAX_BODY_BYTES)
     except ApiError as exc:
