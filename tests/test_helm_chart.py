@@ -452,9 +452,17 @@ def test_extender_rbac_covers_every_request_the_code_makes(tmp_path):
 
 
 def test_dashboard_and_alerts_query_only_metrics_the_service_exports():
+    from kubernetes import client
+
+    from elastico_extender.service.checkpoint import CheckpointCollector, LearnedCheckpoint
     from elastico_extender.service.metrics import PrometheusMetrics
+    from elastico_extender.service.observations import ObservationService
 
     metrics = PrometheusMetrics()
+    checkpoint = LearnedCheckpoint(client.ApiClient(), ObservationService(ServiceSettings()),
+                                   namespace="elastico-system")  # fmt: skip
+    checkpoint.payload_bytes = 1  # as after its first write or read
+    metrics.registry.register(CheckpointCollector(checkpoint))
     suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"),
                 "gauge": ("",)}  # fmt: skip
     exported = {
@@ -471,7 +479,7 @@ def test_dashboard_and_alerts_query_only_metrics_the_service_exports():
     assert used <= exported, sorted(used - exported)
     assert {r["alert"] for g in rule["spec"]["groups"] for r in g["rules"]} >= {
         "ElasticoPredictorDegraded", "ElasticoEpochsFailing", "ElasticoHarmfulPairsObserved",
-        "ElasticoPodsPending",
+        "ElasticoPodsPending", "ElasticoLearnedCheckpointStale",
     }  # fmt: skip
 
 

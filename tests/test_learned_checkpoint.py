@@ -11,10 +11,12 @@ from __future__ import annotations
 import base64
 import json
 import logging
+import threading
 import time
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import httpx
@@ -22,6 +24,7 @@ import numpy as np
 import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
+from prometheus_client.parser import text_string_to_metric_families
 
 from elastico_extender.api.app import create_app
 from elastico_extender.cluster.fake_apiserver import FakeApiServer
@@ -37,7 +40,7 @@ from elastico_extender.profiles.loop_snapshot import (
     encode,
 )
 from elastico_extender.profiles.loop_store import LoopStore, PairRecord
-from elastico_extender.service.checkpoint import DATA_KEY, LearnedCheckpoint
+from elastico_extender.service.checkpoint import DATA_KEY, FAILURE_REASONS, LearnedCheckpoint
 from elastico_extender.service.leader import LeaderElector, LeaseTiming, elect
 from elastico_extender.service.observations import ObservationService
 from elastico_extender.service.server import ServerThread
@@ -163,7 +166,7 @@ def test_a_new_leader_restores_what_the_old_one_learned_and_keeps_the_pair_apart
         refused = b.post(batch(window("uid-a", SOLO / 2.5)))
         assert refused.status_code == 503 and "replica-a" in refused.json()["Error"]
         assert refused.headers["Retry-After"]
-        assert float(b.engine.predictor.predict(x)[0]) == pytest.approx(base)
+        assert b.app.state.observations.windows_total == {}  # type: ignore[attr-defined]
         # The leader's periodic checkpoint carries it (A then dies without a last write).
         assert wait_for(lambda: a.checkpoint.writes >= 1 and (NS, CM) in api.configmaps)
         version = a.app.state.observations.learned_version  # type: ignore[attr-defined]
@@ -226,6 +229,150 @@ def test_a_full_restart_restores_from_the_api_server_alone(
         assert float(fresh.engine.predictor.predict(x)[0]) == pytest.approx(learned, rel=1e-6)
     finally:
         fresh.server.stop()
+
+
+# -- followers keep up; what an operator sees of the checkpoint ---------------------------
+
+
+def metric(url: str, name: str, **labels: str) -> float | None:
+    """One sample of the replica's ``/metrics`` (None when the series is absent)."""
+    text = httpx.get(f"{url}/metrics", timeout=30).text
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+                return float(sample.value)
+    return None
+
+
+def learn_a_harmful_pair(a: Replica, b: Replica) -> tuple[np.ndarray, float, float]:
+    """Both replicas plan; a (the leader) takes 8 windows of uid-a at 1/2.5 of its solo rate
+    next to uid-b.  Returns the pair's features, what a learned, and what b's REST view
+    predicted for pod a before."""
+    assert wait_for(lambda: len(a.kube.state.pods()) == 3 and len(b.kube.state.pods()) == 3)
+    a.epoch()
+    b.epoch()
+    x = _pair_features(a, "uid-a", "uid-b")  # type: ignore[arg-type]
+    base = float(b.engine.predictor.predict(x)[0])
+    rest_before = predicted_for_a(b)
+    start = time.time() - 60
+    for i in range(8):
+        assert a.post(batch(window("uid-a", SOLO / 2.5, end=start + 5 * i))).status_code == 200
+    learned = float(a.engine.predictor.predict(x)[0])
+    assert abs(learned - base) > 0.5
+    return x, learned, rest_before
+
+
+def settled(api: FakeApiServer, leader: Replica, follower: Replica) -> bool:
+    """The leader wrote all it learned, and the follower holds that very checkpoint (the
+    windows all say 2.5: an earlier checkpoint may already predict the same)."""
+    learned = leader.app.state.observations.learned_version  # type: ignore[attr-defined]
+    newest = stored(api)["metadata"]["resourceVersion"]
+    return (
+        leader.checkpoint._written_version == learned
+        and follower.checkpoint.status()["resource_version"] == newest
+    )
+
+
+def predicted_for_a(replica: Replica) -> float:
+    """``GET /jobs`` on the replica: the predicted slowdown of pod a next to b."""
+    reply = httpx.get(f"{replica.url}/jobs", timeout=30)
+    assert reply.status_code == 200, reply.text
+    (row,) = [r for r in reply.json() if r["pod"] == "ml/a"]
+    return float(row["predicted_slowdown"])
+
+
+def test_a_follower_refreshes_from_the_checkpoint_while_following_and_never_writes(
+    api: FakeApiServer, tmp_path: Path
+) -> None:
+    a = Replica.start(api, "replica-a", tmp_path / "a.db")
+    assert wait_for(a.elector.is_leader)
+    b = Replica.start(api, "replica-b", tmp_path / "b.db")  # its own, empty SQLite
+    try:
+        x, learned, rest_before = learn_a_harmful_pair(a, b)
+        # While following, b takes up what a learned from the ConfigMap alone ...
+        assert wait_for(lambda: float(b.engine.predictor.predict(x)[0]) == pytest.approx(learned))
+        assert not b.elector.is_leader()
+        # ... so its next plan, and its REST views, answer from it (it plans without the
+        # leader's observations: only the learned prediction can have moved it)
+        b.epoch()
+        assert predicted_for_a(b) == pytest.approx(learned, rel=0.1)
+        assert rest_before != pytest.approx(learned, rel=0.1)
+        # b never wrote: the ConfigMap is a's, and b counts no write
+        assert b.checkpoint.writes == 0
+        assert stored(api)["metadata"]["annotations"]["elastico.io/learned-writer"] == "replica-a"
+        # Nothing new learned: b keeps reading and decodes nothing; a neither writes again
+        # nor reads its own checkpoint back (that would change its state and rewrite it)
+        assert wait_for(lambda: settled(api, a, b))
+        version = stored(api)["metadata"]["resourceVersion"]
+        merges, reads, writes = b.checkpoint.merges, b.checkpoint.reads, a.checkpoint.writes
+        assert wait_for(lambda: b.checkpoint.reads >= reads + 5)
+        assert b.checkpoint.merges == merges
+        assert a.checkpoint.writes == writes and a.checkpoint.merges == 0
+        assert stored(api)["metadata"]["resourceVersion"] == version
+        # A takeover starts from the newest learning, with nothing left to decode
+        a.crash()
+        assert wait_for(b.elector.is_leader, timeout=TIMING.lease_duration + 5)
+        assert float(b.engine.predictor.predict(x)[0]) == pytest.approx(learned)
+        assert b.checkpoint.merges == merges
+    finally:
+        b.server.stop()
+        if a.elector.is_leader():  # not crashed: the test failed before the hand-over
+            a.server.stop()
+
+
+def test_checkpoint_age_size_and_failures_on_metrics_and_healthz(
+    api: FakeApiServer, tmp_path: Path
+) -> None:
+    a = Replica.start(api, "replica-a", tmp_path / "a.db")
+    assert wait_for(a.elector.is_leader)
+    b = Replica.start(api, "replica-b", tmp_path / "b.db")
+    try:
+        x, learned, _ = learn_a_harmful_pair(a, b)
+        assert wait_for(lambda: settled(api, a, b))
+        size = len(payload_of(api))
+        for replica, role in ((a, "leader"), (b, "follower")):
+            health = httpx.get(f"{replica.url}/healthz", timeout=30).json()["learned_checkpoint"]
+            assert health["role"] == role and health["configmap"] == f"{NS}/{CM}"
+            assert health["bytes"] == size
+            assert metric(replica.url, "elastico_learned_checkpoint_bytes") == size
+            age = metric(replica.url, "elastico_learned_checkpoint_age_seconds")
+            assert age is not None and 0 <= age < 3.0  # synced every 0.2 s
+            for reason in FAILURE_REASONS:  # every reason listed, none counted
+                assert metric(replica.url, "elastico_learned_checkpoint_failures_total",
+                              reason=reason) == 0.0  # fmt: skip
+            assert health["failures"] == dict.fromkeys(FAILURE_REASONS, 0)
+        # Garbage replaces the checkpoint: the follower counts it once, however often it
+        # reads it, keeps what it has, and its age grows while a has nothing new to write
+        core = client.CoreV1Api(client.ApiClient(client.Configuration(host=api.url)))
+        core.replace_namespaced_config_map(CM, NS, {"metadata": {"name": CM}, "binaryData": {
+            DATA_KEY: base64.b64encode(b"garbage").decode()}})  # fmt: skip
+        reads = b.checkpoint.reads
+        assert wait_for(lambda: b.checkpoint.reads >= reads + 8)
+        unreadable = "elastico_learned_checkpoint_failures_total"
+        assert metric(b.url, unreadable, reason="unreadable") == 1.0
+        age = metric(b.url, "elastico_learned_checkpoint_age_seconds")
+        assert age is not None and age > 1.0
+        health = httpx.get(f"{b.url}/healthz", timeout=30).json()["learned_checkpoint"]
+        assert health["last_failure"]["reason"] == "unreadable"
+        assert float(b.engine.predictor.predict(x)[0]) == pytest.approx(learned)
+        # a learns once more: its write meets a version it did not write (a conflict,
+        # counted), replaces the garbage, and b is in sync again
+        later = time.time() - 10
+        assert a.post(batch(window("uid-a", SOLO / 2.5, end=later))).status_code == 200
+        assert wait_for(lambda: decode_or_none(payload_of(api)) is not None)
+        assert metric(a.url, unreadable, reason="conflict") == 1.0
+        assert wait_for(lambda: b.checkpoint.age_seconds() < 1.0)
+        assert metric(b.url, unreadable, reason="unreadable") == 1.0
+    finally:
+        b.server.stop()
+        a.server.stop()
+
+
+def decode_or_none(payload: bytes) -> LearnedState | None:
+    try:
+        return decode(payload)
+    except CorruptSnapshot:
+        return None
 
 
 # -- the writer's side, against the fake API server ---------------------------------------
@@ -391,7 +538,8 @@ def test_a_service_starts_and_learns_over_a_garbage_checkpoint(
         assert wait_for(lambda: len(a.kube.state.pods()) == 3)
         a.epoch()
         assert a.post(batch(window("uid-a", SOLO / 2.0))).status_code == 200
-        assert wait_for(lambda: bool(decode(payload_of(api)).config))
+        # the garbage stays until the leader's first write (decode raises on it till then)
+        assert wait_for(lambda: bool((decode_or_none(payload_of(api)) or LearnedState()).config))
         assert decode(payload_of(api)).references
     finally:
         a.server.stop()
@@ -461,3 +609,63 @@ def test_a_checkpoint_of_an_earlier_lease_does_not_depose_the_new_leader(
     assert fresh.save() == "written"
     teach(before, 5, 1)
     assert writer(api, before, 9).save() == "deposed"
+
+
+class Forbidding:
+    """An API server on 127.0.0.1 without the RBAC grant: 403 Forbidden to everything."""
+
+    def __init__(self) -> None:
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: object) -> None:
+                return None
+
+            def answer(self) -> None:
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                body = json.dumps({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                                   "reason": "Forbidden", "code": 403,
+                                   "message": "configmaps is forbidden"}).encode()  # fmt: skip
+                self.send_response(403)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            do_GET = do_POST = do_PUT = answer
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+
+    def stop(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def test_failures_are_counted_by_reason_once_each(api: FakeApiServer) -> None:
+    none = dict.fromkeys(FAILURE_REASONS, 0)
+    svc = observation_service(1)
+    forbidden = Forbidding()
+    try:  # the API server answers, but refuses (RBAC): api_error, read and write
+        w = LearnedCheckpoint(client.ApiClient(client.Configuration(host=forbidden.url)), svc,
+                              namespace=NS)  # fmt: skip
+        assert w.restore() is False and w.save() == "failed"
+        assert w.failures == {**none, "api_error": 2}
+        status = w.status()
+        assert status["last_failure"]["reason"] == "api_error" and not status["synced"]
+        assert status["last_failure"]["operation"] == "write"
+    finally:
+        forbidden.stop()
+    # nothing answers at all
+    gone = LearnedCheckpoint(client.ApiClient(client.Configuration(host="http://127.0.0.1:9")),
+                             svc, namespace=NS)  # fmt: skip
+    assert gone.save() == "failed" and gone.failures == {**none, "unreachable": 1}
+    # a deposed leader: its conflict and the newer term counted once, however often it tries
+    old, new = observation_service(2), observation_service(3)
+    a, b = writer(api, old, 1), writer(api, new, 2)
+    assert a.save() == "written" and b.restore() and b.save() == "written"
+    for _ in range(3):
+        teach(old, 4, 1)
+        assert a.save() == "deposed"
+    assert a.failures == {**none, "conflict": 1, "deposed": 1}
+    assert b.failures == none and b.status()["synced"]
+    assert b.status()["bytes"] == len(payload_of(api))

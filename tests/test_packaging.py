@@ -126,3 +126,58 @@ def test_the_bundle_example_pod_runs_the_wrapper_the_init_container_writes(tmp_p
     assert {"name": "elastico", "mountPath": shared} in main["volumeMounts"]
     wrapper = build_bundle(tmp_path / shared.lstrip("/"))
     assert main["command"][0] == shared + "/" + str(wrapper.relative_to(tmp_path / shared[1:]))
+
+
+RUNTIME_ONLY = r"""
+import importlib, importlib.abc, importlib.metadata as md, re, sys, tomllib
+from packaging.requirements import Requirement
+
+def canon(name): return re.sub(r"[-_.]+", "-", name).lower()
+
+declared = tomllib.load(open(sys.argv[1], "rb"))["project"]["dependencies"]
+dists, todo = set(), [Requirement(d) for d in declared]
+while todo:
+    req = todo.pop()
+    extras = {""} | set(req.extras)
+    if req.marker is not None and not any(req.marker.evaluate({"extra": e}) for e in extras):
+        continue
+    if canon(req.name) in dists:
+        continue
+    dists.add(canon(req.name))
+    for text in md.requires(req.name) or []:
+        sub = Requirement(text)
+        if sub.marker is None or any(sub.marker.evaluate({"extra": e}) for e in extras):
+            sub.marker = None
+            todo.append(sub)
+modules = {m for m, ds in md.packages_distributions().items() if {canon(d) for d in ds} & dists}
+
+class RuntimeOnly(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        top = name.partition(".")[0]
+        if top in sys.stdlib_module_names or top in modules or top.startswith("_") \
+                or top == "elastico_extender":
+            return None
+        raise ModuleNotFoundError(f"No module named {top!r}: not a runtime dependency", name=top)
+
+sys.meta_path.insert(0, RuntimeOnly())
+for module in sys.argv[2:]:
+    importlib.import_module(module)
+"""
+
+
+def test_what_the_image_runs_imports_with_only_the_runtime_dependencies():
+    """The image installs ``[project].dependencies`` and nothing else (Dockerfile): every
+    module the extender, the node agent, ``elastico-run`` and the kubectl plugin import must
+    come from those (or the standard library).  A test extra imported there (the agent's
+    HTTP client) is an ImportError in the pod, not here."""
+    entry_points = [
+        "elastico_extender.cli", "elastico_extender.service.cli", "elastico_extender.api.app",
+        "elastico_extender.agent.cli", "elastico_extender.agent.daemon",
+        "elastico_extender.agent.reporter", "elastico_extender.launcher.run",
+        "elastico_extender.kubectl_plugin",
+    ]  # fmt: skip
+    run = subprocess.run(
+        [sys.executable, "-c", RUNTIME_ONLY, str(ROOT / "pyproject.toml"), *entry_points],
+        capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-2000:]

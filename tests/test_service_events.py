@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 from kubernetes import client
@@ -222,57 +224,61 @@ def test_no_recorder_without_a_real_cluster():
     assert app.state.engine.actuator.events is None
 
 
-def test_a_pod_whose_configurations_are_all_rejected_is_told_once():
-    """A pending pod no configuration of which fits any GPU stays queued: one
-    ``ConfigurationsRejected`` Event says why, not one per epoch (the recorder's rate
-    limit is switched off here, so only the actuator's memory of what it said holds)."""
-    from test_service_observations import gpu_node, start_service, wait_for
-
-    api = FakeApiServer().start()
-    api.put("nodes", gpu_node("g0", 1, memory_mib=1024))  # smaller than any bert row
-    api.put("pods", pending_pod("p"))
-    server, kube, svc = start_service(api)
-    try:
-        svc.app.state.engine.actuator.events.min_interval = 0.0
-        assert wait_for(lambda: len(kube.state.pods()) == 1)
-        for _ in range(3):
-            svc.epoch()
-        assert "uid-p" in svc.app.state.engine.published.plan.rejected
-        assert wait_for(lambda: any(e["reason"] == "ConfigurationsRejected" for e in events(api)))
-        time.sleep(0.3)
-        found = [e for e in events(api) if e["reason"] == "ConfigurationsRejected"]
-        assert len(found) == 1, [e["message"] for e in found]
-        (event,) = found
-        assert event["involvedObject"]["name"] == "p" and event["involvedObject"]["uid"] == "uid-p"
-        assert event["type"] == "Warning"
-        assert event["message"].startswith("rejected all ")
-        assert "no allowed configuration fits any GPU" in event["message"], event["message"]
-        # a node that fits: the pod is no longer rejected; no further Event about it
-        api.put("nodes", gpu_node("g1", 1))
-        assert wait_for(lambda: len(kube.state.nodes()) == 2)
-        svc.epoch()
-        assert "uid-p" not in svc.app.state.engine.published.plan.rejected
-    finally:
-        server.stop()
-        api.stop()
-
-
-def test_a_view_without_nodes_tells_a_pending_pod_nothing():
-    """At startup the pods may be listed before the nodes: a plan on that view rejects
-    every pod ("the cluster has no GPU devices"), which says nothing about the pod."""
+@pytest.fixture
+def rejected_pod() -> Iterator[Callable[..., tuple[FakeApiServer, Any, Any]]]:
+    """Start a service on a fake API server with ``nodes`` and one pending bert pod ``p``,
+    run three epochs and check the plan rejects ``p``; returns (api, kube view, service).
+    The recorder's rate limit is off, so only the actuator's memory of what it said
+    keeps a pod from being told twice."""
     from test_service_observations import start_service, wait_for
 
-    api = FakeApiServer().start()
-    api.put("pods", pending_pod("p"))
-    server, kube, svc = start_service(api)
-    try:
+    started: list[tuple[Any, FakeApiServer]] = []
+
+    def start(*nodes: dict) -> tuple[FakeApiServer, Any, Any]:
+        api = FakeApiServer().start()
+        for node in nodes:
+            api.put("nodes", node)
+        api.put("pods", pending_pod("p"))
+        server, kube, svc = start_service(api)
+        started.append((server, api))
         svc.app.state.engine.actuator.events.min_interval = 0.0
         assert wait_for(lambda: len(kube.state.pods()) == 1)
         for _ in range(3):
             svc.epoch()
         assert "uid-p" in svc.app.state.engine.published.plan.rejected
-        time.sleep(0.3)
-        assert not [e for e in events(api) if e["reason"] == "ConfigurationsRejected"]
-    finally:
+        return api, kube, svc
+
+    yield start
+    for server, api in started:
         server.stop()
         api.stop()
+
+
+def test_a_pod_whose_configurations_are_all_rejected_is_told_once(rejected_pod):
+    """A pending pod no configuration of which fits any GPU stays queued: one
+    ``ConfigurationsRejected`` Event says why, not one per epoch."""
+    from test_service_observations import gpu_node, wait_for
+
+    api, kube, svc = rejected_pod(gpu_node("g0", 1, memory_mib=1024))  # smaller than any bert row
+    assert wait_for(lambda: any(e["reason"] == "ConfigurationsRejected" for e in events(api)))
+    time.sleep(0.3)
+    found = [e for e in events(api) if e["reason"] == "ConfigurationsRejected"]
+    assert len(found) == 1, [e["message"] for e in found]
+    (event,) = found
+    assert event["involvedObject"]["name"] == "p" and event["involvedObject"]["uid"] == "uid-p"
+    assert event["type"] == "Warning"
+    assert event["message"].startswith("rejected all ")
+    assert "no allowed configuration fits any GPU" in event["message"], event["message"]
+    # a node that fits: the pod is no longer rejected; no further Event about it
+    api.put("nodes", gpu_node("g1", 1))
+    assert wait_for(lambda: len(kube.state.nodes()) == 2)
+    svc.epoch()
+    assert "uid-p" not in svc.app.state.engine.published.plan.rejected
+
+
+def test_a_view_without_nodes_tells_a_pending_pod_nothing(rejected_pod):
+    """At startup the pods may be listed before the nodes: a plan on that view rejects
+    every pod ("the cluster has no GPU devices"), which says nothing about the pod."""
+    api, _, _ = rejected_pod()
+    time.sleep(0.3)
+    assert not [e for e in events(api) if e["reason"] == "ConfigurationsRejected"]

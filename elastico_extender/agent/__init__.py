@@ -7,3 +7,11 @@ shim's rings), :mod:`.framework` (a framework's Prometheus counter declared by a
 :mod:`.window` (counter readings -> rates), :mod:`.reporter` (the authenticated POST),
 :mod:`.daemon` (the loop) and :mod:`.cli`.  See docs/observability.md.
 """
+
+__all__ = ["MAX_AGE_HEADER"]
+
+MAX_AGE_HEADER = "Elastico-Observation-Max-Age"
+"""The wire name both sides share: the extender states its ``observation_max_age_seconds``
+in this header of every answer to ``POST /observations`` (``api/routes/observations.py``),
+and the agent holds refused windows that long (:mod:`.reporter`).  Here, with no imports,
+so the extender reads it without the agent's HTTP client."""

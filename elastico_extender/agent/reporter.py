@@ -12,8 +12,18 @@ pod once), after the server's ``Retry-After`` (capped at
 :data:`RETRY_AFTER_CAP_SECONDS`; until then a report is held without posting).  What
 the server took, or refused as bad input (any other 4xx), is never resent.  The hold is
 bounded: at most ``max_held`` windows (the oldest dropped first), and a window older
-than ``max_age_seconds`` is dropped, since the extender refuses it as stale anyway
-(``observation_max_age_seconds``, 120 s by default).  ``dropped`` counts both.
+than the extender's staleness bound is dropped, since the extender refuses it anyway.
+``dropped`` counts both.
+
+The bound is the extender's own: every answer to ``POST /observations`` states its
+``observation_max_age_seconds`` in the ``Elastico-Observation-Max-Age`` header, and the
+reporter holds windows until that bound less a margin for transit and clock skew
+(:func:`hold_bound`: 10 s, or a tenth of a short bound).  A stated bound is clamped to
+[:data:`MIN_STATED_SECONDS`, :data:`MAX_STATED_SECONDS`]; an answer without the header,
+or with one that is not a positive finite number (an older extender, a proxy's own
+answer), brings back the reporter's default, ``max_age_seconds``
+(:data:`STALE_AFTER_SECONDS`, which suits the extender's default of 120 s).  So an
+operator who changes the setting changes what agents resend, from their next answer on.
 """
 
 from __future__ import annotations
@@ -29,19 +39,47 @@ from typing import Any
 
 import httpx
 
-__all__ = ["MAX_HELD_WINDOWS", "RETRY_AFTER_CAP_SECONDS", "STALE_AFTER_SECONDS", "Reporter"]
+from elastico_extender.agent import MAX_AGE_HEADER
+
+__all__ = [
+    "MAX_AGE_HEADER",
+    "MAX_HELD_WINDOWS",
+    "RETRY_AFTER_CAP_SECONDS",
+    "STALE_AFTER_SECONDS",
+    "Reporter",
+    "hold_bound",
+]
 
 log = logging.getLogger(__name__)
 
 RETRY_AFTER_CAP_SECONDS = 30.0
 """Longest ``Retry-After`` honoured: a hand-over takes a Lease duration (15 s default)."""
 STALE_AFTER_SECONDS = 110.0
-"""A held window older than this is dropped: the extender's default staleness bound
-(``observation_max_age_seconds`` = 120 s) less a margin for transit and clock skew."""
+"""A held window older than this is dropped until the extender states its bound: its
+default ``observation_max_age_seconds`` (120 s) less the margin of :func:`hold_bound`."""
+MIN_STATED_SECONDS = 1.0
+MAX_STATED_SECONDS = 3600.0
+"""Range a stated bound is clamped to: held windows are bounded in count anyway, this
+keeps a wrong header from holding them for hours or dropping each at once."""
+MARGIN_SECONDS = 10.0
+"""Transit and clock skew between the agent's and the extender's clocks."""
 MAX_HELD_WINDOWS = 4096
 """Windows held for resending (two batches of a node's every pod, with a wide margin)."""
 TRANSIENT = frozenset({409, 429})
 """4xx answers that say "not now" rather than "bad input"."""
+
+
+def hold_bound(stated: str | None, default: float) -> float:
+    """How long a refused window is held: the extender's stated bound (clamped) less the
+    margin (10 s, at most a tenth of the bound); ``default`` when absent or garbage."""
+    try:
+        bound = float(stated) if stated is not None else math.nan
+    except ValueError:
+        bound = math.nan
+    if not math.isfinite(bound) or bound <= 0:
+        return default
+    bound = min(max(bound, MIN_STATED_SECONDS), MAX_STATED_SECONDS)
+    return bound - min(MARGIN_SECONDS, 0.1 * bound)
 
 
 class Reporter:
@@ -70,7 +108,9 @@ class Reporter:
             transport=transport,
         )
         self.max_held = max_held
+        self.default_max_age_seconds = max_age_seconds
         self.max_age_seconds = max_age_seconds
+        """Held windows older than this are dropped: from the extender's last answer."""
         self.clock = clock
         self.retry_at = float("-inf")
         """No POST before this (the agent's clock): the server's capped ``Retry-After``."""
@@ -122,6 +162,7 @@ class Reporter:
             except httpx.HTTPError as exc:
                 log.warning("report.failed", extra={"error": str(exc), "held": len(items)})
                 return {"error": str(exc)}, items
+            self._adopt(reply.headers.get(MAX_AGE_HEADER))
             if reply.status_code == 200:
                 result: dict[str, Any] = reply.json()
                 return result, None
@@ -142,6 +183,16 @@ class Reporter:
             if not items:
                 return failed, None
         return {"error": "unreachable"}, None
+
+    def _adopt(self, stated: str | None) -> None:
+        """Hold windows as long as the extender that answered takes them (module doc)."""
+        bound = hold_bound(stated, self.default_max_age_seconds)
+        if bound != self.max_age_seconds:
+            log.info(
+                "report.max_age",
+                extra={"stated": stated, "held_for_seconds": bound, "was": self.max_age_seconds},
+            )
+            self.max_age_seconds = bound
 
     def _wait(self, header: str | None) -> None:
         """Honour ``Retry-After`` (delta seconds or an HTTP date), capped."""

@@ -34,7 +34,7 @@ from elastico_extender.core.interference.online import OnlineCorrection
 from elastico_extender.core.interference.predictor import ContentionPredictor, SlowdownPredictor
 from elastico_extender.core.settings import PlannerSettings
 from elastico_extender.profiles.store import ProfileStore
-from elastico_extender.service.checkpoint import LearnedCheckpoint
+from elastico_extender.service.checkpoint import CheckpointCollector, LearnedCheckpoint
 from elastico_extender.service.engine import Engine
 from elastico_extender.service.events import EventRecorder
 from elastico_extender.service.families import FamilyResolver
@@ -160,6 +160,8 @@ def create_app(
     )
     observed.attach(lambda: engine.published if engine.has_plan else None, engine.forget_family)
     metrics.registry.register(ObservationCollector(observed))
+    if checkpoint is not None:
+        metrics.registry.register(CheckpointCollector(checkpoint))
     token, generated = _token(settings)
 
     @asynccontextmanager

@@ -23,7 +23,15 @@ controllers keep their state without shared storage:
 * **restore** at start and whenever this replica becomes the leader (before it leads):
   the checkpoint is merged into the replica's state and its SQLite file.  A checkpoint
   that cannot be read (garbage, another format, too large) is ignored with a warning,
-  never a crash: the replica goes on with what it has, and its next write replaces it.
+  never a crash: the replica goes on with what it has, and its next write replaces it;
+* **refresh** while following, every ``period`` seconds: a follower reads the ConfigMap
+  and merges it when its ``resourceVersion`` changed since the one it last merged (an
+  unchanged one is not decoded), so its plans and REST views use what the leader learned
+  and a takeover starts from the newest checkpoint (the restore then finds nothing new to
+  decode).  A follower never writes; the leader never reads its own checkpoint back;
+* **status** (:meth:`LearnedCheckpoint.status`, ``GET /healthz``) and Prometheus series
+  (:class:`CheckpointCollector`): the age of this replica's last sync with the
+  checkpoint, the failures by reason (:data:`FAILURE_REASONS`), the payload's size.
 """
 
 from __future__ import annotations
@@ -34,17 +42,19 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from kubernetes import client
 from kubernetes.client.rest import ApiException
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from elastico_extender.cluster.kube import FIELD_MANAGER
-from elastico_extender.profiles.loop_snapshot import CorruptSnapshot, decode, encode
+from elastico_extender.profiles.loop_snapshot import CorruptSnapshot, LearnedState, decode, encode
 from elastico_extender.service.observations import ObservationService
 
-__all__ = ["DATA_KEY", "LearnedCheckpoint"]
+__all__ = ["DATA_KEY", "FAILURE_REASONS", "CheckpointCollector", "LearnedCheckpoint"]
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +68,11 @@ TIMEOUT = 5.0
 return well within the renew deadline (10 s with the chart's defaults)."""
 HISTORY_ROWS = 5_000
 """Newest labelled samples and per-pod records offered to a checkpoint (before the bound)."""
+FAILURE_REASONS = ("unreachable", "api_error", "conflict", "deposed", "unreadable")
+"""Why a read or write failed (the metric's bounded label set): no answer from the API
+server; an error status from it (RBAC, quota, ...); a write refused as not conditional
+on the newest checkpoint; a newer leader's checkpoint seen (this replica stops writing);
+a stored checkpoint this version cannot decode."""
 
 
 class LearnedCheckpoint:
@@ -89,78 +104,145 @@ class LearnedCheckpoint:
         self._written_version = -1  # observations.learned_version when last written
         self._deposed_term: int | None = None  # a newer term's checkpoint was seen
         self._floor = 0  # 1 + the term of the checkpoint last restored
+        self._merged_rv: str | None = None  # whose state this replica holds (no decode)
+        self._unreadable_rv: str | None = None  # counted once, not every period
         self.last_dropped: dict[str, int] = {}
         self.writes = 0
+        self.merges = 0
+        """Checkpoints decoded and merged (restore, refresh, after a conflict)."""
+        self.reads = 0
+        """Successful reads of the ConfigMap (found or absent)."""
+        self.failures = dict.fromkeys(FAILURE_REASONS, 0)
+        self.last_failure: dict[str, Any] | None = None
+        self.payload_bytes: int | None = None
+        """Compressed size of the checkpoint last written or read here."""
+        self._started = time.monotonic()
+        self._synced: float | None = None  # monotonic: last write/check, restore/refresh
+        self.last_write_at: float | None = None  # wall clock, for the status
+        self.last_read_at: float | None = None
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    # -- restore ------------------------------------------------------------------------
+    # -- restore and refresh ------------------------------------------------------------
     def restore(self) -> bool:
         """Merge the stored checkpoint into this replica; False when there is none usable."""
         with self._lock:
             return self._restore()
 
     def _restore(self) -> bool:
-        found = self._read()
+        found = self._fetch()
         if found is None:
             return False
-        obj, payload = found
-        self._rv = str((obj.get("metadata") or {}).get("resourceVersion") or "") or None
+        obj, rv = found
+        if obj is None:
+            self._synced_now()  # nothing stored: nothing to restore
+            return False
+        self._rv = rv
         # Write above what was restored: a Lease created anew (transitions from 0) must
         # not look older than the checkpoint of the Lease before it.
         self._floor = _term_of(obj) + 1
         self._deposed_term = None
-        if payload is None:
-            return False
-        try:
-            state = decode(payload)
-        except CorruptSnapshot as exc:
-            log.warning(
-                "checkpoint.unreadable: ignored, this replica keeps its own state and its "
-                "next write replaces it",
-                extra={"configmap": f"{self.namespace}/{self.name}", "reason": str(exc)},
-            )
+        if rv is not None and rv == self._merged_rv:
+            self._synced_now()  # refreshed while following: nothing new to decode
+            return True
+        state = self._decoded(obj, rv)
+        if state is None:
             return False
         self.observations.merge_learned(state)
+        self._merged(rv)
         log.info(
             "checkpoint.restored",
             extra={"configmap": f"{self.namespace}/{self.name}", "rows": state.counts()},
         )
         return True
 
-    def _read(self) -> tuple[dict[str, Any], bytes | None] | None:
-        """(the ConfigMap, its payload or None when unreadable); None when absent/unreachable."""
+    def refresh(self) -> str:
+        """A follower's periodic read: merge the checkpoint if its ``resourceVersion``
+        changed since the one this replica holds.  Never writes, and the leader never
+        reads back its own checkpoint.  Returns ``leader``, ``absent``, ``unchanged``,
+        ``merged``, ``unreadable`` or ``failed``."""
+        with self._lock:
+            if self.is_leader():
+                return "leader"
+            found = self._fetch()
+            if found is None:
+                return "failed"
+            obj, rv = found
+            if obj is None:
+                self._synced_now()
+                return "absent"
+            if rv is not None and rv == self._merged_rv:
+                self._synced_now()
+                return "unchanged"
+            if rv is not None and rv == self._unreadable_rv:
+                return "unreadable"  # said once; the leader's next write replaces it
+            state = self._decoded(obj, rv)
+            if state is None:
+                return "unreadable"
+            self.observations.merge_learned(state)
+            self._merged(rv)
+            log.info("checkpoint.refreshed", extra={"resource_version": rv})
+            return "merged"
+
+    def _fetch(self) -> tuple[dict[str, Any] | None, str | None] | None:
+        """(the ConfigMap, its resourceVersion); (None, None) when there is none; None when
+        it could not be read (counted as a failure)."""
         try:
             reply: Any = self.api.read_namespaced_config_map(
                 self.name, self.namespace, _preload_content=False, _request_timeout=TIMEOUT
             )
             obj = json.loads(reply.data)
         except ApiException as exc:
-            if exc.status != 404:
-                log.warning("checkpoint.read_failed", extra={"status": exc.status})
+            if exc.status == 404:
+                self._read_ok(None)
+                return None, None
+            self._failed("api_error", "read", f"HTTP {exc.status}")
             return None
-        except Exception as exc:  # unreachable, or not JSON: the same as nothing to read
-            log.warning("checkpoint.read_failed", extra={"error": repr(exc)})
+        except ValueError as exc:  # not JSON: not an API server we can talk to
+            self._failed("unreachable", "read", f"not JSON ({exc})")
+            return None
+        except Exception as exc:  # unreachable: the next period tries again
+            self._failed("unreachable", "read", repr(exc))
             return None
         if not isinstance(obj, dict):
+            self._failed("unreachable", "read", f"a JSON {type(obj).__name__}, not an object")
             return None
+        rv = str((obj.get("metadata") or {}).get("resourceVersion") or "") or None
+        self._read_ok(obj)
+        return obj, rv
+
+    def _decoded(self, obj: dict[str, Any], rv: str | None) -> LearnedState | None:
+        """The checkpoint's state; None when it cannot be read (warned and counted once
+        per resourceVersion)."""
         data = (obj.get("binaryData") or {}) if isinstance(obj.get("binaryData"), dict) else {}
         encoded = data.get(DATA_KEY)
+        where = f"{self.namespace}/{self.name}"
         if not isinstance(encoded, str):
-            log.warning(
-                "checkpoint.unreadable: no binaryData entry",
-                extra={"configmap": f"{self.namespace}/{self.name}", "key": DATA_KEY},
-            )
-            return obj, None
+            self._unreadable(rv, "no binaryData entry", {"configmap": where, "key": DATA_KEY})
+            return None
         try:
-            return obj, base64.b64decode(encoded, validate=True)
+            payload = base64.b64decode(encoded, validate=True)
         except (binascii.Error, ValueError) as exc:
-            log.warning(
-                "checkpoint.unreadable: binaryData is not base64",
-                extra={"configmap": f"{self.namespace}/{self.name}", "reason": str(exc)},
+            reason = {"configmap": where, "reason": str(exc)}
+            self._unreadable(rv, "binaryData is not base64", reason)
+            return None
+        self.payload_bytes = len(payload)
+        try:
+            return decode(payload)
+        except CorruptSnapshot as exc:
+            self._unreadable(
+                rv,
+                "ignored, this replica keeps its own state and its next write replaces it",
+                {"configmap": where, "reason": str(exc)},
             )
-            return obj, None
+            return None
+
+    def _unreadable(self, rv: str | None, why: str, extra: dict[str, Any]) -> None:
+        log.warning(f"checkpoint.unreadable: {why}", extra=extra)
+        if rv is None or rv != self._unreadable_rv:
+            self._failed("unreadable", "read", why)
+        self._unreadable_rv = rv
 
     # -- write --------------------------------------------------------------------------
     def save(self, force: bool = False) -> str:
@@ -175,6 +257,7 @@ class LearnedCheckpoint:
             self._deposed_term = None
             version = self.observations.learned_version
             if not force and version == self._written_version:
+                self._synced_now()  # the stored checkpoint holds all this replica knows
                 return "unchanged"
             for attempt in (0, 1):
                 outcome = self._write(term)
@@ -232,40 +315,99 @@ class LearnedCheckpoint:
                     "checkpoint.conflict: a newer checkpoint exists; not overwritten",
                     extra={"status": exc.status, "resource_version": self._rv},
                 )
+                self._failed("conflict", "write", f"HTTP {exc.status}")
                 return "conflict"
-            log.warning("checkpoint.write_failed", extra={"status": exc.status})
+            self._failed("api_error", "write", f"HTTP {exc.status}")
             return "failed"
         except Exception as exc:  # unreachable: the next period tries again
-            log.warning("checkpoint.write_failed", extra={"error": repr(exc)})
+            self._failed("unreachable", "write", repr(exc))
             return "failed"
         self._rv = str(written.get("metadata", {}).get("resourceVersion") or "") or None
+        self._merged_rv = self._rv  # this replica holds what it wrote: nothing to read back
         self.writes += 1
+        self.payload_bytes = len(payload)
+        self.last_write_at = time.time()
+        self._synced_now()
         log.info("checkpoint.written", extra={"bytes": len(payload), "term": term})
         return "written"
 
     def _newest_is_older(self, term: int) -> bool:
         """After a conflict: read the newest checkpoint.  Written under a newer term: we are
         deposed (False).  Else merge it (an older leader's late write) and True: retry."""
-        found = self._read()
+        found = self._fetch()
         if found is None:
+            return False  # unreadable: counted; the next period tries again
+        obj, rv = found
+        if obj is None:
             self._rv = None  # deleted: the retry creates it
             return True
-        obj, payload = found
         theirs = _term_of(obj)
         if theirs > term:
             self._deposed_term = theirs
+            self._failed("deposed", "write", f"term {theirs} > {term}")
             log.warning(
                 "checkpoint.deposed: a newer leader wrote the checkpoint; this replica stops",
                 extra={"term": term, "newer_term": theirs},
             )
             return False
-        self._rv = str((obj.get("metadata") or {}).get("resourceVersion") or "") or None
-        if payload is not None:
-            try:
-                self.observations.merge_learned(decode(payload))
-            except CorruptSnapshot as exc:
-                log.warning("checkpoint.unreadable", extra={"reason": str(exc)})
+        self._rv = rv
+        state = self._decoded(obj, rv)
+        if state is not None:
+            self.observations.merge_learned(state)
+            self._merged(rv)
         return True
+
+    # -- bookkeeping, status ------------------------------------------------------------
+    def _read_ok(self, obj: dict[str, Any] | None) -> None:
+        self.reads += 1
+        self.last_read_at = time.time()
+        if obj is None:
+            self.payload_bytes = None
+
+    def _merged(self, rv: str | None) -> None:
+        self._merged_rv = rv
+        self.merges += 1
+        self._synced_now()
+
+    def _synced_now(self) -> None:
+        self._synced = time.monotonic()
+
+    def _failed(self, reason: str, operation: str, detail: str) -> None:
+        self.failures[reason] += 1
+        self.last_failure = {
+            "reason": reason,
+            "operation": operation,
+            "detail": detail[:200],
+            "at": time.time(),
+        }
+        if reason in ("unreachable", "api_error"):
+            log.warning(f"checkpoint.{operation}_failed", extra={"reason": reason, "error": detail})
+
+    def age_seconds(self) -> float:
+        """Seconds since this replica last knew it agrees with the stored checkpoint: the
+        leader's last write (or last check that nothing new was learned since), a
+        follower's last restore or refresh read; since start when never."""
+        synced = self._synced if self._synced is not None else self._started
+        return max(0.0, time.monotonic() - synced)
+
+    def status(self) -> dict[str, Any]:
+        """What ``GET /healthz`` shows of the checkpoint (and the metrics read)."""
+        return {
+            "configmap": f"{self.namespace}/{self.name}",
+            "role": "leader" if self.is_leader() else "follower",
+            "age_seconds": round(self.age_seconds(), 3),
+            "synced": self._synced is not None,
+            "bytes": self.payload_bytes,
+            "resource_version": self._merged_rv or self._rv,
+            "last_write_at": self.last_write_at,
+            "last_read_at": self.last_read_at,
+            "writes": self.writes,
+            "reads": self.reads,
+            "merges": self.merges,
+            "failures": dict(self.failures),
+            "last_failure": self.last_failure,
+            "period_seconds": self.period,
+        }
 
     # -- lifecycle ----------------------------------------------------------------------
     def start(self) -> None:
@@ -273,10 +415,15 @@ class LearnedCheckpoint:
         self._thread = threading.Thread(target=self._run, name="learned-checkpoint", daemon=True)
         self._thread.start()
 
+    def step(self) -> str:
+        """One period: the leader writes (if it learned something), a follower refreshes."""
+        outcome = self.save()
+        return self.refresh() if outcome == "follower" else outcome
+
     def _run(self) -> None:
         while not self._stop.wait(self.period):
             try:
-                self.save()
+                self.step()
             except Exception:  # the writer must outlive any one failed write
                 log.exception("checkpoint.step_failed")
 
@@ -293,6 +440,48 @@ class LearnedCheckpoint:
                 "checkpoint.final",
                 extra={"outcome": outcome, "seconds": round(time.monotonic() - started, 3)},
             )
+
+
+class CheckpointCollector(Collector):
+    """Prometheus series of the checkpoint, read at scrape time.
+
+    ===============================================  =======  ==============================
+    metric                                           type     labels
+    ===============================================  =======  ==============================
+    elastico_learned_checkpoint_age_seconds          gauge    (since the last sync)
+    elastico_learned_checkpoint_bytes                gauge    (compressed payload)
+    elastico_learned_checkpoint_failures_total       counter  reason (FAILURE_REASONS)
+    ===============================================  =======  ==============================
+    """
+
+    def __init__(self, checkpoint: LearnedCheckpoint) -> None:
+        self.checkpoint = checkpoint
+
+    def describe(self) -> Iterator[Metric]:
+        return iter(())
+
+    def collect(self) -> Iterator[Metric]:
+        cp = self.checkpoint
+        yield GaugeMetricFamily(
+            "elastico_learned_checkpoint_age_seconds",
+            "Seconds since this replica last agreed with the learned-state checkpoint (the "
+            "leader's last write or check, a follower's last restore or refresh)",
+            value=cp.age_seconds(),
+        )
+        if cp.payload_bytes is not None:
+            yield GaugeMetricFamily(
+                "elastico_learned_checkpoint_bytes",
+                "Compressed size of the learned-state checkpoint last written or read",
+                value=cp.payload_bytes,
+            )
+        failures = CounterMetricFamily(
+            "elastico_learned_checkpoint_failures_total",
+            "Failed reads and writes of the learned-state checkpoint, by reason",
+            labels=["reason"],
+        )
+        for reason, count in cp.failures.items():
+            failures.add_metric([reason], count)
+        yield failures
 
 
 def _term_of(obj: dict[str, Any]) -> int:

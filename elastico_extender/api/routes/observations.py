@@ -12,6 +12,11 @@ Every field is checked (types, finite, non-negative, lengths, unknown fields) an
 every window against the published plan (:mod:`elastico_extender.service.observations`).
 Any problem refuses the whole batch with a 4xx whose ``Error`` names each field (and
 ``refused`` lists the item indices, so an agent can resend the rest); nothing changes.
+
+Every answer of ``POST /observations`` past authentication, taken or refused, carries
+:data:`MAX_AGE_HEADER`: the ``observation_max_age_seconds`` this replica refuses windows
+beyond, so the agent holds and resends refused windows exactly as long as they can still
+be taken (``agent/reporter.py``).
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
+from elastico_extender.agent import MAX_AGE_HEADER
 from elastico_extender.api.deps import (
     ApiError,
     json_response,
@@ -35,7 +41,7 @@ from elastico_extender.service.observations import (
     ObservationService,
 )
 
-__all__ = ["MAX_BODY_BYTES", "MAX_WINDOWS", "ObservationBatch", "router"]
+__all__ = ["MAX_AGE_HEADER", "MAX_BODY_BYTES", "MAX_WINDOWS", "ObservationBatch", "router"]
 
 router = APIRouter(tags=["closed loop"])
 
@@ -79,17 +85,22 @@ def service_of(request: Request) -> ObservationService:
     summary="A node agent's windows: progress rate, peak memory, SM activity per pod",
 )
 async def post_observations(request: Request) -> Response:
-    batch = await read_model(request, ObservationBatch, MAX_BODY_BYTES)
+    service = service_of(request)
+    bound = {MAX_AGE_HEADER: f"{service.settings.observation_max_age_seconds:.15g}"}
+    try:
+        batch = await read_model(request, ObservationBatch, MAX_BODY_BYTES)
+    except ApiError as exc:
+        raise ApiError(exc.status, exc.message, {**exc.headers, **bound}) from None
     windows = [AgentWindow(**item.model_dump()) for item in batch.observations]
     try:
-        result = await run_in_threadpool(service_of(request).ingest, batch.node, windows)
+        result = await run_in_threadpool(service.ingest, batch.node, windows)
     except ObservationRefused as exc:
         # 503 (a follower): the agent's next window goes to the leader the Service selects
-        retry = {"Retry-After": "2"} if exc.status == 503 else None
+        retry = {"Retry-After": "2", **bound} if exc.status == 503 else bound
         return json_response(
             {"Error": "; ".join(exc.problems[:20]), "refused": exc.refused}, exc.status, retry
         )
-    return json_response(result)
+    return json_response(result, headers=bound)
 
 
 @router.get(

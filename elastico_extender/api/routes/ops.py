@@ -13,9 +13,14 @@ __all__ = ["router"]
 router = APIRouter(tags=["operations"])
 
 
-@router.get("/healthz", summary="Liveness, with the predictor in use and why it is degraded")
+@router.get(
+    "/healthz",
+    summary="Liveness, with the predictor in use and why it is degraded, and the state of "
+    "the learned-state checkpoint",
+)
 async def healthz(request: Request) -> Response:
     engine = engine_of(request)
+    checkpoint = getattr(request.app.state, "checkpoint", None)
     return json_response(
         {
             "status": "ok",
@@ -23,6 +28,7 @@ async def healthz(request: Request) -> Response:
             "predictor": engine.predictor_name,
             "degraded_predictor": engine.predictor_degraded,
             "last_epoch_error": engine.last_epoch_error,
+            "learned_checkpoint": checkpoint.status() if checkpoint is not None else None,
         }
     )
 
