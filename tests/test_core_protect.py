@@ -210,7 +210,7 @@ def test_loop_admits_a_new_pair_only_clear_of_the_band(families):
 def test_the_band_guards_admission_only_a_running_pair_within_tau_stays(families):
     """Hysteresis: the same prediction does not evict a pair already sharing, whose
     observations are within tolerance."""
-    snap, level, _ = band_case(families)
+    _, level, _ = band_case(families)
     snapshot = shared_pair(families, gpus=1)
     book = ObservationBook(smoothing=1.0)
     for k in range(1, 5):
