@@ -195,6 +195,8 @@ class Placer:
         """For each device: (safe?, newcomer's worst S_hat) next to that device's occupants.
 
         Empty devices are safe with S_hat 1.  One predictor call covers all pairs.
+        ``tolerance`` is the newcomer's as the screen uses it (already divided by its
+        admission margin); each occupant's tau is divided by its own margin here.
         """
         safe = np.ones(len(devices), dtype=bool)
         worst = np.ones(len(devices))
