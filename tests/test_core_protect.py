@@ -189,7 +189,7 @@ def band_case(families) -> tuple[Snapshot, float, dict]:
     tau = min(a.tolerance for a in open_loop.assignments.values())
     assert set(open_loop.assignments) == {"bert", "resnet"}
     level = 0.97 * tau
-    assert level * (1.0 + ADMIT_BAND) > tau  # inside the band even for a solo-referenced job
+    assert level * (1.0 + ADMIT_BAND) > tau  # inside the band
     seen = {"bert": ObservedSlowdown(1.0, 4, 5.0, (1.0,) * 4)}  # observed, alone
     return replace(snap, now=5.0), level, seen
 

@@ -46,7 +46,7 @@ from elastico_extender.core.model import (
 from elastico_extender.core.planner.devices import DeviceTable, device_tuples, gpu_equivalent
 from elastico_extender.core.planner.observed_sm import charged_sm, observed_ratios
 from elastico_extender.core.planner.placement import Placer
-from elastico_extender.core.planner.protect import admit_margin, admit_margins
+from elastico_extender.core.planner.protect import admit_margin
 from elastico_extender.core.planner.tables import build_tables, stack_families
 from elastico_extender.core.resources import GPU_MEM, GPU_SM, NUM_RESOURCES
 from elastico_extender.core.settings import PlannerSettings
@@ -210,11 +210,9 @@ class PlacementView:
             plan.stats.get("sm_allocated", 0.0), plan.stats.get("memory_allocated", 0.0)
         )
         self.utilization = float(utilization)
-        self._observed = snapshot.observed
+        self._observed = bool(snapshot.observed)
+        self.placer.margin = admit_margin(snapshot.observed)  # closed loop: admission band
         self._commit_plan(snapshot, plan)
-        margins = admit_margins(self._observed, list(self._rows))
-        if margins is not None:  # closed loop: new co-locations clear the admission band
-            self.placer.set_margins(np.fromiter(self._rows.values(), np.intp), margins)
 
     # -- bookkeeping ----------------------------------------------------------
     def _row_for(self, job_id: str) -> int:
@@ -356,9 +354,6 @@ class PlacementView:
         if self.holds(job.id):
             raise ValueError(f"job {job.id} already holds devices {self.devices_of(job.id)}")
         row = self._row_for(job.id)
-        if self._observed:
-            margin = admit_margin(self._observed.get(job.id))
-            self.placer.set_margins(np.array([row]), np.array([margin]))
         devices = [self.table.index[ref] for ref in verdict.devices]
         demand = family.resources[verdict.config_index]
         if not force and not self.table.fits_on(devices, demand):
@@ -490,7 +485,6 @@ class PlacementView:
         options = np.flatnonzero(np.isfinite(scores))
         options = options[np.argsort(scores[options], kind="stable")][:MAX_OPTIONS]
         screen = self.placer.predictor is not None
-        margin = admit_margin(self._observed.get(job.id)) if self._observed else 1.0
         for config in options.tolist():
             if not open_node.any():
                 break
@@ -502,7 +496,7 @@ class PlacementView:
             slowdown = None
             if screen:
                 mask, slowdown, (bad_devs, bad_slow) = self._screen(
-                    mask, family.features[config], tolerance / margin, gpus
+                    mask, family.features[config], tolerance, gpus
                 )
                 if bad_devs.size:
                     np.fmax.at(worst_seen, table.node_of[bad_devs], bad_slow)

@@ -55,7 +55,7 @@ from elastico_extender.core.planner.patience import Patience
 from elastico_extender.core.planner.placement import Placer
 from elastico_extender.core.planner.protect import (
     Protection,
-    admit_margins,
+    admit_margin,
     harmed_rows,
     held_apart,
     separate,
@@ -355,9 +355,7 @@ class _Epoch:
             self.patience = Patience(self.snapshot, table.size, s.patience_horizon_s)
         if self.apart or self.solo:
             placer.set_loop(self.apart, self.solo)
-        margins = admit_margins(self.snapshot.observed, [job.id for job in t.jobs])
-        if margins is not None:  # closed loop: new co-locations clear the admission band
-            placer.set_margins(np.arange(len(t.jobs)), margins)
+        placer.margin = admit_margin(self.snapshot.observed)  # closed loop: admission band
         choice = selection.choice
         preempted: list[int] = []
         run_rows = np.flatnonzero(t.running)

@@ -80,7 +80,7 @@ class Placer:
         self.config = np.full(rows, -1, dtype=np.intp)
         self.tolerance = np.zeros(rows)
         # Closed loop: the factor on S_hat in the admission screen (protect's admission band).
-        self.margin = np.ones(rows)
+        self.margin = 1.0
         self.features = np.zeros((rows, NUM_JOB_FEATURES), dtype=np.float32)
         self.devices_of: dict[int, tuple[int, ...]] = {}
         self.kept_in_place: set[int] = set()  # rows committed in bulk on their own devices
@@ -95,7 +95,6 @@ class Placer:
         size = max(rows, 2 * have, 16)
         self.config = np.concatenate([self.config, np.full(size - have, -1, dtype=np.intp)])
         self.tolerance = np.concatenate([self.tolerance, np.zeros(size - have)])
-        self.margin = np.concatenate([self.margin, np.ones(size - have)])
         self.features = np.concatenate(
             [self.features, np.zeros((size - have, self.features.shape[1]), dtype=np.float32)]
         )
@@ -156,16 +155,6 @@ class Placer:
         self.forbidden_rows.update(a for a, _ in apart)
         self.forbidden_rows.update(solo)
 
-    def set_margins(self, rows: np.ndarray, margins: np.ndarray) -> None:
-        """Admission-screen factors on S_hat for ``rows`` (protect's admission band)."""
-        if rows.size:
-            self._reserve(int(rows.max()) + 1)
-            self.margin[rows] = margins
-
-    def margin_of(self, row: int) -> float:
-        """The admission-screen factor of ``row`` (1 for rows without one)."""
-        return float(self.margin[row]) if 0 <= row < self.margin.size else 1.0
-
     # -- checks ------------------------------------------------------------
     def kept_apart(self, row: int, device: int) -> bool:
         """Whether a constraint of every configuration keeps ``row`` off ``device``: it or
@@ -195,8 +184,7 @@ class Placer:
         """For each device: (safe?, newcomer's worst S_hat) next to that device's occupants.
 
         Empty devices are safe with S_hat 1.  One predictor call covers all pairs.
-        ``tolerance`` is the newcomer's as the screen uses it (already divided by its
-        admission margin); each occupant's tau is divided by its own margin here.
+        Both sides are compared with tau divided by ``margin`` (the admission band).
         """
         safe = np.ones(len(devices), dtype=bool)
         worst = np.ones(len(devices))
@@ -237,8 +225,7 @@ class Placer:
         s = np.asarray(self.predictor.predict(x), dtype=np.float64)
         half = first.size
         s_new, s_old = s[:half][inverse], s[half:][inverse]
-        their_tol = self.tolerance[partners] / self.margin[partners]
-        bad = (s_new > tolerance) | (s_old > their_tol)
+        bad = (s_new > tolerance / self.margin) | (s_old > self.tolerance[partners] / self.margin)
         idx = np.array(pair_dev)
         np.maximum.at(worst, idx, s_new)
         safe[np.unique(idx[bad])] = False
@@ -271,11 +258,10 @@ class Placer:
         """
         table = self.table
         memo = None
-        margin = self.margin_of(row)
         if question is not None and allowed_devices is None:
             # Placements only take room and add pairs to check: a question that found
             # nothing stays unanswerable until something is removed.
-            memo = (question, best_fit, table.freed, margin)
+            memo = (question, best_fit, table.freed)
             if memo in self._failed:
                 return None
             if row in self.forbidden_rows:
@@ -292,7 +278,6 @@ class Placer:
                     best_fit,
                     None,
                     False,
-                    margin,
                 )
                 if unconstrained is None:
                     self._failed.add(memo)
@@ -308,7 +293,6 @@ class Placer:
             best_fit,
             allowed_devices,
             commit,
-            margin,
         )
         if placed is None and memo is not None:
             self._failed.add(memo)
@@ -325,9 +309,7 @@ class Placer:
         best_fit: bool,
         allowed_devices: np.ndarray | None,
         commit: bool,
-        margin: float,
     ) -> Placed | None:
-        """``try_place``'s search; the screen compares ``S_hat * margin`` with tau."""
         table = self.table
         largest: tuple[float, float] | None = None
         any_idle = gpus == 1 and allowed_devices is None and bool(table.idle_per_node.any())
@@ -383,7 +365,7 @@ class Placer:
                     mask,
                     demand,
                     features[config],
-                    float(tolerance[config]) / margin,
+                    float(tolerance[config]),
                     gpus,
                     best_fit,
                     batch,

@@ -41,18 +41,20 @@ Rules
   (:mod:`..interference.online`), which learns the observed slowdown from the
   same windows, so other jobs of the same pair are refused by the ordinary
   IAC screen, and that memory persists across restarts.
-* **Admission band.**  While the loop is engaged a new co-location must clear
-  its tolerance by a margin before it is admitted: the IAC screen compares
-  ``S_hat * margin`` with tau, ``margin = 1 + ADMIT_BAND`` for a job whose
-  reference is a solo window and ``(1 + ADMIT_BAND) * (1 + PROFILE_MARGIN)``
-  for a job measured against its profile (every job that has not yet run
-  alone).  The protect step separates on evidence raised by the same profile
-  margin, so without the band a pair predicted just under tau is admitted and
-  then separated, and the next job of the same pair takes its place: on Philly
-  at load 1.5, 60% of separations were of pairs whose smoothed slowdown was
-  within tau, and jobs went back to the queue up to 41 times.  A running pair
-  stays while it is within tau (the band only guards admission), so the two
-  thresholds form a hysteresis band.  Without observations the margin is 1.
+* **Admission band.**  While the loop is engaged a new co-location (an
+  admission, a move next to others, a step-down) must clear every tenant's
+  tolerance by ``ADMIT_BAND``: the IAC screen compares ``S_hat * (1 +
+  ADMIT_BAND)`` with tau.  A running pair stays while its observations are
+  within tau, so admission and separation thresholds form a hysteresis band.
+  Without it the planner admitted pairs predicted just under tau which the
+  harm test, on noisy and profile-referenced windows, separated two windows
+  later, and the next job of the same pair took the freed place: on Philly
+  at load 1.5 (600 h) 60% of separations were of pairs whose smoothed
+  slowdown was within tau, and one job went back to the queue 41 times.
+  (Adding the profile margin to the band as well cut requeues sixfold but
+  refused most pairs a learned predictor would share, leaving that policy
+  1.5% behind not sharing at all; ``benchmarks/results/loop/README.md``.)
+  Without observations there is no band.
 * **Unknown workloads run alone.** While the loop is engaged (any observation
   present), a job whose family has no measured configuration and which has
   never been observed may only start on an idle GPU, and nobody joins it,
@@ -65,7 +67,7 @@ and the planner's decisions are unchanged.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -84,7 +86,6 @@ __all__ = [
     "STALE_S",
     "Protection",
     "admit_margin",
-    "admit_margins",
     "harm_evidence",
     "harmed_rows",
     "held_apart",
@@ -108,6 +109,11 @@ ADMIT_BAND = 0.05
 """Relative margin below tau a new co-location's prediction must clear while the loop is
 engaged (module doc, "Admission band"): over three times the 1.5% scatter of a four-window
 mean at the simulator's 3% window noise, so noise alone does not separate what was admitted."""
+
+
+def admit_margin(observed: Mapping[str, ObservedSlowdown]) -> float:
+    """The factor on S_hat in the admission screen: 1 + ADMIT_BAND once anything is observed."""
+    return 1.0 + ADMIT_BAND if observed else 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,26 +144,6 @@ def harm_evidence(seen: ObservedSlowdown, now: float) -> float | None:
     if not seen.solo_reference:  # the profile's own error may hide the excess
         evidence *= 1.0 + PROFILE_MARGIN
     return evidence
-
-
-def admit_margin(seen: ObservedSlowdown | None) -> float:
-    """Factor on S_hat in the admission screen for a job with this record (module doc).
-
-    Only called while the loop is engaged; a job never observed (queued) will be
-    measured against its profile, as is one whose reference is not a solo window.
-    """
-    if seen is not None and seen.solo_reference:
-        return 1.0 + ADMIT_BAND
-    return (1.0 + ADMIT_BAND) * (1.0 + PROFILE_MARGIN)
-
-
-def admit_margins(
-    observed: Mapping[str, ObservedSlowdown], job_ids: Sequence[str]
-) -> np.ndarray | None:
-    """:func:`admit_margin` per job, or None while the loop is not engaged (no observations)."""
-    if not observed:
-        return None
-    return np.fromiter((admit_margin(observed.get(j)) for j in job_ids), np.float64, len(job_ids))
 
 
 def harmed_rows(epoch: EpochRows, rows: dict[str, int]) -> dict[int, float]:
@@ -365,9 +351,7 @@ def _cheapest_step_down(
         tau_row = epoch.tolerance_rows(np.array([row]))[0][options]
         tau_other = float(placer.tolerance[other])
         # A step-down is a new co-location of the pair: it clears the admission band.
-        safe = (s_row * placer.margin_of(row) <= tau_row) & (
-            s_other * placer.margin_of(other) <= tau_other
-        )
+        safe = (s_row * placer.margin <= tau_row) & (s_other * placer.margin <= tau_other)
         if not safe.any():
             continue
         cost = 1.0 - t.throughput[row, options] / t.throughput[row, current]

@@ -98,9 +98,9 @@ class OptionScreen:
         key = self.inverse[sel]
         s_new = self.s_new[k, key]
         s_old = self.s_old[k, key]
-        partners = self.partners[sel]
-        their_tol = self.placer.tolerance[partners] / self.placer.margin[partners]
-        bad = (s_new > tolerance) | (s_old > their_tol)
+        margin = self.placer.margin  # the closed loop's admission band (protect)
+        their_tol = self.placer.tolerance[self.partners[sel]]
+        bad = (s_new * margin > tolerance) | (s_old * margin > their_tol)
         idx = at[sel]
         np.maximum.at(worst, idx, s_new)
         safe[np.unique(idx[bad])] = False
