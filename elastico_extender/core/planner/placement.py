@@ -184,7 +184,7 @@ class Placer:
         """For each device: (safe?, newcomer's worst S_hat) next to that device's occupants.
 
         Empty devices are safe with S_hat 1.  One predictor call covers all pairs.
-        Both sides are compared with tau divided by ``margin`` (the admission band).
+        Both sides' S_hat times ``margin`` (the admission band) are compared with tau.
         """
         safe = np.ones(len(devices), dtype=bool)
         worst = np.ones(len(devices))
@@ -225,7 +225,8 @@ class Placer:
         s = np.asarray(self.predictor.predict(x), dtype=np.float64)
         half = first.size
         s_new, s_old = s[:half][inverse], s[half:][inverse]
-        bad = (s_new > tolerance / self.margin) | (s_old > self.tolerance[partners] / self.margin)
+        margin = self.margin  # the closed loop's admission band (protect)
+        bad = (s_new * margin > tolerance) | (s_old * margin > self.tolerance[partners])
         idx = np.array(pair_dev)
         np.maximum.at(worst, idx, s_new)
         safe[np.unique(idx[bad])] = False
@@ -269,30 +270,14 @@ class Placer:
                 # constraints: if the same question without them finds nothing, neither do
                 # they.  Asked once (as no row), the answer serves every such row after it.
                 unconstrained = self._try_options(
-                    _NO_ROW,
-                    gpus,
-                    options,
-                    per_gpu,
-                    features,
-                    tolerance,
-                    best_fit,
-                    None,
-                    False,
+                    _NO_ROW, gpus, options, per_gpu, features, tolerance, best_fit, None, False
                 )
                 if unconstrained is None:
                     self._failed.add(memo)
                     return None
                 memo = None  # their own failure may come from their constraints
         placed = self._try_options(
-            row,
-            gpus,
-            options,
-            per_gpu,
-            features,
-            tolerance,
-            best_fit,
-            allowed_devices,
-            commit,
+            row, gpus, options, per_gpu, features, tolerance, best_fit, allowed_devices, commit
         )
         if placed is None and memo is not None:
             self._failed.add(memo)
