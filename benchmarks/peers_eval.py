@@ -126,9 +126,17 @@ def _run(
     print(f"  {key}: {time.time() - t0:.0f}s", file=sys.stderr)
 
 
-def philly(worlds: tuple[str, ...], policies: tuple[str, ...], seed: int, resume: bool) -> None:
+def philly(
+    worlds: tuple[str, ...],
+    policies: tuple[str, ...],
+    seed: int,
+    resume: bool,
+    vcs: tuple[str, ...] = (),
+) -> None:
     for world in worlds:
         for vc, days, sizes in PHILLY:
+            if vcs and vc not in vcs:
+                continue
             loaded = philly_trace(vc, seed=seed, days=days)
             for gpus in sizes:
                 jobs = fit_to_cluster(loaded.jobs, gpus)
@@ -304,6 +312,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-learned", action="store_true", help="skip elastico+learned(+online)")
     ap.add_argument("--policies", help="comma list replacing every policy run (baselines too)")
     ap.add_argument("--resume", action="store_true", help="run only policies not yet saved")
+    ap.add_argument("--vcs", default="", help="comma list of Philly VCs to run (default: all)")
     ap.add_argument(
         "--policy-timeout", type=float, default=LIMIT["policy_s"], help="seconds per policy run"
     )
@@ -318,7 +327,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     OUT.mkdir(parents=True, exist_ok=True)
     if "philly" in only:
-        philly(worlds, chosen or (*BASELINES, *elastico), args.seed, args.resume)
+        vcs = tuple(v for v in args.vcs.split(",") if v)
+        philly(worlds, chosen or (*BASELINES, *elastico), args.seed, args.resume, vcs)
         print(collect(command))
     if "scale" in only:
         sizes = [int(s) for s in args.sizes.split(",") if s]
