@@ -143,19 +143,8 @@ class LearnedCheckpoint:
         # not look older than the checkpoint of the Lease before it.
         self._floor = _term_of(obj) + 1
         self._deposed_term = None
-        if rv is not None and rv == self._merged_rv:
-            self._synced_now()  # refreshed while following: nothing new to decode
-            return True
-        state = self._decoded(obj, rv)
-        if state is None:
-            return False
-        self.observations.merge_learned(state)
-        self._merged(rv)
-        log.info(
-            "checkpoint.restored",
-            extra={"configmap": f"{self.namespace}/{self.name}", "rows": state.counts()},
-        )
-        return True
+        # Refreshed while following: "unchanged", nothing new to decode.
+        return self._take(obj, rv, "checkpoint.restored") != "unreadable"
 
     def refresh(self) -> str:
         """A follower's periodic read: merge the checkpoint if its ``resourceVersion``
@@ -172,18 +161,32 @@ class LearnedCheckpoint:
             if obj is None:
                 self._synced_now()
                 return "absent"
-            if rv is not None and rv == self._merged_rv:
-                self._synced_now()
-                return "unchanged"
-            if rv is not None and rv == self._unreadable_rv:
-                return "unreadable"  # said once; the leader's next write replaces it
-            state = self._decoded(obj, rv)
-            if state is None:
-                return "unreadable"
-            self.observations.merge_learned(state)
-            self._merged(rv)
-            log.info("checkpoint.refreshed", extra={"resource_version": rv})
-            return "merged"
+            return self._take(obj, rv, "checkpoint.refreshed")
+
+    def _take(self, obj: dict[str, Any], rv: str | None, event: str) -> str:
+        """Merge the checkpoint ``obj`` unless this replica holds it already: ``unchanged``
+        (its version is the one last merged or written here), ``unreadable`` (it cannot be
+        decoded; a version found unreadable is not decoded again: the leader's next write
+        replaces it) or ``merged`` (logged as ``event``)."""
+        if rv is not None and rv == self._merged_rv:
+            self._synced_now()
+            return "unchanged"
+        if rv is not None and rv == self._unreadable_rv:
+            return "unreadable"
+        state = self._decoded(obj, rv)
+        if state is None:
+            return "unreadable"
+        self.observations.merge_learned(state)
+        self._merged(rv)
+        log.info(
+            event,
+            extra={
+                "configmap": f"{self.namespace}/{self.name}",
+                "resource_version": rv,
+                "rows": state.counts(),
+            },
+        )
+        return "merged"
 
     def _fetch(self) -> tuple[dict[str, Any] | None, str | None] | None:
         """(the ConfigMap, its resourceVersion); (None, None) when there is none; None when
@@ -351,10 +354,7 @@ class LearnedCheckpoint:
             )
             return False
         self._rv = rv
-        state = self._decoded(obj, rv)
-        if state is not None:
-            self.observations.merge_learned(state)
-            self._merged(rv)
+        self._take(obj, rv, "checkpoint.merged_newer")
         return True
 
     # -- bookkeeping, status ------------------------------------------------------------
