@@ -210,7 +210,6 @@ class PlacementView:
             plan.stats.get("sm_allocated", 0.0), plan.stats.get("memory_allocated", 0.0)
         )
         self.utilization = float(utilization)
-        self._observed = bool(snapshot.observed)
         self.placer.margin = admit_margin(snapshot.observed)  # closed loop: admission band
         self._commit_plan(snapshot, plan)
 
@@ -619,7 +618,8 @@ class PlacementView:
             texts.extend(text(v) for v in distinct.tolist())
 
         explain(devices[rest] < gpus, devices, lambda v: f"node has {v} GPU(s), job needs {gpus}")
-        band = " less the closed loop's admission band for new pairs" if self._observed else ""
+        banded = self.placer.margin > 1.0
+        band = " less the closed loop's admission band for new pairs" if banded else ""
         explain(
             ~np.isnan(worst_seen[rest]),
             worst_seen,

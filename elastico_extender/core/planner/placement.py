@@ -225,12 +225,19 @@ class Placer:
         s = np.asarray(self.predictor.predict(x), dtype=np.float64)
         half = first.size
         s_new, s_old = s[:half][inverse], s[half:][inverse]
-        margin = self.margin  # the closed loop's admission band (protect)
-        bad = (s_new * margin > tolerance) | (s_old * margin > self.tolerance[partners])
+        bad = self.refused(s_new, s_old, tolerance, partners)
         idx = np.array(pair_dev)
         np.maximum.at(worst, idx, s_new)
         safe[np.unique(idx[bad])] = False
         return safe, worst
+
+    def refused(
+        self, s_new: np.ndarray, s_old: np.ndarray, tolerance: float, partners: np.ndarray
+    ) -> np.ndarray:
+        """Per pair: the screen refuses it (the newcomer's or occupant's S_hat, times the
+        closed loop's admission band, above its tau; ``partners`` are the occupants' rows)."""
+        margin = self.margin
+        return (s_new * margin > tolerance) | (s_old * margin > self.tolerance[partners])
 
     # -- placement -----------------------------------------------------------
     def try_place(

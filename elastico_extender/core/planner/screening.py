@@ -98,9 +98,7 @@ class OptionScreen:
         key = self.inverse[sel]
         s_new = self.s_new[k, key]
         s_old = self.s_old[k, key]
-        margin = self.placer.margin  # the closed loop's admission band (protect)
-        their_tol = self.placer.tolerance[self.partners[sel]]
-        bad = (s_new * margin > tolerance) | (s_old * margin > their_tol)
+        bad = self.placer.refused(s_new, s_old, tolerance, self.partners[sel])
         idx = at[sel]
         np.maximum.at(worst, idx, s_new)
         safe[np.unique(idx[bad])] = False
