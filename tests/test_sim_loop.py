@@ -122,3 +122,34 @@ def test_the_loop_plans_when_observed_harm_or_a_waiting_queue_could_change_the_p
     sim._planned_flags = sim._harm_flags  # the plan saw it
     now = windows(1.6, 1, now)
     assert not sim._loop_news(now, epochs_since_plan=1.0)  # the same case: same answer
+
+
+def test_a_window_shared_for_part_of_its_span_is_not_a_solo_window():
+    """The agent's partners are everyone who shared the devices during the window; a window
+    whose partner left half-way is diluted harm, not the job's solo rate."""
+    from elastico_extender.core.closed_loop import ClosedLoop
+    from elastico_extender.sim import engine
+    from elastico_extender.sim.traces import TraceJob
+
+    configs = ConfigTable.build(0, 0.05)
+    truth = GroundTruth.build(configs)
+    family = sorted(configs.families)[0]
+    trace = [TraceJob(f"j{i}", 0.0, 1, 3600.0, family) for i in range(2)]
+    exp = Experiment(trace=tuple(trace), cluster=ClusterSpec(gpus=8))
+    policy = build_policy("elastico+online", exp, truth)
+    loop: ClosedLoop = policy.loop  # type: ignore[attr-defined]
+    sim = engine.Simulator(trace, policy, configs, truth, exp.cluster, loop=loop, noise=0.0)
+    sim.status[:] = engine.RUNNING
+    sim.gid[:] = configs.default_of(family)
+    sim.tenants[0] = [0, 1]
+    sim.devices[0] = sim.devices[1] = (0,)
+    sim._update_rates(0.0)
+    sim._record(0.0, 15.0)
+    sim.status[1] = engine.DONE  # j1 leaves half-way through the window
+    sim.tenants[0] = [0]
+    sim._update_rates(15.0)
+    sim._record(15.0, 30.0)
+    sim._observe(30.0)
+    seen = loop.observed()["j0"]
+    assert seen.partners == ("j1",)
+    assert not seen.solo_reference  # the profile still; the diluted rate taught nothing

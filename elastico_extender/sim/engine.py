@@ -37,7 +37,8 @@ rate in samples/s (or tokens/s): the work it did over the seconds it was not
 paused, times ``T_true(default)``, i.e. its true throughput ``T_true(c) / S_j``
 averaged over the window, times a measurement error, log-normal with sigma
 ``noise`` (default 0.03: the scatter of a launch-rate count over a window),
-with the tenants active on its devices at the window's end as partners, and
+with every tenant that ran unpaused on its devices at any time in the window
+as partners (a window is solo only if the job ran alone all through it), and
 its SM activity over the window (``Observation.sm_activity``, the field the
 node agent fills from NVML/DCGM): the world's true activity averaged over the
 window's unpaused seconds (the production world's a_i(t); in the benchmark
@@ -280,6 +281,8 @@ class Simulator:
         self.win_work = np.zeros(n)  # work done in the current observation window
         self.win_active = np.zeros(n)  # seconds not paused in it
         self.win_sm = np.zeros(n)  # integral of its SM activity over it
+        self.win_partners: dict[int, set[int]] = {}  # who shared its devices in it, unpaused
+        self._sharing: dict[int, list[int]] = {}  # job -> its unpaused co-tenants now
         self.counters["sm_oversubscribed_s"] = 0.0
         self._window_start = 0.0
 
@@ -300,6 +303,7 @@ class Simulator:
         self.win_work[:] = 0.0
         self.win_active[:] = 0.0
         self.win_sm[:] = 0.0
+        shared, self.win_partners = self.win_partners, {}
         if idx.size == 0:
             return
         noise = np.exp(self._rng.normal(0.0, self.noise, idx.size)) if self.noise > 0 else None
@@ -319,9 +323,7 @@ class Simulator:
                 book.set_reference(
                     t.job_id, config, unit, float(fams[t.workload].throughput[config])
                 )
-            partners = sorted(
-                {o for d in self.devices[i] for o in self.tenants[d] if o != i and active[o]}
-            )
+            partners = sorted(shared.get(i, ()))
             default = self.c.default_gid[int(self.c.workload[self.gid[i]])]
             rate = float(rate_now[k] * self.c.t_true[default])
             if noise is not None:
@@ -568,12 +570,15 @@ class Simulator:
         run = self.status == RUNNING
         active = run & (self.pause_until <= now + _EPS)
         self.slow[:] = 1.0
+        self._sharing = {}
         for members in self.tenants:
             if len(members) < 2:
                 continue
             live = [i for i in members if active[i]]
             if len(live) < 2:
                 continue
+            for i in live:
+                self._sharing.setdefault(i, []).extend(o for o in live if o != i)
             s = self.truth.device_slowdowns(self.gid[live], np.array(live), now)
             for i, v in zip(live, s.tolist(), strict=True):
                 if v > self.slow[i]:
@@ -614,6 +619,8 @@ class Simulator:
             if self.loop is not None:
                 self.win_work[run] += self.rate[run] * dt
                 self.win_active[run] += dt * (self.rate[run] > 0)
+                for i, others in self._sharing.items():
+                    self.win_partners.setdefault(i, set()).update(others)
             self.remaining[run] -= self.rate[run] * dt
             self.held_time[run] += dt
             self.tput_integral[run] += (
