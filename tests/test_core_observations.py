@@ -57,3 +57,45 @@ def test_book_is_bounded_and_references_survive_a_restore():
     again = ObservationBook()
     again.restore(book.state())
     assert again.reference("j4", 0, "launches/s") == pytest.approx(10.0)
+
+
+def family_window(job: str, rate: float, end: float, partners: tuple[str, ...] = ()) -> Observation:
+    return Observation(job, 0, end, 5.0, rate, "launches/s", partners)
+
+
+def test_a_job_never_seen_alone_is_measured_against_its_familys_solo_rate():
+    book = ObservationBook(smoothing=1.0)
+    book.record(family_window("a", 100.0, 5.0), family="bert@A100")
+    # b started next to a partner: no solo window of its own, yet a slowdown
+    samples = book.record(family_window("b", 50.0, 5.0, ("c",)), family="bert@A100")
+    assert [s.slowdown for s in samples] == pytest.approx([2.0])
+    assert book.observed()["b"].reference == "family"
+    assert not book.observed()["b"].solo_reference
+    # another family, or a driver that does not say the family: no reference
+    assert book.record(family_window("d", 50.0, 5.0, ("c",)), family="gpt2@A100") == []
+    assert book.record(family_window("e", 50.0, 5.0, ("c",))) == []
+
+
+def test_a_familys_solo_rate_outranks_a_profile_and_seeds_the_jobs_own():
+    book = ObservationBook(smoothing=0.5)
+    book.set_reference("b", 0, "launches/s", 125.0)  # a profile's T(c), 25% off
+    book.record(family_window("a", 100.0, 5.0), family="bert@A100")
+    book.record(family_window("b", 50.0, 5.0, ("c",)), family="bert@A100")
+    assert book.observed()["b"].slowdown == pytest.approx(2.0)  # not 2.5
+    # b's first solo window starts from the family's rate, not from the profile's
+    book.record(family_window("b", 104.0, 10.0), family="bert@A100")
+    assert book.reference("b", 0, "launches/s") == pytest.approx(102.0)
+    assert book.observed()["b"].reference == "solo"
+    # the family's rate averages many jobs' windows (one window moves it by a fifth)
+    assert book.family_reference("bert@A100", 0, "launches/s") == pytest.approx(100.8)
+
+
+def test_family_references_survive_a_restore():
+    book = ObservationBook(smoothing=1.0)
+    book.record(family_window("a", 100.0, 5.0), family="bert@A100")
+    again = ObservationBook(smoothing=1.0)
+    again.restore(book.state())
+    assert again.family_reference("bert@A100", 0, "launches/s") == pytest.approx(100.0)
+    again.record(family_window("b", 25.0, 5.0, ("c",)), family="bert@A100")
+    assert again.observed()["b"].slowdown == pytest.approx(4.0)
+    assert again.observed()["b"].reference == "family"

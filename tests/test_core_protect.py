@@ -240,3 +240,24 @@ def test_the_extender_view_applies_the_same_band(families):
         verdict = view.evaluate(newcomer, resnet)["node-0"]
         assert verdict.feasible == feasible, (observed, verdict)
     assert "admission band" in verdict.reason
+
+
+def test_a_borrowed_reference_widens_the_evidence_by_its_own_error():
+    """Harm evidence: a solo reference as measured, a family's by 5%, a profile's by 10%."""
+    from elastico_extender.core.observations import ObservedSlowdown
+    from elastico_extender.core.planner.protect import (
+        FAMILY_MARGIN,
+        PROFILE_MARGIN,
+        harm_evidence,
+    )
+
+    windows = (1.4, 1.4, 1.4, 1.4)
+    evidence = {
+        kind: harm_evidence(ObservedSlowdown(1.4, 4, 100.0, windows, ("p",), kind), 100.0)
+        for kind in ("solo", "family", "profile")
+    }
+    assert evidence["solo"] == 1.4
+    assert evidence["family"] == 1.4 * (1 + FAMILY_MARGIN)
+    assert evidence["profile"] == 1.4 * (1 + PROFILE_MARGIN)
+    # A family-referenced pair admitted inside the 5% band stays below tau = 1.5 ...
+    assert evidence["family"] < 1.5 < evidence["profile"]  # ... a profile's error does not

@@ -488,3 +488,44 @@ def test_the_planners_predictions_wait_while_the_correction_changes(service: Ser
         assert worker.is_alive() and not answers  # blocked until the update is complete
     worker.join(5.0)
     assert answers and np.allclose(answers[0], observations.loop.correction.predict(x))
+
+
+def test_a_pod_that_started_shared_is_measured_against_its_familys_solo_rate(
+    tmp_path: Path,
+) -> None:
+    """Launch rates have no profile reference: a pod bound next to a partner was never
+    protected.  Its family's solo launch rate on the same GPU model (pod c, alone on GPU 1)
+    is its reference, and that survives a restart through the store."""
+    api = FakeApiServer().start()
+    api.put("nodes", gpu_node("g0", 2))
+    for name, device in (("a", 0), ("b", 0), ("c", 1)):
+        api.put("pods", running_pod(name, "g0", device))
+    store = str(tmp_path / "loop.db")
+    try:
+        server, kube, svc = start_service(api, observation_store=store)
+        assert wait_for(lambda: len(kube.state.pods()) == 3)
+        svc.epoch()
+
+        def launches(uid: str, rate: float) -> dict:
+            return window(uid, rate, unit="launches/s")
+
+        assert svc.post(batch(launches("uid-c", 400.0))).status_code == 200
+        assert svc.post(batch(launches("uid-a", 200.0))).status_code == 200
+        svc.epoch()
+        seen = svc.observed()["uid-a"]
+        assert seen.slowdown == pytest.approx(2.0)
+        assert seen.reference == "family" and seen.partners == ("uid-b",)
+        pods = {p["id"]: p for p in httpx.get(f"{svc.url}/observations").json()["pods"]}
+        assert pods["uid-a"]["reference"] == "family"
+        server.stop()
+
+        server, kube, svc = start_service(api, observation_store=store)
+        assert wait_for(lambda: len(kube.state.pods()) == 3)
+        svc.epoch()
+        assert svc.post(batch(launches("uid-b", 100.0))).status_code == 200
+        svc.epoch()
+        assert svc.observed()["uid-b"].slowdown == pytest.approx(4.0)
+        assert svc.observed()["uid-b"].reference == "family"
+        server.stop()
+    finally:
+        api.stop()

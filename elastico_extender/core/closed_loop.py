@@ -87,7 +87,8 @@ class ClosedLoop:
         """
         found = []
         for obs in observations:
-            samples = self.book.record(obs)
+            job = running.get(obs.job_id)
+            samples = self.book.record(obs, job.family if job is not None else None)
             if len(samples) == 1:
                 found.append(samples[0])
         return self.teach(found, running, families)

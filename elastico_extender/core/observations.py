@@ -13,11 +13,26 @@ the same job at the same configuration:
 
     S_obs = rate_ref(job, config, unit) / rate(window)
 
-where ``rate_ref`` is learned from the windows in which the job ran alone on
-its devices (an exponentially weighted mean), or, for framework units that
-match the family's throughput unit, the profile's T(c) passed by the driver.
-A job with no reference yet yields no slowdown: such a job must be observed
-alone before it may share (the planner's rule, not this module's).
+where ``rate_ref`` is, best first:
+
+1. *solo*: learned from the windows in which the job ran alone on its devices
+   (an exponentially weighted mean);
+2. *family*: learned from the solo windows of other jobs of the same family at
+   the same configuration, in the same unit (a family's configuration fixes the
+   kernels of a step and its batch, so its solo rate is the family's, not the
+   job's; ``FAMILY_SMOOTHING`` averages over many jobs' windows).  A job that
+   started next to a partner is never seen alone, yet its slowdown is measured
+   against what its family does alone in this cluster, not against a profile
+   taken elsewhere; for launch rates, which no profile states, it is the only
+   reference such a job can have;
+3. *profile*: for framework units that match the family's throughput unit, the
+   profile's T(c) passed by the driver (its error, a few percent, biases every
+   window).
+
+``ObservedSlowdown.reference`` says which one a job's slowdown rests on, so the
+planner can allow for its error.  A job with no reference yields no slowdown.
+The family references are kept beside the jobs' under ``family_key`` (a key no
+job id can take), so they persist and restore with them.
 
 Per job the book keeps an exponentially weighted slowdown (weight
 ``smoothing`` on the newest window), the sample count, the time of the last
@@ -48,12 +63,16 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 __all__ = [
+    "FAMILY_SMOOTHING",
+    "REFERENCES",
     "SM_BUCKETS",
     "SM_HORIZON_S",
     "Observation",
     "ObservationBook",
     "ObservedSlowdown",
     "PairSample",
+    "family_key",
+    "is_family_key",
 ]
 
 SM_HORIZON_S = 3600.0
@@ -61,6 +80,22 @@ SM_HORIZON_S = 3600.0
 training job, and an inference burst of the last hour)."""
 SM_BUCKETS = 6
 """Buckets of the SM peak (each ``SM_HORIZON_S / SM_BUCKETS`` seconds, its highest window)."""
+FAMILY_SMOOTHING = 0.2
+"""Weight of the newest solo window in a family's reference (module doc): about ten
+windows, of several jobs, make it, so one job's quirk or one noisy window moves it little."""
+REFERENCES = ("solo", "family", "profile")
+"""What a slowdown can rest on, best first (module doc)."""
+_FAMILY_PREFIX = "family:"  # no pod uid or simulated job id starts so
+
+
+def family_key(family: str, config: int, unit: str) -> tuple[str, int, str]:
+    """The reference key of a family at a configuration (module doc, "family")."""
+    return (_FAMILY_PREFIX + family, config, unit)
+
+
+def is_family_key(job_id: str) -> bool:
+    """Whether a reference row's first field names a family (``family_key``), not a job."""
+    return job_id.startswith(_FAMILY_PREFIX)
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,15 +154,21 @@ class ObservedSlowdown:
     across configuration switches (each relative to the solo rate at its configuration)."""
     partners: tuple[str, ...] = ()
     """Who shared its devices in the newest window."""
-    solo_reference: bool = True
-    """Whether the reference rate was measured alone (False: a profile's T(c), whose
-    own error, a few percent, biases the slowdown until the job is seen alone)."""
+    reference: str = "solo"
+    """What the reference rate is (``REFERENCES``): this job's own solo rate, its family's
+    solo rate at this configuration in this cluster, or a profile's T(c), whose own
+    error, a few percent, biases the slowdown until the job or its family is seen alone."""
     sm_config: int = -1
     """The configuration the SM buckets were observed at (-1: no SM reported)."""
     sm_buckets: tuple[tuple[int, float], ...] = ()
     """(bucket index, highest window SM activity in it), oldest first, within the horizon."""
     sm_seconds: float = 0.0
     """Observed seconds behind ``sm_buckets`` (since the configuration last changed)."""
+
+    @property
+    def solo_reference(self) -> bool:
+        """Whether the reference rate is this job's own, measured alone."""
+        return self.reference == "solo"
 
     @property
     def sm_peak(self) -> float | None:
@@ -178,21 +219,36 @@ class ObservationBook:
         if math.isfinite(rate) and rate > 0:
             self._put_ref((job_id, config, unit), rate)
 
-    def record(self, obs: Observation) -> list[PairSample]:
+    def family_reference(self, family: str, config: int, unit: str) -> float | None:
+        """The family's solo rate at ``config`` in ``unit`` (module doc), if measured."""
+        return self._refs.get(family_key(family, config, unit))
+
+    def record(self, obs: Observation, family: str | None = None) -> list[PairSample]:
         """Take one window; returns the pair samples it labels (empty when it ran alone).
 
-        Raises ValueError naming the field for an unusable report.
+        ``family`` (the job's profile family, when the driver knows it) lets a
+        solo window teach the family's reference and a job never seen alone use
+        it.  Raises ValueError naming the field for an unusable report.
         """
         problems = obs.problems()
         if problems:
             raise ValueError("; ".join(problems))
         key = (obs.job_id, obs.config, obs.unit)
-        ref = self._refs.get(key)
+        fkey = family_key(family, obs.config, obs.unit) if family else None
+        ref, kind = self._reference_of(key, fkey)
         if not obs.partners and obs.rate > 0:
-            new_ref = obs.rate if ref is None else ref + self.smoothing * (obs.rate - ref)
-            self._put_ref(key, new_ref)
+            # The first solo window starts from the family's rate when there is one (a
+            # measured rate of the same kernels), never from a profile's biased T(c).
+            start = ref if kind in ("solo", "family") else None
+            ref = obs.rate if start is None else start + self.smoothing * (obs.rate - start)
+            kind = "solo"
+            self._put_ref(key, ref)
             self._measured.add(key)
-            ref = new_ref
+            if fkey is not None:
+                known = self._refs.get(fkey)
+                mean = obs.rate if known is None else known + FAMILY_SMOOTHING * (obs.rate - known)
+                self._put_ref(fkey, mean)
+                self._measured.add(fkey)
         if ref is None:
             return []
         slowdown = ref / obs.rate if obs.rate > 0 else math.inf
@@ -216,9 +272,7 @@ class ObservationBook:
             recent = (*old.recent, slowdown)[-self.history :]
         self._jobs[obs.job_id] = (
             obs.config,
-            ObservedSlowdown(
-                smoothed, samples, obs.end, recent, obs.partners, key in self._measured, *sm
-            ),
+            ObservedSlowdown(smoothed, samples, obs.end, recent, obs.partners, kind, *sm),
         )
         self._jobs.move_to_end(obs.job_id)
         while len(self._jobs) > self.max_jobs:
@@ -247,6 +301,16 @@ class ObservationBook:
             self.set_reference(str(job), int(str(config)), str(unit), float(str(rate)))
             if measured and int(str(measured[0])):
                 self._measured.add((str(job), int(str(config)), str(unit)))
+
+    def _reference_of(
+        self, key: tuple[str, int, str], fkey: tuple[str, int, str] | None
+    ) -> tuple[float | None, str]:
+        """(reference rate, what it is) for a job's key: solo, else family, else profile."""
+        if key in self._measured:
+            return self._refs[key], "solo"
+        if fkey is not None and fkey in self._refs:
+            return self._refs[fkey], "family"
+        return self._refs.get(key), "profile"
 
     def _put_ref(self, key: tuple[str, int, str], rate: float) -> None:
         self._refs[key] = rate

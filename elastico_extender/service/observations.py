@@ -62,6 +62,8 @@ from elastico_extender.core.observations import (
     ObservationBook,
     ObservedSlowdown,
     PairSample,
+    family_key,
+    is_family_key,
 )
 from elastico_extender.errors import InvalidProfileError, ProfileStoreError
 from elastico_extender.profiles.loop_snapshot import LearnedState
@@ -404,9 +406,20 @@ class ObservationService:
         samples: list[PairRecord] = []
         errors: list[float] = []
         teachable: list[PairSample] = []
+        running, _ = self._snapshot_index(pub.snapshot)
+        products = {(n.name, gpu.index): gpu.product for n in pub.snapshot.nodes for gpu in n.gpus}
         for _, obs, predicted, tolerance in accepted:
             pj = pub.pods.get(obs.job_id)
             key = (obs.job_id, obs.config, obs.unit)
+            job = running.get(obs.job_id)
+            # the same kernels run at the same solo rate on the same GPU model only
+            family = (
+                f"{job.family}@{products.get(job.devices[0], 'unknown')}"
+                if job is not None and job.devices
+                else None
+            )
+            fkey = family_key(family, obs.config, obs.unit) if family else None
+            family_before = self.book.reference(*fkey) if fkey else None
             if (
                 pj is not None
                 and obs.unit == pj.family.throughput_unit
@@ -416,13 +429,16 @@ class ObservationService:
                 # a framework counter in the profile's unit: its measured T(c) is a solo rate
                 self.book.set_reference(*key, float(pj.family.throughput[obs.config]))
             before = self.book.reference(*key)
-            pair_samples = self.book.record(obs)
+            pair_samples = self.book.record(obs, family)
             if len(pair_samples) == 1:  # one partner: the slowdown is that pair's
                 teachable.append(pair_samples[0])
             after = self.book.reference(*key)
             if after is not None and after != before:
                 # the book moves a reference on a solo window only (then measured alone)
                 refs.append((*key, after, not obs.partners and obs.rate > 0))
+            family_after = self.book.reference(*fkey) if fkey else None
+            if fkey and family_after is not None and family_after != family_before:
+                refs.append((*fkey, family_after, True))
             window = pair_samples[0].slowdown if pair_samples else None
             if window is None and not obs.partners and after is not None and obs.rate > 0:
                 window = max(1.0, after / obs.rate)
@@ -562,9 +578,9 @@ class ObservationService:
                 ],
                 written_at=self.clock(),
             )
-            # running pods' references last: a bound drops departed pods' first
+            # families' and running pods' references last: a bound drops departed pods' first
             running = self._reports.keys()
-            state.references.sort(key=lambda row: row[0] in running)
+            state.references.sort(key=lambda row: row[0] in running or is_family_key(row[0]))
         if self.store is not None and history > 0:
             try:
                 state.samples = self.store.recent_samples(history)
@@ -780,6 +796,8 @@ class ObservationService:
                         "age_seconds": stale[job_id]["age_seconds"],
                         "stale": stale[job_id]["stale"],
                         "reference_rate": self.book.reference(job_id, r.config, r.unit),
+                        # what the slowdown rests on: its own solo rate, its family's, a profile
+                        "reference": o.reference if o else None,
                     }
                 )
             pairs = [
