@@ -261,3 +261,32 @@ def test_a_borrowed_reference_widens_the_evidence_by_its_own_error():
     assert evidence["profile"] == 1.4 * (1 + PROFILE_MARGIN)
     # A family-referenced pair admitted inside the 5% band stays below tau = 1.5 ...
     assert evidence["family"] < 1.5 < evidence["profile"]  # ... a profile's error does not
+
+
+def test_a_pair_that_cannot_be_measured_splits_when_a_gpu_is_idle(families):
+    """Neither job has a reference (launch rates, family never seen alone): nobody knows
+    whether the pair hurts, so one runs alone for a window that measures it."""
+    snapshot = shared_pair(families, gpus=2)
+    assert devices_of(plan(snapshot))["bert"] == devices_of(plan(snapshot))["resnet"]
+    blind = replace(snapshot, unmeasured={"bert": 5.0, "resnet": 5.0}, now=10.0)
+    result = plan(blind)
+    assert devices_of(result)["bert"] != devices_of(result)["resnet"]
+    # an agent that stopped reporting leaves the last decision in place
+    stale = replace(blind, now=10_000.0)
+    assert devices_of(plan(stale))["bert"] == devices_of(plan(stale))["resnet"]
+
+
+def test_nobody_joins_a_pair_that_cannot_be_measured(families):
+    """No idle GPU: the unmeasured pair stays, and a newcomer that would share waits."""
+    snapshot = shared_pair(families, gpus=1)
+    first = plan(snapshot)
+    bert = first.assignments["bert"]
+    jobs = (
+        Job("bert", "bert", current_config=bert.config_index, devices=bert.devices),
+        Job("lstm", "lstm", arrival_time=20.0),
+    )
+    alone = Snapshot(snapshot.nodes, jobs, families, epoch=2)
+    assert "lstm" in plan(alone).assignments  # the blind predictor lets it share
+    blind = replace(alone, unmeasured={"bert": 5.0}, now=10.0)
+    result = plan(blind)
+    assert "bert" in result.assignments and "lstm" not in result.assignments

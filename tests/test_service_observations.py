@@ -529,3 +529,23 @@ def test_a_pod_that_started_shared_is_measured_against_its_familys_solo_rate(
         server.stop()
     finally:
         api.stop()
+
+
+def test_pods_that_cannot_be_measured_reach_the_planner(service: Service) -> None:
+    """a and b share GPU 0 and report launch rates, which no profile states, and neither
+    they nor their family (bert) ran alone: no slowdown, and the snapshot says so (the
+    planner runs them alone first: tests/test_core_protect.py)."""
+    items = (window("uid-a", 200.0, unit="launches/s"), window("uid-b", 200.0, unit="launches/s"))
+    assert service.post(batch(*items)).status_code == 200
+    service.epoch()
+    snapshot = service.engine.published.snapshot
+    assert snapshot.observed == {}
+    assert snapshot.unmeasured.keys() == {"uid-a", "uid-b"}
+    # c, alone on GPU 1, measures the family: a and b are measured from then on
+    solo = window("uid-c", 400.0, unit="launches/s")
+    assert service.post(batch(solo)).status_code == 200
+    assert service.post(batch(*(dict(w, end=time.time()) for w in items))).status_code == 200
+    service.epoch()
+    snapshot = service.engine.published.snapshot
+    assert snapshot.unmeasured == {}
+    assert snapshot.observed["uid-a"].slowdown == pytest.approx(2.0)

@@ -157,6 +157,7 @@ def create_app(
         is_leader=_leadership(cluster),
         events=events,
         observed=lambda: observed.for_snapshot()[0],
+        unmeasured=observed.unmeasured,
     )
     observed.attach(lambda: engine.published if engine.has_plan else None, engine.forget_family)
     metrics.registry.register(ObservationCollector(observed))

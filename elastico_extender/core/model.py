@@ -436,6 +436,10 @@ class Snapshot:
     observed: Mapping[str, ObservedSlowdown] = field(default_factory=dict)
     """Per running job id, its observed slowdown (closed loop, :mod:`.observations`);
     a job absent here has not been observed (yet)."""
+    unmeasured: Mapping[str, float] = field(default_factory=dict)
+    """Running jobs whose windows cannot be measured yet (no reference rate: neither they
+    nor their family ran alone at that configuration) -> their newest window's end; they
+    run alone first (closed loop, :mod:`.planner.protect`)."""
     now: float = 0.0
     """The driver's clock at this snapshot (seconds), for the age of observations."""
 

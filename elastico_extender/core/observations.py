@@ -30,7 +30,9 @@ where ``rate_ref`` is, best first:
    window).
 
 ``ObservedSlowdown.reference`` says which one a job's slowdown rests on, so the
-planner can allow for its error.  A job with no reference yields no slowdown.
+planner can allow for its error.  A job with no reference yields no slowdown:
+the book lists it in ``unmeasured()`` (with its newest window's end) until one
+of its windows can be measured, so the planner can run it alone first.
 The family references are kept beside the jobs' under ``family_key`` (a key no
 job id can take), so they persist and restore with them.
 
@@ -210,6 +212,7 @@ class ObservationBook:
         self._refs: OrderedDict[tuple[str, int, str], float] = OrderedDict()
         self._measured: set[tuple[str, int, str]] = set()  # refs learned from solo windows
         self._jobs: OrderedDict[str, tuple[int, ObservedSlowdown]] = OrderedDict()
+        self._unmeasured: OrderedDict[str, float] = OrderedDict()  # job -> newest window end
 
     def reference(self, job_id: str, config: int, unit: str) -> float | None:
         return self._refs.get((job_id, config, unit))
@@ -250,7 +253,12 @@ class ObservationBook:
                 self._put_ref(fkey, mean)
                 self._measured.add(fkey)
         if ref is None:
+            self._unmeasured[obs.job_id] = obs.end
+            self._unmeasured.move_to_end(obs.job_id)
+            while len(self._unmeasured) > self.max_jobs:
+                self._unmeasured.popitem(last=False)
             return []
+        self._unmeasured.pop(obs.job_id, None)
         slowdown = ref / obs.rate if obs.rate > 0 else math.inf
         slowdown = max(1.0, min(slowdown, 100.0))
         prior = self._jobs.get(obs.job_id)
@@ -283,9 +291,15 @@ class ObservationBook:
         """Per job id, what the planner reads (a copy)."""
         return {job: entry for job, (_, entry) in self._jobs.items()}
 
+    def unmeasured(self) -> dict[str, float]:
+        """Jobs whose newest window had no reference (never seen alone, nor their family,
+        in a unit no profile states) -> that window's end (a copy)."""
+        return dict(self._unmeasured)
+
     def forget(self, job_id: str) -> None:
         """Drop a finished job's window history (its references age out by LRU)."""
         self._jobs.pop(job_id, None)
+        self._unmeasured.pop(job_id, None)
 
     def state(self) -> dict[str, list[list[object]]]:
         """Plain data for persistence (references only: window history is short-lived)."""

@@ -78,8 +78,9 @@ class Engine:
     """The service's parts, wired (see the module docstring).
 
     ``observed``: the observations owner's per-job observed slowdowns, read at each
-    snapshot (closed loop).  ``is_leader``: whether this replica may reshape and move
-    running pods (leader election; always True for one replica)."""
+    snapshot (closed loop); ``unmeasured``: its jobs whose windows have no reference
+    yet.  ``is_leader``: whether this replica may reshape and move running pods
+    (leader election; always True for one replica)."""
 
     def __init__(
         self,
@@ -93,6 +94,7 @@ class Engine:
         metrics: Metrics | None = None,
         clock: Callable[[], float] = time.monotonic,
         observed: Callable[[], Mapping[str, ObservedSlowdown]] | None = None,
+        unmeasured: Callable[[], Mapping[str, float]] | None = None,
         is_leader: Callable[[], bool] = lambda: True,
         events: EventRecorder | None = None,
     ) -> None:
@@ -112,6 +114,7 @@ class Engine:
             default_gpu_memory_mib=settings.default_gpu_memory_mib,
             scheduler_name=settings.scheduler_name,
             observed=observed,
+            unmeasured=unmeasured,
             clock=clock,
             dwell_seconds=settings.min_dwell_seconds,
         )

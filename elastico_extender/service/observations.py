@@ -625,6 +625,12 @@ class ObservationService:
                 self._seen_plan = pub
             return self.book.observed(), self.clock()
 
+    def unmeasured(self) -> dict[str, float]:
+        """Running pods whose windows have no reference yet -> newest window end (they run
+        alone first: ``planner.protect``)."""
+        with self._lock:
+            return self.book.unmeasured()
+
     def _forget_departed(self, pub: Published) -> None:
         """Jobs no longer running leave the book's window history and the report list
         (their references stay, in the book and the store, for a job id that returns)."""

@@ -71,6 +71,7 @@ class SnapshotBuilder:
         default_gpu_memory_mib: float,
         scheduler_name: str = "",
         observed: Callable[[], Mapping[str, ObservedSlowdown]] | None = None,
+        unmeasured: Callable[[], Mapping[str, float]] | None = None,
         clock: Callable[[], float] | None = None,
         wall_clock: Callable[[], float] = time.time,
         dwell_seconds: float = 0.0,
@@ -82,6 +83,7 @@ class SnapshotBuilder:
         # The observations owner hands its per-job observed slowdowns in here (closed
         # loop, core.observations); None: nothing observed yet.
         self.observed = observed
+        self.unmeasured = unmeasured  # jobs reporting windows that have no reference yet
         self.clock = clock  # the service's monotonic clock (dwell)
         # Snapshot.now is wall-clock seconds: the unit of observation windows (agents)
         # and of pod start times (attained service).
@@ -270,6 +272,7 @@ class SnapshotBuilder:
             families,
             epoch=self.epoch,
             observed=dict(self.observed()) if self.observed is not None else {},
+            unmeasured=dict(self.unmeasured()) if self.unmeasured is not None else {},
             now=self.wall_clock(),
         )
         return Built(snapshot, meta, in_snapshot, invalid, confirmed, synced, generation)

@@ -467,7 +467,16 @@ class Simulator:
         live = np.flatnonzero((self.status == PENDING) | (self.status == RUNNING))
         jobs = tuple(self._job(int(i)) for i in live)
         observed = self.loop.observed() if self.loop is not None else {}
-        return Snapshot(self.nodes, jobs, self.c.families, epoch=epoch, observed=observed, now=now)
+        unmeasured = self.loop.book.unmeasured() if self.loop is not None else {}
+        return Snapshot(
+            self.nodes,
+            jobs,
+            self.c.families,
+            epoch=epoch,
+            observed=observed,
+            unmeasured=unmeasured,
+            now=now,
+        )
 
     def remaining_solo_s(self, job_id: str) -> float:
         """True remaining seconds of ``job_id`` alone at its default configuration (ORACLE:

@@ -183,7 +183,9 @@ class _Epoch:
         self.solo: set[int] = set()
         self.protections: list[Protection] = []
         previous = self.previous
-        if not self.snapshot.observed and not (previous and previous.separated):
+        if not (
+            self.snapshot.observed or self.snapshot.unmeasured or (previous and previous.separated)
+        ):
             return
         rows = {job.id: r for r, job in enumerate(self.t.jobs)}
         if previous is not None:

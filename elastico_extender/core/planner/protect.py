@@ -66,7 +66,13 @@ Rules
   present), a job whose family has no measured configuration and which has
   never been observed may only start on an idle GPU, and nobody joins it,
   until the book has its solo rate (its observed peak memory, SM activity and
-  rate become its measured profile through the profile store).
+  rate become its measured profile through the profile store).  Likewise a
+  running job whose fresh windows cannot be measured (``Snapshot.unmeasured``:
+  it reports in a unit no profile states, launch rates, and neither it nor
+  its family ran alone at that configuration on that GPU model): nobody joins
+  it, and if it shares it moves to an idle GPU where one fits (the ordinary
+  path of a running job next to a forbidden partner), for one solo window that
+  measures it and, through its family's reference, every later job like it.
 
 With an empty ``Snapshot.observed`` and no held-apart pairs none of this runs
 and the planner's decisions are unchanged.
@@ -74,6 +80,7 @@ and the planner's decisions are unchanged.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -200,13 +207,25 @@ def held_apart(pairs: tuple[tuple[str, str], ...], rows: dict[str, int]) -> set[
 
 
 def solo_rows(epoch: EpochRows) -> set[int]:
-    """Jobs of families never measured that were never observed: they run alone first."""
+    """Rows that run alone first (module doc, "Unknown workloads run alone").
+
+    Jobs of families never measured that were never observed, and running jobs
+    whose fresh windows cannot be measured (``Snapshot.unmeasured``: no reference
+    rate, theirs or their family's).
+    """
     snapshot = epoch.snapshot
-    if not snapshot.observed:
-        return set()
     t = epoch.t
+    now = snapshot.now
+    out = {
+        r
+        for r, job in enumerate(t.jobs)
+        if t.running[r] and now - snapshot.unmeasured.get(job.id, -math.inf) <= STALE_S
+    }
+    if not snapshot.observed:
+        return out
     unknown = np.asarray(t.estimated_table.all(axis=1))[t.family_index]
-    return {r for r in np.flatnonzero(unknown).tolist() if t.jobs[r].id not in snapshot.observed}
+    out.update(r for r in np.flatnonzero(unknown).tolist() if t.jobs[r].id not in snapshot.observed)
+    return out
 
 
 def separate(
