@@ -81,22 +81,31 @@ def test_a_squeeze_screens_at_most_its_budget(monkeypatch: pytest.MonkeyPatch):
     assert _most_squeeze_screens(monkeypatch, 5) <= 5
 
 
-def test_the_loop_plans_when_observed_harm_or_a_waiting_queue_could_change_the_plan():
-    """Sharing alone no longer forces a plan every epoch; harm and a waiting queue do."""
+def _looped_simulator(jobs: int, **options: float):  # type: ignore[no-untyped-def]
+    """(simulator, its closed loop, the jobs' default configuration) for ``jobs`` one-GPU
+    jobs of one family on 8 GPUs, nothing started: the test sets the state it needs."""
     from elastico_extender.core.closed_loop import ClosedLoop
-    from elastico_extender.core.observations import Observation
-    from elastico_extender.core.planner.protect import HARM_WINDOWS
     from elastico_extender.sim import engine
     from elastico_extender.sim.traces import TraceJob
 
     configs = ConfigTable.build(0, 0.05)
     truth = GroundTruth.build(configs)
     family = sorted(configs.families)[0]
-    trace = [TraceJob(f"j{i}", 0.0, 1, 3600.0, family) for i in range(3)]
+    trace = [TraceJob(f"j{i}", 0.0, 1, 3600.0, family) for i in range(jobs)]
     exp = Experiment(trace=tuple(trace), cluster=ClusterSpec(gpus=8))
     policy = build_policy("elastico+online", exp, truth)
     loop: ClosedLoop = policy.loop  # type: ignore[attr-defined]
-    sim = engine.Simulator(trace, policy, configs, truth, exp.cluster, loop=loop)
+    sim = engine.Simulator(trace, policy, configs, truth, exp.cluster, loop=loop, **options)
+    return sim, loop, configs.default_of(family)
+
+
+def test_the_loop_plans_when_observed_harm_or_a_waiting_queue_could_change_the_plan():
+    """Sharing alone no longer forces a plan every epoch; harm and a waiting queue do."""
+    from elastico_extender.core.observations import Observation
+    from elastico_extender.core.planner.protect import HARM_WINDOWS
+    from elastico_extender.sim import engine
+
+    sim, loop, _ = _looped_simulator(3)
     sim.status[:] = [engine.RUNNING, engine.RUNNING, engine.DONE]
     sim.tenants[0] = [0, 1]
     sim.tau[:2] = 1.3
@@ -127,20 +136,11 @@ def test_the_loop_plans_when_observed_harm_or_a_waiting_queue_could_change_the_p
 def test_a_window_shared_for_part_of_its_span_is_not_a_solo_window():
     """The agent's partners are everyone who shared the devices during the window; a window
     whose partner left half-way is diluted harm, not the job's solo rate."""
-    from elastico_extender.core.closed_loop import ClosedLoop
     from elastico_extender.sim import engine
-    from elastico_extender.sim.traces import TraceJob
 
-    configs = ConfigTable.build(0, 0.05)
-    truth = GroundTruth.build(configs)
-    family = sorted(configs.families)[0]
-    trace = [TraceJob(f"j{i}", 0.0, 1, 3600.0, family) for i in range(2)]
-    exp = Experiment(trace=tuple(trace), cluster=ClusterSpec(gpus=8))
-    policy = build_policy("elastico+online", exp, truth)
-    loop: ClosedLoop = policy.loop  # type: ignore[attr-defined]
-    sim = engine.Simulator(trace, policy, configs, truth, exp.cluster, loop=loop, noise=0.0)
+    sim, loop, gid = _looped_simulator(2, noise=0.0)
     sim.status[:] = engine.RUNNING
-    sim.gid[:] = configs.default_of(family)
+    sim.gid[:] = gid
     sim.tenants[0] = [0, 1]
     sim.devices[0] = sim.devices[1] = (0,)
     sim._update_rates(0.0)
