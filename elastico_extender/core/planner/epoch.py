@@ -49,7 +49,12 @@ from elastico_extender.core.interference.features import pair_features
 from elastico_extender.core.interference.predictor import ContentionPredictor, SlowdownPredictor
 from elastico_extender.core.interference.tolerance import adaptive_tolerance
 from elastico_extender.core.model import AssignmentColumns, DeviceRef, Plan, Snapshot
-from elastico_extender.core.planner.devices import DeviceTable, gpu_equivalent, shared_devices
+from elastico_extender.core.planner.devices import (
+    DeviceTable,
+    device_tuples,
+    gpu_equivalent,
+    shared_devices,
+)
 from elastico_extender.core.planner.observed_sm import charge_observed_sm
 from elastico_extender.core.planner.patience import Patience
 from elastico_extender.core.planner.placement import Placer
@@ -400,8 +405,55 @@ class _Epoch:
         if s.coordination and self.predictor is not None:
             self._spread(placer)
         if s.reshape:
+            self._undo_idle_shrinks(placer)
             self._regrow(placer, problem, penalty)
         return placer, sorted(queued), preempted
+
+    def _undo_idle_shrinks(self, placer: Placer) -> None:
+        """Undo shrinks of running jobs that made room for nobody (PDS hysteresis).
+
+        Prices follow the queue: a running job that shares a GPU can be shrunk in
+        one epoch to make room that no queued job then takes (the queue is blocked
+        by GPU count or by interference) and grow back in the next, paying a
+        reconfiguration pause each time.  On the synthetic mix at load 1.5 (seed 1)
+        that made 2,404 reconfigurations in 12 h, single jobs flipping between two
+        configurations every epoch, and left ElastiCo with the exact truth 3%
+        behind Volcano.  After admissions, a running job kept on its devices at a
+        slower configuration than it runs returns to the one it runs when nobody
+        joined those devices this epoch (every tenant ran there before) and it
+        still fits: its tenants are the ones it was observed next to.  The
+        switching cost gamma0 cannot stop this flapping: the prices themselves
+        differ between the two states.  Protect's step-downs stay.
+        """
+        t = self.t
+        rows = np.flatnonzero(t.running)
+        if rows.size == 0:
+            return
+        chosen, current = placer.config[rows], t.current[rows]
+        slower = (chosen >= 0) & (current >= 0) & (chosen != current)
+        slower[slower] &= t.valid[rows[slower], current[slower]]
+        slower[slower] &= t.throughput[rows[slower], chosen[slower]] < (
+            t.throughput[rows[slower], current[slower]] - 1e-12
+        )
+        if not slower.any():
+            return
+        held = self.snapshot.columns.held[rows]
+        was = dict(zip(rows.tolist(), device_tuples(self.snapshot.workers, held), strict=True))
+        stepped = {p.actor for p in self.protections if p.action == "step-down"}
+        table = placer.table
+        for row in rows[slower].tolist():
+            devices = placer.devices_of.get(row)
+            if devices is None or set(devices) != set(was[row]) or row in stepped:
+                continue
+            joined = any(
+                d not in was.get(other, ()) for d in devices for other in table.occupants[d]
+            )
+            if joined:
+                continue
+            config, keep = int(placer.config[row]), int(t.current[row])
+            placer.release(row, t.per_gpu[row, config])
+            fits = table.fits_on(list(devices), t.per_gpu[row, keep])
+            self.commit_row(placer, row, keep if fits else config, list(devices))
 
     def _spread(self, placer: Placer) -> None:
         """Undo co-locations that idle GPUs no longer justify (PDS migrations).
