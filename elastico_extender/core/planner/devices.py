@@ -123,6 +123,23 @@ class DeviceTable:
             and np.all(self.ram_free >= workers * per_gpu[HOST_MEM] - _EPS)
         )
 
+    def fits_more(self, devices: Sequence[int], extra: np.ndarray) -> bool:
+        """Whether a worker on each of ``devices`` could grow by ``extra`` per GPU in place.
+
+        ``fits_on`` for the difference between two demands, without releasing the
+        worker first; one device (the common case) costs a few scalar comparisons.
+        """
+        if len(devices) != 1:
+            return self.fits_on(devices, extra)
+        d = devices[0]
+        node = self.node_of[d]
+        return bool(
+            self.mem_free[d] >= extra[GPU_MEM] - _EPS
+            and self.sm_free[d] >= extra[GPU_SM] - _EPS
+            and self.cpu_free[node] >= extra[CPU] - _EPS
+            and self.ram_free[node] >= extra[HOST_MEM] - _EPS
+        )
+
     def place(self, row: int, devices: Sequence[int], per_gpu: np.ndarray) -> None:
         self._apply(row, devices, per_gpu, -1.0)
 

@@ -441,19 +441,25 @@ class _Epoch:
         was = dict(zip(rows.tolist(), device_tuples(self.snapshot.workers, held), strict=True))
         stepped = {p.actor for p in self.protections if p.action == "step-down"}
         table = placer.table
+        undo: list[int] = []
         for row in rows[slower].tolist():
             devices = placer.devices_of.get(row)
             if devices is None or set(devices) != set(was[row]) or row in stepped:
                 continue
-            joined = any(
-                d not in was.get(other, ()) for d in devices for other in table.occupants[d]
-            )
-            if joined:
-                continue
+            # (device, tenant) now; every tenant must have run on that device before.
+            # Alone on its devices, _regrow gives it its best configuration instead.
+            now = [(d, other) for d in devices for other in table.occupants[d] if other != row]
+            if now and all(d in was.get(other, ()) for d, other in now):
+                undo.append(row)
+        if not undo:
+            return
+        self.tolerance_rows(np.array(undo, dtype=np.intp))  # every row's tau in one pass
+        for row in undo:
+            on = placer.devices_of[row]
             config, keep = int(placer.config[row]), int(t.current[row])
-            placer.release(row, t.per_gpu[row, config])
-            fits = table.fits_on(list(devices), t.per_gpu[row, keep])
-            self.commit_row(placer, row, keep if fits else config, list(devices))
+            if table.fits_more(on, t.per_gpu[row, keep] - t.per_gpu[row, config]):
+                placer.release(row, t.per_gpu[row, config])
+                self.commit_row(placer, row, keep, on)
 
     def _spread(self, placer: Placer) -> None:
         """Undo co-locations that idle GPUs no longer justify (PDS migrations).
