@@ -28,7 +28,9 @@ for one of its own (``planner.patience``).  One packing pass (``pack``) then run
    objective gains (closes the duality gap of lumpy configurations);
 4. residual admission: "admit jobs from Q if residual capacity permits";
 5. spread: co-located jobs move to GPUs still idle (migrations);
-6. regrow: a job alone on its GPUs takes back the speed prices took from it.
+6. undo idle shrinks: a sharing job shrunk where nobody joined keeps the
+   configuration it runs (no reconfiguration that frees room nobody takes);
+7. regrow: a job alone on its GPUs takes back the speed prices took from it.
 
 With the closed loop, running jobs observed long enough are charged their
 observed peak SM activity (with a margin) instead of their catalog SM share
