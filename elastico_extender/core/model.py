@@ -384,6 +384,7 @@ class DeviceIndex:
         self.memory_total = np.array(
             [g.memory_mib for n in nodes for g in n.gpus], dtype=np.float64
         ).reshape(len(self.refs))
+        self.products: list[str] = [g.product for n in nodes for g in n.gpus]
         self.cpu = np.array([n.cpu_cores for n in nodes], dtype=np.float64)
         self.ram = np.array([n.host_mem_mib for n in nodes], dtype=np.float64)
         self.problems: list[str] = []

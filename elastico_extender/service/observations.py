@@ -407,19 +407,20 @@ class ObservationService:
         errors: list[float] = []
         teachable: list[PairSample] = []
         running, _ = self._snapshot_index(pub.snapshot)
-        products = {(n.name, gpu.index): gpu.product for n in pub.snapshot.nodes for gpu in n.gpus}
+        devices = pub.snapshot.devices
         for _, obs, predicted, tolerance in accepted:
             pj = pub.pods.get(obs.job_id)
             key = (obs.job_id, obs.config, obs.unit)
             job = running.get(obs.job_id)
             # the same kernels run at the same solo rate on the same GPU model only
-            family = (
-                f"{job.family}@{products.get(job.devices[0], 'unknown')}"
-                if job is not None and job.devices
-                else None
+            family = None
+            if job is not None and job.devices:
+                device = devices.index.get(job.devices[0])
+                product = devices.products[device] if device is not None else "unknown"
+                family = f"{job.family}@{product}"
+            family_before = (
+                self.book.family_reference(family, obs.config, obs.unit) if family else None
             )
-            fkey = family_key(family, obs.config, obs.unit) if family else None
-            family_before = self.book.reference(*fkey) if fkey else None
             if (
                 pj is not None
                 and obs.unit == pj.family.throughput_unit
@@ -436,9 +437,11 @@ class ObservationService:
             if after is not None and after != before:
                 # the book moves a reference on a solo window only (then measured alone)
                 refs.append((*key, after, not obs.partners and obs.rate > 0))
-            family_after = self.book.reference(*fkey) if fkey else None
-            if fkey and family_after is not None and family_after != family_before:
-                refs.append((*fkey, family_after, True))
+            family_after = (
+                self.book.family_reference(family, obs.config, obs.unit) if family else None
+            )
+            if family and family_after is not None and family_after != family_before:
+                refs.append((*family_key(family, obs.config, obs.unit), family_after, True))
             window = pair_samples[0].slowdown if pair_samples else None
             if window is None and not obs.partners and after is not None and obs.rate > 0:
                 window = max(1.0, after / obs.rate)
@@ -482,18 +485,16 @@ class ObservationService:
         if not samples or self.loop.correction is None:
             return
         snapshot = pub.snapshot
-        memory = {
-            (node.name, gpu.index): gpu.memory_mib / 1024.0
-            for node in snapshot.nodes
-            for gpu in node.gpus
-        }
-        running = {
-            job.id: RunningConfig(
-                job.family, int(job.current_config), memory.get(job.devices[0], 40.0)
-            )
-            for job in snapshot.jobs
-            if job.running and job.current_config is not None
-        }
+        devices = snapshot.devices
+        jobs, _ = self._snapshot_index(snapshot)
+        running: dict[str, RunningConfig] = {}
+        for job_id in {j for s in samples for j in (s.victim, s.partner)}:
+            job = jobs.get(job_id)
+            if job is None or job.current_config is None:
+                continue
+            device = devices.index.get(job.devices[0]) if job.devices else None
+            gib = devices.memory_total[device] / 1024.0 if device is not None else 40.0
+            running[job_id] = RunningConfig(job.family, int(job.current_config), float(gib))
         with self.correction_lock:
             labelled = self.loop.teach(samples, running, snapshot.families)
         if self.store is None:
