@@ -271,15 +271,20 @@ def test_placement_view_books_the_plan_as_one_by_one_commits_would(families):
     assert np.any(view.table.count >= 2)  # the scenario does exercise shared devices
 
 
-def test_shared_devices_come_in_the_order_they_were_first_occupied():
-    """The interference check, repair and spread visit shared devices in this order."""
-    from elastico_extender.core.planner.devices import shared_devices
+def test_tenant_pairs_come_in_the_order_devices_were_first_occupied():
+    """The interference check, repair and spread visit shared devices in this order;
+    a victim's pairs on one device are one contiguous group."""
+    from elastico_extender.core.planner.devices import tenant_pairs
 
     table = DeviceTable(a100_nodes(1, 4), 512.0)
     need = np.array([0.1, 1000.0, 1.0, 100.0])
-    for row, device in enumerate([3, 1, 3, 1, 0]):
+    for row, device in enumerate([3, 1, 3, 1, 0, 3]):
         table.place(row, [device], need)
-    assert shared_devices(table) == [(3, [0, 2]), (1, [1, 3])]
+    victims, partners, where, groups = tenant_pairs(table, list(table.occupants))
+    assert victims.tolist() == [0, 0, 2, 2, 5, 5, 1, 3]
+    assert partners.tolist() == [2, 5, 0, 5, 0, 2, 3, 1]
+    assert where.tolist() == [3, 3, 3, 3, 3, 3, 1, 1]
+    assert groups.tolist() == [0, 0, 1, 1, 2, 2, 3, 4]
 
 
 def test_placement_view_from_plan_rows_equals_the_view_matched_by_job_id(families):

@@ -16,14 +16,14 @@ so a job going back where it runs keeps its place when its observed share rose
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 
 from elastico_extender.core.model import Node, device_index
 from elastico_extender.core.resources import CPU, GPU_MEM, GPU_SM, HOST_MEM
 
-__all__ = ["DeviceTable", "device_tuples", "gpu_equivalent"]
+__all__ = ["DeviceTable", "device_tuples", "gpu_equivalent", "tenant_pairs"]
 
 _EPS = 1e-9
 
@@ -300,6 +300,29 @@ def gpu_equivalent(table: DeviceTable) -> np.ndarray:
     return units
 
 
-def shared_devices(table: DeviceTable) -> list[tuple[int, list[int]]]:
-    """(device, occupant rows) for every device holding two or more jobs."""
-    return [(d, members) for d, members in table.occupants.items() if len(members) >= 2]
+def tenant_pairs(table: DeviceTable, devices: Iterable[int]) -> tuple[np.ndarray, ...]:
+    """Every ordered (victim, partner) pair of co-tenants on ``devices``, as arrays.
+
+    Returns (victims, partners, device of the pair, group): a group is one victim on
+    one device, numbered in order, and its pairs are contiguous, so per-group sums
+    compose a victim's slowdown on that device (``placement.device_slowdown``).
+    """
+    victims: list[int] = []
+    partners: list[int] = []
+    where: list[int] = []
+    groups: list[int] = []
+    group = 0
+    occupants = table.occupants
+    for d in devices:
+        members = occupants.get(d, ())
+        if len(members) < 2:
+            continue
+        for a in members:
+            for b in members:
+                if a != b:
+                    victims.append(a)
+                    partners.append(b)
+                    where.append(d)
+                    groups.append(group)
+            group += 1
+    return tuple(np.array(x, dtype=np.intp) for x in (victims, partners, where, groups))

@@ -55,11 +55,11 @@ from elastico_extender.core.planner.devices import (
     DeviceTable,
     device_tuples,
     gpu_equivalent,
-    shared_devices,
+    tenant_pairs,
 )
 from elastico_extender.core.planner.observed_sm import charge_observed_sm
 from elastico_extender.core.planner.patience import Patience
-from elastico_extender.core.planner.placement import Placer
+from elastico_extender.core.planner.placement import Placer, device_slowdown
 from elastico_extender.core.planner.protect import (
     Protection,
     admit_margin,
@@ -676,40 +676,49 @@ class _Epoch:
 
     # -- interference check ---------------------------------------------------
     def check(self, placer: Placer) -> tuple[list[tuple[int, int, float]], dict[int, float]]:
-        """All co-located pairs in one predictor call: violations and per-job worst S_hat."""
+        """All co-located pairs in one predictor call: violations and per-job worst S_hat.
+
+        A job's slowdown on a device is composed from its pairs there
+        (``placement.device_slowdown``) and the worst of its devices counts.  Where
+        the composed slowdown exceeds tau, the partners adding the most excess are
+        the violating pairs, as few as bring the rest within tau (a pair over tau on
+        its own is always one of them).
+        """
         slowdown: dict[int, float] = {}
         if self.predictor is None:
             return [], slowdown
-        victims: list[int] = []
-        partners: list[int] = []
-        memory: list[float] = []
         table = placer.table
-        for d, members in shared_devices(table):
-            for a in members:
-                for b in members:
-                    if a != b:
-                        victims.append(a)
-                        partners.append(b)
-                        memory.append(table.memory_total[d] / 1024.0)
-        if not victims:
+        va, pa, where, group = tenant_pairs(table, list(table.occupants))
+        if not va.size:
             return [], slowdown
-        va, pa = np.array(victims, dtype=np.intp), np.array(partners, dtype=np.intp)
         features = placer.features
+        memory = table.memory_total[where] / 1024.0
         s_hat = np.asarray(
-            self.predictor.predict(pair_features(features[va], features[pa], np.array(memory))),
+            self.predictor.predict(pair_features(features[va], features[pa], memory)),
             dtype=np.float64,
         )
-        # Worst S_hat per victim (at least 1), keyed in order of first appearance.
-        worst = np.ones(int(va.max()) + 1)
-        np.maximum.at(worst, va, s_hat)
-        _, first = np.unique(va, return_index=True)
-        seen = va[np.sort(first)]
+        starts = np.flatnonzero(np.concatenate(([True], group[1:] != group[:-1])))
+        owner = va[starts]
+        composed = device_slowdown(s_hat - 1.0, group, owner.size)
+        # Worst composed S_hat per victim (over its devices), in order of first appearance.
+        worst = np.ones(int(owner.max()) + 1)
+        np.maximum.at(worst, owner, composed)
+        _, first = np.unique(owner, return_index=True)
+        seen = owner[np.sort(first)]
         slowdown = dict(zip(seen.tolist(), worst[seen].tolist(), strict=True))
-        excess = s_hat - placer.tolerance[va]
+        tau = placer.tolerance[owner]
         violations: dict[tuple[int, int], float] = {}
-        for k in np.flatnonzero(excess > 1e-9).tolist():
-            key = (victims[k], partners[k])
-            violations[key] = max(violations.get(key, 0.0), float(excess[k]))
+        ends = np.append(starts[1:], va.size)
+        for g in np.flatnonzero(composed > tau + 1e-9).tolist():
+            pairs = np.arange(starts[g], ends[g])  # a group's pairs are contiguous
+            over = float(composed[g] - tau[g])
+            left = float(composed[g])
+            for k in pairs[np.argsort(-s_hat[pairs], kind="stable")].tolist():
+                if left <= tau[g] + 1e-9:
+                    break
+                key = (int(va[k]), int(pa[k]))
+                violations[key] = max(violations.get(key, 0.0), over)
+                left -= max(float(s_hat[k]) - 1.0, 0.0)
         return [(v, p, e) for (v, p), e in violations.items()], slowdown
 
     def repair(

@@ -14,6 +14,14 @@ configurations in the order given (best ESP score first), and for each one:
    no occupant leaves its own (spec 3.3: "permits co-location only if the
    predicted slowdown for all participating jobs falls within tau");
 4. picks devices by best fit (tightest memory) or first fit.
+
+More than two tenants: the predictor answers pairs, and a job's slowdown on a
+device is composed from them additively, ``S_i = 1 + sum_j (S_hat(i|j) - 1)``
+(:func:`device_slowdown`): tenants that each saturate the GPU time-slice it,
+so three such jobs run at a third each (pairwise 2x, composed 3x), where the
+worst pair alone (2x) would admit a third tenant each pair tolerates but the
+three together do not.  An occupant's excess from the tenants already there is
+predicted once per device state and cached (``occupant_excess``).
 """
 
 from __future__ import annotations
@@ -25,11 +33,11 @@ import numpy as np
 
 from elastico_extender.core.interference.features import NUM_JOB_FEATURES, pair_features
 from elastico_extender.core.interference.predictor import SlowdownPredictor
-from elastico_extender.core.planner.devices import DeviceTable
+from elastico_extender.core.planner.devices import DeviceTable, tenant_pairs
 from elastico_extender.core.planner.screening import OptionScreen
 from elastico_extender.core.resources import GPU_MEM, GPU_SM
 
-__all__ = ["Placed", "Placer"]
+__all__ = ["Placed", "Placer", "device_slowdown"]
 
 MAX_CHECKED_DEVICES = 32
 """Occupied candidate devices whose interference is predicted per attempt (best fit first);
@@ -43,6 +51,18 @@ is unlikely to be accepted in a leaner one (the occupants' own tolerance is what
 refuses most pairs), and a predictor harsher than the default refuses most pairs: without
 this bound one attempt walked all of a family's configurations (issue 14: ~197k
 placement calls in 25 plans).  Idle GPUs are still tried for every configuration."""
+
+
+def device_slowdown(excess: np.ndarray, groups: np.ndarray, count: int) -> np.ndarray:
+    """Composed slowdown per group: ``1 + sum(excess)`` over the pairs of each group.
+
+    ``excess`` holds S_hat - 1 per predicted pair and ``groups`` the group (a victim on
+    a device, or a candidate device) each pair belongs to; the module doc says why the
+    excesses of a job's partners on one device add.
+    """
+    total = np.ones(count)
+    np.add.at(total, groups, np.maximum(excess, 0.0))
+    return total
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +105,8 @@ class Placer:
         self.devices_of: dict[int, tuple[int, ...]] = {}
         self.kept_in_place: set[int] = set()  # rows committed in bulk on their own devices
         self._failed: set[tuple[object, ...]] = set()  # try_place questions that found nothing
+        # device -> {occupant row: its predicted excess from the other occupants}
+        self._excess: dict[int, dict[int, float]] = {}
 
     # -- bookkeeping --------------------------------------------------------
     def _reserve(self, rows: int) -> None:
@@ -110,6 +132,8 @@ class Placer:
     ) -> None:
         self._reserve(row + 1)
         self.table.place(row, devices, per_gpu)
+        for d in devices:
+            self._excess.pop(d, None)
         self.config[row] = config
         self.features[row] = features
         self.tolerance[row] = tolerance
@@ -130,6 +154,7 @@ class Placer:
         if rows.size:
             self._reserve(int(rows.max()) + 1)
         self.table.place_many(worker_rows, worker_devices, worker_demand)
+        self._excess.clear()
         self.config[rows] = configs
         self.features[rows] = features
         self.tolerance[rows] = tolerance
@@ -141,6 +166,8 @@ class Placer:
         self.kept_in_place.discard(row)
         devices = self.devices_of.pop(row)
         self.table.remove(row, devices, per_gpu)
+        for d in devices:
+            self._excess.pop(d, None)
         self.config[row] = -1
 
     def keep_apart(self, a: int, b: int) -> None:
@@ -225,19 +252,79 @@ class Placer:
         s = np.asarray(self.predictor.predict(x), dtype=np.float64)
         half = first.size
         s_new, s_old = s[:half][inverse], s[half:][inverse]
-        bad = self.refused(s_new, s_old, tolerance, partners)
-        idx = np.array(pair_dev)
-        np.maximum.at(worst, idx, s_new)
-        safe[np.unique(idx[bad])] = False
+        idx = np.array(pair_dev, dtype=np.intp)
+        return self.verdict(idx, len(devices), s_new, s_old, tolerance, partners, devices[idx])
+
+    def verdict(
+        self,
+        at: np.ndarray,
+        count: int,
+        s_new: np.ndarray,
+        s_old: np.ndarray,
+        tolerance: float,
+        partners: np.ndarray,
+        pair_devices: np.ndarray,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """(safe?, newcomer's composed S_hat) of ``count`` candidate devices.
+
+        Per pair (``at``: its candidate's position, ``partners``: the occupant's row,
+        ``pair_devices``: its device) the newcomer's S_hat next to the occupant and the
+        occupant's next to the newcomer.  A device is refused when the newcomer's
+        composed slowdown there, or an occupant's (its excess from the others already
+        there plus the newcomer's), times the closed loop's admission band, exceeds tau.
+        """
+        margin = self.margin
+        worst = device_slowdown(s_new - 1.0, at, count)
+        before = self.occupant_excess(pair_devices, partners)
+        occupant = 1.0 + before + np.maximum(s_old - 1.0, 0.0)
+        bad_pair = occupant * margin > self.tolerance[partners]
+        paired = np.zeros(count, dtype=bool)
+        paired[at] = True
+        safe = ~paired | (worst * margin <= tolerance)
+        safe[np.unique(at[bad_pair])] = False
         return safe, worst
 
-    def refused(
-        self, s_new: np.ndarray, s_old: np.ndarray, tolerance: float, partners: np.ndarray
-    ) -> np.ndarray:
-        """Per pair: the screen refuses it (the newcomer's or occupant's S_hat, times the
-        closed loop's admission band, above its tau; ``partners`` are the occupants' rows)."""
-        margin = self.margin
-        return (s_new * margin > tolerance) | (s_old * margin > self.tolerance[partners])
+    def occupant_excess(self, devices: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        """Per (device, occupant row): its predicted excess from the device's other occupants.
+
+        Zero where it is alone.  Devices with two or more occupants are predicted in one
+        batched call for all of them and cached until their occupants change.
+        """
+        out = np.zeros(len(rows))
+        if self.predictor is None or len(rows) == 0:
+            return out
+        occupants = self.table.occupants
+        todo = [
+            d
+            for d in dict.fromkeys(devices.tolist())
+            if d not in self._excess and len(occupants.get(d, ())) >= 2
+        ]
+        if todo:
+            self._predict_excess(todo)
+        cache = self._excess
+        for k, (d, r) in enumerate(zip(devices.tolist(), rows.tolist(), strict=True)):
+            known = cache.get(d)
+            if known is not None:
+                out[k] = known.get(r, 0.0)
+        return out
+
+    def _predict_excess(self, devices: list[int]) -> None:
+        """Fill the excess cache of ``devices`` (each shared) in one predictor call."""
+        assert self.predictor is not None
+        victims, partners, where, _ = tenant_pairs(self.table, devices)
+        memory = self.table.memory_total[where] / 1024.0
+        s = np.asarray(
+            self.predictor.predict(
+                pair_features(self.features[victims], self.features[partners], memory)
+            ),
+            dtype=np.float64,
+        )
+        excess = np.maximum(s - 1.0, 0.0)
+        for d in devices:
+            self._excess[d] = {}
+        for d, a, e in zip(where.tolist(), victims.tolist(), excess.tolist(), strict=True):
+            slot = self._excess[d]
+            slot[a] = slot.get(a, 0.0) + e
 
     # -- placement -----------------------------------------------------------
     def try_place(

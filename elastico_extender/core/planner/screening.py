@@ -96,10 +96,12 @@ class OptionScreen:
             return safe, worst
         k = self.slot[config]
         key = self.inverse[sel]
-        s_new = self.s_new[k, key]
-        s_old = self.s_old[k, key]
-        bad = self.placer.refused(s_new, s_old, tolerance, self.partners[sel])
-        idx = at[sel]
-        np.maximum.at(worst, idx, s_new)
-        safe[np.unique(idx[bad])] = False
-        return safe, worst
+        return self.placer.verdict(
+            at[sel],
+            len(checked),
+            self.s_new[k, key],
+            self.s_old[k, key],
+            tolerance,
+            self.partners[sel],
+            self.pair_device[sel],
+        )
