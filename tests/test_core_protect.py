@@ -290,3 +290,22 @@ def test_nobody_joins_a_pair_that_cannot_be_measured(families):
     blind = replace(alone, unmeasured={"bert": 5.0}, now=10.0)
     result = plan(blind)
     assert "bert" in result.assignments and "lstm" not in result.assignments
+
+
+def test_a_step_down_must_clear_the_evidence_not_the_lagging_average(families):
+    """The pair ran fine, then two windows at 1.7x: harmed.  Its smoothed slowdown still
+    lags near 1.25x, within tau: a step-down judged on that would keep a pair sharing
+    that the windows say is 1.7x.  Judged on the evidence, no step-down is safe, and
+    with no other GPU the newer job goes back to the queue."""
+    snapshot = shared_pair(families, gpus=1)
+    book = ObservationBook(smoothing=0.2)
+    slowdowns = [1.0] * 4 + [1.7] * HARM_WINDOWS
+    for k, s in enumerate(slowdowns, start=1):
+        observe(book, snapshot, slowdown=s, end=k * WINDOW_S)
+    seen = book.observed()
+    assert seen["bert"].slowdown < 1.3  # the average lags behind the windows
+    now = len(slowdowns) * WINDOW_S
+    result = plan(replace(snapshot, observed=seen, now=now))
+    actions = {p[2] for p in result.protections}
+    assert actions and "step-down" not in actions, result.protections
+    assert "resnet" in result.preempted

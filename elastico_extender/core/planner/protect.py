@@ -30,7 +30,8 @@ Rules
 * **Separate, cheapest first.** For each harmed job and each partner on its
   device, the planner prices, for either tenant: stepping down in place to a
   configuration that needs no more of any resource, whose slowdown, predicted
-  and then scaled by how far the observation exceeded the prediction for the
+  and then scaled by how far the observation (the evidence that found the harm,
+  not the smoothed slowdown lagging behind it) exceeded the prediction for the
   current pair, stays within both tolerances (cost: the throughput given up
   plus the switching cost gamma0); or moving a one-GPU tenant to an idle GPU
   where it fits (cost: ``MOVE_COST_SWITCHES`` switching costs: a checkpoint,
@@ -259,8 +260,11 @@ def separate(
             tau = float(placer.tolerance[victim])
             step = None
             if (victim, partner) not in stepped:  # a pair steps down once, then separates
+                # The step-down must clear the evidence that found the harm, not the
+                # smoothed slowdown below it (which would step down pairs still harmful).
+                evidence = harm_evidence(seen, epoch.snapshot.now) or seen.slowdown
                 step = _cheapest_step_down(
-                    epoch, placer, victim, partner, seen.slowdown, switch_cost
+                    epoch, placer, victim, partner, max(evidence, seen.slowdown), switch_cost
                 )
             move = _move_target(epoch, placer, victim, partner)
             move_cost = MOVE_COST_SWITCHES * switch_cost
