@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from elastico_extender.core.model import Plan
 from elastico_extender.sim.engine import ClusterSpec
 from elastico_extender.sim.runner import Experiment, build_policy, run_experiment
 from elastico_extender.sim.traces import synthetic
@@ -130,9 +131,15 @@ def test_the_loop_plans_when_observed_harm_or_a_waiting_queue_could_change_the_p
     sim.status[2] = engine.DONE
     now = windows(1.6, HARM_WINDOWS, now)
     assert sim._loop_news(now, epochs_since_plan=0.0)  # observed harm: plan at once
-    sim._planned_flags = sim._harm_flags  # the plan saw it
+    sim._saw(Plan(epoch=1, prices=np.zeros(4), assignments={}))  # the plan saw it
     now = windows(1.6, 1, now)
     assert not sim._loop_news(now, epochs_since_plan=1.0)  # the same case: same answer
+    # A plan that acted on the case (stepped j0 down) leaves a new one: harm that
+    # survives the step-down is planned on at once, as the extender does every epoch.
+    step = ("j0", "j1", "step-down", "j0", 1.6, 1.3)
+    sim._saw(Plan(epoch=2, prices=np.zeros(4), assignments={}, protections=(step,)))
+    now = windows(1.6, 1, now)
+    assert sim._loop_news(now, epochs_since_plan=1.0)
 
 
 def test_a_window_shared_for_part_of_its_span_is_not_a_solo_window():

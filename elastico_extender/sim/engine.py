@@ -371,6 +371,23 @@ class Simulator:
         waiting = bool(np.any(self.status == PENDING))
         return waiting and epochs_since_plan >= LOOP_QUEUE_REPLAN_EPOCHS - _EPS
 
+    def _saw(self, plan: Plan) -> None:
+        """Remember the cases of harm ``plan`` answered, less those it acted on.
+
+        A plan that stepped a harmed pair down (or moved or requeued one of it) changed
+        what the next windows measure: if they still show harm, the extender's next
+        plan (it plans every epoch) separates the pair, so the simulator plans then too.
+        Remembering the case as answered skipped those plans: on Philly ed69ec a pair
+        stepped down that stayed above tolerance shared for 30 more epochs.
+        """
+        touched = {
+            self.index[job]
+            for victim, partner, _action, actor, *_ in plan.protections
+            for job in (victim, partner, actor)
+            if job in self.index
+        }
+        self._planned_flags = {i: f for i, f in self._harm_flags.items() if i not in touched}
+
     def _measure_mape(self, now: float) -> None:
         """Hourly: corrected vs base prediction against the truth on observed pairs."""
         loop = self.loop
@@ -742,7 +759,7 @@ class Simulator:
                 self.counters["residual_admissions"] += plan.stats.get("residual_admissions", 0.0)
                 previous = plan
                 planned_at = now
-                self._planned_flags = self._harm_flags
+                self._saw(plan)
                 epoch += 1
                 acted = self._apply(plan, now)
                 pending = bool(np.any(self.status == PENDING))
