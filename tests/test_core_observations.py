@@ -31,11 +31,33 @@ def test_no_reference_means_no_slowdown():
 def test_a_new_configuration_starts_a_new_history():
     book = ObservationBook(smoothing=1.0)
     book.record(window(100.0, 5.0))
+    book.set_reference("a", 1, "launches/s", 80.0)
     book.record(window(40.0, 10.0, ("b",)))
-    book.record(window(80.0, 15.0, config=1))
+    book.record(window(50.0, 15.0, ("b",), config=1))
     assert book.observed()["a"].samples == 1
     # Window slowdowns stay comparable across a switch: harm survives a step-down.
-    assert book.observed()["a"].recent == pytest.approx((1.0, 2.5, 1.0))
+    assert book.observed()["a"].recent == pytest.approx((2.5, 1.6))
+
+
+def test_other_partners_start_a_new_case():
+    """Windows next to b say nothing about c: after a move only windows with the new
+    partners count, so harm caused by b is not held against the pair with c."""
+    from elastico_extender.core.planner.protect import HARM_WINDOWS, harm_evidence
+
+    book = ObservationBook(smoothing=1.0)
+    book.record(window(100.0, 5.0))
+    for k in range(4):
+        book.record(window(40.0, 10.0 + 5 * k, ("b",)))
+    assert harm_evidence(book.observed()["a"], 25.0) == pytest.approx(2.5)
+    book.record(window(95.0, 30.0, ("c",)))
+    seen = book.observed()["a"]
+    assert seen.recent == pytest.approx((100.0 / 95.0,))
+    assert harm_evidence(seen, 30.0) is None  # fewer than HARM_WINDOWS with c
+    for k in range(1, HARM_WINDOWS):
+        book.record(window(95.0, 30.0 + 5 * k, ("c",)))
+    assert harm_evidence(book.observed()["a"], 40.0) == pytest.approx(100.0 / 95.0)
+    book.record(window(95.0, 45.0, ("b", "c")))  # b joins: a new case again
+    assert book.observed()["a"].recent == pytest.approx((100.0 / 95.0,))
 
 
 @pytest.mark.parametrize(

@@ -153,7 +153,9 @@ class ObservedSlowdown:
     """Driver clock of the newest window."""
     recent: tuple[float, ...]
     """The newest window slowdowns, oldest first (at most ``ObservationBook.history``),
-    across configuration switches (each relative to the solo rate at its configuration)."""
+    across configuration switches (each relative to the solo rate at its configuration)
+    but only with the newest window's partners: a window next to other tenants is
+    evidence about other tenants, so a change of partners starts the list afresh."""
     partners: tuple[str, ...] = ()
     """Who shared its devices in the newest window."""
     reference: str = "solo"
@@ -263,21 +265,23 @@ class ObservationBook:
         slowdown = max(1.0, min(slowdown, 100.0))
         prior = self._jobs.get(obs.job_id)
         sm = _sm_peaks(prior[1] if prior is not None else None, obs)
-        if prior is None:
-            smoothed, samples = slowdown, 1
+        # Harm is judged on windows with the same partners: after a move or a partner's
+        # departure the old windows speak of other tenants (a job moved away from the
+        # partner that hurt it would be separated again from its new one on them).
+        if prior is None or set(prior[1].partners) != set(obs.partners):
             recent: tuple[float, ...] = (slowdown,)
-        elif prior[0] != obs.config:
+        else:
+            recent = (*prior[1].recent, slowdown)[-self.history :]
+        if prior is None or prior[0] != obs.config:
             # A slowdown is relative to the job's own solo rate at each configuration,
             # so window slowdowns stay comparable across a switch: the recent windows
             # carry on (harm that survives a step-down is still harm), the smoothed
             # value and the sample count restart.
             smoothed, samples = slowdown, 1
-            recent = (*prior[1].recent, slowdown)[-self.history :]
         else:
             old = prior[1]
             smoothed = old.slowdown + self.smoothing * (slowdown - old.slowdown)
             samples = old.samples + 1
-            recent = (*old.recent, slowdown)[-self.history :]
         self._jobs[obs.job_id] = (
             obs.config,
             ObservedSlowdown(smoothed, samples, obs.end, recent, obs.partners, kind, *sm),

@@ -12,6 +12,8 @@ Rules
   its newest ``SLOW_WINDOWS`` (4) windows is (a pair just above tau, where
   one window's noise hides it; the mean has half the noise), the newest
   window is at most ``STALE_S`` old, and it shared a device in that window.
+  The windows are those with the newest window's partners
+  (``ObservedSlowdown.recent``): a move or a partner leaving starts a new case.
   The driver's window is one epoch (the simulator) or the agent's report
   period (the extender, a few seconds, at most one epoch), so a harmful pair
   is observed for at most two epochs before the plan that separates it:
