@@ -155,7 +155,9 @@ def measure(
     any_row = np.stack([row for _, row, _, _ in correction.neighbour_rows()[:1]])
     teach_one = (any_row, correction.predict(any_row))
     plan(
-        Snapshot(snapshot.nodes, snapshot.jobs, snapshot.families, snapshot.epoch, observed, 100.0),
+        Snapshot(
+            snapshot.nodes, snapshot.jobs, snapshot.families, snapshot.epoch, observed, now=100.0
+        ),
         previous,  # type: ignore[arg-type]
         predictor=counting,  # type: ignore[arg-type]
     )
