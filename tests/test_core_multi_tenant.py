@@ -84,3 +84,35 @@ def test_the_planner_does_not_pile_a_third_job_onto_a_pair(families):
     assert len(result.queued) == 1
     for a in result.assignments.values():
         assert a.predicted_slowdown <= a.tolerance + 1e-9
+
+
+def test_the_extenders_filter_refuses_the_third_tenant_too(families):
+    """Filter/prioritize between epochs (PlacementView, what the extender answers
+    kube-scheduler with) compose the same way as the epoch: a one-GPU node holding two
+    lean jobs takes a third only if all three stay within tau together."""
+    from elastico_extender.core.planner import PlacementView
+
+    pair = tuple(Job(f"ncf-{i}", "ncf", arrival_time=float(i)) for i in range(2))
+    snapshot = Snapshot(a100_nodes(1, 1), pair, families)
+    planned = plan(snapshot, predictor=Constant(1.0))
+    assert len(planned.assignments) == 2  # both share the only GPU
+    running = tuple(
+        Job(
+            a_id,
+            "ncf",
+            current_config=planned.assignments[a_id].config_index,
+            devices=planned.assignments[a_id].devices,
+            arrival_time=job.arrival_time,
+        )
+        for a_id, job in ((j.id, j) for j in pair)
+    )
+    current = Snapshot(a100_nodes(1, 1), running, families, epoch=1)
+    newcomer = Job("ncf-2", "ncf", arrival_time=2.0)
+    tau = min(a.tolerance for a in planned.assignments.values())
+    # Each pair well within tau: together within it, then (each pair 70% of the way) over.
+    fits, over = 1.0 + 0.45 * (tau - 1.0), 1.0 + 0.7 * (tau - 1.0)
+    for level, feasible in ((fits, True), (over, False)):
+        view = PlacementView(current, planned, predictor=Constant(level))
+        verdict = view.evaluate(newcomer, families["ncf"])["node-0"]
+        assert verdict.feasible == feasible, (level, tau, verdict)
+    assert f"slowdown {1.0 + 2 * (over - 1.0):.2f}x" in verdict.reason
