@@ -253,21 +253,19 @@ def separate(
         partners = sorted(
             {o for d in placer.devices_of[victim] for o in table.occupants[d] if o != victim}
         )
+        seen = observed[t.jobs[victim].id]
+        # A step-down must clear the evidence that found the harm, not the smoothed
+        # slowdown lagging below it (which would step down pairs still harmful).
+        evidence = max(harm_evidence(seen, epoch.snapshot.now) or 0.0, seen.slowdown)
         for partner in partners:
             if victim not in placer.devices_of or partner not in placer.devices_of:
                 continue
             if not set(placer.devices_of[victim]) & set(placer.devices_of[partner]):
                 continue
-            seen = observed[t.jobs[victim].id]
-            tau = float(placer.tolerance[victim])
+            tau = float(placer.tolerance[victim])  # a step-down of the victim changes it
             step = None
             if (victim, partner) not in stepped:  # a pair steps down once, then separates
-                # The step-down must clear the evidence that found the harm, not the
-                # smoothed slowdown below it (which would step down pairs still harmful).
-                evidence = harm_evidence(seen, epoch.snapshot.now) or seen.slowdown
-                step = _cheapest_step_down(
-                    epoch, placer, victim, partner, max(evidence, seen.slowdown), switch_cost
-                )
+                step = _cheapest_step_down(epoch, placer, victim, partner, evidence, switch_cost)
             move = _move_target(epoch, placer, victim, partner)
             move_cost = MOVE_COST_SWITCHES * switch_cost
             if step is not None and (move is None or step[0] <= move_cost):
