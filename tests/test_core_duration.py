@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from elastico_extender.core.duration import CompletedJob, DurationEstimator
+from elastico_extender.core.duration import CompletedJob, DurationBook, DurationEstimator
 from elastico_extender.core.model import Job
 
 
@@ -63,3 +63,45 @@ def test_bounded_keys() -> None:
 def test_rejects_bad_prior(bad: float) -> None:
     with pytest.raises(ValueError, match="prior_s"):
         DurationEstimator(prior_s=bad)
+
+
+# -- DurationBook: what a driver knows of job lengths ----------------------------------
+
+
+def test_book_guesses_nothing_before_enough_completions() -> None:
+    book = DurationBook(min_history=3)
+    book.record(CompletedJob("ncf", 1, 600.0))
+    book.record(CompletedJob("ncf", 1, 660.0))
+    assert book.expected("ncf", 1) == 0.0
+    book.record(CompletedJob("ncf", 1, 630.0))
+    assert book.expected("ncf", 1) == pytest.approx(630.0, rel=0.6)
+
+
+def test_book_starts_from_history_and_learns_per_user() -> None:
+    history = [CompletedJob("bert", 4, 40_000.0, "alice")] * 20
+    history += [CompletedJob("bert", 4, 1_000.0, "bob")] * 20
+    book = DurationBook(history)
+    assert book.expected("bert", 4, "alice") > 10 * book.expected("bert", 4, "bob")
+
+
+def test_book_refits_when_over_a_quarter_more_jobs_finished() -> None:
+    book = DurationBook([CompletedJob("ncf", 1, 600.0)] * 20)
+    first = book.expected("ncf", 1)
+    generation = book.generation
+    for _ in range(5):  # 20 -> 25: not more than a quarter more, the old fit stands
+        book.record(CompletedJob("ncf", 1, 60_000.0))
+    assert book.expected("ncf", 1) == first and book.generation == generation
+    book.record(CompletedJob("ncf", 1, 60_000.0))  # 26 > 1.25 x 20
+    assert book.expected("ncf", 1) > 2 * first and book.generation == generation + 1
+
+
+def test_book_is_bounded_and_ignores_bad_durations() -> None:
+    book = DurationBook(capacity=10)
+    for k in range(25):
+        book.record(CompletedJob("ncf", 1, 100.0 + k))
+    book.record(CompletedJob("ncf", 1, float("nan")))
+    book.record(CompletedJob("ncf", 1, -1.0))
+    assert len(book) == 10
+    assert [c.duration_s for c in book.completed] == [115.0 + k for k in range(10)]
+    with pytest.raises(ValueError, match="capacity"):
+        DurationBook(capacity=0)

@@ -121,3 +121,34 @@ def test_lightly_loaded_trace_runs_every_job_at_solo_speed():
     assert done.all()
     stretch = (r.finish - r.arrival)[done] / r.work[done]
     assert stretch.max() <= 1.05, np.sort(stretch)[-5:]
+
+
+def test_the_simulated_elastico_starts_from_the_history_lucid_gets(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Jobs that finished before a trace window are what both policies know of lengths:
+    the Lucid-like baseline's estimator starts from them, and so must the duration
+    estimates ElastiCo's planner reads from its snapshot (they were ignored)."""
+    from elastico_extender.core.duration import CompletedJob
+    from elastico_extender.sim import runner
+    from elastico_extender.sim.engine import ClusterSpec
+    from elastico_extender.sim.traces import TraceJob
+
+    history = tuple(CompletedJob("lstm", 1, 7200.0) for _ in range(10))
+    trace = (TraceJob("a", 0.0, 1, 600.0, "lstm"), TraceJob("b", 30.0, 1, 600.0, "lstm"))
+    exp = runner.Experiment(trace=trace, cluster=ClusterSpec(gpus=1), history=history)
+    seen: list[float] = []
+    build = runner.build_policy
+
+    def spying(name, exp, truth):  # type: ignore[no-untyped-def]
+        policy = build(name, exp, truth)
+        plan = policy.plan
+
+        def watched(snapshot, previous=None):  # type: ignore[no-untyped-def]
+            seen.extend(j.expected_duration_s for j in snapshot.jobs)
+            return plan(snapshot, previous)
+
+        policy.plan = watched
+        return policy
+
+    monkeypatch.setattr(runner, "build_policy", spying)
+    runner.run_one("elastico", exp)
+    assert seen and seen[0] == pytest.approx(7200.0, rel=0.3)

@@ -27,19 +27,40 @@ moves the estimate a little and a key seen 50 times speaks for itself.
 because a family's length varies with its width less than jobs in general do.
 
 Bounded and pure: ``fit`` keeps per-key sums only (``max_keys`` keys at most,
-the rarest dropped first), no I/O, no clock.  A driver (the simulator, the
-service) collects finished jobs as :class:`CompletedJob` records and calls
-``fit`` again when more have finished.
+the rarest dropped first), no I/O, no clock.
+
+Who knows what: a :class:`DurationBook` holds the completed jobs a driver has
+seen (the simulator's engine; the service's completion recorder, which also
+persists them) and the estimator fitted on them, and answers the expected run
+time of a job the planner is about to see (``Job.expected_duration_s``; 0 until
+``min_history`` jobs have finished, so early guesses from the prior alone never
+reorder a queue).  Both drivers go through it, so the simulated ElastiCo knows
+exactly what the shipped one would.
 """
 
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
-__all__ = ["CompletedJob", "DurationEstimator", "JobLike"]
+__all__ = [
+    "MAX_COMPLETIONS",
+    "MIN_HISTORY",
+    "CompletedJob",
+    "DurationBook",
+    "DurationEstimator",
+    "JobLike",
+]
+
+MIN_HISTORY = 5
+"""Completed jobs before the book's guesses reach the planner (fewer: 0, no guess)."""
+MAX_COMPLETIONS = 50_000
+"""Completions a book keeps (the newest); at about 100 bytes each, a few MiB."""
+REFIT_GROWTH = 1.25
+"""The book refits once it holds more than this many times the completions of its last fit."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,3 +145,73 @@ class DurationEstimator:
             if n:
                 est = (s + self.shrink * est) / (n + self.shrink)
         return min(max(math.exp(est), self.min_s), self.max_s)
+
+
+class DurationBook:
+    """Completed jobs and the estimator fitted on them (module docstring).
+
+    Owned by one driver; not thread-safe.  ``history``: completions known before
+    the driver started (jobs that finished before a trace window; the service's
+    persisted completions).  Refits lazily, when asked for a guess after the
+    completions grew by :data:`REFIT_GROWTH` since the last fit (every finished job
+    would refit O(n) each time; a quarter more moves the estimates little)."""
+
+    def __init__(
+        self,
+        history: Iterable[CompletedJob] = (),
+        *,
+        min_history: int = MIN_HISTORY,
+        capacity: int = MAX_COMPLETIONS,
+        estimator: DurationEstimator | None = None,
+    ) -> None:
+        if capacity < 1:
+            raise ValueError(f"capacity must be at least 1, got {capacity}")
+        self.min_history = int(min_history)
+        self.estimator = estimator or DurationEstimator()
+        self._completed: deque[CompletedJob] = deque(maxlen=int(capacity))
+        self._recorded = 0  # completions ever recorded (the deque forgets the oldest)
+        self._fitted_at = 0  # ``_recorded`` at the last fit
+        self._guesses: dict[tuple[str, int, str], float] = {}
+        self.generation = 0
+        """Bumped at every refit: guesses a caller cached before are stale."""
+        for job in history:
+            self.record(job)
+
+    def __len__(self) -> int:
+        return len(self._completed)
+
+    @property
+    def completed(self) -> tuple[CompletedJob, ...]:
+        """The completions kept, oldest first."""
+        return tuple(self._completed)
+
+    def record(self, job: CompletedJob) -> None:
+        """A job finished (run time ``job.duration_s``; not finite or <= 0: ignored)."""
+        if not (math.isfinite(job.duration_s) and job.duration_s > 0):
+            return
+        self._completed.append(job)
+        self._recorded += 1
+
+    def refresh(self) -> bool:
+        """Refit if enough completions arrived since the last fit; True if it refitted."""
+        if self._recorded < max(self.min_history, int(self._fitted_at * REFIT_GROWTH) + 1):
+            return False
+        self.estimator.fit(self._completed)
+        self._fitted_at = self._recorded
+        self._guesses.clear()
+        self.generation += 1
+        return True
+
+    def expected(self, family: str, gpus: int, user: str = "") -> float:
+        """Expected run time in seconds of a job of ``family`` on ``gpus`` GPUs started by
+        ``user``; 0.0 while fewer than ``min_history`` jobs have finished."""
+        self.refresh()
+        if not self._fitted_at:
+            return 0.0
+        key = (family, int(gpus), user)
+        guess = self._guesses.get(key)
+        if guess is None:
+            guess = self.estimator.predict(CompletedJob(family, int(gpus), 0.0, user))
+            if len(self._guesses) < MAX_COMPLETIONS:
+                self._guesses[key] = guess
+        return guess

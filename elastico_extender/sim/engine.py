@@ -88,13 +88,13 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from elastico_extender.core.closed_loop import ClosedLoop, RunningConfig
-from elastico_extender.core.duration import CompletedJob, DurationEstimator
+from elastico_extender.core.duration import CompletedJob, DurationBook
 from elastico_extender.core.interference.features import pair_features
 from elastico_extender.core.model import GpuDevice, Job, Node, Plan, Snapshot
 from elastico_extender.core.observations import Observation
@@ -109,8 +109,6 @@ __all__ = ["ClusterSpec", "RunResult", "Simulator"]
 FUTURE, PENDING, RUNNING, DONE, REJECTED = 0, 1, 2, 3, 4
 
 _EPS = 1e-9
-MIN_HISTORY = 5
-"""Completed jobs before the duration estimator's guesses reach the snapshot."""
 LOOP_HARM_SLACK = 0.03
 """Relative margin below the last plan's tolerance at which observed harm triggers a plan."""
 LOOP_QUEUE_REPLAN_EPOCHS = 30
@@ -201,6 +199,7 @@ class Simulator:
         loop: ClosedLoop | None = None,
         noise: float = 0.03,
         seed: int = 0,
+        history: Sequence[CompletedJob] = (),
     ) -> None:
         self.trace = sorted(trace, key=lambda j: (j.arrival_s, j.job_id))
         self.policy = policy
@@ -246,9 +245,7 @@ class Simulator:
         self.attained = np.zeros(n)  # GPU-seconds served before the current run
         self.run_start = np.full(n, np.nan)
         self.expected = np.zeros(n)  # estimator's guess of each job's run time, 0 = none
-        self.completed: list[CompletedJob] = []
-        self.estimator = DurationEstimator()
-        self._fit_at = MIN_HISTORY
+        self.durations = DurationBook(history)  # completions: the estimates' only source
         self._job_cache: dict[int, Job] = {}
         self.counters: dict[str, float] = {
             "plans": 0,
@@ -466,17 +463,12 @@ class Simulator:
         return job
 
     def _learn_durations(self) -> None:
-        """Refit the duration estimator on the completions so far (each 25% more of them)."""
-        if len(self.completed) < self._fit_at:
+        """Every job's expected run time from the book, after each of its refits."""
+        if not self.durations.refresh():
             return
-        self._fit_at = int(len(self.completed) * 1.25) + 1
-        est = self.estimator.fit(self.completed)
-        guess: dict[tuple[str, int], float] = {}
+        book = self.durations
         for i, t in enumerate(self.trace):
-            key = (t.workload, int(self.gpus[i]))
-            if key not in guess:
-                guess[key] = est.predict(CompletedJob(t.workload, key[1], 0.0))
-            self.expected[i] = guess[key]
+            self.expected[i] = book.expected(t.workload, int(self.gpus[i]), t.user)
         self._job_cache.clear()
 
     def snapshot(self, epoch: int, now: float = 0.0) -> Snapshot:
@@ -703,8 +695,10 @@ class Simulator:
                     self.status[i] = DONE
                     self.finish[i] = now
                     t = self.trace[i]
-                    self.completed.append(
-                        CompletedJob(t.workload, int(self.gpus[i]), now - self.first_start[i])
+                    self.durations.record(
+                        CompletedJob(
+                            t.workload, int(self.gpus[i]), now - self.first_start[i], t.user
+                        )
                     )
                     self.remaining[i] = 0.0
                     for d in self.devices[i]:

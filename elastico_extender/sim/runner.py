@@ -16,8 +16,10 @@ measurement noise) to a :class:`ClosedLoop` whose :class:`OnlineCorrection`
 sits in front of the policy's predictor, and the planner separates pairs it
 observes above tolerance.
 
-The Lucid-like policy learns its duration estimates from the jobs it sees
-complete (plus ``Experiment.history``, completions before the trace window) and
+The simulator learns every policy's duration estimates from the jobs it sees
+complete plus ``Experiment.history`` (completions before the trace window):
+ElastiCo reads them from the snapshot (``core.duration.DurationBook``), the
+Lucid-like policy keeps its own ledger of the same completions, and
 classifies jobs with the predictor learned from a sampled 25% of the workload
 pairs, the profiling budget ElastiCo+learned gets.  ``srtf`` is bound to the
 simulator's true remaining times: an ORACLE baseline, labelled as such.
@@ -160,6 +162,7 @@ def run_one(
         progress=progress,
         loop=getattr(policy, "loop", None),
         seed=exp.seed,
+        history=exp.history,
     )
     if getattr(policy, "oracle", False):
         policy.remaining = sim.remaining_solo_s  # type: ignore[attr-defined]
