@@ -33,8 +33,10 @@ from elastico_extender.core.closed_loop import ClosedLoop
 from elastico_extender.core.interference.online import OnlineCorrection
 from elastico_extender.core.interference.predictor import ContentionPredictor, SlowdownPredictor
 from elastico_extender.core.settings import PlannerSettings
+from elastico_extender.profiles.completions import CompletionStore
 from elastico_extender.profiles.store import ProfileStore
 from elastico_extender.service.checkpoint import CheckpointCollector, LearnedCheckpoint
+from elastico_extender.service.completions import CompletionRecorder
 from elastico_extender.service.engine import Engine
 from elastico_extender.service.events import EventRecorder
 from elastico_extender.service.families import FamilyResolver
@@ -146,6 +148,8 @@ def create_app(
     observed.gate(_leadership(cluster), lambda: str(getattr(elector, "holder", "")))
     checkpoint = _checkpoint(settings, cluster, observed)
     events = _event_recorder(settings, cluster)
+    # finished pods teach expected run times (length-aware queueing); kept beside profiles
+    completion_store = CompletionStore(profile_path) if profile_path else None
     engine = Engine(
         settings,
         cluster,
@@ -158,6 +162,7 @@ def create_app(
         events=events,
         observed=lambda: observed.for_snapshot()[0],
         unmeasured=observed.unmeasured,
+        completions=CompletionRecorder(completion_store),
     )
     observed.attach(lambda: engine.published if engine.has_plan else None, engine.forget_family)
     metrics.registry.register(ObservationCollector(observed))
@@ -186,6 +191,8 @@ def create_app(
                 events.stop()
             cluster.stop()
             observed.close()
+            if completion_store is not None:
+                completion_store.close()
 
     app = FastAPI(
         title="ElastiCo scheduler extender",

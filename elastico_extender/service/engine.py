@@ -38,6 +38,7 @@ from elastico_extender.core.observations import ObservedSlowdown
 from elastico_extender.core.settings import PlannerSettings
 from elastico_extender.service.actuator import Actuator
 from elastico_extender.service.bookings import Bookings, Published
+from elastico_extender.service.completions import CompletionRecorder
 from elastico_extender.service.events import EventRecorder
 from elastico_extender.service.families import FamilyResolver
 from elastico_extender.service.loop import EpochLoop
@@ -97,6 +98,7 @@ class Engine:
         unmeasured: Callable[[], Mapping[str, float]] | None = None,
         is_leader: Callable[[], bool] = lambda: True,
         events: EventRecorder | None = None,
+        completions: CompletionRecorder | None = None,
     ) -> None:
         self.settings = settings
         self.cluster = cluster
@@ -117,6 +119,7 @@ class Engine:
             unmeasured=unmeasured,
             clock=clock,
             dwell_seconds=settings.min_dwell_seconds,
+            completions=completions if completions is not None else CompletionRecorder(),
         )
         self.bookings = Bookings(clock, settings.assume_ttl_seconds)
         self.actuator = Actuator(

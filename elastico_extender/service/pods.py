@@ -67,16 +67,16 @@ class PodJob:
 
 def created_at(pod: Mapping[str, Any]) -> float:
     """The pod's creationTimestamp as epoch seconds (0 when absent or unreadable)."""
-    return _stamp((pod.get("metadata") or {}).get("creationTimestamp")) or 0.0
+    return epoch_seconds((pod.get("metadata") or {}).get("creationTimestamp")) or 0.0
 
 
 def started_at(pod: Mapping[str, Any]) -> float | None:
     """When the pod's current run began (``status.startTime``), for attained service."""
     status = pod.get("status")
-    return _stamp(status.get("startTime")) if isinstance(status, Mapping) else None
+    return epoch_seconds(status.get("startTime")) if isinstance(status, Mapping) else None
 
 
-def _stamp(stamp: object) -> float | None:
+def epoch_seconds(stamp: object) -> float | None:
     """An RFC 3339 timestamp as epoch seconds (None when absent or unreadable)."""
     if not stamp:
         return None

@@ -30,6 +30,7 @@ from elastico_extender.core.model import Job, Node, ProfileFamily, Snapshot
 from elastico_extender.core.observations import ObservedSlowdown
 from elastico_extender.core.planner import NodeVerdict
 from elastico_extender.errors import AnnotationError
+from elastico_extender.service.completions import CompletionRecorder
 from elastico_extender.service.pods import PodJob, PodJobs
 
 __all__ = ["Built", "Pinned", "SnapshotBuilder"]
@@ -75,8 +76,11 @@ class SnapshotBuilder:
         clock: Callable[[], float] | None = None,
         wall_clock: Callable[[], float] = time.time,
         dwell_seconds: float = 0.0,
+        completions: CompletionRecorder | None = None,
     ) -> None:
         self.state = state
+        # Finished pods teach expected run times; every job gets one (service.completions).
+        self.completions = completions
         self.pod_jobs = pod_jobs
         self.default_gpu_memory_mib = default_gpu_memory_mib
         self.scheduler_name = scheduler_name
@@ -188,7 +192,10 @@ class SnapshotBuilder:
                 jobs.append(hit[3])
                 meta[uid] = hit[1]
                 continue
-            if not pod_is_active(pod) or (pod.get("metadata") or {}).get("deletionTimestamp"):
+            if not pod_is_active(pod):
+                self._finished(uid, pod)
+                continue
+            if (pod.get("metadata") or {}).get("deletionTimestamp"):
                 continue
             node_name = (pod.get("spec") or {}).get("nodeName")
             try:
@@ -262,6 +269,8 @@ class SnapshotBuilder:
                 jobs.append(running_job(pj.job, node_name, devices, config))
                 meta[pj.job.id] = pj
         self._bound = bound
+        if self.completions is not None:
+            jobs = self.completions.dated(jobs, meta)
         if self.dwell_seconds > 0:
             jobs = self._hold(jobs, now)
         families = {j.family: meta[j.id].family for j in jobs}
@@ -276,6 +285,16 @@ class SnapshotBuilder:
             now=self.wall_clock(),
         )
         return Built(snapshot, meta, in_snapshot, invalid, confirmed, synced, generation)
+
+    def _finished(self, uid: str, pod: dict[str, Any]) -> None:
+        """A pod that ran to its end: a completion, if it succeeded as an ElastiCo job."""
+        if self.completions is None or not self.completions.wants(uid, pod):
+            return
+        try:
+            pod_job = self.pod_jobs.get(pod)
+        except (AnnotationError, ValueError):
+            pod_job = None
+        self.completions.saw_finished(uid, pod, pod_job)
 
     def _hold(self, jobs: list[Job], now: float) -> list[Job]:
         """Running jobs that started (or were reshaped) less than ``dwell_seconds`` ago,

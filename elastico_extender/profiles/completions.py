@@ -1,0 +1,87 @@
+"""Completed jobs in SQLite, so the duration estimates survive a restart (issue 14).
+
+One table, ``job_completions``, in the profile store's file by default: per finished
+pod (its uid is the key, so a pod still listed as Succeeded after a restart is not
+counted twice) the family, GPU count, user (the namespace), run time and when it
+finished.  The newest :data:`~elastico_extender.core.duration.MAX_COMPLETIONS` are kept;
+:meth:`CompletionStore.load` reads them back oldest first.  Thread-safe; each write is
+one transaction.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from pathlib import Path
+
+from elastico_extender.core.duration import MAX_COMPLETIONS, CompletedJob
+from elastico_extender.errors import ProfileStoreError
+from elastico_extender.profiles.store import open_database
+
+__all__ = ["CompletionStore"]
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS job_completions (
+    uid         TEXT PRIMARY KEY,  -- the pod's uid
+    family      TEXT NOT NULL,
+    gpus        INTEGER NOT NULL,
+    user        TEXT NOT NULL,     -- the pod's namespace
+    duration_s  REAL NOT NULL,     -- from status.startTime to its containers' last finishedAt
+    finished_at REAL NOT NULL      -- epoch seconds
+);
+CREATE INDEX IF NOT EXISTS job_completions_finished ON job_completions (finished_at);
+"""
+
+PRUNE_EVERY = 1_000
+"""Inserts between two prunings of rows beyond ``capacity`` (a delete per insert would
+rewrite the index each time)."""
+
+
+class CompletionStore:
+    """The ``job_completions`` table (module docstring)."""
+
+    def __init__(self, path: str | Path = ":memory:", capacity: int = MAX_COMPLETIONS) -> None:
+        self.path = str(path)
+        self.capacity = int(capacity)
+        self._db = open_database(self.path, _SCHEMA, "completion store")
+        self._lock = threading.Lock()
+        self._since_prune = 0
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    def add(self, uid: str, job: CompletedJob, finished_at: float) -> bool:
+        """Record ``uid``'s completion; False if it was recorded before."""
+        try:
+            with self._lock, self._db:
+                cursor = self._db.execute(
+                    "INSERT OR IGNORE INTO job_completions VALUES (?, ?, ?, ?, ?, ?)",
+                    (uid, job.family, int(job.gpus), job.user, float(job.duration_s),
+                     float(finished_at)),
+                )  # fmt: skip
+                added = cursor.rowcount == 1
+                self._since_prune += added
+                if self._since_prune >= PRUNE_EVERY:
+                    self._prune()
+        except sqlite3.Error as exc:
+            raise ProfileStoreError(f"cannot write completion store {self.path}: {exc}") from exc
+        return added
+
+    def _prune(self) -> None:
+        self._since_prune = 0
+        self._db.execute(
+            "DELETE FROM job_completions WHERE uid NOT IN (SELECT uid FROM job_completions "
+            "ORDER BY finished_at DESC LIMIT ?)",
+            (self.capacity,),
+        )
+
+    def load(self) -> list[tuple[str, CompletedJob]]:
+        """(uid, completion) of the newest ``capacity`` rows, oldest first."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT uid, family, gpus, user, duration_s FROM job_completions "
+                "ORDER BY finished_at DESC LIMIT ?",
+                (self.capacity,),
+            ).fetchall()
+        return [(uid, CompletedJob(f, int(g), float(d), u)) for uid, f, g, u, d in reversed(rows)]
