@@ -78,6 +78,10 @@ def test_a_pending_pod_is_dated_by_the_pods_of_its_family_that_finished() -> Non
     # what finished counts once, however many epochs the pods stay listed
     engine.build_snapshot()
     assert len(engine.builder.completions) == MIN_HISTORY  # type: ignore[arg-type]
+    # and GET /jobs shows what the queue was told
+    engine.run_epoch()
+    row = next(r for r in engine.jobs() if r["id"] == "uid-new")
+    assert row["expected_duration_s"] == pytest.approx(expected)
 
 
 def test_too_few_completions_leave_the_queue_on_attained_service() -> None:
@@ -103,6 +107,8 @@ def test_only_elastico_pods_that_succeeded_with_both_times_count() -> None:
     engine = Engine(ServiceSettings(epoch_seconds=60), cluster)
     assert expected_of(engine, "uid-new")[0] == 0.0
     assert len(engine.builder.completions) == 0  # type: ignore[arg-type]
+    engine.run_epoch()
+    assert next(r for r in engine.jobs() if r["id"] == "uid-new")["expected_duration_s"] is None
 
 
 def test_completions_survive_a_restart_and_are_not_counted_twice(tmp_path: Path) -> None:

@@ -69,6 +69,8 @@ class RestViews:
                 "throughput_unit": pj.family.throughput_unit,
                 "state": state,
                 "reason": pub.plan.rejected.get(job.id) or (pj.note or None),
+                # learned from finished pods (service.completions); None: not enough yet
+                "expected_duration_s": job.expected_duration_s or None,
             }
             if a is not None:
                 row.update(
