@@ -42,7 +42,11 @@ def test_a_new_configuration_starts_a_new_history():
 def test_other_partners_start_a_new_case():
     """Windows next to b say nothing about c: after a move only windows with the new
     partners count, so harm caused by b is not held against the pair with c."""
-    from elastico_extender.core.planner.protect import HARM_WINDOWS, harm_evidence
+    from elastico_extender.core.planner.protect import (
+        HARM_WINDOWS,
+        ONE_WINDOW_MARGIN,
+        harm_evidence,
+    )
 
     book = ObservationBook(smoothing=1.0)
     book.record(window(100.0, 5.0))
@@ -52,7 +56,8 @@ def test_other_partners_start_a_new_case():
     book.record(window(95.0, 30.0, ("c",)))
     seen = book.observed()["a"]
     assert seen.recent == pytest.approx((100.0 / 95.0,))
-    assert harm_evidence(seen, 30.0) is None  # fewer than HARM_WINDOWS with c
+    # fewer than HARM_WINDOWS with c: only the one-window rule speaks
+    assert harm_evidence(seen, 30.0) == pytest.approx(100.0 / 95.0 / (1 + ONE_WINDOW_MARGIN))
     for k in range(1, HARM_WINDOWS):
         book.record(window(95.0, 30.0 + 5 * k, ("c",)))
     assert harm_evidence(book.observed()["a"], 40.0) == pytest.approx(100.0 / 95.0)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import pytest
 from conftest import a100_nodes
 
 from elastico_extender.core.interference.predictor import ContentionPredictor
@@ -62,12 +63,22 @@ def devices_of(result: Plan) -> dict[str, tuple]:
     return {job: a.devices for job, a in result.assignments.items()}
 
 
+def seen_alone(book: ObservationBook, snapshot: Snapshot) -> None:
+    """One solo window per running job at rate 100: its own solo rate, no reference margin."""
+    for job in snapshot.jobs:
+        if job.devices:
+            book.record(Observation(job.id, job.current_config, 0.0, WINDOW_S, 100.0))
+
+
 def test_pair_above_tolerance_is_moved_apart_after_k_windows(families):
+    """Above tau, but within one window's noise of it: k windows make the case."""
     snapshot = shared_pair(families, gpus=2)
+    tau = plan(snapshot).assignments["bert"].tolerance
     book = ObservationBook(smoothing=1.0)
+    seen_alone(book, snapshot)
     result = None
     for k in range(1, HARM_WINDOWS + 1):
-        observe(book, snapshot, slowdown=2.5, end=k * WINDOW_S)
+        observe(book, snapshot, slowdown=tau * 1.05, end=k * WINDOW_S)
         snap = replace(snapshot, observed=book.observed(), now=k * WINDOW_S, epoch=k)
         result = plan(snap)
         shared = devices_of(result)["bert"] == devices_of(result)["resnet"]
@@ -77,6 +88,24 @@ def test_pair_above_tolerance_is_moved_apart_after_k_windows(families):
     (_victim, _partner, action, _actor, observed, tau) = result.protections[0]
     assert action == "move" and observed > tau
     assert result.separated == (("bert", "resnet"),)
+
+
+def test_one_window_far_above_tolerance_separates_at_once(families):
+    """Observed beats predicted: a window above tau by more than the noise of one window
+    (ONE_WINDOW_MARGIN) needs no second window; one just above tau waits for k."""
+    from elastico_extender.core.planner.protect import ONE_WINDOW_MARGIN
+
+    snapshot = shared_pair(families, gpus=2)
+    tau = plan(snapshot).assignments["bert"].tolerance
+    for slowdown, apart in ((tau * (1 + ONE_WINDOW_MARGIN) * 1.02, True), (tau * 1.03, False)):
+        book = ObservationBook(smoothing=1.0)
+        seen_alone(book, snapshot)
+        observe(book, snapshot, slowdown=slowdown, end=WINDOW_S)
+        result = plan(replace(snapshot, observed=book.observed(), now=WINDOW_S, epoch=1))
+        shared = devices_of(result)["bert"] == devices_of(result)["resnet"]
+        assert shared != apart, (slowdown, tau, devices_of(result))
+        if apart:
+            assert result.protections and result.protections[0][0] == "bert"
 
 
 def test_without_observations_the_pair_stays_as_planned(families):
@@ -261,6 +290,31 @@ def test_a_borrowed_reference_widens_the_evidence_by_its_own_error():
     assert evidence["profile"] == 1.4 * (1 + PROFILE_MARGIN)
     # A family-referenced pair admitted inside the 5% band stays below tau = 1.5 ...
     assert evidence["family"] < 1.5 < evidence["profile"]  # ... a profile's error does not
+
+
+def test_one_window_must_clear_the_noise_and_the_reference_error():
+    """The one-window rule: 9% above tau for a job's own solo reference, and on top of that
+    its reference's margin for a borrowed one (the window may be that far off)."""
+    from elastico_extender.core.observations import ObservedSlowdown
+    from elastico_extender.core.planner.protect import (
+        FAMILY_MARGIN,
+        ONE_WINDOW_MARGIN,
+        PROFILE_MARGIN,
+        harm_evidence,
+    )
+
+    def evidence(window: float, kind: str) -> float | None:
+        return harm_evidence(ObservedSlowdown(window, 1, 100.0, (window,), ("p",), kind), 100.0)
+
+    assert evidence(1.0, "solo") == pytest.approx(1.0 / (1 + ONE_WINDOW_MARGIN))
+    tau = 1.5
+    just_solo = tau * (1 + ONE_WINDOW_MARGIN) * 1.01
+    assert evidence(just_solo, "solo") > tau  # beyond one window's noise
+    assert evidence(just_solo, "family") < tau < evidence(just_solo * (1 + FAMILY_MARGIN), "family")
+    assert evidence(just_solo * (1 + FAMILY_MARGIN), "profile") < tau
+    assert evidence(just_solo * (1 + PROFILE_MARGIN), "profile") > tau
+    # without a partner in the newest window there is no case at all
+    assert harm_evidence(ObservedSlowdown(3.0, 1, 100.0, (3.0,), (), "solo"), 100.0) is None
 
 
 def test_a_pair_that_cannot_be_measured_splits_when_a_gpu_is_idle(families):

@@ -84,6 +84,25 @@ def test_a_squeeze_screens_at_most_its_budget(monkeypatch: pytest.MonkeyPatch):
     assert _most_squeeze_screens(monkeypatch, 5) <= 5
 
 
+def test_one_window_far_above_tolerance_is_news_at_once():
+    """The simulator plans on a single window far above tau (ONE_WINDOW_MARGIN), as the
+    extender, planning every epoch, would act on it; one just above tau waits for k."""
+    from elastico_extender.core.observations import Observation
+    from elastico_extender.core.planner.protect import ONE_WINDOW_MARGIN
+    from elastico_extender.sim import engine
+
+    for slowdown, news in ((1.3 * (1 + ONE_WINDOW_MARGIN) * 1.02, True), (1.3 * 1.03, False)):
+        sim, loop, _ = _looped_simulator(2)
+        sim.status[:] = engine.RUNNING
+        sim.tenants[0] = [0, 1]
+        sim.tau[:2] = 1.3
+        for job in ("j0", "j1"):  # each seen alone first: its own solo rate, no margin
+            loop.book.record(Observation(job, 0, 0.0, 30.0, 100.0))
+        loop.book.record(Observation("j0", 0, 30.0, 30.0, 100.0 / slowdown, partners=("j1",)))
+        loop.book.record(Observation("j1", 0, 30.0, 30.0, 100.0, partners=("j0",)))
+        assert sim._loop_news(30.0, epochs_since_plan=0.5) == news, slowdown
+
+
 def _looped_simulator(jobs: int, **options: float):  # type: ignore[no-untyped-def]
     """(simulator, its closed loop, the jobs' default configuration) for ``jobs`` one-GPU
     jobs of one family on 8 GPUs, nothing started: the test sets the state it needs."""

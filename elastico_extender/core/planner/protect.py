@@ -10,8 +10,15 @@ Rules
   (k = 2) observation windows shows a slowdown above its tolerance tau (the
   planner's adaptive tolerance at its current configuration), or the mean of
   its newest ``SLOW_WINDOWS`` (4) windows is (a pair just above tau, where
-  one window's noise hides it; the mean has half the noise), the newest
-  window is at most ``STALE_S`` old, and it shared a device in that window.
+  one window's noise hides it; the mean has half the noise), or its newest
+  window alone is above tau by more than ``ONE_WINDOW_MARGIN`` (9%, three
+  sigma of one window's scatter) and by its reference's margin (below):
+  observed beats predicted, and a window that far above tau is neither noise
+  nor a reference's error, so the pair is separated on its first shared
+  window (the first window of a case often understates it: a partner that
+  joined or restarted ran for part of it only, and waiting for a second
+  window cost such pairs an epoch).  The newest window is at most
+  ``STALE_S`` old, and the job shared a device in it.
   The windows are those with the newest window's partners
   (``ObservedSlowdown.recent``): a move or a partner leaving starts a new case.
   The driver's window is one epoch (the simulator) or the agent's report
@@ -99,6 +106,7 @@ __all__ = [
     "FAMILY_MARGIN",
     "HARM_WINDOWS",
     "MOVE_COST_SWITCHES",
+    "ONE_WINDOW_MARGIN",
     "PROFILE_MARGIN",
     "SLOW_WINDOWS",
     "STALE_S",
@@ -115,6 +123,11 @@ HARM_WINDOWS = 2
 """k: consecutive observation windows above tolerance before a pair is separated."""
 SLOW_WINDOWS = 4
 """Windows whose mean above tau also counts as harm (marginal pairs, noisy windows)."""
+ONE_WINDOW_MARGIN = 0.09
+"""Relative margin above tau at which a single window is harm on its own: three sigma of
+one window's scatter (3% for a launch-rate count over a window, the simulator's noise),
+so noise alone (about one window in 700 at tau) does not separate a pair; a borrowed
+reference's margin comes on top (its error may raise every window by that much)."""
 PROFILE_MARGIN = 0.10
 """Relative margin on a slowdown measured against a profile's T(c) instead of a solo
 window (two sigma of a profile's throughput error): such a job is separated once
@@ -155,19 +168,29 @@ class Protection:
 def harm_evidence(seen: ObservedSlowdown, now: float) -> float | None:
     """The slowdown a job's windows vouch for, to compare with tau (module doc, "Harm").
 
-    None when there is no case: the newest window was not shared, fewer than
-    ``HARM_WINDOWS`` windows, or stale.  Otherwise the least of the newest k
-    windows, or the mean of the newest ``SLOW_WINDOWS`` if larger, raised by
-    the reference's margin (``FAMILY_MARGIN``, ``PROFILE_MARGIN``) unless the
-    job's own solo rate is the reference.
+    None when there is no case: the newest window was not shared, or is stale.
+    Otherwise the larger of: the newest window, lowered by ``ONE_WINDOW_MARGIN``
+    and by the reference's margin (one window far beyond both is enough); and,
+    once there are k windows with these partners, the least of the newest k, or
+    the mean of the newest ``SLOW_WINDOWS`` if larger, *raised* by the
+    reference's margin (``FAMILY_MARGIN``, ``PROFILE_MARGIN``) unless the job's
+    own solo rate is the reference (k windows agree: the reference's error is
+    what may hide the excess).
     """
-    if not seen.partners or len(seen.recent) < HARM_WINDOWS or seen.age(now) > STALE_S:
+    if not seen.partners or not seen.recent or seen.age(now) > STALE_S:
         return None
+    # Observed beats predicted: a window beyond its noise and its reference's error needs
+    # no second one.  (The first window of a case often understates it, never overstates
+    # it: a partner that joined or restarted in it ran for part of it only.)
+    margin = 1.0 + _REFERENCE_MARGIN.get(seen.reference, PROFILE_MARGIN)
+    one = seen.recent[-1] / (1.0 + ONE_WINDOW_MARGIN) / margin
+    if len(seen.recent) < HARM_WINDOWS:
+        return one
     evidence = min(seen.recent[-HARM_WINDOWS:])
     if len(seen.recent) >= SLOW_WINDOWS:
         evidence = max(evidence, sum(seen.recent[-SLOW_WINDOWS:]) / SLOW_WINDOWS)
     # a borrowed reference's own error may hide the excess
-    return evidence * (1.0 + _REFERENCE_MARGIN.get(seen.reference, PROFILE_MARGIN))
+    return max(one, evidence * margin)
 
 
 def harmed_rows(epoch: EpochRows, rows: dict[str, int]) -> dict[int, float]:
