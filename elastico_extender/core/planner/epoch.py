@@ -22,7 +22,7 @@ for one of its own (``planner.patience``).  One packing pass (``pack``) then run
 1. running jobs, in place, in bulk where no device overflows; the others go
    back in place first and grow or migrate only if there is room, so a job is
    never preempted for a neighbour's growth (``_place_conflicted``);
-2. pending jobs the prices admit, best-fit decreasing, idle GPUs first, each
+2. pending jobs the prices admit, in queue priority then best-fit decreasing, idle GPUs first, each
    trying its next-best configurations (never worse than waiting);
 3. squeeze: co-tenants step down to admit a queued job when the primal
    objective gains (closes the duality gap of lumpy configurations);
@@ -158,6 +158,21 @@ def plan(
     return epoch.run(clock)
 
 
+def packing_order(t: JobTables, pending: np.ndarray, choice: np.ndarray) -> list[int]:
+    """The order the admitted pending rows are packed in: queue priority first (the
+    length-aware rank every other pass uses, ``pricing.queueing``), then best-fit
+    decreasing within a priority class (the largest memory footprint at its chosen
+    configuration packs with less fragmentation), then arrival.  When the prices admit
+    more than the devices hold (lumpy demand), the jobs first in the queue get in."""
+    size = t.per_gpu[pending, choice[pending], GPU_MEM] * t.gpus[pending]
+    big = dict(zip(pending.tolist(), size.tolist(), strict=True))
+    rank = t.priority
+    return sorted(
+        pending.tolist(),
+        key=lambda r: (-rank[r], -big[r], t.jobs[r].arrival_time, t.jobs[r].id),
+    )
+
+
 class _Epoch:
     def __init__(
         self,
@@ -269,7 +284,7 @@ class _Epoch:
         if switch:  # staying in the current configuration costs no switch
             base[run, current] = staying
         self.fastest = tmax  # T_j(c_max) over valid rows, for the regrow filter
-        rank = t.weight if t.rank is None else t.rank
+        rank = t.priority
         wait = np.where(t.running, np.inf, t.weight)
         reserve = np.zeros((NUM_RESOURCES, n))
         if s.coordination and s.reservation > 0 and n:
@@ -376,14 +391,7 @@ class _Epoch:
             )
             preempted += requeued
         pending = np.flatnonzero(~t.running & selection.running)
-        # Best-fit decreasing within a priority class: heavier jobs first, then the
-        # largest per-GPU memory (packs with less fragmentation), then arrival order.
-        size = t.per_gpu[pending, choice[pending], GPU_MEM] * t.gpus[pending]
-        big = dict(zip(pending.tolist(), size.tolist(), strict=True))
-        order = sorted(
-            pending.tolist(),
-            key=lambda r: (-t.weight[r], -big[r], t.jobs[r].arrival_time, t.jobs[r].id),
-        )
+        order = packing_order(t, pending, choice)
         queued = sorted(set(np.flatnonzero(~t.running).tolist()) - set(order))
         if order:
             # Every admitted job's configurations ranked by score (better than waiting
@@ -574,7 +582,7 @@ class _Epoch:
         """
         t = self.t
         still: list[int] = []
-        rank = t.weight if t.rank is None else t.rank
+        rank = t.priority
         order = sorted(queued, key=lambda r: (-rank[r], t.jobs[r].arrival_time, r))
         candidates = np.array(order[: RESIDUAL_LIMIT + len(t.reasons)], dtype=np.intp)
         self.tolerance_rows(candidates)  # one pass for every row likely to be tried

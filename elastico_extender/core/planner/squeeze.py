@@ -68,7 +68,7 @@ class Squeeze:
         """Try the queue in priority order; return the rows still queued."""
         t, problem, placer = self.t, self.problem, self.placer
         still: list[int] = []
-        rank = t.weight if t.rank is None else t.rank
+        rank = t.priority
         order = sorted(queued, key=lambda r: (-rank[r], t.jobs[r].arrival_time, r))
         tried = 0
         # Queued jobs that ask exactly what an earlier one asked since the last success fail

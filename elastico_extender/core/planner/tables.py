@@ -74,6 +74,11 @@ class JobTables:
     """(N,) queue priority: the weight scaled by the job's length band (pricing.queueing);
     None until the epoch sets it (then ``weight`` serves)."""
 
+    @property
+    def priority(self) -> np.ndarray:
+        """(N,) the queue priority every pass orders by: ``rank``, else ``weight``."""
+        return self.weight if self.rank is None else self.rank
+
     def features(self, rows: np.ndarray, configs: np.ndarray) -> np.ndarray:
         return self.feature_table[self.family_index[rows], configs]
 
