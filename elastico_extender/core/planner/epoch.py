@@ -582,8 +582,7 @@ class _Epoch:
         """
         t = self.t
         still: list[int] = []
-        rank = t.priority
-        order = sorted(queued, key=lambda r: (-rank[r], t.jobs[r].arrival_time, r))
+        order = t.in_queue_order(queued)
         candidates = np.array(order[: RESIDUAL_LIMIT + len(t.reasons)], dtype=np.intp)
         self.tolerance_rows(candidates)  # one pass for every row likely to be tried
         scores = dict(

@@ -68,8 +68,7 @@ class Squeeze:
         """Try the queue in priority order; return the rows still queued."""
         t, problem, placer = self.t, self.problem, self.placer
         still: list[int] = []
-        rank = t.priority
-        order = sorted(queued, key=lambda r: (-rank[r], t.jobs[r].arrival_time, r))
+        order = t.in_queue_order(queued)
         tried = 0
         # Queued jobs that ask exactly what an earlier one asked since the last success fail
         # the same way (a failed attempt undoes its changes): skip the search for them.

@@ -79,6 +79,12 @@ class JobTables:
         """(N,) the queue priority every pass orders by: ``rank``, else ``weight``."""
         return self.weight if self.rank is None else self.rank
 
+    def in_queue_order(self, rows: list[int]) -> list[int]:
+        """``rows`` highest ``priority`` first, then oldest, then by row (the order the
+        squeeze and the residual admission try the queue in)."""
+        rank = self.priority
+        return sorted(rows, key=lambda r: (-rank[r], self.jobs[r].arrival_time, r))
+
     def features(self, rows: np.ndarray, configs: np.ndarray) -> np.ndarray:
         return self.feature_table[self.family_index[rows], configs]
 
