@@ -181,3 +181,40 @@ def test_a_window_shared_for_part_of_its_span_is_not_a_solo_window():
     seen = loop.observed()["j0"]
     assert seen.partners == ("j1",)
     assert not seen.solo_reference  # the profile still; the diluted rate taught nothing
+
+
+def test_every_plan_records_the_cases_of_harm_of_its_own_epoch():
+    """The harm flags a plan is taken to have answered (``_saw``) are judged at that plan's
+    own epoch, even when a plan was due anyway (an arrival, a waiting queue): flags left
+    from an earlier epoch took later cases as answered and skipped plans the extender makes."""
+    exp = Experiment(trace=tuple(synthetic(16, 1.5, 6 * 3600.0, 0)), cluster=ClusterSpec(gpus=16))
+    configs = ConfigTable.build(0, 0.05)
+    truth = GroundTruth.build(configs)
+    from elastico_extender.sim import engine
+
+    policy = build_policy("elastico+online", exp, truth)
+    sim = engine.Simulator(
+        list(exp.trace), policy, configs, truth, exp.cluster, loop=policy.loop  # type: ignore[attr-defined]
+    )
+    judged: list[float] = []  # when the harm flags were last judged
+    planned: list[float] = []  # when each plan's snapshot was taken
+    stale: list[tuple[float, float]] = []
+    news, snapshot, saw = sim._loop_news, sim.snapshot, sim._saw
+
+    def judging(now: float, epochs_since_plan: float) -> bool:
+        judged.append(now)
+        return news(now, epochs_since_plan)
+
+    def snapping(epoch: int, now: float):  # type: ignore[no-untyped-def]
+        planned.append(now)
+        return snapshot(epoch, now)
+
+    def seeing(plan: Plan) -> None:
+        if not judged or judged[-1] != planned[-1]:
+            stale.append((planned[-1], judged[-1] if judged else float("nan")))
+        saw(plan)
+
+    sim._loop_news, sim.snapshot, sim._saw = judging, snapping, seeing  # type: ignore[method-assign]
+    sim.run()
+    assert len(planned) > 20 and judged
+    assert not stale, f"{len(stale)} of {len(planned)} plans recorded older flags: {stale[:3]}"

@@ -740,9 +740,11 @@ class Simulator:
             if self.loop is not None:
                 self._observe(now)
                 self._measure_mape(now)
-                # Observations change the snapshot: plan every epoch while a device is
-                # shared, as the extender plans every epoch.
-                replan = replan or self._loop_news(now, (now - planned_at) / ep)
+                # Observations change the snapshot: plan when they could change the plan
+                # (the extender plans every epoch).  Judged every epoch, even with a plan
+                # due anyway, so that the plan records its own epoch's cases (``_saw``).
+                news = self._loop_news(now, (now - planned_at) / ep)
+                replan = replan or news
             if changed or replan:
                 idle = 0 if changed else idle + 1
                 snap = self.snapshot(epoch, now)
