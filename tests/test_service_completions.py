@@ -144,6 +144,6 @@ def test_the_store_keeps_the_newest_completions(
         assert store.add(f"u{k}", CompletedJob("bert", 1, 100.0 + k, "t"), finished_at=1e9 + k)
     assert not store.add("u5", CompletedJob("bert", 1, 1.0, "t"), finished_at=0.0)
     kept = store.load()
-    assert [uid for uid, _ in kept] == ["u3", "u4", "u5"]
-    assert [c.duration_s for _, c in kept] == [103.0, 104.0, 105.0]
+    assert [uid for uid, _, _ in kept] == ["u3", "u4", "u5"]
+    assert [c.duration_s for _, c, _ in kept] == [103.0, 104.0, 105.0]
     store.close()

@@ -82,7 +82,10 @@ def _event_recorder(settings: ServiceSettings, cluster: Cluster) -> EventRecorde
 
 
 def _checkpoint(
-    settings: ServiceSettings, cluster: Cluster, observed: ObservationService
+    settings: ServiceSettings,
+    cluster: Cluster,
+    observed: ObservationService,
+    completions: CompletionRecorder,
 ) -> LearnedCheckpoint | None:
     """The learned-state checkpoint on a real cluster (a KubeCluster, leader-gated or not):
     restored at start and, with leader election, whenever this replica becomes leader."""
@@ -100,6 +103,7 @@ def _checkpoint(
         identity=settings.identity or getattr(elector, "identity", ""),
         period=settings.learned_checkpoint_seconds,
         max_bytes=settings.learned_checkpoint_max_bytes,
+        completions=completions,
     )
     if elector is not None:
         started = elector.on_started
@@ -146,10 +150,12 @@ def create_app(
     )
     elector = getattr(cluster, "elector", None)
     observed.gate(_leadership(cluster), lambda: str(getattr(elector, "holder", "")))
-    checkpoint = _checkpoint(settings, cluster, observed)
-    events = _event_recorder(settings, cluster)
     # finished pods teach expected run times (length-aware queueing); kept beside profiles
+    # and in the leader's checkpoint
     completion_store = CompletionStore(profile_path) if profile_path else None
+    completions = CompletionRecorder(completion_store)
+    checkpoint = _checkpoint(settings, cluster, observed, completions)
+    events = _event_recorder(settings, cluster)
     engine = Engine(
         settings,
         cluster,
@@ -162,7 +168,7 @@ def create_app(
         events=events,
         observed=lambda: observed.for_snapshot()[0],
         unmeasured=observed.unmeasured,
-        completions=CompletionRecorder(completion_store),
+        completions=completions,
     )
     observed.attach(lambda: engine.published if engine.has_plan else None, engine.forget_family)
     metrics.registry.register(ObservationCollector(observed))

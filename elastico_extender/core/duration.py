@@ -185,12 +185,13 @@ class DurationBook:
         """The completions kept, oldest first."""
         return tuple(self._completed)
 
-    def record(self, job: CompletedJob) -> None:
-        """A job finished (run time ``job.duration_s``; not finite or <= 0: ignored)."""
+    def record(self, job: CompletedJob) -> bool:
+        """A job finished (run time ``job.duration_s``; not finite or <= 0: ignored, False)."""
         if not (math.isfinite(job.duration_s) and job.duration_s > 0):
-            return
+            return False
         self._completed.append(job)
         self._recorded += 1
+        return True
 
     def refresh(self) -> bool:
         """Refit if enough completions arrived since the last fit; True if it refitted."""

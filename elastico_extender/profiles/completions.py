@@ -5,20 +5,24 @@ pod (its uid is the key, so a pod still listed as Succeeded after a restart is n
 counted twice) the family, GPU count, user (the namespace), run time and when it
 finished.  The newest :data:`~elastico_extender.core.duration.MAX_COMPLETIONS` are kept;
 :meth:`CompletionStore.load` reads them back oldest first.  Thread-safe; each write is
-one transaction.
+one transaction (a checkpoint's thousands of rows too: :meth:`CompletionStore.add_many`).
 """
 
 from __future__ import annotations
 
 import sqlite3
 import threading
+from collections.abc import Iterable
 from pathlib import Path
 
 from elastico_extender.core.duration import MAX_COMPLETIONS, CompletedJob
 from elastico_extender.errors import ProfileStoreError
 from elastico_extender.profiles.store import open_database
 
-__all__ = ["CompletionStore"]
+__all__ = ["CompletionRow", "CompletionStore"]
+
+CompletionRow = tuple[str, CompletedJob, float]
+"""(the pod's uid, its completion, when it finished in epoch seconds)."""
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS job_completions (
@@ -53,14 +57,20 @@ class CompletionStore:
 
     def add(self, uid: str, job: CompletedJob, finished_at: float) -> bool:
         """Record ``uid``'s completion; False if it was recorded before."""
+        return self.add_many([(uid, job, finished_at)]) == 1
+
+    def add_many(self, rows: Iterable[CompletionRow]) -> int:
+        """Record the completions in ``rows`` in one transaction; how many were new."""
+        added = 0
         try:
             with self._lock, self._db:
-                cursor = self._db.execute(
-                    "INSERT OR IGNORE INTO job_completions VALUES (?, ?, ?, ?, ?, ?)",
-                    (uid, job.family, int(job.gpus), job.user, float(job.duration_s),
-                     float(finished_at)),
-                )  # fmt: skip
-                added = cursor.rowcount == 1
+                for uid, job, finished_at in rows:
+                    cursor = self._db.execute(
+                        "INSERT OR IGNORE INTO job_completions VALUES (?, ?, ?, ?, ?, ?)",
+                        (uid, job.family, int(job.gpus), job.user, float(job.duration_s),
+                         float(finished_at)),
+                    )  # fmt: skip
+                    added += cursor.rowcount == 1
                 self._since_prune += added
                 if self._since_prune >= PRUNE_EVERY:
                     self._prune()
@@ -76,12 +86,15 @@ class CompletionStore:
             (self.capacity,),
         )
 
-    def load(self) -> list[tuple[str, CompletedJob]]:
-        """(uid, completion) of the newest ``capacity`` rows, oldest first."""
+    def load(self) -> list[CompletionRow]:
+        """The newest ``capacity`` rows, oldest first."""
         with self._lock:
             rows = self._db.execute(
-                "SELECT uid, family, gpus, user, duration_s FROM job_completions "
+                "SELECT uid, family, gpus, user, duration_s, finished_at FROM job_completions "
                 "ORDER BY finished_at DESC LIMIT ?",
                 (self.capacity,),
             ).fetchall()
-        return [(uid, CompletedJob(f, int(g), float(d), u)) for uid, f, g, u, d in reversed(rows)]
+        return [
+            (uid, CompletedJob(f, int(g), float(d), u), float(at))
+            for uid, f, g, u, d, at in reversed(rows)
+        ]

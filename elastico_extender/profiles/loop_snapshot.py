@@ -7,13 +7,16 @@ This module is the checkpoint's format: plain rows in (:class:`LearnedState`),
 bytes out, and back, with no I/O.
 
 Format ``elastico-learned/1``: zlib over one JSON header line (format, sections with
-dtype, shape, offset, length; the references and per-pod records, which carry
-strings) followed by the raw little-endian arrays the header names.
+dtype, shape, offset, length; the references, per-pod records and completed jobs, which
+carry strings) followed by the raw little-endian arrays the header names.  The header's
+row sections are optional: a missing one reads as empty, so a checkpoint written before
+completions travelled still restores, and an older reader ignores the completions (no
+format bump: both versions read each other's checkpoints during a rolling upgrade).
 
 Bound: :func:`encode` keeps the payload at most ``max_bytes``, dropping the *oldest*
 rows first, tier by tier (:data:`TIERS`): the training history (labelled samples,
-per-pod records), then the references, then, evenly, the correction's rows and its
-neighbour ring.  What it
+per-pod records), then the references, then the completed jobs, then, evenly, the
+correction's rows and its neighbour ring.  What it
 kept and dropped per section travels in the header and comes back to the caller.
 
 Decoding trusts nothing: the decompressed size is capped, dtypes and shapes are checked
@@ -31,7 +34,9 @@ from typing import Any
 
 import numpy as np
 
+from elastico_extender.core.duration import CompletedJob
 from elastico_extender.core.interference.features import NUM_FEATURES
+from elastico_extender.profiles.completions import CompletionRow
 from elastico_extender.profiles.loop_store import PairRecord, ReferenceRow
 
 __all__ = ["FORMAT", "MAX_DECODED_BYTES", "CorruptSnapshot", "LearnedState", "decode", "encode"]
@@ -61,11 +66,14 @@ _ARRAYS: dict[str, tuple[str, tuple[int, ...]]] = {
     "samples.y": ("<f8", ()),
     "samples.at": ("<f8", ()),
 }
-SECTIONS = ("config", "family", "ring", "references", "samples", "records")
-TIERS = (("samples", "records"), ("references",), ("config", "family", "ring"))
+SECTIONS = ("config", "family", "ring", "references", "samples", "records", "completions")
+TIERS = (("samples", "records"), ("references",), ("completions",), ("config", "family", "ring"))
 """Trimming order: the training set and the per-pod record first (the planner does not
-read them), then the references (the caller puts running pods' last), then the
-correction itself."""
+read them); then the references (up to 200,000, mostly of departed pods; the caller puts
+running pods' last); then the completed jobs: cheap (the caller offers the newest
+5,000, about 33 bytes each compressed, a fifth of the default bound) and valuable (every
+queued job's expected run time comes from them), so the references' long tail must not
+crowd them out; then the correction itself, which keeps harmful pairs apart."""
 MIN_ROW_BYTES = 8
 """No row compresses below its 64-bit key or the like: a section never needs more rows
 than ``max_bytes // MIN_ROW_BYTES`` (cut before encoding, to bound the work)."""
@@ -92,6 +100,8 @@ class LearnedState:
     )
     """Labelled pairs: features (n, 36), observed slowdown (n,), when recorded (n,)."""
     records: list[PairRecord] = field(default_factory=list)
+    completions: list[CompletionRow] = field(default_factory=list)
+    """Completed jobs (``service/completions.py``), the oldest finish first."""
     written_at: float = 0.0
 
     def counts(self) -> dict[str, int]:
@@ -102,6 +112,7 @@ class LearnedState:
             "references": len(self.references),
             "samples": int(self.samples[1].shape[0]),
             "records": len(self.records),
+            "completions": len(self.completions),
         }
 
     def newest(self, keep: dict[str, int]) -> LearnedState:
@@ -120,6 +131,7 @@ class LearnedState:
             references=self.references[tail(keep["references"], counts["references"])],
             samples=(self.samples[0][s], self.samples[1][s], self.samples[2][s]),
             records=self.records[tail(keep["records"], counts["records"])],
+            completions=self.completions[tail(keep["completions"], counts["completions"])],
         )
 
 
@@ -162,6 +174,10 @@ def _pack(state: LearnedState, dropped: dict[str, int]) -> bytes:
         "records": [
             [r.victim, int(r.victim_config), r.partner, float(r.slowdown), r.predicted, r.end]
             for r in state.records
+        ],
+        "completions": [
+            [uid, job.family, int(job.gpus), job.user, float(job.duration_s), float(at)]
+            for uid, job, at in state.completions
         ],
         "kept": state.counts(),
         "dropped": dropped,
@@ -251,6 +267,7 @@ def decode(payload: bytes) -> LearnedState:
             references=[_reference(r) for r in _rows(header, "references")],
             samples=(arrays["samples.x"], arrays["samples.y"], arrays["samples.at"]),
             records=[_record(r) for r in _rows(header, "records")],
+            completions=[_completion(r) for r in _rows(header, "completions")],
             written_at=_number(header.get("written_at", 0.0), "written_at"),
         )
     except (TypeError, ValueError, KeyError, IndexError) as exc:
@@ -308,8 +325,8 @@ def _rows(header: dict[str, Any], name: str) -> list[list[Any]]:
     return rows
 
 
-def _text(value: Any, what: str) -> str:
-    if not isinstance(value, str) or not 0 < len(value) <= 256:
+def _text(value: Any, what: str, *, empty: bool = False) -> str:
+    if not isinstance(value, str) or not (0 if empty else 1) <= len(value) <= 256:
         raise CorruptSnapshot(f"{what}: not a short string")
     return value
 
@@ -318,6 +335,20 @@ def _number(value: Any, what: str) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
         raise CorruptSnapshot(f"{what}: not a finite number")
     return float(value)
+
+
+def _positive(value: Any, what: str) -> float:
+    number = _number(value, what)
+    if number <= 0:
+        raise CorruptSnapshot(f"{what}: not positive")
+    return number
+
+
+def _whole(value: Any, what: str) -> int:
+    """A JSON integer, 0 or more (a float or a bool is refused, not rounded)."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 1 << 31:
+        raise CorruptSnapshot(f"{what}: not a count")
+    return value
 
 
 def _checked(row: list[Any], width: int, what: str) -> list[Any]:
@@ -348,3 +379,14 @@ def _record(row: list[Any]) -> PairRecord:
         None if predicted is None else number(predicted, "records.predicted"),
         number(end, "records.end"),
     )
+
+
+def _completion(row: list[Any]) -> CompletionRow:
+    uid, family, gpus, user, seconds, at = _checked(row, 6, "completions")
+    job = CompletedJob(
+        _text(family, "completions.family"),
+        _whole(gpus, "completions.gpus"),
+        _positive(seconds, "completions.duration_s"),
+        _text(user, "completions.user", empty=True),
+    )
+    return _text(uid, "completions.uid"), job, _number(at, "completions.finished_at")

@@ -7,6 +7,8 @@ bounded snapshot (:mod:`elastico_extender.profiles.loop_snapshot`) to one Config
 ``elastico-learned`` by default, in the extender's namespace, the way Kubernetes-native
 controllers keep their state without shared storage:
 
+* **what**: the loop's learned state (``observations``) and, when given, the completed
+  jobs' run times (``completions``, :mod:`elastico_extender.service.completions`);
 * **write** every ``period`` seconds (30 s by default) while leading and the learned
   state changed, and once more at a clean shutdown (before the Lease is released):
   ``binaryData["learned.zlib"]`` (at most ``max_bytes``, 768 KiB by default, well under
@@ -52,6 +54,7 @@ from prometheus_client.registry import Collector
 
 from elastico_extender.cluster.kube import FIELD_MANAGER
 from elastico_extender.profiles.loop_snapshot import CorruptSnapshot, LearnedState, decode, encode
+from elastico_extender.service.completions import CompletionRecorder
 from elastico_extender.service.observations import ObservationService
 
 __all__ = ["DATA_KEY", "FAILURE_REASONS", "CheckpointCollector", "LearnedCheckpoint"]
@@ -67,7 +70,9 @@ TIMEOUT = 5.0
 """Seconds per API call: the restore runs inside the Lease's on_started hook, which must
 return well within the renew deadline (10 s with the chart's defaults)."""
 HISTORY_ROWS = 5_000
-"""Newest labelled samples and per-pod records offered to a checkpoint (before the bound)."""
+"""Newest labelled samples, per-pod records and completed jobs offered to a checkpoint
+(before the bound): 5,000 completions estimate run times about as well as the book's
+50,000 and take about 160 KiB."""
 FAILURE_REASONS = ("unreachable", "api_error", "conflict", "deposed", "unreadable")
 """Why a read or write failed (the metric's bounded label set): no answer from the API
 server; an error status from it (RBAC, quota, ...); a write refused as not conditional
@@ -90,9 +95,11 @@ class LearnedCheckpoint:
         identity: str = "",
         period: float = 30.0,
         max_bytes: int = 768 << 10,
+        completions: CompletionRecorder | None = None,
     ) -> None:
         self.api = client.CoreV1Api(api_client)
         self.observations = observations
+        self.completions = completions
         self.namespace = namespace
         self.name = name
         self.is_leader = is_leader
@@ -101,7 +108,7 @@ class LearnedCheckpoint:
         self.period = period
         self.max_bytes = max_bytes
         self._rv: str | None = None  # the resourceVersion last read or written here
-        self._written_version = -1  # observations.learned_version when last written
+        self._written_version = -1  # self._version() when last written
         self._deposed_term: int | None = None  # a newer term's checkpoint was seen
         self._floor = 0  # 1 + the term of the checkpoint last restored
         self._merged_rv: str | None = None  # whose state this replica holds (no decode)
@@ -177,6 +184,8 @@ class LearnedCheckpoint:
         if state is None:
             return "unreadable"
         self.observations.merge_learned(state)
+        if self.completions is not None:
+            self.completions.merge(state.completions)
         self._merged(rv)
         log.info(
             event,
@@ -258,7 +267,7 @@ class LearnedCheckpoint:
             if self._deposed_term is not None and self._deposed_term > term:
                 return "deposed"
             self._deposed_term = None
-            version = self.observations.learned_version
+            version = self._version()
             if not force and version == self._written_version:
                 self._synced_now()  # the stored checkpoint holds all this replica knows
                 return "unchanged"
@@ -272,8 +281,16 @@ class LearnedCheckpoint:
                     return "deposed" if self._deposed_term is not None else "conflict"
             return "conflict"
 
+    def _version(self) -> int:
+        """Grows whenever the loop or the completions learned something (both counters only
+        grow, so their sum changes exactly when one of them does)."""
+        learned = self.completions.version if self.completions is not None else 0
+        return self.observations.learned_version + learned
+
     def _write(self, term: int) -> str:
         state = self.observations.learned_state(HISTORY_ROWS)
+        if self.completions is not None:
+            state.completions = self.completions.rows(HISTORY_ROWS)
         payload, kept, dropped = encode(state, self.max_bytes)
         if any(dropped.values()):
             log.info("checkpoint.trimmed", extra={"kept": kept, "dropped": dropped})

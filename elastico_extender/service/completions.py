@@ -19,6 +19,11 @@ from the cluster's own finished jobs, through the same
 * **every replica records**: they all watch the same pods, so a replica that takes the
   lead already knows what finished while it followed.  With a store configured
   (``profile_store``, else ``observation_store``) completions survive a restart.
+* **in the leader's checkpoint** (``service/checkpoint.py``): the completions go out
+  with the loop's state (:meth:`CompletionRecorder.rows`), and a restore or refresh merges
+  the checkpoint's (:meth:`CompletionRecorder.merge`), each pod once (by uid, as above),
+  so replicas restarted with empty SQLite files (no persistent volume) still know the
+  run times the cluster taught.
 * **into the snapshot**: each pending or running job gets ``expected_duration_s`` from
   the book and ``user`` = its namespace (copies cached per job record and book
   generation, so an unchanged job costs a dictionary lookup per epoch).
@@ -29,14 +34,14 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
-from collections import OrderedDict
-from collections.abc import Mapping
+from collections import OrderedDict, deque
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from elastico_extender.core.duration import MAX_COMPLETIONS, CompletedJob, DurationBook
 from elastico_extender.core.model import Job
 from elastico_extender.errors import ProfileStoreError
-from elastico_extender.profiles.completions import CompletionStore
+from elastico_extender.profiles.completions import CompletionRow, CompletionStore
 from elastico_extender.service.pods import PodJob, epoch_seconds, started_at
 
 __all__ = ["CompletionRecorder", "finished_at"]
@@ -74,12 +79,15 @@ class CompletionRecorder:
         self.store = store
         self._lock = threading.Lock()
         self._seen: OrderedDict[str, None] = OrderedDict()
-        history: list[CompletedJob] = []
+        self.book = DurationBook()
+        self._rows: deque[CompletionRow] = deque(maxlen=MAX_COMPLETIONS)
+        """The book's completions with their uids and finish times (for the checkpoint)."""
+        self.version = 0
+        """Completions learned so far (the checkpoint writes when it grows)."""
         if store is not None:
-            for uid, job in store.load():
-                self._remember(uid)
-                history.append(job)
-        self.book = DurationBook(history)
+            for row in store.load():
+                if self._remember(row[0]):
+                    self._learn(row)
         self._copies: dict[str, tuple[Job, int, Job]] = {}
 
     def __len__(self) -> int:
@@ -93,6 +101,32 @@ class CompletionRecorder:
         while len(self._seen) > MAX_COMPLETIONS:
             self._seen.popitem(last=False)
         return True
+
+    def _learn(self, row: CompletionRow) -> None:
+        if self.book.record(row[1]):  # what the book ignores is not checkpointed either
+            self._rows.append(row)
+            self.version += 1
+
+    def rows(self, newest: int) -> list[CompletionRow]:
+        """The ``newest`` completions the book holds, the oldest finish first (for the
+        checkpoint)."""
+        with self._lock:
+            rows = sorted(self._rows, key=lambda row: row[2])
+        return rows[max(0, len(rows) - newest) :]
+
+    def merge(self, rows: Iterable[CompletionRow]) -> int:
+        """Learn the completions in ``rows`` (a checkpoint's) of pods not known yet, and
+        keep them in the store; how many were new."""
+        with self._lock:
+            new = [row for row in rows if self._remember(row[0])]
+            for row in new:
+                self._learn(row)
+        if new and self.store is not None:
+            try:
+                self.store.add_many(new)
+            except ProfileStoreError as exc:  # learned in memory all the same
+                log.warning("completions.store_failed", extra={"error": str(exc)})
+        return len(new)
 
     def wants(self, uid: str, pod: Mapping[str, Any]) -> bool:
         """Whether a finished ``pod`` may teach something: it succeeded and is not known
@@ -120,7 +154,7 @@ class CompletionRecorder:
         with self._lock:
             if not self._remember(uid):
                 return False
-            self.book.record(done)
+            self._learn((uid, done, end))
         if self.store is not None:
             try:
                 self.store.add(uid, done, end)
