@@ -54,6 +54,20 @@ def test_other_configurations_of_a_seen_family_pair_move_with_it(families):
     assert correction.predict(other)[0] > base.predict(other)[0] * 1.3
 
 
+def test_observed_windows_count_the_configuration_pair_only(families):
+    """What observation stands behind an answer: windows of that very configuration pair
+    (a family pair's other configurations borrow its shift, not its observations)."""
+    correction = OnlineCorrection(ContentionPredictor(), memory=5)
+    x = rows(families, "bert", 0, "resnet50", 0)
+    other = rows(families, "bert", 1, "resnet50", 2)
+    reverse = rows(families, "resnet50", 0, "bert", 0)
+    both = np.concatenate([x, other, reverse])
+    np.testing.assert_array_equal(correction.observed_windows(both), [0, 0, 0])
+    for k in range(1, 8):
+        correction.learn(x, [1.5])
+        assert correction.observed_windows(both).tolist() == [min(k, 5), 0, 0]
+
+
 def test_bad_labels_teach_nothing(families):
     correction = OnlineCorrection(ContentionPredictor())
     x = rows(families, "bert", 0, "resnet50", 0)

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import numpy as np
 import pytest
 from conftest import a100_nodes
 
+from elastico_extender.core.interference.features import JOB_FEATURES, NUM_JOB_FEATURES
 from elastico_extender.core.interference.predictor import ContentionPredictor
 from elastico_extender.core.model import Job, Plan, Snapshot
 from elastico_extender.core.observations import Observation, ObservationBook
@@ -363,3 +365,59 @@ def test_a_step_down_must_clear_the_evidence_not_the_lagging_average(families):
     actions = {p[2] for p in result.protections}
     assert actions and "step-down" not in actions, result.protections
     assert "resnet" in result.preempted
+
+
+class _MemoryBound:
+    """Slowdown grows steeply with the pair's GPU memory (fb_used_gib of both blocks), set
+    to ``at_current`` for the pair as it runs: a leaner configuration looks safe."""
+
+    name = "memory-bound"
+    victim_fb = JOB_FEATURES.index("fb_used_gib")
+    partner_fb = NUM_JOB_FEATURES + victim_fb
+
+    def __init__(self, current_gib: float, at_current: float) -> None:
+        self.current_gib, self.at_current = current_gib, at_current
+
+    def predict(self, x: np.ndarray) -> np.ndarray:
+        gib = x[:, self.victim_fb] + x[:, self.partner_fb]
+        return 1.0 + (self.at_current - 1.0) * (gib / self.current_gib) ** 8
+
+
+class _MemoryBoundObserved(_MemoryBound):
+    """The same answers, each backed by observed windows of the configuration pair."""
+
+    def observed_windows(self, x: np.ndarray) -> np.ndarray:
+        return np.full(x.shape[0], float(HARM_WINDOWS))
+
+
+@pytest.mark.parametrize("observed", [False, True])
+def test_a_step_down_for_observed_harm_needs_observation_behind_it(families, observed):
+    """Observed harm is remedied by what observation vouches for: a step-down only a
+    prediction calls safe is no remedy (at load 1.5 a third of those left the pair above
+    tau for another epoch or more), so with no other GPU the newer job is requeued; the
+    same step-down backed by observed windows of the leaner pair is taken."""
+    snapshot = shared_pair(families, gpus=1)
+    book = ObservationBook(smoothing=1.0)
+    seen_alone(book, snapshot)
+    bert, resnet = (j for j in snapshot.jobs if j.id in ("bert", "resnet"))
+    for k in range(1, HARM_WINDOWS + 1):  # bert is harmed, resnet is not
+        for job, other, rate in ((bert, resnet, 100.0 / 1.7), (resnet, bert, 100.0)):
+            window = Observation(job.id, job.current_config, k * WINDOW_S, WINDOW_S, rate)
+            book.record(replace(window, partners=(other.id,)))
+    gib = float(
+        families[bert.family].features[bert.current_config][_MemoryBound.victim_fb]
+        + families[resnet.family].features[resnet.current_config][_MemoryBound.victim_fb]
+    )
+    kind = _MemoryBoundObserved if observed else _MemoryBound
+    predictor = kind(gib, at_current=1.7)
+    now = HARM_WINDOWS * WINDOW_S
+    result = core_plan(
+        replace(snapshot, observed=book.observed(), now=now), None, predictor=predictor
+    )
+    actions = {p[2] for p in result.protections}
+    if observed:
+        assert actions == {"step-down"}, result.protections
+        assert not result.preempted
+    else:
+        assert actions and "step-down" not in actions, result.protections
+        assert "resnet" in result.preempted

@@ -328,6 +328,12 @@ class OnlineCorrection:
             self.samples_seen += int(ok.sum())
         return before
 
+    def observed_windows(self, features: np.ndarray) -> np.ndarray:
+        """Windows learned per row's configuration pair (capped at ``memory``; 0: never
+        observed), so a caller can tell an observed slowdown from a predicted one."""
+        x = check_feature_batch(features)
+        return self._config.lookup(pair_keys(x)[0])[1]
+
     @property
     def pairs(self) -> int:
         """Configuration pairs with at least one observation."""

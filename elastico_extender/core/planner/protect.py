@@ -44,7 +44,14 @@ Rules
   current pair, stays within both tolerances (cost: the throughput given up
   plus the switching cost gamma0); or moving a one-GPU tenant to an idle GPU
   where it fits (cost: ``MOVE_COST_SWITCHES`` switching costs: a checkpoint,
-  a restart and the lost warm-up).  The cheapest option wins.  Without
+  a restart and the lost warm-up).  The cheapest option wins.  A step-down
+  must have observation behind it: at least ``HARM_WINDOWS`` windows of the
+  stepped-down configuration pair, in both directions, learned by the online
+  correction (``OnlineCorrection.observed_windows``).  Observed harm is not
+  remedied on a prediction alone: at load 1.5 a third of the step-downs the
+  predictor called safe left the pair above tau (12 of 37 on the 16-GPU test
+  trace), each for another epoch or more, and those made the long tail of
+  harm (up to 24 epochs on 64 GPUs); moving or requeueing ends it at once.  Without
   either, a one-GPU tenant moves next to other jobs where the ordinary IAC
   screen (the corrected predictor) admits it; failing that too, the newer
   tenant goes back to the queue (never worse than not sharing: it would have
@@ -370,10 +377,14 @@ def _cheapest_step_down(
 
     Safety needs a predictor: S_hat of the stepped-down pair, in both
     directions, times the victim's observed / predicted ratio at the current
-    pair (at least 1), within both tolerances.
+    pair (at least 1), within both tolerances; and observation behind that S_hat
+    (module doc, "Separate"): at least ``HARM_WINDOWS`` windows of the
+    stepped-down configuration pair in each direction, learned by the online
+    correction.  A predictor that learns nothing vouches for no step-down.
     """
     predictor = placer.predictor
-    if predictor is None:
+    observed_windows = getattr(predictor, "observed_windows", None)
+    if predictor is None or observed_windows is None:
         return None
     t = epoch.t
     device = placer.devices_of[victim][0]
@@ -394,15 +405,13 @@ def _cheapest_step_down(
             continue
         mine = t.features(np.full(options.size, row), options)
         theirs = np.broadcast_to(feats[other], mine.shape)
-        s = np.asarray(
-            predictor.predict(
-                np.concatenate(
-                    [pair_features(mine, theirs, memory), pair_features(theirs, mine, memory)]
-                )
-            ),
-            dtype=np.float64,
+        pairs = np.concatenate(
+            [pair_features(mine, theirs, memory), pair_features(theirs, mine, memory)]
         )
+        s = np.asarray(predictor.predict(pairs), dtype=np.float64)
         s_row, s_other = s[: options.size], s[options.size :]
+        seen = np.asarray(observed_windows(pairs), dtype=np.float64) >= HARM_WINDOWS
+        seen = seen[: options.size] & seen[options.size :]
         # The victim's direction carries the observed excess over the prediction.
         if row == victim:
             s_row = s_row * ratio
@@ -412,6 +421,7 @@ def _cheapest_step_down(
         tau_other = float(placer.tolerance[other])
         # A step-down is a new co-location of the pair: it clears the admission band.
         safe = (s_row * placer.margin <= tau_row) & (s_other * placer.margin <= tau_other)
+        safe &= seen
         if not safe.any():
             continue
         cost = 1.0 - t.throughput[row, options] / t.throughput[row, current]
