@@ -194,7 +194,12 @@ def test_every_plan_records_the_cases_of_harm_of_its_own_epoch():
 
     policy = build_policy("elastico+online", exp, truth)
     sim = engine.Simulator(
-        list(exp.trace), policy, configs, truth, exp.cluster, loop=policy.loop  # type: ignore[attr-defined]
+        list(exp.trace),
+        policy,
+        configs,
+        truth,
+        exp.cluster,
+        loop=policy.loop,  # type: ignore[attr-defined]
     )
     judged: list[float] = []  # when the harm flags were last judged
     planned: list[float] = []  # when each plan's snapshot was taken
