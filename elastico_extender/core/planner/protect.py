@@ -408,10 +408,12 @@ def _cheapest_step_down(
         pairs = np.concatenate(
             [pair_features(mine, theirs, memory), pair_features(theirs, mine, memory)]
         )
-        s = np.asarray(predictor.predict(pairs), dtype=np.float64)
-        s_row, s_other = s[: options.size], s[options.size :]
         seen = np.asarray(observed_windows(pairs), dtype=np.float64) >= HARM_WINDOWS
         seen = seen[: options.size] & seen[options.size :]
+        if not seen.any():  # nothing observed vouches for any of them: no prediction needed
+            continue
+        s = np.asarray(predictor.predict(pairs), dtype=np.float64)
+        s_row, s_other = s[: options.size], s[options.size :]
         # The victim's direction carries the observed excess over the prediction.
         if row == victim:
             s_row = s_row * ratio
