@@ -61,16 +61,17 @@ class CompletionStore:
 
     def add_many(self, rows: Iterable[CompletionRow]) -> int:
         """Record the completions in ``rows`` in one transaction; how many were new."""
-        added = 0
         try:
             with self._lock, self._db:
-                for uid, job, finished_at in rows:
-                    cursor = self._db.execute(
-                        "INSERT OR IGNORE INTO job_completions VALUES (?, ?, ?, ?, ?, ?)",
+                cursor = self._db.executemany(
+                    "INSERT OR IGNORE INTO job_completions VALUES (?, ?, ?, ?, ?, ?)",
+                    [
                         (uid, job.family, int(job.gpus), job.user, float(job.duration_s),
-                         float(finished_at)),
-                    )  # fmt: skip
-                    added += cursor.rowcount == 1
+                         float(finished_at))
+                        for uid, job, finished_at in rows
+                    ],
+                )  # fmt: skip
+                added = max(cursor.rowcount, 0)  # summed over the rows; ignored ones add 0
                 self._since_prune += added
                 if self._since_prune >= PRUNE_EVERY:
                     self._prune()
