@@ -421,3 +421,46 @@ def test_a_step_down_for_observed_harm_needs_observation_behind_it(families, obs
     else:
         assert actions and "step-down" not in actions, result.protections
         assert "resnet" in result.preempted
+
+
+def test_a_requeued_victim_is_held_apart_from_every_partner_it_had(families):
+    """A multi-GPU job's window is one slowdown over all its devices' partners: which of
+    them hurt it is unknown, so requeueing it holds it apart from each, not only from
+    the partner whose pair the loop happened to look at first (on 64 GPUs an 8-GPU
+    job went back next to the same partners two epochs later, twice)."""
+    nodes = a100_nodes(1, 2)
+    jobs = (
+        Job("bert", "bert", current_config=0, devices=(("node-0", 0),), arrival_time=0.0),
+        Job("dcgan", "dcgan", current_config=0, devices=(("node-0", 1),), arrival_time=0.0),
+        Job(
+            "resnet",
+            "resnet50",
+            gpus=2,
+            current_config=0,
+            devices=(("node-0", 0), ("node-0", 1)),
+            arrival_time=10.0,
+        ),
+    )
+    snapshot = Snapshot(nodes, jobs, families, epoch=1)
+    book = ObservationBook(smoothing=1.0)
+    seen_alone(book, snapshot)
+    for k in range(1, HARM_WINDOWS + 1):
+        observe(book, snapshot, slowdown=3.0, end=k * WINDOW_S)
+    result = plan(replace(snapshot, observed=book.observed(), now=HARM_WINDOWS * WINDOW_S))
+    assert "resnet" in result.preempted
+    held = {frozenset(pair) for pair in result.separated}
+    assert held >= {frozenset(("bert", "resnet")), frozenset(("dcgan", "resnet"))}
+    # bert finishes: GPU 0 is idle, dcgan runs on GPU 1.  resnet needs both GPUs and
+    # would share GPU 1 with dcgan again, but that pair is held apart too.
+    dcgan = result.assignments["dcgan"]
+    later = Snapshot(
+        nodes,
+        (
+            Job("dcgan", "dcgan", current_config=dcgan.config_index, devices=dcgan.devices),
+            Job("resnet", "resnet50", gpus=2, arrival_time=10.0),
+        ),
+        families,
+        epoch=5,
+    )
+    assert "resnet" in plan(later).assignments  # without the loop's memory it would share
+    assert "resnet" in plan(later, result).queued

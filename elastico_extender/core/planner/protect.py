@@ -60,7 +60,13 @@ Rules
   observed again after its step-down separates it.  A pair separated by a
   move or a requeue is *held apart* while both jobs live: the plan lists it
   (``Plan.separated``) and the next epoch's planner, given that plan as
-  ``previous``, never puts the two on one device again.  The configuration
+  ``previous``, never puts the two on one device again.  A tenant that leaves
+  for harm (moved or requeued) is held apart from every job it shared a device
+  with where either of the two was harmed, not only from the partner whose
+  pair was looked at: a job's window is one slowdown over all its partners, so
+  which of them hurt it is unknown (an 8-GPU job requeued beside one partner
+  went back next to the other four two epochs later, twice, on the 64-GPU
+  load 1.0 mix).  The configuration
   pair itself is remembered as harmful by the online correction
   (:mod:`..interference.online`), which learns the observed slowdown from the
   same windows, so other jobs of the same pair are refused by the ordinary
@@ -277,6 +283,12 @@ def separate(
     requeued: list[int] = []
     done: list[Protection] = []
     observed = epoch.snapshot.observed
+    implicated = _implicated(placer, harmed)
+
+    def leave(row: int) -> None:
+        for other in implicated.get(row, ()):
+            placer.keep_apart(row, other)
+
     for victim in sorted(harmed, key=lambda r: (-harmed[r], r)):
         if victim not in placer.devices_of:
             continue
@@ -310,17 +322,40 @@ def separate(
                 config = int(placer.config[row])
                 placer.release(row, t.per_gpu[row, config])
                 epoch.commit_row(placer, row, config, [device])
+                leave(row)
                 done.append(Protection(victim, partner, "move", row, seen.slowdown, tau))
                 continue
-            moved = _move_next_to_others(epoch, placer, victim, partner)
+            moved = _move_next_to_others(epoch, placer, victim, partner, implicated)
             if moved is not None:
+                leave(moved)
                 done.append(Protection(victim, partner, "move", moved, seen.slowdown, tau))
                 continue
             newer = max((victim, partner), key=lambda r: (t.jobs[r].arrival_time, r))
             placer.release(newer, t.per_gpu[newer, placer.config[newer]])
+            leave(newer)
             requeued.append(newer)
             done.append(Protection(victim, partner, "requeue", newer, seen.slowdown, tau))
     return requeued, done
+
+
+def _implicated(placer: Placer, harmed: Mapping[int, float]) -> dict[int, set[int]]:
+    """Row -> the rows it shares a device with where either of the two is harmed.
+
+    A harmed job's window is one slowdown over all its partners (on every device
+    it holds), so which of them hurt it is unknown: a tenant that leaves for harm
+    is held apart from each of them, not only from the partner whose pair the
+    planner looked at first (an 8-GPU job requeued that way went back next to
+    the others two epochs later, twice, on the 64-GPU load 1.0 trace).
+    """
+    table = placer.table
+    out: dict[int, set[int]] = {}
+    for victim in harmed:
+        for d in placer.devices_of.get(victim, ()):
+            for other in table.occupants[d]:
+                if other != victim:
+                    out.setdefault(victim, set()).add(other)
+                    out.setdefault(other, set()).add(victim)
+    return out
 
 
 def _move_target(
@@ -342,13 +377,20 @@ def _move_target(
     return None
 
 
-def _move_next_to_others(epoch: EpochRows, placer: Placer, victim: int, partner: int) -> int | None:
+def _move_next_to_others(
+    epoch: EpochRows,
+    placer: Placer,
+    victim: int,
+    partner: int,
+    implicated: Mapping[int, set[int]],
+) -> int | None:
     """Move one one-GPU tenant (the newer first) to another device where IAC admits it.
 
     No idle GPU fits: the tenant goes wherever the ordinary screen (corrected
     prediction within every tolerance, held-apart pairs refused) accepts it,
-    in its current configuration, off its current device.  Returns the moved
-    row, or None (nothing moved) when no device accepts either tenant.
+    in its current configuration, off its current device and off every device
+    of a row it is implicated with (``_implicated``).  Returns the moved row, or
+    None (nothing moved) when no device accepts either tenant.
     """
     t, table = epoch.t, placer.table
     for row in sorted((victim, partner), key=lambda r: (-t.jobs[r].arrival_time, -r)):
@@ -358,6 +400,8 @@ def _move_next_to_others(epoch: EpochRows, placer: Placer, victim: int, partner:
         config = int(placer.config[row])
         allowed = np.ones(table.size, dtype=bool)
         allowed[list(devices)] = False
+        for other in implicated.get(row, ()):
+            allowed[list(placer.devices_of.get(other, ()))] = False
         placer.release(row, t.per_gpu[row, config])
         if epoch.try_row(placer, row, [config], allowed_devices=allowed):
             return row
