@@ -464,3 +464,29 @@ def test_a_requeued_victim_is_held_apart_from_every_partner_it_had(families):
     )
     assert "resnet" in plan(later).assignments  # without the loop's memory it would share
     assert "resnet" in plan(later, result).queued
+
+
+def test_a_pair_stepped_down_for_one_harmed_tenant_is_not_separated_for_the_other(families):
+    """Both tenants harmed: the step-down taken for the first was judged, with observation
+    behind it, safe in both directions, so it answers the second tenant's case too.
+    Before, the second tenant's turn found the pair already stepped down (a pair steps
+    down once) and requeued the newer job in the same plan: a switch paid for nothing."""
+    snapshot = shared_pair(families, gpus=1)
+    book = ObservationBook(smoothing=1.0)
+    seen_alone(book, snapshot)
+    for k in range(1, HARM_WINDOWS + 1):
+        observe(book, snapshot, slowdown=1.7, end=k * WINDOW_S)
+    bert, resnet = (j for j in snapshot.jobs if j.id in ("bert", "resnet"))
+    gib = float(
+        families[bert.family].features[bert.current_config][_MemoryBound.victim_fb]
+        + families[resnet.family].features[resnet.current_config][_MemoryBound.victim_fb]
+    )
+    now = HARM_WINDOWS * WINDOW_S
+    result = core_plan(
+        replace(snapshot, observed=book.observed(), now=now),
+        None,
+        predictor=_MemoryBoundObserved(gib, at_current=1.7),
+    )
+    assert [p[2] for p in result.protections] == ["step-down"], result.protections
+    assert not result.preempted
+    assert devices_of(result)["bert"] == devices_of(result)["resnet"]

@@ -57,8 +57,12 @@ Rules
   tenant goes back to the queue (never worse than not sharing: it would have
   waited without sharing).
 * **Hysteresis.** A pair steps down at most once (``Plan.stepped``): harm
-  observed again after its step-down separates it.  A pair separated by a
-  move or a requeue is *held apart* while both jobs live: the plan lists it
+  observed again after its step-down separates it.  When both tenants are
+  harmed, a step-down must clear each one's own evidence (each direction
+  scaled by that tenant's observed excess), and then it answers both cases
+  in the same plan (before, the second tenant's turn found the pair stepped
+  down and requeued the newer job: a switch paid for nothing).  A pair
+  separated by a move or a requeue is *held apart* while both jobs live: the plan lists it
   (``Plan.separated``) and the next epoch's planner, given that plan as
   ``previous``, never puts the two on one device again.  A tenant that leaves
   for harm (moved or requeued) is held apart from every job it shared a device
@@ -284,6 +288,7 @@ def separate(
     done: list[Protection] = []
     observed = epoch.snapshot.observed
     implicated = _implicated(placer, harmed)
+    stepped_now: set[tuple[int, int]] = set()  # answered by a step-down in this plan
 
     def leave(row: int) -> None:
         for other in implicated.get(row, ()):
@@ -304,16 +309,27 @@ def separate(
                 continue
             if not set(placer.devices_of[victim]) & set(placer.devices_of[partner]):
                 continue
+            if (victim, partner) in stepped_now:  # judged safe both ways: it answers both
+                continue
             tau = float(placer.tolerance[victim])  # a step-down of the victim changes it
             step = None
             if (victim, partner) not in stepped:  # a pair steps down once, then separates
-                step = _cheapest_step_down(epoch, placer, victim, partner, evidence, switch_cost)
+                # A harmed partner's own evidence binds its direction too (see stepped_now).
+                theirs = observed.get(t.jobs[partner].id) if partner in harmed else None
+                partner_evidence = 0.0
+                if theirs is not None:
+                    now = epoch.snapshot.now
+                    partner_evidence = max(harm_evidence(theirs, now) or 0.0, theirs.slowdown)
+                step = _cheapest_step_down(
+                    epoch, placer, victim, partner, (evidence, partner_evidence), switch_cost
+                )
             move = _move_target(epoch, placer, victim, partner)
             move_cost = MOVE_COST_SWITCHES * switch_cost
             if step is not None and (move is None or step[0] <= move_cost):
                 _, row, config = step
                 epoch.reconfigure(placer, row, config)
                 stepped.update(((victim, partner), (partner, victim)))
+                stepped_now.update(((victim, partner), (partner, victim)))
                 done.append(Protection(victim, partner, "step-down", row, seen.slowdown, tau))
                 continue
             placer.keep_apart(victim, partner)
@@ -414,14 +430,15 @@ def _cheapest_step_down(
     placer: Placer,
     victim: int,
     partner: int,
-    observed: float,
+    observed: tuple[float, float],
     switch_cost: float,
 ) -> tuple[float, int, int] | None:
     """(cost, row, configuration) of the cheapest safe in-place step-down of either tenant.
 
-    Safety needs a predictor: S_hat of the stepped-down pair, in both
-    directions, times the victim's observed / predicted ratio at the current
-    pair (at least 1), within both tolerances; and observation behind that S_hat
+    ``observed``: the victim's evidence and the partner's (0 when the partner is
+    not harmed).  Safety needs a predictor: S_hat of the stepped-down pair, in
+    both directions, each times its tenant's observed / predicted ratio at the
+    current pair (at least 1), within both tolerances; and observation behind that S_hat
     (module doc, "Separate"): at least ``HARM_WINDOWS`` windows of the
     stepped-down configuration pair in each direction, learned by the online
     correction.  A predictor that learns nothing vouches for no step-down.
@@ -434,8 +451,13 @@ def _cheapest_step_down(
     device = placer.devices_of[victim][0]
     memory = float(placer.table.memory_total[device]) / 1024.0
     feats = placer.features
-    now = predictor.predict(pair_features(feats[[victim]], feats[[partner]], memory))
-    ratio = max(1.0, observed / max(float(now[0]), 1.0))
+    now = predictor.predict(
+        pair_features(feats[[victim, partner]], feats[[partner, victim]], memory)
+    )
+    excess = {
+        victim: max(1.0, observed[0] / max(float(now[0]), 1.0)),
+        partner: max(1.0, observed[1] / max(float(now[1]), 1.0)),
+    }
     best: tuple[float, int, int] | None = None
     for row, other in ((victim, partner), (partner, victim)):
         if len(placer.devices_of[row]) != 1:
@@ -457,12 +479,8 @@ def _cheapest_step_down(
         if not seen.any():  # nothing observed vouches for any of them: no prediction needed
             continue
         s = np.asarray(predictor.predict(pairs), dtype=np.float64)
-        s_row, s_other = s[: options.size], s[options.size :]
-        # The victim's direction carries the observed excess over the prediction.
-        if row == victim:
-            s_row = s_row * ratio
-        else:
-            s_other = s_other * ratio
+        # Each harmed tenant's direction carries its observed excess over the prediction.
+        s_row, s_other = s[: options.size] * excess[row], s[options.size :] * excess[other]
         tau_row = epoch.tolerance_rows(np.array([row]))[0][options]
         tau_other = float(placer.tolerance[other])
         # A step-down is a new co-location of the pair: it clears the admission band.
