@@ -4,6 +4,9 @@ client: ``read_namespaced_pod`` and ``read_node`` get the object, or a 404 Statu
 from __future__ import annotations
 
 import json
+import socket
+import struct
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -55,3 +58,22 @@ def test_read_node_returns_the_node_or_a_404(core: tuple[FakeApiServer, client.C
         v1.read_node("g9")
     assert info.value.status == 404
     assert json.loads(info.value.body)["reason"] == "NotFound"
+
+
+def test_a_client_resetting_its_connection_prints_no_traceback(
+    core: tuple[FakeApiServer, client.CoreV1Api], capfd: pytest.CaptureFixture[str]
+) -> None:
+    """Clients hang up all the time (a dropped watch, a closed pool): the fake API server
+    treats a reset as routine, as a real one does, instead of a traceback on stderr that
+    reads like a failure in the test output.  The server keeps answering afterwards."""
+    api, v1 = core
+    host, port = api.httpd.server_address[:2]
+    for _ in range(3):
+        sock = socket.create_connection((host, port))
+        sock.sendall(b"GET /api/v1/nodes HTTP/1.1\r\nHost: x\r\n\r\n")
+        time.sleep(0.05)  # the answer arrives; the server waits for the next request
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        sock.close()  # linger 0: a reset, not a clean close
+    time.sleep(0.2)
+    assert v1.read_namespaced_pod("a", "ml").metadata.name == "a"
+    assert "Exception occurred" not in capfd.readouterr().err

@@ -36,6 +36,7 @@ import copy
 import json
 import re
 import socket
+import sys
 import threading
 import time
 import urllib.error
@@ -53,6 +54,18 @@ _PROXY = re.compile(r"^/api/v1/namespaces/([^/]+)/services/([^/]+)/proxy(/.*)?$"
 _CM = re.compile(r"^/api/v1/namespaces/([^/]+)/configmaps(?:/([^/]+))?$")
 _NODE = re.compile(r"^/api/v1/nodes/([^/]+)$")
 _KINDS = {"pods": "Pod", "nodes": "Node"}
+
+
+class _Server(ThreadingHTTPServer):
+    """A client hanging up mid-response (a dropped watch) is routine for an API server,
+    not an error worth a traceback on stderr; anything else is still reported."""
+
+    daemon_threads = True
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        if isinstance(sys.exc_info()[1], ConnectionError):
+            return
+        super().handle_error(request, client_address)
 
 
 class FakeApiServer:
@@ -98,8 +111,7 @@ class FakeApiServer:
             def do_DELETE(self) -> None:
                 outer._write(self, "DELETE")
 
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
+        self.httpd = _Server(("127.0.0.1", 0), Handler)
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
 
     # -- lifecycle -------------------------------------------------------------
