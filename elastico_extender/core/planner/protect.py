@@ -62,16 +62,16 @@ Rules
   scaled by that tenant's observed excess), and then it answers both cases
   in the same plan (before, the second tenant's turn found the pair stepped
   down and requeued the newer job: a switch paid for nothing).  A pair
-  separated by a move or a requeue is *held apart* while both jobs live: the plan lists it
-  (``Plan.separated``) and the next epoch's planner, given that plan as
-  ``previous``, never puts the two on one device again.  A tenant that leaves
-  for harm (moved or requeued) is held apart from every job it shared a device
-  with where either of the two was harmed, not only from the partner whose
-  pair was looked at: a job's window is one slowdown over all its partners, so
-  which of them hurt it is unknown (an 8-GPU job requeued beside one partner
-  went back next to the other four two epochs later, twice, on the 64-GPU
-  load 1.0 mix).  The configuration
-  pair itself is remembered as harmful by the online correction
+  separated by a move or a requeue is *held apart* while both jobs live: the
+  plan lists it (``Plan.separated``) and the next epoch's planner, given that
+  plan as ``previous``, never puts the two on one device again.  A tenant
+  that leaves for harm (moved or requeued) is held apart from every job it
+  shared a device with where either of the two was harmed, not only from the
+  partner whose pair was looked at: a job's window is one slowdown over all
+  its partners, so which of them hurt it is unknown (an 8-GPU job requeued
+  beside one partner went back next to the other four two epochs later,
+  twice, on the 64-GPU load 1.0 mix).  The configuration pair itself is
+  remembered as harmful by the online correction
   (:mod:`..interference.online`), which learns the observed slowdown from the
   same windows, so other jobs of the same pair are refused by the ordinary
   IAC screen, and that memory persists across restarts.
@@ -301,9 +301,7 @@ def separate(
             {o for d in placer.devices_of[victim] for o in table.occupants[d] if o != victim}
         )
         seen = observed[t.jobs[victim].id]
-        # A step-down must clear the evidence that found the harm, not the smoothed
-        # slowdown lagging below it (which would step down pairs still harmful).
-        evidence = max(harm_evidence(seen, epoch.snapshot.now) or 0.0, seen.slowdown)
+        evidence = _step_evidence(seen, epoch.snapshot.now)
         for partner in partners:
             if victim not in placer.devices_of or partner not in placer.devices_of:
                 continue
@@ -316,13 +314,8 @@ def separate(
             if (victim, partner) not in stepped:  # a pair steps down once, then separates
                 # A harmed partner's own evidence binds its direction too (see stepped_now).
                 theirs = observed.get(t.jobs[partner].id) if partner in harmed else None
-                partner_evidence = 0.0
-                if theirs is not None:
-                    now = epoch.snapshot.now
-                    partner_evidence = max(harm_evidence(theirs, now) or 0.0, theirs.slowdown)
-                step = _cheapest_step_down(
-                    epoch, placer, victim, partner, (evidence, partner_evidence), switch_cost
-                )
+                both = (evidence, _step_evidence(theirs, epoch.snapshot.now) if theirs else 0.0)
+                step = _cheapest_step_down(epoch, placer, victim, partner, both, switch_cost)
             move = _move_target(epoch, placer, victim, partner)
             move_cost = MOVE_COST_SWITCHES * switch_cost
             if step is not None and (move is None or step[0] <= move_cost):
@@ -352,6 +345,13 @@ def separate(
             requeued.append(newer)
             done.append(Protection(victim, partner, "requeue", newer, seen.slowdown, tau))
     return requeued, done
+
+
+def _step_evidence(seen: ObservedSlowdown, now: float) -> float:
+    """The slowdown a step-down must clear for a harmed job: the evidence that found
+    the harm, or the smoothed slowdown if higher; never the smoothed value alone, which
+    lags below the evidence and would step down pairs still harmful."""
+    return max(harm_evidence(seen, now) or 0.0, seen.slowdown)
 
 
 def _implicated(placer: Placer, harmed: Mapping[int, float]) -> dict[int, set[int]]:
