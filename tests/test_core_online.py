@@ -96,6 +96,34 @@ def test_closed_loop_labels_single_partner_windows_and_teaches_the_correction(fa
     assert loop.observed()["a"].slowdown == pytest.approx(2.5)
 
 
+@pytest.mark.parametrize(
+    ("partner_configs", "crowded", "labels"),
+    [
+        ((("resnet50", 0), ("resnet50", 0)), False, 1),  # one pair on every device
+        ((("resnet50", 0), ("resnet50", 1)), False, 0),  # two pairs: which one is unknown
+        ((("resnet50", 0), ("resnet50", 0)), True, 0),  # two partners on one device add up
+    ],
+)
+def test_a_multi_gpu_window_labels_its_pair_when_every_device_holds_the_same_one(
+    families, partner_configs, crowded, labels
+):
+    """A synchronous multi-GPU job runs at its slowest device's pace.  With one partner
+    per device, all of one family and configuration, every device holds the same pair,
+    so the window's slowdown is that pair's (before, any window with two or more
+    partners taught nothing, so a multi-GPU job's own direction was never learned)."""
+    loop = ClosedLoop(OnlineCorrection(ContentionPredictor()))
+    running = {"a": RunningConfig("bert", 0, crowded=crowded)}
+    for name, (family, config) in zip(("b", "c"), partner_configs, strict=True):
+        running[name] = RunningConfig(family, config)
+    loop.book.set_reference("a", 0, "samples/s", 100.0)
+    window = Observation("a", 0, 10.0, 5.0, 50.0, "samples/s", ("b", "c"))
+    labelled = loop.record([window], running, families)
+    assert len(labelled.observed) == labels
+    if labels:
+        assert labelled.observed[0] == pytest.approx(2.0)
+        assert labelled.victims == ("a",) and labelled.partners[0] in ("b", "c")
+
+
 def nudged(x: np.ndarray, step: float) -> np.ndarray:
     """``x`` with both jobs' log10_params moved by ``step``: a new family pair (new keys)."""
     y = x.copy()

@@ -549,3 +549,38 @@ def test_pods_that_cannot_be_measured_reach_the_planner(service: Service) -> Non
     snapshot = service.engine.published.snapshot
     assert snapshot.unmeasured == {}
     assert snapshot.observed["uid-a"].slowdown == pytest.approx(2.0)
+
+
+def test_a_multi_gpu_pod_next_to_the_same_pair_on_each_gpu_teaches_that_pair(
+    tmp_path: Path,
+) -> None:
+    """A two-GPU pod shares each of its GPUs with one bert pod of the same configuration:
+    its windows say what that pair costs it (it runs at its slowest GPU's pace, and both
+    GPUs hold the same pair), so the correction the planner asks learns it.  Before,
+    a window with two partners taught nothing and this direction was never learned."""
+    api = FakeApiServer().start()
+    api.put("nodes", gpu_node("g0", 2))
+    wide = running_pod("m", "g0", 0)
+    wide["metadata"]["annotations"]["elastico.io/assigned-devices"] = "0,1"
+    wide["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] = "2"
+    api.put("pods", wide)
+    api.put("pods", running_pod("p", "g0", 0))
+    api.put("pods", running_pod("q", "g0", 1))
+    try:
+        server, kube, svc = start_service(api, observation_store=str(tmp_path / "loop.db"))
+        assert wait_for(lambda: len(kube.state.pods()) == 3)
+        svc.epoch()
+        jobs = {j.id: j for j in svc.engine.published.snapshot.jobs}
+        assert len(jobs["uid-m"].devices) == 2
+        x = _pair_features(svc, "uid-m", "uid-p")
+        before = float(svc.engine.predictor.predict(x)[0])
+        start = time.time() - 60
+        for i in range(8):  # m runs at half its profile's solo rate next to p and q
+            reply = svc.post(batch(window("uid-m", SOLO / 2.0, end=start + 5 * i)))
+            assert reply.status_code == 200, reply.text
+        learned = float(svc.engine.predictor.predict(x)[0])
+        assert abs(learned - 2.0) < abs(before - 2.0)
+        assert learned == pytest.approx(2.0, rel=0.15)
+        server.stop()
+    finally:
+        api.stop()

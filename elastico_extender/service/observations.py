@@ -54,7 +54,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from elastico_extender.core.closed_loop import ClosedLoop, RunningConfig
+from elastico_extender.core.closed_loop import ClosedLoop, RunningConfig, labelling_sample
 from elastico_extender.core.interference.predictor import SlowdownPredictor
 from elastico_extender.core.model import Job, Snapshot
 from elastico_extender.core.observations import (
@@ -204,12 +204,11 @@ class ObservationService:
         self.separated_total: dict[str, int] = {}
         self.windows_total: dict[str, int] = {}
         # Per published snapshot (built once, reused by every agent's POST until the next
-        # epoch): running jobs by id, and each job's partners on its GPUs.
-        self._index: tuple[Snapshot | None, dict[str, Job], dict[str, tuple[str, ...]]] = (
-            None,
-            {},
-            {},
-        )
+        # epoch): running jobs by id, each job's partners on its GPUs, and the jobs with
+        # two or more partners on one GPU (``RunningConfig.crowded``).
+        self._index: tuple[
+            Snapshot | None, dict[str, Job], dict[str, tuple[str, ...]], frozenset[str]
+        ] = (None, {}, {}, frozenset())
         self._seen_plan: Published | None = None
         # Only the leader learns (docs/high-availability.md); one replica: always.
         self._leader: Callable[[], bool] = lambda: True
@@ -431,8 +430,10 @@ class ObservationService:
                 self.book.set_reference(*key, float(pj.family.throughput[obs.config]))
             before = self.book.reference(*key)
             pair_samples = self.book.record(obs, family)
-            if len(pair_samples) == 1:  # one partner: the slowdown is that pair's
-                teachable.append(pair_samples[0])
+            pair = (obs.job_id, *obs.partners)
+            labelled = labelling_sample(pair_samples, self._loop_configs(pub.snapshot, pair))
+            if labelled is not None:  # the window's slowdown is this pair's
+                teachable.append(labelled)
             after = self.book.reference(*key)
             if after is not None and after != before:
                 # the book moves a reference on a solo window only (then measured alone)
@@ -485,16 +486,7 @@ class ObservationService:
         if not samples or self.loop.correction is None:
             return
         snapshot = pub.snapshot
-        devices = snapshot.devices
-        jobs, _ = self._snapshot_index(snapshot)
-        running: dict[str, RunningConfig] = {}
-        for job_id in {j for s in samples for j in (s.victim, s.partner)}:
-            job = jobs.get(job_id)
-            if job is None or job.current_config is None:
-                continue
-            device = devices.index.get(job.devices[0]) if job.devices else None
-            gib = devices.memory_total[device] / 1024.0 if device is not None else 40.0
-            running[job_id] = RunningConfig(job.family, int(job.current_config), float(gib))
+        running = self._loop_configs(snapshot, {j for s in samples for j in (s.victim, s.partner)})
         with self.correction_lock:
             labelled = self.loop.teach(samples, running, snapshot.families)
         if self.store is None:
@@ -541,8 +533,30 @@ class ObservationService:
         self, snapshot: Snapshot
     ) -> tuple[dict[str, Job], dict[str, tuple[str, ...]]]:
         """Running jobs by id and job id -> the running jobs sharing any of its GPUs."""
-        if self._index[0] is snapshot:
-            return self._index[1], self._index[2]
+        if self._index[0] is not snapshot:
+            self._build_index(snapshot)
+        return self._index[1], self._index[2]
+
+    def _loop_configs(self, snapshot: Snapshot, job_ids: Iterable[str]) -> dict[str, RunningConfig]:
+        """What the loop needs of each running job of ``job_ids`` to label and learn its
+        pairs (family, configuration, GPU memory, crowded); unknown jobs are left out."""
+        jobs, _ = self._snapshot_index(snapshot)
+        crowded = self._index[3]
+        devices = snapshot.devices
+        out: dict[str, RunningConfig] = {}
+        for job_id in job_ids:
+            job = jobs.get(job_id)
+            if job is None or job.current_config is None:
+                continue
+            device = devices.index.get(job.devices[0]) if job.devices else None
+            gib = devices.memory_total[device] / 1024.0 if device is not None else 40.0
+            out[job_id] = RunningConfig(
+                job.family, int(job.current_config), float(gib), job_id in crowded
+            )
+        return out
+
+    def _build_index(self, snapshot: Snapshot) -> None:
+        """Index ``snapshot`` once for every agent's POST until the next epoch (``_index``)."""
         running: dict[str, Job] = {}
         on: dict[tuple[str, int], list[str]] = {}
         for job in snapshot.jobs:
@@ -556,8 +570,8 @@ class ObservationService:
                 for job_id in ids:
                     partners.setdefault(job_id, set()).update(x for x in ids if x != job_id)
         result = {job_id: tuple(sorted(p)) for job_id, p in partners.items()}
-        self._index = (snapshot, running, result)
-        return running, result
+        crowded = frozenset(j for ids in on.values() if len(ids) > 2 for j in ids)
+        self._index = (snapshot, running, result, crowded)
 
     # -- checkpoint (service/checkpoint.py) ---------------------------------------------
     def learned_state(self, history: int) -> LearnedState:

@@ -325,7 +325,8 @@ class Simulator:
             rate = float(rate_now[k] * self.c.t_true[default])
             if noise is not None:
                 rate *= float(noise[k])
-            running[t.job_id] = RunningConfig(t.workload, config, memory)
+            crowded = any(len(self.tenants[d]) > 2 for d in self.devices[i])
+            running[t.job_id] = RunningConfig(t.workload, config, memory, crowded)
             observations.append(
                 Observation(
                     t.job_id,
