@@ -407,6 +407,10 @@ class ObservationService:
         teachable: list[PairSample] = []
         running, _ = self._snapshot_index(pub.snapshot)
         devices = pub.snapshot.devices
+        # what the loop needs of every job these windows name, to label and teach pairs
+        configs = self._loop_configs(
+            pub.snapshot, {j for _, obs, _, _ in accepted for j in (obs.job_id, *obs.partners)}
+        )
         for _, obs, predicted, tolerance in accepted:
             pj = pub.pods.get(obs.job_id)
             key = (obs.job_id, obs.config, obs.unit)
@@ -430,8 +434,7 @@ class ObservationService:
                 self.book.set_reference(*key, float(pj.family.throughput[obs.config]))
             before = self.book.reference(*key)
             pair_samples = self.book.record(obs, family)
-            pair = (obs.job_id, *obs.partners)
-            labelled = labelling_sample(pair_samples, self._loop_configs(pub.snapshot, pair))
+            labelled = labelling_sample(pair_samples, configs)
             if labelled is not None:  # the window's slowdown is this pair's
                 teachable.append(labelled)
             after = self.book.reference(*key)
@@ -470,7 +473,7 @@ class ObservationService:
         while len(self._reports) > MAX_PODS:
             self._reports.popitem(last=False)
         self._agents[node] = now
-        self._teach(teachable, pub, now)
+        self._teach(teachable, configs, pub, now)
         self._count("accepted", len(accepted))
         if errors:
             self._error_sum += sum(errors)
@@ -480,15 +483,19 @@ class ObservationService:
             )
         return refs, samples
 
-    def _teach(self, samples: list[PairSample], pub: Published, now: float) -> None:
+    def _teach(
+        self,
+        samples: list[PairSample],
+        running: Mapping[str, RunningConfig],
+        pub: Published,
+        now: float,
+    ) -> None:
         """The labelled pairs teach the online correction (one vectorised call); what it
         learned is saved at most every ``CORRECTION_SAVE_SECONDS``."""
         if not samples or self.loop.correction is None:
             return
-        snapshot = pub.snapshot
-        running = self._loop_configs(snapshot, {j for s in samples for j in (s.victim, s.partner)})
         with self.correction_lock:
-            labelled = self.loop.teach(samples, running, snapshot.families)
+            labelled = self.loop.teach(samples, running, pub.snapshot.families)
         if self.store is None:
             return
         try:
