@@ -451,13 +451,7 @@ def _cheapest_step_down(
     device = placer.devices_of[victim][0]
     memory = float(placer.table.memory_total[device]) / 1024.0
     feats = placer.features
-    now = predictor.predict(
-        pair_features(feats[[victim, partner]], feats[[partner, victim]], memory)
-    )
-    excess = {
-        victim: max(1.0, observed[0] / max(float(now[0]), 1.0)),
-        partner: max(1.0, observed[1] / max(float(now[1]), 1.0)),
-    }
+    excess: dict[int, float] | None = None  # predicted once an option is observed
     best: tuple[float, int, int] | None = None
     for row, other in ((victim, partner), (partner, victim)):
         if len(placer.devices_of[row]) != 1:
@@ -479,6 +473,14 @@ def _cheapest_step_down(
         if not seen.any():  # nothing observed vouches for any of them: no prediction needed
             continue
         s = np.asarray(predictor.predict(pairs), dtype=np.float64)
+        if excess is None:
+            now = predictor.predict(
+                pair_features(feats[[victim, partner]], feats[[partner, victim]], memory)
+            )
+            excess = {
+                victim: max(1.0, observed[0] / max(float(now[0]), 1.0)),
+                partner: max(1.0, observed[1] / max(float(now[1]), 1.0)),
+            }
         # Each harmed tenant's direction carries its observed excess over the prediction.
         s_row, s_other = s[: options.size] * excess[row], s[options.size :] * excess[other]
         tau_row = epoch.tolerance_rows(np.array([row]))[0][options]
