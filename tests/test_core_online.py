@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from elastico_extender.core.closed_loop import ClosedLoop, RunningConfig
+from elastico_extender.core.closed_loop import KNOWN_WINDOWS, ClosedLoop, RunningConfig
 from elastico_extender.core.interference.features import pair_features
 from elastico_extender.core.interference.online import OnlineCorrection
 from elastico_extender.core.interference.predictor import ContentionPredictor
@@ -100,8 +100,8 @@ def test_closed_loop_labels_single_partner_windows_and_teaches_the_correction(fa
     ("partner_configs", "crowded", "labels"),
     [
         ((("resnet50", 0), ("resnet50", 0)), False, 1),  # one pair on every device
-        ((("resnet50", 0), ("resnet50", 1)), False, 0),  # two pairs: which one is unknown
         ((("resnet50", 0), ("resnet50", 0)), True, 0),  # two partners on one device add up
+        ((("resnet50", 0), ("resnet50", 1)), True, 0),  # crowded, two pairs: nothing to rank
     ],
 )
 def test_a_multi_gpu_window_labels_its_pair_when_every_device_holds_the_same_one(
@@ -122,6 +122,76 @@ def test_a_multi_gpu_window_labels_its_pair_when_every_device_holds_the_same_one
     if labels:
         assert labelled.observed[0] == pytest.approx(2.0)
         assert labelled.victims == ("a",) and labelled.partners[0] in ("b", "c")
+
+
+def _gang_next_to_two_kinds(families, known: dict[str, float]) -> tuple[ClosedLoop, dict]:
+    """Job a (bert) with partner b (resnet50) on one GPU and c (dcgan) on the other
+    (``loop_running``); ``known``: partner -> the slowdown a's pair with it was
+    observed at, on windows of its own, before."""
+    loop = ClosedLoop(OnlineCorrection(ContentionPredictor()))
+    loop.book.set_reference("a", 0, "samples/s", 100.0)
+    pairs = {
+        "b": rows(families, "bert", 0, "resnet50", 0),
+        "c": rows(families, "bert", 0, "dcgan", 0),
+    }
+    assert loop.correction is not None
+    for partner, slowdown in known.items():
+        for _ in range(KNOWN_WINDOWS):
+            loop.correction.learn(pairs[partner], [slowdown])
+    return loop, pairs
+
+
+GANG_WINDOW = Observation("a", 0, 10.0, 5.0, 40.0, "samples/s", ("b", "c"))  # S = 2.5
+
+
+def test_a_gang_window_next_to_two_kinds_labels_the_one_pair_that_can_explain_it(families):
+    """One partner per GPU, of two kinds: the job ran at its slowest GPU's pace, so the
+    window's slowdown (2.5) is its worst pair's.  Pair (a|b) is known at 1.2, far
+    below: only (a|c) can be the 2.5, and it learns so.  Before, such windows taught
+    nothing, and a gang's harmful pair was admitted again and separated again."""
+    loop, pairs = _gang_next_to_two_kinds(families, {"b": 1.2})
+    assert loop.correction is not None
+    known_before = float(loop.correction.predict(pairs["b"])[0])
+    labelled = loop.record([GANG_WINDOW], loop_running(), families)
+    assert labelled.victims == ("a",) and labelled.partners == ("c",)
+    assert labelled.observed[0] == pytest.approx(2.5)
+    assert float(loop.correction.predict(pairs["b"])[0]) == pytest.approx(known_before)
+
+
+@pytest.mark.parametrize(
+    "known",
+    [
+        {},  # nothing known: either pair could be the slow one
+        {"b": 2.7},  # the known pair alone may explain the window (within the margin)
+        {"b": 1.2, "c": 1.3},  # nothing unknown to learn (and the two disagree with it)
+    ],
+)
+def test_a_gang_window_no_single_pair_can_explain_teaches_nothing(families, known):
+    loop, _ = _gang_next_to_two_kinds(families, known)
+    assert loop.correction is not None
+    taught = loop.correction.samples_seen
+    labelled = loop.record([GANG_WINDOW], loop_running(), families)
+    assert len(labelled.observed) == 0
+    assert loop.correction.samples_seen == taught
+
+
+def loop_running() -> dict[str, RunningConfig]:
+    return {
+        "a": RunningConfig("bert", 0),
+        "b": RunningConfig("resnet50", 0),
+        "c": RunningConfig("dcgan", 0),
+    }
+
+
+def test_mixed_windows_are_not_attributed_without_a_correction_or_with_an_unknown_partner(
+    families,
+):
+    loop, _ = _gang_next_to_two_kinds(families, {"b": 1.2})
+    window = Observation("a", 0, 10.0, 5.0, 40.0, "samples/s", ("b", "gone"))
+    assert len(loop.record([window], loop_running(), families).observed) == 0
+    blind = ClosedLoop()
+    blind.book.set_reference("a", 0, "samples/s", 100.0)
+    assert blind.label([blind.book.record(GANG_WINDOW, "bert")], loop_running(), families) == []
 
 
 def nudged(x: np.ndarray, step: float) -> np.ndarray:

@@ -584,3 +584,50 @@ def test_a_multi_gpu_pod_next_to_the_same_pair_on_each_gpu_teaches_that_pair(
         server.stop()
     finally:
         api.stop()
+
+
+def test_a_multi_gpu_pod_next_to_a_known_and_an_unknown_partner_teaches_the_unknown_pair(
+    tmp_path: Path,
+) -> None:
+    """A two-GPU bert pod shares GPU 0 with a bert pod, then a resnet50 pod starts on its
+    GPU 1.  The first pair is known from the windows it had alone with its partner (at
+    1.2); the windows with both partners read 2.0, which the known pair cannot explain,
+    so they teach the new pair, and the known one keeps what it learned.  Before, a
+    window with partners of two kinds taught nothing."""
+    resnet = catalog_families()["resnet50"]
+    api = FakeApiServer().start()
+    api.put("nodes", gpu_node("g0", 2))
+    wide = running_pod("m", "g0", 0)
+    wide["metadata"]["annotations"]["elastico.io/assigned-devices"] = "0,1"
+    wide["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] = "2"
+    api.put("pods", wide)
+    api.put("pods", running_pod("p", "g0", 0))
+    try:
+        server, kube, svc = start_service(api, observation_store=str(tmp_path / "loop.db"))
+        assert wait_for(lambda: len(kube.state.pods()) == 2)
+        svc.epoch()
+        known = _pair_features(svc, "uid-m", "uid-p")
+        start = time.time() - 90
+        for i in range(4):  # next to p alone: that pair is learned
+            reply = svc.post(batch(window("uid-m", SOLO / 1.2, end=start + 5 * i)))
+            assert reply.status_code == 200, reply.text
+        learned_known = float(svc.engine.predictor.predict(known)[0])
+        assert learned_known == pytest.approx(1.2, rel=0.1)
+        other = running_pod("q", "g0", 1, family="resnet50")
+        label = resnet.configs[resnet.fastest_index].label
+        other["metadata"]["annotations"]["elastico.io/assigned-configuration"] = label
+        api.put("pods", other)
+        assert wait_for(lambda: len(kube.state.pods()) == 3)
+        svc.epoch()
+        new = _pair_features(svc, "uid-m", "uid-q")
+        before = float(svc.engine.predictor.predict(new)[0])
+        for i in range(8):  # next to p and q: 2.0, which only the new pair can be
+            reply = svc.post(batch(window("uid-m", SOLO / 2.0, end=start + 30 + 5 * i)))
+            assert reply.status_code == 200, reply.text
+        learned = float(svc.engine.predictor.predict(new)[0])
+        assert abs(learned - 2.0) < abs(before - 2.0)
+        assert learned == pytest.approx(2.0, rel=0.15)
+        assert float(svc.engine.predictor.predict(known)[0]) == pytest.approx(learned_known)
+        server.stop()
+    finally:
+        api.stop()

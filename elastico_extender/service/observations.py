@@ -54,7 +54,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from elastico_extender.core.closed_loop import ClosedLoop, RunningConfig, labelling_sample
+from elastico_extender.core.closed_loop import ClosedLoop, RunningConfig
 from elastico_extender.core.interference.predictor import SlowdownPredictor
 from elastico_extender.core.model import Job, Snapshot
 from elastico_extender.core.observations import (
@@ -404,7 +404,7 @@ class ObservationService:
         refs: list[ReferenceRow] = []
         samples: list[PairRecord] = []
         errors: list[float] = []
-        teachable: list[PairSample] = []
+        windows: list[list[PairSample]] = []
         running, _ = self._snapshot_index(pub.snapshot)
         devices = pub.snapshot.devices
         # what the loop needs of every job these windows name, to label and teach pairs
@@ -434,9 +434,7 @@ class ObservationService:
                 self.book.set_reference(*key, float(pj.family.throughput[obs.config]))
             before = self.book.reference(*key)
             pair_samples = self.book.record(obs, family)
-            labelled = labelling_sample(pair_samples, configs)
-            if labelled is not None:  # the window's slowdown is this pair's
-                teachable.append(labelled)
+            windows.append(pair_samples)
             after = self.book.reference(*key)
             if after is not None and after != before:
                 # the book moves a reference on a solo window only (then measured alone)
@@ -473,7 +471,7 @@ class ObservationService:
         while len(self._reports) > MAX_PODS:
             self._reports.popitem(last=False)
         self._agents[node] = now
-        self._teach(teachable, configs, pub, now)
+        self._teach(windows, configs, pub, now)
         self._count("accepted", len(accepted))
         if errors:
             self._error_sum += sum(errors)
@@ -485,17 +483,21 @@ class ObservationService:
 
     def _teach(
         self,
-        samples: list[PairSample],
+        windows: list[list[PairSample]],
         running: Mapping[str, RunningConfig],
         pub: Published,
         now: float,
     ) -> None:
-        """The labelled pairs teach the online correction (one vectorised call); what it
-        learned is saved at most every ``CORRECTION_SAVE_SECONDS``."""
-        if not samples or self.loop.correction is None:
+        """The pairs the windows label (``ClosedLoop.label``) teach the online correction
+        (one vectorised call); what it learned is saved at most every
+        ``CORRECTION_SAVE_SECONDS``."""
+        if not any(windows) or self.loop.correction is None:
             return
+        families = pub.snapshot.families
         with self.correction_lock:
-            labelled = self.loop.teach(samples, running, pub.snapshot.families)
+            labelled = self.loop.teach(
+                self.loop.label(windows, running, families), running, families
+            )
         if self.store is None:
             return
         try:

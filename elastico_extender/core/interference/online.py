@@ -64,9 +64,9 @@ least recently updated dropped; ``neighbours`` ring slots, 0 turning the level o
 (:meth:`rows` / :meth:`restore_rows`, :meth:`neighbour_rows` /
 :meth:`restore_neighbours`), so a driver persists it.
 
-Multi-tenant windows (three or more jobs on a device) and gang jobs with
-several partners are not attributed: the driver passes only samples whose
-victim had exactly one partner (see :func:`single_partner`).
+What it learns is chosen by the driver's loop (``core.closed_loop``, ``ClosedLoop.label``):
+one sample per window that labels a pair; windows where two partners share one
+device with the victim (their excesses add up) teach nothing.
 """
 
 from __future__ import annotations
