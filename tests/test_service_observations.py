@@ -132,6 +132,14 @@ def service(tmp_path: Path) -> Iterator[Service]:
     api.stop()
 
 
+def two_gpu_pod(name: str, node: str) -> dict:
+    """A running pod the extender bound to GPUs 0 and 1 of ``node`` (a two-worker gang)."""
+    pod = running_pod(name, node, 0)
+    pod["metadata"]["annotations"]["elastico.io/assigned-devices"] = "0,1"
+    pod["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] = "2"
+    return pod
+
+
 def window(uid: str, rate: float, end: float | None = None, **extra: object) -> dict:
     item = {"pod_uid": uid, "end": time.time() if end is None else end, "seconds": 5.0,
             "rate": rate, "unit": "samples/s"}  # fmt: skip
@@ -560,10 +568,7 @@ def test_a_multi_gpu_pod_next_to_the_same_pair_on_each_gpu_teaches_that_pair(
     a window with two partners taught nothing and this direction was never learned."""
     api = FakeApiServer().start()
     api.put("nodes", gpu_node("g0", 2))
-    wide = running_pod("m", "g0", 0)
-    wide["metadata"]["annotations"]["elastico.io/assigned-devices"] = "0,1"
-    wide["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] = "2"
-    api.put("pods", wide)
+    api.put("pods", two_gpu_pod("m", "g0"))
     api.put("pods", running_pod("p", "g0", 0))
     api.put("pods", running_pod("q", "g0", 1))
     try:
@@ -597,10 +602,7 @@ def test_a_multi_gpu_pod_next_to_a_known_and_an_unknown_partner_teaches_the_unkn
     resnet = catalog_families()["resnet50"]
     api = FakeApiServer().start()
     api.put("nodes", gpu_node("g0", 2))
-    wide = running_pod("m", "g0", 0)
-    wide["metadata"]["annotations"]["elastico.io/assigned-devices"] = "0,1"
-    wide["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] = "2"
-    api.put("pods", wide)
+    api.put("pods", two_gpu_pod("m", "g0"))
     api.put("pods", running_pod("p", "g0", 0))
     try:
         server, kube, svc = start_service(api, observation_store=str(tmp_path / "loop.db"))
