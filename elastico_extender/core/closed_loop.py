@@ -92,24 +92,17 @@ def labelling_sample(
     """
     if len(samples) == 1:
         return samples[0]
-    if not samples:
+    if not attributable(samples, running):
         return None
-    victim = running.get(samples[0].victim)
-    if victim is None or victim.crowded:
-        return None
-    kinds = set()
-    for sample in samples:
-        partner = running.get(sample.partner)
-        if partner is None:
-            return None
-        kinds.add((partner.family, partner.config))
+    kinds = {(running[s.partner].family, running[s.partner].config) for s in samples}
     return samples[0] if len(kinds) == 1 else None
 
 
 def attributable(samples: Sequence[PairSample], running: Mapping[str, RunningConfig]) -> bool:
-    """Whether a window ``labelling_sample`` leaves unlabelled can be attributed to one of
-    its pairs (``ClosedLoop.attribute``): several partners, all running jobs the loop
-    knows, each on a device of its own (the victim is not ``crowded``)."""
+    """Whether a window with several partners can speak of one of its pairs at all
+    (``labelling_sample``, ``ClosedLoop.attribute``): the victim and every partner are
+    running jobs the loop knows, each partner on a device of its own (the victim is
+    not ``crowded``)."""
     if len(samples) < 2:
         return False
     victim = running.get(samples[0].victim)
