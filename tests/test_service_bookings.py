@@ -8,10 +8,16 @@ from __future__ import annotations
 import random
 import threading
 
+import numpy as np
+import pytest
 from test_service_behaviour import elastic_pod, gpu_node
 
 from elastico_extender.cluster.base import BindRequest
 from elastico_extender.cluster.embedded import EmbeddedCluster
+from elastico_extender.core.model import Action, Assignment, Plan
+from elastico_extender.core.planner import PlacementView
+from elastico_extender.core.resources import GPU_MEM
+from elastico_extender.service.bookings import AlreadyPlaced, Published, Refused
 from elastico_extender.service.engine import Engine
 from elastico_extender.service.settings import ServiceSettings
 
@@ -227,3 +233,68 @@ def test_a_bind_made_while_the_epoch_plans_wins_over_the_plans_proposal():
     assert not view.holds("uid-a")  # the proposal gave way
     assert engine.filter(cluster.state.pod("uid-a"), ["g0"]).passed == []
     assert "cannot take" in engine.bind("ml", "a", "uid-a", "g0")
+
+
+def proposed_node(engine: Engine, uid: str) -> str:
+    """The node the published plan proposes for pending pod ``uid``."""
+    return engine.published.plan.assignments[uid].devices[0][0]
+
+
+def test_a_bind_that_reaches_book_after_the_epoch_confirmed_the_pod_is_not_booked_again():
+    # The race the concurrency test found: a retried bind reads the pod before the watch
+    # shows it bound, and reaches book() after the epoch confirmed (settled) the first
+    # booking but before it published: the view there still holds the pod as the plan's
+    # pending proposal.  Booking it again would write a second Binding, and the booking
+    # would hide the pod from the actuator's reshaping for an epoch.
+    cluster = EmbeddedCluster([gpu_node("g0"), gpu_node("g1")], "test")
+    for name in ("a", "b"):
+        cluster.add_pod(elastic_pod(name))
+    engine = engine_on(cluster)
+    node = proposed_node(engine, "uid-a")
+    other = "g1" if node == "g0" else "g0"
+    assert engine.bind("ml", "a", "uid-a", node) == ""
+    built = engine.build_snapshot()  # the next epoch: the watch shows the pod bound
+    assert "uid-a" in built.confirmed
+    engine.bookings.settle(built.confirmed, engine.bookings.clock())
+    pj = engine.pod_job(cluster.state.pod("uid-a"))
+    assert pj is not None
+    with engine.bookings.serial:
+        with pytest.raises(AlreadyPlaced):
+            engine.bookings.book(pj, node)
+        with pytest.raises(Refused, match=f"already bound to {node}"):
+            engine.bookings.book(pj, other)
+    assert len(engine.bookings) == 0
+    assert len(cluster.bindings) == 1
+
+
+def test_publish_counts_a_booked_pod_in_its_booked_configuration_not_the_plans():
+    # A pod booked while the epoch planned is skipped by the actuator (its decision was
+    # just written), so a plan that reshapes it is not carried out: the published view
+    # must count it as booked, or later binds overbook its device.
+    cluster = EmbeddedCluster([gpu_node("g0")], "test")
+    cluster.add_pod(elastic_pod("a"))
+    engine = engine_on(cluster)
+    assert engine.bind("ml", "a", "uid-a", "g0") == ""
+    booked = engine.bookings.get("uid-a")
+    assert booked is not None
+    built = engine.build_snapshot()  # the pod runs in this snapshot; its booking is kept
+    family = booked.pod_job.family
+    memory = family.resources[:, GPU_MEM]
+    smaller = int(np.argmin(memory))
+    assert memory[smaller] < memory[booked.verdict.config_index]
+    reshaped = Assignment(
+        "uid-a", smaller, family.configs[smaller], booked.verdict.devices,
+        float(memory[smaller]), float(family.throughput[smaller]), 1.0, 1.5,
+        Action.RECONFIGURE,
+    )  # fmt: skip
+    planned = Plan(1, engine.published.plan.prices, {"uid-a": reshaped})
+    view = PlacementView(built.snapshot, planned)
+    assert view.config_of("uid-a") == smaller
+    pub = Published(built.snapshot, planned, view, built.pods, 0.0, 0.0, built.invalid)
+    with engine.bookings.serial:
+        assert engine.bookings.publish(pub, frozenset())
+    assert view.config_of("uid-a") == booked.verdict.config_index
+    device = view.table.index[booked.verdict.devices[0]]
+    assert view.table.mem_free[device] == pytest.approx(
+        view.table.memory_capacity[device] - memory[booked.verdict.config_index]
+    )

@@ -29,6 +29,7 @@ import math
 import threading
 from collections.abc import Callable, Container, Sequence
 from dataclasses import dataclass, field
+from typing import NoReturn
 
 from elastico_extender.core.model import Plan, Snapshot
 from elastico_extender.core.planner import NodeVerdict, PlacementView
@@ -90,6 +91,7 @@ class Bookings:
         self.lock = threading.Lock()
         self.version = 0  # bumps whenever the view changes (publish, book, release)
         self._bookings: dict[str, Booking] = {}
+        self._settled: dict[str, str] = {}  # confirmed since the last publish: uid -> node
         self._published: Published | None = None
 
     # -- reading ---------------------------------------------------------------------
@@ -146,22 +148,16 @@ class Bookings:
             existing = self._bookings.get(job.id)
             if existing is not None:
                 if existing.verdict.node != node:
-                    raise Refused(
-                        f"elastico: pod {pj.key} is already bound to {existing.verdict.node}; "
-                        f"not binding it to {node} (the first placement is kept)"
-                    )
+                    already_bound(pj, existing.verdict.node, node)
                 return existing
             pub = self.published
             view = pub.view
+            if job.id in self._settled:  # confirmed after the view was planned
+                already_bound(pj, self._settled[job.id], node)
             held = view.devices_of(job.id) if view.holds(job.id) else ()
             if held and not (job.id in pub.pending and job.id not in view.assumed):
                 # Booked or bound already (the caller read a stale pod object).
-                if held[0][0] == node:
-                    raise AlreadyPlaced(f"pod {pj.key} is already bound to {node}")
-                raise Refused(
-                    f"elastico: pod {pj.key} is already bound to {held[0][0]}; "
-                    f"not binding it to {node} (the first placement is kept)"
-                )
+                already_bound(pj, held[0][0], node)
             if held and held[0][0] == node:  # the plan's own proposal
                 verdict = self.held_verdict(pub, pj, node, held)
             else:
@@ -190,10 +186,16 @@ class Bookings:
             self.version += 1
 
     def settle(self, confirmed: set[str], now: float) -> None:
-        """Drop bookings the watch shows bound (``confirmed``) and expired ones."""
+        """Drop bookings the watch shows bound (``confirmed``) and expired ones.
+
+        A confirmed pod stays known as bound where it was booked until the next
+        publish: the view published now may still hold it as the plan's pending
+        proposal, and a retried bind that read the pod before the watch showed it
+        bound must not book it again."""
         with self.lock:
             for uid, b in list(self._bookings.items()):
                 if uid in confirmed:
+                    self._settled[uid] = b.verdict.node
                     del self._bookings[uid]
                 elif b.expires <= now:
                     log.info("booking.expired", extra={"pod": b.pod_job.key})
@@ -220,7 +222,7 @@ class Bookings:
                 view.forget(pj.job.id)
                 self._place(view, pj, verdict, pending, force=True)
             for uid, b in self._bookings.items():
-                if uid not in pending and view.devices_of(uid) == b.verdict.devices:
+                if uid not in pending and self._kept(view, uid, b.verdict):
                     continue  # in the snapshot, held in its configuration: the plan kept it
                 view.forget(uid)  # booked while the epoch planned: the plan's proposal goes
                 try:
@@ -237,8 +239,17 @@ class Bookings:
                     log.warning("booking.replay", extra={"pod": b.pod_job.key, "error": str(exc)})
                     return False
             self._published = pub
+            self._settled.clear()  # the new view holds every confirmed pod as running
             self.version += 1
             return True
+
+    @staticmethod
+    def _kept(view: PlacementView, uid: str, verdict: NodeVerdict) -> bool:
+        """Whether ``view`` counts a booked pod where and as it was booked.  The
+        actuator does not reshape a booked pod, so a plan that did must give way."""
+        if view.devices_of(uid) != verdict.devices:
+            return False
+        return verdict.config_index < 0 or view.config_of(uid) == verdict.config_index
 
     def _place(
         self,
@@ -264,3 +275,14 @@ class Bookings:
             return True
         except ValueError:
             return False
+
+
+def already_bound(pj: PodJob, bound: str, node: str) -> NoReturn:
+    """Refuse a bind of a pod booked or bound on ``bound`` already (a retry when
+    ``bound`` is ``node``: nothing to do)."""
+    if bound == node:
+        raise AlreadyPlaced(f"pod {pj.key} is already bound to {node}")
+    raise Refused(
+        f"elastico: pod {pj.key} is already bound to {bound}; "
+        f"not binding it to {node} (the first placement is kept)"
+    )

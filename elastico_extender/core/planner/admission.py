@@ -336,6 +336,13 @@ class PlacementView:
             return ()
         return tuple(self.table.refs[d] for d in self.placer.devices_of[row])
 
+    def config_of(self, job_id: str) -> int | None:
+        """The configuration the view counts the job in (None when it holds no devices)."""
+        row = self._rows.get(job_id)
+        if row is None or row not in self.placer.devices_of:
+            return None
+        return int(self.placer.config[row])
+
     def jobs_on(self, refs: Iterable[DeviceRef]) -> set[str]:
         """Ids of the jobs the view places on any of the devices ``refs``."""
         index = self.table.index
