@@ -43,7 +43,7 @@ import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 from prometheus_client.core import (
@@ -204,11 +204,8 @@ class ObservationService:
         self.separated_total: dict[str, int] = {}
         self.windows_total: dict[str, int] = {}
         # Per published snapshot (built once, reused by every agent's POST until the next
-        # epoch): running jobs by id, each job's partners on its GPUs, and the jobs with
-        # two or more partners on one GPU (``RunningConfig.crowded``).
-        self._index: tuple[
-            Snapshot | None, dict[str, Job], dict[str, tuple[str, ...]], frozenset[str]
-        ] = (None, {}, {}, frozenset())
+        # epoch).
+        self._index = SnapshotIndex(None, {}, {}, frozenset())
         self._seen_plan: Published | None = None
         # Only the leader learns (docs/high-availability.md); one replica: always.
         self._leader: Callable[[], bool] = lambda: True
@@ -272,7 +269,8 @@ class ObservationService:
         accepted: list[tuple[AgentWindow, Observation, float | None, float | None]] = []
         seen: set[str] = set()
         with self._lock:
-            running, partners_of = self._snapshot_index(pub.snapshot)
+            index = self._snapshot_index(pub.snapshot)
+            running, partners_of = index.running, index.partners
             for i, w in enumerate(windows):
                 where = f"observations[{i}]"
                 found = self._check(where, w, now, running, pub, seen)
@@ -405,7 +403,7 @@ class ObservationService:
         samples: list[PairRecord] = []
         errors: list[float] = []
         windows: list[list[PairSample]] = []
-        running, _ = self._snapshot_index(pub.snapshot)
+        running = self._snapshot_index(pub.snapshot).running
         devices = pub.snapshot.devices
         # what the loop needs of every job these windows name, to label and teach pairs
         configs = self._loop_configs(
@@ -538,19 +536,18 @@ class ObservationService:
     def _count(self, result: str, n: int) -> None:
         self.windows_total[result] = self.windows_total.get(result, 0) + n
 
-    def _snapshot_index(
-        self, snapshot: Snapshot
-    ) -> tuple[dict[str, Job], dict[str, tuple[str, ...]]]:
-        """Running jobs by id and job id -> the running jobs sharing any of its GPUs."""
-        if self._index[0] is not snapshot:
-            self._build_index(snapshot)
-        return self._index[1], self._index[2]
+    def _snapshot_index(self, snapshot: Snapshot) -> SnapshotIndex:
+        """``snapshot`` indexed (once per snapshot: every agent's POST until the next
+        epoch reads the same)."""
+        if self._index.snapshot is not snapshot:
+            self._index = index_snapshot(snapshot)
+        return self._index
 
     def _loop_configs(self, snapshot: Snapshot, job_ids: Iterable[str]) -> dict[str, RunningConfig]:
         """What the loop needs of each running job of ``job_ids`` to label and learn its
         pairs (family, configuration, GPU memory, crowded); unknown jobs are left out."""
-        jobs, _ = self._snapshot_index(snapshot)
-        crowded = self._index[3]
+        index = self._snapshot_index(snapshot)
+        jobs, crowded = index.running, index.crowded
         devices = snapshot.devices
         out: dict[str, RunningConfig] = {}
         for job_id in job_ids:
@@ -563,24 +560,6 @@ class ObservationService:
                 job.family, int(job.current_config), float(gib), job_id in crowded
             )
         return out
-
-    def _build_index(self, snapshot: Snapshot) -> None:
-        """Index ``snapshot`` once for every agent's POST until the next epoch (``_index``)."""
-        running: dict[str, Job] = {}
-        on: dict[tuple[str, int], list[str]] = {}
-        for job in snapshot.jobs:
-            if job.running:
-                running[job.id] = job
-                for ref in job.devices:
-                    on.setdefault(ref, []).append(job.id)
-        partners: dict[str, set[str]] = {}
-        for ids in on.values():
-            if len(ids) > 1:
-                for job_id in ids:
-                    partners.setdefault(job_id, set()).update(x for x in ids if x != job_id)
-        result = {job_id: tuple(sorted(p)) for job_id, p in partners.items()}
-        crowded = frozenset(j for ids in on.values() if len(ids) > 2 for j in ids)
-        self._index = (snapshot, running, result, crowded)
 
     # -- checkpoint (service/checkpoint.py) ---------------------------------------------
     def learned_state(self, history: int) -> LearnedState:
@@ -658,7 +637,7 @@ class ObservationService:
     def _forget_departed(self, pub: Published) -> None:
         """Jobs no longer running leave the book's window history and the report list
         (their references stay, in the book and the store, for a job id that returns)."""
-        running, _ = self._snapshot_index(pub.snapshot)
+        running = self._snapshot_index(pub.snapshot).running
         for job_id in [j for j in self._reports if j not in running]:
             del self._reports[job_id]
             self.book.forget(job_id)
@@ -700,7 +679,7 @@ class ObservationService:
     def _note_separations(self, after: Published) -> None:
         """Observed pairs that share a GPU in ``after``'s snapshot (what runs) and that its
         plan no longer co-locates: each plan is looked at once, when it is first seen."""
-        running, _ = self._snapshot_index(after.snapshot)
+        running = self._snapshot_index(after.snapshot).running
         new = after.plan.assignments
         preempted = set(after.plan.preempted)
         self._note_protections(after)
@@ -975,3 +954,32 @@ class ObservationCollector(Collector):
         for action, n in dict(svc.separated_total).items():
             separated.add_metric([action], n)
         yield separated
+
+
+class SnapshotIndex(NamedTuple):
+    """A published snapshot indexed for the agents' reports until the next epoch."""
+
+    snapshot: Snapshot | None
+    running: dict[str, Job]  # running jobs by id
+    partners: dict[str, tuple[str, ...]]  # job id -> the running jobs sharing any of its GPUs
+    crowded: frozenset[str]  # jobs with two or more partners on one GPU (RunningConfig)
+
+
+def index_snapshot(snapshot: Snapshot) -> SnapshotIndex:
+    """Index ``snapshot``'s running jobs, their partners and the crowded ones."""
+    running: dict[str, Job] = {}
+    on: dict[tuple[str, int], list[str]] = {}
+    for job in snapshot.jobs:
+        if job.running:
+            running[job.id] = job
+            for ref in job.devices:
+                on.setdefault(ref, []).append(job.id)
+    partners: dict[str, set[str]] = {}
+    for ids in on.values():
+        if len(ids) > 1:
+            for job_id in ids:
+                partners.setdefault(job_id, set()).update(x for x in ids if x != job_id)
+    crowded = frozenset(j for ids in on.values() if len(ids) > 2 for j in ids)
+    return SnapshotIndex(
+        snapshot, running, {job_id: tuple(sorted(p)) for job_id, p in partners.items()}, crowded
+    )
