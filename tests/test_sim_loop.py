@@ -223,3 +223,38 @@ def test_every_plan_records_the_cases_of_harm_of_its_own_epoch():
     sim.run()
     assert len(planned) > 20 and judged
     assert not stale, f"{len(stale)} of {len(planned)} plans recorded older flags: {stale[:3]}"
+
+
+def test_each_separation_records_the_victims_true_slowdown_over_its_tolerance():
+    """``RunResult.separated_truth``: per job a plan separates for observed harm, the
+    simulator's true slowdown of it over its tau at that plan, before the plan acts (the
+    figure that tells a real harm from a false alarm)."""
+    exp = Experiment(trace=tuple(synthetic(16, 1.5, 4 * 3600.0, 0)), cluster=ClusterSpec(gpus=16))
+    configs = ConfigTable.build(0, 0.05)
+    truth = GroundTruth.build(configs)
+    from elastico_extender.sim import engine
+
+    policy = build_policy("elastico+online", exp, truth)
+    sim = engine.Simulator(
+        list(exp.trace),
+        policy,
+        configs,
+        truth,
+        exp.cluster,
+        loop=policy.loop,  # type: ignore[attr-defined]
+    )
+    expected: list[float] = []
+    saw = sim._saw
+
+    def seeing(plan: Plan) -> None:
+        firsts = {p[0]: p[5] for p in plan.protections}
+        expected.extend(float(sim.slow[sim.index[v]]) / tau for v, tau in firsts.items())
+        saw(plan)
+
+    sim._saw = seeing  # type: ignore[method-assign]
+    result = sim.run()
+    assert len(expected) > 5
+    assert result.separated_truth == pytest.approx(expected)
+    assert any(x > 1.0 for x in expected) and all(x > 0 for x in expected)
+    off = run_experiment(exp, ["elastico"], workers=1)["elastico"]
+    assert off.separated_truth == []

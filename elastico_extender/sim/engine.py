@@ -68,6 +68,8 @@ pair whose true slowdown exceeded the victim's tolerance stayed co-located,
 ``counters["above_tolerance_s"]`` the job-seconds spent so, and with an online
 correction ``mape`` the corrected predictor's MAPE against the ground truth on
 every configuration pair observed so far, once per simulated hour.
+``separated_truth`` holds, per job a plan separated for observed harm, its true
+slowdown over its tolerance when that plan was made (at most 1: a false alarm).
 
 Invariants checked while running (recorded, asserted by the tests)
 -----------------------------------------------------------------
@@ -174,6 +176,9 @@ class RunResult:
     wall_s: float = 0.0
     harm_s: list[float] = field(default_factory=list)
     """Closed loop: per harmful co-location (true S above tolerance), seconds it lasted."""
+    separated_truth: list[float] = field(default_factory=list)
+    """Closed loop: per job a plan separated for observed harm (once per plan), its true
+    slowdown over its tolerance at that plan; at most 1.0: the pair was not harmful."""
     mape: list[tuple[float, int, float, float]] = field(default_factory=list)
     """(hour, observed configuration pairs, corrected MAPE %, base MAPE %) per hour."""
     window_t0: float = 0.0
@@ -268,6 +273,7 @@ class Simulator:
         self.tau = np.full(n, np.inf)
         self._harm_open: dict[tuple[int, int], float] = {}
         self.harm_s: list[float] = []
+        self.separated_truth: list[float] = []
         self.counters["above_tolerance_s"] = 0.0
         self.counters["observations"] = 0.0
         self._observed_pairs: set[tuple[int, int]] = set()
@@ -377,6 +383,7 @@ class Simulator:
         plan (it plans every epoch) separates the pair, so the simulator plans then too.
         Remembering the case as answered skipped those plans: on Philly ed69ec a pair
         stepped down that stayed above tolerance shared for 30 more epochs.
+        Also records how the truth saw each job the plan separated (``separated_truth``).
         """
         touched = {
             self.index[job]
@@ -384,6 +391,10 @@ class Simulator:
             for job in (victim, partner, actor)
             if job in self.index
         }
+        victims = {p[0]: p[5] for p in plan.protections if p[0] in self.index}
+        self.separated_truth.extend(
+            float(self.slow[self.index[job]]) / tau for job, tau in victims.items() if tau > 0
+        )
         self._planned_flags = {i: f for i, f in self._harm_flags.items() if i not in touched}
 
     def _measure_mape(self, now: float) -> None:
@@ -856,5 +867,6 @@ class Simulator:
             anomalies=self.anomalies,
             wall_s=time.perf_counter() - wall0,
             harm_s=self.harm_s,
+            separated_truth=self.separated_truth,
             mape=self.mape,
         )
