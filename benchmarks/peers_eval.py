@@ -17,7 +17,9 @@ Sections (results under ``benchmarks/results/peers/``, tables in ``PEERS.md``):
   duration estimators start from (``--days``).  Durations clipped at 48 h and 30%
   of one-GPU jobs turned into LLM inference, as printed by ``elastico simulate``.
 * ``scale``: synthetic mix at load 1.5 on 64 .. 2,048 GPUs (windows shrink with
-  size, see SCALE), every baseline and elastico, in both worlds.
+  size, see SCALE), every baseline and elastico, in both worlds.  ``--hours H``
+  gives every size one window (saved as ``scale_<gpus>_<world>_<H>h``): only a
+  window long enough to build a backlog measures scheduling at a large size.
 
 Each policy's summary is saved as JSON as soon as it finishes; ``--resume`` runs
 only the policies not yet saved, so an interrupted run loses nothing.  A policy run
@@ -162,11 +164,21 @@ def philly(
 
 
 def scale(
-    worlds: tuple[str, ...], sizes: list[int], policies: tuple[str, ...], seed: int, resume: bool
+    worlds: tuple[str, ...],
+    sizes: list[int],
+    policies: tuple[str, ...],
+    seed: int,
+    resume: bool,
+    hours_override: float | None = None,
 ) -> None:
+    """The scale rows; ``hours_override`` replaces every size's window in ``SCALE`` (a
+    sustained backlog at every size), saved beside the trimmed rows."""
     for world in worlds:
         for gpus in sizes:
-            hours = SCALE.get(gpus, 2.0)
+            hours = hours_override or SCALE.get(gpus, 2.0)
+            tag = f"scale_{gpus}_{world}"
+            if hours != SCALE.get(gpus, 2.0):
+                tag += f"_{hours:g}h"
             jobs = synthetic(gpus, 1.5, hours * 3600.0, seed)
             exp = Experiment(
                 trace=tuple(jobs), cluster=ClusterSpec(gpus=gpus), seed=seed, world=world
@@ -179,7 +191,7 @@ def scale(
                 "jobs": len(jobs),
                 "load": offered_load(jobs, gpus, hours * 3600.0),
             }
-            _run(f"scale_{gpus}_{world}", exp, policies, meta, resume)
+            _run(tag, exp, policies, meta, resume)
 
 
 def _cell(s: dict[str, dict[str, float]], name: str, base: float) -> str:
@@ -308,6 +320,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--worlds", default=",".join(WORLDS))
     ap.add_argument("--sizes", default=",".join(str(g) for g in SCALE))
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument(
+        "--hours", type=float, help="scale: one arrival window for every size (default: SCALE)"
+    )
     ap.add_argument("--jobs", type=int, default=1, help="kept for symmetry; runs are serial")
     ap.add_argument("--no-learned", action="store_true", help="skip elastico+learned(+online)")
     ap.add_argument("--policies", help="comma list replacing every policy run (baselines too)")
@@ -332,7 +347,8 @@ def main(argv: list[str] | None = None) -> int:
         print(collect(command))
     if "scale" in only:
         sizes = [int(s) for s in args.sizes.split(",") if s]
-        scale(worlds, sizes, chosen or (*BASELINES, "elastico", SHIPPED), args.seed, args.resume)
+        policies = chosen or (*BASELINES, "elastico", SHIPPED)
+        scale(worlds, sizes, policies, args.seed, args.resume, args.hours)
     print(collect(command))
     return 0
 
