@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from elastico_extender.core.model import Plan
-from elastico_extender.sim.engine import ClusterSpec
+from elastico_extender.sim.engine import ClusterSpec, Simulator
 from elastico_extender.sim.runner import Experiment, build_policy, run_experiment
 from elastico_extender.sim.traces import synthetic
 from elastico_extender.sim.truth import GroundTruth
@@ -187,20 +187,7 @@ def test_every_plan_records_the_cases_of_harm_of_its_own_epoch():
     """The harm flags a plan is taken to have answered (``_saw``) are judged at that plan's
     own epoch, even when a plan was due anyway (an arrival, a waiting queue): flags left
     from an earlier epoch took later cases as answered and skipped plans the extender makes."""
-    exp = Experiment(trace=tuple(synthetic(16, 1.5, 6 * 3600.0, 0)), cluster=ClusterSpec(gpus=16))
-    configs = ConfigTable.build(0, 0.05)
-    truth = GroundTruth.build(configs)
-    from elastico_extender.sim import engine
-
-    policy = build_policy("elastico+online", exp, truth)
-    sim = engine.Simulator(
-        list(exp.trace),
-        policy,
-        configs,
-        truth,
-        exp.cluster,
-        loop=policy.loop,  # type: ignore[attr-defined]
-    )
+    sim = loop_simulator(6.0)
     judged: list[float] = []  # when the harm flags were last judged
     planned: list[float] = []  # when each plan's snapshot was taken
     stale: list[tuple[float, float]] = []
@@ -229,20 +216,7 @@ def test_each_separation_records_the_victims_true_slowdown_over_its_tolerance():
     """``RunResult.separated_truth``: per job a plan separates for observed harm, the
     simulator's true slowdown of it over its tau at that plan, before the plan acts (the
     figure that tells a real harm from a false alarm)."""
-    exp = Experiment(trace=tuple(synthetic(16, 1.5, 4 * 3600.0, 0)), cluster=ClusterSpec(gpus=16))
-    configs = ConfigTable.build(0, 0.05)
-    truth = GroundTruth.build(configs)
-    from elastico_extender.sim import engine
-
-    policy = build_policy("elastico+online", exp, truth)
-    sim = engine.Simulator(
-        list(exp.trace),
-        policy,
-        configs,
-        truth,
-        exp.cluster,
-        loop=policy.loop,  # type: ignore[attr-defined]
-    )
+    sim = loop_simulator(4.0)
     expected: list[float] = []
     saw = sim._saw
 
@@ -256,5 +230,18 @@ def test_each_separation_records_the_victims_true_slowdown_over_its_tolerance():
     assert len(expected) > 5
     assert result.separated_truth == pytest.approx(expected)
     assert any(x > 1.0 for x in expected) and all(x > 0 for x in expected)
+    exp = Experiment(trace=tuple(sim.trace), cluster=ClusterSpec(gpus=16))
     off = run_experiment(exp, ["elastico"], workers=1)["elastico"]
     assert off.separated_truth == []
+
+
+def loop_simulator(hours: float) -> Simulator:
+    """``elastico+online`` on 16 GPUs at load 1.5 for ``hours``, seed 0, ready to run."""
+    exp = Experiment(
+        trace=tuple(synthetic(16, 1.5, hours * 3600.0, 0)), cluster=ClusterSpec(gpus=16)
+    )
+    configs = ConfigTable.build(0, 0.05)
+    truth = GroundTruth.build(configs)
+    policy = build_policy("elastico+online", exp, truth)
+    loop = policy.loop  # type: ignore[attr-defined]
+    return Simulator(list(exp.trace), policy, configs, truth, exp.cluster, loop=loop)
