@@ -98,6 +98,29 @@ def test_admitted_jobs_are_packed_in_queue_order_before_size(families):
     assert packing_order(tables, np.arange(3), choice) == [0, 1, 2]
 
 
+def test_within_a_band_the_shorter_expected_job_is_packed_first(families):
+    """Bands are coarse (a factor of 4 each): a 2-GPU job expected to need 0.9 GPU-hours
+    and a 1-GPU job expected to need 0.5 share the first band.  Packing went by size
+    within the band, so the longer job started first and the shorter one waited out its
+    run; SRTF and Lucid order by the estimate itself."""
+    from elastico_extender.core.planner.epoch import packing_order
+    from elastico_extender.core.planner.tables import build_tables
+
+    jobs = (
+        Job("wide", "bert", gpus=2, expected_duration_s=0.45 * HOUR, arrival_time=0.0),
+        Job("narrow", "bert", expected_duration_s=0.5 * HOUR, arrival_time=60.0),
+    )
+    snap = Snapshot(a100_nodes(1, 8), jobs, families, now=120.0)
+    tables = build_tables(snap, PlannerSettings())
+    tables.rank = queue_weights(snap, tables.weight, PlannerSettings())
+    assert tables.rank[0] == tables.rank[1]  # one band
+    tables.service_key = service_keys(snap)[0]
+    choice = np.zeros(len(jobs), dtype=np.intp)
+    assert packing_order(tables, np.arange(2), choice) == [1, 0]
+    tables.service_key = None  # length-blind: size first, as before
+    assert packing_order(tables, np.arange(2), choice) == [0, 1]
+
+
 def test_bad_service_fields_are_refused_with_the_field_named(families):
     for bad in (
         {"attained_gpu_seconds": -1.0},

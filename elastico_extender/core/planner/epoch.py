@@ -71,7 +71,7 @@ from elastico_extender.core.planner.protect import (
 from elastico_extender.core.planner.running import place_running
 from elastico_extender.core.planner.squeeze import Squeeze
 from elastico_extender.core.planner.tables import JobTables, build_tables
-from elastico_extender.core.pricing.queueing import queue_weights
+from elastico_extender.core.pricing.queueing import queue_weights, service_keys
 from elastico_extender.core.pricing.scoring import PricingProblem, Selection, select
 from elastico_extender.core.pricing.tatonnement import tatonnement
 from elastico_extender.core.resources import CPU, GPU_MEM, GPU_SM, HOST_MEM, NUM_RESOURCES
@@ -152,6 +152,8 @@ def plan(
     tables = build_tables(snapshot, settings)
     recharged = charge_observed_sm(tables, snapshot) if settings.observed_sm else 0
     tables.rank = queue_weights(snapshot, tables.weight, settings)
+    if settings.length_aware and settings.bands > 1:
+        tables.service_key = service_keys(snapshot)[0]
     epoch = _Epoch(snapshot, tables, settings, predictor, previous)
     epoch.recharged = recharged
     clock.lap("build")
@@ -160,16 +162,20 @@ def plan(
 
 def packing_order(t: JobTables, pending: np.ndarray, choice: np.ndarray) -> list[int]:
     """The order the admitted pending rows are packed in: queue priority first (the
-    length-aware rank every other pass uses, ``pricing.queueing``), then best-fit
-    decreasing within a priority class (the largest memory footprint at its chosen
-    configuration packs with less fragmentation), then arrival.  When the prices admit
-    more than the devices hold (lumpy demand), the jobs first in the queue get in."""
+    length-aware rank every other pass uses, ``pricing.queueing``), then, within a band,
+    the shorter expected remaining GPU-time (``JobTables.service_key``: the band is
+    coarse, and a short job packed after a long one of its band waits out the long
+    one's run, where Lucid and SRTF order by the estimate itself), then best-fit
+    decreasing (the largest memory footprint at its chosen configuration packs with
+    less fragmentation), then arrival.  When the prices admit more than the devices
+    hold (lumpy demand), the jobs first in the queue get in."""
     size = t.per_gpu[pending, choice[pending], GPU_MEM] * t.gpus[pending]
     big = dict(zip(pending.tolist(), size.tolist(), strict=True))
     rank = t.priority
+    key = t.service_key if t.service_key is not None else np.zeros(len(t.jobs))
     return sorted(
         pending.tolist(),
-        key=lambda r: (-rank[r], -big[r], t.jobs[r].arrival_time, t.jobs[r].id),
+        key=lambda r: (-rank[r], key[r], -big[r], t.jobs[r].arrival_time, t.jobs[r].id),
     )
 
 

@@ -73,6 +73,10 @@ class JobTables:
     rank: np.ndarray | None = None
     """(N,) queue priority: the weight scaled by the job's length band (pricing.queueing);
     None until the epoch sets it (then ``weight`` serves)."""
+    service_key: np.ndarray | None = None
+    """(N,) the length-aware key behind ``rank`` (expected remaining GPU-seconds, else
+    attained service; ``pricing.queueing.service_keys``): within a band, shorter first.
+    None when queueing is length-blind."""
 
     @property
     def priority(self) -> np.ndarray:
