@@ -71,7 +71,7 @@ from elastico_extender.core.planner.protect import (
 from elastico_extender.core.planner.running import place_running
 from elastico_extender.core.planner.squeeze import Squeeze
 from elastico_extender.core.planner.tables import JobTables, build_tables
-from elastico_extender.core.pricing.queueing import queue_weights, service_keys
+from elastico_extender.core.pricing.queueing import length_aware, queue_weights, service_keys
 from elastico_extender.core.pricing.scoring import PricingProblem, Selection, select
 from elastico_extender.core.pricing.tatonnement import tatonnement
 from elastico_extender.core.resources import CPU, GPU_MEM, GPU_SM, HOST_MEM, NUM_RESOURCES
@@ -151,9 +151,9 @@ def plan(
         predictor = ContentionPredictor()
     tables = build_tables(snapshot, settings)
     recharged = charge_observed_sm(tables, snapshot) if settings.observed_sm else 0
-    tables.rank = queue_weights(snapshot, tables.weight, settings)
-    if settings.length_aware and settings.bands > 1:
-        tables.service_key = service_keys(snapshot)[0]
+    keys = service_keys(snapshot) if length_aware(settings) else None
+    tables.rank = queue_weights(snapshot, tables.weight, settings, keys)
+    tables.service_key = keys[0] if keys is not None else None
     epoch = _Epoch(snapshot, tables, settings, predictor, previous)
     epoch.recharged = recharged
     clock.lap("build")

@@ -38,7 +38,7 @@ import numpy as np
 from elastico_extender.core.model import Snapshot
 from elastico_extender.core.settings import PlannerSettings
 
-__all__ = ["band_thresholds", "queue_weights", "service_keys"]
+__all__ = ["band_thresholds", "length_aware", "queue_weights", "service_keys"]
 
 
 def band_thresholds(settings: PlannerSettings) -> np.ndarray:
@@ -63,11 +63,22 @@ def service_keys(snapshot: Snapshot) -> tuple[np.ndarray, np.ndarray]:
     return key, remaining
 
 
-def queue_weights(snapshot: Snapshot, weight: np.ndarray, settings: PlannerSettings) -> np.ndarray:
-    """Effective ESP weight per job row (module docstring); ``weight`` is the users' w_j."""
-    if not settings.length_aware or settings.bands <= 1 or weight.size == 0:
+def length_aware(settings: PlannerSettings) -> bool:
+    """Whether the queue ranks by length (bands from ``service_keys``) at all."""
+    return settings.length_aware and settings.bands > 1
+
+
+def queue_weights(
+    snapshot: Snapshot,
+    weight: np.ndarray,
+    settings: PlannerSettings,
+    keys: tuple[np.ndarray, np.ndarray] | None = None,
+) -> np.ndarray:
+    """Effective ESP weight per job row (module docstring); ``weight`` is the users' w_j,
+    ``keys`` the snapshot's ``service_keys`` when the caller has them already."""
+    if not length_aware(settings) or weight.size == 0:
         return weight
-    key, remaining = service_keys(snapshot)
+    key, remaining = keys if keys is not None else service_keys(snapshot)
     band = np.searchsorted(band_thresholds(settings), key, side="right")
     factor = np.maximum(settings.band_decay ** band.astype(np.float64), settings.weight_floor)
     cols = snapshot.columns
