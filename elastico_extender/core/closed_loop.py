@@ -160,6 +160,17 @@ class ClosedLoop:
         for obs in observations:
             job = running.get(obs.job_id)
             windows.append(self.book.record(obs, job.family if job is not None else None))
+        return self.learn(windows, running, families)
+
+    def learn(
+        self,
+        windows: Sequence[Sequence[PairSample]],
+        running: Mapping[str, RunningConfig],
+        families: Mapping[str, ProfileFamily],
+    ) -> LabelledPairs:
+        """Teach the correction what ``windows`` (each window's pair samples, as the book
+        returned them) label: :meth:`label`, then :meth:`teach`.  The simulator comes here
+        through :meth:`record`; the extender, which records windows itself, directly."""
         return self.teach(self.label(windows, running, families), running, families)
 
     def label(
@@ -222,10 +233,9 @@ class ClosedLoop:
     ) -> LabelledPairs:
         """Teach the correction the pairs ``samples`` label, one vectorised call.
 
-        Each sample must be one its window labels (:meth:`label`, see
-        :meth:`record`); a sample whose jobs' family or configuration is
-        unknown is skipped.  The extender calls this with the samples its own
-        bookkeeping took from the book; the simulator through :meth:`record`.
+        Each sample must be one its window labels (:meth:`label`; both drivers come
+        through :meth:`learn`); a sample whose jobs' family or configuration is
+        unknown is skipped.
         """
         if self.correction is None:
             return LabelledPairs.empty()

@@ -491,11 +491,8 @@ class ObservationService:
         ``CORRECTION_SAVE_SECONDS``."""
         if not any(windows) or self.loop.correction is None:
             return
-        families = pub.snapshot.families
         with self.correction_lock:
-            labelled = self.loop.teach(
-                self.loop.label(windows, running, families), running, families
-            )
+            labelled = self.loop.learn(windows, running, pub.snapshot.families)
         if self.store is None:
             return
         try:
