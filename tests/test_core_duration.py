@@ -105,3 +105,17 @@ def test_book_is_bounded_and_ignores_bad_durations() -> None:
     assert [c.duration_s for c in book.completed] == [115.0 + k for k in range(10)]
     with pytest.raises(ValueError, match="capacity"):
         DurationBook(capacity=0)
+
+
+def test_a_tag_is_kept_with_its_completion_and_forgotten_with_it() -> None:
+    """The service checkpoints the book's completions by pod uid: the tags must be the
+    book's own, evicted with the completions they name, and a refused one never kept."""
+    book: DurationBook[str] = DurationBook(capacity=3)
+    for k in range(5):
+        book.record(CompletedJob("ncf", 1, 100.0 + k), f"uid-{k}")
+    assert not book.record(CompletedJob("ncf", 1, 0.0), "uid-bad")
+    assert [(c.duration_s, tag) for c, tag in book.tagged()] == [
+        (102.0, "uid-2"),
+        (103.0, "uid-3"),
+        (104.0, "uid-4"),
+    ]

@@ -44,7 +44,7 @@ import math
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Generic, Protocol, TypeVar
 
 __all__ = [
     "MAX_COMPLETIONS",
@@ -147,7 +147,11 @@ class DurationEstimator:
         return min(max(math.exp(est), self.min_s), self.max_s)
 
 
-class DurationBook:
+Tag = TypeVar("Tag")
+"""What a driver tags each completion with (``DurationBook.record``)."""
+
+
+class DurationBook(Generic[Tag]):
     """Completed jobs and the estimator fitted on them (module docstring).
 
     Owned by one driver; not thread-safe.  ``history``: completions known before
@@ -168,7 +172,7 @@ class DurationBook:
             raise ValueError(f"capacity must be at least 1, got {capacity}")
         self.min_history = int(min_history)
         self.estimator = estimator or DurationEstimator()
-        self._completed: deque[CompletedJob] = deque(maxlen=int(capacity))
+        self._completed: deque[tuple[CompletedJob, Tag | None]] = deque(maxlen=int(capacity))
         self._recorded = 0  # completions ever recorded (the deque forgets the oldest)
         self._fitted_at = 0  # ``_recorded`` at the last fit
         self._guesses: dict[tuple[str, int, str], float] = {}
@@ -183,13 +187,21 @@ class DurationBook:
     @property
     def completed(self) -> tuple[CompletedJob, ...]:
         """The completions kept, oldest first."""
+        return tuple(job for job, _ in self._completed)
+
+    def tagged(self) -> tuple[tuple[CompletedJob, Tag | None], ...]:
+        """The completions kept with the tags they were recorded with, oldest first."""
         return tuple(self._completed)
 
-    def record(self, job: CompletedJob) -> bool:
-        """A job finished (run time ``job.duration_s``; not finite or <= 0: ignored, False)."""
+    def record(self, job: CompletedJob, tag: Tag | None = None) -> bool:
+        """A job finished (run time ``job.duration_s``; not finite or <= 0: ignored, False).
+
+        ``tag``: what the driver needs to persist the completion (the service: the pod's
+        uid and finish time), kept beside it and forgotten with it, so the book is the
+        one owner of which completions are known."""
         if not (math.isfinite(job.duration_s) and job.duration_s > 0):
             return False
-        self._completed.append(job)
+        self._completed.append((job, tag))
         self._recorded += 1
         return True
 
@@ -197,7 +209,7 @@ class DurationBook:
         """Refit if enough completions arrived since the last fit; True if it refitted."""
         if self._recorded < max(self.min_history, int(self._fitted_at * REFIT_GROWTH) + 1):
             return False
-        self.estimator.fit(self._completed)
+        self.estimator.fit(job for job, _ in self._completed)
         self._fitted_at = self._recorded
         self._guesses.clear()
         self.generation += 1

@@ -34,7 +34,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -79,9 +79,9 @@ class CompletionRecorder:
         self.store = store
         self._lock = threading.Lock()
         self._seen: OrderedDict[str, None] = OrderedDict()
-        self.book = DurationBook()
-        self._rows: deque[CompletionRow] = deque(maxlen=MAX_COMPLETIONS)
-        """The book's completions with their uids and finish times (for the checkpoint)."""
+        self.book: DurationBook[tuple[str, float]] = DurationBook()
+        """The completions learned, each tagged with its pod's uid and finish time (what
+        the checkpoint sends)."""
         self.version = 0
         """Completions learned so far (the checkpoint writes when it grows)."""
         if store is not None:
@@ -103,15 +103,19 @@ class CompletionRecorder:
         return True
 
     def _learn(self, row: CompletionRow) -> None:
-        if self.book.record(row[1]):  # what the book ignores is not checkpointed either
-            self._rows.append(row)
+        uid, done, end = row
+        if self.book.record(done, (uid, end)):  # what it ignores is not checkpointed either
             self.version += 1
 
     def rows(self, newest: int) -> list[CompletionRow]:
         """The ``newest`` completions the book holds, the oldest finish first (for the
         checkpoint)."""
         with self._lock:
-            rows = sorted(self._rows, key=lambda row: row[2])
+            kept = self.book.tagged()
+        rows: list[CompletionRow] = sorted(
+            ((tag[0], done, tag[1]) for done, tag in kept if tag is not None),
+            key=lambda row: row[2],
+        )
         return rows[max(0, len(rows) - newest) :]
 
     def merge(self, rows: Iterable[CompletionRow]) -> int:

@@ -250,7 +250,7 @@ class Simulator:
         self.attained = np.zeros(n)  # GPU-seconds served before the current run
         self.run_start = np.full(n, np.nan)
         self.expected = np.zeros(n)  # estimator's guess of each job's run time, 0 = none
-        self.durations = DurationBook(history)  # completions: the estimates' only source
+        self.durations: DurationBook[None] = DurationBook(history)  # the estimates' only source
         self._job_cache: dict[int, Job] = {}
         self.counters: dict[str, float] = {
             "plans": 0,
