@@ -65,6 +65,30 @@ def test_other_partners_start_a_new_case():
     assert book.observed()["a"].recent == pytest.approx((100.0 / 95.0,))
 
 
+def test_the_evidence_is_the_windows_own_and_staleness_is_the_planners():
+    """The harm evidence is computed once per window, with the window (the planner
+    reads it every epoch for every sharing job): it must follow the windows and the
+    reference, whoever builds the record, while staleness stays a question of now."""
+    import dataclasses
+
+    from elastico_extender.core.observations import (
+        FAMILY_MARGIN,
+        ONE_WINDOW_MARGIN,
+        ObservedSlowdown,
+    )
+    from elastico_extender.core.planner.protect import STALE_S, harm_evidence
+
+    seen = ObservedSlowdown(1.4, 4, 100.0, (1.3, 1.5, 1.4, 1.6), ("p",), "family")
+    # least of the newest two (1.4) < mean of four (1.45), raised by the family margin
+    assert seen.evidence == pytest.approx(1.45 * (1 + FAMILY_MARGIN))
+    solo = dataclasses.replace(seen, reference="solo", recent=(1.0, 2.0))
+    assert solo.evidence == pytest.approx(2.0 / (1 + ONE_WINDOW_MARGIN))  # one window alone
+    assert harm_evidence(seen, 100.0 + STALE_S) == pytest.approx(seen.evidence)
+    assert harm_evidence(seen, 100.0 + STALE_S + 1.0) is None  # stale: no case
+    assert harm_evidence(dataclasses.replace(seen, partners=()), 100.0) is None  # alone
+    assert ObservedSlowdown(1.0, 0, 0.0, ()).evidence == 0.0
+
+
 @pytest.mark.parametrize(
     ("field", "value"), [("rate", math.nan), ("rate", -1.0), ("seconds", 0.0), ("end", math.inf)]
 )

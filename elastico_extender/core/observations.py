@@ -62,11 +62,17 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 __all__ = [
+    "FAMILY_MARGIN",
     "FAMILY_SMOOTHING",
+    "HARM_WINDOWS",
+    "ONE_WINDOW_MARGIN",
+    "PROFILE_MARGIN",
     "REFERENCES",
+    "REFERENCE_MARGIN",
+    "SLOW_WINDOWS",
     "SM_BUCKETS",
     "SM_HORIZON_S",
     "Observation",
@@ -75,6 +81,7 @@ __all__ = [
     "PairSample",
     "family_key",
     "is_family_key",
+    "window_evidence",
 ]
 
 SM_HORIZON_S = 3600.0
@@ -87,6 +94,26 @@ FAMILY_SMOOTHING = 0.2
 windows, of several jobs, make it, so one job's quirk or one noisy window moves it little."""
 REFERENCES = ("solo", "family", "profile")
 """What a slowdown can rest on, best first (module doc)."""
+HARM_WINDOWS = 2
+"""k: consecutive observation windows above tolerance before a pair is separated."""
+SLOW_WINDOWS = 4
+"""Windows whose mean above tau also counts as harm (marginal pairs, noisy windows)."""
+ONE_WINDOW_MARGIN = 0.09
+"""Relative margin above tau at which a single window is harm on its own: three sigma of
+one window's scatter (3% for a launch-rate count over a window, the simulator's noise),
+so noise alone (about one window in 700 at tau) does not separate a pair; a borrowed
+reference's margin comes on top (its error may raise every window by that much)."""
+PROFILE_MARGIN = 0.10
+"""Relative margin on a slowdown measured against a profile's T(c) instead of a solo
+window (two sigma of a profile's throughput error): such a job is separated once
+its evidence times 1.1 exceeds tau."""
+FAMILY_MARGIN = 0.05
+"""Relative margin on a slowdown measured against the family's solo rate at the job's
+configuration (module doc): jobs of one family and configuration run the same kernels,
+so what is left is their spread (input pipelines, data), unknown in general and taken
+as the planner's admission band (3% let harm live 3 epochs at p95 in the load 1.0 run)."""
+REFERENCE_MARGIN = {"solo": 0.0, "family": FAMILY_MARGIN, "profile": PROFILE_MARGIN}
+"""The error a slowdown may carry from what its reference rate is (``REFERENCES``)."""
 _FAMILY_PREFIX = "family:"  # no pod uid or simulated job id starts so
 
 
@@ -98,6 +125,30 @@ def family_key(family: str, config: int, unit: str) -> tuple[str, int, str]:
 def is_family_key(job_id: str) -> bool:
     """Whether a reference row's first field names a family (``family_key``), not a job."""
     return job_id.startswith(_FAMILY_PREFIX)
+
+
+def window_evidence(recent: tuple[float, ...], reference: str) -> float:
+    """The slowdown a job's windows with its current partners vouch for (0.0: none).
+
+    The planner compares it with tau (``planner.protect``, "Harm").  The larger of:
+    the newest window, lowered by ``ONE_WINDOW_MARGIN`` and by the reference's margin
+    (one window far beyond both is enough: observed beats predicted); and, once there
+    are ``HARM_WINDOWS`` windows, the least of the newest k, or the mean of the newest
+    ``SLOW_WINDOWS`` if larger, *raised* by the reference's margin unless the job's own
+    solo rate is the reference (k windows agree: the reference's error is what may hide
+    the excess).  The first window of a case often understates it, never overstates
+    it: a partner that joined or restarted in it ran for part of it only.
+    """
+    if not recent:
+        return 0.0
+    margin = 1.0 + REFERENCE_MARGIN.get(reference, PROFILE_MARGIN)
+    one = recent[-1] / (1.0 + ONE_WINDOW_MARGIN) / margin
+    if len(recent) < HARM_WINDOWS:
+        return one
+    evidence = min(recent[-HARM_WINDOWS:])
+    if len(recent) >= SLOW_WINDOWS:
+        evidence = max(evidence, sum(recent[-SLOW_WINDOWS:]) / SLOW_WINDOWS)
+    return max(one, evidence * margin)
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,6 +219,12 @@ class ObservedSlowdown:
     """(bucket index, highest window SM activity in it), oldest first, within the horizon."""
     sm_seconds: float = 0.0
     """Observed seconds behind ``sm_buckets`` (since the configuration last changed)."""
+    evidence: float = field(init=False, repr=False, compare=False)
+    """``window_evidence`` of ``recent``: computed once per window, when the book takes
+    it, so the planner's harm test reads one number per job each epoch."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "evidence", window_evidence(self.recent, self.reference))
 
     @property
     def solo_reference(self) -> bool:

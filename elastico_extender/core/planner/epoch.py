@@ -220,7 +220,7 @@ class _Epoch:
             self.apart = held_apart(previous.separated, rows)
             self.stepped = held_apart(previous.stepped, rows)
         self.harmed = harmed_rows(self, rows)
-        self.solo = solo_rows(self)
+        self.solo = solo_rows(self, rows)
 
     # -- set-up -------------------------------------------------------------
     def _units(self) -> np.ndarray:
