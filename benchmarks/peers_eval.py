@@ -9,7 +9,7 @@ Command (from the repository root; one command regenerates every table)::
 
 Sections (results under ``benchmarks/results/peers/``, tables in ``PEERS.md``):
 
-* ``philly``: three Philly virtual clusters, each over its busiest week, replayed at
+* ``philly``: five Philly virtual clusters (``PHILLY``), each over its busiest week, replayed at
   its **native** load (recorded arrivals, no compression) on two cluster sizes,
   every baseline -- volcano (FIFO, whole GPUs), lucid, tiresias (2D-LAS), srtf
   (ORACLE durations) -- and elastico, elastico+learned, in the benchmark and
@@ -31,6 +31,7 @@ produced in passes, cheap policies first, on a 2-core machine shared with 6 jobs
     $P --only scale --worlds benchmark --resume --policy-timeout 180
     $P --only scale --worlds production --sizes 64,128,256 --resume --policy-timeout 180
     $P --only philly --resume --policy-timeout 300          # adds elastico+learned
+    $P --only philly --vcs 6c71a0,ee9e8c --no-learned --resume --policy-timeout 2400
 """
 
 from __future__ import annotations
@@ -64,8 +65,13 @@ PHILLY: tuple[tuple[str, tuple[float, float], tuple[int, int]], ...] = (
     ("6214e9", (41.0, 48.0), (144, 96)),
     ("11cb48", (77.0, 84.0), (128, 96)),
     ("0e4a51", (19.0, 26.0), (256, 160)),
+    ("6c71a0", (11.0, 18.0), (192, 128)),
+    ("ee9e8c", (35.0, 42.0), (448, 304)),
 )
-"""(VC, its busiest week in days, two cluster sizes: native load about 0.6 and 0.9)."""
+"""(VC, its busiest week in days, two cluster sizes: native load about 0.6 and 0.9).
+Every VC of the trace whose busiest week (the 7 days with the most GPU-time arriving)
+holds at least 250 jobs; the sizes are that week's GPU-time over 0.6 and 0.9 of the
+week, rounded to a multiple of 16."""
 SCALE = {64: 24.0, 128: 24.0, 256: 12.0, 512: 6.0, 1024: 3.0, 2048: 2.0}
 """GPUs -> arrival window in hours at load 1.5 (shorter at large sizes to bound run time)."""
 WORLDS = ("benchmark", "production")
