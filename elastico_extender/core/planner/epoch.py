@@ -156,6 +156,7 @@ def plan(
     tables.service_key = keys[0] if keys is not None else None
     epoch = _Epoch(snapshot, tables, settings, predictor, previous)
     epoch.recharged = recharged
+    epoch.remaining = keys[1] if keys is not None else None
     clock.lap("build")
     return epoch.run(clock)
 
@@ -199,6 +200,7 @@ class _Epoch:
         self.fastest = np.zeros(len(tables.jobs))
         self.residual_admits = 0  # admissions by Algorithm 1's last step, last packing pass
         self.recharged = 0  # running jobs charged their observed SM share (observed_sm)
+        self.remaining: np.ndarray | None = None  # service_keys' expected remaining seconds
         self.patience: Patience | None = None  # share-or-wait rule, fresh per packing pass
         self._tau: dict[int, np.ndarray] = {}  # row -> tau at every configuration
         self._loop_setup()
@@ -382,7 +384,9 @@ class _Epoch:
         # Holding a job back pays at low load; under a long queue sharing is the point.
         calm = self.utilization < s.utilization_target
         if calm and s.patience_horizon_s > 0 and np.any(self.snapshot.columns.expected > 0):
-            self.patience = Patience(self.snapshot, table.size, s.patience_horizon_s)
+            self.patience = Patience(
+                self.snapshot, table.size, s.patience_horizon_s, self.remaining
+            )
         if self.apart or self.solo:
             placer.set_loop(self.apart, self.solo)
         placer.margin = admit_margin(self.snapshot.observed)  # closed loop: admission band

@@ -40,10 +40,19 @@ __all__ = ["Patience"]
 class Patience:
     """Expected GPU-free times of one epoch and the share-or-wait rule (module docstring)."""
 
-    def __init__(self, snapshot: Snapshot, devices: int, horizon_s: float) -> None:
+    def __init__(
+        self,
+        snapshot: Snapshot,
+        devices: int,
+        horizon_s: float,
+        remaining: np.ndarray | None = None,
+    ) -> None:
+        """``remaining``: the snapshot's expected remaining seconds per job row, when the
+        epoch has them already (``queueing.service_keys``; computed here otherwise)."""
         self.horizon_s = horizon_s
         cols = snapshot.columns
-        _, remaining = service_keys(snapshot)
+        if remaining is None:
+            _, remaining = service_keys(snapshot)
         self.expected = cols.expected
         held = cols.held
         run = np.flatnonzero(held > 0)
