@@ -13,6 +13,15 @@ rates it prints the launch rate the agent measured in each phase (windows that s
 the change left out), the launch rate the program's achieved step rate implies, their
 error, and the measured vs true ratio of the two phases (the slowdown the extender would
 compute).  Results: ``benchmarks/results/launch_rate_signal.md``.
+
+On a machine with a CUDA GPU and PyTorch (the device check; never in CI):
+
+    PYTHONUNBUFFERED=1 PYTHONPATH=. python3 benchmarks/launch_rate_signal.py --torch --phase 6
+
+runs ``benchmarks/torch_stepper.py`` (a real training step, real libcuda, only the shim
+preloaded) instead of the C step loop.  Its launches per step are whatever PyTorch makes,
+so the "launches/step" column (measured launch rate over achieved step rate) must be the
+same in both phases, and the measured ratio must match the true one.
 """
 
 from __future__ import annotations
@@ -22,6 +31,7 @@ import importlib.util
 import os
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -49,19 +59,26 @@ def build(directory: Path) -> tuple[Path, Path]:
 
 
 def run_pair(
-    program: Path, shim: Path, root: Path, fast: float, slow: float, phase: float, window: float,
-    flush_ms: int,
+    command: list[str], shim: Path, root: Path, fast: float, slow: float, phase: float,
+    window: float, flush_ms: int, ready: bool = False,
 ) -> tuple[list[float], list[float], dict[int, float]]:  # fmt: skip
+    """``command`` + RATE1 SECONDS1 RATE2 SECONDS2 under the shim; ``ready``: the program
+    prints ``ready`` before its first phase (the clock starts there)."""
     uid = f"uid-{fast:g}-{slow:g}"
     (root / uid).mkdir()
     env = {**os.environ, "LD_PRELOAD": str(shim), "ELASTICO_SHIM_DIR": str(root / uid),
            "ELASTICO_SHIM_FLUSH_MS": str(flush_ms)}  # fmt: skip
     rings = PodRings(root)
-    started = time.monotonic()
     proc = subprocess.Popen(
-        [str(program), str(LAUNCHES), str(fast), str(phase), str(slow), str(phase)],
+        [*command, str(fast), str(phase), str(slow), str(phase)],
         env=env, stdout=subprocess.PIPE, text=True,
     )  # fmt: skip
+    assert proc.stdout is not None
+    while ready and proc.stdout.readline().strip() not in ("ready", ""):
+        pass
+    started = time.monotonic()
+    if ready:  # the windows measure from the start of the first phase
+        rings.sample(uid)
     reads: list[tuple[float, float | None]] = []
     t = window / 2
     while t < 2 * phase:
@@ -73,8 +90,9 @@ def run_pair(
     rings.close()
     achieved = {}
     for line in out.splitlines():
-        _, n, steps, seconds = line.split()
-        achieved[int(n)] = int(steps) / float(seconds)
+        if line.startswith("phase "):
+            _, n, steps, seconds = line.split()
+            achieved[int(n)] = int(steps) / float(seconds)
     first = [r for at, r in reads if r is not None and at - window >= 0 and at <= phase]
     second = [r for at, r in reads if r is not None and at - window >= phase]
     return first, second, achieved
@@ -85,28 +103,41 @@ def main() -> None:
     parser.add_argument("--flush-ms", type=int, default=50, help="shim flush interval")
     parser.add_argument("--window", type=float, default=1.0, help="agent window, seconds")
     parser.add_argument("--phase", type=float, default=4.0, help="seconds per step rate")
+    parser.add_argument(
+        "--torch", action="store_true", help="a real PyTorch training step on a CUDA GPU"
+    )
     args = parser.parse_args()
     pairs = ((80.0, 20.0), (80.0, 60.0), (40.0, 30.0), (200.0, 100.0))
+    what = "PyTorch steps" if args.torch else f"{LAUNCHES} launches/step"
     print(f"flush {args.flush_ms} ms, window {args.window:g} s, phases of {args.phase:g} s, "
-          f"{LAUNCHES} launches/step; load average {os.getloadavg()[0]:.1f}")  # fmt: skip
-    print(f"{'steps/s':>11} {'measured l/s':>14} {'12 x achieved':>14} {'error':>7} "
-          f"{'ratio measured':>15} {'ratio true':>11}")  # fmt: skip
+          f"{what}; load average {os.getloadavg()[0]:.1f}")  # fmt: skip
+    print(f"{'steps/s':>11} {'achieved':>9} {'measured l/s':>14} {'launches/step':>14} "
+          f"{'error':>7} {'ratio measured':>15} {'ratio true':>11}")  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp:
         program, shim = build(Path(tmp) / "build")
+        command = [str(program), str(LAUNCHES)]
+        if args.torch:
+            command = [sys.executable, str(ROOT / "benchmarks/torch_stepper.py")]
         root = Path(tmp) / "rings"
         root.mkdir()
         for fast, slow in pairs:
             first, second, achieved = run_pair(
-                program, shim, root, fast, slow, args.phase, args.window, args.flush_ms
-            )
+                command, shim, root, fast, slow, args.phase, args.window, args.flush_ms,
+                ready=args.torch,
+            )  # fmt: skip
+            if not first or not second:
+                print(f"{fast:>11g} no launches read from the ring (interception failed?)")
+                continue
             measured = (statistics.median(first), statistics.median(second))
-            true = (LAUNCHES * achieved[1], LAUNCHES * achieved[2])
+            steps = (achieved[1], achieved[2])
+            per_step = measured[0] / steps[0] if args.torch else LAUNCHES
             for k, rate in enumerate((fast, slow)):
-                error = measured[k] / true[k] - 1
-                ratio = (
-                    f"{measured[0] / measured[1]:>15.3f} {true[0] / true[1]:>11.3f}" if k else ""
+                error = measured[k] / (per_step * steps[k]) - 1
+                ratio = f"{measured[0] / measured[1]:>15.3f} {steps[0] / steps[1]:>11.3f}"
+                print(
+                    f"{rate:>11g} {steps[k]:>9.1f} {measured[k]:>14.1f} "
+                    f"{measured[k] / steps[k]:>14.2f} {error:>+7.1%} {ratio if k else ''}"
                 )
-                print(f"{rate:>11g} {measured[k]:>14.1f} {true[k]:>14.1f} {error:>+7.1%} {ratio}")
 
 
 if __name__ == "__main__":
