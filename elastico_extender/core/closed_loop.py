@@ -92,8 +92,14 @@ def labelling_sample(
     """
     if len(samples) == 1:
         return samples[0]
-    if not attributable(samples, running):
-        return None
+    return _one_kind(samples, running) if attributable(samples, running) else None
+
+
+def _one_kind(
+    samples: Sequence[PairSample], running: Mapping[str, RunningConfig]
+) -> PairSample | None:
+    """The first sample of an ``attributable`` window whose partners all run one family
+    and configuration (every device holds the same pair), else None."""
     kinds = {(running[s.partner].family, running[s.partner].config) for s in samples}
     return samples[0] if len(kinds) == 1 else None
 
@@ -183,12 +189,15 @@ class ClosedLoop:
         doc): ``labelling_sample`` where it decides, ``attribute`` for the rest."""
         found: list[PairSample] = []
         mixed: list[Sequence[PairSample]] = []
-        for samples in windows:
-            sample = labelling_sample(samples, running)
-            if sample is not None:
-                found.append(sample)
+        for samples in windows:  # labelling_sample, asking attributable once per window
+            if len(samples) == 1:
+                found.append(samples[0])
             elif attributable(samples, running):
-                mixed.append(samples)
+                sample = _one_kind(samples, running)
+                if sample is not None:
+                    found.append(sample)
+                else:
+                    mixed.append(samples)
         return found + self.attribute(mixed, running, families)
 
     def attribute(
