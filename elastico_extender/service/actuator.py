@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Container, Mapping
 from typing import Any, Protocol
@@ -57,6 +58,7 @@ from elastico_extender.service.events import (
 from elastico_extender.service.logs import decision_fields
 from elastico_extender.service.pods import PodJob
 from elastico_extender.service.settings import ServiceSettings
+from elastico_extender.service.succession import Succession
 
 __all__ = ["ANNOUNCED_KEPT", "EVICTED_KEPT", "Actuator", "BindMetrics"]
 
@@ -88,12 +90,17 @@ class Actuator:
         *,
         is_leader: Callable[[], bool] = lambda: True,
         events: EventRecorder | None = None,
+        succession: Succession | None = None,
+        wall_clock: Callable[[], float] = time.time,
     ) -> None:
         self.cluster = cluster
         self.settings = settings
         self.metrics = metrics
         self.is_leader = is_leader
         self.events = events
+        # An evicted pod's job passes to its replacement (service.succession).
+        self.succession = succession
+        self.wall_clock = wall_clock
         self._evicted: OrderedDict[str, None] = OrderedDict()
         self._announced: OrderedDict[str, str] = OrderedDict()
         self._announce_lock = threading.Lock()
@@ -376,6 +383,8 @@ class Actuator:
             log.warning("migration.refused", extra={"pod": pj.key, "error": str(exc)})
             return 0
         self._evicted[job_id] = None
+        if self.succession is not None:
+            self.succession.evicted(pod, pj.job, self.wall_clock())
         if len(self._evicted) > EVICTED_KEPT:
             self._evicted.popitem(last=False)
         self.metrics.bind("migrated")

@@ -141,9 +141,12 @@ class CompletionRecorder:
         with self._lock:
             return uid not in self._seen
 
-    def saw_finished(self, uid: str, pod: Mapping[str, Any], pod_job: PodJob | None) -> bool:
+    def saw_finished(
+        self, uid: str, pod: Mapping[str, Any], pod_job: PodJob | None, ran_before: float = 0.0
+    ) -> bool:
         """Record ``pod``, which :meth:`wants`, if it is an ElastiCo pod (``pod_job`` has an
-        intent; None: its annotations do not parse)."""
+        intent; None: its annotations do not parse).  ``ran_before``: seconds its job ran
+        in pods ElastiCo evicted before this one (``service.succession``)."""
         if pod_job is None or pod_job.intent is None:
             with self._lock:
                 self._remember(uid)  # not a job of a family: not looked at again
@@ -154,7 +157,7 @@ class CompletionRecorder:
                 self._remember(uid)  # nothing to learn from it: not looked at again
             return False
         job = pod_job.job
-        done = CompletedJob(job.family, job.gpus, end - start, namespace_of(pod_job))
+        done = CompletedJob(job.family, job.gpus, ran_before + end - start, namespace_of(pod_job))
         with self._lock:
             if not self._remember(uid):
                 return False

@@ -45,6 +45,7 @@ from elastico_extender.service.loop import EpochLoop
 from elastico_extender.service.pods import PodJob, PodJobs
 from elastico_extender.service.settings import ServiceSettings
 from elastico_extender.service.snapshot import Built, SnapshotBuilder
+from elastico_extender.service.succession import Succession
 from elastico_extender.service.verbs import (
     MAX_SCORE,
     FilterOutcome,
@@ -110,6 +111,7 @@ class Engine:
         self.metrics = metrics or Metrics()
         self.clock = clock
         self.pod_jobs = PodJobs(self.families, require_webhook=settings.require_webhook)
+        self.succession = Succession()  # evicted pods' jobs, for their replacements
         self.builder = SnapshotBuilder(
             cluster.state,
             self.pod_jobs,
@@ -120,10 +122,16 @@ class Engine:
             clock=clock,
             dwell_seconds=settings.min_dwell_seconds,
             completions=completions if completions is not None else CompletionRecorder(),
+            succession=self.succession,
         )
         self.bookings = Bookings(clock, settings.assume_ttl_seconds)
         self.actuator = Actuator(
-            cluster, settings, self.metrics, is_leader=is_leader, events=events
+            cluster,
+            settings,
+            self.metrics,
+            is_leader=is_leader,
+            events=events,
+            succession=self.succession,
         )
         self.loop = EpochLoop(
             self.builder,

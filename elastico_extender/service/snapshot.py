@@ -32,6 +32,7 @@ from elastico_extender.core.planner import NodeVerdict
 from elastico_extender.errors import AnnotationError
 from elastico_extender.service.completions import CompletionRecorder
 from elastico_extender.service.pods import PodJob, PodJobs
+from elastico_extender.service.succession import Succession
 
 __all__ = ["Built", "Pinned", "SnapshotBuilder"]
 
@@ -77,10 +78,13 @@ class SnapshotBuilder:
         wall_clock: Callable[[], float] = time.time,
         dwell_seconds: float = 0.0,
         completions: CompletionRecorder | None = None,
+        succession: Succession | None = None,
     ) -> None:
         self.state = state
         # Finished pods teach expected run times; every job gets one (service.completions).
         self.completions = completions
+        # Replacement pods of pods ElastiCo evicted continue their jobs (service.succession).
+        self.succession = succession
         self.pod_jobs = pod_jobs
         self.default_gpu_memory_mib = default_gpu_memory_mib
         self.scheduler_name = scheduler_name
@@ -269,6 +273,8 @@ class SnapshotBuilder:
                 jobs.append(running_job(pj.job, node_name, devices, config))
                 meta[pj.job.id] = pj
         self._bound = bound
+        if self.succession is not None:
+            jobs = self.succession.continued(jobs, pods, self.wall_clock())
         if self.completions is not None:
             jobs = self.completions.dated(jobs, meta)
         if self.dwell_seconds > 0:
@@ -294,7 +300,8 @@ class SnapshotBuilder:
             pod_job = self.pod_jobs.get(pod)
         except (AnnotationError, ValueError):
             pod_job = None
-        self.completions.saw_finished(uid, pod, pod_job)
+        before = self.succession.ran_before(uid) if self.succession is not None else 0.0
+        self.completions.saw_finished(uid, pod, pod_job, before)
 
     def _hold(self, jobs: list[Job], now: float) -> list[Job]:
         """Running jobs that started (or were reshaped) less than ``dwell_seconds`` ago,

@@ -1,0 +1,171 @@
+"""A replacement pod continues the job of the pod ElastiCo evicted (service.succession).
+
+The service side runs under uvicorn on 127.0.0.1 with the real kubernetes client
+against the project's fake API server (real Pod JSON, list/watch, the Eviction
+subresource); the controller's replacement is created the way a Job controller
+creates one: a new pod, new name and uid, same controller owner.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+from test_service_observations import (
+    Service,
+    gpu_node,
+    running_pod,
+    start_service,
+    wait_for,
+)
+
+from elastico_extender.cluster.fake_apiserver import FakeApiServer
+from elastico_extender.core.model import Job
+from elastico_extender.service.succession import Succession
+
+HOUR = 3600.0
+
+
+def stamp(seconds: float) -> str:
+    return datetime.fromtimestamp(seconds, tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def started_pod(name: str, created: float, started: float, gpus: int = 1) -> dict:
+    """A running pod, bound by the extender, created and started at the given times."""
+    pod = running_pod(name, "g0", 0, migration="allowed")
+    pod["metadata"]["creationTimestamp"] = stamp(created)
+    pod["status"]["startTime"] = stamp(started)
+    pod["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] = str(gpus)
+    return pod
+
+
+def replacement(of: dict, name: str, created: float) -> dict:
+    """What the pod's Job controller creates after an eviction: a new pending pod."""
+    pod = running_pod(name, "g0", 0)
+    pod["metadata"]["creationTimestamp"] = stamp(created)
+    pod["metadata"]["ownerReferences"] = of["metadata"]["ownerReferences"]
+    for key in ("assigned-node", "assigned-devices", "assigned-configuration"):
+        del pod["metadata"]["annotations"][f"elastico.io/{key}"]
+    del pod["spec"]["nodeName"]
+    pod["status"] = {"phase": "Pending"}
+    return pod
+
+
+def job_of(pod: dict) -> Job:
+    return Job(pod["metadata"]["uid"], "bert", gpus=2, arrival_time=0.0)
+
+
+def test_the_replacement_takes_the_jobs_arrival_and_attained_service() -> None:
+    now = 1_000_000.0
+    old = started_pod("a", created=now - 3 * HOUR, started=now - 2 * HOUR, gpus=2)
+    book = Succession()
+    book.evicted(old, job_of(old), now)
+    other = started_pod("z", created=now + 5, started=now + 6)  # another controller's pod
+    other["metadata"]["ownerReferences"][0]["uid"] = "owner-z"
+    new = replacement(old, "a-2", created=now + 10)
+    pods = {p["metadata"]["uid"]: p for p in (other, new)}
+    jobs = [
+        Job("uid-z", "bert", arrival_time=now + 5),
+        Job("uid-a-2", "bert", gpus=2, arrival_time=now + 10),
+    ]
+    out = book.continued(jobs, pods, now + 20)
+    assert out[0] is jobs[0]  # not a replacement: untouched
+    assert out[1].arrival_time == pytest.approx(now - 3 * HOUR)
+    assert out[1].attained_gpu_seconds == pytest.approx(2 * 2 * HOUR)
+    assert book.ran_before("uid-a-2") == pytest.approx(2 * HOUR)
+    # Evicted again after an hour's run: the third pod carries both runs.
+    new["status"] = {"phase": "Running", "startTime": stamp(now + HOUR)}
+    book.evicted(new, out[1], now + 2 * HOUR)
+    third = replacement(old, "a-3", created=now + 2 * HOUR + 1)
+    got = book.continued([Job("uid-a-3", "bert", gpus=2)], {"uid-a-3": third}, now + 2 * HOUR + 2)
+    assert got[0].arrival_time == pytest.approx(now - 3 * HOUR)
+    assert got[0].attained_gpu_seconds == pytest.approx(2 * 3 * HOUR)
+    assert book.ran_before("uid-a-3") == pytest.approx(3 * HOUR)
+
+
+def test_a_pod_older_than_the_eviction_or_too_late_claims_nothing() -> None:
+    now = 1_000_000.0
+    old = started_pod("a", created=now - HOUR, started=now - HOUR)
+    sibling = replacement(old, "a-sibling", created=now - 60)  # existed before the eviction
+    book = Succession(expiry_s=600)
+    book.evicted(old, job_of(old), now)
+    job = Job("uid-a-sibling", "bert", arrival_time=now - 60)
+    assert book.continued([job], {"uid-a-sibling": sibling}, now + 1)[0] is job
+    late = replacement(old, "a-late", created=now + 700)
+    job = Job("uid-a-late", "bert", arrival_time=now + 700)
+    assert book.continued([job], {"uid-a-late": late}, now + 701)[0] is job  # expired
+
+
+def test_the_records_are_bounded_and_a_pod_without_controller_is_not_recorded() -> None:
+    now = 1_000_000.0
+    book = Succession(capacity=3)
+    evicted = []
+    for k in range(10):
+        pod = started_pod(f"p{k}", created=now - HOUR, started=now - HOUR)
+        pod["metadata"]["ownerReferences"][0]["uid"] = f"owner-{k}"
+        book.evicted(pod, job_of(pod), now)
+        evicted.append(pod)
+    orphan = started_pod("orphan", created=now - HOUR, started=now - HOUR)
+    orphan["metadata"]["ownerReferences"] = []
+    book.evicted(orphan, job_of(orphan), now)
+    pods = {f"uid-r{k}": replacement(evicted[k], f"r{k}", now + 1) for k in range(10)}
+    pods["uid-r-orphan"] = replacement(orphan, "r-orphan", now + 1)
+    jobs = [Job(uid, "bert", arrival_time=now + 1) for uid in pods]
+    carried = [j.id for j in book.continued(jobs, pods, now + 2) if j.arrival_time < now]
+    assert carried == ["uid-r7", "uid-r8", "uid-r9"]  # the newest three records only
+
+
+@pytest.fixture
+def crowded(tmp_path: Path) -> Iterator[Service]:
+    """a and b share GPU 0 of g0; GPU 1 is idle, so the plan moves one of them."""
+    api = FakeApiServer().start()
+    api.put("nodes", gpu_node("g0", 2))
+    now = time.time()
+    for name in ("a", "b"):
+        api.put("pods", started_pod(name, created=now - 3 * HOUR, started=now - 2 * HOUR))
+    server, kube, svc = start_service(api, observation_store=str(tmp_path / "loop.db"))
+    assert wait_for(lambda: len(kube.state.pods()) == 2)
+    yield svc
+    server.stop()
+    api.stop()
+
+
+def test_an_evicted_pods_replacement_keeps_its_place_in_the_queue(crowded: Service) -> None:
+    """Evicted for a move, the pod's replacement is planned as the same job: arrival
+    three hours ago, two GPU-hours of attained service, not a newcomer."""
+    service = crowded
+    for _ in range(3):
+        service.epoch()
+        if service.api.evictions:
+            break
+    assert service.api.evictions, "the plan moved nobody off the shared GPU"
+    name = service.api.evictions[0]["metadata"]["name"]
+    evicted = started_pod(name, created=0.0, started=0.0)
+    service.api.put("pods", replacement(evicted, f"{name}-2", created=time.time()))
+    assert wait_for(lambda: service.engine.cluster.state.pod_by_name("ml", f"{name}-2"))
+    service.epoch()
+    jobs = {j.id: j for j in service.engine.published.snapshot.jobs}
+    job = jobs[f"uid-{name}-2"]
+    assert job.arrival_time == pytest.approx(time.time() - 3 * HOUR, abs=60)
+    assert job.attained_gpu_seconds == pytest.approx(2 * HOUR, abs=60)
+    # It finishes after ten minutes of its own: the completion learned is the job's.
+    done = replacement(evicted, f"{name}-2", created=time.time() - 600)
+    done["metadata"]["uid"] = f"uid-{name}-2"
+    done["spec"]["nodeName"] = "g0"
+    finished = {"terminated": {"exitCode": 0, "finishedAt": stamp(time.time())}}
+    done["status"] = {"phase": "Succeeded", "startTime": stamp(time.time() - 600),
+                      "containerStatuses": [{"name": "main", "state": finished}]}  # fmt: skip
+    service.api.put("pods", done)
+    completions = service.engine.builder.completions
+
+    def learned() -> bool:
+        service.epoch()
+        return bool(completions.rows(10))
+
+    assert wait_for(learned, 10)
+    (uid, completed, _), *_ = completions.rows(10)
+    assert uid == f"uid-{name}-2"
+    assert completed.duration_s == pytest.approx(2 * HOUR + 600, abs=60)
