@@ -32,6 +32,7 @@ created while the extender restarts or leadership moves queues as a new pod.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Mapping
@@ -47,6 +48,8 @@ SUCCESSION_CAPACITY = 4096
 SUCCESSION_EXPIRY_S = 3600.0
 """How long an eviction waits for its controller's replacement pod (an hour covers a
 graceful termination, a checkpoint and a controller's back-off)."""
+log = logging.getLogger(__name__)
+
 CLOCK_SKEW_S = 5.0
 """A replacement's creationTimestamp (the API server's clock) may read this much before
 the eviction (the extender's clock) and still count as created after it."""
@@ -156,6 +159,14 @@ class Succession:
             return None  # a pod of that controller older than the eviction: not its replacement
         del self._waiting[owner]
         self._claimed[uid] = carried
+        log.info(
+            "succession.continued",
+            extra={
+                "pod": uid,
+                "arrival": carried.arrival_time,
+                "attained_gpu_s": round(carried.attained_gpu_seconds, 1),
+            },
+        )
         while len(self._claimed) > self.capacity:
             self._claimed.popitem(last=False)
         return carried
