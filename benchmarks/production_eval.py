@@ -57,6 +57,7 @@ from pathlib import Path
 import numpy as np
 
 from elastico_extender.core.model import Plan
+from elastico_extender.sim.bounds import fastest_speed, jct_floors
 from elastico_extender.sim.engine import ClusterSpec, RunResult
 from elastico_extender.sim.metrics import summarise
 from elastico_extender.sim.production import ProductionTruth
@@ -88,11 +89,8 @@ def bounds(exp: Experiment, hours: float) -> dict[str, float]:
     g = np.array([j.gpus for j in jobs], dtype=np.float64)
     w = np.array([j.duration_s for j in jobs])
     a = np.array([truth.solo_activity[truth.job_index[j.job_id]] for j in jobs])
-    best_rate = {
-        name: float(configs.rate[configs.workload == k].max())
-        for k, name in enumerate(configs.names)
-    }
-    speedup = np.array([best_rate[j.workload] for j in jobs])
+    speedup = fastest_speed(jobs, configs)
+    floors = jct_floors(jobs, configs)
     load = offered_load(list(jobs), gpus, span)
     arrival = np.array([j.arrival_s for j in jobs])
     left = arrival[0] + span - arrival  # seconds of the window after each arrival
@@ -104,8 +102,8 @@ def bounds(exp: Experiment, hours: float) -> dict[str, float]:
         "throughput_gpu_eq": float((g * w).sum() / span),
         "mean_activity_work_weighted": float((g * a * w).sum() / (g * w).sum()),
         "sm_util_pct": 100.0 * float((g * a * w).sum()) / (gpus * span),
-        "min_avg_jct_s": float((w / speedup).mean()),
-        "mean_solo_s": float(w.mean()),
+        "min_avg_jct_s": floors.fastest_s,
+        "mean_solo_s": floors.default_s,
     }
 
 

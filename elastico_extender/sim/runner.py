@@ -48,7 +48,7 @@ from elastico_extender.sim.traces import TraceJob
 from elastico_extender.sim.truth import DEFAULT_PAIRS, GroundTruth
 from elastico_extender.sim.workloads import ConfigTable
 
-__all__ = ["DEFAULT_POLICIES", "Experiment", "build_policy", "run_experiment"]
+__all__ = ["DEFAULT_POLICIES", "Experiment", "build_policy", "configs_of", "run_experiment"]
 
 DEFAULT_POLICIES: tuple[str, ...] = (
     "volcano",
@@ -121,8 +121,13 @@ def build_policy(name: str, exp: Experiment, truth: GroundTruth) -> Policy:
     return policy
 
 
+def configs_of(exp: Experiment) -> ConfigTable:
+    """The configurations (planner profiles and true throughputs) of ``exp``'s world."""
+    return ConfigTable.build(exp.seed, exp.profile_noise)
+
+
 def _world(exp: Experiment) -> tuple[ConfigTable, GroundTruth]:
-    configs = ConfigTable.build(exp.seed, exp.profile_noise)
+    configs = configs_of(exp)
     truth = GroundTruth.build(configs, Path(exp.pairs) if exp.pairs else None, gpu=exp.gpu_type)
     if exp.world == "production":
         world = ProductionWorld.load(exp.world_file or DEFAULT_WORLD_FILE)
