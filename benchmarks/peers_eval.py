@@ -46,10 +46,12 @@ import time
 from pathlib import Path
 from queue import Empty
 
+from elastico_extender.sim.bounds import JctFloors, jct_floors
 from elastico_extender.sim.engine import ClusterSpec
 from elastico_extender.sim.metrics import summarise
-from elastico_extender.sim.runner import Experiment, run_experiment
+from elastico_extender.sim.runner import Experiment, configs_of, run_experiment
 from elastico_extender.sim.traces import (
+    TraceLoad,
     fit_to_cluster,
     offered_load,
     philly_trace,
@@ -134,6 +136,26 @@ def _run(
     print(f"  {key}: {time.time() - t0:.0f}s", file=sys.stderr)
 
 
+def philly_experiment(loaded: TraceLoad, gpus: int, world: str, seed: int) -> Experiment:
+    """One Philly row's experiment: the week's jobs fitted to ``gpus``, in ``world``."""
+    return Experiment(
+        trace=tuple(fit_to_cluster(loaded.jobs, gpus)),
+        cluster=ClusterSpec(gpus=gpus),
+        seed=seed,
+        world=world,
+        history=loaded.history,
+    )
+
+
+def philly_floors(meta: dict[str, object]) -> JctFloors:
+    """The average-JCT floors (``sim.bounds``) of a saved Philly row (seed 0, as run)."""
+    days = meta["days"]
+    assert isinstance(days, list)
+    loaded = philly_trace(str(meta["vc"]), seed=0, days=(float(days[0]), float(days[1])))
+    exp = philly_experiment(loaded, int(str(meta["gpus"])), str(meta["world"]), 0)
+    return jct_floors(exp.trace, configs_of(exp))
+
+
 def philly(
     worlds: tuple[str, ...],
     policies: tuple[str, ...],
@@ -147,15 +169,9 @@ def philly(
                 continue
             loaded = philly_trace(vc, seed=seed, days=days)
             for gpus in sizes:
-                jobs = fit_to_cluster(loaded.jobs, gpus)
+                exp = philly_experiment(loaded, gpus, world, seed)
+                jobs = list(exp.trace)
                 span = max(j.arrival_s for j in jobs)
-                exp = Experiment(
-                    trace=tuple(jobs),
-                    cluster=ClusterSpec(gpus=gpus),
-                    seed=seed,
-                    world=world,
-                    history=loaded.history,
-                )
                 meta = {
                     "section": "philly",
                     "vc": vc,
@@ -226,6 +242,11 @@ def collect(command: str) -> str:
         "job's true remaining time (ORACLE). p99 JCT and worst queueing delay in hours.",
         f"`{SHIPPED}` is what the extender runs (it always closes the loop on observations);",
         "`elastico` is the same planner open-loop.  Where a row lacks it, `elastico` stands in.",
+        "Philly rows, last two columns: the average JCT no scheduler can beat (every job",
+        "started on arrival, alone, at its default / its fastest configuration:",
+        "`elastico_extender/sim/bounds.py`), and issue 14's target (0.9x the best baseline where",
+        "one beats FIFO by 10%), both relative to volcano; a target below the fastest floor is",
+        "out of every scheduler's reach.",
         "",
     ]
     for section in ("philly", "scale"):
@@ -233,6 +254,7 @@ def collect(command: str) -> str:
         if not rows:
             continue
         names = [n for n in (*BASELINES, *ELASTICO) if any(n in p["summary"] for p in rows)]
+        floors = section == "philly"  # the JCT floors and issue 14's target per row
         head = [
             "world",
             "cluster",
@@ -243,6 +265,7 @@ def collect(command: str) -> str:
             f"p99 JCT h (volcano/best base/{SHIPPED})",
             f"worst queue h (volcano/{SHIPPED})",
             f"{SHIPPED} vs best baseline",
+            *(["floor: default / fastest", "target"] if floors else []),
         ]
         lines += [f"## {section}", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         rows.sort(
@@ -269,6 +292,7 @@ def collect(command: str) -> str:
                 f"{s[n]['max_queue_s'] / 3600:.1f}" if n in s else "-" for n in ("volcano", ours)
             )
             vs = f"{el['avg_jct_s'] / s[best]['avg_jct_s']:.2f}x of {best}" if el and best else "-"
+            extra = _floor_cells(m, s, best, base) if floors else []
             tag = "" if m.get("complete", True) else " (partial)"
             cluster = f"{m.get('vc', 'synthetic')}" + (
                 f" d{m['days'][0]:g}-{m['days'][1]:g}" if "days" in m else f" {m['hours']:g}h"
@@ -286,6 +310,7 @@ def collect(command: str) -> str:
                         p99,
                         worst,
                         vs,
+                        *extra,
                     ]
                 )
                 + " |"
@@ -318,6 +343,26 @@ def collect(command: str) -> str:
     text = "\n".join(lines)
     (OUT / "PEERS.md").write_text(text + "\n")
     return text
+
+
+TARGET_MARGIN = 0.9
+"""Issue 14: where a baseline beats FIFO by 10% or more, ElastiCo must beat every
+baseline by 10%: a target of 0.9x the best baseline's average JCT."""
+
+
+def _floor_cells(
+    meta: dict[str, object], summary: dict[str, dict[str, float]], best: str | None, base: float
+) -> list[str]:
+    """A Philly row's JCT floors (``sim.bounds``) and target, both relative to volcano;
+    the target is marked out of reach when it lies below the fastest floor."""
+    floors = philly_floors(meta)
+    cells = [f"{floors.default_s / base:.3f} / {floors.fastest_s / base:.3f}"]
+    ratio = summary[best]["avg_jct_s"] / base if best else math.nan
+    if not ratio <= TARGET_MARGIN:
+        return [*cells, "-"]
+    target = TARGET_MARGIN * ratio
+    reach = " (below the floor: no scheduler)" if target < floors.fastest_s / base else ""
+    return [*cells, f"{target:.3f}{reach}"]
 
 
 def main(argv: list[str] | None = None) -> int:
