@@ -169,3 +169,25 @@ def test_an_evicted_pods_replacement_keeps_its_place_in_the_queue(crowded: Servi
     (uid, completed, _), *_ = completions.rows(10)
     assert uid == f"uid-{name}-2"
     assert completed.duration_s == pytest.approx(2 * HOUR + 600, abs=60)
+
+
+def test_the_migratable_job_example_opts_in_and_keeps_evictions_off_its_retries() -> None:
+    """deploy/examples/training-job-migratable.yaml: what docs/annotations.md promises."""
+    import yaml
+
+    from elastico_extender.annotations import parse_intent
+    from elastico_extender.service.families import FamilyResolver
+
+    root = Path(__file__).resolve().parents[1]
+    job = yaml.safe_load((root / "deploy/examples/training-job-migratable.yaml").read_text())
+    template = job["spec"]["template"]
+    intent = parse_intent(template["metadata"]["annotations"], FamilyResolver(40960.0))
+    assert intent is not None and intent.migration_allowed
+    assert template["spec"]["restartPolicy"] == "Never"  # podFailurePolicy requires it
+    ignored = [
+        condition["type"]
+        for rule in job["spec"]["podFailurePolicy"]["rules"]
+        if rule["action"] == "Ignore"
+        for condition in rule.get("onPodConditions", ())
+    ]
+    assert "DisruptionTarget" in ignored  # an eviction does not use up backoffLimit
