@@ -23,6 +23,7 @@ MODELS = {
     ("v1", "Pod"): "V1Pod",
     ("apps/v1", "Deployment"): "V1Deployment",
     ("apps/v1", "DaemonSet"): "V1DaemonSet",
+    ("batch/v1", "Job"): "V1Job",
     ("rbac.authorization.k8s.io/v1", "ClusterRole"): "V1ClusterRole",
     ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding"): "V1ClusterRoleBinding",
     ("rbac.authorization.k8s.io/v1", "Role"): "V1Role",
