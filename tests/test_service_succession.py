@@ -14,6 +14,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
+from test_learned_checkpoint import CM, NS, Replica, payload_of
 from test_service_observations import (
     Service,
     gpu_node,
@@ -24,6 +25,7 @@ from test_service_observations import (
 
 from elastico_extender.cluster.fake_apiserver import FakeApiServer
 from elastico_extender.core.model import Job
+from elastico_extender.profiles.loop_snapshot import CorruptSnapshot, LearnedState, decode, encode
 from elastico_extender.service.succession import Succession
 
 HOUR = 3600.0
@@ -191,3 +193,87 @@ def test_the_migratable_job_example_opts_in_and_keeps_evictions_off_its_retries(
         for condition in rule.get("onPodConditions", ())
     ]
     assert "DisruptionTarget" in ignored  # an eviction does not use up backoffLimit
+
+
+def test_the_records_round_trip_through_the_checkpoint_format() -> None:
+    now = 1_000_000.0
+    old = started_pod("a", created=now - 3 * HOUR, started=now - 2 * HOUR, gpus=2)
+    book = Succession()
+    book.evicted(old, job_of(old), now)
+    first = replacement(old, "a-2", created=now + 1)
+    book.continued([Job("uid-a-2", "bert", gpus=2)], {"uid-a-2": first}, now + 2)
+    other = started_pod("c", created=now - HOUR, started=now - HOUR)
+    other["metadata"]["ownerReferences"][0]["uid"] = "owner-c"
+    book.evicted(other, job_of(other), now + 3)
+    payload, _, dropped = encode(LearnedState(succession=book.rows()), 1 << 20)
+    assert dropped["succession"] == 0
+    restored = Succession()
+    assert restored.merge(decode(payload).succession) == 2
+    assert restored.rows() == book.rows()
+    assert restored.ran_before("uid-a-2") == pytest.approx(2 * HOUR)
+    pods = {"uid-c-2": replacement(other, "c-2", now + 4), "uid-a-2": first}
+    again = restored.continued([Job("uid-c-2", "bert")], pods, now + 5)
+    assert again[0].arrival_time == pytest.approx(now - HOUR)
+    assert restored.merge(decode(payload).succession) == 0  # known, or claimed here since
+
+
+@pytest.mark.parametrize(
+    "row",
+    [
+        ["waiting", "ml/owner", 1.0, -5.0, 0.0, 2.0],  # negative attained service
+        ["stolen", "ml/owner", 1.0, 0.0, 0.0, 2.0],  # not a kind
+        ["claimed", "", 1.0, 0.0, 0.0, 2.0],  # no key
+        ["claimed", "uid", 1.0, 0.0, 0.0],  # a field short
+    ],
+)
+def test_a_corrupt_succession_row_is_refused(row: list) -> None:
+    import json
+    import zlib
+
+    payload, _, _ = encode(LearnedState(), 1 << 20)
+    line, _, body = zlib.decompress(payload).partition(b"\n")
+    header = json.loads(line)
+    header["succession"] = [row]
+    forged = zlib.compress(json.dumps(header).encode() + b"\n" + body)
+    with pytest.raises(CorruptSnapshot, match="succession"):
+        decode(forged)
+
+
+def test_the_replacement_keeps_its_place_when_every_replica_restarts(tmp_path: Path) -> None:
+    """The leader evicts a pod to move it and dies; the controller's replacement appears
+    while no extender runs; a new replica with an empty SQLite file restores the record
+    from the checkpoint and plans the replacement as the job it continues."""
+    api = FakeApiServer().start()
+    api.put("nodes", gpu_node("g0", 2))
+    now = time.time()
+    for name in ("a", "b"):
+        api.put("pods", started_pod(name, created=now - 3 * HOUR, started=now - 2 * HOUR))
+    a = Replica.start(api, "replica-a", tmp_path / "a.db")
+    try:
+        assert wait_for(a.elector.is_leader)
+        assert wait_for(lambda: len(a.kube.state.pods()) == 2)
+        for _ in range(3):
+            a.epoch()
+            if api.evictions:
+                break
+        assert api.evictions, "the plan moved nobody off the shared GPU"
+        assert wait_for(
+            lambda: (NS, CM) in api.configmaps and bool(decode(payload_of(api)).succession)
+        )
+    finally:
+        a.crash()  # killed: no last write, the Lease not released
+    name = api.evictions[0]["metadata"]["name"]
+    evicted = started_pod(name, created=0.0, started=0.0)
+    api.put("pods", replacement(evicted, f"{name}-2", created=time.time()))
+    z = Replica.start(api, "replica-z", tmp_path / "z.db")
+    try:
+        assert wait_for(z.elector.is_leader, timeout=30)
+        assert wait_for(lambda: z.kube.state.pod_by_name("ml", f"{name}-2") is not None)
+        z.epoch()
+        jobs = {j.id: j for j in z.engine.published.snapshot.jobs}
+        job = jobs[f"uid-{name}-2"]
+        assert job.arrival_time == pytest.approx(now - 3 * HOUR, abs=60)
+        assert job.attained_gpu_seconds == pytest.approx(2 * HOUR, abs=60)
+    finally:
+        z.server.stop()
+        api.stop()

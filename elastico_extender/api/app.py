@@ -48,6 +48,7 @@ from elastico_extender.service.observations import (
 )
 from elastico_extender.service.predictor import resolve_predictor
 from elastico_extender.service.settings import ServiceSettings
+from elastico_extender.service.succession import Succession
 
 __all__ = ["EXTENDER_PREFIX", "create_app"]
 
@@ -86,6 +87,7 @@ def _checkpoint(
     cluster: Cluster,
     observed: ObservationService,
     completions: CompletionRecorder,
+    succession: Succession,
 ) -> LearnedCheckpoint | None:
     """The learned-state checkpoint on a real cluster (a KubeCluster, leader-gated or not):
     restored at start and, with leader election, whenever this replica becomes leader."""
@@ -104,6 +106,7 @@ def _checkpoint(
         period=settings.learned_checkpoint_seconds,
         max_bytes=settings.learned_checkpoint_max_bytes,
         completions=completions,
+        succession=succession,
     )
     if elector is not None:
         started = elector.on_started
@@ -154,7 +157,8 @@ def create_app(
     # and in the leader's checkpoint
     completion_store = CompletionStore(profile_path) if profile_path else None
     completions = CompletionRecorder(completion_store)
-    checkpoint = _checkpoint(settings, cluster, observed, completions)
+    succession = Succession()  # evicted pods' jobs, for their replacements; checkpointed
+    checkpoint = _checkpoint(settings, cluster, observed, completions, succession)
     events = _event_recorder(settings, cluster)
     engine = Engine(
         settings,
@@ -169,6 +173,7 @@ def create_app(
         observed=lambda: observed.for_snapshot()[0],
         unmeasured=observed.unmeasured,
         completions=completions,
+        succession=succession,
     )
     observed.attach(lambda: engine.published if engine.has_plan else None, engine.forget_family)
     metrics.registry.register(ObservationCollector(observed))

@@ -10,13 +10,14 @@ Format ``elastico-learned/1``: zlib over one JSON header line (format, sections 
 dtype, shape, offset, length; the references, per-pod records and completed jobs, which
 carry strings) followed by the raw little-endian arrays the header names.  The header's
 row sections are optional: a missing one reads as empty, so a checkpoint written before
-completions travelled still restores, and an older reader ignores the completions (no
-format bump: both versions read each other's checkpoints during a rolling upgrade).
+completions (or the evicted jobs' successions) travelled still restores, and an older
+reader ignores them (no format bump: both versions read each other's checkpoints during
+a rolling upgrade).
 
 Bound: :func:`encode` keeps the payload at most ``max_bytes``, dropping the *oldest*
 rows first, tier by tier (:data:`TIERS`): the training history (labelled samples,
-per-pod records), then the references, then the completed jobs, then, evenly, the
-correction's rows and its neighbour ring.  What it
+per-pod records), then the references, then the completed jobs, then the evicted jobs'
+successions, then, evenly, the correction's rows and its neighbour ring.  What it
 kept and dropped per section travels in the header and comes back to the caller.
 
 Decoding trusts nothing: the decompressed size is capped, dtypes and shapes are checked
@@ -39,7 +40,15 @@ from elastico_extender.core.interference.features import NUM_FEATURES
 from elastico_extender.profiles.completions import CompletionRow
 from elastico_extender.profiles.loop_store import PairRecord, ReferenceRow
 
-__all__ = ["FORMAT", "MAX_DECODED_BYTES", "CorruptSnapshot", "LearnedState", "decode", "encode"]
+__all__ = [
+    "FORMAT",
+    "MAX_DECODED_BYTES",
+    "CorruptSnapshot",
+    "LearnedState",
+    "SuccessionRow",
+    "decode",
+    "encode",
+]
 
 FORMAT = "elastico-learned/1"
 MAX_DECODED_BYTES = 64 << 20
@@ -49,6 +58,11 @@ CorrectionRow = tuple[int, float, float]
 """(64-bit pair key, mean log residual, capped count)."""
 RingRow = tuple[int, np.ndarray, float, float]
 """(configuration-pair key, 36 float32 features, mean log residual, count)."""
+SuccessionRow = tuple[str, str, float, float, float, float]
+"""An evicted job handed to its replacement (``service/succession.py``): ("waiting",
+"namespace/owner uid") or ("claimed", pod uid), then arrival time, attained GPU-seconds,
+seconds run, eviction time (epoch seconds)."""
+SUCCESSION_KINDS = ("waiting", "claimed")
 
 _ARRAYS: dict[str, tuple[str, tuple[int, ...]]] = {
     # name -> (dtype, trailing shape); every array of a section has the section's rows
@@ -66,14 +80,31 @@ _ARRAYS: dict[str, tuple[str, tuple[int, ...]]] = {
     "samples.y": ("<f8", ()),
     "samples.at": ("<f8", ()),
 }
-SECTIONS = ("config", "family", "ring", "references", "samples", "records", "completions")
-TIERS = (("samples", "records"), ("references",), ("completions",), ("config", "family", "ring"))
+SECTIONS = (
+    "config",
+    "family",
+    "ring",
+    "references",
+    "samples",
+    "records",
+    "completions",
+    "succession",
+)
+TIERS = (
+    ("samples", "records"),
+    ("references",),
+    ("completions",),
+    ("succession",),
+    ("config", "family", "ring"),
+)
 """Trimming order: the training set and the per-pod record first (the planner does not
 read them); then the references (up to 200,000, mostly of departed pods; the caller puts
 running pods' last); then the completed jobs: cheap (the caller offers the newest
 5,000, about 33 bytes each compressed, a fifth of the default bound) and valuable (every
 queued job's expected run time comes from them), so the references' long tail must not
-crowd them out; then the correction itself, which keeps harmful pairs apart."""
+crowd them out; then the evicted jobs' successions (a few thousand at most, each the
+place in the queue of a job ElastiCo moved or requeued); then the correction itself,
+which keeps harmful pairs apart."""
 MIN_ROW_BYTES = 8
 """No row compresses below its 64-bit key or the like: a section never needs more rows
 than ``max_bytes // MIN_ROW_BYTES`` (cut before encoding, to bound the work)."""
@@ -102,6 +133,8 @@ class LearnedState:
     records: list[PairRecord] = field(default_factory=list)
     completions: list[CompletionRow] = field(default_factory=list)
     """Completed jobs (``service/completions.py``), the oldest finish first."""
+    succession: list[SuccessionRow] = field(default_factory=list)
+    """Evicted jobs waiting for, or taken over by, a replacement pod, oldest first."""
     written_at: float = 0.0
 
     def counts(self) -> dict[str, int]:
@@ -113,6 +146,7 @@ class LearnedState:
             "samples": int(self.samples[1].shape[0]),
             "records": len(self.records),
             "completions": len(self.completions),
+            "succession": len(self.succession),
         }
 
     def newest(self, keep: dict[str, int]) -> LearnedState:
@@ -132,6 +166,7 @@ class LearnedState:
             samples=(self.samples[0][s], self.samples[1][s], self.samples[2][s]),
             records=self.records[tail(keep["records"], counts["records"])],
             completions=self.completions[tail(keep["completions"], counts["completions"])],
+            succession=self.succession[tail(keep["succession"], counts["succession"])],
         )
 
 
@@ -179,6 +214,7 @@ def _pack(state: LearnedState, dropped: dict[str, int]) -> bytes:
             [uid, job.family, int(job.gpus), job.user, float(job.duration_s), float(at)]
             for uid, job, at in state.completions
         ],
+        "succession": [list(row) for row in state.succession],
         "kept": state.counts(),
         "dropped": dropped,
     }
@@ -268,6 +304,7 @@ def decode(payload: bytes) -> LearnedState:
             samples=(arrays["samples.x"], arrays["samples.y"], arrays["samples.at"]),
             records=[_record(r) for r in _rows(header, "records")],
             completions=[_completion(r) for r in _rows(header, "completions")],
+            succession=[_succession(r) for r in _rows(header, "succession")],
             written_at=_number(header.get("written_at", 0.0), "written_at"),
         )
     except (TypeError, ValueError, KeyError, IndexError) as exc:
@@ -390,3 +427,24 @@ def _completion(row: list[Any]) -> CompletionRow:
         _text(user, "completions.user", empty=True),
     )
     return _text(uid, "completions.uid"), job, _number(at, "completions.finished_at")
+
+
+def _succession(row: list[Any]) -> SuccessionRow:
+    kind, key, arrival, attained, ran, evicted = _checked(row, 6, "succession")
+    if kind not in SUCCESSION_KINDS:
+        raise CorruptSnapshot(f"succession.kind: not one of {SUCCESSION_KINDS}")
+    return (
+        kind,
+        _text(key, "succession.key"),
+        _nonnegative(arrival, "succession.arrival"),
+        _nonnegative(attained, "succession.attained_gpu_seconds"),
+        _nonnegative(ran, "succession.ran_s"),
+        _number(evicted, "succession.evicted_at"),
+    )
+
+
+def _nonnegative(value: Any, what: str) -> float:
+    number = _number(value, what)
+    if number < 0:
+        raise CorruptSnapshot(f"{what}: negative")
+    return number

@@ -8,7 +8,9 @@ bounded snapshot (:mod:`elastico_extender.profiles.loop_snapshot`) to one Config
 controllers keep their state without shared storage:
 
 * **what**: the loop's learned state (``observations``) and, when given, the completed
-  jobs' run times (``completions``, :mod:`elastico_extender.service.completions`);
+  jobs' run times (``completions``, :mod:`elastico_extender.service.completions`) and
+  the jobs of evicted pods awaiting or taken over by a replacement (``succession``,
+  :mod:`elastico_extender.service.succession`);
 * **write** every ``period`` seconds (30 s by default) while leading and the learned
   state changed, and once more at a clean shutdown (before the Lease is released):
   ``binaryData["learned.zlib"]`` (at most ``max_bytes``, 768 KiB by default, well under
@@ -56,6 +58,7 @@ from elastico_extender.cluster.kube import FIELD_MANAGER
 from elastico_extender.profiles.loop_snapshot import CorruptSnapshot, LearnedState, decode, encode
 from elastico_extender.service.completions import CompletionRecorder
 from elastico_extender.service.observations import ObservationService
+from elastico_extender.service.succession import Succession
 
 __all__ = ["DATA_KEY", "FAILURE_REASONS", "CheckpointCollector", "LearnedCheckpoint"]
 
@@ -96,10 +99,12 @@ class LearnedCheckpoint:
         period: float = 30.0,
         max_bytes: int = 768 << 10,
         completions: CompletionRecorder | None = None,
+        succession: Succession | None = None,
     ) -> None:
         self.api = client.CoreV1Api(api_client)
         self.observations = observations
         self.completions = completions
+        self.succession = succession
         self.namespace = namespace
         self.name = name
         self.is_leader = is_leader
@@ -186,6 +191,8 @@ class LearnedCheckpoint:
         self.observations.merge_learned(state)
         if self.completions is not None:
             self.completions.merge(state.completions)
+        if self.succession is not None:
+            self.succession.merge(state.succession)
         self._merged(rv)
         log.info(
             event,
@@ -282,15 +289,18 @@ class LearnedCheckpoint:
             return "conflict"
 
     def _version(self) -> int:
-        """Grows whenever the loop or the completions learned something (both counters only
-        grow, so their sum changes exactly when one of them does)."""
+        """Grows whenever the loop, the completions or the succession changed (the counters
+        only grow, so their sum changes exactly when one of them does)."""
         learned = self.completions.version if self.completions is not None else 0
-        return self.observations.learned_version + learned
+        handed = self.succession.version if self.succession is not None else 0
+        return self.observations.learned_version + learned + handed
 
     def _write(self, term: int) -> str:
         state = self.observations.learned_state(HISTORY_ROWS)
         if self.completions is not None:
             state.completions = self.completions.rows(HISTORY_ROWS)
+        if self.succession is not None:
+            state.succession = self.succession.rows()
         payload, kept, dropped = encode(state, self.max_bytes)
         if any(dropped.values()):
             log.info("checkpoint.trimmed", extra={"kept": kept, "dropped": dropped})

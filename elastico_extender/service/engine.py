@@ -100,6 +100,7 @@ class Engine:
         is_leader: Callable[[], bool] = lambda: True,
         events: EventRecorder | None = None,
         completions: CompletionRecorder | None = None,
+        succession: Succession | None = None,
     ) -> None:
         self.settings = settings
         self.cluster = cluster
@@ -111,7 +112,8 @@ class Engine:
         self.metrics = metrics or Metrics()
         self.clock = clock
         self.pod_jobs = PodJobs(self.families, require_webhook=settings.require_webhook)
-        self.succession = Succession()  # evicted pods' jobs, for their replacements
+        # Evicted pods' jobs, for their replacements (service.succession).
+        self.succession = succession if succession is not None else Succession()
         self.builder = SnapshotBuilder(
             cluster.state,
             self.pod_jobs,

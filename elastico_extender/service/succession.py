@@ -21,12 +21,16 @@ as it lives, the planner sees it with the job's arrival time and attained servic
 (:meth:`ran_before`), so duration estimates are learned from jobs, not from pod
 fragments.  Filter and prioritize answer per pod and do not read either.
 
+The records travel in the leader's checkpoint of what the loop learned
+(``service/checkpoint.py``; :meth:`rows`, :meth:`merge`, :attr:`version`), so a
+replacement keeps its job's place across a restart of the extender or a change of
+leader (the last ``period`` seconds of evictions at most are lost when a leader crashes).
+
 A controller with several pods (a Job with ``parallelism`` > 1) hands the record
 to whichever replacement comes first: they are interchangeable workers of one
 job.  Bounded: at most ``capacity`` records waiting and as many claimed (least
 recently touched dropped first); a record nobody claims within ``expiry_s`` is
-dropped.  Kept in memory on the replica that evicts (the leader): a replacement
-created while the extender restarts or leadership moves queues as a new pod.
+dropped.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 from elastico_extender.core.model import Job
+from elastico_extender.profiles.loop_snapshot import SuccessionRow
 from elastico_extender.service.pods import created_at, started_at
 
 __all__ = ["SUCCESSION_CAPACITY", "SUCCESSION_EXPIRY_S", "Carried", "Succession", "controller_of"]
@@ -92,6 +97,8 @@ class Succession:
         self._waiting: OrderedDict[tuple[str, str], Carried] = OrderedDict()
         self._claimed: OrderedDict[str, Carried] = OrderedDict()  # pod uid -> its job's
         self._lock = threading.Lock()  # the actuator (bind, epoch) and the epoch's build
+        self.version = 0
+        """Grows whenever a record is added, claimed or dropped (the checkpoint's cue)."""
 
     def evicted(self, pod: Mapping[str, Any], job: Job, now: float) -> None:
         """ElastiCo evicted ``pod`` (running as ``job``) at wall-clock ``now``."""
@@ -112,6 +119,7 @@ class Succession:
             )
             self._waiting[owner] = carried
             self._waiting.move_to_end(owner)
+            self.version += 1
             while len(self._waiting) > self.capacity:
                 self._waiting.popitem(last=False)
 
@@ -125,10 +133,13 @@ class Succession:
             if not self._waiting and not self._claimed:
                 return jobs
             expired = [o for o, c in self._waiting.items() if now - c.evicted_at > self.expiry_s]
+            gone = [u for u in self._claimed if u not in pods]
             for owner in expired:
                 del self._waiting[owner]
-            for uid in [u for u in self._claimed if u not in pods]:
+            for uid in gone:
                 del self._claimed[uid]
+            if expired or gone:
+                self.version += 1
             out = []
             for job in jobs:
                 carried = self._claimed.get(job.id)
@@ -149,6 +160,36 @@ class Succession:
             carried = self._claimed.get(uid)
         return carried.ran_s if carried is not None else 0.0
 
+    def rows(self) -> list[SuccessionRow]:
+        """Every record as plain rows for the checkpoint, the waiting ones first."""
+        with self._lock:
+            waiting = [("waiting", f"{ns}/{owner}", *c) for (ns, owner), c in self._waiting.items()]
+            claimed = [("claimed", uid, *c) for uid, c in self._claimed.items()]
+        return [*waiting, *claimed]
+
+    def merge(self, rows: list[SuccessionRow]) -> int:
+        """Take the checkpoint's records this replica lacks (its own are newer); how many."""
+        taken = 0
+        with self._lock:
+            claimed = {(c.arrival_time, c.evicted_at) for c in self._claimed.values()}
+            for kind, key, arrival, attained, ran, evicted in rows:
+                carried = Carried(arrival, attained, ran, evicted)
+                if kind == "claimed" and key not in self._claimed:
+                    self._claimed[key] = carried
+                    taken += 1
+                elif kind == "waiting" and (arrival, evicted) not in claimed:
+                    ns, _, owner = key.partition("/")  # claimed here already: not again
+                    if owner and (ns, owner) not in self._waiting:
+                        self._waiting[(ns, owner)] = carried
+                        taken += 1
+            while len(self._waiting) > self.capacity:
+                self._waiting.popitem(last=False)
+            while len(self._claimed) > self.capacity:
+                self._claimed.popitem(last=False)
+            if taken:
+                self.version += 1
+        return taken
+
     def _claim(self, uid: str, pod: Mapping[str, Any] | None) -> Carried | None:
         """The waiting record ``pod`` replaces, now claimed by ``uid`` (None: none)."""
         owner = controller_of(pod) if pod is not None else None
@@ -159,6 +200,7 @@ class Succession:
             return None  # a pod of that controller older than the eviction: not its replacement
         del self._waiting[owner]
         self._claimed[uid] = carried
+        self.version += 1
         log.info(
             "succession.continued",
             extra={
