@@ -153,10 +153,10 @@ def plan(
     recharged = charge_observed_sm(tables, snapshot) if settings.observed_sm else 0
     keys = service_keys(snapshot) if length_aware(settings) else None
     tables.rank = queue_weights(snapshot, tables.weight, settings, keys)
-    tables.service_key = keys[0] if keys is not None else None
+    if keys is not None:
+        tables.service_key, tables.remaining = keys
     epoch = _Epoch(snapshot, tables, settings, predictor, previous)
     epoch.recharged = recharged
-    epoch.remaining = keys[1] if keys is not None else None
     clock.lap("build")
     return epoch.run(clock)
 
@@ -200,7 +200,6 @@ class _Epoch:
         self.fastest = np.zeros(len(tables.jobs))
         self.residual_admits = 0  # admissions by Algorithm 1's last step, last packing pass
         self.recharged = 0  # running jobs charged their observed SM share (observed_sm)
-        self.remaining: np.ndarray | None = None  # service_keys' expected remaining seconds
         self.patience: Patience | None = None  # share-or-wait rule, fresh per packing pass
         self._tau: dict[int, np.ndarray] = {}  # row -> tau at every configuration
         self._loop_setup()
@@ -385,7 +384,7 @@ class _Epoch:
         calm = self.utilization < s.utilization_target
         if calm and s.patience_horizon_s > 0 and np.any(self.snapshot.columns.expected > 0):
             self.patience = Patience(
-                self.snapshot, table.size, s.patience_horizon_s, self.remaining
+                self.snapshot, table.size, s.patience_horizon_s, self.t.remaining
             )
         if self.apart or self.solo:
             placer.set_loop(self.apart, self.solo)

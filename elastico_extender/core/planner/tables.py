@@ -77,6 +77,10 @@ class JobTables:
     """(N,) the length-aware key behind ``rank`` (expected remaining GPU-seconds, else
     attained service; ``pricing.queueing.service_keys``): within a band, shorter first.
     None when queueing is length-blind."""
+    remaining: np.ndarray | None = None
+    """(N,) expected remaining seconds (the age once a job outlived its estimate), the
+    other half of ``service_keys``: the share-or-wait rule's (``planner.patience``).
+    None when queueing is length-blind."""
 
     @property
     def priority(self) -> np.ndarray:
