@@ -48,13 +48,13 @@ from elastico_extender.service.pods import created_at, started_at
 
 __all__ = ["SUCCESSION_CAPACITY", "SUCCESSION_EXPIRY_S", "Carried", "Succession", "controller_of"]
 
+log = logging.getLogger(__name__)
+
 SUCCESSION_CAPACITY = 4096
 """Records kept waiting for a replacement, and as many claimed (each a few numbers)."""
 SUCCESSION_EXPIRY_S = 3600.0
 """How long an eviction waits for its controller's replacement pod (an hour covers a
 graceful termination, a checkpoint and a controller's back-off)."""
-log = logging.getLogger(__name__)
-
 CLOCK_SKEW_S = 5.0
 """A replacement's creationTimestamp (the API server's clock) may read this much before
 the eviction (the extender's clock) and still count as created after it."""
@@ -70,6 +70,7 @@ class Carried(NamedTuple):
     ran_s: float
     """Wall-clock seconds the job ran in earlier pods (its completion adds them)."""
     evicted_at: float
+    """When the last of them was evicted (the extender's wall clock)."""
 
 
 def controller_of(pod: Mapping[str, Any]) -> tuple[str, str] | None:
@@ -127,8 +128,9 @@ class Succession:
         self, jobs: list[Job], pods: Mapping[str, Mapping[str, Any]], now: float
     ) -> list[Job]:
         """``jobs`` with each replacement pod's job carrying its predecessors' arrival and
-        attained service; claims waiting records for pending pods created after the
-        eviction, and forgets claimed records of pods that left ``pods``."""
+        attained service; claims waiting records for pods of the evicted pod's controller
+        created after the eviction, and forgets claimed records of pods that left
+        ``pods``."""
         with self._lock:
             if not self._waiting and not self._claimed:
                 return jobs
