@@ -191,6 +191,13 @@ def test_evict_goes_through_the_eviction_api_and_reports_a_budget_refusal(server
     assert server.evictions[0]["kind"] == "Eviction"
     assert server.evictions[0]["deleteOptions"]["preconditions"]["uid"] == b["metadata"]["uid"]
     assert wait_for(lambda: "b" not in names(cluster))  # the watch saw it go
+    # ... after the version a real API server writes first: the DisruptionTarget
+    # condition and a deletionTimestamp, then the deletion.
+    seen = [(e, o) for _, e, o in server.events["pods"] if o["metadata"]["name"] == "b"]
+    (kind, _), (_, before) = seen[-1], seen[-2]
+    assert kind == "DELETED" and before["metadata"]["deletionTimestamp"]
+    condition = before["status"]["conditions"][-1]
+    assert (condition["type"], condition["reason"]) == ("DisruptionTarget", "EvictionByEvictionAPI")
     server.disruptions_allowed = 0
     c = cluster.state.pod_by_name("ml", "c") or {}
     with pytest.raises(ClusterError, match="PodDisruptionBudget"):

@@ -15,8 +15,10 @@ It serves, over real HTTP/1.1 on 127.0.0.1:
   ``POST``/``PUT``/``GET .../configmaps``: the writes bind performs and the learned-state
   checkpoint (each write assigns a ``resourceVersion``; a ``PUT`` carrying a stale one
   gets ``409 Conflict``, to a missing object ``404``);
-* ``POST .../pods/{name}/eviction`` (policy/v1 Eviction): the pod is deleted, or
-  ``429`` while :attr:`disruptions_allowed` is 0 (a PodDisruptionBudget says no).
+* ``POST .../pods/{name}/eviction`` (policy/v1 Eviction): the pod gets the
+  ``DisruptionTarget`` condition and a ``deletionTimestamp`` (MODIFIED) and is then
+  deleted, or ``429`` while :attr:`disruptions_allowed` is 0 (a PodDisruptionBudget
+  says no).
 
 * ``GET .../services/[SCHEME:]NAME[:PORT]/proxy/PATH``: the service proxy, relayed to the
   URL registered in :attr:`services` (``kubectl elastico`` reaches the extender this way);
@@ -41,6 +43,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlparse
@@ -410,6 +413,11 @@ class FakeApiServer:
                     return
                 self.disruptions_allowed -= 1
                 self.evictions.append(body)
+                # As a real API server (1.31+) does: the pod first gets the DisruptionTarget
+                # condition (a Job's podFailurePolicy reads it) and a deletionTimestamp
+                # (graceful termination), then goes once its grace period is over (here at
+                # once).
+                self.put("pods", evicting(updated))
                 self.delete("pods", f"{ns}/{name}")
                 self._send_json(handler, 201, {"kind": "Status", "status": "Success", "code": 201})
                 return
@@ -457,3 +465,17 @@ def _manage(obj: dict[str, Any], managed: list[dict[str, Any]]) -> None:
     mine = {m["manager"] for m in managed}
     kept = [m for m in obj["metadata"].get("managedFields") or () if m.get("manager") not in mine]
     obj["metadata"]["managedFields"] = kept + managed
+
+
+def evicting(pod: dict[str, Any]) -> dict[str, Any]:
+    """``pod`` as the Eviction subresource leaves it before its deletion completes."""
+    now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    status = pod.setdefault("status", {})
+    conditions = [c for c in status.get("conditions") or [] if c.get("type") != "DisruptionTarget"]
+    conditions.append({"type": "DisruptionTarget", "status": "True",
+                       "reason": "EvictionByEvictionAPI",
+                       "message": "Eviction API: evicting", "lastTransitionTime": now})  # fmt: skip
+    status["conditions"] = conditions
+    pod["metadata"]["deletionTimestamp"] = now
+    pod["metadata"]["deletionGracePeriodSeconds"] = 30
+    return pod
