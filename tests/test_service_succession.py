@@ -78,6 +78,8 @@ def test_the_replacement_takes_the_jobs_arrival_and_attained_service() -> None:
     assert out[1].arrival_time == pytest.approx(now - 3 * HOUR)
     assert out[1].attained_gpu_seconds == pytest.approx(2 * 2 * HOUR)
     assert book.ran_before("uid-a-2") == pytest.approx(2 * HOUR)
+    # Next epoch, the same job object: the same copy (downstream caches keyed on it hit).
+    assert book.continued(jobs, pods, now + 80)[1] is out[1]
     # Evicted again after an hour's run: the third pod carries both runs.
     new["status"] = {"phase": "Running", "startTime": stamp(now + HOUR)}
     book.evicted(new, out[1], now + 2 * HOUR)

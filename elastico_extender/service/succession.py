@@ -97,6 +97,7 @@ class Succession:
         self.expiry_s = expiry_s
         self._waiting: OrderedDict[tuple[str, str], Carried] = OrderedDict()
         self._claimed: OrderedDict[str, Carried] = OrderedDict()  # pod uid -> its job's
+        self._copies: dict[str, tuple[Job, Carried, Job]] = {}  # uid -> (given, record, copy)
         self._lock = threading.Lock()  # the actuator (bind, epoch) and the epoch's build
         self.version = 0
         """Grows whenever a record is added, claimed or dropped (the checkpoint's cue)."""
@@ -143,17 +144,27 @@ class Succession:
             if expired or gone:
                 self.version += 1
             out = []
+            copies: dict[str, tuple[Job, Carried, Job]] = {}
             for job in jobs:
                 carried = self._claimed.get(job.id)
                 if carried is None and self._waiting:
                     carried = self._claim(job.id, pods.get(job.id))
                 if carried is not None:
-                    job = dataclasses.replace(
-                        job,
-                        arrival_time=carried.arrival_time or job.arrival_time,
-                        attained_gpu_seconds=carried.attained_gpu_seconds,
-                    )
+                    # The same job object and record as last epoch: the same copy, so the
+                    # caches keyed on the job object downstream keep hitting.
+                    last = self._copies.get(job.id)
+                    if last is not None and last[0] is job and last[1] == carried:
+                        copy = last[2]
+                    else:
+                        copy = dataclasses.replace(
+                            job,
+                            arrival_time=carried.arrival_time or job.arrival_time,
+                            attained_gpu_seconds=carried.attained_gpu_seconds,
+                        )
+                    copies[job.id] = (job, carried, copy)
+                    job = copy
                 out.append(job)
+            self._copies = copies
             return out
 
     def ran_before(self, uid: str) -> float:
