@@ -90,18 +90,20 @@ def labelling_sample(
     windows on the 64-GPU load 1.5 mix had several partners, 28% of those were of
     this kind).
     """
-    if len(samples) == 1:
-        return samples[0]
-    return _one_kind(samples, running) if attributable(samples, running) else None
+    return _labelled(samples, running)[0]
 
 
-def _one_kind(
+def _labelled(
     samples: Sequence[PairSample], running: Mapping[str, RunningConfig]
-) -> PairSample | None:
-    """The first sample of an ``attributable`` window whose partners all run one family
-    and configuration (every device holds the same pair), else None."""
+) -> tuple[PairSample | None, bool]:
+    """(``labelling_sample``'s answer, whether a window it leaves undecided is
+    ``attributable``): the rule once, ``attributable`` asked once per window."""
+    if len(samples) == 1:
+        return samples[0], False
+    if not attributable(samples, running):
+        return None, False
     kinds = {(running[s.partner].family, running[s.partner].config) for s in samples}
-    return samples[0] if len(kinds) == 1 else None
+    return (samples[0], False) if len(kinds) == 1 else (None, True)
 
 
 def attributable(samples: Sequence[PairSample], running: Mapping[str, RunningConfig]) -> bool:
@@ -189,15 +191,12 @@ class ClosedLoop:
         doc): ``labelling_sample`` where it decides, ``attribute`` for the rest."""
         found: list[PairSample] = []
         mixed: list[Sequence[PairSample]] = []
-        for samples in windows:  # labelling_sample, asking attributable once per window
-            if len(samples) == 1:
-                found.append(samples[0])
-            elif attributable(samples, running):
-                sample = _one_kind(samples, running)
-                if sample is not None:
-                    found.append(sample)
-                else:
-                    mixed.append(samples)
+        for samples in windows:
+            sample, undecided = _labelled(samples, running)
+            if sample is not None:
+                found.append(sample)
+            elif undecided:
+                mixed.append(samples)
         return found + self.attribute(mixed, running, families)
 
     def attribute(
