@@ -122,8 +122,7 @@ class Succession:
             self._waiting[owner] = carried
             self._waiting.move_to_end(owner)
             self.version += 1
-            while len(self._waiting) > self.capacity:
-                self._waiting.popitem(last=False)
+            self._trim()
 
     def continued(
         self, jobs: list[Job], pods: Mapping[str, Mapping[str, Any]], now: float
@@ -195,10 +194,7 @@ class Succession:
                     if owner and (ns, owner) not in self._waiting:
                         self._waiting[(ns, owner)] = carried
                         taken += 1
-            while len(self._waiting) > self.capacity:
-                self._waiting.popitem(last=False)
-            while len(self._claimed) > self.capacity:
-                self._claimed.popitem(last=False)
+            self._trim()
             if taken:
                 self.version += 1
         return taken
@@ -222,6 +218,11 @@ class Succession:
                 "attained_gpu_s": round(carried.attained_gpu_seconds, 1),
             },
         )
-        while len(self._claimed) > self.capacity:
-            self._claimed.popitem(last=False)
+        self._trim()
         return carried
+
+    def _trim(self) -> None:
+        """Hold both tables to ``capacity``, least recently added dropped (lock held)."""
+        for table in (self._waiting, self._claimed):
+            while len(table) > self.capacity:
+                table.popitem(last=False)
