@@ -225,25 +225,6 @@ def test_node_capacity_columns_follow_the_nodes():
     assert table.choose_idle(demand, True) == 2  # node c has the fewest idle GPUs
 
 
-def test_a_failed_placement_question_is_searched_again_once_the_table_changes():
-    from elastico_extender.core.planner.placement import Placer
-
-    table = DeviceTable(a100_nodes(1, 1), 512.0)
-    placer = Placer(table, None, rows=3)
-    big = np.array([[0.5, 30000.0, 1.0, 100.0]])
-    features = np.zeros((1, 14), dtype=np.float32)
-    tau = np.array([1.5])
-    placer.commit(0, 0, [0], big[0], features[0], 1.5)
-    assert placer.try_place(1, 1, [0], big, features, tau, question="q") is None
-    # Same question on an unchanged table: answered from memory, without a search
-    # (the caller promised the question identifies the arguments).
-    assert placer.try_place(1, 1, [0], big / 10, features, tau, question="q") is None
-    assert placer.try_place(1, 1, [0], big / 10, features, tau, question="other") is not None
-    placer.release(1, big[0] / 10)
-    placer.release(0, big[0])  # the table changed: the question is searched again
-    assert placer.try_place(1, 1, [0], big, features, tau, question="q") is not None
-
-
 def test_placement_view_books_the_plan_as_one_by_one_commits_would(families):
     from elastico_extender.core.planner import PlacementView
     from elastico_extender.core.planner.placement import Placer

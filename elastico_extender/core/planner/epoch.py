@@ -667,9 +667,9 @@ class _Epoch:
             best_fit=self.settings.pricing,
             allowed_devices=allowed_devices,
             commit=patience is None,
-            # Demand, features and tau follow from the demand row (the family's, or the
-            # job's own observed SM share), GPU count and floor.
-            question=(int(t.demand_family[row]), gpus, t.floor[row], *options),
+            # Demand and features follow from the demand row (the family's, or the
+            # job's own observed SM share) and the GPU count.
+            shape=(int(t.demand_family[row]), gpus),
         )
         if patience is None:
             return placed is not None

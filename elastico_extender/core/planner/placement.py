@@ -22,6 +22,10 @@ so three such jobs run at a third each (pairwise 2x, composed 3x), where the
 worst pair alone (2x) would admit a third tenant each pair tolerates but the
 three together do not.  An occupant's excess from the tenants already there is
 predicted once per device state and cached (``occupant_excess``).
+
+A queue asks the same screen again and again: hundreds of pending jobs of a few
+shapes, each walked every epoch.  A configuration's refusal is remembered per shape
+and reused, exactly, until something leaves the table (``Placer._refusal``).
 """
 
 from __future__ import annotations
@@ -44,6 +48,9 @@ MAX_CHECKED_DEVICES = 32
 bounds one placement's cost on a large cluster while keeping the tightest options."""
 _NO_ROW = -1
 """A row id no constraint names: asks a placement question without any row's constraints."""
+REFUSAL_LOG_LIMIT = 4096
+"""Placements a placer logs for its remembered refusals; beyond it they are forgotten
+(a long-lived placer that only ever places stays bounded)."""
 MAX_SCREENED_OPTIONS = 6
 """Configurations of one job screened for interference per placement attempt (best score
 first).  A job whose best few configurations are all refused next to every occupant
@@ -104,7 +111,12 @@ class Placer:
         self.features = np.zeros((rows, NUM_JOB_FEATURES), dtype=np.float32)
         self.devices_of: dict[int, tuple[int, ...]] = {}
         self.kept_in_place: set[int] = set()  # rows committed in bulk on their own devices
-        self._failed: set[tuple[object, ...]] = set()  # try_place questions that found nothing
+        # (shape, config, best_fit, margin) -> (highest tau at which that configuration's
+        # screen left no devices, length of ``_placed_on`` when that was last true); all
+        # valid while nothing has left the table since ``_refused_freed`` (_refusal).
+        self._refused: dict[tuple[object, ...], tuple[float, int]] = {}
+        self._refused_freed = -1
+        self._placed_on: list[int] = []  # devices of every commit, in order
         # device -> {occupant row: its predicted excess from the other occupants}
         self._excess: dict[int, dict[int, float]] = {}
 
@@ -132,6 +144,10 @@ class Placer:
     ) -> None:
         self._reserve(row + 1)
         self.table.place(row, devices, per_gpu)
+        if len(self._placed_on) >= REFUSAL_LOG_LIMIT:
+            self._refused.clear()
+            self._placed_on.clear()
+        self._placed_on.extend(devices)
         for d in devices:
             self._excess.pop(d, None)
         self.config[row] = config
@@ -155,6 +171,7 @@ class Placer:
             self._reserve(int(rows.max()) + 1)
         self.table.place_many(worker_rows, worker_devices, worker_demand)
         self._excess.clear()
+        self._refused.clear()
         self.config[rows] = configs
         self.features[rows] = features
         self.tolerance[rows] = tolerance
@@ -174,6 +191,7 @@ class Placer:
         """Never put rows ``a`` and ``b`` on one device (closed-loop hysteresis)."""
         self.apart.update(((a, b), (b, a)))
         self.forbidden_rows.update((a, b))
+        self._refused.clear()
 
     def set_loop(self, apart: set[tuple[int, int]], solo: set[int]) -> None:
         """Held-apart row pairs (both orders) and run-alone rows for this epoch."""
@@ -181,6 +199,7 @@ class Placer:
         self.solo = set(solo)
         self.forbidden_rows.update(a for a, _ in apart)
         self.forbidden_rows.update(solo)
+        self._refused.clear()
 
     # -- checks ------------------------------------------------------------
     def kept_apart(self, row: int, device: int) -> bool:
@@ -339,43 +358,33 @@ class Placer:
         best_fit: bool = True,
         allowed_devices: np.ndarray | None = None,
         commit: bool = True,
-        question: Hashable | None = None,
+        shape: Hashable | None = None,
     ) -> Placed | None:
         """Place ``row`` in the first configuration of ``options`` that fits safely.
 
         ``per_gpu`` (K, R), ``features`` (K, 14) and ``tolerance`` (K,) are the
         job's rows for every configuration; ``allowed_devices`` optionally limits
-        the devices (the extender asks node by node).  ``question``, when given,
-        must identify ``gpus``, ``options`` and those rows (e.g. the job's family,
-        floor and options): a question that found nothing is not searched again
-        until something leaves the table (queues hold many jobs asking the same thing;
-        placements only take room and add pairs to screen).
+        the devices (the extender asks node by node).  ``shape``, when given, must
+        identify ``gpus``, ``per_gpu`` and ``features`` (e.g. the job's demand family
+        and GPU count); jobs of one shape differ only in their options and tolerances.
+        Queues hold many jobs of few shapes: a configuration whose interference screen
+        left no devices is not screened again for that shape while the refusal holds
+        (``_refusal``).
         """
-        table = self.table
-        memo = None
-        if question is not None and allowed_devices is None:
-            # Placements only take room and add pairs to check: a question that found
-            # nothing stays unanswerable until something is removed.
-            memo = (question, best_fit, table.freed)
-            if memo in self._failed:
+        if shape is not None and allowed_devices is None and row in self.forbidden_rows:
+            # Held-apart, run-alone and forbidden-pair rows only lose devices to their
+            # constraints: if the same question without them finds nothing, neither do
+            # they.  Asked as no row, it is a plain search and records its refusals.
+            unconstrained = self._try_options(
+                _NO_ROW, gpus, options, per_gpu, features, tolerance, best_fit, None, False,
+                shape,
+            )  # fmt: skip
+            if unconstrained is None:
                 return None
-            if row in self.forbidden_rows:
-                # Held-apart, run-alone and forbidden-pair rows only lose devices to their
-                # constraints: if the same question without them finds nothing, neither do
-                # they.  Asked once (as no row), the answer serves every such row after it.
-                unconstrained = self._try_options(
-                    _NO_ROW, gpus, options, per_gpu, features, tolerance, best_fit, None, False
-                )
-                if unconstrained is None:
-                    self._failed.add(memo)
-                    return None
-                memo = None  # their own failure may come from their constraints
-        placed = self._try_options(
-            row, gpus, options, per_gpu, features, tolerance, best_fit, allowed_devices, commit
-        )
-        if placed is None and memo is not None:
-            self._failed.add(memo)
-        return placed
+        return self._try_options(
+            row, gpus, options, per_gpu, features, tolerance, best_fit, allowed_devices, commit,
+            shape,
+        )  # fmt: skip
 
     def _try_options(
         self,
@@ -388,8 +397,20 @@ class Placer:
         best_fit: bool,
         allowed_devices: np.ndarray | None,
         commit: bool,
+        shape: Hashable | None = None,
     ) -> Placed | None:
+        """``try_place``'s search; screen refusals are remembered (``_refusal``)."""
         table = self.table
+        if self._refused_freed != table.freed:
+            self._refused.clear()
+            self._placed_on.clear()
+            self._refused_freed = table.freed
+        records = (
+            shape is not None
+            and allowed_devices is None
+            and row not in self.forbidden_rows
+            and row not in self.solo
+        )
         largest: tuple[float, float] | None = None
         any_idle = gpus == 1 and allowed_devices is None and bool(table.idle_per_node.any())
         screens = 0
@@ -415,6 +436,7 @@ class Placer:
                 )
             if demand[GPU_MEM] > largest[0] + 1e-9 or demand[GPU_SM] > largest[1] + 1e-9:
                 continue
+            tau = float(tolerance[config])
             mask = table.fits(demand)
             if allowed_devices is not None:
                 mask &= allowed_devices
@@ -427,11 +449,16 @@ class Placer:
             # occupied ones is only needed when the idle ones cannot take the whole job.
             enough_idle = np.count_nonzero(mask & (table.count == 0)) >= gpus
             screen = self.predictor is not None or row in self.forbidden_rows or bool(self.solo)
+            refusal = None
             if not enough_idle and screen:
                 if screens >= MAX_SCREENED_OPTIONS:
                     continue
                 screens += 1
-                if screens == 2 and self.predictor is not None:
+                if shape is not None and allowed_devices is None:
+                    refusal = (shape, config, best_fit, self.margin)
+                    if self._refusal(refusal, tau, gpus, mask, features[config]):
+                        continue
+                if screens >= 2 and batch is None and self.predictor is not None:
                     # The first choice was refused: screen every remaining one in one call.
                     busy = table.count > 0
                     if allowed_devices is not None:
@@ -444,21 +471,60 @@ class Placer:
                     mask,
                     demand,
                     features[config],
-                    float(tolerance[config]),
+                    tau,
                     gpus,
                     best_fit,
                     batch,
                 )
             devices = table.choose(mask, demand, gpus, best_fit)
             if devices is None:
+                if records and refusal is not None:
+                    known = self._refused.get(refusal)
+                    if known is None or known[1] < len(self._placed_on) or known[0] < tau:
+                        self._refused[refusal] = (tau, len(self._placed_on))
                 continue
             placed = Placed(config, tuple(devices), float(slowdown_of[devices].max()))
             if commit:
-                self.commit(
-                    row, config, devices, demand, features[config], float(tolerance[config])
-                )
+                self.commit(row, config, devices, demand, features[config], tau)
             return placed
         return None
+
+    def _refusal(
+        self, key: tuple[object, ...], tau: float, gpus: int, mask: np.ndarray, features: np.ndarray
+    ) -> bool:
+        """Whether a remembered refusal answers this screen: no device will be found.
+
+        Queues hold many jobs of few shapes and walk them every epoch, so the same
+        screen is asked again and again.  A refusal recorded at tau holds for every tau
+        no higher (the verdict only loosens as tau grows), and for any row: a row's own
+        constraints, or a run alone, only remove devices from the plain screen's (only
+        a plain search, over every device, records one).  It holds until something
+        leaves the table.  Placements since then only take room, so for a one-GPU job
+        only the devices placed on since it was recorded can have changed the answer:
+        those that still fit are screened, and if none is safe the refusal stands.  The
+        best-fit bound on screened devices keeps the answer exact: a device placed on
+        only ranks earlier, pushing out devices that were refused anyway.  A gang's
+        refusal holds only while nothing was placed.
+        """
+        known = self._refused.get(key)
+        if known is None or tau > known[0]:
+            return False
+        recorded, since = known
+        placed = len(self._placed_on)
+        if since == placed:
+            return True
+        if gpus != 1:
+            return False
+        changed = np.unique(np.asarray(self._placed_on[since:], dtype=np.intp))
+        changed = changed[mask[changed]]
+        if changed.size and self.predictor is not None:
+            safe, _ = self.predict_against(changed, features, recorded)
+            if safe.any():
+                return False
+        elif changed.size:
+            return False
+        self._refused[key] = (recorded, placed)
+        return True
 
     def _screen(
         self,
