@@ -21,8 +21,9 @@ Sections (results under ``benchmarks/results/peers/``, tables in ``PEERS.md``):
   gives every size one window (saved as ``scale_<gpus>_<world>_<H>h``): only a
   window long enough to build a backlog measures scheduling at a large size.
 
-Each policy's summary is saved as JSON as soon as it finishes; ``--resume`` runs
-only the policies not yet saved, so an interrupted run loses nothing.  A policy run
+Each policy's summary is saved as JSON as soon as it finishes, beside the policies
+the row saved before (``--policies P`` re-runs P and keeps the others); ``--resume``
+runs only the policies not yet saved, so an interrupted run loses nothing.  A policy run
 past ``--policy-timeout`` seconds is stopped and reported as such.  The saved set was
 produced in passes, cheap policies first, on a 2-core machine shared with 6 jobs::
 
@@ -117,10 +118,11 @@ def _run(
     t0 = time.time()
     summ: dict[str, dict[str, float]] = {}
     walls: dict[str, float] = {}
-    if resume and path.exists():  # keep what was saved, run only the missing policies
+    if path.exists():  # keep what was saved: the policies not run now stay in the row
         saved = json.loads(path.read_text())
         summ, walls = saved["summary"], saved["meta"].get("wall_s", {})
-    policies = tuple(n for n in policies if n not in summ)
+    if resume:  # run only the missing policies
+        policies = tuple(n for n in policies if n not in summ)
     for name in policies:  # one at a time: the partial file is useful if stopped
         limit = LIMIT["policy_s"]
         got = _bounded(exp, name, limit)

@@ -1,0 +1,52 @@
+"""benchmarks/peers_eval.py keeps what a row saved when one policy is re-run.
+
+Found in session 16: re-running ``--only philly --policies elastico+online`` rewrote
+every Philly row's file with that policy alone, losing the baselines the table
+normalises by (recovered from git)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from elastico_extender.sim.engine import ClusterSpec
+from elastico_extender.sim.runner import Experiment
+from elastico_extender.sim.traces import TraceJob
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture()
+def peers_eval(tmp_path, monkeypatch):
+    spec = importlib.util.spec_from_file_location("peers_eval", ROOT / "benchmarks/peers_eval.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "peers_eval", module)
+    spec.loader.exec_module(module)
+    monkeypatch.setattr(module, "OUT", tmp_path)
+    return module
+
+
+def _tiny() -> Experiment:
+    jobs = tuple(
+        TraceJob(f"j{i}", 60.0 * i, 1, 600.0 + 300.0 * (i % 3), "resnet50", 0.3) for i in range(6)
+    )
+    return Experiment(trace=jobs, cluster=ClusterSpec(gpus=2), seed=0)
+
+
+def test_rerunning_one_policy_keeps_the_other_policies_saved(peers_eval, tmp_path):
+    exp = _tiny()
+    meta = {"section": "test"}
+    peers_eval._run("row", exp, ("volcano", "srtf"), meta, False)
+    first = json.loads((tmp_path / "row.json").read_text())
+    assert set(first["summary"]) == {"volcano", "srtf"}
+    peers_eval._run("row", exp, ("srtf",), meta, False)  # re-run one policy only
+    again = json.loads((tmp_path / "row.json").read_text())
+    assert set(again["summary"]) == {"volcano", "srtf"}
+    assert again["summary"]["volcano"] == first["summary"]["volcano"]
+    assert set(again["meta"]["wall_s"]) == {"volcano", "srtf"}
+    assert again["meta"]["complete"] is True
