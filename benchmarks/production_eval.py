@@ -90,7 +90,7 @@ def bounds(exp: Experiment, hours: float) -> dict[str, float]:
     w = np.array([j.duration_s for j in jobs])
     a = np.array([truth.solo_activity[truth.job_index[j.job_id]] for j in jobs])
     speedup = fastest_speed(jobs, configs)
-    floors = jct_floors(jobs, configs)
+    floors = jct_floors(jobs, configs, speedup)
     load = offered_load(list(jobs), gpus, span)
     arrival = np.array([j.arrival_s for j in jobs])
     left = arrival[0] + span - arrival  # seconds of the window after each arrival

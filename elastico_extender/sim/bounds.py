@@ -39,9 +39,14 @@ def fastest_speed(trace: Sequence[TraceJob], configs: ConfigTable) -> np.ndarray
     return fastest[np.array([index[job.workload] for job in trace], dtype=np.intp)]
 
 
-def jct_floors(trace: Sequence[TraceJob], configs: ConfigTable) -> JctFloors:
-    """The floors of ``trace`` in the world whose configurations are ``configs``."""
+def jct_floors(
+    trace: Sequence[TraceJob], configs: ConfigTable, speed: np.ndarray | None = None
+) -> JctFloors:
+    """The floors of ``trace`` in the world whose configurations are ``configs``;
+    ``speed``: its ``fastest_speed``, when the caller has it already."""
     if not trace:
         return JctFloors(float("nan"), float("nan"))
     work = np.array([job.duration_s for job in trace], dtype=np.float64)
-    return JctFloors(float(work.mean()), float((work / fastest_speed(trace, configs)).mean()))
+    if speed is None:
+        speed = fastest_speed(trace, configs)
+    return JctFloors(float(work.mean()), float((work / speed).mean()))

@@ -405,12 +405,8 @@ class Placer:
             self._refused.clear()
             self._placed_on.clear()
             self._refused_freed = table.freed
-        records = (
-            shape is not None
-            and allowed_devices is None
-            and row not in self.forbidden_rows
-            and row not in self.solo
-        )
+        # Only a plain search records refusals (run-alone rows are forbidden rows too).
+        records = shape is not None and allowed_devices is None and row not in self.forbidden_rows
         largest: tuple[float, float] | None = None
         any_idle = gpus == 1 and allowed_devices is None and bool(table.idle_per_node.any())
         screens = 0
@@ -479,9 +475,9 @@ class Placer:
             devices = table.choose(mask, demand, gpus, best_fit)
             if devices is None:
                 if records and refusal is not None:
-                    known = self._refused.get(refusal)
-                    if known is None or known[1] < len(self._placed_on) or known[0] < tau:
-                        self._refused[refusal] = (tau, len(self._placed_on))
+                    # ``_refusal`` said no: nothing was known at this tau for the table as
+                    # it is now, so this refusal replaces whatever was remembered.
+                    self._refused[refusal] = (tau, len(self._placed_on))
                 continue
             placed = Placed(config, tuple(devices), float(slowdown_of[devices].max()))
             if commit:
@@ -517,12 +513,12 @@ class Placer:
             return False
         changed = np.unique(np.asarray(self._placed_on[since:], dtype=np.intp))
         changed = changed[mask[changed]]
-        if changed.size and self.predictor is not None:
+        if changed.size:
+            if self.predictor is None:
+                return False
             safe, _ = self.predict_against(changed, features, recorded)
             if safe.any():
                 return False
-        elif changed.size:
-            return False
         self._refused[key] = (recorded, placed)
         return True
 
