@@ -29,7 +29,7 @@ import numpy as np
 
 from elastico_extender import __version__
 from elastico_extender.core.model import GpuDevice, Job, Node, Snapshot
-from elastico_extender.core.resources import GPU_MEM, GPU_SM, RESOURCE_NAMES
+from elastico_extender.core.resources import GPU_MEM, GPU_SM, MAX_CLUSTER_GPUS, RESOURCE_NAMES
 from elastico_extender.core.shapes.catalog import CATALOG, REFERENCE_DEVICE_MIB, catalog_families
 from elastico_extender.errors import ElasticoError
 
@@ -64,7 +64,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
-MAX_DEMO_GPUS = 65_536
+MAX_DEMO_GPUS = MAX_CLUSTER_GPUS
 MAX_DEMO_JOBS = 100_000
 
 

@@ -116,13 +116,28 @@ def test_inference_activity_follows_the_demand_curve() -> None:
 
 @pytest.mark.parametrize(
     "content",
-    ['{"train_beta": [0.2]}', '{"step_s": -1}', '{"bogus": 1}', "not json"],
+    [
+        ('{"train_beta": [0.2]}', "train_beta"),
+        ('{"train_beta": 5}', "train_beta"),
+        ('{"train_beta": ["a", 1]}', "train_beta"),
+        ('{"step_s": -1}', "step_s"),
+        ('{"step_s": null}', "step_s"),
+        ('{"step_s": "abc"}', "step_s"),
+        ('{"step_s": true}', "step_s"),
+        ('{"sources": 5}', "sources"),
+        ('{"bogus": 1}', "bogus"),
+        ("[1, 2]", "JSON object"),
+        ("not json", "cannot read"),
+    ],
 )
-def test_bad_world_files_are_rejected(tmp_path: Path, content: str) -> None:
+def test_bad_world_files_are_rejected(tmp_path: Path, content: tuple[str, str]) -> None:
+    """A wrong type is named, not a TypeError traceback (null, a bare number, a string)."""
+    text, named = content
     p = tmp_path / "w.json"
-    p.write_text(content)
-    with pytest.raises(ValueError):
+    p.write_text(text)
+    with pytest.raises(ValueError, match=named) as caught:
         ProductionWorld.load(p)
+    assert "could not convert" not in str(caught.value)
 
 
 def test_world_is_chosen_by_the_experiment() -> None:

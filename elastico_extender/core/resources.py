@@ -32,3 +32,8 @@ DEVICE_RESOURCES = (GPU_SM, GPU_MEM)
 NODE_RESOURCES = (CPU, HOST_MEM)
 
 MIB_PER_GIB = 1024.0
+
+MAX_CLUSTER_GPUS = 65_536
+"""Largest cluster (and widest gang) the demo planner and the simulator build: above
+Kubernetes' documented limit of 5,000 nodes at 8 GPUs each, and a bound on every
+per-GPU array and on the synthetic generator's job count."""

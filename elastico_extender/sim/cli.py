@@ -20,8 +20,10 @@ import logging
 import math
 import sys
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
+from elastico_extender.core.resources import MAX_CLUSTER_GPUS
 from elastico_extender.policies import POLICIES
 from elastico_extender.sim.engine import ClusterSpec
 from elastico_extender.sim.instances import instances_needed
@@ -36,6 +38,7 @@ from elastico_extender.sim.report import (
 )
 from elastico_extender.sim.runner import DEFAULT_POLICIES, Experiment, build_policy, run_experiment
 from elastico_extender.sim.traces import (
+    MAX_TRACE_SECONDS,
     PHILLY_VC_GPUS,
     TraceJob,
     TraceLoad,
@@ -58,7 +61,7 @@ WORLDS = ("benchmark", "production")
 log = logging.getLogger(__name__)
 
 
-def _finite(minimum: float, strict: bool) -> Callable[[str], float]:
+def _finite(minimum: float, strict: bool, maximum: float = math.inf) -> Callable[[str], float]:
     def parse(text: str) -> float:
         try:
             value = float(text)
@@ -68,19 +71,29 @@ def _finite(minimum: float, strict: bool) -> Callable[[str], float]:
         if not ok:
             sign = ">" if strict else ">="
             raise argparse.ArgumentTypeError(f"must be a finite number {sign} {minimum:g}")
+        if value > maximum:
+            raise argparse.ArgumentTypeError(f"must be at most {maximum:g}")
         return value
 
     return parse
 
 
-def _count(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError("must be >= 1")
-    return value
+def _whole(minimum: int, maximum: int | None = None) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be >= {minimum}")
+        if maximum is not None and value > maximum:
+            raise argparse.ArgumentTypeError(f"must be at most {maximum:,}")
+        return value
+
+    return parse
+
+
+_count = _whole(1)
 
 
 def _days(text: str) -> tuple[float, float]:
@@ -115,18 +128,22 @@ def build_parser() -> argparse.ArgumentParser:
         help="'synthetic', 'philly:VC' (e.g. philly:ed69ec; ships with the package) or a CSV "
         "path (format: sim.traces)",
     )
-    p.add_argument("--gpus", type=_count, help="cluster GPUs (default 64; a Philly VC's own size)")
+    p.add_argument(
+        "--gpus",
+        type=_whole(1, MAX_CLUSTER_GPUS),
+        help="cluster GPUs (default 64; a Philly VC's own size; at most 65,536)",
+    )
     p.add_argument(
         "--load",
         type=_finite(0.0, strict=True),
         help="load factor: synthetic arrival rate, or arrivals of a trace rescaled to it "
         "over its arrival span (default 1.0 for synthetic, as recorded for traces)",
     )
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=_whole(0), default=0)
     p.add_argument(
         "--duration",
-        type=_finite(0.0, strict=True),
-        help="arrival window in hours (default 24; whole trace for files)",
+        type=_finite(0.0, strict=True, maximum=MAX_TRACE_SECONDS / 3600.0),
+        help="arrival window in hours (default 24; whole trace for files; at most 8784)",
     )
     p.add_argument(
         "--days",
@@ -136,9 +153,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--epoch",
-        type=_finite(0.0, strict=True),
+        type=_finite(0.0, strict=True, maximum=86400.0),
         default=60.0,
-        help="scheduling epoch in simulated seconds",
+        help="scheduling epoch in simulated seconds (at most a day)",
     )
     p.add_argument("--out", default="sim-results", help="output directory")
     p.add_argument(
@@ -207,7 +224,10 @@ def load_trace(args: argparse.Namespace) -> tuple[list[TraceJob], int, float, Tr
         gpus = gpus or 64
         window = (hours or 24.0) * 3600.0
         load = 1.0 if args.load is None else args.load
-        jobs = synthetic(gpus, load, window, args.seed)
+        try:
+            jobs = synthetic(gpus, load, window, args.seed)
+        except ValueError as exc:
+            raise InputError(f"--load/--gpus/--duration: {exc}") from None
         return jobs, gpus, window, TraceLoad(jobs)
     if args.trace.startswith("philly:"):
         vc = args.trace.split(":", 1)[1]
@@ -237,6 +257,10 @@ def load_trace(args: argparse.Namespace) -> tuple[list[TraceJob], int, float, Tr
             jobs = [j for j in jobs if j.arrival_s <= hours * 3600.0]
         loaded = TraceLoad(jobs, notes=(f"{args.trace}: {len(jobs)} jobs, rebased to t=0",))
     jobs = fit_to_cluster(loaded.jobs, gpus)
+    clipped = sum(j.gpus > gpus for j in loaded.jobs)
+    if clipped:
+        note = f"clipped {clipped} gang sizes to the cluster's {gpus} GPUs (wider never start)"
+        loaded = replace(loaded, notes=(*loaded.notes, note))
     span = arrival_span(jobs) or 1.0
     if args.load is not None:
         jobs = scale_arrivals(jobs, args.load / max(offered_load(jobs, gpus, span), 1e-9))
@@ -249,9 +273,9 @@ def _check_pairs(args: argparse.Namespace) -> str | None:
         return None
     path = Path(args.interference)
     try:
-        with open(path, newline="") as handle:
-            types = {r.get("gpu", "") for r in csv.DictReader(handle)}
         load_pair_table(path, args.gpu_type)
+        with open(path, newline="") as handle:
+            types = {r.get("gpu") or "" for r in csv.DictReader(handle)}
     except (OSError, ValueError, KeyError, UnicodeDecodeError) as exc:
         raise InputError(f"--interference: cannot read {path}: {exc}") from None
     types.discard("")

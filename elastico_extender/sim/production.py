@@ -92,24 +92,15 @@ class ProductionWorld:
             raw: dict[str, Any] = json.loads(Path(path).read_text())
         except (OSError, json.JSONDecodeError) as exc:
             raise ValueError(f"cannot read world file {path}: {exc}") from None
+        if not isinstance(raw, dict):
+            raise ValueError(f"{path}: must be a JSON object of parameters")
         known = {f for f in cls.__dataclass_fields__}
         unknown = set(raw) - known
         if unknown:
             raise ValueError(f"{path}: unknown keys {sorted(unknown)}")
         kwargs: dict[str, Any] = {}
         for key, value in raw.items():
-            if key in ("train_beta", "infer_beta"):
-                pair = tuple(float(v) for v in value)
-                if len(pair) != 2 or not all(v > 0 and math.isfinite(v) for v in pair):
-                    raise ValueError(f"{path}: {key} must be two positive numbers")
-                kwargs[key] = pair
-            elif key == "sources":
-                kwargs[key] = {str(k): str(v) for k, v in dict(value).items()}
-            else:
-                v = float(value)
-                if not math.isfinite(v) or v < 0:
-                    raise ValueError(f"{path}: {key} must be a finite number >= 0")
-                kwargs[key] = v
+            kwargs[key] = _parameter(path, key, value)
         world = cls(**kwargs)
         if not (0 <= world.train_idle_share < 1 and world.step_s > 0):
             raise ValueError(f"{path}: need 0 <= train_idle_share < 1 and step_s > 0")
@@ -147,6 +138,28 @@ class ProductionWorld:
             job_keys=keys,
             job_index={j.job_id: i for i, j in enumerate(jobs)},
         )
+
+
+def _parameter(path: Path | str, key: str, value: Any) -> Any:
+    """One world-file value, checked: ValueError names the key and what it must be."""
+    if key in ("train_beta", "infer_beta"):
+        ok = isinstance(value, list) and len(value) == 2 and all(_positive(v) for v in value)
+        if not ok:
+            raise ValueError(f"{path}: {key} must be a list of two positive numbers")
+        return (float(value[0]), float(value[1]))
+    if key == "sources":
+        if not isinstance(value, dict):
+            raise ValueError(f"{path}: sources must be an object of figure: citation")
+        return {str(k): str(v) for k, v in value.items()}
+    if not (_positive(value) or value == 0):
+        raise ValueError(f"{path}: {key} must be a finite number >= 0")
+    return float(value)
+
+
+def _positive(value: Any) -> bool:
+    """A JSON number (not a bool, string or null), finite and > 0."""
+    number = isinstance(value, int | float) and not isinstance(value, bool)
+    return number and math.isfinite(value) and value > 0
 
 
 def _inference_names(configs: Any) -> set[str]:

@@ -4,9 +4,12 @@ User trace format (``--trace path.csv``)
 ----------------------------------------
 CSV with a header.  Required columns:
 
-* ``arrival_time_s``  seconds since the start of the trace (any order; sorted on load)
-* ``gpu_num``         GPUs the job asks for (whole GPUs, one worker per GPU)
-* ``duration_s``      run time at its default configuration alone on its GPUs
+* ``arrival_time_s``  seconds on any clock (any order; sorted, and the simulator rebases
+                      the first arrival to 0); the arrivals span at most 366 days
+* ``gpu_num``         GPUs the job asks for (whole GPUs, one worker per GPU, 1..65,536);
+                      a gang wider than the cluster is clipped to it, and the CLI says so
+* ``duration_s``      run time at its default configuration alone on its GPUs (> 0, at
+                      most 366 days)
 
 Optional columns:
 
@@ -15,7 +18,10 @@ Optional columns:
                            type (``'LM (batch size 20)'``, mapped by :mod:`.workloads`);
                            when absent, drawn from the synthetic mix with the run's seed
 * ``min_throughput_frac``  throughput floor L_j as a fraction of the workload's peak
-                           catalog throughput (0 = none); drawn when absent
+                           catalog throughput (0..1, 0 = none); drawn when absent
+
+A bad cell (not a number, NaN, infinite, out of range, a repeated id, an unknown
+workload) is a ``ValueError`` naming the file, line and column.
 
 Philly per-VC traces (``--trace philly:VC``)
 --------------------------------------------
@@ -69,6 +75,8 @@ from pathlib import Path
 import numpy as np
 
 from elastico_extender.core.duration import CompletedJob
+from elastico_extender.core.resources import MAX_CLUSTER_GPUS
+from elastico_extender.sim.csv_row import CsvRow
 from elastico_extender.sim.workloads import (
     INFERENCE_WORKLOADS,
     TRAINING_WORKLOADS,
@@ -76,6 +84,7 @@ from elastico_extender.sim.workloads import (
 )
 
 __all__ = [
+    "MAX_TRACE_SECONDS",
     "PHILLY_DATA",
     "PHILLY_GPU_MIX",
     "PHILLY_VC_GPUS",
@@ -110,6 +119,11 @@ FLOOR_RANGE = (0.25, 0.6)
 PHILLY_DATA = Path(__file__).with_name("data") / "philly_vc_traces.csv.gz"
 """Package copy of the per-VC Philly traces (Philly CC BY 4.0 via Gavel MIT; see sim/data)."""
 PHILLY_FULL_NAME = "philly_gavel_vc_traces.csv"
+MAX_TRACE_SECONDS = 366 * 86400.0
+"""Longest job and longest arrival span a trace may hold: the simulator steps every epoch
+up to the last completion, so a year bounds a run (Philly's longest job is 60 days)."""
+MAX_SYNTHETIC_JOBS = 1_000_000
+"""Most jobs the generator draws (load x GPUs x hours sets the count): memory stays bounded."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,6 +191,11 @@ def synthetic(
     share_train = len(TRAINING_WORKLOADS) / len(ALL_WORKLOADS)
     mean_gpus = share_train * float((sizes * probs).sum()) + (1 - share_train)
     rate = load * gpus / (mean_gpus * float(probe.mean()))
+    if rate * duration_s > MAX_SYNTHETIC_JOBS:
+        raise ValueError(
+            f"the synthetic trace would hold about {rate * duration_s:,.0f} jobs, "
+            f"more than {MAX_SYNTHETIC_JOBS:,}"
+        )
     jobs: list[TraceJob] = []
     t = 0.0
     k = 0
@@ -200,9 +219,15 @@ def _resolve_workload(name: str, job_id: str) -> str:
 
 
 def load_csv(path: Path | str, seed: int = 0) -> list[TraceJob]:
-    """A user trace (format in the module docstring), sorted by arrival."""
+    """A user trace (format in the module docstring), sorted by arrival.
+
+    Every cell is checked (finite, in range, ids unique): a bad one raises
+    ValueError naming the line and column, never a run that cannot end.
+    """
     rng = np.random.default_rng([seed, 0xC5F])
     jobs: list[TraceJob] = []
+    seen: set[str] = set()
+    first, last = math.inf, -math.inf
     with open(path, newline="") as handle:
         reader = csv.DictReader(handle)
         need = {"arrival_time_s", "gpu_num", "duration_s"}
@@ -210,27 +235,32 @@ def load_csv(path: Path | str, seed: int = 0) -> list[TraceJob]:
         if missing:
             raise ValueError(f"{path}: missing columns {sorted(missing)}")
         for k, rec in enumerate(reader):
-            job_id = (rec.get("job_id") or "").strip() or f"row{k:06d}"
-            name = (rec.get("workload") or "").strip()
-            if name:
-                workload = _resolve_workload(name, job_id)
-            else:
-                workload = ALL_WORKLOADS[int(rng.integers(len(ALL_WORKLOADS)))]
-            raw_floor = (rec.get("min_throughput_frac") or "").strip()
-            floor = float(raw_floor) if raw_floor else _floor(rng)
-            gpus = int(float(rec["gpu_num"]))
+            cells = CsvRow(path, reader.line_num, dict(rec))
+            job_id = cells.text("job_id") or f"row{k:06d}"
+            if job_id in seen:
+                raise cells.fail("job_id", "used by an earlier row (ids must be unique)")
+            seen.add(job_id)
+            arrival = cells.number("arrival_time_s", -math.inf, math.inf)
+            gpus = cells.count("gpu_num", MAX_CLUSTER_GPUS)
+            duration = cells.number("duration_s", 0.0, MAX_TRACE_SECONDS, above_low=True)
+            name = cells.text("workload")
+            try:
+                workload = (
+                    _resolve_workload(name, job_id)
+                    if name
+                    else ALL_WORKLOADS[int(rng.integers(len(ALL_WORKLOADS)))]
+                )
+            except ValueError as exc:
+                raise cells.fail("workload", str(exc)) from None
+            has_floor = bool(cells.text("min_throughput_frac"))
+            floor = cells.number("min_throughput_frac", 0.0, 1.0) if has_floor else _floor(rng)
             if workload in INFERENCE_WORKLOADS:
                 gpus = 1
-            jobs.append(
-                TraceJob(
-                    job_id,
-                    float(rec["arrival_time_s"]),
-                    max(gpus, 1),
-                    max(float(rec["duration_s"]), 1.0),
-                    workload,
-                    floor,
-                )
-            )
+            first, last = min(first, arrival), max(last, arrival)
+            if last - first > MAX_TRACE_SECONDS:
+                why = f"arrivals span more than {MAX_TRACE_SECONDS / 86400:g} days"
+                raise cells.fail("arrival_time_s", why)
+            jobs.append(TraceJob(job_id, arrival, gpus, max(duration, 1.0), workload, floor))
     jobs.sort(key=lambda j: (j.arrival_s, j.job_id))
     return jobs
 

@@ -46,7 +46,9 @@ Interference table file format (``--interference PATH``)
 --------------------------------------------------------
 CSV with a header; required columns ``job_a, job_b, slowdown_a, slowdown_b``;
 optional ``gpu`` (rows are filtered to the requested GPU type, others used as
-fall-back) and ``measured`` (0 rows are ignored).  ``job_a``/``job_b`` are
+fall-back) and ``measured`` (0 rows are ignored).  A measured row's slowdowns
+must be numbers in (0, 100] (below 1 reads as 1); a bad cell is an error naming
+its line and column.  ``job_a``/``job_b`` are
 Gavel job types (``'ResNet-50 (batch size 64)'``) or catalog workload names
 (``'qwen-1.7b'``, applying to every configuration of that workload).  Both
 orders are filled from each row.  Gavel's ``gavel_colocation_pairs.csv`` is in
@@ -62,6 +64,7 @@ from pathlib import Path
 
 import numpy as np
 
+from elastico_extender.sim.csv_row import CsvRow
 from elastico_extender.sim.workloads import ConfigTable
 
 __all__ = ["DEFAULT_PAIRS", "GroundTruth", "load_pair_table"]
@@ -70,6 +73,9 @@ DEFAULT_PAIRS = Path(__file__).with_name("data") / "gavel_pairs_v100_p100.csv"
 MPS_OVERHEAD = 1.03
 K_SM = 0.8
 K_BW = 0.6
+MAX_PAIR_SLOWDOWN = 100.0
+"""Largest slowdown a pair table may state: beyond it a pair is not co-location but a
+stall, and a job that never progresses would keep a simulation running for ever."""
 
 
 def load_pair_table(path: Path | str, gpu: str = "v100") -> dict[tuple[str, str], float]:
@@ -85,16 +91,16 @@ def load_pair_table(path: Path | str, gpu: str = "v100") -> dict[tuple[str, str]
         if missing:
             raise ValueError(f"{path}: missing columns {sorted(missing)}")
         for rec in reader:
-            if rec.get("measured", "1").strip() in ("0", "0.0"):
+            row = CsvRow(path, reader.line_num, dict(rec))
+            if row.text("measured") in ("0", "0.0"):
                 continue
-            try:
-                s_a, s_b = float(rec["slowdown_a"]), float(rec["slowdown_b"])
-            except ValueError:
-                continue
-            if not (math.isfinite(s_a) and math.isfinite(s_b)):
-                continue
-            target = primary if rec.get("gpu", gpu) == gpu else fallback
-            a, b = rec["job_a"].strip(), rec["job_b"].strip()
+            a, b = row.text("job_a"), row.text("job_b")
+            for column, name in (("job_a", a), ("job_b", b)):
+                if not name:
+                    raise row.fail(column, "missing")
+            s_a = row.number("slowdown_a", 0.0, MAX_PAIR_SLOWDOWN, above_low=True)
+            s_b = row.number("slowdown_b", 0.0, MAX_PAIR_SLOWDOWN, above_low=True)
+            target = primary if (row.text("gpu") or gpu) == gpu else fallback
             target.setdefault((a, b), max(s_a, 1.0))
             target.setdefault((b, a), max(s_b, 1.0))
     return {**fallback, **primary}

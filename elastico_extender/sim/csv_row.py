@@ -1,0 +1,54 @@
+"""One record of a user's CSV (a trace, a pair table), read with errors that say where.
+
+Every loader of a user file reads its cells through :class:`CsvRow`, so a bad
+cell is a ``ValueError`` naming the file, the line and the column, with the cell
+shown (truncated), never Python's own conversion message or a later hang.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+__all__ = ["CsvRow"]
+
+
+class CsvRow:
+    """One CSV record's cells, read with errors that name the file, line and column."""
+
+    def __init__(self, path: Path | str, line: int, record: dict[str | None, object]) -> None:
+        self.where = f"{path}, line {line}"
+        if None in record:
+            raise ValueError(f"{self.where}: more cells than the header has columns")
+        self.record = record
+
+    def fail(self, column: str, why: str) -> ValueError:
+        cell = str(self.record.get(column) or "")
+        shown = cell if len(cell) <= 40 else cell[:40] + "..."
+        return ValueError(f"{self.where}: column {column}: {why} (got {shown!r})")
+
+    def text(self, column: str) -> str:
+        cell = self.record.get(column)
+        return cell.strip() if isinstance(cell, str) else ""
+
+    def number(self, column: str, low: float, high: float, *, above_low: bool = False) -> float:
+        """A finite number in [low, high] (or (low, high] with ``above_low``)."""
+        cell = self.text(column)
+        if not cell:
+            raise self.fail(column, "missing")
+        try:
+            value = float(cell)
+        except ValueError:
+            raise self.fail(column, "not a number") from None
+        inside = (value > low if above_low else value >= low) and value <= high
+        if not (math.isfinite(value) and inside):
+            bracket = "(" if above_low else "["
+            raise self.fail(column, f"must be a finite number in {bracket}{low:g}, {high:g}]")
+        return value
+
+    def count(self, column: str, high: int) -> int:
+        """A whole number in [1, high] ('2' and '2.0' alike)."""
+        value = self.number(column, 1.0, float(high))
+        if value != int(value):
+            raise self.fail(column, "must be a whole number")
+        return int(value)

@@ -1,0 +1,144 @@
+"""A user's trace or pair CSV: every bad cell is a clear error naming its line and column.
+
+Found by feeding the simulator hand-broken traces: a NaN or infinite time made
+the run step epochs forever, a huge duration died in numpy with a traceback, a
+non-numeric cell surfaced Python's own conversion message, and zero GPUs, a
+negative duration or a throughput floor of 7 were taken silently.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from elastico_extender.sim.traces import MAX_TRACE_SECONDS, load_csv
+from elastico_extender.sim.truth import load_pair_table
+
+HEADER = "job_id,arrival_time_s,gpu_num,duration_s,workload,min_throughput_frac\n"
+GOOD = "a,0,1,600,resnet50,0.3\n"
+
+
+def _trace(tmp_path: Path, bad_row: str) -> Path:
+    path = tmp_path / "trace.csv"
+    path.write_text(HEADER + GOOD + bad_row)
+    return path
+
+
+@pytest.mark.parametrize(
+    ("row", "column"),
+    [
+        ("b,x,1,600,resnet50,0.3\n", "arrival_time_s"),
+        ("b,nan,1,600,resnet50,0.3\n", "arrival_time_s"),
+        ("b,inf,1,600,resnet50,0.3\n", "arrival_time_s"),
+        (f"b,{MAX_TRACE_SECONDS * 2},1,600,resnet50,0.3\n", "arrival_time_s"),
+        ("b,10,x,600,resnet50,0.3\n", "gpu_num"),
+        ("b,10,0,600,resnet50,0.3\n", "gpu_num"),
+        ("b,10,-2,600,resnet50,0.3\n", "gpu_num"),
+        ("b,10,1.5,600,resnet50,0.3\n", "gpu_num"),
+        ("b,10,1e12,600,resnet50,0.3\n", "gpu_num"),
+        ("b,10,1,,resnet50,0.3\n", "duration_s"),
+        ("b,10,1,nan,resnet50,0.3\n", "duration_s"),
+        ("b,10,1,-600,resnet50,0.3\n", "duration_s"),
+        ("b,10,1,0,resnet50,0.3\n", "duration_s"),
+        ("b,10,1,1e300,resnet50,0.3\n", "duration_s"),
+        ("b,10,1,600,resnet50,7\n", "min_throughput_frac"),
+        ("b,10,1,600,resnet50,-0.1\n", "min_throughput_frac"),
+        ("b,10,1,600,resnet50,nan\n", "min_throughput_frac"),
+        ("b,10,1,600,no-such-model,0.3\n", "workload"),
+        ("a,10,1,600,resnet50,0.3\n", "job_id"),
+    ],
+)
+def test_a_bad_cell_names_its_line_and_column(tmp_path: Path, row: str, column: str) -> None:
+    with pytest.raises(ValueError) as caught:
+        load_csv(_trace(tmp_path, row))
+    message = str(caught.value)
+    assert "line 3" in message and column in message, message
+    assert "could not convert" not in message and "invalid literal" not in message
+
+
+def test_a_row_with_too_few_cells_is_an_error(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="line 3"):
+        load_csv(_trace(tmp_path, "b,10\n"))
+
+
+def test_good_rows_load_as_written(tmp_path: Path) -> None:
+    path = _trace(tmp_path, "b,10,2.0,7200,transformer,0\n")
+    jobs = load_csv(path)
+    assert [(j.job_id, j.arrival_s, j.gpus, j.duration_s, j.workload) for j in jobs] == [
+        ("a", 0.0, 1, 600.0, "resnet50"),
+        ("b", 10.0, 2, 7200.0, "transformer"),
+    ]
+    assert jobs[0].floor_frac == pytest.approx(0.3) and jobs[1].floor_frac == 0.0
+
+
+def _simulate(trace: Path, tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    """`elastico simulate` of one FIFO policy on 8 GPUs, bounded in time."""
+    argv = ["--trace", str(trace), "--gpus", "8", "--policy", "volcano", "--no-progress"]
+    argv += ["--no-plots", "--out", str(tmp_path / "o")]
+    return subprocess.run(
+        [sys.executable, "-m", "elastico_extender.sim.cli", *argv],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+@pytest.mark.parametrize("cell", ["nan", "inf", "1e300"])
+def test_the_simulator_refuses_an_endless_trace_at_once(tmp_path: Path, cell: str) -> None:
+    """Before the fix a NaN or infinite time ran for ever and 1e300 died in numpy."""
+    path = _trace(tmp_path, f"b,10,1,{cell},resnet50,0.3\n")
+    proc = _simulate(path, tmp_path)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "duration_s" in proc.stderr and "line 3" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_a_gang_wider_than_the_cluster_is_clipped_and_said(tmp_path: Path) -> None:
+    path = _trace(tmp_path, "b,10,16,600,resnet50,0.3\n")
+    proc = _simulate(path, tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "clipped 1 gang" in proc.stdout + proc.stderr
+
+
+def test_arrivals_on_any_clock_load_in_order(tmp_path: Path) -> None:
+    """Unix timestamps or negative offsets are fine: the simulator rebases the first to 0."""
+    unix = tmp_path / "unix.csv"
+    unix.write_text("arrival_time_s,gpu_num,duration_s\n1700000600,1,60\n1700000000,2,60\n")
+    assert [j.arrival_s for j in load_csv(unix)] == [1.7e9, 1700000600.0]
+    negative = tmp_path / "negative.csv"
+    negative.write_text("arrival_time_s,gpu_num,duration_s\n30,1,60\n-5,2,60\n")
+    assert [j.arrival_s for j in load_csv(negative)] == [-5.0, 30.0]
+
+
+PAIRS = "gpu,job_a,job_b,slowdown_a,slowdown_b,measured\n"
+
+
+@pytest.mark.parametrize(
+    ("row", "column"),
+    [
+        ("v100,A3C,\n", "job_b"),
+        ("v100,,A3C,1.2,1.3,1\n", "job_a"),
+        ("v100,A3C,CycleGAN,x,1.3,1\n", "slowdown_a"),
+        ("v100,A3C,CycleGAN,1.2,nan,1\n", "slowdown_b"),
+        ("v100,A3C,CycleGAN,-1,1.3,1\n", "slowdown_a"),
+        ("v100,A3C,CycleGAN,1e9,1.3,1\n", "slowdown_a"),
+        ("v100,A3C,CycleGAN,,,1\n", "slowdown_a"),
+    ],
+)
+def test_a_bad_pair_row_names_its_line_and_column(tmp_path: Path, row: str, column: str) -> None:
+    path = tmp_path / "pairs.csv"
+    path.write_text(PAIRS + "v100,A3C,A3C,1.5,1.5,1\n" + row)
+    with pytest.raises(ValueError) as caught:
+        load_pair_table(path)
+    message = str(caught.value)
+    assert "line 3" in message and column in message, message
+
+
+def test_unmeasured_pair_rows_are_skipped_as_documented(tmp_path: Path) -> None:
+    """Gavel's file leaves an unmeasured pair's slowdowns empty, with measured = 0."""
+    path = tmp_path / "pairs.csv"
+    path.write_text(PAIRS + "v100,A3C,CycleGAN,,,0\nv100,A3C,A3C,0.9,1.5,1\n")
+    assert load_pair_table(path) == {("A3C", "A3C"): 1.0}
