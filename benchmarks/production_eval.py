@@ -43,7 +43,10 @@ Bounds, from the simulation's own metric definitions (``sim/metrics.py``):
   the policy's measured run stretch (its active GPU-time over the work it did).
 * **Average JCT** is at least each job's work at its fastest configuration
   (T_true(fastest) / T_true(default) up to 1.14x), with no queueing:
-  mean_j w_j / speedup_j; relative to Volcano's average JCT.
+  mean_j w_j / speedup_j; relative to Volcano's average JCT.  Beside it, the
+  same at every job's default configuration (mean_j w_j): the profiles rank the
+  default fastest, so only a configuration the profile ranks slower but that
+  truly runs faster (profile noise) gets a job below it.
 """
 
 from __future__ import annotations
@@ -209,16 +212,18 @@ def tables(saved: dict[str, dict[str, object]]) -> str:
         lines += ["|---|---|---|---|---|"]
         if best is not None:
             jct_bound = b["min_avg_jct_s"] / v["avg_jct_s"]
+            default_bound = b["mean_solo_s"] / v["avg_jct_s"]
             tput_bound = b["throughput_gpu_eq"] / v["throughput"]
             tput_window = b["throughput_window_gpu_eq"] / v["throughput"]
             sm_bound = b["sm_util_pct"]
             got_jct = best["avg_jct_s"] / v["avg_jct_s"]
             got_tput = best["throughput"] / v["throughput"]
             lines += [
-                f"| avg JCT vs volcano | <= {TARGETS['jct']}x | >= {jct_bound:.2f}x "
-                f"(mean solo {b['mean_solo_s']:.0f} s at its fastest: "
-                f"{b['min_avg_jct_s']:.0f} s) | {got_jct:.2f}x "
-                f"| {max(0.0, got_jct - TARGETS['jct']):.2f} |",
+                f"| avg JCT vs volcano | <= {TARGETS['jct']}x | >= {jct_bound:.3f}x: every "
+                f"job started on arrival, alone, at its fastest configuration "
+                f"({b['min_avg_jct_s']:.0f} s); {default_bound:.3f}x at its default one "
+                f"({b['mean_solo_s']:.0f} s) | {got_jct:.3f}x "
+                f"| {max(0.0, got_jct - TARGETS['jct']):.3f} |",
                 f"| throughput vs volcano | >= {TARGETS['throughput']}x | <= {tput_bound:.2f}x "
                 f"(offered {b['throughput_gpu_eq']:.1f} GPU-eq / volcano {v['throughput']:.1f}); "
                 f"<= {tput_window:.2f}x counting only work doable inside the window "
