@@ -50,6 +50,51 @@ def test_every_job_finishes_and_accounting_adds_up(runs: dict[str, RunResult], p
     assert r.seg_sm.max() <= 1.0 + 1e-9 and r.seg_mem.max() <= 1.0 + 1e-9
 
 
+TIME_PARTS = (
+    "avg_queue_s",
+    "avg_waiting_after_start_s",
+    "avg_paused_s",
+    "avg_config_loss_s",
+    "avg_interference_loss_s",
+)
+
+
+@pytest.mark.parametrize("policy", [*DEFAULT_POLICIES, "elastico+iac"])
+def test_where_each_jobs_time_goes_adds_up_to_its_jct(
+    runs: dict[str, RunResult], policy: str
+) -> None:
+    """JCT = solo run + queued + waiting after a preemption + paused + slower configuration
+    + interference; the per-job records agree with the cluster timeline's."""
+    r = runs[policy]
+    s = summarise(r)
+    parts = sum(s[k] for k in TIME_PARTS)
+    assert s["avg_jct_s"] == pytest.approx(float(r.work.mean()) + parts, rel=1e-9)
+    dt = r.seg_t1 - r.seg_t0
+    # Two bookkeepings of the same thing: per job, and GPU-weighted per timeline segment.
+    assert float((r.active_s * r.gpus_of).sum()) == pytest.approx(float((r.seg_active * dt).sum()))
+    assert float((r.config_work_s * r.gpus_of).sum()) == pytest.approx(
+        float((r.seg_cfg * dt).sum())
+    )
+    held = r.held_gpu_s / r.gpus_of
+    assert np.all(r.active_s <= held + 1e-6)  # paused time is never negative
+    assert np.all(r.finish - r.first_start >= held - 1e-6)  # nor waiting after a start
+    # No job progresses faster than its configuration alone: interference never gains.
+    assert np.all(r.config_work_s >= r.work - 1e-6 * np.maximum(r.work, 1.0))
+
+
+def test_fifo_loses_time_only_to_the_queue(runs: dict[str, RunResult]) -> None:
+    s = summarise(runs["volcano"])
+    assert s["avg_queue_s"] > 0
+    for key in TIME_PARTS[1:]:
+        assert abs(s[key]) < 1e-6, key
+
+
+def test_sharing_shows_its_interference(runs: dict[str, RunResult]) -> None:
+    s = summarise(runs["elastico"])
+    assert s["avg_interference_loss_s"] > 0
+    assert s["avg_config_loss_s"] != 0.0  # RST reshapes jobs on this loaded cluster
+
+
 def test_policies_share_the_same_trace(runs: dict[str, RunResult]) -> None:
     ref = runs["volcano"]
     for r in runs.values():
@@ -93,6 +138,11 @@ def test_cli_quick_writes_tables(tmp_path) -> None:  # type: ignore[no-untyped-d
     assert code == 0
     text = (tmp_path / "tables.md").read_text()
     assert "| volcano | 1.00x |" in text
+    assert "## Where each job's time goes" in text
+    volcano_parts = next(
+        line for line in text.splitlines() if line.startswith("| volcano |") and "x" not in line
+    )
+    assert volcano_parts.endswith("| 0.0 | 0.0 | 0.0 | 0.0 |")  # FIFO only queues
     for name in ("summary.csv", "jobs.csv", "timeline.csv"):
         assert (tmp_path / name).stat().st_size > 0
 
@@ -108,3 +158,4 @@ def test_without_interference_colocation_costs_nothing() -> None:
     assert (r.status == DONE).all() and not r.capacity_violations
     assert np.any(r.seg_tenants > r.seg_busy * 8 + 1e-6)  # some device was shared
     assert s["interference_efficiency"] == pytest.approx(1.0)
+    assert s["avg_interference_loss_s"] == pytest.approx(0.0, abs=1e-6)

@@ -34,6 +34,7 @@ from elastico_extender.sim.report import (
     main_table,
     plot_all,
     summaries,
+    time_table,
     write_run_files,
 )
 from elastico_extender.sim.runner import DEFAULT_POLICIES, Experiment, build_policy, run_experiment
@@ -380,6 +381,8 @@ def main(argv: list[str] | None = None) -> int:
     sections = [
         f"## Main results ({gpus} GPUs, {args.world} world, normalised to {baseline})\n",
         main_table(summ, baseline=baseline),
+        "\n## Where each job's time goes (minutes per finished job)\n",
+        time_table(summ),
     ]
     if sum(n.startswith("elastico") for n in summ) > 1 and "elastico" in summ:
         sections += ["\n## Ablation (normalised to full elastico)\n", ablation_table(summ)]

@@ -184,6 +184,12 @@ class RunResult:
     window_t0: float = 0.0
     """First arrival: metrics average over [window_t0, window_t0 + window_s], so they never
     depend on where the trace's clock starts."""
+    active_s: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    """Per job, seconds it held GPUs and was not paused by a reconfiguration."""
+    config_work_s: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    """Per job, the work it would have done over ``active_s`` at its configurations alone
+    (default-solo seconds): below ``active_s`` when it ran slower configurations, above
+    ``work`` by what interference took."""
 
 
 class Simulator:
@@ -243,6 +249,8 @@ class Simulator:
         self.finish = np.full(n, np.nan)
         self.tput_integral = np.zeros(n)
         self.held_time = np.zeros(n)
+        self.active_time = np.zeros(n)  # held and not paused
+        self.config_work = np.zeros(n)  # integral of T_true(c)/T_true(default) while active
         self.rate = np.zeros(n)
         self.slow = np.ones(n)
         self.tenants: list[list[int]] = [[] for _ in range(self.n_dev)]
@@ -653,6 +661,9 @@ class Simulator:
                     self.win_partners.setdefault(i, set()).update(others)
             self.remaining[run] -= self.rate[run] * dt
             self.held_time[run] += dt
+            on = (self.rate[run] > 0) * dt
+            self.active_time[run] += on
+            self.config_work[run] += self.c.rate[self.gid[run]] * on
             self.tput_integral[run] += (
                 self.c.t_true[self.gid[run]] / self.slow[run] * (self.rate[run] > 0) * dt
             )
@@ -869,4 +880,6 @@ class Simulator:
             harm_s=self.harm_s,
             separated_truth=self.separated_truth,
             mape=self.mape,
+            active_s=self.active_time,
+            config_work_s=self.config_work,
         )

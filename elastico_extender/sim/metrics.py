@@ -26,6 +26,12 @@ Definitions (all from the simulated ground truth, never from the planner's view)
   configurations); ``interference_efficiency`` is useful work / work at those
   configurations without slowdown (1.0 without co-location);
   ``pause_gpu_share`` is the share of held GPU-time spent in reconfiguration.
+* **Where each job's time goes**, averaged over finished jobs so that
+  avg JCT = mean solo run (``work``) + ``avg_queue_s`` (before its first start)
+  + ``avg_waiting_after_start_s`` (queued again after a preemption or requeue)
+  + ``avg_paused_s`` (holding GPUs while reconfiguring) + ``avg_config_loss_s``
+  (running a slower configuration than its default; negative where a faster one)
+  + ``avg_interference_loss_s`` (slowed by its co-tenants).
 * **Accounting** (``work_error``, ``gpu_seconds_error``): work done integrated
   over time vs. the trace's work, and tenant-device-seconds vs. the jobs' held
   GPU-seconds; both relative errors should be ~0.
@@ -56,6 +62,21 @@ def window_average(result: RunResult, values: np.ndarray, end: float | None = No
     return float((values * (t1 - t0)).sum() / end)
 
 
+def _time_parts(r: RunResult, done: np.ndarray) -> dict[str, float]:
+    """Finished jobs' mean seconds beyond their solo run, by cause (module docstring)."""
+    if not done.any() or r.active_s.size != r.work.size:
+        return {}
+    held = (r.held_gpu_s / np.maximum(r.gpus_of, 1))[done]
+    active, config_work = r.active_s[done], r.config_work_s[done]
+    after_start = (r.finish - r.first_start)[done]
+    return {
+        "avg_waiting_after_start_s": float((after_start - held).mean()),
+        "avg_paused_s": float((held - active).mean()),
+        "avg_config_loss_s": float((active - config_work).mean()),
+        "avg_interference_loss_s": float((config_work - r.work[done]).mean()),
+    }
+
+
 def summarise(result: RunResult) -> dict[str, float]:
     r = result
     done = r.status == DONE
@@ -75,6 +96,7 @@ def summarise(result: RunResult) -> dict[str, float]:
     active = float((r.seg_active * dt).sum())
     cfg = float((r.seg_cfg * dt).sum())
     return {
+        **_time_parts(r, done),
         "config_efficiency": cfg / active if active > 0 else float("nan"),
         "interference_efficiency": done_work / cfg if cfg > 0 else float("nan"),
         "pause_gpu_share": 1.0 - active / tenant_s if tenant_s > 0 else 0.0,
