@@ -159,3 +159,43 @@ def test_without_interference_colocation_costs_nothing() -> None:
     assert np.any(r.seg_tenants > r.seg_busy * 8 + 1e-6)  # some device was shared
     assert s["interference_efficiency"] == pytest.approx(1.0)
     assert s["avg_interference_loss_s"] == pytest.approx(0.0, abs=1e-6)
+
+
+class _Recording:
+    """Volcano, noting every planned job's expected duration (what a length-aware
+    planner would read)."""
+
+    name = "recording"
+
+    def __init__(self) -> None:
+        from elastico_extender.policies import make_policy
+
+        self.inner = make_policy("volcano")
+        self.seen: dict[str, float] = {}
+
+    def plan(self, snapshot, previous=None):  # type: ignore[no-untyped-def]
+        for job in snapshot.jobs:
+            self.seen.setdefault(job.id, job.expected_duration_s)
+        return self.inner.plan(snapshot, previous)
+
+
+@pytest.mark.parametrize("oracle", [False, True])
+def test_oracle_durations_show_the_planner_every_true_duration(oracle: bool) -> None:
+    """The ORACLE diagnostic (Experiment.oracle_durations) bounds what length awareness
+    could gain; without it the planner sees only the estimator's guesses (0: none yet)."""
+    from elastico_extender.sim.engine import Simulator
+    from elastico_extender.sim.truth import GroundTruth
+    from elastico_extender.sim.workloads import ConfigTable
+
+    trace = synthetic(8, load=1.0, duration_s=3600.0, seed=2)[:6]
+    configs = ConfigTable.build(0, 0.0)
+    policy = _Recording()
+    truth = GroundTruth.build(configs, None)
+    Simulator(trace, policy, configs, truth, ClusterSpec(gpus=8), oracle_durations=oracle).run()
+    truth_s = {j.job_id: j.duration_s for j in trace}
+    assert set(policy.seen) == set(truth_s)
+    if oracle:
+        assert policy.seen == pytest.approx(truth_s)
+    else:
+        assert all(policy.seen[k] != pytest.approx(truth_s[k]) for k in truth_s)
+        assert 0.0 in policy.seen.values()

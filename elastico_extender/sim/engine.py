@@ -211,6 +211,7 @@ class Simulator:
         noise: float = 0.03,
         seed: int = 0,
         history: Sequence[CompletedJob] = (),
+        oracle_durations: bool = False,
     ) -> None:
         self.trace = sorted(trace, key=lambda j: (j.arrival_s, j.job_id))
         self.policy = policy
@@ -259,6 +260,9 @@ class Simulator:
         self.run_start = np.full(n, np.nan)
         self.expected = np.zeros(n)  # estimator's guess of each job's run time, 0 = none
         self.durations: DurationBook[None] = DurationBook(history)  # the estimates' only source
+        self.oracle_durations = oracle_durations
+        if oracle_durations:
+            self.expected[:] = self.work
         self._job_cache: dict[int, Job] = {}
         self.counters: dict[str, float] = {
             "plans": 0,
@@ -483,8 +487,9 @@ class Simulator:
         return job
 
     def _learn_durations(self) -> None:
-        """Every job's expected run time from the book, after each of its refits."""
-        if not self.durations.refresh():
+        """Every job's expected run time from the book, after each of its refits (or, as a
+        labelled ORACLE diagnostic, its true duration from the start)."""
+        if self.oracle_durations or not self.durations.refresh():
             return
         book = self.durations
         for i, t in enumerate(self.trace):

@@ -81,6 +81,9 @@ class Experiment:
     """Parameters of the production world (None: the shipped sim/data/production_world.json)."""
     history: tuple[CompletedJob, ...] = ()
     """Jobs completed before the trace window (what a running cluster already knows)."""
+    oracle_durations: bool = False
+    """ORACLE diagnostic, never a result: the planner reads every job's true duration
+    instead of the estimator's guess, to bound what length awareness could gain."""
 
 
 def build_policy(name: str, exp: Experiment, truth: GroundTruth) -> Policy:
@@ -168,6 +171,7 @@ def run_one(
         loop=getattr(policy, "loop", None),
         seed=exp.seed,
         history=exp.history,
+        oracle_durations=exp.oracle_durations,
     )
     if getattr(policy, "oracle", False):
         policy.remaining = sim.remaining_solo_s  # type: ignore[attr-defined]
