@@ -72,6 +72,20 @@ def test_bad_arguments_fail_cleanly(argv: list[str], option: str, tmp_path: Path
     assert "Traceback" not in proc.stderr
 
 
+def test_policy_names_are_checked_by_the_rule_the_runner_builds_them_by() -> None:
+    """One parser (runner.parse_policy_name) for the CLI and the runner: '+truth' (the
+    ORACLE diagnostic) is accepted by both; a wrong suffix names the known ones."""
+    from elastico_extender.sim.runner import parse_policy_name
+
+    assert parse_policy_name("elastico+truth+online") == ("elastico", "truth", True)
+    assert parse_policy_name("lucid") == ("lucid", None, False)
+    with pytest.raises(ValueError, match=r"\+iac, \+learned, \+truth"):
+        parse_policy_name("elastico+bogus")
+    cli._check_policies(["elastico+truth", "elastico+learned+online"])
+    with pytest.raises(cli.InputError, match="--policy: 'tiresias\\+online'"):
+        cli._check_policies(["tiresias+online"])
+
+
 def test_unwritable_out_is_a_clear_error() -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "elastico_extender.sim.cli", "--quick", *FAST, "--out", "/proc/x"],

@@ -24,7 +24,6 @@ from dataclasses import replace
 from pathlib import Path
 
 from elastico_extender.core.resources import MAX_CLUSTER_GPUS
-from elastico_extender.policies import POLICIES
 from elastico_extender.sim.engine import ClusterSpec
 from elastico_extender.sim.instances import instances_needed
 from elastico_extender.sim.production import ProductionWorld
@@ -37,7 +36,13 @@ from elastico_extender.sim.report import (
     time_table,
     write_run_files,
 )
-from elastico_extender.sim.runner import DEFAULT_POLICIES, Experiment, build_policy, run_experiment
+from elastico_extender.sim.runner import (
+    DEFAULT_POLICIES,
+    Experiment,
+    build_policy,
+    parse_policy_name,
+    run_experiment,
+)
 from elastico_extender.sim.traces import (
     MAX_TRACE_SECONDS,
     PHILLY_VC_GPUS,
@@ -121,7 +126,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="policy to run (repeatable; default: all of " + ", ".join(DEFAULT_POLICIES) + "; "
         "also tiresias, srtf = shortest remaining time first with ORACLE durations); "
         "suffix '+learned' plans ElastiCo with a predictor learned from 25%% of the "
-        "workload pairs, '+iac' with a spec-accuracy (7.6%% MAPE) predictor",
+        "workload pairs, '+iac' with a spec-accuracy (7.6%% MAPE) predictor, '+truth' with the "
+        "exact slowdowns (ORACLE diagnostic); then optionally '+online' (the closed loop)",
     )
     p.add_argument(
         "--trace",
@@ -300,18 +306,10 @@ def _check_out(out: Path) -> None:
 
 def _check_policies(names: list[str]) -> None:
     for name in names:
-        base, *extras = name.split("+")
-        if base not in POLICIES:
-            raise InputError(f"--policy: unknown {base!r}; known: {', '.join(sorted(POLICIES))}")
-        if extras[-1:] == ["online"]:  # the closed loop, alone or after a predictor
-            extras = extras[:-1]
-        elastico = base.startswith("elastico")
-        if extras and (len(extras) > 1 or extras[0] not in ("iac", "learned") or not elastico):
-            raise InputError(
-                f"--policy: {name!r}: +iac/+learned(+online) only apply to elastico policies"
-            )
-        if name.endswith("+online") and not elastico:
-            raise InputError(f"--policy: {name!r}: +online only applies to elastico policies")
+        try:
+            parse_policy_name(name)
+        except ValueError as exc:
+            raise InputError(f"--policy: {exc}") from None
 
 
 QUICK_POLICIES = ("volcano", "lucid", "tiresias", "elastico")

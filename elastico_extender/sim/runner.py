@@ -86,10 +86,32 @@ class Experiment:
     instead of the estimator's guess, to bound what length awareness could gain."""
 
 
-def build_policy(name: str, exp: Experiment, truth: GroundTruth) -> Policy:
+PREDICTOR_SUFFIXES = ("iac", "learned", "truth")
+"""'+iac': a spec-accuracy predictor; '+learned': k-NN on 25% of the pairs; '+truth': the
+exact slowdowns (ORACLE diagnostic)."""
+
+
+def parse_policy_name(name: str) -> tuple[str, str | None, bool]:
+    """'elastico+learned+online' -> ('elastico', 'learned', True); ValueError says why not."""
     base, *extras = name.split("+")
     if base not in POLICIES:
         raise ValueError(f"unknown policy {base!r}; known: {', '.join(sorted(POLICIES))}")
+    online = extras[-1:] == ["online"]
+    if online:
+        extras = extras[:-1]
+    if len(extras) > 1 or (extras and extras[0] not in PREDICTOR_SUFFIXES):
+        known = ", ".join(f"+{s}" for s in PREDICTOR_SUFFIXES)
+        raise ValueError(
+            f"{name!r}: unknown suffix +{'+'.join(extras)} (known: {known}, "
+            "each optionally followed by +online)"
+        )
+    if (extras or online) and not base.startswith("elastico"):
+        raise ValueError(f"{name!r}: +{'+'.join(extras) or 'online'} only applies to ElastiCo")
+    return base, (extras[0] if extras else None), online
+
+
+def build_policy(name: str, exp: Experiment, truth: GroundTruth) -> Policy:
+    base, suffix, online = parse_policy_name(name)
     kwargs: dict[str, object] = {}
     if base == "lucid":
         kwargs["predictor"] = SampledPairsPredictor(truth, seed=exp.seed)
@@ -100,18 +122,11 @@ def build_policy(name: str, exp: Experiment, truth: GroundTruth) -> Policy:
             # contention model (monotone in activity) can: the stronger Lucid.
             kwargs["profiled"] = truth.solo_profile
             kwargs["predictor"] = ContentionPredictor()
-    online = extras[-1:] == ["online"]
-    if online:
-        extras = extras[:-1]
-    if len(extras) > 1 or (extras and extras[0] not in ("iac", "learned", "truth")):
-        raise ValueError(f"unknown policy suffix +{'+'.join(extras)}")
-    if (extras or online) and not base.startswith("elastico"):
-        raise ValueError(f"+{'+'.join(extras) or 'online'} only applies to ElastiCo policies")
     predictor: SlowdownPredictor | None = None
-    if extras:
-        if extras[0] == "learned":
+    if suffix:
+        if suffix == "learned":
             predictor = SampledPairsPredictor(truth, seed=exp.seed)
-        elif extras[0] == "truth":  # the ORACLE: the ground truth, no error
+        elif suffix == "truth":  # the ORACLE: the ground truth, no error
             predictor = NoisyTablePredictor(truth, sigma=0.0, seed=exp.seed)
         else:  # "iac": the spec's accuracy
             predictor = NoisyTablePredictor(truth, seed=exp.seed)
