@@ -8,13 +8,14 @@ negative duration or a throughput floor of 7 were taken silently.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from elastico_extender.sim.traces import MAX_TRACE_SECONDS, load_csv
+from elastico_extender.sim.traces import MAX_TRACE_SECONDS, load_csv, philly_trace
 from elastico_extender.sim.truth import load_pair_table
 
 HEADER = "job_id,arrival_time_s,gpu_num,duration_s,workload,min_throughput_frac\n"
@@ -142,3 +143,54 @@ def test_unmeasured_pair_rows_are_skipped_as_documented(tmp_path: Path) -> None:
     path = tmp_path / "pairs.csv"
     path.write_text(PAIRS + "v100,A3C,CycleGAN,,,0\nv100,A3C,A3C,0.9,1.5,1\n")
     assert load_pair_table(path) == {("A3C", "A3C"): 1.0}
+
+
+PHILLY = (
+    "job_id,vc,arrival_time_s,gpu_num,duration_s,job_type_seed0\n"
+    "j1,vc1,0,1,600,ResNet-18 (batch size 16)\n"
+)
+
+
+@pytest.mark.parametrize(
+    ("row", "column"),
+    [
+        ("j2,vc1,abc,1,600,ResNet-18 (batch size 16)\n", "arrival_time_s"),
+        ("j2,vc1,10,0,600,ResNet-18 (batch size 16)\n", "gpu_num"),
+        ("j2,vc1,10,1,nan,ResNet-18 (batch size 16)\n", "duration_s"),
+        ("j2,vc1,10,1,inf,ResNet-18 (batch size 16)\n", "duration_s"),
+        ("j2,vc1,10,1,600,Nonsense (batch size 1)\n", "job_type_seed0"),
+    ],
+)
+def test_a_bad_philly_cell_names_its_line_and_column(tmp_path: Path, row: str, column: str) -> None:
+    """ELASTICO_DATA_DIR may point at a user's own copy of the per-VC traces."""
+    path = tmp_path / "philly.csv"
+    path.write_text(PHILLY + row)
+    with pytest.raises(ValueError) as caught:
+        philly_trace("vc1", path)
+    message = str(caught.value)
+    assert "line 3" in message and column in message, message
+
+
+def test_a_philly_file_without_its_columns_says_which(tmp_path: Path) -> None:
+    path = tmp_path / "philly.csv"
+    path.write_text("job_id,vc,arrival_time_s\nj1,vc1,0\n")
+    with pytest.raises(ValueError, match=r"missing columns \['duration_s', 'gpu_num'"):
+        philly_trace("vc1", path)
+
+
+def test_a_nan_in_the_users_philly_copy_ends_the_simulation_at_once(tmp_path: Path) -> None:
+    """Before the fix this ran for ever (a NaN duration never completes)."""
+    (tmp_path / "philly_gavel_vc_traces.csv").write_text(
+        PHILLY + "j2,vc1,10,1,nan,ResNet-18 (batch size 16)\n"
+    )
+    argv = ["--trace", "philly:vc1", "--gpus", "8", "--policy", "volcano", "--no-progress"]
+    argv += ["--no-plots", "--out", str(tmp_path / "o")]
+    proc = subprocess.run(
+        [sys.executable, "-m", "elastico_extender.sim.cli", *argv],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "ELASTICO_DATA_DIR": str(tmp_path)},
+    )
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "duration_s" in proc.stderr and "Traceback" not in proc.stderr

@@ -30,7 +30,8 @@ Real arrival times, GPU counts and durations of one Philly virtual cluster
 al., OSDI'20, MIT): ``sim/data/philly_vc_traces.csv.gz`` ships with the
 package (the columns of ``philly_gavel_vc_traces.csv`` the simulator reads,
 ../shared/data/README.md section 4), so an installed user needs nothing else;
-``ELASTICO_DATA_DIR`` or ``path`` may point at the full CSV instead.  Job
+``ELASTICO_DATA_DIR`` or ``path`` may point at the full CSV instead (its cells
+are checked like a user trace's; columns ``PHILLY_COLUMNS``).  Job
 types come from column ``job_type_seed0`` (Gavel's random assignment) mapped
 to catalog workloads.  Three transformations, each stated in
 :attr:`TraceLoad.notes` and printed by the CLI:
@@ -274,7 +275,11 @@ class TraceLoad:
     notes: tuple[str, ...] = ()
 
 
-def _philly_rows(path: Path | str | None) -> tuple[list[dict[str, str]], str]:
+PHILLY_COLUMNS = ("job_id", "vc", "arrival_time_s", "gpu_num", "duration_s", "job_type_seed0")
+
+
+def _philly_rows(path: Path | str | None) -> tuple[list[CsvRow], str]:
+    """Every record of the Philly file, each with its line (errors name it)."""
     if path is None:
         full = default_data_dir() / PHILLY_FULL_NAME
         path = full if full.exists() else PHILLY_DATA
@@ -288,13 +293,17 @@ def _philly_rows(path: Path | str | None) -> tuple[list[dict[str, str]], str]:
         )
     raw = path.read_bytes()
     text = gzip.decompress(raw).decode() if raw[:2] == b"\x1f\x8b" else raw.decode()
-    return list(csv.DictReader(io.StringIO(text))), str(path)
+    reader = csv.DictReader(io.StringIO(text))
+    missing = set(PHILLY_COLUMNS) - set(reader.fieldnames or [])
+    if missing:
+        raise ValueError(f"{path}: missing columns {sorted(missing)}")
+    return [CsvRow(path, reader.line_num, dict(rec)) for rec in reader], str(path)
 
 
 def philly_vcs(path: Path | str | None = None) -> list[str]:
     """The VC ids in the trace file."""
     rows, _ = _philly_rows(path)
-    return sorted({r["vc"] for r in rows})
+    return sorted({r.text("vc") for r in rows})
 
 
 def philly_trace(
@@ -312,17 +321,20 @@ def philly_trace(
     jobs: list[TraceJob] = []
     history: list[CompletedJob] = []
     one_gpu = converted = clipped = 0
-    for rec in rows:
-        if rec["vc"] != vc:
+    for row in rows:
+        if row.text("vc") != vc:
             continue
-        arrival = float(rec["arrival_time_s"])
-        job_id = rec["job_id"]
-        gpus = int(rec["gpu_num"])
-        workload = workload_from_gavel(rec["job_type_seed0"], job_id)
+        arrival = row.number("arrival_time_s", 0.0, MAX_TRACE_SECONDS)
+        job_id = row.text("job_id")
+        gpus = row.count("gpu_num", MAX_CLUSTER_GPUS)
+        try:
+            workload = workload_from_gavel(row.text("job_type_seed0"), job_id)
+        except ValueError as exc:
+            raise row.fail("job_type_seed0", str(exc)) from None
         h = zlib.crc32(("inf:" + job_id).encode()) / 2**32
         if gpus == 1 and h < inference_share:
             workload = INFERENCE_WORKLOADS[int(h / inference_share * 4) % 4]
-        duration = float(rec["duration_s"])
+        duration = row.number("duration_s", 0.0, MAX_TRACE_SECONDS, above_low=True)
         if max_duration_s is not None and duration > max_duration_s:
             duration = max_duration_s
             in_window = start <= arrival < end
@@ -337,7 +349,7 @@ def philly_trace(
         converted += workload in INFERENCE_WORKLOADS
         jobs.append(TraceJob(job_id, arrival, gpus, duration, workload, _floor(rng)))
     if not jobs:
-        known = ", ".join(sorted({r["vc"] for r in rows}))
+        known = ", ".join(sorted({r.text("vc") for r in rows}))
         raise ValueError(f"no jobs for Philly VC {vc!r} in {source} (VCs: {known})")
     jobs.sort(key=lambda j: (j.arrival_s, j.job_id))
     shift = jobs[0].arrival_s
