@@ -93,3 +93,42 @@ def test_csv_without_required_columns_is_rejected(tmp_path):
     path.write_text("gpu,job_a\nk80,x\n")
     with pytest.raises(PredictorError, match="lacks columns"):
         load_pairs(path)
+
+
+HEADER = (
+    "gpu,job_a,job_b,solo_tput_a,solo_tput_b,colo_tput_a,colo_tput_b,batch_size_a,sm_active_a\n"
+)
+
+
+@pytest.mark.parametrize(
+    ("cells", "column"),
+    [
+        ("a100,x,y,10,20,5,10,inf,0.9", "batch_size_a"),  # log2(inf) would be a feature
+        ("a100,x,y,10,20,5,10,32,nan", "sm_active_a"),
+        ("a100,x,y,10,20,5,10,32,-inf", "sm_active_a"),
+        ("a100,x,y,10,20,5,oops,32,0.5", "colo_tput_b"),
+        ("a100,x,y,10,20,0,10,32,0.5", "colo_tput_a"),
+    ],
+)
+def test_a_bad_cell_of_a_users_pair_csv_is_named(tmp_path, cells, column):
+    """train-iac --csv with a user's own measurements: a non-finite or unparseable
+    cell is an error naming its line and column, never a NaN the network trains on."""
+    path = tmp_path / "pairs.csv"
+    path.write_text(HEADER + "a100,x,y,10,20,5,10,32,0.5\n" + cells + "\n")
+    with pytest.raises(PredictorError, match=f"line 3: column {column}"):
+        load_pairs(path)
+
+
+@pytest.mark.parametrize("solo", ["nan", "inf", "0", "x", "-1"])
+def test_a_bad_solo_throughput_is_named(tmp_path, solo):
+    path = tmp_path / "pairs.csv"
+    path.write_text(HEADER + f"a100,x,y,{solo},20,5,10,32,0.5\n")
+    with pytest.raises(PredictorError, match="line 2: column solo_tput_a"):
+        load_pairs(path)
+
+
+def test_a_short_row_is_an_error_naming_its_line(tmp_path):
+    path = tmp_path / "pairs.csv"
+    path.write_text(HEADER + "a100,x,y,10,20,5,10,32,0.5\nv100\n")
+    with pytest.raises(PredictorError, match="line 3"):
+        load_pairs(path)

@@ -20,6 +20,10 @@ Gavel's pair table (``elastico_extender/data/gavel_colocation_pairs.csv``)::
                                   (``sm_active_a``, ``fb_used_gib_b``, ``is_inference_a``,
                                   ``log10_params_a`` ...): given values override the fills
 
+An empty cell is absent; a given numeric cell must be a finite number (solo and
+co-located throughputs and slowdowns > 0), else a ``PredictorError`` names the file,
+line and column, so a user's measurements never feed a NaN into training.
+
 Each measured pair gives two rows, the second with the per-job blocks swapped,
 so the first 14 columns always describe the job whose slowdown is the label.
 Self-pairs (two instances of one job) give two rows too.
@@ -70,6 +74,7 @@ from elastico_extender.core.interference.features import (
     NUM_JOB_FEATURES,
     pair_features,
 )
+from elastico_extender.csv_row import CsvRow
 from elastico_extender.errors import PredictorError
 
 __all__ = [
@@ -171,61 +176,66 @@ def gpu_bound_share(solo: Mapping[str, float], gpu: str) -> float:
     return float(gpu_time / total) if total > 0 else _UNKNOWN_SHARE
 
 
-def _float(value: str | None) -> float | None:
-    if value is None or value.strip() == "":
-        return None
-    try:
-        return float(value)
-    except ValueError:
-        return None
-
-
 def _gpu_key(gpu: str) -> str:
     return gpu.strip().lower().split("-")[0]
 
 
-def _slowdown(row: Mapping[str, str], side: str) -> float | None:
-    value = _float(row.get(f"slowdown_{side}"))
+def _slowdown(row: CsvRow, side: str) -> float | None:
+    """The row's measured slowdown of ``side``: its column, else solo / co-located
+    throughput; None when neither is given."""
+    value = row.optional(f"slowdown_{side}")
     if value is None:
-        solo, colo = _float(row.get(f"solo_tput_{side}")), _float(row.get(f"colo_tput_{side}"))
-        if solo is not None and colo is not None and colo > 0:
-            value = solo / colo
-    if value is None or not math.isfinite(value) or value <= 0:
-        return None
+        colo = row.optional(f"colo_tput_{side}")
+        if colo is None:
+            return None
+        if colo <= 0:
+            raise row.fail(f"colo_tput_{side}", "must be > 0")
+        value = _solo(row, side) / colo
+    if value <= 0:
+        raise row.fail(f"slowdown_{side}", "must be > 0")
     return value
 
 
-def _job_block(row: Mapping[str, str], side: str, share: float) -> np.ndarray:
+def _job_block(row: CsvRow, side: str, share: float) -> np.ndarray:
     block = np.zeros(NUM_JOB_FEATURES, dtype=np.float64)
     block[0] = block[1] = block[2] = share
-    family = (row.get(f"model_{side}") or row[f"job_{side}"]).strip().lower()
+    family = (row.text(f"model_{side}") or row.text(f"job_{side}")).lower()
     block[6] = math.log10(_FAMILY_PARAMS.get(family, _DEFAULT_PARAMS))
-    solo = _float(row.get(f"solo_tput_{side}"))
-    if solo is None or solo <= 0:
-        raise PredictorError(
-            f"row {row.get('job_a')!r}/{row.get('job_b')!r}: solo_tput_{side} must be > 0"
-        )
-    block[7] = math.log10(solo)
-    batch = _float(row.get(f"batch_size_{side}"))
+    block[7] = math.log10(_solo(row, side))
+    batch = row.optional(f"batch_size_{side}")
     block[8] = math.log2(batch) if batch is not None and batch >= 1 else 0.0
     for name, index in _FEATURE_INDEX.items():  # explicit columns win
-        given = _float(row.get(f"{name}_{side}"))
+        given = row.optional(f"{name}_{side}")
         if given is not None:
             block[index] = given
     return block
 
 
-def _read_rows(path: Path) -> list[dict[str, str]]:
+def _solo(row: CsvRow, side: str) -> float:
+    return row.number(f"solo_tput_{side}", 0.0, math.inf, above_low=True)
+
+
+def _read_rows(path: Path) -> list[CsvRow]:
+    """The CSV's records; a short or long row, or a missing column, is a PredictorError."""
     try:
         with path.open(newline="") as handle:
-            rows = list(csv.DictReader(handle))
+            reader = csv.DictReader(handle)
+            missing = _REQUIRED - set(reader.fieldnames or ())
+            if missing:
+                raise PredictorError(f"pair CSV {path} lacks columns {sorted(missing)}")
+            rows = [CsvRow(path, reader.line_num, dict(rec)) for rec in reader]
     except OSError as exc:
         raise PredictorError(f"cannot read pair CSV {path}: {exc}") from exc
-    required = {"gpu", "job_a", "job_b", "solo_tput_a", "solo_tput_b"}
-    missing = required - set(rows[0] if rows else ())
-    if missing:
-        raise PredictorError(f"pair CSV {path} lacks columns {sorted(missing)}")
+    except ValueError as exc:  # CsvRow: more cells than the header
+        raise PredictorError(str(exc)) from None
+    for row in rows:
+        for column in sorted(_REQUIRED):
+            if row.record.get(column) is None:
+                raise PredictorError(f"{row.where}: fewer cells than the header has columns")
     return rows
+
+
+_REQUIRED = {"gpu", "job_a", "job_b", "solo_tput_a", "solo_tput_b"}
 
 
 def load_pairs(paths: Path | str | Iterable[Path | str]) -> PairDataset:
@@ -233,33 +243,40 @@ def load_pairs(paths: Path | str | Iterable[Path | str]) -> PairDataset:
     if isinstance(paths, (str, Path)):
         paths = [paths]
     rows = [row for p in paths for row in _read_rows(Path(p))]
+    try:
+        return _dataset(rows)
+    except ValueError as exc:  # a bad cell, named by CsvRow
+        raise PredictorError(str(exc)) from None
 
+
+def _dataset(rows: list[CsvRow]) -> PairDataset:
     solo: dict[str, dict[str, float]] = {}  # job -> gpu -> solo throughput
-    for row in rows:
+    for row in rows:  # every row's solo figure counts, measured pair or not
         for side in ("a", "b"):
-            value = _float(row.get(f"solo_tput_{side}"))
+            value = row.optional(f"solo_tput_{side}")
             if value is not None and value > 0:
-                solo.setdefault(row[f"job_{side}"], {}).setdefault(_gpu_key(row["gpu"]), value)
+                job, gpu = row.text(f"job_{side}"), _gpu_key(row.text("gpu"))
+                solo.setdefault(job, {}).setdefault(gpu, value)
 
     pair_index: dict[tuple[str, str], int] = {}
     victims, partners, memories, labels, meta = [], [], [], [], []
     for row in rows:
-        if _float(row.get("measured")) == 0.0:
+        if row.optional("measured") == 0.0:
             continue
         s_a, s_b = _slowdown(row, "a"), _slowdown(row, "b")
         if s_a is None or s_b is None:
             continue
-        gpu = _gpu_key(row["gpu"])
-        job_a, job_b = row["job_a"], row["job_b"]
+        gpu = _gpu_key(row.text("gpu"))
+        job_a, job_b = row.text("job_a"), row.text("job_b")
         block_a = _job_block(row, "a", gpu_bound_share(solo.get(job_a, {}), gpu))
         block_b = _job_block(row, "b", gpu_bound_share(solo.get(job_b, {}), gpu))
-        memory = _float(row.get("gpu_memory_gib")) or _DEVICE_MEMORY_GIB.get(
+        memory = row.optional("gpu_memory_gib") or _DEVICE_MEMORY_GIB.get(
             gpu, DEFAULT_DEVICE_MEMORY_GIB
         )
         key = (min(job_a, job_b), max(job_a, job_b))
         pid = pair_index.setdefault(key, len(pair_index))
-        fam_a = (row.get("model_a") or job_a).strip()
-        fam_b = (row.get("model_b") or job_b).strip()
+        fam_a = row.text("model_a") or job_a
+        fam_b = row.text("model_b") or job_b
         for v, p, s, (jv, jp, fv, fp) in (
             (block_a, block_b, s_a, (job_a, job_b, fam_a, fam_b)),
             (block_b, block_a, s_b, (job_b, job_a, fam_b, fam_a)),
@@ -268,7 +285,7 @@ def load_pairs(paths: Path | str | Iterable[Path | str]) -> PairDataset:
             partners.append(p)
             memories.append(memory)
             labels.append(s)
-            meta.append((pid, jv, jp, fv, fp, row["gpu"]))
+            meta.append((pid, jv, jp, fv, fp, row.text("gpu")))
 
     if not labels:
         raise PredictorError("no measured pairs with slowdowns found in the pair CSV(s)")

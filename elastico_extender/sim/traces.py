@@ -77,7 +77,7 @@ import numpy as np
 
 from elastico_extender.core.duration import CompletedJob
 from elastico_extender.core.resources import MAX_CLUSTER_GPUS
-from elastico_extender.sim.csv_row import CsvRow
+from elastico_extender.csv_row import CsvRow
 from elastico_extender.sim.workloads import (
     INFERENCE_WORKLOADS,
     TRAINING_WORKLOADS,

@@ -64,7 +64,7 @@ from pathlib import Path
 
 import numpy as np
 
-from elastico_extender.sim.csv_row import CsvRow
+from elastico_extender.csv_row import CsvRow
 from elastico_extender.sim.workloads import ConfigTable
 
 __all__ = ["DEFAULT_PAIRS", "GroundTruth", "load_pair_table"]

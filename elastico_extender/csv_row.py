@@ -1,5 +1,7 @@
 """One record of a user's CSV (a trace, a pair table), read with errors that say where.
 
+Used by the simulator's trace and pair loaders and by the IAC trainer's pair reader.
+
 Every loader of a user file reads its cells through :class:`CsvRow`, so a bad
 cell is a ``ValueError`` naming the file, the line and the column, with the cell
 shown (truncated), never Python's own conversion message or a later hang.
@@ -42,9 +44,18 @@ class CsvRow:
             raise self.fail(column, "not a number") from None
         inside = (value > low if above_low else value >= low) and value <= high
         if not (math.isfinite(value) and inside):
+            if math.isinf(low) and math.isinf(high):
+                raise self.fail(column, "must be a finite number")
             bracket = "(" if above_low else "["
             raise self.fail(column, f"must be a finite number in {bracket}{low:g}, {high:g}]")
         return value
+
+    def optional(self, column: str) -> float | None:
+        """None for an empty cell, else a finite number (an unparseable or infinite
+        cell is an error, not an absent one)."""
+        if not self.text(column):
+            return None
+        return self.number(column, -math.inf, math.inf)
 
     def count(self, column: str, high: int) -> int:
         """A whole number in [1, high] ('2' and '2.0' alike)."""
