@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,15 @@ from elastico_extender.sim.truth import load_pair_table
 
 HEADER = "job_id,arrival_time_s,gpu_num,duration_s,workload,min_throughput_frac\n"
 GOOD = "a,0,1,600,resnet50,0.3\n"
+
+
+def _fails_naming(load: Callable[[], object], column: str, line: int = 3) -> None:
+    """``load()`` raises ValueError naming ``line`` and ``column``, not Python's own words."""
+    with pytest.raises(ValueError) as caught:
+        load()
+    message = str(caught.value)
+    assert f"line {line}" in message and column in message, message
+    assert "could not convert" not in message and "invalid literal" not in message
 
 
 def _trace(tmp_path: Path, bad_row: str) -> Path:
@@ -53,11 +63,8 @@ def _trace(tmp_path: Path, bad_row: str) -> Path:
     ],
 )
 def test_a_bad_cell_names_its_line_and_column(tmp_path: Path, row: str, column: str) -> None:
-    with pytest.raises(ValueError) as caught:
-        load_csv(_trace(tmp_path, row))
-    message = str(caught.value)
-    assert "line 3" in message and column in message, message
-    assert "could not convert" not in message and "invalid literal" not in message
+    path = _trace(tmp_path, row)
+    _fails_naming(lambda: load_csv(path), column)
 
 
 def test_a_row_with_too_few_cells_is_an_error(tmp_path: Path) -> None:
@@ -132,10 +139,7 @@ PAIRS = "gpu,job_a,job_b,slowdown_a,slowdown_b,measured\n"
 def test_a_bad_pair_row_names_its_line_and_column(tmp_path: Path, row: str, column: str) -> None:
     path = tmp_path / "pairs.csv"
     path.write_text(PAIRS + "v100,A3C,A3C,1.5,1.5,1\n" + row)
-    with pytest.raises(ValueError) as caught:
-        load_pair_table(path)
-    message = str(caught.value)
-    assert "line 3" in message and column in message, message
+    _fails_naming(lambda: load_pair_table(path), column)
 
 
 def test_unmeasured_pair_rows_are_skipped_as_documented(tmp_path: Path) -> None:
@@ -165,10 +169,7 @@ def test_a_bad_philly_cell_names_its_line_and_column(tmp_path: Path, row: str, c
     """ELASTICO_DATA_DIR may point at a user's own copy of the per-VC traces."""
     path = tmp_path / "philly.csv"
     path.write_text(PHILLY + row)
-    with pytest.raises(ValueError) as caught:
-        philly_trace("vc1", path)
-    message = str(caught.value)
-    assert "line 3" in message and column in message, message
+    _fails_naming(lambda: philly_trace("vc1", path), column)
 
 
 def test_a_philly_file_without_its_columns_says_which(tmp_path: Path) -> None:
