@@ -7,6 +7,8 @@ timeline, and the core never drops a running job from a plan.
 
 from __future__ import annotations
 
+import csv
+
 import numpy as np
 import pytest
 
@@ -145,6 +147,14 @@ def test_cli_quick_writes_tables(tmp_path) -> None:  # type: ignore[no-untyped-d
     assert volcano_parts.endswith("| 0.0 | 0.0 | 0.0 | 0.0 |")  # FIFO only queues
     for name in ("summary.csv", "jobs.csv", "timeline.csv"):
         assert (tmp_path / name).stat().st_size > 0
+    # Per job, the same split of its JCT (to find the one job a table's mean hides).
+    with open(tmp_path / "jobs.csv", newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    parts = ("waiting_after_start_s", "paused_s", "config_loss_s", "interference_loss_s")
+    for row in rows:
+        total = sum(float(row[k]) for k in ("duration_s", "queue_s", *parts))
+        assert total == pytest.approx(float(row["jct_s"]), abs=0.5), row
+    assert any(float(row["interference_loss_s"]) > 1 for row in rows if row["policy"] == "elastico")
 
 
 def test_without_interference_colocation_costs_nothing() -> None:

@@ -62,19 +62,32 @@ def window_average(result: RunResult, values: np.ndarray, end: float | None = No
     return float((values * (t1 - t0)).sum() / end)
 
 
+TIME_PARTS = ("waiting_after_start_s", "paused_s", "config_loss_s", "interference_loss_s")
+"""Per-job parts of the time after a job's first start beyond its solo run (module doc)."""
+
+
+def job_time_parts(r: RunResult) -> dict[str, np.ndarray]:
+    """Per job (NaN until it finishes), seconds by cause after its first start: JCT =
+    work + queue + the sum of these.  Empty for a result without per-job records."""
+    if r.active_s.size != r.work.size:
+        return {}
+    held = r.held_gpu_s / np.maximum(r.gpus_of, 1)
+    parts = (
+        (r.finish - r.first_start) - held,
+        held - r.active_s,
+        r.active_s - r.config_work_s,
+        r.config_work_s - r.work,
+    )
+    done = r.status == DONE
+    return {k: np.where(done, v, np.nan) for k, v in zip(TIME_PARTS, parts, strict=True)}
+
+
 def _time_parts(r: RunResult, done: np.ndarray) -> dict[str, float]:
     """Finished jobs' mean seconds beyond their solo run, by cause (module docstring)."""
-    if not done.any() or r.active_s.size != r.work.size:
+    parts = job_time_parts(r)
+    if not done.any() or not parts:
         return {}
-    held = (r.held_gpu_s / np.maximum(r.gpus_of, 1))[done]
-    active, config_work = r.active_s[done], r.config_work_s[done]
-    after_start = (r.finish - r.first_start)[done]
-    return {
-        "avg_waiting_after_start_s": float((after_start - held).mean()),
-        "avg_paused_s": float((held - active).mean()),
-        "avg_config_loss_s": float((active - config_work).mean()),
-        "avg_interference_loss_s": float((config_work - r.work[done]).mean()),
-    }
+    return {f"avg_{k}": float(v[done].mean()) for k, v in parts.items()}
 
 
 def summarise(result: RunResult) -> dict[str, float]:

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from elastico_extender.sim.engine import DONE, RunResult
-from elastico_extender.sim.metrics import summarise
+from elastico_extender.sim.metrics import TIME_PARTS, job_time_parts, summarise
 
 __all__ = [
     "ablation_table",
@@ -90,7 +90,7 @@ def main_table(summ: Mapping[str, Summary], baseline: str = "volcano") -> str:
     return _md(header, rows)
 
 
-TIME_PARTS = (
+TIME_TABLE_COLUMNS = (
     ("Queued", "avg_queue_s"),
     ("Waiting after a preemption or requeue", "avg_waiting_after_start_s"),
     ("Paused reconfiguring", "avg_paused_s"),
@@ -101,12 +101,12 @@ TIME_PARTS = (
 
 def time_table(summ: Mapping[str, Summary]) -> str:
     """Where a finished job's time beyond its solo run goes, in minutes per job."""
-    header = ["System", "Avg JCT (min)", "Solo run", *(label for label, _ in TIME_PARTS)]
+    header = ["System", "Avg JCT (min)", "Solo run", *(label for label, _ in TIME_TABLE_COLUMNS)]
     rows = []
     for name, s in summ.items():
         if "avg_paused_s" not in s:
             continue
-        parts = [s[key] for _, key in TIME_PARTS]
+        parts = [s[key] for _, key in TIME_TABLE_COLUMNS]
         solo = s["avg_jct_s"] - sum(parts)
         cells = [f"{round(v / 60, 1) + 0.0:.1f}" for v in (s["avg_jct_s"], solo, *parts)]
         rows.append([name, *cells])
@@ -246,10 +246,11 @@ def write_run_files(results: Mapping[str, RunResult], out: Path) -> list[Path]:
         w.writerow(
             [
                 "policy", "job_id", "workload", "gpus", "arrival_s", "start_s", "finish_s",
-                "duration_s", "jct_s", "queue_s", "floor", "achieved_tput",
+                "duration_s", "jct_s", "queue_s", "floor", "achieved_tput", *TIME_PARTS,
             ]
         )  # fmt: skip
         for name, r in results.items():
+            parts = job_time_parts(r)
             for k, j in enumerate(r.jobs):
                 w.writerow(
                     [
@@ -258,6 +259,7 @@ def write_run_files(results: Mapping[str, RunResult], out: Path) -> list[Path]:
                         f"{r.finish[k] - r.arrival[k]:.1f}",
                         f"{r.first_start[k] - r.arrival[k]:.1f}",
                         f"{r.floor[k]:.6g}", f"{r.achieved[k]:.6g}",
+                        *(f"{parts[c][k]:.1f}" if parts else "" for c in TIME_PARTS),
                     ]
                 )  # fmt: skip
     written.append(p)
