@@ -215,6 +215,9 @@ def _solo(row: CsvRow, side: str) -> float:
     return row.number(f"solo_tput_{side}", 0.0, math.inf, above_low=True)
 
 
+_REQUIRED = {"gpu", "job_a", "job_b", "solo_tput_a", "solo_tput_b"}
+
+
 def _read_rows(path: Path) -> list[CsvRow]:
     """The CSV's records; a short or long row, or a missing column, is a PredictorError."""
     try:
@@ -233,9 +236,6 @@ def _read_rows(path: Path) -> list[CsvRow]:
             if row.record.get(column) is None:
                 raise PredictorError(f"{row.where}: fewer cells than the header has columns")
     return rows
-
-
-_REQUIRED = {"gpu", "job_a", "job_b", "solo_tput_a", "solo_tput_b"}
 
 
 def load_pairs(paths: Path | str | Iterable[Path | str]) -> PairDataset:
