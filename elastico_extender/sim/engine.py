@@ -666,12 +666,11 @@ class Simulator:
                     self.win_partners.setdefault(i, set()).update(others)
             self.remaining[run] -= self.rate[run] * dt
             self.held_time[run] += dt
-            on = (self.rate[run] > 0) * dt
+            on = (self.rate[run] > 0) * dt  # seconds each ran unpaused
+            g = self.gid[run]
             self.active_time[run] += on
-            self.config_work[run] += self.c.rate[self.gid[run]] * on
-            self.tput_integral[run] += (
-                self.c.t_true[self.gid[run]] / self.slow[run] * (self.rate[run] > 0) * dt
-            )
+            self.config_work[run] += self.c.rate[g] * on
+            self.tput_integral[run] += self.c.t_true[g] / self.slow[run] * on
 
     def _activity(self, jobs: np.ndarray, t: float) -> np.ndarray:
         """SM activity of running ``jobs`` at ``t``: the world's (sim.production), or, in the

@@ -92,10 +92,16 @@ def main_table(summ: Mapping[str, Summary], baseline: str = "volcano") -> str:
 
 TIME_TABLE_COLUMNS = (
     ("Queued", "avg_queue_s"),
-    ("Waiting after a preemption or requeue", "avg_waiting_after_start_s"),
-    ("Paused reconfiguring", "avg_paused_s"),
-    ("Slower configurations", "avg_config_loss_s"),
-    ("Interference", "avg_interference_loss_s"),
+    *zip(
+        (
+            "Waiting after a preemption or requeue",
+            "Paused reconfiguring",
+            "Slower configurations",
+            "Interference",
+        ),
+        (f"avg_{part}" for part in TIME_PARTS),  # metrics' own keys, in its order
+        strict=True,
+    ),
 )
 
 
@@ -104,7 +110,7 @@ def time_table(summ: Mapping[str, Summary]) -> str:
     header = ["System", "Avg JCT (min)", "Solo run", *(label for label, _ in TIME_TABLE_COLUMNS)]
     rows = []
     for name, s in summ.items():
-        if "avg_paused_s" not in s:
+        if any(key not in s for _, key in TIME_TABLE_COLUMNS):
             continue
         parts = [s[key] for _, key in TIME_TABLE_COLUMNS]
         solo = s["avg_jct_s"] - sum(parts)
