@@ -124,6 +124,7 @@ def test_inference_activity_follows_the_demand_curve() -> None:
         ('{"step_s": null}', "step_s"),
         ('{"step_s": "abc"}', "step_s"),
         ('{"step_s": true}', "step_s"),
+        ('{"train_idle_share": false}', "train_idle_share"),
         ('{"sources": 5}', "sources"),
         ('{"bogus": 1}', "bogus"),
         ("[1, 2]", "JSON object"),

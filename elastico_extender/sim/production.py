@@ -151,15 +151,19 @@ def _parameter(path: Path | str, key: str, value: Any) -> Any:
         if not isinstance(value, dict):
             raise ValueError(f"{path}: sources must be an object of figure: citation")
         return {str(k): str(v) for k, v in value.items()}
-    if not (_positive(value) or value == 0):
+    if not (_number(value) and value >= 0):
         raise ValueError(f"{path}: {key} must be a finite number >= 0")
     return float(value)
 
 
+def _number(value: Any) -> bool:
+    """A finite JSON number: not a bool (``false == 0`` in Python), string or null."""
+    is_number = isinstance(value, int | float) and not isinstance(value, bool)
+    return is_number and math.isfinite(value)
+
+
 def _positive(value: Any) -> bool:
-    """A JSON number (not a bool, string or null), finite and > 0."""
-    number = isinstance(value, int | float) and not isinstance(value, bool)
-    return number and math.isfinite(value) and value > 0
+    return _number(value) and value > 0
 
 
 def _inference_names(configs: Any) -> set[str]:
