@@ -490,3 +490,68 @@ def test_a_pair_stepped_down_for_one_harmed_tenant_is_not_separated_for_the_othe
     assert [p[2] for p in result.protections] == ["step-down"], result.protections
     assert not result.preempted
     assert devices_of(result)["bert"] == devices_of(result)["resnet"]
+
+
+def busy_previous(snapshot: Snapshot, utilization: float, seconds_ago: float) -> Plan:
+    """The last plan, made ``seconds_ago`` under offered load ``utilization`` (a long queue)."""
+    last = plan(snapshot)
+    return replace(
+        last,
+        utilization=utilization,
+        planned_at=snapshot.now - seconds_ago,
+        utilization_history_s=3600.0,
+    )
+
+
+def test_tau_follows_the_load_smoothed_over_time_not_each_plan(families):
+    """U(t) is averaged over ``utilization_smoothing_s``: a minute after a long queue
+    cleared, tau is still the busy cluster's; with smoothing off it drops at once."""
+    from elastico_extender.core.settings import PlannerSettings
+
+    snapshot = replace(shared_pair(families, gpus=2), now=1000.0)
+    calm = plan(snapshot).assignments["bert"].tolerance
+    previous = busy_previous(snapshot, utilization=3.0, seconds_ago=60.0)
+    busy = plan(snapshot, previous)
+    assert busy.utilization is not None and busy.utilization > 2.9
+    assert busy.planned_at == 1000.0
+    assert busy.assignments["bert"].tolerance == pytest.approx(1.8)
+    assert calm < 1.8 - 0.1
+    off = core_plan(
+        snapshot, previous, predictor=BLIND, settings=PlannerSettings(utilization_smoothing_s=0)
+    )
+    assert off.assignments["bert"].tolerance == pytest.approx(calm)
+
+
+def test_a_pair_within_the_smoothed_tau_is_not_separated_when_the_queue_clears(families):
+    """A pair observed above the instantaneous tau but within the smoothed one stays:
+    one departure does not requeue a job the queue's length let share (with the
+    instantaneous U the same windows separate it)."""
+    from elastico_extender.core.settings import PlannerSettings
+
+    snapshot = shared_pair(families, gpus=1)
+    calm = plan(snapshot).assignments["bert"].tolerance
+    book = ObservationBook(smoothing=1.0)
+    seen_alone(book, snapshot)
+    slowdown = (calm + 1.8) / 2.0
+    for k in range(1, HARM_WINDOWS + 2):
+        observe(book, snapshot, slowdown=slowdown, end=k * WINDOW_S)
+    now = (HARM_WINDOWS + 1) * WINDOW_S
+    snap = replace(snapshot, observed=book.observed(), now=now)
+    previous = busy_previous(snap, utilization=3.0, seconds_ago=60.0)
+    kept = plan(snap, previous)
+    assert kept.protections == () and set(kept.assignments) == {"bert", "resnet"}
+    settings = PlannerSettings(utilization_smoothing_s=0)
+    split = core_plan(snap, previous, predictor=BLIND, settings=settings)
+    assert split.protections and "resnet" in split.preempted
+
+
+def test_a_first_plan_on_an_empty_view_does_not_hold_tau_down(families):
+    """A restarted extender plans before its watch lists the pods: that plan's empty
+    cluster (U = 0) is a history of no length and weighs nothing a second later."""
+    snapshot = replace(shared_pair(families, gpus=2), now=1000.0)
+    alone = plan(snapshot).assignments["bert"].tolerance
+    empty = plan(replace(snapshot, jobs=(), now=999.0))
+    assert empty.utilization == 0.0 and empty.utilization_history_s == 0.0
+    after = plan(snapshot, empty)
+    assert after.assignments["bert"].tolerance == pytest.approx(alone)
+    assert after.utilization_history_s == 1.0

@@ -738,6 +738,14 @@ class Plan:
     """Closed loop: job pairs that already stepped down once for observed harm."""
     protections: tuple[tuple[str, str, str, str, float, float], ...] = ()
     """This epoch's separations: (victim, partner, action, actor, observed S, tau)."""
+    utilization: float | None = None
+    """U(t) behind this plan's tolerances: offered load, smoothed over time
+    (``PlannerSettings.utilization_smoothing_s``); None from a policy without tau.
+    The next plan continues the average."""
+    planned_at: float = 0.0
+    """The snapshot's clock (``Snapshot.now``) when this plan was made."""
+    utilization_history_s: float = 0.0
+    """How long the average behind ``utilization`` has run (0 for a driver's first plan)."""
 
     def price_map(self) -> dict[str, float]:
         return {name: float(p) for name, p in zip(RESOURCE_NAMES, self.prices, strict=True)}

@@ -44,6 +44,13 @@ class PlannerSettings:
     """Hard cap on the utilisation bonus added to tau."""
     utilization_target: float = 0.8
     """U_target for tau, as a fraction of cluster SM capacity."""
+    utilization_smoothing_s: float = 1800.0
+    """Time constant of the exponential average of U(t) behind tau (seconds; 0 uses each
+    plan's load as is).  Tau also decides when the closed loop separates a pair, so it
+    must move slower than jobs come and go: following each plan, a pair admitted under a
+    long queue was separated a minute after one job left, a gang requeued to wait hours.
+    Half an hour: 64 GPUs at load 1.5 (24 h) 0.660x -> 0.638x Volcano's JCT, harm bound
+    unchanged (benchmarks/results/issue14/README.md, "Tau's load, smoothed")."""
     # --- PDS (3.4) -------------------------------------------------------
     max_rounds: int = 3
     """M: ESP -> pack -> IAC rounds per epoch (spec: 2-3)."""

@@ -152,6 +152,7 @@ class RestViews:
             "published_at": pub.published_at,
             "epoch_ms": pub.epoch_ms,
             "prices": p.price_map(),
+            "utilization": p.utilization,
             "assignments": {
                 job_id: {
                     "pod": pub.pods[job_id].key if job_id in pub.pods else job_id,

@@ -49,7 +49,10 @@ import numpy as np
 
 from elastico_extender.core.interference.features import pair_features
 from elastico_extender.core.interference.predictor import ContentionPredictor, SlowdownPredictor
-from elastico_extender.core.interference.tolerance import adaptive_tolerance
+from elastico_extender.core.interference.tolerance import (
+    adaptive_tolerance,
+    smoothed_utilization,
+)
 from elastico_extender.core.model import AssignmentColumns, DeviceRef, Plan, Snapshot
 from elastico_extender.core.planner.devices import (
     DeviceTable,
@@ -196,7 +199,7 @@ class _Epoch:
         self.previous = previous
         self.device_probe = DeviceTable(snapshot.nodes, settings.memory_margin_mib)
         self.units = self._units()
-        self.utilization = self._current_utilization()
+        self.utilization = self._smoothed_utilization()
         self.fastest = np.zeros(len(tables.jobs))
         self.residual_admits = 0  # admissions by Algorithm 1's last step, last packing pass
         self.recharged = 0  # running jobs charged their observed SM share (observed_sm)
@@ -226,6 +229,25 @@ class _Epoch:
     # -- set-up -------------------------------------------------------------
     def _units(self) -> np.ndarray:
         return gpu_equivalent(self.device_probe)
+
+    def _smoothed_utilization(self) -> float:
+        """U(t) for tau: this plan's offered load averaged with the previous plan's U
+        (``tolerance.smoothed_utilization``, settings ``utilization_smoothing_s``)."""
+        previous = self.previous
+        now = self._current_utilization()
+        self.utilization_history_s = 0.0
+        if previous is None or previous.utilization is None:
+            return now
+        elapsed = self.snapshot.now - previous.planned_at
+        if elapsed >= 0:  # a clock that went back starts a new average
+            self.utilization_history_s = previous.utilization_history_s + elapsed
+        return smoothed_utilization(
+            now,
+            previous.utilization,
+            elapsed,
+            self.settings.utilization_smoothing_s,
+            previous.utilization_history_s,
+        )
 
     def _current_utilization(self) -> float:
         """U(t) for tau: offered load, the busier of SM and memory.
@@ -847,6 +869,9 @@ class _Epoch:
         if protections:
             stats["separations"] = float(len(protections))
         return Plan(
+            utilization=self.utilization,
+            planned_at=self.snapshot.now,
+            utilization_history_s=self.utilization_history_s,
             separated=separated,
             stepped=stepped,
             protections=protections,
