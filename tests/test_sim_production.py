@@ -154,3 +154,27 @@ def test_world_is_chosen_by_the_experiment() -> None:
     )
     assert prod["sm_util"] < 0.6 * bench["sm_util"]  # production jobs idle most of the time
     assert prod["avg_jct_s"] == pytest.approx(bench["avg_jct_s"])  # no sharing: same JCT
+
+
+@pytest.mark.parametrize(("activity", "idle_share"), [(0.2, 0.0), (0.7, 0.3), (0.7, 0.6)])
+def test_harm_is_measured_on_the_slowdown_jobs_run_at(activity: float, idle_share: float) -> None:
+    """The harm metric (pairs whose true S(i|j) exceeds tau, and for how long) reads the
+    slowdown the jobs progress at, which here follows both jobs' activity and phases:
+    two jobs sharing one GPU spend as many pair-seconds harmed as job-seconds above tau.
+    (It read the saturated Gavel pair: pairs of mostly idle jobs counted as harmed.)"""
+    from elastico_extender.core.interference.predictor import ContentionPredictor
+    from elastico_extender.policies.elastico import ElasticoPolicy
+    from elastico_extender.sim.engine import ClusterSpec, Simulator
+
+    blind = ContentionPredictor(sm_weight=0.0, dram_weight=0.0, pressure_weight=0.0)
+    trace = [TraceJob("a", 0.0, 1, 36000.0, "ncf"), TraceJob("b", 0.0, 1, 36000.0, "ncf")]
+    truth = ProductionWorld(train_idle_share=idle_share).truth(BENCH, trace, 3)
+    truth.dram_ratio[:] = 0.0
+    truth.solo_activity[:] = activity
+    policy = ElasticoPolicy(predictor=blind)  # shares: it predicts no slowdown
+    result = Simulator(trace, policy, CONFIGS, truth, ClusterSpec(gpus=1)).run()
+    assert result.seg_tenants.max() == 2.0  # they shared the GPU
+    above = result.counters["above_tolerance_s"]
+    assert sum(result.harm_s) == pytest.approx(above, rel=1e-6, abs=1e-6)
+    if activity < 0.5:
+        assert result.harm_s == [] and above == 0.0  # 1 + 0.04 * 0.7: never above tau

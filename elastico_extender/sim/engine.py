@@ -445,13 +445,16 @@ class Simulator:
         return cached
 
     def _track_harm(self, now: float) -> None:
-        """Open and close harmful co-locations (true S(i|j) above i's tolerance)."""
+        """Open and close harmful co-locations (true S(i|j) above i's tolerance).
+
+        The truth's S(i|j) at ``now``: in the production world it follows both jobs'
+        activity, so ``_advance`` calls this at every change of the activities too."""
         current: set[tuple[int, int]] = set()
         for members in self.tenants:
             if len(members) < 2:
                 continue
             g = self.gid[members]
-            block = self.truth.slowdown[g[:, None], g[None, :]]
+            block = self.truth.pair_slowdowns(g, np.array(members), now)
             for a, i in enumerate(members):
                 for b, j in enumerate(members):
                     if a != b and block[a, b] > self.tau[i] + 1e-9:
@@ -701,7 +704,8 @@ class Simulator:
         completed = False
         while now < target - _EPS:
             run = np.flatnonzero(self.status == RUNNING)
-            t_next = min(target, max(self.truth.next_change(now), now))
+            changes = max(self.truth.next_change(now), now)  # activities change (production)
+            t_next = min(target, changes)
             if run.size:
                 r = self.rate[run]
                 moving = r > 0
@@ -715,6 +719,8 @@ class Simulator:
             t_next = max(t_next, now)
             self._record(now, t_next)
             now = t_next
+            if now >= changes - _EPS:  # pairs' true slowdowns moved with the activities
+                self._track_harm(now)
             finished = run[(self.remaining[run] <= 1e-6 * np.maximum(self.work[run], 1.0))]
             if finished.size:
                 completed = True

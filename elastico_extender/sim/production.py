@@ -247,17 +247,15 @@ class ProductionTruth(GroundTruth):
         u = np.minimum(1.0, a * self.dram_ratio[np.asarray(jobs, dtype=np.intp)])
         return np.maximum(a, u)
 
-    def device_slowdowns(
+    def pair_slowdowns(
         self, gids: np.ndarray, jobs: np.ndarray | None = None, t: float = 0.0
     ) -> np.ndarray:
-        if gids.size < 2:
-            return np.ones(gids.size)
+        """S(i|j) at ``t``: 1 + (S_gavel(i|j) - 1) * o_i(t) * o_j(t) (module doc)."""
+        base = super().pair_slowdowns(gids)
         if jobs is None:
-            return super().device_slowdowns(gids)
+            return base
         o = self.occupancy(jobs, gids, t)
-        block = (self.slowdown[gids[:, None], gids[None, :]] - 1.0) * o[:, None] * o[None, :]
-        np.fill_diagonal(block, 0.0)
-        return 1.0 + block.sum(axis=1)
+        return 1.0 + (base - 1.0) * o[:, None] * o[None, :]
 
     def device_sm(self, jobs: np.ndarray, gids: np.ndarray, t: float) -> float:
         """SM activity of one device holding ``jobs``: 1 - prod(1 - a_i)."""

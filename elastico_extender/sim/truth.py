@@ -46,7 +46,8 @@ Interference table file format (``--interference PATH``)
 --------------------------------------------------------
 CSV with a header; required columns ``job_a, job_b, slowdown_a, slowdown_b``;
 optional ``gpu`` (rows are filtered to the requested GPU type, others used as
-fall-back) and ``measured`` (0 rows are ignored).  A measured row's slowdowns
+fall-back) and ``measured`` (1 or 0, true or false, empty for 1; 0 rows are
+ignored, the trainer's rule: ``CsvRow.flag``).  A measured row's slowdowns
 must be numbers in (0, 100] (below 1 reads as 1); a bad cell is an error naming
 its line and column.  ``job_a``/``job_b`` are
 Gavel job types (``'ResNet-50 (batch size 64)'``) or catalog workload names
@@ -92,7 +93,7 @@ def load_pair_table(path: Path | str, gpu: str = "v100") -> dict[tuple[str, str]
             raise ValueError(f"{path}: missing columns {sorted(missing)}")
         for rec in reader:
             row = CsvRow(path, reader.line_num, dict(rec))
-            if row.text("measured") in ("0", "0.0"):
+            if not row.flag("measured", default=True):
                 continue
             a, b = row.text("job_a"), row.text("job_b")
             for column, name in (("job_a", a), ("job_b", b)):
@@ -175,17 +176,23 @@ class GroundTruth:
         return replace(self, slowdown=1.0 + factor * (self.slowdown - 1.0))
 
     # -- slowdowns ----------------------------------------------------------------
-    def device_slowdowns(
+    def pair_slowdowns(
         self, gids: np.ndarray, jobs: np.ndarray | None = None, t: float = 0.0
     ) -> np.ndarray:
-        """S of every tenant of one device: 1 + sum over partners of (S(i|j) - 1).
+        """S(i|j) at time ``t`` between the tenants of one device (row i, column j).
 
         ``jobs`` (trace rows) and ``t`` matter only in worlds whose jobs vary over time
         (:mod:`.production`); here every job saturates its GPU at all times.
         """
+        return self.slowdown[gids[:, None], gids[None, :]]
+
+    def device_slowdowns(
+        self, gids: np.ndarray, jobs: np.ndarray | None = None, t: float = 0.0
+    ) -> np.ndarray:
+        """S of every tenant of one device: 1 + sum over partners of (S(i|j) - 1)."""
         if gids.size < 2:
             return np.ones(gids.size)
-        block = self.slowdown[gids[:, None], gids[None, :]] - 1.0
+        block = self.pair_slowdowns(gids, jobs, t) - 1.0
         np.fill_diagonal(block, 0.0)
         return 1.0 + block.sum(axis=1)
 
