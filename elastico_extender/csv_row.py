@@ -57,6 +57,23 @@ class CsvRow:
             return None
         return self.number(column, -math.inf, math.inf)
 
+    def flag(self, column: str, *, default: bool) -> bool:
+        """A yes/no cell: 1 or 0 (as any number), true or false; ``default`` when empty.
+        Anything else is an error: a pair file's ``measured`` column decides whether a
+        row is a measurement, and every reader of it must decide the same."""
+        cell = self.text(column).lower()
+        if not cell:
+            return default
+        if cell in ("true", "false"):
+            return cell == "true"
+        try:
+            value = float(cell)
+        except ValueError:
+            value = math.nan
+        if value not in (0.0, 1.0):
+            raise self.fail(column, "must be 1 or 0 (or true or false)")
+        return value == 1.0
+
     def count(self, column: str, high: int) -> int:
         """A whole number in [1, high] ('2' and '2.0' alike)."""
         value = self.number(column, 1.0, float(high))

@@ -132,3 +132,35 @@ def test_a_short_row_is_an_error_naming_its_line(tmp_path):
     path.write_text(HEADER + "a100,x,y,10,20,5,10,32,0.5\nv100\n")
     with pytest.raises(PredictorError, match="line 3"):
         load_pairs(path)
+
+
+GAVEL_HEADER = "gpu,job_a,job_b,slowdown_a,slowdown_b,solo_tput_a,solo_tput_b,measured\n"
+
+
+@pytest.mark.parametrize(
+    ("measured", "kept"),
+    [("1", True), ("1.0", True), ("true", True), ("", True), ("0", False), ("0.00", False),
+     ("false", False), ("FALSE", False)],
+)  # fmt: skip
+def test_both_pair_readers_agree_which_rows_are_measured(tmp_path, measured, kept):
+    """The simulator's truth and the IAC trainer read one Gavel file: one rule decides
+    which of its rows are measurements (they disagreed on '0.00' and 'false')."""
+    from elastico_extender.sim.truth import load_pair_table
+
+    path = tmp_path / "pairs.csv"
+    measured_row = "v100,A3C,A3C,1.5,1.5,10,10,1\n"
+    path.write_text(GAVEL_HEADER + measured_row + f"v100,A3C,CycleGAN,1.2,1.3,10,20,{measured}\n")
+    assert (("A3C", "CycleGAN") in load_pair_table(path, gpu="v100")) == kept
+    assert len(load_pairs(path)) == (4 if kept else 2)
+
+
+@pytest.mark.parametrize("measured", ["maybe", "2", "nan"])
+def test_a_measured_flag_that_is_neither_is_named_by_both_readers(tmp_path, measured):
+    from elastico_extender.sim.truth import load_pair_table
+
+    path = tmp_path / "pairs.csv"
+    path.write_text(GAVEL_HEADER + f"v100,A3C,CycleGAN,1.2,1.3,10,20,{measured}\n")
+    with pytest.raises(ValueError, match="line 2: column measured"):
+        load_pair_table(path, gpu="v100")
+    with pytest.raises(PredictorError, match="line 2: column measured"):
+        load_pairs(path)

@@ -14,7 +14,7 @@ Gavel's pair table (``elastico_extender/data/gavel_colocation_pairs.csv``)::
     colo_tput_a/_b      *         used for the slowdown when slowdown_* is empty
     model_a/_b          no        workload family (default: job id)
     batch_size_a/_b     no        micro-batch size (empty: unknown, 0 in features)
-    measured            no        0 marks a pair that failed or was not run: skipped
+    measured            no        0 (or false) marks a pair that failed or was not run: skipped
     gpu_memory_gib      no        device memory (default from the GPU name, else 16)
     <feature>_a/_b      no        any per-job feature of ``features.JOB_FEATURES``
                                   (``sm_active_a``, ``fb_used_gib_b``, ``is_inference_a``,
@@ -261,7 +261,7 @@ def _dataset(rows: list[CsvRow]) -> PairDataset:
     pair_index: dict[tuple[str, str], int] = {}
     victims, partners, memories, labels, meta = [], [], [], [], []
     for row in rows:
-        if row.optional("measured") == 0.0:
+        if not row.flag("measured", default=True):
             continue
         s_a, s_b = _slowdown(row, "a"), _slowdown(row, "b")
         if s_a is None or s_b is None:
