@@ -50,7 +50,9 @@ class PlannerSettings:
     must move slower than jobs come and go: following each plan, a pair admitted under a
     long queue was separated a minute after one job left, a gang requeued to wait hours.
     Half an hour: 64 GPUs at load 1.5 (24 h) 0.660x -> 0.638x Volcano's JCT, harm bound
-    unchanged (benchmarks/results/issue14/README.md, "Tau's load, smoothed")."""
+    unchanged; it also slows tau's rise on a burst, which costs 0.6-2.5% on some
+    production-world Philly weeks, where sharing is cheap (benchmarks/results/issue14/
+    README.md, "Tau's load, smoothed")."""
     # --- PDS (3.4) -------------------------------------------------------
     max_rounds: int = 3
     """M: ESP -> pack -> IAC rounds per epoch (spec: 2-3)."""
