@@ -51,7 +51,7 @@ def test_admitted_slowdown_never_breaks_the_floor():
     ],
 )
 def test_smoothed_utilization(name, current, previous, elapsed, time_constant, history, expected):
-    got = smoothed_utilization(current, previous, elapsed, time_constant, history)
+    got, _ = smoothed_utilization(current, previous, elapsed, time_constant, history)
     if expected is None:  # 1/e of the old value's distance left
         expected = current + (previous - current) * np.exp(-1.0)
     if expected == "between":
@@ -64,7 +64,14 @@ def test_smoothed_utilization(name, current, previous, elapsed, time_constant, h
 def test_one_busy_minute_moves_tau_a_thirtieth_of_the_way():
     """A queue that vanished a minute ago leaves U (and tau) near the busy value: the
     planner does not re-judge every co-location on one departure (settings doc)."""
-    u = smoothed_utilization(0.4, 3.0, 60.0, 1800.0, 1e4)
+    u, _ = smoothed_utilization(0.4, 3.0, 60.0, 1800.0, 1e4)
     assert 2.8 < u < 3.0
     tau = adaptive_tolerance(np.array([100.0]), np.array([0.0]), u, **KW)
     assert tau[0] == pytest.approx(1.8)
+
+
+def test_the_average_ages_with_the_clock_and_restarts_when_it_goes_back():
+    assert smoothed_utilization(0.5, 2.0, 60.0, 1800.0, 100.0)[1] == 160.0
+    assert smoothed_utilization(0.5, 2.0, 60.0, 0.0, 100.0)[1] == 160.0  # smoothing off
+    assert smoothed_utilization(0.5, None, 60.0, 1800.0, 100.0) == (0.5, 0.0)
+    assert smoothed_utilization(0.5, 2.0, -5.0, 1800.0, 100.0) == (0.5, 0.0)

@@ -8,13 +8,14 @@ target) tolerates a little more interference, never more than beta_max above
 the base, and the base itself never lets throughput fall below the floor:
 T_j(c) / S_hat >= L_j  <=>  S_hat <= T_j(c) / L_j.
 
-U(t) is the offered load, and it falls slowly (``smoothed_utilization``): tau
-decides both admission and, in the closed loop, separation, so a tau that
+U(t) is the offered load averaged over time, both ways (``smoothed_utilization``):
+tau decides both admission and, in the closed loop, separation, so a tau that
 followed each plan's instantaneous load re-judged every co-location whenever a
 job left, and a pair the long queue had let share was separated (a gang sent back
-to wait hours for its GPUs) a minute after the queue shrank.  A rising load is
-taken at once: a higher tau only admits more, and a restarted extender, whose first
-plans saw part of the cluster, must not hold tau down while the average catches up.
+to wait hours for its GPUs) a minute after the queue shrank.  Taking a rising load
+at once instead (tau up on every burst of arrivals) admitted borderline pairs the
+loop then separated (64 GPUs, load 1.5: 0.691x Volcano's JCT, against 0.638x
+averaged both ways and 0.660x not averaged).
 """
 
 from __future__ import annotations
@@ -58,19 +59,23 @@ def smoothed_utilization(
     elapsed_s: float,
     time_constant_s: float,
     history_s: float,
-) -> float:
-    """U(t) for tau: the load ``current`` averaged exponentially with the last plan's U.
+) -> tuple[float, float]:
+    """U(t) for tau, and how long its average has run: the load ``current`` averaged
+    exponentially with the last plan's U, ``previous``, whose average had run
+    ``history_s`` seconds.
 
     The weight left on ``previous`` is exp(-elapsed / T), with T the time constant or,
-    while the average is younger than that, its age ``history_s`` (the span of plans
-    behind ``previous``): a young average is the mean of what it has seen, so the
-    first plan of a restarted extender, made before its watch listed the pods,
-    does not hold tau at an empty cluster's for half an hour.  Without a previous
-    value or a history (a driver without a clock has none), with smoothing off, or
-    when the clock went back (a restart that reset it) the load now is U.
+    while the average is younger than that, its age ``history_s``: a young average is
+    the mean of what it has seen, so the first plan of a restarted extender, made
+    before its watch listed the pods, does not hold tau at an empty cluster's for
+    half an hour.  Without a previous value or a history (a driver without a clock
+    has none), or with smoothing off, the load now is U; a clock that went back (a
+    restart that reset it) also starts a new average.
     """
+    if previous is None or not elapsed_s >= 0:
+        return current, 0.0
     horizon = min(time_constant_s, history_s)
-    if previous is None or not horizon > 0 or not elapsed_s >= 0:
-        return current
+    if not horizon > 0:
+        return current, history_s + elapsed_s
     keep = math.exp(-elapsed_s / horizon)
-    return current + keep * (previous - current)
+    return current + keep * (previous - current), history_s + elapsed_s

@@ -199,7 +199,7 @@ class _Epoch:
         self.previous = previous
         self.device_probe = DeviceTable(snapshot.nodes, settings.memory_margin_mib)
         self.units = self._units()
-        self.utilization = self._smoothed_utilization()
+        self.utilization, self.utilization_history_s = self._smoothed_utilization()
         self.fastest = np.zeros(len(tables.jobs))
         self.residual_admits = 0  # admissions by Algorithm 1's last step, last packing pass
         self.recharged = 0  # running jobs charged their observed SM share (observed_sm)
@@ -230,21 +230,17 @@ class _Epoch:
     def _units(self) -> np.ndarray:
         return gpu_equivalent(self.device_probe)
 
-    def _smoothed_utilization(self) -> float:
-        """U(t) for tau: this plan's offered load averaged with the previous plan's U
-        (``tolerance.smoothed_utilization``, settings ``utilization_smoothing_s``)."""
+    def _smoothed_utilization(self) -> tuple[float, float]:
+        """(U(t) for tau, how long its average has run): this plan's offered load
+        averaged with the previous plan's U (``tolerance.smoothed_utilization``)."""
         previous = self.previous
         now = self._current_utilization()
-        self.utilization_history_s = 0.0
-        if previous is None or previous.utilization is None:
-            return now
-        elapsed = self.snapshot.now - previous.planned_at
-        if elapsed >= 0:  # a clock that went back starts a new average
-            self.utilization_history_s = previous.utilization_history_s + elapsed
+        if previous is None:
+            return now, 0.0
         return smoothed_utilization(
             now,
             previous.utilization,
-            elapsed,
+            self.snapshot.now - previous.planned_at,
             self.settings.utilization_smoothing_s,
             previous.utilization_history_s,
         )
