@@ -719,8 +719,7 @@ class Simulator:
             t_next = max(t_next, now)
             self._record(now, t_next)
             now = t_next
-            if now >= changes - _EPS:  # pairs' true slowdowns moved with the activities
-                self._track_harm(now)
+            changed = now >= changes - _EPS  # pairs' true slowdowns moved with the activities
             finished = run[(self.remaining[run] <= 1e-6 * np.maximum(self.work[run], 1.0))]
             if finished.size:
                 completed = True
@@ -739,6 +738,7 @@ class Simulator:
                     self._job_cache.pop(i, None)
                     if self.loop is not None:
                         self.loop.forget([self.trace[i].job_id])
+            if finished.size or changed:
                 self._track_harm(now)
             self._update_rates(now)
             if not run.size:
