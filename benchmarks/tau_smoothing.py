@@ -15,39 +15,17 @@ Command (from the repository root)::
 from __future__ import annotations
 
 import argparse
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import replace
 
 import numpy as np
 
 from elastico_extender.core.settings import PlannerSettings
-from elastico_extender.sim import runner
 from elastico_extender.sim.engine import ClusterSpec
 from elastico_extender.sim.metrics import summarise
 from elastico_extender.sim.runner import Experiment, run_one
 from elastico_extender.sim.traces import synthetic
 
 POLICY = "elastico+online"
-
-
-@contextmanager
-def smoothing(seconds: float) -> Iterator[None]:
-    """Runs inside use ``utilization_smoothing_s = seconds`` for the ElastiCo planner."""
-    build = runner.build_policy
-
-    def built(name: str, exp: Experiment, truth: object) -> object:
-        policy = build(name, exp, truth)  # type: ignore[arg-type]
-        settings = getattr(policy, "settings", None)
-        if isinstance(settings, PlannerSettings):
-            policy.settings = replace(settings, utilization_smoothing_s=seconds)  # type: ignore[attr-defined]
-        return policy
-
-    runner.build_policy = built  # type: ignore[assignment]
-    try:
-        yield
-    finally:
-        runner.build_policy = build
 
 
 def seeds(text: str) -> list[int]:
@@ -79,8 +57,8 @@ def main(argv: list[str] | None = None) -> int:
         )
         fifo = summarise(run_one("volcano", exp))["avg_jct_s"]
         for seconds in (0.0, default):
-            with smoothing(seconds):
-                result = run_one(POLICY, exp)
+            planner = PlannerSettings(utilization_smoothing_s=seconds)
+            result = run_one(POLICY, replace(exp, planner=planner))
             s = summarise(result)
             harm = np.array(result.harm_s) / exp.epoch_s
             p95 = float(np.percentile(harm, 95)) if harm.size else 0.0

@@ -540,3 +540,11 @@ def test_legacy_hostpath_rings_and_a_moved_kubelet_root(tmp_path):
     assert report["errors"] == []
     with pytest.raises(Exception, match=r"rings\.volume must be emptyDir or hostPath"):
         render({"rings": {"volume": "configMap"}})
+
+
+def test_planner_settings_in_the_values_reach_the_extender(tmp_path):
+    """``extender.settings.planner`` is the planner section of the settings file."""
+    docs = render({"extender": {"settings": {"planner": {"tau_default": 1.3, "bands": 2}}}})
+    settings = ServiceSettings.load(settings_file(docs, tmp_path), env={})
+    assert settings.planner.changed() == {"tau_default": 1.3, "bands": 2}
+    assert settings.epoch_seconds == 5  # the chart's other settings are kept

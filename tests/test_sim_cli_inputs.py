@@ -15,10 +15,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from elastico_extender.core.settings import PlannerSettings
 from elastico_extender.sim import cli
 from elastico_extender.sim.engine import ClusterSpec
 from elastico_extender.sim.metrics import summarise
-from elastico_extender.sim.runner import Experiment, run_experiment
+from elastico_extender.sim.runner import Experiment, build_policy, run_experiment
 from elastico_extender.sim.traces import load_philly, offered_load, philly_trace, synthetic
 from elastico_extender.sim.truth import DEFAULT_PAIRS, GroundTruth
 from elastico_extender.sim.workloads import ConfigTable
@@ -58,6 +59,9 @@ FAST = ["--no-progress", "--no-plots", "--jobs", "1"]
         (["--policy", "volcano+online"], "--policy"),
         (["--policy", "elastico+online+iac"], "--policy"),
         (["--world", "moon"], "--world"),
+        (["--planner", "tau_default=0.5"], "--planner tau_default"),
+        (["--planner", "bogus=1"], "--planner bogus"),
+        (["--planner", "bands"], "--planner"),
     ],
 )
 def test_bad_arguments_fail_cleanly(argv: list[str], option: str, tmp_path: Path) -> None:
@@ -171,3 +175,24 @@ def test_quick_run_is_loaded_and_shows_a_difference(tmp_path: Path, capsys) -> N
     rows = [line for line in out.splitlines() if line.startswith("| ") and "x |" in line]
     ratios = {line.split("|")[2].strip() for line in rows}
     assert len(rows) >= 4 and len(ratios) > 1
+
+
+def test_planner_settings_reach_every_policy_the_runner_builds(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    """``--planner`` is the same settings mapping the extender reads (core/settings.py)."""
+    args = ["--quick", "--policy", "elastico", "--policy", "volcano", *FAST]
+    assert cli.main([*args, "--planner", "reshape=off", "--out", str(tmp_path / "a")]) == 0
+    out = capsys.readouterr().out
+    assert "planner settings changed: {'reshape': False}" in out
+    exp = Experiment(
+        trace=tuple(synthetic(16, 1.0, 3600.0, 0)),
+        cluster=ClusterSpec(gpus=16),
+        planner=PlannerSettings(reshape=False, memory_margin_mib=1024.0),
+    )
+    truth = GroundTruth.build(ConfigTable.build(0, 0.05), DEFAULT_PAIRS)
+    for name in ("elastico+online", "elastico-no-esp", "volcano", "lucid", "tiresias", "srtf"):
+        policy = build_policy(name, exp, truth)
+        settings = getattr(policy, "settings", None)
+        margin = settings.memory_margin_mib if settings else getattr(policy, "margin", None)
+        assert margin == 1024.0, name
+    pinned = build_policy("elastico", exp, truth)
+    assert pinned.settings.reshape is False  # type: ignore[attr-defined]

@@ -134,7 +134,8 @@ def create_app(
     store: ProfileStore | None = None,
 ) -> FastAPI:
     """Build the service. ``predictor`` is injectable; by default it is resolved from
-    ``settings.predictor_model`` (the core's contention heuristic when none)."""
+    ``settings.predictor_model`` (the core's contention heuristic when none).
+    ``planner_settings`` replaces ``settings.planner`` (tests)."""
     if predictor is None:
         predictor, predictor_degraded = resolve_predictor(settings.predictor_model)
     profile_path = settings.profile_store or settings.observation_store
@@ -175,6 +176,8 @@ def create_app(
         completions=completions,
         succession=succession,
     )
+    if engine.planner_settings.changed():  # said once: a tuned planner explains its plans
+        log.info("planner.settings", extra={"changed": engine.planner_settings.changed()})
     observed.attach(lambda: engine.published if engine.has_plan else None, engine.forget_family)
     metrics.registry.register(ObservationCollector(observed))
     if checkpoint is not None:

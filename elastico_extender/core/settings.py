@@ -7,10 +7,13 @@ weight, gamma queue reservation, M rounds, eta step size, tau/beta tolerance.
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass, fields
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, fields, replace
 from enum import StrEnum
+from typing import Any
 
-__all__ = ["PlannerSettings", "StepSchedule"]
+__all__ = ["PlannerSettings", "StepSchedule", "assignments", "coerce_setting"]
 
 
 class StepSchedule(StrEnum):
@@ -97,6 +100,39 @@ class PlannerSettings:
             with contextlib.suppress(ValueError):  # an invalid value is reported by problems()
                 object.__setattr__(self, "step_schedule", StepSchedule(self.step_schedule))
 
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any], label: str = "planner.") -> PlannerSettings:
+        """The defaults with ``values`` (field name -> value) applied.
+
+        Values may be strings (environment variables, ``NAME=VALUE`` flags): each is
+        coerced to its field's type.  Raises ValueError listing every unknown name and
+        every invalid value, each named ``label`` + field, so an operator's settings file
+        is fixed in one pass.
+        """
+        declared = {f.name: str(f.type) for f in fields(cls)}
+        coerced: dict[str, Any] = {}
+        found = [f"{label}{name}: unknown setting" for name in values if name not in declared]
+        for name, raw in values.items():
+            if name in declared:
+                try:
+                    coerced[name] = coerce_setting(raw, declared[name])
+                except (TypeError, ValueError) as exc:
+                    found.append(f"{label}{name}: {exc}")
+        settings = replace(cls(), **coerced)
+        found.extend(label + problem for problem in settings.problems())
+        if found:
+            raise ValueError("; ".join(found))
+        return settings
+
+    def changed(self) -> dict[str, Any]:
+        """Fields that differ from the defaults (what a start-up log or a report shows)."""
+        default = type(self)()
+        return {
+            f.name: getattr(self, f.name)
+            for f in fields(self)
+            if getattr(self, f.name) != getattr(default, f.name)
+        }
+
     def problems(self) -> list[str]:
         """Every invalid setting, each naming the field."""
         found = []
@@ -109,8 +145,8 @@ class PlannerSettings:
             value = getattr(self, f.name)
             if f.name == "step_schedule" or isinstance(value, bool):
                 continue
-            if not isinstance(value, int | float) or value != value or value < 0:
-                found.append(f"{f.name} must be a non-negative number, got {value!r}")
+            if not isinstance(value, int | float) or not 0 <= value < math.inf:
+                found.append(f"{f.name} must be a finite non-negative number, got {value!r}")
         if self.max_rounds < 1:
             found.append("max_rounds must be >= 1")
         if self.max_price_iterations < 1:
@@ -130,3 +166,49 @@ class PlannerSettings:
         if not 0 < self.weight_floor <= 1:
             found.append("weight_floor must lie in (0, 1]")
         return found
+
+
+def coerce_setting(raw: Any, declared: str) -> Any:
+    """``raw`` (from a file, the environment or a flag) as the type named ``declared``.
+
+    ``declared`` is a dataclass field's annotation as text (``"float"``, ``"int | None"``,
+    ``"bool"``, ...); anything else is kept as a string (an enum's own constructor
+    checks it).  Raises TypeError or ValueError saying what was expected.
+    """
+    if raw is None:
+        return None
+    if "bool" in declared:
+        if isinstance(raw, bool):
+            return raw
+        lowered = str(raw).strip().lower()
+        if lowered in ("1", "true", "yes", "on"):
+            return True
+        if lowered in ("0", "false", "no", "off"):
+            return False
+        raise ValueError(f"expected a boolean, got {raw!r}")
+    if declared.startswith("int | None") and str(raw).strip().lower() in ("", "none", "null"):
+        return None
+    for kind, convert, expected in (("int", int, "an integer"), ("float", float, "a number")):
+        if kind not in declared:
+            continue
+        if isinstance(raw, bool | dict | list):
+            raise TypeError(f"expected {expected}, got {raw!r}")
+        try:
+            return convert(raw)
+        except (TypeError, ValueError):
+            raise ValueError(f"expected {expected}, got {raw!r}") from None
+    if isinstance(raw, dict | list):
+        raise TypeError(f"expected a string, got {type(raw).__name__}")
+    return str(raw)
+
+
+def assignments(texts: Iterable[str], option: str) -> dict[str, str]:
+    """``["tau_default=1.4", ...]`` (repeated ``NAME=VALUE`` flags) as a mapping; the
+    last of a repeated name wins.  ValueError names ``option`` and the bad text."""
+    out: dict[str, str] = {}
+    for text in texts:
+        name, sep, value = text.partition("=")
+        if not sep or not name.strip():
+            raise ValueError(f"{option}: expected NAME=VALUE, got {text!r}")
+        out[name.strip()] = value.strip()
+    return out

@@ -27,9 +27,10 @@ import uvicorn
 
 from elastico_extender.cluster.base import Cluster
 from elastico_extender.cluster.embedded import EmbeddedCluster
+from elastico_extender.core.settings import assignments
 from elastico_extender.service.gc_policy import FreezeAfterEpochs
 from elastico_extender.service.logs import configure_logging
-from elastico_extender.service.settings import ServiceSettings
+from elastico_extender.service.settings import PLANNER, ServiceSettings
 
 __all__ = ["build_cluster", "build_servers", "listen", "main", "parser", "serve_main"]
 
@@ -89,6 +90,13 @@ def parser() -> argparse.ArgumentParser:
         type=int,
         help="pods evicted per epoch to carry out the plan's moves (default 1; 0: log only)",
     )
+    p.add_argument(
+        "--planner",
+        action="append",
+        metavar="NAME=VALUE",
+        help="a planner setting (repeatable), e.g. --planner tau_default=1.4; names and "
+        "defaults: elastico_extender/core/settings.py (docs/service.md)",
+    )
     p.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
     p.add_argument(
         "--log-format",
@@ -99,7 +107,10 @@ def parser() -> argparse.ArgumentParser:
 
 
 def settings_from(args: argparse.Namespace) -> ServiceSettings:
+    """Settings from the file, the environment and the flags; ValueError names each field."""
     overrides = {k: v for k, v in vars(args).items() if k != "config" and v is not None}
+    if args.planner:
+        overrides[PLANNER] = assignments(args.planner, "--planner")
     return ServiceSettings.load(args.config, overrides=overrides)
 
 

@@ -104,7 +104,7 @@ class Engine:
     ) -> None:
         self.settings = settings
         self.cluster = cluster
-        self.planner_settings = planner_settings or PlannerSettings()
+        self.planner_settings = planner_settings or settings.planner
         self.predictor = predictor
         self.predictor_name = getattr(predictor, "name", "contention-heuristic")
         self.predictor_degraded = predictor_degraded
@@ -151,7 +151,11 @@ class Engine:
             cluster, self.pod_jobs, self.bookings, self.actuator, self.loop, self.metrics
         )
         self.views = RestViews(
-            self.bookings, self.loop.history, self.predictor_name, predictor_degraded
+            self.bookings,
+            self.loop.history,
+            self.predictor_name,
+            predictor_degraded,
+            self.planner_settings,
         )
         self.after_epoch = self.loop.after_epoch
         self.history = self.loop.history

@@ -12,15 +12,19 @@ import json
 import math
 import os
 from collections.abc import Mapping
-from dataclasses import MISSING, dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
 from elastico_extender.cluster.objects import quantity
+from elastico_extender.core.settings import PlannerSettings, coerce_setting
 
-__all__ = ["ENV_PREFIX", "ServiceSettings"]
+__all__ = ["ENV_PREFIX", "PLANNER", "ServiceSettings"]
 
 ENV_PREFIX = "ELASTICO_"
+PLANNER = "planner"
+"""The nested section of planner settings: ``planner: {tau_default: 1.4}`` in the file,
+``ELASTICO_PLANNER_TAU_DEFAULT`` in the environment, ``--planner tau_default=1.4``."""
 
 
 @dataclass(frozen=True)
@@ -162,6 +166,13 @@ class ServiceSettings:
     """Bound of the compressed checkpoint (768 KiB; a ConfigMap holds at most 1 MiB):
     the oldest rows are dropped first, and the ConfigMap says how many."""
 
+    # -- the planner (core/settings.py: ESP, IAC, PDS, queueing, the closed loop) ------
+    planner: PlannerSettings = field(default_factory=PlannerSettings)
+    """Every planner setting (tolerance tau, switching cost, queue bands, tau's load
+    average, ...), a nested mapping of ``elastico_extender/core/settings.py``'s field
+    names; unset fields keep those defaults, which the simulator's results were measured
+    with (docs/service.md, "Planner settings")."""
+
     @property
     def allowed_client_names(self) -> tuple[str, ...]:
         return _names(self.client_cert_names)
@@ -198,23 +209,28 @@ class ServiceSettings:
                 raise ValueError(f"{file}: settings file must hold a mapping")
             values.update(doc)
         env = os.environ if env is None else env
+        planner = {**_mapping(values.pop(PLANNER, None), problems)}
+        planner.update(_planner_env(env))
+        planner.update(_mapping((overrides or {}).get(PLANNER), problems))
         for name in cls.field_names():
             key = ENV_PREFIX + name.upper()
-            if key in env:
+            if key in env and name != PLANNER:
                 values[name] = env[key]
         values.update({k: v for k, v in (overrides or {}).items() if v is not None})
+        values.pop(PLANNER, None)
         known = set(cls.field_names())
         problems.extend(f"{k}: unknown setting" for k in values if k not in known)
         coerced: dict[str, Any] = {}
         for f in fields(cls):
-            if f.name not in values:
-                continue
-            raw = values[f.name]
-            default = f.default if f.default is not MISSING else None
-            try:
-                coerced[f.name] = _coerce(raw, default, f.type)
-            except (TypeError, ValueError) as exc:
-                problems.append(f"{f.name}: {exc}")
+            if f.name in values:
+                try:
+                    coerced[f.name] = coerce_setting(values[f.name], str(f.type))
+                except (TypeError, ValueError) as exc:
+                    problems.append(f"{f.name}: {exc}")
+        try:
+            coerced[PLANNER] = PlannerSettings.from_mapping(planner, label=PLANNER + ".")
+        except ValueError as exc:
+            problems.append(str(exc))
         settings = replace(cls(), **coerced)
         problems.extend(settings.problems())
         if problems:
@@ -277,6 +293,7 @@ class ServiceSettings:
         if self.log_level.lower() not in ("debug", "info", "warning", "error"):
             found.append("log_level: must be debug, info, warning or error")
         found.extend(self._rings_problems())
+        found.extend(f"{PLANNER}.{problem}" for problem in self.planner.problems())
         if self.log_format not in ("text", "json"):
             found.append(f"log_format: must be text or json, got {self.log_format!r}")
         return found
@@ -300,33 +317,26 @@ class ServiceSettings:
         return found
 
 
-def _coerce(raw: Any, default: Any, declared: Any) -> Any:
-    text = str(declared)
+def _mapping(raw: Any, problems: list[str]) -> Mapping[str, Any]:
+    """The ``planner`` section as given (None: empty); anything but a mapping is a problem."""
     if raw is None:
-        return None
-    if "bool" in text:
-        if isinstance(raw, bool):
-            return raw
-        lowered = str(raw).strip().lower()
-        if lowered in ("1", "true", "yes", "on"):
-            return True
-        if lowered in ("0", "false", "no", "off"):
-            return False
-        raise ValueError(f"expected a boolean, got {raw!r}")
-    if text.startswith("int"):
-        if isinstance(raw, bool):
-            raise TypeError(f"expected an integer, got {raw!r}")
-        return int(raw)
-    if text.startswith("float"):
-        if isinstance(raw, bool):
-            raise TypeError(f"expected a number, got {raw!r}")
-        return float(raw)
-    if "int" in text:  # int | None
-        return None if str(raw).strip().lower() in ("", "none", "null") else int(raw)
-    if isinstance(raw, dict | list):
-        raise TypeError(f"expected a string, got {type(raw).__name__}")
-    del default
-    return str(raw)
+        return {}
+    if not isinstance(raw, Mapping):
+        kind = type(raw).__name__
+        problems.append(f"{PLANNER}: must be a mapping of planner settings, got {kind}")
+        return {}
+    return raw
+
+
+def _planner_env(env: Mapping[str, str]) -> dict[str, str]:
+    """Planner settings from ``ELASTICO_PLANNER_<FIELD>`` variables."""
+    prefix = f"{ENV_PREFIX}{PLANNER.upper()}_"
+    names = {f.name for f in fields(PlannerSettings)}
+    return {
+        key[len(prefix) :].lower(): value
+        for key, value in env.items()
+        if key.startswith(prefix) and key[len(prefix) :].lower() in names
+    }
 
 
 def _names(listed: str) -> tuple[str, ...]:

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from elastico_extender.core.resources import GPU_SM, RESOURCE_NAMES
+from elastico_extender.core.settings import PlannerSettings
 from elastico_extender.service.bookings import Bookings
 
 __all__ = ["RestViews"]
@@ -26,11 +27,14 @@ class RestViews:
         history: Sequence[dict[str, Any]],
         predictor_name: str,
         predictor_degraded: str | None,
+        planner_settings: PlannerSettings | None = None,
     ) -> None:
         self.bookings = bookings
         self.history = history
         self.predictor_name = predictor_name
         self.predictor_degraded = predictor_degraded
+        self.planner_changed = (planner_settings or PlannerSettings()).changed()
+        """The planner settings that differ from the defaults, shown on GET /plan."""
 
     def prices(self) -> dict[str, Any]:
         pub = self.bookings.published
@@ -171,4 +175,5 @@ class RestViews:
             "stats": {k: float(v) for k, v in p.stats.items()},
             "predictor": self.predictor_name,
             "predictor_degraded": self.predictor_degraded,
+            "planner_settings": dict(self.planner_changed),
         }

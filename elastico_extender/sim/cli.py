@@ -24,6 +24,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from elastico_extender.core.resources import MAX_CLUSTER_GPUS
+from elastico_extender.core.settings import PlannerSettings, assignments
 from elastico_extender.sim.engine import ClusterSpec
 from elastico_extender.sim.instances import instances_needed
 from elastico_extender.sim.production import ProductionWorld
@@ -210,6 +211,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=0.3,
         help="share of Philly's one-GPU jobs turned into LLM inference (0..1; printed)",
     )
+    p.add_argument(
+        "--planner",
+        action="append",
+        metavar="NAME=VALUE",
+        help="a planner setting for every policy (repeatable), e.g. --planner tau_default=1.4; "
+        "names and defaults: elastico_extender/core/settings.py",
+    )
     p.add_argument("--instances", action="store_true", help="also count GPU instances per mix")
     p.add_argument("--no-plots", action="store_true")
     p.add_argument("--no-progress", action="store_true")
@@ -304,6 +312,16 @@ def _check_out(out: Path) -> None:
         raise InputError(f"--out: cannot write to {out}: {exc.strerror or exc}") from None
 
 
+def _planner(flags: list[str] | None) -> PlannerSettings | None:
+    """``--planner NAME=VALUE`` flags as settings (None: none given, the defaults)."""
+    if not flags:
+        return None
+    try:
+        return PlannerSettings.from_mapping(assignments(flags, "--planner"), label="--planner ")
+    except ValueError as exc:  # every message starts with the option's name
+        raise InputError(str(exc)) from None
+
+
 def _check_policies(names: list[str]) -> None:
     for name in names:
         try:
@@ -334,6 +352,7 @@ def main(argv: list[str] | None = None) -> int:
                 ProductionWorld.load(args.world_file)
             except ValueError as exc:
                 raise InputError(f"--world-file: {exc}") from None
+        planner = _planner(args.planner)
         jobs, gpus, window, loaded = load_trace(args)
     except InputError as exc:
         parser.print_usage(sys.stderr)
@@ -353,6 +372,7 @@ def main(argv: list[str] | None = None) -> int:
         world=args.world,
         world_file=args.world_file,
         history=loaded.history,
+        planner=planner,
     )
     load = offered_load(jobs, gpus, window)
     print(
@@ -362,6 +382,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     for note in loaded.notes:
         print(f"  {note}")
+    if planner is not None:
+        print(f"  planner settings changed: {planner.changed()}")
     if any(p.partition("+")[0] == "srtf" for p in policies):
         print("  srtf is an ORACLE: it is told every job's true remaining time")
     bar = ProgressBar(f"simulating {len(policies)} policies")

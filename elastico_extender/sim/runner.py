@@ -40,6 +40,7 @@ from elastico_extender.core.duration import CompletedJob
 from elastico_extender.core.interference.online import OnlineCorrection
 from elastico_extender.core.interference.predictor import ContentionPredictor, SlowdownPredictor
 from elastico_extender.core.model import Plan, Snapshot
+from elastico_extender.core.settings import PlannerSettings
 from elastico_extender.policies import POLICIES, Policy, make_policy
 from elastico_extender.sim.engine import ClusterSpec, RunResult, Simulator
 from elastico_extender.sim.predictors import NoisyTablePredictor, SampledPairsPredictor
@@ -84,6 +85,9 @@ class Experiment:
     oracle_durations: bool = False
     """ORACLE diagnostic, never a result: the planner reads every job's true duration
     instead of the estimator's guess, to bound what length awareness could gain."""
+    planner: PlannerSettings | None = None
+    """Planner settings of every policy (ElastiCo's planner; the baselines read only the
+    memory margin); None: the defaults, as the extender runs them."""
 
 
 PREDICTOR_SUFFIXES = ("iac", "learned", "truth")
@@ -122,6 +126,8 @@ def build_policy(name: str, exp: Experiment, truth: GroundTruth) -> Policy:
             # contention model (monotone in activity) can: the stronger Lucid.
             kwargs["profiled"] = truth.solo_profile
             kwargs["predictor"] = ContentionPredictor()
+    if exp.planner is not None:
+        kwargs["settings"] = exp.planner
     predictor: SlowdownPredictor | None = None
     if suffix:
         if suffix == "learned":
