@@ -25,11 +25,7 @@ predicted once per device state and cached (``occupant_excess``).
 
 A queue asks the same screen again and again: hundreds of pending jobs of a few
 shapes, each walked every epoch.  A configuration's refusal is remembered per shape
-and reused, exactly, until something leaves the table (``Placer._refusal``), and every
-pair's S_hat is kept while the predictor's generation stands still (:mod:`.pair_cache`).
-Whatever a placer keeps from the predictor (pair answers, occupants' excess,
-refusals) is dropped when that generation moves: a placer outlives the plan that
-made it (the service's ``PlacementView``) while the online correction learns.
+and reused, exactly, until something leaves the table (``Placer._refusal``).
 """
 
 from __future__ import annotations
@@ -40,16 +36,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from elastico_extender.core.interference.features import NUM_JOB_FEATURES, pair_features
-from elastico_extender.core.interference.predictor import SlowdownPredictor, predictor_generation
+from elastico_extender.core.interference.predictor import SlowdownPredictor
 from elastico_extender.core.planner.devices import DeviceTable, tenant_pairs
-from elastico_extender.core.planner.pair_cache import PairCache
 from elastico_extender.core.planner.screening import OptionScreen
 from elastico_extender.core.resources import GPU_MEM, GPU_SM
 
-__all__ = ["CACHE_PAIRS", "Placed", "Placer", "device_slowdown"]
-
-CACHE_PAIRS = True
-"""Whether new placers keep pair answers (:mod:`.pair_cache`); off only to measure it."""
+__all__ = ["Placed", "Placer", "device_slowdown"]
 
 MAX_CHECKED_DEVICES = 32
 """Occupied candidate devices whose interference is predicted per attempt (best fit first);
@@ -127,8 +119,6 @@ class Placer:
         self._placed_on: list[int] = []  # devices of every commit, in order
         # device -> {occupant row: its predicted excess from the other occupants}
         self._excess: dict[int, dict[int, float]] = {}
-        self.pairs = PairCache(predictor) if CACHE_PAIRS and predictor is not None else None
-        self._followed = (predictor, predictor_generation(predictor))
 
     # -- bookkeeping --------------------------------------------------------
     def _reserve(self, rows: int) -> None:
@@ -160,8 +150,6 @@ class Placer:
         self._placed_on.extend(devices)
         for d in devices:
             self._excess.pop(d, None)
-        if self.pairs is not None:
-            self.pairs.moved([row])
         self.config[row] = config
         self.features[row] = features
         self.tolerance[row] = tolerance
@@ -186,8 +174,6 @@ class Placer:
         self._refused.clear()
         self.config[rows] = configs
         self.features[rows] = features
-        if self.pairs is not None:
-            self.pairs.moved(rows)
         self.tolerance[rows] = tolerance
         listed = rows.tolist()
         self.devices_of.update(zip(listed, devices, strict=True))
@@ -238,16 +224,6 @@ class Placer:
                     return True
         return False
 
-    def follow_predictor(self) -> None:
-        """Drop what was kept from the predictor (occupants' excess, refusals) if its
-        generation moved since or it was replaced; the pair cache checks its own
-        (``PairCache.current``)."""
-        followed = (self.predictor, predictor_generation(self.predictor))
-        if followed[1] != self._followed[1] or followed[0] is not self._followed[0]:
-            self._followed = followed
-            self._excess.clear()
-            self._refused.clear()
-
     def predict_against(
         self, devices: np.ndarray, features: np.ndarray, tolerance: float
     ) -> tuple[np.ndarray, np.ndarray]:
@@ -256,13 +232,6 @@ class Placer:
         Empty devices are safe with S_hat 1.  One predictor call covers all pairs.
         Both sides' S_hat times ``margin`` (the admission band) are compared with tau.
         """
-        self.follow_predictor()
-        return self._predict_against(devices, features, tolerance)
-
-    def _predict_against(
-        self, devices: np.ndarray, features: np.ndarray, tolerance: float
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """``predict_against`` inside a search (which already followed the predictor)."""
         safe = np.ones(len(devices), dtype=bool)
         worst = np.ones(len(devices))
         if self.predictor is None or len(devices) == 0:
@@ -277,29 +246,9 @@ class Placer:
         if not partner_rows:
             return safe, worst
         partners = np.array(partner_rows, dtype=np.intp)
-        idx = np.array(pair_dev, dtype=np.intp)
-        s_new, s_old = self._newcomer_pairs(features, partners, devices[idx])
-        return self.verdict(idx, len(devices), s_new, s_old, tolerance, partners, devices[idx])
-
-    def _newcomer_pairs(
-        self, features: np.ndarray, partners: np.ndarray, pair_devices: np.ndarray
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """S_hat of a newcomer (job block ``features``) next to each partner row on its
-        device, and of the partner next to the newcomer; kept answers where allowed."""
-        memory_gib = self.table.memory_total[pair_devices] / 1024.0
-        pairs = self.pairs
-        if pairs is not None and pairs.current(self.predictor):
-            mine, theirs, memory = pairs.ids(features[None, :], partners, self.features, memory_gib)
-            mine = np.broadcast_to(mine, theirs.shape)
-            s = pairs.slowdowns(
-                np.concatenate([mine, theirs]),
-                np.concatenate([theirs, mine]),
-                np.concatenate([memory, memory]),
-            )
-            return s[: partners.size], s[partners.size :]
         # Many devices host the same partner configuration: predict each distinct
         # (partner features, device memory) once, then map back.
-        assert self.predictor is not None
+        memory_gib = self.table.memory_total[devices[np.array(pair_dev)]] / 1024.0
         theirs = self.features[partners]
         ids: dict[tuple[bytes, float], int] = {}
         first_list: list[int] = []
@@ -321,7 +270,9 @@ class Placer:
         )
         s = np.asarray(self.predictor.predict(x), dtype=np.float64)
         half = first.size
-        return s[:half][inverse], s[half:][inverse]
+        s_new, s_old = s[:half][inverse], s[half:][inverse]
+        idx = np.array(pair_dev, dtype=np.intp)
+        return self.verdict(idx, len(devices), s_new, s_old, tolerance, partners, devices[idx])
 
     def verdict(
         self,
@@ -381,27 +332,18 @@ class Placer:
         assert self.predictor is not None
         victims, partners, where, _ = tenant_pairs(self.table, devices)
         memory = self.table.memory_total[where] / 1024.0
-        excess = np.maximum(self._row_pairs(victims, partners, memory) - 1.0, 0.0)
+        s = np.asarray(
+            self.predictor.predict(
+                pair_features(self.features[victims], self.features[partners], memory)
+            ),
+            dtype=np.float64,
+        )
+        excess = np.maximum(s - 1.0, 0.0)
         for d in devices:
             self._excess[d] = {}
         for d, a, e in zip(where.tolist(), victims.tolist(), excess.tolist(), strict=True):
             slot = self._excess[d]
             slot[a] = slot.get(a, 0.0) + e
-
-    def _row_pairs(
-        self, victims: np.ndarray, partners: np.ndarray, memory_gib: np.ndarray
-    ) -> np.ndarray:
-        """S_hat of each placed victim row next to its placed partner row (on a device of
-        ``memory_gib``); kept answers where allowed."""
-        pairs = self.pairs
-        if pairs is not None and pairs.current(self.predictor):
-            rows = np.concatenate([victims, partners])
-            none = np.zeros((0, NUM_JOB_FEATURES), dtype=np.float32)
-            _, ids, memory = pairs.ids(none, rows, self.features, memory_gib)
-            return pairs.slowdowns(ids[: victims.size], ids[victims.size :], memory)
-        assert self.predictor is not None
-        x = pair_features(self.features[victims], self.features[partners], memory_gib)
-        return np.asarray(self.predictor.predict(x), dtype=np.float64)
 
     # -- placement -----------------------------------------------------------
     def try_place(
@@ -429,7 +371,6 @@ class Placer:
         left no devices is not screened again for that shape while the refusal holds
         (``_refusal``).
         """
-        self.follow_predictor()
         if shape is not None and allowed_devices is None and row in self.forbidden_rows:
             # Held-apart, run-alone and forbidden-pair rows only lose devices to their
             # constraints: if the same question without them finds nothing, neither do
@@ -575,7 +516,7 @@ class Placer:
         if changed.size:
             if self.predictor is None:
                 return False
-            safe, _ = self._predict_against(changed, features, recorded)
+            safe, _ = self.predict_against(changed, features, recorded)
             if safe.any():
                 return False
         self._refused[key] = (recorded, placed)
@@ -625,7 +566,7 @@ class Placer:
             if batch is not None and batch.covers(config):
                 safe, worst = batch.verdict(config, checked, tolerance)
             else:
-                safe, worst = self._predict_against(checked, features, tolerance)
+                safe, worst = self.predict_against(checked, features, tolerance)
             screened[checked[safe]] = True
             slowdown_of[checked] = worst
         return screened, slowdown_of

@@ -22,10 +22,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from elastico_extender.core.interference.features import pair_features
-from elastico_extender.core.planner.pair_cache import occupant_key
 
 if TYPE_CHECKING:
-    from elastico_extender.core.planner.pair_cache import PairCache
     from elastico_extender.core.planner.placement import Placer
 
 __all__ = ["OptionScreen"]
@@ -58,9 +56,6 @@ class OptionScreen:
         self.inverse = np.zeros(0, dtype=np.intp)
         if not partners or placer.predictor is None:
             return
-        if placer.pairs is not None and placer.pairs.current(placer.predictor):
-            self._kept_answers(placer.pairs, configs, features)
-            return
         memory = (table.memory_total[self.pair_device] / 1024.0).astype(np.float32)
         keys = np.ascontiguousarray(
             np.concatenate([placer.features[self.partners], memory[:, None]], axis=1)
@@ -78,28 +73,6 @@ class OptionScreen:
             [pair_features(mine, theirs_all, mem_all), pair_features(theirs_all, mine, mem_all)]
         )
         s = np.asarray(placer.predictor.predict(x), dtype=np.float64)
-        self.s_new = s[: o * u].reshape(o, u)
-        self.s_old = s[o * u :].reshape(o, u)
-
-    def _kept_answers(self, pairs: PairCache, configs: Sequence[int], features: np.ndarray) -> None:
-        """The same (configuration, distinct occupant) answers, from the placer's kept pairs."""
-        placer = self.placer
-        memory_gib = placer.table.memory_total[self.pair_device] / 1024.0
-        mine, theirs, memory = pairs.ids(
-            np.asarray(features)[list(configs)], self.partners, placer.features, memory_gib
-        )
-        occupant = occupant_key(theirs, memory)
-        _, first, inverse = np.unique(occupant, return_index=True, return_inverse=True)
-        self.inverse = inverse.reshape(-1)
-        u, o = first.size, len(configs)
-        mine_all = np.repeat(mine, u)
-        theirs_all = np.tile(theirs[first], o)
-        memory_all = np.tile(memory[first], o)
-        s = pairs.slowdowns(
-            np.concatenate([mine_all, theirs_all]),
-            np.concatenate([theirs_all, mine_all]),
-            np.concatenate([memory_all, memory_all]),
-        )
         self.s_new = s[: o * u].reshape(o, u)
         self.s_old = s[o * u :].reshape(o, u)
 
