@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import pytest
 
 from elastico_extender.core.closed_loop import KNOWN_WINDOWS, ClosedLoop, RunningConfig
 from elastico_extender.core.interference.features import pair_features
 from elastico_extender.core.interference.online import OnlineCorrection
-from elastico_extender.core.interference.predictor import ContentionPredictor
+from elastico_extender.core.interference.predictor import (
+    ContentionPredictor,
+    predictor_generation,
+)
 from elastico_extender.core.observations import Observation
+from elastico_extender.service.predictor import GuardedPredictor
 
 
 def rows(families, victim: str, vc: int, partner: str, pc: int) -> np.ndarray:
@@ -243,3 +249,34 @@ def test_neighbour_ring_is_bounded_and_keeps_the_newest_pairs(families):
     kept = correction.neighbour_rows()
     assert len(kept) == 4
     np.testing.assert_array_equal(np.stack([row for _, row, _, _ in kept]), np.concatenate(xs[-4:]))
+
+
+def test_generations_move_when_answers_can_change_and_stay_put_otherwise():
+    base = ContentionPredictor()
+    assert predictor_generation(base) == 0
+    correction = OnlineCorrection(base)
+    lock = threading.Lock()
+    guarded = GuardedPredictor(correction, lock)
+    start = correction.generation
+    assert start is not None and guarded.generation == start
+    x = np.random.default_rng(0).uniform(0.1, 0.9, size=(4, 36)).astype(np.float32)
+    correction.predict(x)
+    assert correction.generation == start  # answering changes nothing
+    correction.learn(x, np.full(4, 500.0))  # out of range labels teach nothing
+    assert correction.generation == start
+    correction.learn(x, np.full(4, 2.0))
+    learned = correction.generation
+    assert learned is not None and learned > start and guarded.generation == learned
+    correction.restore_rows("config", correction.rows("config"))
+    assert correction.generation is not None and correction.generation > learned
+    restored = correction.generation
+    correction.restore_neighbours(correction.neighbour_rows())
+    assert correction.generation is not None and correction.generation > restored
+
+    class Unknown:
+        name = "unknown"
+
+        def predict(self, features: np.ndarray) -> np.ndarray:
+            return np.ones(features.shape[0])
+
+    assert OnlineCorrection(Unknown()).generation is None  # may change: never kept

@@ -266,3 +266,32 @@ def test_the_refusal_log_of_a_placer_that_only_places_stays_bounded(families, mo
         placer.commit(row, 0, [d], fam.resources[0] * 0, fam.features[0], 9.0)
         assert len(placer._placed_on) <= 8
     assert not placer._refused  # forgotten with the log, not left pointing past it
+
+
+def test_a_kept_placer_forgets_a_refusal_once_the_correction_learned_the_pair(families):
+    """The service's PlacementView keeps one placer while observations teach the online
+    correction: a refusal remembered before must not answer once the pair is known fine."""
+    from elastico_extender.core.interference.features import pair_features
+    from elastico_extender.core.interference.online import OnlineCorrection
+
+    class Harsh(_Constant):
+        generation = 0  # fixed answers
+
+    correction = OnlineCorrection(Harsh(1.4))
+    placer, fam = _full_placer(families, correction)
+    k = fam.size
+    lean = int(np.argmin(fam.resources[:, 1]))  # what every occupant runs
+
+    def ask(p: Placer) -> object:
+        return p.try_place(
+            1, 1, [lean], fam.resources, fam.features, np.full(k, 1.3), commit=False, shape="s"
+        )
+
+    assert ask(placer) is None  # 1.4 > 1.3 everywhere: remembered
+    block = np.asarray(fam.features[lean], dtype=np.float32)[None]
+    row = pair_features(block, block, float(placer.table.memory_total[0]) / 1024.0)
+    for _ in range(30):  # observed: this pair runs unslowed
+        correction.learn(row, np.ones(1))
+    assert correction.predict(row)[0] < 1.1
+    assert ask(_full_placer(families, correction)[0]) is not None  # a fresh placer places
+    assert ask(placer) is not None  # and so does the one kept since

@@ -122,6 +122,7 @@ class OnnxSlowdownPredictor:
     """The spec's slowdown DNN served by onnxruntime; implements ``SlowdownPredictor``."""
 
     name = "iac-dnn-onnx"
+    generation = 0  # a model loaded once: its answers never change
 
     def __init__(self, path: Path | str | None = None, *, intra_op_threads: int | None = None):
         self.path = Path(path) if path is not None else DEFAULT_MODEL_PATH

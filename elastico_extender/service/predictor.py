@@ -14,7 +14,11 @@ import threading
 
 import numpy as np
 
-from elastico_extender.core.interference.predictor import ContentionPredictor, SlowdownPredictor
+from elastico_extender.core.interference.predictor import (
+    ContentionPredictor,
+    SlowdownPredictor,
+    predictor_generation,
+)
 
 __all__ = ["GuardedPredictor", "resolve_predictor"]
 
@@ -48,6 +52,11 @@ class GuardedPredictor:
         self.inner = inner
         self.lock = lock
         self.name = getattr(inner, "name", type(inner).__name__)
+
+    @property
+    def generation(self) -> int | None:
+        """The inner predictor's (read without the lock: an int read is atomic)."""
+        return predictor_generation(self.inner)
 
     def predict(self, features: np.ndarray) -> np.ndarray:
         with self.lock:

@@ -78,7 +78,11 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 
 from elastico_extender.core.interference.features import NUM_FEATURES
-from elastico_extender.core.interference.predictor import SlowdownPredictor, check_feature_batch
+from elastico_extender.core.interference.predictor import (
+    SlowdownPredictor,
+    check_feature_batch,
+    predictor_generation,
+)
 from elastico_extender.core.observations import PairSample
 
 __all__ = ["FAMILY_COLUMNS", "OnlineCorrection", "pair_keys", "single_partner"]
@@ -263,8 +267,20 @@ class OnlineCorrection:
         self._ring = _Ring(neighbours)  # 0: no neighbour level
         self._borrowed: dict[int, float] = {}  # key -> neighbour shift, until the ring changes
         self.samples_seen = 0
+        self._changes = 0  # bumped after every change to what it answers (``generation``)
 
     # -- the predictor protocol ------------------------------------------------
+    @property
+    def generation(self) -> int | None:
+        """Grows whenever an answer can change (learning, a restore), so a caller may keep
+        answers while it stays put; None when the base predictor declares none.
+
+        Bumped after the change is applied: a reader that sees the old value and reads
+        new answers meanwhile only keeps them until its next look at the generation.
+        """
+        base = predictor_generation(self.base)
+        return None if base is None else base + self._changes
+
     def predict(self, features: np.ndarray) -> np.ndarray:
         x = check_feature_batch(features)
         base = np.asarray(self.base.predict(x), dtype=np.float64)
@@ -326,6 +342,7 @@ class OnlineCorrection:
                 if key in table and self._ring.capacity:
                     self._ring.put(key, row, *table[key])
             self.samples_seen += int(ok.sum())
+            self._changes += 1
         return before
 
     def observed_windows(self, features: np.ndarray) -> np.ndarray:
@@ -353,6 +370,7 @@ class OnlineCorrection:
         target._dirty = True
         if level == "config":
             self.samples_seen += added
+        self._changes += 1
 
     def neighbour_rows(self) -> list[tuple[int, np.ndarray, float, float]]:
         """The ring's [key, feature row (float32), mean residual, count], oldest slot first."""
@@ -368,6 +386,7 @@ class OnlineCorrection:
             if ok and math.isfinite(mean) and math.isfinite(count) and count > 0:
                 self._ring.put(int(key), x, float(mean), float(count))
         self._borrowed.clear()
+        self._changes += 1
 
     def rows(self, level: str) -> list[tuple[int, float, float]]:
         """[key, mean residual, count] rows of ``level``, oldest update first."""

@@ -15,7 +15,12 @@ import numpy as np
 
 from elastico_extender.core.interference.features import NUM_FEATURES
 
-__all__ = ["ContentionPredictor", "SlowdownPredictor", "check_feature_batch"]
+__all__ = [
+    "ContentionPredictor",
+    "SlowdownPredictor",
+    "check_feature_batch",
+    "predictor_generation",
+]
 
 
 @runtime_checkable
@@ -29,6 +34,10 @@ class SlowdownPredictor(Protocol):
     * output is a float array of shape (P,), every value finite and >= 1.0;
     * one call serves all pairs of an epoch: implementations must be vectorised
       and must not keep per-call state (they are shared across threads).
+
+    Optional: an int ``generation`` that grows whenever an answer can change (a
+    predictor that never changes keeps a constant).  Only a predictor declaring it
+    lets a caller keep its answers between calls (:func:`predictor_generation`).
     """
 
     name: str
@@ -46,6 +55,13 @@ def check_feature_batch(features: np.ndarray) -> np.ndarray:
     return array
 
 
+def predictor_generation(predictor: object) -> int | None:
+    """``predictor``'s generation (its answers stay put while it is unchanged), or None
+    when it does not declare one and so may change at any time (nothing may be cached)."""
+    generation = getattr(predictor, "generation", None)
+    return generation if isinstance(generation, int) else None
+
+
 class ContentionPredictor:
     """A transparent additive contention model, no training needed.
 
@@ -61,6 +77,7 @@ class ContentionPredictor:
     """
 
     name = "contention-heuristic"
+    generation = 0  # fixed coefficients: its answers never change
 
     def __init__(
         self, sm_weight: float = 0.9, dram_weight: float = 0.6, pressure_weight: float = 2.0

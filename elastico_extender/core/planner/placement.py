@@ -25,7 +25,10 @@ predicted once per device state and cached (``occupant_excess``).
 
 A queue asks the same screen again and again: hundreds of pending jobs of a few
 shapes, each walked every epoch.  A configuration's refusal is remembered per shape
-and reused, exactly, until something leaves the table (``Placer._refusal``).
+and reused, exactly, until something leaves the table (``Placer._refusal``).  What a
+placer keeps from the predictor (refusals, occupants' excess) is dropped when the
+predictor's ``generation`` moves: a placer can outlive the plan that made it (the
+service's ``PlacementView``) while the online correction learns.
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from elastico_extender.core.interference.features import NUM_JOB_FEATURES, pair_features
-from elastico_extender.core.interference.predictor import SlowdownPredictor
+from elastico_extender.core.interference.predictor import SlowdownPredictor, predictor_generation
 from elastico_extender.core.planner.devices import DeviceTable, tenant_pairs
 from elastico_extender.core.planner.screening import OptionScreen
 from elastico_extender.core.resources import GPU_MEM, GPU_SM
@@ -119,6 +122,7 @@ class Placer:
         self._placed_on: list[int] = []  # devices of every commit, in order
         # device -> {occupant row: its predicted excess from the other occupants}
         self._excess: dict[int, dict[int, float]] = {}
+        self._followed = (predictor, predictor_generation(predictor))
 
     # -- bookkeeping --------------------------------------------------------
     def _reserve(self, rows: int) -> None:
@@ -224,6 +228,15 @@ class Placer:
                     return True
         return False
 
+    def follow_predictor(self) -> None:
+        """Drop what was kept from the predictor (occupants' excess, refusals) if it was
+        replaced or its generation moved since (a predictor without one is trusted)."""
+        followed = (self.predictor, predictor_generation(self.predictor))
+        if followed[1] != self._followed[1] or followed[0] is not self._followed[0]:
+            self._followed = followed
+            self._excess.clear()
+            self._refused.clear()
+
     def predict_against(
         self, devices: np.ndarray, features: np.ndarray, tolerance: float
     ) -> tuple[np.ndarray, np.ndarray]:
@@ -232,6 +245,13 @@ class Placer:
         Empty devices are safe with S_hat 1.  One predictor call covers all pairs.
         Both sides' S_hat times ``margin`` (the admission band) are compared with tau.
         """
+        self.follow_predictor()
+        return self._predict_against(devices, features, tolerance)
+
+    def _predict_against(
+        self, devices: np.ndarray, features: np.ndarray, tolerance: float
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """``predict_against`` inside a search, which followed the predictor already."""
         safe = np.ones(len(devices), dtype=bool)
         worst = np.ones(len(devices))
         if self.predictor is None or len(devices) == 0:
@@ -371,6 +391,7 @@ class Placer:
         left no devices is not screened again for that shape while the refusal holds
         (``_refusal``).
         """
+        self.follow_predictor()
         if shape is not None and allowed_devices is None and row in self.forbidden_rows:
             # Held-apart, run-alone and forbidden-pair rows only lose devices to their
             # constraints: if the same question without them finds nothing, neither do
@@ -516,7 +537,7 @@ class Placer:
         if changed.size:
             if self.predictor is None:
                 return False
-            safe, _ = self.predict_against(changed, features, recorded)
+            safe, _ = self._predict_against(changed, features, recorded)
             if safe.any():
                 return False
         self._refused[key] = (recorded, placed)
@@ -566,7 +587,7 @@ class Placer:
             if batch is not None and batch.covers(config):
                 safe, worst = batch.verdict(config, checked, tolerance)
             else:
-                safe, worst = self.predict_against(checked, features, tolerance)
+                safe, worst = self._predict_against(checked, features, tolerance)
             screened[checked[safe]] = True
             slowdown_of[checked] = worst
         return screened, slowdown_of
