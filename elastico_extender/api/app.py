@@ -173,6 +173,7 @@ def create_app(
         events=events,
         observed=lambda: observed.for_snapshot()[0],
         unmeasured=observed.unmeasured,
+        solo_rates=observed.solo_rates,
         completions=completions,
         succession=succession,
     )

@@ -36,6 +36,7 @@ __all__ = [
     "JobColumns",
     "JobKind",
     "KnobValue",
+    "MeasuredRates",
     "Mode",
     "Node",
     "Plan",
@@ -426,6 +427,15 @@ def device_index(nodes: tuple[Node, ...]) -> DeviceIndex:
     return index
 
 
+class MeasuredRates(NamedTuple):
+    """A family's solo rates measured by the closed loop, per configuration."""
+
+    rate: np.ndarray
+    """(K,) solo rate in the family's throughput unit; NaN where none was measured."""
+    windows: np.ndarray
+    """(K,) solo windows behind each rate (at most ``observations.RESTORED_WINDOWS``)."""
+
+
 @dataclass(frozen=True)
 class Snapshot:
     """Everything one planning epoch needs, as pure data."""
@@ -441,6 +451,9 @@ class Snapshot:
     """Running jobs whose windows cannot be measured yet (no reference rate: neither they
     nor their family ran alone at that configuration) -> their newest window's end; they
     run alone first (closed loop, :mod:`.planner.protect`)."""
+    solo_rates: Mapping[str, MeasuredRates] = field(default_factory=dict)
+    """Per family, its solo rate measured at each configuration in its throughput unit
+    and the windows behind it (closed loop, :mod:`.planner.observed_throughput`)."""
     now: float = 0.0
     """The driver's clock at this snapshot (seconds), for the age of observations."""
 

@@ -72,6 +72,7 @@ __all__ = [
     "PROFILE_MARGIN",
     "REFERENCES",
     "REFERENCE_MARGIN",
+    "RESTORED_WINDOWS",
     "SLOW_WINDOWS",
     "SM_BUCKETS",
     "SM_HORIZON_S",
@@ -92,6 +93,10 @@ SM_BUCKETS = 6
 FAMILY_SMOOTHING = 0.2
 """Weight of the newest solo window in a family's reference (module doc): about ten
 windows, of several jobs, make it, so one job's quirk or one noisy window moves it little."""
+RESTORED_WINDOWS = 10
+"""Most solo windows a family reference counts as resting on: its average weighs the
+newest by ``FAMILY_SMOOTHING``, so it never rests on more than about 10; a restored
+reference (counts are not persisted) counts as that many."""
 REFERENCES = ("solo", "family", "profile")
 """What a slowdown can rest on, best first (module doc)."""
 HARM_WINDOWS = 2
@@ -270,6 +275,9 @@ class ObservationBook:
         self.max_refs = max_refs
         self._refs: OrderedDict[tuple[str, int, str], float] = OrderedDict()
         self._measured: set[tuple[str, int, str]] = set()  # refs learned from solo windows
+        # solo windows behind each family reference (kept with the reference, not stored:
+        # a restored one counts RESTORED_WINDOWS)
+        self._windows: dict[tuple[str, int, str], int] = {}
         self._jobs: OrderedDict[str, tuple[int, ObservedSlowdown]] = OrderedDict()
         self._unmeasured: OrderedDict[str, float] = OrderedDict()  # job -> newest window end
 
@@ -284,6 +292,17 @@ class ObservationBook:
     def family_reference(self, family: str, config: int, unit: str) -> float | None:
         """The family's solo rate at ``config`` in ``unit`` (module doc), if measured."""
         return self._refs.get(family_key(family, config, unit))
+
+    def family_solo_rates(self, family: str, unit: str, size: int) -> dict[int, tuple[float, int]]:
+        """Configuration -> (the family's solo rate measured there in ``unit``, how many
+        solo windows it rests on), over configurations ``0 .. size-1``; solo windows
+        only, never a profile's."""
+        out = {}
+        for config in range(size):
+            key = family_key(family, config, unit)
+            if key in self._measured:
+                out[config] = (self._refs[key], self._windows.get(key, RESTORED_WINDOWS))
+        return out
 
     def record(self, obs: Observation, family: str | None = None) -> list[PairSample]:
         """Take one window; returns the pair samples it labels (empty when it ran alone).
@@ -311,6 +330,9 @@ class ObservationBook:
                 mean = obs.rate if known is None else known + FAMILY_SMOOTHING * (obs.rate - known)
                 self._put_ref(fkey, mean)
                 self._measured.add(fkey)
+                # an average of ~10 windows weighs as ~10 (a restored one had as many)
+                behind = self._windows.get(fkey, 0 if known is None else RESTORED_WINDOWS)
+                self._windows[fkey] = min(behind + 1, RESTORED_WINDOWS)
         if ref is None:
             self._unmeasured[obs.job_id] = obs.end
             self._unmeasured.move_to_end(obs.job_id)
@@ -393,6 +415,7 @@ class ObservationBook:
         while len(self._refs) > self.max_refs:
             dropped, _ = self._refs.popitem(last=False)
             self._measured.discard(dropped)
+            self._windows.pop(dropped, None)
 
 
 def _sm_peaks(

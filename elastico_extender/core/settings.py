@@ -95,6 +95,10 @@ class PlannerSettings:
     """Closed loop: charge a running job observed long enough its observed peak SM activity
     (planner.observed_sm) instead of its catalog SM share; False: catalog shares always."""
 
+    observed_throughput: bool = True
+    """Closed loop: rank a family's configurations by the solo rates measured there
+    (planner.observed_throughput) instead of the profile's T(c); False: profiles always."""
+
     def __post_init__(self) -> None:
         if not isinstance(self.step_schedule, StepSchedule):
             with contextlib.suppress(ValueError):  # an invalid value is reported by problems()

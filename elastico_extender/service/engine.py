@@ -35,6 +35,7 @@ from elastico_extender.cluster.base import Cluster
 from elastico_extender.core.interference.predictor import SlowdownPredictor
 from elastico_extender.core.model import Plan
 from elastico_extender.core.observations import ObservedSlowdown
+from elastico_extender.core.planner.observed_throughput import SoloRates
 from elastico_extender.core.settings import PlannerSettings
 from elastico_extender.service.actuator import Actuator
 from elastico_extender.service.bookings import Bookings, Published
@@ -81,8 +82,9 @@ class Engine:
 
     ``observed``: the observations owner's per-job observed slowdowns, read at each
     snapshot (closed loop); ``unmeasured``: its jobs whose windows have no reference
-    yet.  ``is_leader``: whether this replica may reshape and move running pods
-    (leader election; always True for one replica)."""
+    yet; ``solo_rates``: its families' measured solo rates per configuration
+    (``core.planner.observed_throughput``).  ``is_leader``: whether this replica may
+    reshape and move running pods (leader election; always True for one replica)."""
 
     def __init__(
         self,
@@ -97,6 +99,7 @@ class Engine:
         clock: Callable[[], float] = time.monotonic,
         observed: Callable[[], Mapping[str, ObservedSlowdown]] | None = None,
         unmeasured: Callable[[], Mapping[str, float]] | None = None,
+        solo_rates: SoloRates | None = None,
         is_leader: Callable[[], bool] = lambda: True,
         events: EventRecorder | None = None,
         completions: CompletionRecorder | None = None,
@@ -121,6 +124,7 @@ class Engine:
             scheduler_name=settings.scheduler_name,
             observed=observed,
             unmeasured=unmeasured,
+            solo_rates=solo_rates,
             clock=clock,
             dwell_seconds=settings.min_dwell_seconds,
             completions=completions if completions is not None else CompletionRecorder(),

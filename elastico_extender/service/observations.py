@@ -56,7 +56,7 @@ from prometheus_client.registry import Collector
 
 from elastico_extender.core.closed_loop import ClosedLoop, RunningConfig
 from elastico_extender.core.interference.predictor import SlowdownPredictor
-from elastico_extender.core.model import Job, Snapshot
+from elastico_extender.core.model import Job, MeasuredRates, ProfileFamily, Snapshot
 from elastico_extender.core.observations import (
     Observation,
     ObservationBook,
@@ -65,6 +65,7 @@ from elastico_extender.core.observations import (
     family_key,
     is_family_key,
 )
+from elastico_extender.core.planner.observed_throughput import solo_rates
 from elastico_extender.errors import InvalidProfileError, ProfileStoreError
 from elastico_extender.profiles.loop_snapshot import LearnedState
 from elastico_extender.profiles.loop_store import LoopStore, PairRecord, ReferenceRow
@@ -624,6 +625,17 @@ class ObservationService:
                 self._forget_departed(pub)
                 self._seen_plan = pub
             return self.book.observed(), self.clock()
+
+    def solo_rates(
+        self, families: Mapping[str, ProfileFamily], product: str | None
+    ) -> dict[str, MeasuredRates]:
+        """Per family of the next snapshot, the solo rates the book measured at each
+        configuration on GPU model ``product`` (the planner ranks configurations by
+        them: observed throughput)."""
+        if product is None:
+            return {}
+        with self._lock:
+            return solo_rates(self.book, families, product)
 
     def unmeasured(self) -> dict[str, float]:
         """Running pods whose windows have no reference yet -> newest window end (they run

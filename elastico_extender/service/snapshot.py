@@ -20,6 +20,7 @@ import logging
 import math
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple, Protocol
 
@@ -29,6 +30,7 @@ from elastico_extender.cluster.state import ClusterState
 from elastico_extender.core.model import Job, Node, ProfileFamily, Snapshot
 from elastico_extender.core.observations import ObservedSlowdown
 from elastico_extender.core.planner import NodeVerdict
+from elastico_extender.core.planner.observed_throughput import SoloRates
 from elastico_extender.errors import AnnotationError
 from elastico_extender.service.completions import CompletionRecorder
 from elastico_extender.service.pods import PodJob, PodJobs
@@ -74,6 +76,7 @@ class SnapshotBuilder:
         scheduler_name: str = "",
         observed: Callable[[], Mapping[str, ObservedSlowdown]] | None = None,
         unmeasured: Callable[[], Mapping[str, float]] | None = None,
+        solo_rates: SoloRates | None = None,
         clock: Callable[[], float] | None = None,
         wall_clock: Callable[[], float] = time.time,
         dwell_seconds: float = 0.0,
@@ -92,6 +95,8 @@ class SnapshotBuilder:
         # loop, core.observations); None: nothing observed yet.
         self.observed = observed
         self.unmeasured = unmeasured  # jobs reporting windows that have no reference yet
+        # per family, the solo rates measured at each configuration (observed throughput)
+        self.solo_rates = solo_rates
         self.clock = clock  # the service's monotonic clock (dwell)
         # Snapshot.now is wall-clock seconds: the unit of observation windows (agents)
         # and of pod start times (attained service).
@@ -289,6 +294,11 @@ class SnapshotBuilder:
             observed=dict(self.observed()) if self.observed is not None else {},
             unmeasured=dict(self.unmeasured()) if self.unmeasured is not None else {},
             now=self.wall_clock(),
+            solo_rates=(
+                dict(self.solo_rates(families, _main_product(nodes)))
+                if self.solo_rates is not None
+                else {}
+            ),
         )
         return Built(snapshot, meta, in_snapshot, invalid, confirmed, synced, generation)
 
@@ -365,3 +375,10 @@ def booked_job(job: Job, verdict: NodeVerdict) -> Job:
         current_config=verdict.config_index,
         allowed=(verdict.config_index,),
     )
+
+
+def _main_product(nodes: tuple[Node, ...]) -> str | None:
+    """The GPU model most of the cluster's GPUs are (None: no GPU): the one whose measured
+    solo rates rank configurations (``core.planner.observed_throughput``)."""
+    counts = Counter(gpu.product for node in nodes for gpu in node.gpus)
+    return counts.most_common(1)[0][0] if counts else None

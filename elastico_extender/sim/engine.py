@@ -100,6 +100,7 @@ from elastico_extender.core.duration import CompletedJob, DurationBook
 from elastico_extender.core.interference.features import pair_features
 from elastico_extender.core.model import GpuDevice, Job, Node, Plan, Snapshot
 from elastico_extender.core.observations import Observation
+from elastico_extender.core.planner.observed_throughput import solo_rates
 from elastico_extender.core.planner.protect import harm_evidence
 from elastico_extender.policies.base import Policy
 from elastico_extender.sim.traces import TraceJob
@@ -505,6 +506,7 @@ class Simulator:
         jobs = tuple(self._job(int(i)) for i in live)
         observed = self.loop.observed() if self.loop is not None else {}
         unmeasured = self.loop.book.unmeasured() if self.loop is not None else {}
+        rates = solo_rates(self.loop.book, self.c.families) if self.loop is not None else {}
         return Snapshot(
             self.nodes,
             jobs,
@@ -513,6 +515,7 @@ class Simulator:
             observed=observed,
             unmeasured=unmeasured,
             now=now,
+            solo_rates=rates,
         )
 
     def remaining_solo_s(self, job_id: str) -> float:

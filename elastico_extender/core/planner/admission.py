@@ -45,6 +45,7 @@ from elastico_extender.core.model import (
 )
 from elastico_extender.core.planner.devices import DeviceTable, device_tuples, gpu_equivalent
 from elastico_extender.core.planner.observed_sm import charged_sm, observed_ratios
+from elastico_extender.core.planner.observed_throughput import corrected
 from elastico_extender.core.planner.placement import Placer
 from elastico_extender.core.planner.protect import admit_margin
 from elastico_extender.core.planner.tables import build_tables, stack_families
@@ -189,6 +190,11 @@ class PlacementView:
         self._rows: dict[str, int] = {}
         self._next_row = 0
         self._valid_cache: dict[tuple[object, ...], tuple[np.ndarray, str | None]] = {}
+        # per family, T(c) as the plan ranked it: measured solo rates where the loop has
+        # them (planner.observed_throughput), so a pod arriving between plans is scored
+        # as the next plan will score it
+        self._rates = snapshot.solo_rates if self.settings.observed_throughput else {}
+        self._throughput: dict[str, np.ndarray] = {}
         cluster = snapshot.devices
         with_gpus = cluster.per_node > 0
         self._caps_node: tuple[Node, ...] = (
@@ -399,7 +405,8 @@ class PlacementView:
         )
         hit = self._valid_cache.get(key)
         if hit is None:
-            probe = Snapshot(self._caps_node, (job,), {job.family: family})
+            rates = {job.family: self._rates[job.family]} if job.family in self._rates else {}
+            probe = Snapshot(self._caps_node, (job,), {job.family: family}, solo_rates=rates)
             tables = build_tables(probe, self.settings)
             hit = (tables.valid[0, : family.size].copy(), tables.reasons.get(0))
             if len(self._valid_cache) > 1024:
@@ -411,11 +418,22 @@ class PlacementView:
         """ESP score of every configuration at current prices (+inf where invalid),
         and the reason when no configuration is valid at all."""
         valid, reason = self._validity(job, family)
-        throughput = family.throughput
+        throughput = self.throughput_of(job.family, family)
         best = throughput[valid].max() if valid.any() else 1.0
         rent = (family.resources * (job.gpus / self.units)) @ self.prices
         score = job.weight * (1.0 - throughput / best) + rent
         return np.where(valid, score, np.inf), reason
+
+    def throughput_of(self, name: str, family: ProfileFamily) -> np.ndarray:
+        """``family``'s T(c) with the snapshot's measured solo rates (observed throughput);
+        one array per family name and view (a view lives one epoch)."""
+        if name not in self._rates:
+            return family.throughput
+        cached = self._throughput.get(name)
+        if cached is None or cached.size != family.size:
+            cached = corrected(family.throughput, self._rates[name])
+            self._throughput[name] = cached
+        return cached
 
     def indices(self, node_names: Iterable[str]) -> np.ndarray:
         """Node index of each name (-1 for a name the view does not know)."""
@@ -523,7 +541,7 @@ class PlacementView:
         s = self.settings
         return float(
             adaptive_tolerance(
-                np.array([family.throughput[config]]),
+                np.array([self.throughput_of(job.family, family)[config]]),
                 np.array([job.min_throughput]),
                 self.utilization,
                 tau_default=s.tau_default,

@@ -382,9 +382,16 @@ class _Epoch:
                 "converged": float(converged),
                 "residual_admissions": float(self.residual_admits),
                 "sm_observed_jobs": float(self.recharged),
+                "throughput_observed_configs": float(self._measured_configs()),
             },
             clock,
         )
+
+    def _measured_configs(self) -> int:
+        """Configurations ranked by a measured solo rate (planner.observed_throughput)."""
+        if not self.settings.observed_throughput:
+            return 0
+        return sum(int(np.isfinite(m.rate).sum()) for m in self.snapshot.solo_rates.values())
 
     # -- bin-packing --------------------------------------------------------
     def pack(

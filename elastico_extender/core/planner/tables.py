@@ -17,6 +17,7 @@ import numpy as np
 
 from elastico_extender.core.interference.features import NUM_JOB_FEATURES
 from elastico_extender.core.model import Job, Mode, Snapshot
+from elastico_extender.core.planner.observed_throughput import observed_throughput
 from elastico_extender.core.resources import CPU, GPU_MEM, GPU_SM, HOST_MEM, NUM_RESOURCES
 from elastico_extender.core.settings import PlannerSettings
 
@@ -137,6 +138,8 @@ def stack_families(snapshot: Snapshot) -> FamilyStack:
 def build_tables(snapshot: Snapshot, settings: PlannerSettings) -> JobTables:
     jobs = snapshot.jobs
     names, res_table, tput_table, real, feat_table, est_table, fastest = stack_families(snapshot)
+    if settings.observed_throughput and snapshot.solo_rates:
+        tput_table = observed_throughput(names, tput_table, real, snapshot.solo_rates)
     f_count = len(names)
     k_max = real.shape[1]
 
