@@ -17,34 +17,19 @@ Command (from the repository root)::
 
 from __future__ import annotations
 
-import argparse
 from dataclasses import replace
 
-import numpy as np
+from synthetic_rows import experiment, harm, row_parser
 
 from elastico_extender.core.settings import PlannerSettings
-from elastico_extender.sim.engine import ClusterSpec
 from elastico_extender.sim.metrics import summarise
-from elastico_extender.sim.runner import Experiment, run_one
-from elastico_extender.sim.traces import synthetic
+from elastico_extender.sim.runner import run_one
 
 POLICY = "elastico+online"
 
 
-def seeds(text: str) -> list[int]:
-    lo, _, hi = text.partition("-")
-    if hi:
-        return list(range(int(lo), int(hi) + 1))
-    return [int(s) for s in text.split(",")]
-
-
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--gpus", type=int, default=64)
-    ap.add_argument("--load", type=float, default=1.5)
-    ap.add_argument("--hours", type=float, default=24.0)
-    ap.add_argument("--seeds", type=seeds, default=[0])
-    ap.add_argument("--world", choices=("benchmark", "production"), default="benchmark")
+    ap = row_parser(__doc__.split("\n")[0])
     args = ap.parse_args(argv)
     print(f"## {args.gpus} GPUs, load {args.load}, {args.hours:g} h, {args.world} world\n")
     print(
@@ -54,19 +39,14 @@ def main(argv: list[str] | None = None) -> int:
     print("|---|---|---|---|---|---|---|---|")
     means: dict[bool, list[float]] = {False: [], True: []}
     for seed in args.seeds:
-        jobs = synthetic(args.gpus, args.load, args.hours * 3600.0, seed)
-        exp = Experiment(
-            trace=tuple(jobs), cluster=ClusterSpec(gpus=args.gpus), seed=seed, world=args.world
-        )
+        exp = experiment(args, seed)
         fifo = summarise(run_one("volcano", exp))["avg_jct_s"]
         for on in (False, True):
             planner = PlannerSettings(observed_throughput=on)
             result = run_one(POLICY, replace(exp, planner=planner))
             s = summarise(result)
             means[on].append(s["avg_jct_s"] / fifo)
-            harm = np.array(result.harm_s) / exp.epoch_s
-            p95 = float(np.percentile(harm, 95)) if harm.size else 0.0
-            above = result.counters.get("above_tolerance_s", 0.0) / 3600.0
+            above, p95 = harm(result, exp)
             print(
                 f"| {seed} | {'on' if on else 'off'} | {s['avg_jct_s'] / fifo:.3f}x "
                 f"| {s['attainment']:.1f} | {s['reconfigurations']:.0f} "

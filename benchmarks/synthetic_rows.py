@@ -1,0 +1,46 @@
+"""What the side-by-side benchmarks of one planner setting share: the synthetic row's
+arguments and experiment, and the closed loop's harm figures of a run."""
+
+from __future__ import annotations
+
+import argparse
+
+import numpy as np
+
+from elastico_extender.sim.engine import ClusterSpec, RunResult
+from elastico_extender.sim.runner import Experiment
+from elastico_extender.sim.traces import synthetic
+
+
+def seeds(text: str) -> list[int]:
+    """'0-3' or '0,2,5'."""
+    lo, _, hi = text.partition("-")
+    if hi:
+        return list(range(int(lo), int(hi) + 1))
+    return [int(s) for s in text.split(",")]
+
+
+def row_parser(description: str) -> argparse.ArgumentParser:
+    """--gpus, --load, --hours, --seeds and --world of a synthetic row."""
+    ap = argparse.ArgumentParser(description=description)
+    ap.add_argument("--gpus", type=int, default=64)
+    ap.add_argument("--load", type=float, default=1.5)
+    ap.add_argument("--hours", type=float, default=24.0)
+    ap.add_argument("--seeds", type=seeds, default=[0])
+    ap.add_argument("--world", choices=("benchmark", "production"), default="benchmark")
+    return ap
+
+
+def experiment(args: argparse.Namespace, seed: int) -> Experiment:
+    """The row's synthetic trace on its cluster, in its world."""
+    jobs = synthetic(args.gpus, args.load, args.hours * 3600.0, seed)
+    return Experiment(
+        trace=tuple(jobs), cluster=ClusterSpec(gpus=args.gpus), seed=seed, world=args.world
+    )
+
+
+def harm(result: RunResult, exp: Experiment) -> tuple[float, float]:
+    """(job-hours spent above tolerance, p95 epochs a truly harmful pair stayed together)."""
+    epochs = np.array(result.harm_s) / exp.epoch_s
+    p95 = float(np.percentile(epochs, 95)) if epochs.size else 0.0
+    return result.counters.get("above_tolerance_s", 0.0) / 3600.0, p95
