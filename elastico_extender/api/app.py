@@ -177,8 +177,9 @@ def create_app(
         completions=completions,
         succession=succession,
     )
-    if engine.planner_settings.changed():  # said once: a tuned planner explains its plans
-        log.info("planner.settings", extra={"changed": engine.planner_settings.changed()})
+    changed = engine.planner_settings.changed()
+    if changed:  # said once: a tuned planner explains its plans
+        log.info("planner.settings", extra={"changed": changed})
     observed.attach(lambda: engine.published if engine.has_plan else None, engine.forget_family)
     metrics.registry.register(ObservationCollector(observed))
     if checkpoint is not None:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, fields, replace
 from enum import StrEnum
 from typing import Any
 
-__all__ = ["PlannerSettings", "StepSchedule", "assignments", "coerce_setting"]
+__all__ = ["PlannerSettings", "StepSchedule", "assignments", "coerce_fields", "coerce_setting"]
 
 
 class StepSchedule(StrEnum):
@@ -113,15 +113,7 @@ class PlannerSettings:
         every invalid value, each named ``label`` + field, so an operator's settings file
         is fixed in one pass.
         """
-        declared = {f.name: str(f.type) for f in fields(cls)}
-        coerced: dict[str, Any] = {}
-        found = [f"{label}{name}: unknown setting" for name in values if name not in declared]
-        for name, raw in values.items():
-            if name in declared:
-                try:
-                    coerced[name] = coerce_setting(raw, declared[name])
-                except (TypeError, ValueError) as exc:
-                    found.append(f"{label}{name}: {exc}")
+        coerced, found = coerce_fields(cls, values, label)
         settings = replace(cls(), **coerced)
         found.extend(label + problem for problem in settings.problems())
         if found:
@@ -170,6 +162,24 @@ class PlannerSettings:
         if not 0 < self.weight_floor <= 1:
             found.append("weight_floor must lie in (0, 1]")
         return found
+
+
+def coerce_fields(
+    cls: type, values: Mapping[str, Any], label: str = ""
+) -> tuple[dict[str, Any], list[str]]:
+    """``values`` (field name -> raw value) coerced to the types of dataclass ``cls``'s
+    fields, and every problem: an unknown name or a value of the wrong type, each named
+    ``label`` + field.  One rule for the service's settings and the planner's."""
+    declared = {f.name: str(f.type) for f in fields(cls)}
+    coerced: dict[str, Any] = {}
+    found = [f"{label}{name}: unknown setting" for name in values if name not in declared]
+    for name, raw in values.items():
+        if name in declared:
+            try:
+                coerced[name] = coerce_setting(raw, declared[name])
+            except (TypeError, ValueError) as exc:
+                found.append(f"{label}{name}: {exc}")
+    return coerced, found
 
 
 def coerce_setting(raw: Any, declared: str) -> Any:

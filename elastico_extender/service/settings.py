@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from elastico_extender.cluster.objects import quantity
-from elastico_extender.core.settings import PlannerSettings, coerce_setting
+from elastico_extender.core.settings import PlannerSettings, coerce_fields
 
 __all__ = ["ENV_PREFIX", "PLANNER", "ServiceSettings"]
 
@@ -218,15 +218,8 @@ class ServiceSettings:
                 values[name] = env[key]
         values.update({k: v for k, v in (overrides or {}).items() if v is not None})
         values.pop(PLANNER, None)
-        known = set(cls.field_names())
-        problems.extend(f"{k}: unknown setting" for k in values if k not in known)
-        coerced: dict[str, Any] = {}
-        for f in fields(cls):
-            if f.name in values:
-                try:
-                    coerced[f.name] = coerce_setting(values[f.name], str(f.type))
-                except (TypeError, ValueError) as exc:
-                    problems.append(f"{f.name}: {exc}")
+        coerced, found = coerce_fields(cls, values)
+        problems.extend(found)
         try:
             coerced[PLANNER] = PlannerSettings.from_mapping(planner, label=PLANNER + ".")
         except ValueError as exc:

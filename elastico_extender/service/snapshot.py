@@ -110,6 +110,7 @@ class SnapshotBuilder:
         self._primed = False  # the first snapshot's running pods started before us
         self._node_cache: dict[str, tuple[str, Node | None]] = {}
         self._last_nodes: tuple[Node, ...] = ()
+        self._product: tuple[tuple[Node, ...], str | None] = ((), None)  # of _last_nodes
         self._nodes_generation = -1
         self._nodes_lock = threading.Lock()  # the epoch thread and a verb's refresh
         # Bound pods' running records from the last snapshot, by pod uid, with what
@@ -131,6 +132,15 @@ class SnapshotBuilder:
         once, not every epoch."""
         with self._nodes_lock:
             return self._nodes()
+
+    def _main_product(self, nodes: tuple[Node, ...]) -> str | None:
+        """The GPU model most of the cluster's GPUs are (None: no GPU): the one whose
+        measured solo rates rank configurations (``core.planner.observed_throughput``).
+        Counted again only when the node tuple changes (it is kept while nodes are)."""
+        if nodes is not self._product[0]:
+            counts = Counter(gpu.product for node in nodes for gpu in node.gpus)
+            self._product = (nodes, counts.most_common(1)[0][0] if counts else None)
+        return self._product[1]
 
     def _nodes(self) -> tuple[Node, ...]:
         generation = self.state.node_generation
@@ -295,7 +305,7 @@ class SnapshotBuilder:
             unmeasured=dict(self.unmeasured()) if self.unmeasured is not None else {},
             now=self.wall_clock(),
             solo_rates=(
-                dict(self.solo_rates(families, _main_product(nodes)))
+                dict(self.solo_rates(families, self._main_product(nodes)))
                 if self.solo_rates is not None
                 else {}
             ),
@@ -375,10 +385,3 @@ def booked_job(job: Job, verdict: NodeVerdict) -> Job:
         current_config=verdict.config_index,
         allowed=(verdict.config_index,),
     )
-
-
-def _main_product(nodes: tuple[Node, ...]) -> str | None:
-    """The GPU model most of the cluster's GPUs are (None: no GPU): the one whose measured
-    solo rates rank configurations (``core.planner.observed_throughput``)."""
-    counts = Counter(gpu.product for node in nodes for gpu in node.gpus)
-    return counts.most_common(1)[0][0] if counts else None

@@ -194,7 +194,7 @@ class PlacementView:
         # them (planner.observed_throughput), so a pod arriving between plans is scored
         # as the next plan will score it
         self._rates = snapshot.solo_rates if self.settings.observed_throughput else {}
-        self._throughput: dict[str, np.ndarray] = {}
+        self._throughput: dict[str, tuple[ProfileFamily, np.ndarray]] = {}
         cluster = snapshot.devices
         with_gpus = cluster.per_node > 0
         self._caps_node: tuple[Node, ...] = (
@@ -430,10 +430,10 @@ class PlacementView:
         if name not in self._rates:
             return family.throughput
         cached = self._throughput.get(name)
-        if cached is None or cached.size != family.size:
-            cached = corrected(family.throughput, self._rates[name])
+        if cached is None or cached[0] is not family:  # a family replaced since
+            cached = (family, corrected(family.throughput, self._rates[name]))
             self._throughput[name] = cached
-        return cached
+        return cached[1]
 
     def indices(self, node_names: Iterable[str]) -> np.ndarray:
         """Node index of each name (-1 for a name the view does not know)."""

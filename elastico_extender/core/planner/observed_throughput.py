@@ -109,17 +109,15 @@ def corrected(profile: np.ndarray, measured: MeasuredRates | None) -> np.ndarray
     out = np.array(profile, dtype=np.float64)
     if measured is None:
         return out
-    size = min(out.size, measured.rate.size)
-    seen = np.zeros(out.size, dtype=bool)
-    seen[:size] = np.isfinite(measured.rate[:size]) & (measured.rate[:size] > 0)
+    size = min(out.size, measured.rate.size)  # the measured arrays, fitted to the profile
+    rate, windows = np.full(out.size, np.nan), np.zeros(out.size)
+    rate[:size], windows[:size] = measured.rate[:size], measured.windows[:size]
+    seen = np.isfinite(rate) & (rate > 0)
     if not seen.any():
         return out
-    deviation = np.zeros(out.size)  # log(measured / profile)
-    deviation[seen] = np.log(measured.rate[:size][seen[:size]] / out[seen])
+    deviation = np.log(np.where(seen, rate, out) / out)  # log(measured / profile); 0 unseen
     shift = float(deviation[seen].mean())
     shift = shift if abs(shift) > math.log1p(SHIFT) else 0.0
-    windows = np.zeros(out.size)
-    windows[:size] = measured.windows[:size]
     trust = windows / (windows + PRIOR_WINDOWS)
     return out * np.exp(shift + np.where(seen, trust * (deviation - shift), 0.0))
 
