@@ -55,6 +55,7 @@ def test_filter_says_why_a_pod_the_webhook_never_saw_may_not_share():
     engine = Engine(ServiceSettings(epoch_seconds=3600), cluster)
     engine.run_epoch()
     assert engine.bind("ml", "tenant", "uid-tenant", "g0") == ""
+    engine.run_epoch()  # a plan with the tenant running: its tau lets a twin share
     assert engine.filter(elastic_pod("twin", "resnet50"), ["g0"]).passed == ["g0"]  # shares
     outcome = engine.filter(unmutated("bare"), ["g0"])
     assert outcome.passed == []

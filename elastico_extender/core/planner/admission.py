@@ -212,9 +212,14 @@ class PlacementView:
         self._demand: dict[int, np.ndarray] = {}  # rows assumed since the plan
         self._plan_demand = np.zeros((0, NUM_RESOURCES))  # per-GPU demand of plan rows
         self._assumed: set[str] = set()
-        utilization = max(
-            plan.stats.get("sm_allocated", 0.0), plan.stats.get("memory_allocated", 0.0)
-        )
+        # U(t) for tau is the plan's (offered load, smoothed: ``EpochPlanner``), so a pod
+        # screened between plans is judged at the tolerance every running pair was; only a
+        # plan from a policy without tau has none, and then its allocated share stands in.
+        utilization = plan.utilization
+        if utilization is None:
+            utilization = max(
+                plan.stats.get("sm_allocated", 0.0), plan.stats.get("memory_allocated", 0.0)
+            )
         self.utilization = float(utilization)
         self.placer.margin = admit_margin(snapshot.observed)  # closed loop: admission band
         self._commit_plan(snapshot, plan)
