@@ -113,7 +113,7 @@ def test_only_gpus_the_job_could_take_are_screened_for_interference(families):
 def test_the_view_judges_interference_at_the_plans_tolerance(families):
     """Between plans a pod is screened at the tau the plan judged every pair by: the
     plan's U(t) (offered load, queue included), not the share it allocated."""
-    from elastico_extender.core.interference.tolerance import adaptive_tolerance
+    from elastico_extender.core.interference.tolerance import planner_tolerance
     from elastico_extender.core.settings import PlannerSettings
 
     nodes = a100_nodes(3, 1)
@@ -122,18 +122,10 @@ def test_the_view_judges_interference_at_the_plans_tolerance(families):
     allocated = max(result.stats["sm_allocated"], result.stats["memory_allocated"])
     assert result.utilization is not None and result.utilization > allocated + 0.1
     view = PlacementView(Snapshot(nodes, queue, families), result)
-    s = PlannerSettings()
     verdicts = view.evaluate(Job("new", "ncf"), families["ncf"])
     judged = [v for v in verdicts.values() if v.feasible]
     assert judged, "the idle GPU takes the small job"
     for verdict in judged:
-        expected = adaptive_tolerance(
-            families["ncf"].throughput[[verdict.config_index]],
-            [0.0],
-            result.utilization,
-            tau_default=s.tau_default,
-            beta=s.beta,
-            beta_max=s.beta_max,
-            utilization_target=s.utilization_target,
-        )[0]
+        throughput = families["ncf"].throughput[[verdict.config_index]]
+        expected = planner_tolerance(throughput, [0.0], result.utilization, PlannerSettings())[0]
         assert verdict.tolerance == expected

@@ -21,10 +21,14 @@ averaged both ways and 0.660x not averaged).
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-__all__ = ["adaptive_tolerance", "smoothed_utilization"]
+if TYPE_CHECKING:
+    from elastico_extender.core.settings import PlannerSettings
+
+__all__ = ["adaptive_tolerance", "planner_tolerance", "smoothed_utilization"]
 
 
 def adaptive_tolerance(
@@ -51,6 +55,22 @@ def adaptive_tolerance(
     tau = base + adjust
     tau = np.minimum(tau, headroom)  # the floor always wins
     return np.maximum(tau, 1.0)
+
+
+def planner_tolerance(
+    throughput: np.ndarray, floor: np.ndarray, utilization: float, settings: PlannerSettings
+) -> np.ndarray:
+    """``adaptive_tolerance`` with the planner's settings: the one tau the epoch planner
+    and the extender's view between plans both judge co-location by."""
+    return adaptive_tolerance(
+        throughput,
+        floor,
+        utilization,
+        tau_default=settings.tau_default,
+        beta=settings.beta,
+        beta_max=settings.beta_max,
+        utilization_target=settings.utilization_target,
+    )
 
 
 def smoothed_utilization(

@@ -32,7 +32,7 @@ import numpy as np
 
 from elastico_extender.core.interference.features import NUM_JOB_FEATURES
 from elastico_extender.core.interference.predictor import ContentionPredictor, SlowdownPredictor
-from elastico_extender.core.interference.tolerance import adaptive_tolerance
+from elastico_extender.core.interference.tolerance import planner_tolerance
 from elastico_extender.core.model import (
     AssignmentColumns,
     DeviceRef,
@@ -543,18 +543,9 @@ class PlacementView:
 
     # -- helpers ----------------------------------------------------------------
     def _tolerance(self, job: Job, family: ProfileFamily, config: int) -> float:
-        s = self.settings
-        return float(
-            adaptive_tolerance(
-                np.array([self.throughput_of(job.family, family)[config]]),
-                np.array([job.min_throughput]),
-                self.utilization,
-                tau_default=s.tau_default,
-                beta=s.beta,
-                beta_max=s.beta_max,
-                utilization_target=s.utilization_target,
-            )[0]
-        )
+        throughput = np.array([self.throughput_of(job.family, family)[config]])
+        floor = np.array([job.min_throughput])
+        return float(planner_tolerance(throughput, floor, self.utilization, self.settings)[0])
 
     def _screen(
         self, mask: np.ndarray, features: np.ndarray, tolerance: float, gpus: int

@@ -50,7 +50,7 @@ import numpy as np
 from elastico_extender.core.interference.features import pair_features
 from elastico_extender.core.interference.predictor import ContentionPredictor, SlowdownPredictor
 from elastico_extender.core.interference.tolerance import (
-    adaptive_tolerance,
+    planner_tolerance,
     smoothed_utilization,
 )
 from elastico_extender.core.model import AssignmentColumns, DeviceRef, Plan, Snapshot
@@ -265,15 +265,8 @@ class _Epoch:
         return float(max(sm, mem))
 
     def tolerance(self, rows: np.ndarray, configs: np.ndarray) -> np.ndarray:
-        s = self.settings
-        return adaptive_tolerance(
-            self.t.throughput[rows, configs],
-            self.t.floor[rows],
-            self.utilization,
-            tau_default=s.tau_default,
-            beta=s.beta,
-            beta_max=s.beta_max,
-            utilization_target=s.utilization_target,
+        return planner_tolerance(
+            self.t.throughput[rows, configs], self.t.floor[rows], self.utilization, self.settings
         )
 
     def problem(self) -> PricingProblem:
