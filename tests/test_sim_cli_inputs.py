@@ -55,6 +55,12 @@ FAST = ["--no-progress", "--no-plots", "--jobs", "1"]
         (["--trace", "philly:zzzzzz"], "--trace"),
         (["--days", "3:1"], "--days"),
         (["--days", "x"], "--days"),
+        (["--inference-share", "2"], "--inference-share"),
+        (["--inference-share", "-0.1"], "--inference-share"),
+        (["--trace", "philly:ed69ec", "--inference-share", "1.5"], "--inference-share"),
+        # Philly-only options on another trace are refused, as --days is, not ignored
+        (["--inference-share", "0.5"], "--inference-share"),
+        (["--max-job-hours", "10"], "--max-job-hours"),
         (["--policy", "bogus"], "--policy"),
         (["--policy", "volcano+online"], "--policy"),
         (["--policy", "elastico+online+iac"], "--policy"),

@@ -46,6 +46,8 @@ from elastico_extender.sim.runner import (
 )
 from elastico_extender.sim.traces import (
     MAX_TRACE_SECONDS,
+    PHILLY_CLIP_HOURS,
+    PHILLY_INFERENCE_SHARE,
     PHILLY_VC_GPUS,
     TraceJob,
     TraceLoad,
@@ -202,14 +204,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--max-job-hours",
         type=_finite(0.0, strict=False),
-        default=48.0,
-        help="clip Philly durations to this many hours (0: no clipping); the count is printed",
+        default=None,
+        help=f"clip Philly durations to this many hours (default {PHILLY_CLIP_HOURS:g}; "
+        "0: no clipping); the count is printed",
     )
     p.add_argument(
         "--inference-share",
-        type=_finite(0.0, strict=False),
-        default=0.3,
-        help="share of Philly's one-GPU jobs turned into LLM inference (0..1; printed)",
+        type=_finite(0.0, strict=False, maximum=1.0),
+        default=None,
+        help="share of Philly's one-GPU jobs turned into LLM inference "
+        f"(0..1, default {PHILLY_INFERENCE_SHARE:g}; printed)",
     )
     p.add_argument(
         "--planner",
@@ -233,8 +237,18 @@ def load_trace(args: argparse.Namespace) -> tuple[list[TraceJob], int, float, Tr
     hours = args.duration
     gpus = args.gpus
     days = getattr(args, "days", None)
-    if days is not None and not args.trace.startswith("philly:"):
-        raise InputError("--days: only applies to --trace philly:VC (use --duration otherwise)")
+    share = getattr(args, "inference_share", None)
+    clip_hours = getattr(args, "max_job_hours", None)
+    if not args.trace.startswith("philly:"):
+        # Philly-only options on another trace would be ignored silently: refuse them.
+        for option, given in (
+            ("--days", days),
+            ("--inference-share", share),
+            ("--max-job-hours", clip_hours),
+        ):
+            if given is not None:
+                hint = " (use --duration otherwise)" if option == "--days" else ""
+                raise InputError(f"{option}: only applies to --trace philly:VC{hint}")
     if args.trace == "synthetic":
         gpus = gpus or 64
         window = (hours or 24.0) * 3600.0
@@ -248,10 +262,9 @@ def load_trace(args: argparse.Namespace) -> tuple[list[TraceJob], int, float, Tr
         vc = args.trace.split(":", 1)[1]
         if hours and days is None:
             days = (0.0, hours / 24.0)
-        share = getattr(args, "inference_share", 0.3)
-        if share > 1:
-            raise InputError("--inference-share: must be between 0 and 1")
-        clip = args.max_job_hours * 3600.0 if args.max_job_hours > 0 else None
+        share = PHILLY_INFERENCE_SHARE if share is None else share
+        clip_hours = PHILLY_CLIP_HOURS if clip_hours is None else clip_hours
+        clip = clip_hours * 3600.0 if clip_hours > 0 else None
         try:
             loaded = philly_trace(
                 vc, seed=args.seed, max_duration_s=clip, days=days, inference_share=share

@@ -86,8 +86,10 @@ from elastico_extender.sim.workloads import (
 
 __all__ = [
     "MAX_TRACE_SECONDS",
+    "PHILLY_CLIP_HOURS",
     "PHILLY_DATA",
     "PHILLY_GPU_MIX",
+    "PHILLY_INFERENCE_SHARE",
     "PHILLY_VC_GPUS",
     "TraceJob",
     "TraceLoad",
@@ -120,6 +122,10 @@ FLOOR_RANGE = (0.25, 0.6)
 PHILLY_DATA = Path(__file__).with_name("data") / "philly_vc_traces.csv.gz"
 """Package copy of the per-VC Philly traces (Philly CC BY 4.0 via Gavel MIT; see sim/data)."""
 PHILLY_FULL_NAME = "philly_gavel_vc_traces.csv"
+PHILLY_CLIP_HOURS = 48.0
+"""Default clip of Philly durations (hours; the count is stated in the notes)."""
+PHILLY_INFERENCE_SHARE = 0.3
+"""Default share of Philly's one-GPU jobs turned into LLM inference (module doc)."""
 MAX_TRACE_SECONDS = 366 * 86400.0
 """Longest job and longest arrival span a trace may hold: the simulator steps every epoch
 up to the last completion, so a year bounds a run (Philly's longest job is 60 days)."""
@@ -310,8 +316,8 @@ def philly_trace(
     vc: str,
     path: Path | str | None = None,
     seed: int = 0,
-    inference_share: float = 0.3,
-    max_duration_s: float | None = 48 * 3600.0,
+    inference_share: float = PHILLY_INFERENCE_SHARE,
+    max_duration_s: float | None = PHILLY_CLIP_HOURS * 3600.0,
     days: tuple[float, float] | None = None,
 ) -> TraceLoad:
     """One Philly VC with the transformations of the module docstring, each stated in notes."""
@@ -371,8 +377,8 @@ def load_philly(
     vc: str,
     path: Path | str | None = None,
     seed: int = 0,
-    inference_share: float = 0.3,
-    max_duration_s: float | None = 48 * 3600.0,
+    inference_share: float = PHILLY_INFERENCE_SHARE,
+    max_duration_s: float | None = PHILLY_CLIP_HOURS * 3600.0,
     window_s: float | None = None,
 ) -> list[TraceJob]:
     """One Philly VC's jobs (the first ``window_s`` seconds); :func:`philly_trace` says more."""
