@@ -67,13 +67,34 @@ def test_training_has_idle_stretches_with_the_same_lifetime_mean() -> None:
     )
 
 
+def test_activity_asked_across_slots_in_any_order_is_never_a_stale_slots() -> None:
+    """Activities are computed once per slot for every job (the hot path of a production
+    run): a query for another slot, or back to an earlier one, answers for its own slot,
+    as a truth asked nothing before does."""
+    _, truth = _world_truth(300)
+    n = truth.solo_activity.size
+    rng = np.random.default_rng(4)
+    offsets = [10.0, 20.0, 950.0, 30.0, 5000.0, 5000.5, 940.0, 10.0]  # slots 0 0 1 0 5 5 1 0
+    times = [truth.origin + x for x in offsets]
+    for t in times:
+        jobs = rng.choice(n, size=min(40, n), replace=False)
+        gids = np.zeros(jobs.size, dtype=np.intp)
+        fresh = replace(truth)  # same world and jobs, nothing cached
+        np.testing.assert_array_equal(truth.activity(jobs, gids, t), fresh.activity(jobs, gids, t))
+        np.testing.assert_array_equal(
+            truth.occupancy(jobs, gids, t), fresh.occupancy(jobs, gids, t)
+        )
+    idle = [truth.activity(np.arange(n), np.zeros(n, dtype=np.intp), t) == 0 for t in times]
+    assert not np.array_equal(idle[0], idle[2])  # the slots really differ
+
+
 def test_slowdown_reduces_to_gavel_pairs_when_jobs_saturate() -> None:
     trace = [
         TraceJob("a", 0.0, 1, 3600.0, "lstm"),
         TraceJob("b", 1.0, 1, 3600.0, "ncf"),
     ]
     truth = ProductionWorld(train_idle_share=0.0).truth(BENCH, trace)
-    truth.solo_activity[:] = 1.0
+    truth = replace(truth, solo_activity=np.ones(2))
     g = np.array([CONFIGS.default_of("lstm"), CONFIGS.default_of("ncf")])
     assert BENCH.measured[g[0], g[1]]
     got = truth.device_slowdowns(g, np.array([0, 1]), 10.0)
@@ -85,11 +106,10 @@ def test_slowdown_scales_with_both_jobs_activity_and_vanishes_when_one_idles() -
     truth = ProductionWorld(train_idle_share=0.0).truth(BENCH, trace)
     g = np.array([CONFIGS.default_of("lstm")] * 2)
     full = BENCH.device_slowdowns(g)[0] - 1.0
-    truth.dram_ratio[:] = 0.0
-    truth.solo_activity[:] = [0.5, 0.4]
+    truth = replace(truth, dram_ratio=np.zeros(2), solo_activity=np.array([0.5, 0.4]))
     s = truth.device_slowdowns(g, np.array([0, 1]), 10.0)
     np.testing.assert_allclose(s - 1.0, 0.5 * 0.4 * full)
-    truth.solo_activity[:] = [0.0, 1.0]
+    truth = replace(truth, solo_activity=np.array([0.0, 1.0]))
     np.testing.assert_allclose(truth.device_slowdowns(g, np.array([0, 1]), 10.0), 1.0)
 
 
@@ -97,10 +117,9 @@ def test_memory_bandwidth_counts_as_occupancy() -> None:
     trace = [TraceJob("a", 0.0, 1, 3600.0, "lstm"), TraceJob("b", 1.0, 1, 3600.0, "lstm")]
     truth = ProductionWorld(train_idle_share=0.0).truth(BENCH, trace)
     g = np.array([CONFIGS.default_of("lstm")] * 2)
-    truth.solo_activity[:] = 0.2
-    truth.dram_ratio[:] = 0.0
+    truth = replace(truth, solo_activity=np.full(2, 0.2), dram_ratio=np.zeros(2))
     low = truth.device_slowdowns(g, np.array([0, 1]), 10.0)
-    truth.dram_ratio[:] = 4.0  # memory-bound: the bus busy 80% of the time
+    truth = replace(truth, dram_ratio=np.full(2, 4.0))  # memory-bound: the bus busy 80%
     high = truth.device_slowdowns(g, np.array([0, 1]), 10.0)
     assert (high > low).all()
 
@@ -108,7 +127,7 @@ def test_memory_bandwidth_counts_as_occupancy() -> None:
 def test_inference_activity_follows_the_demand_curve() -> None:
     trace = [TraceJob("q", 0.0, 1, 86400.0, INFERENCE_WORKLOADS[0])]
     truth = ProductionWorld().truth(BENCH, trace)
-    truth.solo_activity[:] = 0.05
+    truth = replace(truth, solo_activity=np.full(1, 0.05))
     acts = np.array([truth.activity(np.array([0]), np.array([0]), k * 900.0)[0] for k in range(96)])
     np.testing.assert_allclose(acts, np.minimum(1.0, 0.05 * truth.demand[:96]))
     assert truth.next_change(100.0) == pytest.approx(900.0)
@@ -169,8 +188,7 @@ def test_harm_is_measured_on_the_slowdown_jobs_run_at(activity: float, idle_shar
     blind = ContentionPredictor(sm_weight=0.0, dram_weight=0.0, pressure_weight=0.0)
     trace = [TraceJob("a", 0.0, 1, 36000.0, "ncf"), TraceJob("b", 0.0, 1, 36000.0, "ncf")]
     truth = ProductionWorld(train_idle_share=idle_share).truth(BENCH, trace, 3)
-    truth.dram_ratio[:] = 0.0
-    truth.solo_activity[:] = activity
+    truth = replace(truth, dram_ratio=np.zeros(2), solo_activity=np.full(2, activity))
     policy = ElasticoPolicy(predictor=blind)  # shares: it predicts no slowdown
     result = Simulator(trace, policy, CONFIGS, truth, ClusterSpec(gpus=1)).run()
     assert result.seg_tenants.max() == 2.0  # they shared the GPU
