@@ -67,7 +67,7 @@ def test_training_has_idle_stretches_with_the_same_lifetime_mean() -> None:
     )
 
 
-def test_activity_asked_across_slots_in_any_order_is_never_a_stale_slots() -> None:
+def test_activity_asked_across_slots_in_any_order_never_reads_a_stale_slot() -> None:
     """Activities are computed once per slot for every job (the hot path of a production
     run): a query for another slot, or back to an earlier one, answers for its own slot,
     as a truth asked nothing before does."""
