@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import copy
 import json
+import logging
+import socket
 import time
 from collections.abc import Iterator
 
@@ -331,3 +333,24 @@ def test_node_objects_too_deep_to_echo_are_a_400_naming_nodes(edge):
     reply = client.post("/scheduler/filter", json=body)
     assert reply.status_code == 400
     assert_clean(reply, "Nodes")
+
+
+@pytest.mark.parametrize(
+    "path", ["/scheduler/filter", "/scheduler/bind", "/scheduler/preempt", "/mutate",
+             "/observations"],
+)  # fmt: skip
+def test_a_client_that_hangs_up_mid_body_logs_no_traceback(edge, caplog, path):
+    """A caller that promises a body and disconnects halfway is not an internal error:
+    no ERROR line, no traceback in the log, and the server keeps serving."""
+    client, token = edge
+    caplog.set_level(logging.WARNING, logger="elastico_extender")
+    host, port = client.base_url.host, client.base_url.port
+    head = (f"POST {path} HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {token}\r\n"
+            "Content-Type: application/json\r\nContent-Length: 4096\r\n\r\n")  # fmt: skip
+    with socket.create_connection((host, port)) as raw:
+        raw.sendall(head.encode() + b'{"Pod": {"metadata": {"name": "half')
+        time.sleep(0.2)  # the handler is reading the body
+    time.sleep(0.5)  # and has seen the disconnect
+    still_serving(client)
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info]
+    assert not errors, [(r.getMessage(), r.exc_info and r.exc_info[0]) for r in errors]

@@ -9,6 +9,7 @@ import orjson
 from fastapi import Request
 from fastapi.responses import Response
 from pydantic import BaseModel, ValidationError
+from starlette.requests import ClientDisconnect
 
 from elastico_extender.service.engine import Engine
 from elastico_extender.service.metrics import PrometheusMetrics
@@ -65,7 +66,7 @@ def metrics_of(request: Request) -> PrometheusMetrics:
 
 async def read_body(request: Request, limit: int | None = None) -> bytes:
     """The request body, refusing more than ``limit`` (default ``max_body_bytes``; 413)
-    before reading it all."""
+    before reading it all, and a body cut short by the client (400)."""
     if limit is None:
         limit = settings_of(request).max_body_bytes
     declared = request.headers.get("content-length")
@@ -78,11 +79,14 @@ async def read_body(request: Request, limit: int | None = None) -> bytes:
             raise ApiError(413, f"request body of {size} bytes exceeds the limit of {limit}")
     chunks = []
     total = 0
-    async for chunk in request.stream():
-        total += len(chunk)
-        if total > limit:
-            raise ApiError(413, f"request body exceeds the limit of {limit} bytes")
-        chunks.append(chunk)
+    try:
+        async for chunk in request.stream():
+            total += len(chunk)
+            if total > limit:
+                raise ApiError(413, f"request body exceeds the limit of {limit} bytes")
+            chunks.append(chunk)
+    except ClientDisconnect:  # the caller hung up: its mistake, not ours (no traceback)
+        raise ApiError(400, "the client disconnected before sending the whole body") from None
     return b"".join(chunks)
 
 
