@@ -13,6 +13,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import pytest
 from test_service_events import pending_pod
 from test_service_observations import batch, gpu_node, running_pod, start_service, wait_for
 
@@ -79,6 +80,36 @@ def test_a_solo_window_makes_an_unknown_workload_measured_and_shareable(tmp_path
         svc.epoch()
         assert not svc.engine.published.snapshot.families[FAMILY].estimated.any()
         assert shares_with_u(svc)
+        server.stop()
+    finally:
+        api.stop()
+
+
+@pytest.mark.parametrize("peak", [81921.0, 1e6, 1e308])
+def test_a_peak_memory_no_gpu_of_the_pod_holds_is_refused_and_learns_nothing(
+    tmp_path: Path, peak: float
+) -> None:
+    """The pod runs on one 80 GiB GPU: a window saying it peaked above that is impossible
+    (a broken agent, or a hostile token holder).  It is refused naming peak_mem_mib, and
+    neither the measured profile nor the plan changes: the pod keeps its GPU alone."""
+    api = FakeApiServer().start()
+    api.put("nodes", gpu_node("g0", 1))
+    api.put("pods", unprofiled_pod("u"))
+    api.put("pods", pending_pod("p"))
+    path = str(tmp_path / "loop.db")
+    try:
+        server, kube, svc = start_service(api, observation_store=path)
+        assert wait_for(lambda: len(kube.state.pods()) == 2)
+        svc.epoch()
+        reply = svc.post(batch(solo_window("uid-u", peak_mem_mib=peak, sm_activity=0.3)))
+        assert reply.status_code == 422, reply.text
+        assert "observations[0].peak_mem_mib" in reply.json()["Error"]
+        assert "81920" in reply.json()["Error"]
+        assert ProfileStore(path).records(FAMILY, HARDWARE) == []
+        svc.epoch()
+        assignments = svc.engine.published.plan.assignments
+        assert assignments["uid-u"].devices == (("g0", 0),)
+        assert "uid-p" not in assignments
         server.stop()
     finally:
         api.stop()

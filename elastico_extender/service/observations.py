@@ -382,6 +382,15 @@ class ObservationService:
                 f"{where}.end: not after the pod's last window (ended {last.end:.3f}): "
                 "out of order or repeated"
             )
+        if job is not None and w.peak_mem_mib is not None:
+            devices = pub.snapshot.devices
+            at = [devices.index[d] for d in job.devices if d in devices.index]
+            held = float(devices.memory_total[at].sum())
+            if at and w.peak_mem_mib > held:  # impossible: it would become a family's profile
+                found.append(
+                    f"{where}.peak_mem_mib: {w.peak_mem_mib:.6g} MiB is more than the "
+                    f"{held:g} MiB of GPU memory the pod holds"
+                )
         if job is not None and w.configuration is not None:
             pj = pub.pods.get(job.id)
             if pj is not None:
