@@ -324,6 +324,32 @@ def test_an_empty_batch_is_a_heartbeat(service: Service) -> None:
     assert view["agents"]["g0"]["last_report_age_seconds"] < 30
 
 
+def test_agents_are_kept_only_for_nodes_of_the_cluster(service: Service) -> None:
+    """Each agent's last report is kept per node and exported as a metric label: a batch
+    naming a node the cluster lacks is refused, and a node that left is forgotten, so
+    neither invented names nor autoscaler churn grow the map or the metric."""
+    for i in range(20):
+        reply = service.post(batch(window("uid-a", 1.0), node=f"ghost-{i}"))
+        assert reply.status_code == 422, reply.text
+        assert reply.json()["Error"].startswith("node: 'ghost-")
+        assert reply.json()["refused"] == [0]
+    service.api.put("nodes", gpu_node("g1", 1))
+    assert wait_for(lambda: service.engine.cluster.state.node("g1") is not None)
+    service.epoch()
+    assert service.post(batch(node="g1")).status_code == 200
+    assert service.post(batch()).status_code == 200
+    agents = httpx.get(f"{service.url}/observations").json()["agents"]
+    assert set(agents) == {"g0", "g1"}
+
+    service.api.delete("nodes", "g1")
+    assert wait_for(lambda: service.engine.cluster.state.node("g1") is None)
+    service.epoch()
+    assert service.post(batch()).status_code == 200
+    assert set(httpx.get(f"{service.url}/observations").json()["agents"]) == {"g0"}
+    metrics = httpx.get(f"{service.url}/metrics").text
+    assert 'node="g0"' in metrics and "ghost" not in metrics and 'node="g1"' not in metrics
+
+
 def test_what_was_learned_survives_a_restart(tmp_path: Path) -> None:
     api = FakeApiServer().start()
     api.put("nodes", gpu_node("g0", 2))

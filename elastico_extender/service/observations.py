@@ -272,6 +272,13 @@ class ObservationService:
         with self._lock:
             index = self._snapshot_index(pub.snapshot)
             running, partners_of = index.running, index.partners
+            if node not in pub.snapshot.devices.node_position:
+                self._count("refused", len(windows))
+                raise ObservationRefused(
+                    422,
+                    [f"node: {node!r} is not a node of the cluster (in the published plan)"],
+                    list(range(len(windows))),
+                )
             for i, w in enumerate(windows):
                 where = f"observations[{i}]"
                 found = self._check(where, w, now, running, pub, seen)
@@ -545,9 +552,11 @@ class ObservationService:
 
     def _snapshot_index(self, snapshot: Snapshot) -> SnapshotIndex:
         """``snapshot`` indexed (once per snapshot: every agent's POST until the next
-        epoch reads the same)."""
+        epoch reads the same); the agents of nodes that left the cluster are forgotten."""
         if self._index.snapshot is not snapshot:
             self._index = index_snapshot(snapshot)
+            nodes = snapshot.devices.node_position
+            self._agents = {n: t for n, t in self._agents.items() if n in nodes}
         return self._index
 
     def _loop_configs(self, snapshot: Snapshot, job_ids: Iterable[str]) -> dict[str, RunningConfig]:
