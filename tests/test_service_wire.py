@@ -103,6 +103,22 @@ def test_bind_needs_auth_then_binds_through_the_cluster(service):
     assert len(cluster.bindings) == 1
 
 
+def test_bind_whose_uid_and_name_are_two_pods_binds_neither(service):
+    """kube-scheduler takes PodName, PodNamespace and PodUID from one pod; a body whose
+    UID is gpu-pod-a's but whose name is gpu-pod-b's is not a bind of gpu-pod-a."""
+    url, token, cluster = service
+    args = json.loads((WIRE / "bind.json").read_text())
+    assert cluster.state.pod_by_name("default", "gpu-pod-b") is not None
+    for namespace, name in (("default", "gpu-pod-b"), ("default", "nobody"), ("ml", "gpu-pod-a")):
+        mixed = dict(args, PodNamespace=namespace, PodName=name)
+        reply = post(url, "bind", mixed, token)
+        assert reply.status_code == 200 and "not known to ElastiCo" in reply.json()["Error"]
+    assert cluster.bindings == []
+    for pod in cluster.state.pods().values():
+        assert not pod["spec"].get("nodeName")
+    assert post(url, "bind", args, token).json() == {"Error": ""}  # the consistent body binds
+
+
 def test_two_gpu_pod_then_one_gpu_pod_follow_the_capacity(service):
     url, token, cluster = service
     lines = [json.loads(x) for x in (WIRE / "requests.jsonl").read_text().splitlines()]

@@ -28,6 +28,7 @@ import numpy as np
 
 from elastico_extender.annotations import PREFIX
 from elastico_extender.cluster.base import BindRequest, Cluster, ClusterError
+from elastico_extender.cluster.objects import pod_key
 from elastico_extender.core.model import Node
 from elastico_extender.core.planner import Answers, PlacementView
 from elastico_extender.core.resources import GPU_MEM
@@ -310,9 +311,12 @@ class Verbs:
 
     # -- bind ----------------------------------------------------------------------------
     def _pod(self, namespace: str, name: str, uid: str) -> dict[str, Any] | None:
-        """The pod from the cluster view: by UID, else by name when its UID matches."""
+        """The pod from the cluster view: by UID when its namespace and name match, else
+        by name when its UID matches (the scheduler names one pod three ways)."""
         state = self.cluster.state
         pod = state.pod(uid) if uid else None
+        if pod is not None and pod_key(pod) != f"{namespace}/{name}":
+            return None  # the UID of another pod than the one named
         if pod is None:
             pod = state.pod_by_name(namespace, name)
             if pod is not None and uid and str(pod["metadata"].get("uid")) != uid:
