@@ -8,6 +8,7 @@ keeps serving.  Real uvicorn on 127.0.0.1, one ``httpx.Client`` (one connection)
 from __future__ import annotations
 
 import copy
+import gzip
 import json
 import logging
 import socket
@@ -354,3 +355,21 @@ def test_a_client_that_hangs_up_mid_body_logs_no_traceback(edge, caplog, path):
     still_serving(client)
     errors = [r for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info]
     assert not errors, [(r.getMessage(), r.exc_info and r.exc_info[0]) for r in errors]
+
+
+@pytest.mark.parametrize("path", ["/scheduler/filter", "/scheduler/bind", "/mutate",
+                                  "/observations"])  # fmt: skip
+def test_a_compressed_body_is_a_415_naming_content_encoding(edge, path):
+    """The extender reads plain JSON only; a gzip body is named as such, not reported as
+    JSON that is not UTF-8."""
+    client, token = edge
+    body = json.dumps({"Pod": pod(name="gz"), "NodeNames": ["g0"]}).encode()
+    headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
+    reply = client.post(path, content=gzip.compress(body),
+                        headers={**headers, "Content-Encoding": "gzip"})  # fmt: skip
+    assert reply.status_code == 415, reply.text
+    assert_clean(reply, "Content-Encoding", "gzip")
+    plain = client.post("/scheduler/filter", content=body,
+                        headers={**headers, "Content-Encoding": "identity"})  # fmt: skip
+    assert plain.status_code == 200 and plain.json()["Error"] == ""
+    still_serving(client)

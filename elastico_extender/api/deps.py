@@ -66,9 +66,12 @@ def metrics_of(request: Request) -> PrometheusMetrics:
 
 async def read_body(request: Request, limit: int | None = None) -> bytes:
     """The request body, refusing more than ``limit`` (default ``max_body_bytes``; 413)
-    before reading it all, and a body cut short by the client (400)."""
+    before reading it all, a compressed one (415) and one cut short by the client (400)."""
     if limit is None:
         limit = settings_of(request).max_body_bytes
+    encoding = request.headers.get("content-encoding", "identity").strip().lower()
+    if encoding not in ("", "identity"):
+        raise ApiError(415, f"Content-Encoding {encoding[:40]} is not supported; send plain JSON")
     declared = request.headers.get("content-length")
     if declared is not None:
         try:
