@@ -59,6 +59,7 @@ __all__ = [
     "ANNOTATIONS_FILE_ENV",
     "DECISION_DIR",
     "DECISION_KEYS",
+    "DECISION_VOLUME",
     "INPUT_KEYS",
     "PREFIX",
     "PROGRESS_METRICS",
@@ -80,6 +81,8 @@ PREFIX = "elastico.io/"
 # Where the container finds the decision: the webhook mounts the pod's annotations
 # (downward API) at DECISION_DIR and sets ANNOTATIONS_FILE_ENV to the file, which is
 # what elastico-run reads (and its default); one name, defined once, for both sides.
+# The volume's presence on a pod is also how the extender knows the webhook admitted it.
+DECISION_VOLUME = "elastico-decision"
 DECISION_DIR = "/etc/elastico"
 ANNOTATIONS_FILE = f"{DECISION_DIR}/annotations"
 ANNOTATIONS_FILE_ENV = "ELASTICO_ANNOTATIONS_FILE"

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from elastico_extender.annotations import PodIntent, parse_intent
+from elastico_extender.annotations import DECISION_VOLUME, PodIntent, parse_intent
 from elastico_extender.cluster.objects import pod_gpu_request, pod_key
 from elastico_extender.core.model import Job, Mode, ProfileFamily
 from elastico_extender.errors import AnnotationError
@@ -42,9 +42,6 @@ intent that shares its family with every other pod of the family), or at most
 ``MAX_PROBLEM_CHARS`` of problem text: a few MiB in all."""
 MAX_PROBLEM_CHARS = 2048
 """Problem text kept per invalid pod (the cache never holds a caller's whole value)."""
-DECISION_VOLUME = "elastico-decision"
-"""The downward-API volume the mutating webhook adds (``api.routes.webhook``): its
-presence is how the extender knows a pod was admitted through the webhook."""
 
 UNMUTATED_NOTE = (
     "created while the ElastiCo webhook was unavailable (no elastico-decision volume): "

@@ -39,6 +39,7 @@ from elastico_extender.annotations import (
     ANNOTATIONS_FILE,
     ANNOTATIONS_FILE_ENV,
     DECISION_DIR,
+    DECISION_VOLUME,
     PREFIX,
     RINGS_DIR,
     RINGS_VOLUME,
@@ -63,8 +64,6 @@ __all__ = [
 ]
 
 router = APIRouter(tags=["admission webhook"])
-
-DECISION_VOLUME = "elastico-decision"
 
 
 def rings_volume(
