@@ -6,8 +6,10 @@ Command (from the repository root):
     PYTHONPATH=. python benchmarks/observation_ingest.py --quick    # 1,000 pods
 
 A cluster of nodes with 8 GPUs (80 GB) each carries two running opted-in pods per GPU
-(the catalog's families in turn), all bound with decision annotations, in the embedded
-cluster (real Pod JSON).  After one epoch, each row times, median of ``--reps``:
+(the catalog's families in turn), all bound with decision annotations and carrying the
+webhook's decision volume (without it a pod is held as whole GPUs and never observed as
+sharing), in the embedded cluster (real Pod JSON).  After one epoch, each row times,
+median of ``--reps``:
 
 * ``ingest 8/64/512``: ``ObservationService.ingest`` of one agent's batch of that many
   windows (validation against the published plan, the book, pair statistics; no SQLite,
@@ -36,6 +38,7 @@ from collections.abc import Callable
 
 import httpx
 
+from elastico_extender.annotations import DECISION_VOLUME
 from elastico_extender.api.app import create_app
 from elastico_extender.cluster.embedded import EmbeddedCluster
 from elastico_extender.core.shapes.catalog import CATALOG, catalog_families
@@ -72,7 +75,9 @@ def cluster_objects(pods: int) -> list[dict]:
                                      "annotations": annotations},
                         "spec": {"schedulerName": "elastico-scheduler", "nodeName": f"n{node}",
                                  "containers": [{"name": "m", "image": "i", "resources": {
-                                     "limits": {"nvidia.com/gpu": "1"}}}]},
+                                     "limits": {"nvidia.com/gpu": "1"}}}],
+                                 "volumes": [{"name": DECISION_VOLUME,
+                                              "downwardAPI": {"items": []}}]},
                         "status": {"phase": "Running"}})  # fmt: skip
     return objects
 
@@ -136,7 +141,7 @@ def run(pods: int, reps: int) -> list[tuple[str, tuple[float, float]]]:
         ("snapshot +obs", tuple(statistics.median(x) for x in zip(*with_obs, strict=True))),
         ("snapshot -obs", tuple(statistics.median(x) for x in zip(*without, strict=True))),
     ]  # type: ignore[list-item]
-    server = ServerThread(app).start()
+    server = ServerThread(app).start(timeout=300)  # its first epoch: seconds at 10,000 pods
     try:
         with httpx.Client(base_url=server.url, headers={
                 "Authorization": f"Bearer {app.state.token}"}) as http:  # fmt: skip
