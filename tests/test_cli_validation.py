@@ -133,3 +133,45 @@ def test_plan_explains_zero_prices_when_the_cluster_is_short():
     priced = elastico("plan", "--gpus", "16", "--jobs", "40")
     assert "gpu_mem_mib=0.000" not in priced.stdout
     assert "prices are 0 although" not in priced.stdout
+
+
+KUBECONFIG = """apiVersion: v1
+kind: Config
+clusters: [{name: c, cluster: {server: "http://127.0.0.1:9"}}]
+users: [{name: u, user: {token: t}}]
+contexts: [{name: x, context: {cluster: c, user: u}}]
+current-context: x
+"""
+
+
+@pytest.mark.parametrize(
+    ("args", "named", "code"),
+    [
+        (["--token-file", "{missing}"], "--token-file", 2),
+        (["--token-file", "{empty}"], "--token-file", 2),
+        (["--token-file", "{binary}"], "--token-file", 2),
+        (["--ca-file", "{missing}"], "--ca-file", 2),
+        (["--ca-file", "{empty}"], "--ca-file", 2),
+        (["--client-cert", "{empty}", "--client-key", "{empty}"], "--client-cert", 2),
+        (["--extender", "extender:8444"], "--extender", 2),
+        (["--window-seconds", "inf"], "--window-seconds", 2),
+        (["--kubeconfig", "{missing}"], "--kubeconfig", 1),
+        (["--kubeconfig", "{empty}"], "--kubeconfig", 1),
+        ([], "in-cluster config", 1),  # no --kubeconfig, and not in a pod
+        (["--kubeconfig", "{kubeconfig}"], "window failed", 1),  # API server unreachable
+    ],
+)
+def test_agent_settings_that_cannot_work_are_one_line_errors(args, named, code, tmp_path):
+    files = {"missing": tmp_path / "nope", "empty": tmp_path / "empty",
+             "binary": tmp_path / "binary", "kubeconfig": tmp_path / "kubeconfig"}  # fmt: skip
+    files["empty"].write_text("")
+    files["binary"].write_bytes(b"\xff\xfe\x00")
+    files["kubeconfig"].write_text(KUBECONFIG)
+    args = [a.format(**{k: str(v) for k, v in files.items()}) for a in args]
+    base = ["--node", "n1", "--extender", "http://127.0.0.1:9", "--once", "--window-seconds",
+            "0.01", "--kubelet-root", "", "--ring-root", str(tmp_path)]  # fmt: skip
+    env = {k: v for k, v in ENV.items() if k != "KUBERNETES_SERVICE_HOST"}
+    done = elastico("agent", *base, *args, env=env)
+    assert done.returncode == code, done.stderr
+    assert named in done.stderr
+    no_traceback(done)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import os
 import signal
 import sys
@@ -24,6 +25,7 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from elastico_extender.agent.daemon import Agent, PodInfo, pod_info
 from elastico_extender.agent.reporter import Reporter
@@ -98,6 +100,29 @@ class DeviceMetrics:
         return source.sample()
 
 
+def _is_http_url(url: str) -> bool:
+    parts = urlsplit(url)
+    try:
+        parts.port  # noqa: B018  (raises ValueError when out of range)
+    except ValueError:
+        return False
+    return parts.scheme in ("http", "https") and bool(parts.hostname)
+
+
+def _read_token(path: str | None, problems: list[str]) -> str | None:
+    """The bearer token in ``path`` (None: no file given); a problem when unusable."""
+    if not path:
+        return None
+    try:
+        token = Path(path).read_text().strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        problems.append(f"--token-file: cannot read {path}: {getattr(exc, 'strerror', exc)}")
+        return None
+    if not token:
+        problems.append(f"--token-file: {path} is empty")
+    return token or None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
     problems = []
@@ -107,10 +132,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         problems.append("--extender (or $ELASTICO_EXTENDER_URL) is required")
     if bool(args.client_cert) != bool(args.client_key):
         problems.append("--client-cert and --client-key go together")
-    if not args.window_seconds > 0:
-        problems.append("--window-seconds must be > 0")
+    if args.extender and not _is_http_url(args.extender):
+        problems.append(f"--extender: {args.extender!r} is not a valid http:// or https:// URL")
+    if not (math.isfinite(args.window_seconds) and args.window_seconds > 0):
+        problems.append("--window-seconds must be a finite number > 0")
     if not args.kubelet_root and not args.ring_root:
         problems.append("--kubelet-root and --ring-root are both empty: no rings to read")
+    for option in ("--token-file", "--ca-file", "--client-cert", "--client-key"):
+        path = getattr(args, option[2:].replace("-", "_"))
+        if path and not Path(path).is_file():
+            problems.append(f"{option}: {path} is not a readable file")
+    token = _read_token(args.token_file, problems) if not problems else None
     if problems:
         print("elastico agent: " + "; ".join(problems), file=sys.stderr)
         return 2
@@ -121,27 +153,48 @@ def main(argv: Sequence[str] | None = None) -> int:
             "to the kubelet's --root-dir)",
             args.kubelet_root,
         )
-    token = Path(args.token_file).read_text().strip() if args.token_file else None
+    try:
+        reporter = Reporter(
+            args.extender,
+            token=token,
+            ca_file=args.ca_file,
+            client_cert=(args.client_cert, args.client_key) if args.client_cert else None,
+        )
+    except OSError as exc:  # ssl.SSLError included: a file that is not PEM
+        print(
+            f"elastico agent: --ca-file/--client-cert/--client-key: cannot load: {exc}",
+            file=sys.stderr,
+        )
+        return 2
     from kubernetes import client
+    from kubernetes.config import ConfigException
 
     from elastico_extender.cluster.kube import api_client_from
 
-    core = client.CoreV1Api(api_client_from(args.kubeconfig))
-    reporter = Reporter(
-        args.extender,
-        token=token,
-        ca_file=args.ca_file,
-        client_cert=(args.client_cert, args.client_key) if args.client_cert else None,
-    )
+    try:
+        core = client.CoreV1Api(api_client_from(args.kubeconfig))
+    except (ConfigException, OSError, ValueError) as exc:
+        reporter.close()
+        source = (
+            f"--kubeconfig {args.kubeconfig}"
+            if args.kubeconfig
+            else "in-cluster config (outside a pod, pass --kubeconfig)"
+        )
+        print(f"elastico agent: cannot start: {source}: {exc}", file=sys.stderr)
+        return 1
     rings = PodRings(args.ring_root or None, kubelet_root=args.kubelet_root or None)
     agent = Agent(
         args.node, lambda: kube_pods(core, args.node), rings, reporter, hardware=DeviceMetrics()
     )
     try:
         if args.once:
-            agent.observe()  # baseline
-            threading.Event().wait(args.window_seconds)
-            print(json.dumps(agent.run_once()))
+            try:
+                agent.observe()  # baseline
+                threading.Event().wait(args.window_seconds)
+                print(json.dumps(agent.run_once()))
+            except Exception as exc:  # one line, as the daemon loop logs it and goes on
+                print(f"elastico agent: window failed: {exc}", file=sys.stderr)
+                return 1
             return 0
         stop = threading.Event()
         for signum in (signal.SIGTERM, signal.SIGINT):
