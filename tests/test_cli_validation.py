@@ -175,3 +175,39 @@ def test_agent_settings_that_cannot_work_are_one_line_errors(args, named, code, 
     assert done.returncode == code, done.stderr
     assert named in done.stderr
     no_traceback(done)
+
+
+@pytest.mark.parametrize(
+    ("text", "named"),
+    [("a: [\n", "line 2"), ("a: b: c\n", "line 1"), (b"\xff\xfe", "cannot read")],
+)
+def test_serve_names_a_config_file_it_cannot_parse(text, named, tmp_path):
+    config = tmp_path / "settings.yaml"
+    if isinstance(text, bytes):
+        config.write_bytes(text)
+    else:
+        config.write_text(text)
+    done = elastico("serve", "--config", str(config))
+    assert done.returncode == 2, done.stderr
+    assert str(config) in done.stderr and named in done.stderr
+    no_traceback(done)
+
+
+@pytest.mark.parametrize(
+    ("args", "named"),
+    [
+        (["--tls-cert", "{missing}", "--tls-key", "{missing}"], "tls_cert/tls_key"),
+        (["--tls-cert", "{empty}", "--tls-key", "{empty}"], "tls_cert/tls_key"),
+    ],
+)
+def test_serve_with_unloadable_tls_files_fails_before_announcing_itself(args, named, tmp_path):
+    (tmp_path / "empty").write_text("")
+    args = [a.format(missing=tmp_path / "nope", empty=tmp_path / "empty") for a in args]
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    done = elastico("serve", "--port", str(port), *args)
+    assert done.returncode == 1, done.stderr
+    assert named in done.stderr and str(tmp_path) in done.stderr
+    assert "extender at" not in done.stderr
+    no_traceback(done)

@@ -208,6 +208,11 @@ def serve_main(argv: Sequence[str] | None = None) -> int:
         print(f"elastico serve: {exc}", file=sys.stderr)
         return 2
     configure_logging(settings.log_level, settings.log_format)
+    try:
+        check_tls_files(settings)
+    except OSError as exc:
+        print(f"elastico serve: cannot start: {exc}", file=sys.stderr)
+        return 1
     from elastico_extender.api.app import create_app
 
     try:
@@ -265,6 +270,28 @@ def serve_main(argv: Sequence[str] | None = None) -> int:
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(_serve_all(servers, sockets))
     return 0
+
+
+def check_tls_files(settings: ServiceSettings) -> None:
+    """Load the TLS files now, so a bad one fails before the banner; uvicorn would load
+    them only once serving, into a traceback.  OSError names the setting and the file."""
+    if not settings.tls_cert:
+        return
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    try:
+        context.load_cert_chain(settings.tls_cert, settings.tls_key)
+    except OSError as exc:  # ssl.SSLError included
+        raise OSError(
+            f"tls_cert/tls_key: cannot load {settings.tls_cert} and {settings.tls_key}: "
+            f"{exc.strerror or exc}"
+        ) from None
+    if settings.client_ca_file:
+        try:
+            context.load_verify_locations(settings.client_ca_file)
+        except OSError as exc:
+            raise OSError(
+                f"client_ca_file: cannot load {settings.client_ca_file}: {exc.strerror or exc}"
+            ) from None
 
 
 def _report_leadership(cluster: Cluster, metrics: Any) -> None:

@@ -198,13 +198,22 @@ class ServiceSettings:
         values: dict[str, Any] = {}
         problems: list[str] = []
         if file is not None:
-            text = Path(file).read_text()
+            try:
+                text = Path(file).read_text()
+            except (OSError, UnicodeDecodeError) as exc:
+                raise ValueError(f"{file}: cannot read: {getattr(exc, 'strerror', exc)}") from None
             try:
                 doc = json.loads(text)
             except json.JSONDecodeError:
                 import yaml
 
-                doc = yaml.safe_load(text)
+                try:
+                    doc = yaml.safe_load(text)
+                except yaml.YAMLError as exc:
+                    mark = getattr(exc, "problem_mark", None)
+                    where = f"line {mark.line + 1}: " if mark is not None else ""
+                    why = getattr(exc, "problem", None) or "unreadable"
+                    raise ValueError(f"{file}: neither JSON nor YAML ({where}{why})") from None
             if not isinstance(doc, dict):
                 raise ValueError(f"{file}: settings file must hold a mapping")
             values.update(doc)
