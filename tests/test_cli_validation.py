@@ -211,3 +211,14 @@ def test_serve_with_unloadable_tls_files_fails_before_announcing_itself(args, na
     assert named in done.stderr and str(tmp_path) in done.stderr
     assert "extender at" not in done.stderr
     no_traceback(done)
+
+
+def test_runtime_bundle_without_a_shim_says_so_and_writes_nothing(tmp_path):
+    dest = tmp_path / "bundle"
+    done = elastico(
+        "runtime-bundle", str(dest), env={**ENV, "ELASTICO_SHIM_PATH": str(tmp_path / "nope")}
+    )
+    assert done.returncode == 1, done.stderr
+    assert "ELASTICO_SHIM_PATH" in done.stderr and "None" not in done.stderr
+    assert not dest.exists() or not any(dest.iterdir())
+    no_traceback(done)

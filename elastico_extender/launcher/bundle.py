@@ -27,6 +27,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from elastico_extender.errors import ShimNotFoundError
 from elastico_extender.profiling.shim import shim_path
 
 __all__ = ["WRAPPER", "build_bundle", "main"]
@@ -53,11 +54,11 @@ def _sources(src: str, names: list[str]) -> set[str]:
 def build_bundle(dest: Path) -> Path:
     """Write the bundle into ``dest`` (created if missing; an older bundle is replaced)."""
     dest = Path(dest)
+    shim = shim_path()  # raises ShimNotFoundError with the build instructions, before any write
     lib = dest / "lib" / "elastico_extender"
     if lib.exists():
         shutil.rmtree(lib)
     shutil.copytree(PACKAGE_DIR, lib, ignore=_sources)
-    shim = shim_path()  # raises ShimNotFoundError with the build instructions
     (lib / "_shim").mkdir(parents=True, exist_ok=True)
     shutil.copy2(shim, lib / "_shim" / shim.name)
     wrapper = dest / "bin" / "elastico-run"
@@ -79,6 +80,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"dest: {args.dest} exists and is not a directory")
     try:
         wrapper = build_bundle(args.dest)
+    except ShimNotFoundError as exc:  # an OSError too, but not one about DEST
+        print(f"elastico runtime-bundle: {exc}", file=sys.stderr)
+        return 1
     except OSError as exc:
         print(f"elastico runtime-bundle: cannot write {args.dest}: {exc.strerror}", file=sys.stderr)
         return 1
