@@ -19,6 +19,7 @@ from elastico_extender.core.settings import PlannerSettings
 from elastico_extender.sim import cli
 from elastico_extender.sim.engine import ClusterSpec
 from elastico_extender.sim.metrics import summarise
+from elastico_extender.sim.production import DEFAULT_WORLD_FILE
 from elastico_extender.sim.runner import Experiment, build_policy, run_experiment
 from elastico_extender.sim.traces import load_philly, offered_load, philly_trace, synthetic
 from elastico_extender.sim.truth import DEFAULT_PAIRS, GroundTruth
@@ -80,6 +81,50 @@ def test_bad_arguments_fail_cleanly(argv: list[str], option: str, tmp_path: Path
     assert proc.returncode == 2, proc.stderr
     assert option in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def _simulate(*argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "elastico_extender.sim.cli", *argv, *FAST],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+@pytest.mark.parametrize(
+    ("argv", "option"),
+    [
+        # a window of a VC that exists but has no arrivals in it: the window is named
+        (["--trace", "philly:ed69ec", "--days", "1:1.25"], "--days"),
+        # --duration would be ignored beside --days on Philly: refused
+        (["--trace", "philly:ed69ec", "--days", "2", "--duration", "24"], "--duration"),
+        # a world file the benchmark world would never read: refused
+        (["--world-file", str(DEFAULT_WORLD_FILE)], "--world-file"),
+        # no pair table, so no GPU type's rows to pick: refused, not ignored
+        (["--interference", "none", "--gpu-type", "p100"], "--gpu-type"),
+        # a sigma whose true throughputs overflow to inf (a run that never ends)
+        (["--profile-noise", "1e300"], "--profile-noise"),
+    ],
+)
+def test_options_that_would_be_ignored_or_never_end_are_named_on_the_error_line(
+    argv: list[str], option: str, tmp_path: Path
+) -> None:
+    proc = _simulate(*argv, "--gpus", "4", "--out", str(tmp_path))
+    error = proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else ""
+    assert proc.returncode == 2, proc.stderr
+    assert error.startswith("elastico simulate: error:") and option in error, error
+    assert "Traceback" not in proc.stderr
+    assert "no jobs for Philly VC" not in error
+
+
+def test_a_load_that_stretches_a_trace_past_a_year_is_refused(tmp_path: Path) -> None:
+    trace = tmp_path / "trace.csv"
+    trace.write_text("arrival_time_s,gpu_num,duration_s\n0,1,100\n50,2,300\n")
+    proc = _simulate("--trace", str(trace), "--gpus", "4", "--load", "1e-300",
+                     "--out", str(tmp_path / "out"))  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    assert "error: --load" in proc.stderr and "366" in proc.stderr
 
 
 def test_policy_names_are_checked_by_the_rule_the_runner_builds_them_by() -> None:

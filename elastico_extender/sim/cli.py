@@ -49,6 +49,7 @@ from elastico_extender.sim.traces import (
     PHILLY_CLIP_HOURS,
     PHILLY_INFERENCE_SHARE,
     PHILLY_VC_GPUS,
+    EmptyWindowError,
     TraceJob,
     TraceLoad,
     arrival_span,
@@ -66,6 +67,10 @@ from elastico_extender.sim.workloads import ConfigTable
 __all__ = ["WORLDS", "build_parser", "load_trace", "main"]
 
 WORLDS = ("benchmark", "production")
+MAX_PROFILE_NOISE = 2.0
+"""Largest --profile-noise: a one-sigma profile error of e**2 (7.4x) is far past any
+profiler's; far larger sigmas overflow the true throughputs to inf and never end."""
+DEFAULT_GPU_TYPE = "v100"
 
 log = logging.getLogger(__name__)
 
@@ -191,15 +196,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--gpu-type",
-        default="v100",
         help="GPU type whose rows of the pair CSV are used (others only fill missing pairs); "
-        "one of the file's gpu column values (shipped file: v100, p100)",
+        f"one of the file's gpu column values (shipped file: v100, p100; default "
+        f"{DEFAULT_GPU_TYPE})",
     )
     p.add_argument(
         "--profile-noise",
-        type=_finite(0.0, strict=False),
+        type=_finite(0.0, strict=False, maximum=MAX_PROFILE_NOISE),
         default=0.05,
-        help="sigma of log T_true/T",
+        help=f"sigma of log T_true/T (at most {MAX_PROFILE_NOISE:g})",
     )
     p.add_argument(
         "--max-job-hours",
@@ -260,6 +265,8 @@ def load_trace(args: argparse.Namespace) -> tuple[list[TraceJob], int, float, Tr
         return jobs, gpus, window, TraceLoad(jobs)
     if args.trace.startswith("philly:"):
         vc = args.trace.split(":", 1)[1]
+        if hours and days is not None:
+            raise InputError("--duration: --days sets the Philly window; give one of the two")
         if hours and days is None:
             days = (0.0, hours / 24.0)
         share = PHILLY_INFERENCE_SHARE if share is None else share
@@ -269,6 +276,8 @@ def load_trace(args: argparse.Namespace) -> tuple[list[TraceJob], int, float, Tr
             loaded = philly_trace(
                 vc, seed=args.seed, max_duration_s=clip, days=days, inference_share=share
             )
+        except EmptyWindowError as exc:
+            raise InputError(f"{'--duration' if hours else '--days'}: {exc}") from None
         except ValueError as exc:
             raise InputError(f"--trace: {exc}") from None
         gpus = gpus or PHILLY_VC_GPUS.get(vc, 64)
@@ -293,6 +302,11 @@ def load_trace(args: argparse.Namespace) -> tuple[list[TraceJob], int, float, Tr
     if args.load is not None:
         jobs = scale_arrivals(jobs, args.load / max(offered_load(jobs, gpus, span), 1e-9))
         span = arrival_span(jobs) or 1.0
+        if span > MAX_TRACE_SECONDS:
+            raise InputError(
+                f"--load: {args.load:g} stretches the trace's arrivals over {span / 86400:.3g} "
+                f"days (at most {MAX_TRACE_SECONDS / 86400:g})"
+            )
     return jobs, gpus, span, loaded
 
 
@@ -357,10 +371,15 @@ def main(argv: list[str] | None = None) -> int:
     policies = args.policy or list(QUICK_POLICIES if args.quick else DEFAULT_POLICIES)
     try:
         _check_policies(policies)
+        if args.gpu_type is not None and args.interference.lower() == "none":
+            raise InputError("--gpu-type: only applies with a pair CSV (--interference none)")
+        args.gpu_type = args.gpu_type or DEFAULT_GPU_TYPE
         pairs = _check_pairs(args)
         out = Path(args.out)
         _check_out(out)
         if args.world_file is not None:
+            if args.world != "production":
+                raise InputError("--world-file: only applies to --world production")
             try:
                 ProductionWorld.load(args.world_file)
             except ValueError as exc:

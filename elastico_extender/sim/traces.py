@@ -91,6 +91,7 @@ __all__ = [
     "PHILLY_GPU_MIX",
     "PHILLY_INFERENCE_SHARE",
     "PHILLY_VC_GPUS",
+    "EmptyWindowError",
     "TraceJob",
     "TraceLoad",
     "default_data_dir",
@@ -131,6 +132,10 @@ MAX_TRACE_SECONDS = 366 * 86400.0
 up to the last completion, so a year bounds a run (Philly's longest job is 60 days)."""
 MAX_SYNTHETIC_JOBS = 1_000_000
 """Most jobs the generator draws (load x GPUs x hours sets the count): memory stays bounded."""
+
+
+class EmptyWindowError(ValueError):
+    """A Philly VC that exists has no job arriving in the requested days window."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -355,6 +360,14 @@ def philly_trace(
         converted += workload in INFERENCE_WORKLOADS
         jobs.append(TraceJob(job_id, arrival, gpus, duration, workload, _floor(rng)))
     if not jobs:
+        arrivals = [r.number("arrival_time_s", 0.0, MAX_TRACE_SECONDS) for r in rows
+                    if r.text("vc") == vc]  # fmt: skip
+        if arrivals and days:
+            raise EmptyWindowError(
+                f"no job of Philly VC {vc!r} arrives in days {days[0]:g}-{days[1]:g} "
+                f"(its jobs arrive over days {min(arrivals) / 86400:.1f}-"
+                f"{max(arrivals) / 86400:.1f})"
+            )
         known = ", ".join(sorted({r.text("vc") for r in rows}))
         raise ValueError(f"no jobs for Philly VC {vc!r} in {source} (VCs: {known})")
     jobs.sort(key=lambda j: (j.arrival_s, j.job_id))
