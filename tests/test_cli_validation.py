@@ -28,6 +28,13 @@ def no_traceback(done: subprocess.CompletedProcess[str]) -> None:
     assert "Traceback" not in done.stderr, done.stderr
 
 
+def free_port() -> str:
+    """A port nothing listens on now (a serve that fails must fail for its own reason)."""
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        return str(free.getsockname()[1])
+
+
 @pytest.mark.parametrize("args", [["plan", "--jobs", "3000"], ["catalog"], ["--help"]])
 def test_output_into_a_closed_pipe_ends_quietly(args):
     with subprocess.Popen(
@@ -203,10 +210,7 @@ def test_serve_names_a_config_file_it_cannot_parse(text, named, tmp_path):
 def test_serve_with_unloadable_tls_files_fails_before_announcing_itself(args, named, tmp_path):
     (tmp_path / "empty").write_text("")
     args = [a.format(missing=tmp_path / "nope", empty=tmp_path / "empty") for a in args]
-    with socket.socket() as free:
-        free.bind(("127.0.0.1", 0))
-        port = free.getsockname()[1]
-    done = elastico("serve", "--port", str(port), *args)
+    done = elastico("serve", "--port", free_port(), *args)
     assert done.returncode == 1, done.stderr
     assert named in done.stderr and str(tmp_path) in done.stderr
     assert "extender at" not in done.stderr
@@ -222,3 +226,32 @@ def test_runtime_bundle_without_a_shim_says_so_and_writes_nothing(tmp_path):
     assert "ELASTICO_SHIM_PATH" in done.stderr and "None" not in done.stderr
     assert not dest.exists() or not any(dest.iterdir())
     no_traceback(done)
+
+
+@pytest.mark.parametrize(
+    ("content", "named"),
+    [
+        (b"", "not JSON"),
+        (b"\xff\xfe", "not UTF-8"),
+        (b"[1, 2]", "items[0]"),
+        (b'{"items": 5}', "v1 List"),
+    ],
+)
+def test_serve_names_the_embedded_file_it_cannot_use(content, named, tmp_path):
+    listing = tmp_path / "cluster.json"
+    listing.write_bytes(content)
+    done = elastico("serve", "--port", free_port(), "--embedded", str(listing))
+    assert done.returncode == 1, done.stderr
+    assert str(listing) in done.stderr and named in done.stderr
+    assert "object has no attribute" not in done.stderr
+    no_traceback(done)
+
+
+def test_train_iac_names_a_pair_csv_that_is_not_text(tmp_path):
+    from elastico_extender.errors import PredictorError
+    from elastico_extender.interference.dataset import load_pairs
+
+    binary = tmp_path / "pairs.csv"
+    binary.write_bytes(b"\xff\xfe\x00")
+    with pytest.raises(PredictorError, match=r"pairs\.csv: not UTF-8"):
+        load_pairs(binary)

@@ -43,11 +43,20 @@ def load_objects(path: str | Path | None = None) -> list[KubeObject]:
     if path is None:
         text = resources.files("elastico_extender").joinpath("data", DEFAULT_EMBEDDED).read_text()
     else:
-        text = Path(path).read_text()
-    doc = json.loads(text)
+        try:
+            text = Path(path).read_text()
+        except UnicodeDecodeError:
+            raise ValueError(f"{path}: not UTF-8 text") from None
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path}: not JSON ({exc.msg}, line {exc.lineno})") from None
     items = doc.get("items") if isinstance(doc, dict) else doc
     if not isinstance(items, list):
-        raise ValueError("embedded cluster file must be a v1 List with an items array")
+        raise ValueError(f"{path}: embedded cluster file must be a v1 List with an items array")
+    for i, item in enumerate(items):
+        if not isinstance(item, dict):
+            raise ValueError(f"{path}: items[{i}] is not a Node or Pod object")
     return items
 
 

@@ -229,6 +229,8 @@ def _read_rows(path: Path) -> list[CsvRow]:
             rows = [CsvRow(path, reader.line_num, dict(rec)) for rec in reader]
     except OSError as exc:
         raise PredictorError(f"cannot read pair CSV {path}: {exc}") from exc
+    except UnicodeDecodeError:
+        raise PredictorError(f"cannot read pair CSV {path}: not UTF-8 text") from None
     except ValueError as exc:  # CsvRow: more cells than the header
         raise PredictorError(str(exc)) from None
     for row in rows:
