@@ -255,3 +255,13 @@ def test_train_iac_names_a_pair_csv_that_is_not_text(tmp_path):
     binary.write_bytes(b"\xff\xfe\x00")
     with pytest.raises(PredictorError, match=r"pairs\.csv: not UTF-8"):
         load_pairs(binary)
+
+
+def test_train_iac_with_torch_but_without_onnx_names_onnx(tmp_path):
+    pytest.importorskip("torch")
+    no_onnx = NO_TORCH.replace("'torch'", "'onnx'")
+    done = elastico("train-iac", "--out", str(tmp_path / "m.onnx"), code=no_onnx)
+    assert done.returncode == 2
+    assert "needs onnx" in done.stderr and "[train]" in done.stderr
+    assert "needs torch" not in done.stderr
+    no_traceback(done)

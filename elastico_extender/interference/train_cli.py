@@ -13,12 +13,12 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-__all__ = ["TORCH_HINT", "main", "parser"]
+__all__ = ["EXTRA_HINT", "TORCH_HINT", "main", "parser"]
 
+EXTRA_HINT = "pip install 'elastico-extender[train]'"
 TORCH_HINT = (
     "train-iac needs torch (the CPU build is enough): "
-    "pip install torch --index-url https://download.pytorch.org/whl/cpu && "
-    "pip install 'elastico-extender[train]'"
+    f"pip install torch --index-url https://download.pytorch.org/whl/cpu && {EXTRA_HINT}"
 )
 # TrainConfig's defaults, repeated here so --help needs no torch (a test keeps them equal).
 DEFAULT_EPOCHS = 400
@@ -91,7 +91,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         from elastico_extender.interference import train
     except ImportError as exc:
-        print(f"elastico train-iac: {TORCH_HINT} ({exc})", file=sys.stderr)
+        missing = (exc.name or "").partition(".")[0]
+        if missing in ("", "torch"):
+            print(f"elastico train-iac: {TORCH_HINT} ({exc})", file=sys.stderr)
+        else:  # torch is there; another part of the [train] extra (onnx) is not
+            print(f"elastico train-iac: train-iac needs {missing}: {EXTRA_HINT}", file=sys.stderr)
         return 2
     config = train.TrainConfig(hidden=args.hidden, epochs=args.epochs, seed=args.seed)
     if args.from_store is not None:
