@@ -195,3 +195,19 @@ def test_a_nan_in_the_users_philly_copy_ends_the_simulation_at_once(tmp_path: Pa
     )
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "duration_s" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_csvs_saved_with_a_byte_order_mark_are_read(tmp_path: Path) -> None:
+    """Spreadsheets save 'CSV UTF-8' with a BOM: the first column keeps its name."""
+    from elastico_extender.interference.dataset import load_pairs, shipped_csv
+    from elastico_extender.sim.truth import DEFAULT_PAIRS
+
+    trace = tmp_path / "trace.csv"
+    trace.write_text(HEADER + GOOD, encoding="utf-8-sig")
+    assert [j.job_id for j in load_csv(trace)] == ["a"]
+    pairs = tmp_path / "pairs.csv"
+    pairs.write_text(Path(DEFAULT_PAIRS).read_text(), encoding="utf-8-sig")
+    assert load_pair_table(pairs, "v100") == load_pair_table(DEFAULT_PAIRS, "v100")
+    train = tmp_path / "train.csv"
+    train.write_text(shipped_csv().read_text(), encoding="utf-8-sig")
+    assert len(load_pairs(train)) == len(load_pairs(shipped_csv()))

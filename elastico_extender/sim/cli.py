@@ -316,7 +316,7 @@ def _check_pairs(args: argparse.Namespace) -> str | None:
     path = Path(args.interference)
     try:
         load_pair_table(path, args.gpu_type)
-        with open(path, newline="") as handle:
+        with open(path, newline="", encoding="utf-8-sig") as handle:
             types = {r.get("gpu") or "" for r in csv.DictReader(handle)}
     except (OSError, ValueError, KeyError, UnicodeDecodeError) as exc:
         raise InputError(f"--interference: cannot read {path}: {exc}") from None

@@ -240,7 +240,7 @@ def load_csv(path: Path | str, seed: int = 0) -> list[TraceJob]:
     jobs: list[TraceJob] = []
     seen: set[str] = set()
     first, last = math.inf, -math.inf
-    with open(path, newline="") as handle:
+    with open(path, newline="", encoding="utf-8-sig") as handle:
         reader = csv.DictReader(handle)
         need = {"arrival_time_s", "gpu_num", "duration_s"}
         missing = need - set(reader.fieldnames or [])

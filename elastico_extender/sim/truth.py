@@ -86,7 +86,7 @@ def load_pair_table(path: Path | str, gpu: str = "v100") -> dict[tuple[str, str]
     """
     primary: dict[tuple[str, str], float] = {}
     fallback: dict[tuple[str, str], float] = {}
-    with open(path, newline="") as handle:
+    with open(path, newline="", encoding="utf-8-sig") as handle:
         reader = csv.DictReader(handle)
         missing = {"job_a", "job_b", "slowdown_a", "slowdown_b"} - set(reader.fieldnames or [])
         if missing:
