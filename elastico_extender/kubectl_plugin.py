@@ -147,6 +147,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         p.error("why needs a POD (NAMESPACE/NAME)")
     if args.command != "why" and args.pod:
         p.error(f"{args.command} takes no POD")
+    if not 0 < args.port < 65536:
+        p.error(f"--port must be 1..65535, got {args.port}")
     pod = args.pod if not args.pod or "/" in args.pod else f"{args.pod_namespace}/{args.pod}"
     try:
         fetch = _direct_fetcher(args.server) if args.server else _proxy_fetcher(args)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from urllib.parse import unquote
 
+import pytest
 import yaml
 
 from elastico_extender.api.app import create_app
@@ -54,3 +55,10 @@ def test_jobs_nodes_prices_and_why_through_the_service_proxy(tmp_path, capsys):
     finally:
         api.stop()
         extender.stop()
+
+
+def test_a_port_no_service_can_have_is_a_usage_error(capsys):
+    with pytest.raises(SystemExit) as done:
+        main(["jobs", "--port", "99999", "--server", "http://127.0.0.1:9"])
+    assert done.value.code == 2
+    assert "--port must be 1..65535" in capsys.readouterr().err
