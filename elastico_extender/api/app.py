@@ -134,7 +134,8 @@ def create_app(
     store: ProfileStore | None = None,
 ) -> FastAPI:
     """Build the service. ``predictor`` is injectable; by default it is resolved from
-    ``settings.predictor_model`` (the core's contention heuristic when none).
+    ``settings.predictor_model`` (the shipped model when none; the contention heuristic,
+    degraded, when the model cannot be loaded).
     ``planner_settings`` replaces ``settings.planner`` (tests)."""
     if predictor is None:
         predictor, predictor_degraded = resolve_predictor(settings.predictor_model)

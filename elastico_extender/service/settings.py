@@ -121,7 +121,9 @@ class ServiceSettings:
     """A running pod whose last report is older than this shows as stale (REST, metric);
     its last observation and the plan's decisions stay as they are, seconds."""
     predictor_model: str | None = None
-    """ONNX interference model; None: the core's contention heuristic."""
+    """ONNX interference model; None: the model shipped with the package.  A model that
+    cannot be loaded leaves the service up on the contention heuristic, reported as
+    degraded (``/healthz``, ``elastico_predictor_degraded``)."""
     mps: bool = True
     """Emit CUDA_MPS_* limits in the hand-off (spec 4.2 iii)."""
     # -- the profiler shim's rings in opted-in pods (webhook; docs/observability.md) ----
