@@ -105,6 +105,8 @@ def _simulate(*argv: str) -> subprocess.CompletedProcess[str]:
         (["--interference", "none", "--gpu-type", "p100"], "--gpu-type"),
         # a sigma whose true throughputs overflow to inf (a run that never ends)
         (["--profile-noise", "1e300"], "--profile-noise"),
+        # a synthetic window too short for one arrival: the options that set it are named
+        (["--duration", "0.01"], "--duration"),
     ],
 )
 def test_options_that_would_be_ignored_or_never_end_are_named_on_the_error_line(

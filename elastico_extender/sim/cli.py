@@ -262,6 +262,11 @@ def load_trace(args: argparse.Namespace) -> tuple[list[TraceJob], int, float, Tr
             jobs = synthetic(gpus, load, window, args.seed)
         except ValueError as exc:
             raise InputError(f"--load/--gpus/--duration: {exc}") from None
+        if not jobs:
+            raise InputError(
+                f"--duration/--load: no job arrives in {window / 3600:g} h at load {load:g} "
+                "(raise either)"
+            )
         return jobs, gpus, window, TraceLoad(jobs)
     if args.trace.startswith("philly:"):
         vc = args.trace.split(":", 1)[1]
