@@ -111,6 +111,15 @@ def test_train_iac_help_and_errors_work_without_torch(tmp_path):
     assert not (tmp_path / "m.onnx").exists()  # the write check leaves nothing behind
 
 
+def test_train_iac_refuses_a_net_too_wide_to_allocate(tmp_path):
+    # checked before torch is imported (a 100,000-wide layer pair is 40 GB of weights)
+    done = elastico("train-iac", "--hidden", "100000", "--out", str(tmp_path / "m.onnx"),
+                    code=NO_TORCH)  # fmt: skip
+    assert done.returncode == 2
+    assert "--hidden" in done.stderr and "needs torch" not in done.stderr
+    no_traceback(done)
+
+
 def test_train_iac_defaults_are_the_training_defaults():
     pytest.importorskip("torch")
     from elastico_extender.interference import train, train_cli
