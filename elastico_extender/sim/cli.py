@@ -158,7 +158,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--duration",
         type=_finite(0.0, strict=True, maximum=MAX_TRACE_SECONDS / 3600.0),
-        help="arrival window in hours (default 24; whole trace for files; at most 8784)",
+        help="arrival window in hours (default 24; whole trace for files; on Philly the first "
+        "hours, instead of --days; at most 8784)",
     )
     p.add_argument(
         "--days",
