@@ -274,3 +274,14 @@ def test_train_iac_with_torch_but_without_onnx_names_onnx(tmp_path):
     assert "needs onnx" in done.stderr and "[train]" in done.stderr
     assert "needs torch" not in done.stderr
     no_traceback(done)
+
+
+def test_run_says_when_the_annotations_file_it_was_given_is_missing(tmp_path):
+    env = {**ENV, "ELASTICO_WORKLOAD_KIND": "training", "ELASTICO_MEMORY_BUDGET_MIB": "1024",
+           "ELASTICO_DEVICE_MEMORY_MIB": "40960"}  # fmt: skip
+    missing = tmp_path / "annotations"
+    done = elastico("run", "--annotations", str(missing), "--", "true", env=env)
+    assert done.returncode == 0, done.stderr
+    assert f"--annotations {missing} is not a file" in done.stderr
+    quiet = elastico("run", "--", "true", env=env)  # the default path: no downward-API file
+    assert quiet.returncode == 0 and "is not a file" not in quiet.stderr

@@ -242,11 +242,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         description="Run a workload under its ElastiCo-assigned configuration.",
     )
     environ = os.environ
+    default_annotations = Path(environ.get(ANNOTATIONS_FILE_ENV, DEFAULT_ANNOTATIONS))
     parser.add_argument(
         "--annotations",
         type=Path,
-        default=Path(environ.get(ANNOTATIONS_FILE_ENV, DEFAULT_ANNOTATIONS)),
-        help="downward-API annotations file (default %(default)s)",
+        help=f"downward-API annotations file (default {default_annotations})",
     )
     parser.add_argument(
         "--grace-period",
@@ -270,9 +270,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not command:
         parser.error("no command given (elastico-run [options] -- COMMAND ...)")
     logging.basicConfig(level=logging.INFO, format="elastico-run: %(levelname)s %(message)s")
+    if args.annotations is not None and not args.annotations.is_file():
+        log.warning(
+            "--annotations %s is not a file: settings come from the environment until it appears",
+            args.annotations,
+        )
     supervisor = Supervisor(
         command,
-        args.annotations,
+        args.annotations or default_annotations,
         environ,
         grace_seconds=args.grace_period,
         poll_seconds=args.poll_interval,
