@@ -211,9 +211,11 @@ def _main(argv: Sequence[str] | None = None) -> int:
     width = max(map(len, commands))
     usage = "\n".join(f"  {name:<{width}}  {text}" for name, text in sorted(commands.items()))
     if not argv or argv[0] in {"-h", "--help"}:
+        # asked for, help is the output; without a command it is a usage error (stderr)
         print(
             f"usage: elastico <command> [options]\n\ncommands:\n{usage}\n\n"
-            "Run 'elastico <command> --help' for a command's options."
+            "Run 'elastico <command> --help' for a command's options.",
+            file=sys.stdout if argv else sys.stderr,
         )
         return 0 if argv else 2
     if argv[0] == "--version":

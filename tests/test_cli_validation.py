@@ -291,3 +291,12 @@ def test_run_says_when_the_annotations_file_it_was_given_is_missing(tmp_path):
     assert f"--annotations {missing} is not a file" in done.stderr
     quiet = elastico("run", "--", "true", env=env)  # the default path: no downward-API file
     assert quiet.returncode == 0 and "is not a file" not in quiet.stderr
+
+
+def test_no_command_is_a_usage_error_on_stderr_and_help_asked_for_is_output():
+    bare = elastico()
+    assert bare.returncode == 2 and bare.stdout == ""
+    assert bare.stderr.startswith("usage: elastico <command>")
+    asked = elastico("--help")
+    assert asked.returncode == 0 and asked.stderr == ""
+    assert asked.stdout.startswith("usage: elastico <command>")
