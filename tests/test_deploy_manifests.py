@@ -208,3 +208,24 @@ def test_agent_daemonset_reads_what_the_webhook_mounts_and_reports_to_the_extend
     granted = {(r, v) for rule in role["rules"] for r in rule["resources"] for v in rule["verbs"]}
     assert granted == {("pods", "get"), ("pods", "list")}  # reads its node's pods, no more
     assert agent["serviceAccountName"] in by_kind("ServiceAccount")
+
+
+def startup_budget_s(container: dict) -> float:
+    """Seconds the kubelet lets a container start before liveness may restart it."""
+    probe = container.get("startupProbe")
+    if probe is None:  # liveness alone: its failures count from the start (defaults 10 s x 3)
+        live = container["livenessProbe"]
+        return live.get("initialDelaySeconds", 0) + live.get("periodSeconds", 10) * live.get(
+            "failureThreshold", 3
+        )
+    return probe.get("periodSeconds", 10) * probe.get("failureThreshold", 3)
+
+
+def test_a_large_clusters_first_plan_is_not_cut_short_by_liveness():
+    """The listeners open only after the first plan, which takes seconds at 10,000 pods
+    (4-16 s on the 2-core machine, benchmarks/results/observation_ingest.md): the extender
+    is given minutes to start before liveness counts."""
+    extender = by_kind("Deployment")["elastico-extender"]["spec"]["template"]["spec"]
+    container = extender["containers"][0]
+    assert startup_budget_s(container) >= 300
+    assert container["startupProbe"]["httpGet"] == container["livenessProbe"]["httpGet"]

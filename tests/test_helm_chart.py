@@ -567,3 +567,15 @@ def test_every_value_in_values_yaml_is_read_by_a_template():
     unread = [".".join(leaf) for leaf in leaves(values)
               if not any(".".join(leaf[:n]) in read for n in range(1, len(leaf) + 1))]  # fmt: skip
     assert not unread, f"values no template reads: {unread}"
+
+
+def test_the_extender_has_minutes_to_plan_once_before_liveness_counts(variant):
+    """Same rule as deploy/ (test_deploy_manifests.py): the first plan precedes the
+    listeners, so liveness waits behind a startup probe of at least five minutes."""
+    from test_deploy_manifests import startup_budget_s
+
+    _, docs = variant
+    extender = named(docs, "Deployment")["elastico-extender"]["spec"]["template"]["spec"]
+    container = next(c for c in extender["containers"] if c["name"] == "extender")
+    assert startup_budget_s(container) >= 300
+    assert container["startupProbe"]["httpGet"] == container["livenessProbe"]["httpGet"]
