@@ -176,6 +176,40 @@ def test_a_bind_through_the_service_writes_one_bound_event_with_its_numbers():
         api.stop()
 
 
+def test_filter_writes_events_only_about_pods_of_the_cluster():
+    """The filter body is the caller's word: a pod it names that the cluster view does not
+    hold (or whose UID is another pod's) gets no Warning Event, so a caller cannot put
+    Events on pods of its choosing; the same pod, once in the view, gets its one Event."""
+    import httpx
+    from test_service_observations import gpu_node, start_service, wait_for
+
+    api = FakeApiServer().start()
+    api.put("nodes", gpu_node("g0", 1))
+    server, kube, svc = start_service(api)
+    try:
+        svc.epoch()
+        ghost = pending_pod("ghost")  # never created on the API server
+        victim = pending_pod("victim")
+        victim["metadata"]["uid"] = "uid-other"  # a real pod's name with another UID
+        api.put("pods", pending_pod("victim"))
+        assert wait_for(lambda: len(kube.state.pods()) == 1)
+        for pod in (ghost, victim):
+            args = {"Pod": pod, "NodeNames": ["g8", "g9"]}
+            reply = httpx.post(f"{svc.url}/scheduler/filter", json=args, timeout=30)
+            assert reply.json()["NodeNames"] == [], reply.text
+        args = {"Pod": api.objects["pods"]["ml/victim"], "NodeNames": ["g8", "g9"]}
+        reply = httpx.post(f"{svc.url}/scheduler/filter", json=args, timeout=30)
+        assert reply.json()["NodeNames"] == [], reply.text
+        assert wait_for(lambda: len(events(api)) >= 1)
+        time.sleep(0.3)  # the writer thread has had time to write any other
+        (event,) = events(api)
+        assert event["involvedObject"]["name"] == "victim"
+        assert event["involvedObject"]["uid"] == "uid-victim"
+    finally:
+        server.stop()
+        api.stop()
+
+
 def test_an_in_place_reconfiguration_writes_a_reconfigured_event():
     """Spec 5.3 Case 1 on the fake API server: BERT alone on a 40 GB GPU, then ResNet-50
     arrives; the epoch reshapes BERT and the pod is told from what to what and why."""

@@ -273,14 +273,14 @@ class Verbs:
             self.metrics.rejection(label, count)
         if not passed:  # nowhere to go: one Event per pod (rate-limited), not per node
             meta = pod.get("metadata") or {}
-            reasons = "; ".join(sorted({hit[1] for hit in seen.values()})[:3])
-            self.actuator.refused(
-                str(meta.get("namespace") or "default"),
-                str(meta.get("name", "")),
-                str(meta.get("uid", "")),
-                f"all {len(names)} nodes offered",
-                reasons,
-            )
+            namespace = str(meta.get("namespace") or "default")
+            name, uid = str(meta.get("name", "")), str(meta.get("uid", ""))
+            # only about a pod of the cluster view: the body is the caller's word
+            if self._pod(namespace, name, uid) is not None:
+                reasons = "; ".join(sorted({hit[1] for hit in seen.values()})[:3])
+                self.actuator.refused(
+                    namespace, name, uid, f"all {len(names)} nodes offered", reasons
+                )
         return FilterOutcome(passed, failed, unresolvable)
 
     def prioritize(self, pod: Mapping[str, Any], names: Iterable[str]) -> HostScores:
@@ -312,7 +312,8 @@ class Verbs:
     # -- bind ----------------------------------------------------------------------------
     def _pod(self, namespace: str, name: str, uid: str) -> dict[str, Any] | None:
         """The pod from the cluster view: by UID when its namespace and name match, else
-        by name when its UID matches (the scheduler names one pod three ways)."""
+        by name when its UID matches (the scheduler names one pod three ways); None for a
+        pod the view does not hold."""
         state = self.cluster.state
         pod = state.pod(uid) if uid else None
         if pod is not None and pod_key(pod) != f"{namespace}/{name}":
