@@ -29,7 +29,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from elastico_extender.agent.framework import Fetch, read_counter
+from elastico_extender.agent.framework import Fetch, read_counter, scrape
 from elastico_extender.agent.reporter import Reporter
 from elastico_extender.agent.rings import PodRings
 from elastico_extender.agent.window import CounterRates
@@ -40,7 +40,7 @@ from elastico_extender.annotations import (
     parse_progress_metrics,
     read_decision,
 )
-from elastico_extender.profiling.hardware import HardwareSample, http_get
+from elastico_extender.profiling.hardware import HardwareSample
 
 __all__ = ["Agent", "PodInfo", "pod_info"]
 
@@ -94,7 +94,7 @@ class Agent:
         reporter: Reporter,
         *,
         hardware: Callable[[int], HardwareSample | None] = lambda _: None,
-        fetch: Fetch = http_get,
+        fetch: Fetch = scrape,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.node = node

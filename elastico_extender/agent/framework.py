@@ -17,7 +17,7 @@ from collections.abc import Callable
 from elastico_extender.annotations import ProgressEndpoint
 from elastico_extender.profiling.hardware import http_get, parse_prometheus
 
-__all__ = ["MAX_SCRAPE_BYTES", "read_counter", "scrape_url"]
+__all__ = ["MAX_SCRAPE_BYTES", "read_counter", "scrape", "scrape_url"]
 
 log = logging.getLogger(__name__)
 
@@ -27,13 +27,19 @@ MAX_SCRAPE_BYTES = 8 << 20
 Fetch = Callable[[str, float], str]
 
 
+def scrape(url: str, timeout: float) -> str:
+    """A pod's exposition: at most :data:`MAX_SCRAPE_BYTES`, within about ``2 * timeout``
+    however slowly or long the pod answers (:func:`http_get`)."""
+    return http_get(url, timeout, max_bytes=MAX_SCRAPE_BYTES)
+
+
 def scrape_url(endpoint: ProgressEndpoint, pod_ip: str) -> str:
     host = f"[{pod_ip}]" if ":" in pod_ip else pod_ip
     return f"http://{host}:{endpoint.port}{endpoint.path}"
 
 
 def read_counter(
-    endpoint: ProgressEndpoint, pod_ip: str, *, fetch: Fetch = http_get, timeout: float = 2.0
+    endpoint: ProgressEndpoint, pod_ip: str, *, fetch: Fetch = scrape, timeout: float = 2.0
 ) -> float | None:
     """The counter's current value summed over label sets; None when unreadable."""
     url = scrape_url(endpoint, pod_ip)

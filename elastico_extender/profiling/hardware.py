@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import math
 import re
+import time
 import urllib.request
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
@@ -28,6 +29,7 @@ from typing import Any, Protocol
 
 __all__ = [
     "DCGM_FIELDS",
+    "HTTP_GET_MAX_BYTES",
     "DcgmExporterSource",
     "HardwareSample",
     "HardwareSource",
@@ -143,10 +145,29 @@ class DcgmExporterSource:
         return self._model
 
 
-def http_get(url: str, timeout: float) -> str:
-    """GET ``url`` as text (OSError on failure)."""
+HTTP_GET_MAX_BYTES = 16 << 20
+"""Longest answer :func:`http_get` reads (an exposition is KiB to a few MiB)."""
+
+
+def http_get(url: str, timeout: float, *, max_bytes: int = HTTP_GET_MAX_BYTES) -> str:
+    """GET ``url`` as text (OSError on failure).
+
+    Bounded whatever the server does: ``timeout`` applies to each socket operation and
+    to the whole answer (a server sending a byte now and then is cut off after about
+    ``2 * timeout``), and an answer over ``max_bytes`` is refused (ValueError) once that
+    much has come, without reading the rest."""
+    deadline = time.monotonic() + timeout
+    parts: list[bytes] = []
+    size = 0
     with urllib.request.urlopen(url, timeout=timeout) as reply:
-        return reply.read().decode("utf-8", errors="replace")
+        while chunk := reply.read1(65536):
+            parts.append(chunk)
+            size += len(chunk)
+            if size > max_bytes:
+                raise ValueError(f"{url}: answer larger than {max_bytes} bytes")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{url}: answer not complete after {timeout:g} s")
+    return b"".join(parts).decode("utf-8", errors="replace")
 
 
 class NvmlSource:
