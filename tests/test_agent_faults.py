@@ -3,15 +3,30 @@ never ends its answer, rings that shrink under the reader, replies that are not 
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
+import numpy as np
 import pytest
 
 from elastico_extender.agent.framework import MAX_SCRAPE_BYTES, read_counter
+from elastico_extender.agent.rings import PodRings
 from elastico_extender.annotations import parse_progress_metrics
+from elastico_extender.profiling.layout import (
+    HEADER_DTYPE,
+    HEADER_SIZE,
+    LAYOUT_VERSION,
+    MAGIC,
+    RECORD_SIZE,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 class Misbehaving:
@@ -85,3 +100,52 @@ def test_a_metrics_endpoint_that_never_ends_costs_one_bounded_scrape(
     assert got == [None]
     assert time.monotonic() - started < 8.0
     assert MAX_SCRAPE_BYTES <= 8 << 20
+
+
+def write_ring(path: Path, *, launches: int, flushed_ns: int, capacity: int = 16) -> None:
+    """A ring file as the shim lays it out (layout.py's dtypes, checked against the built
+    library's own description in test_shim_layout): a header and ``capacity`` slots."""
+    head = np.zeros(1, dtype=HEADER_DTYPE)
+    head["magic"], head["version"] = MAGIC, LAYOUT_VERSION
+    head["record_size"], head["header_size"], head["capacity"] = RECORD_SIZE, HEADER_SIZE, capacity
+    head["start_realtime_ns"] = flushed_ns - 10**9
+    head["launches"], head["last_flush_realtime_ns"] = launches, flushed_ns
+    path.write_bytes(head.tobytes() + bytes(capacity * RECORD_SIZE))
+
+
+def test_a_ring_truncated_under_the_agent_is_skipped_not_a_sigbus(tmp_path: Path) -> None:
+    """A container restart starts a process with the same pid in the same volume, and the
+    shim opens ``elastico-shim-<pid>.ring`` with O_TRUNC before it reserves the pages
+    again (a pod can also truncate its own ring at will).  An agent reading through a
+    mapping of that file touches pages past its end: SIGBUS, the whole node's agent
+    gone.  The truncated ring must be skipped, and read again once it is whole."""
+    ring = tmp_path / "uid-a" / "elastico-shim-1.ring"
+    ring.parent.mkdir()
+    write_ring(ring, launches=100, flushed_ns=1_000 * 10**9)
+    code = f"""
+import os
+from elastico_extender.agent.rings import PodRings
+rings = PodRings({str(tmp_path)!r})
+assert rings.sample("uid-a").processes == 1
+os.truncate({str(ring)!r}, 0)  # the restarted process's open(O_TRUNC)
+print("truncated:", rings.sample("uid-a"))
+"""
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, f"agent died with status {proc.returncode}: {proc.stderr}"
+    assert "truncated: None" in proc.stdout
+    # and in this process: skipped while truncated, followed again once whole
+    write_ring(ring, launches=100, flushed_ns=1_000 * 10**9)
+    rings = PodRings(tmp_path)
+    assert rings.sample("uid-a") is not None
+    os.truncate(ring, 0)
+    assert rings.sample("uid-a") is None
+    write_ring(ring, launches=5, flushed_ns=1_002 * 10**9)
+    again = rings.sample("uid-a")
+    assert again is not None and again.processes == 1
+    rings.close()

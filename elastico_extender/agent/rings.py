@@ -25,10 +25,13 @@ mode are read while a cluster switches.  A uid with neither directory has no rin
 rate, no error).
 
 What is read: only the ring *headers*, never the records (the agent consumes nothing, so a
-profiler draining the same ring is undisturbed).  The header's ``launches`` counter is
-cumulative and published at the shim's flushes (every ``ELASTICO_SHIM_FLUSH_MS``,
-default 2 s), which also stamp ``last_flush_realtime_ns``.  A process's launch rate over
-a window is therefore
+profiler draining the same ring is undisturbed), each window anew with one ``pread``
+(:func:`~elastico_extender.profiling.ring.read_header`), never through a mapping: the pod
+owns the file, and a ring truncated under a mapping (a restarted process with the same
+pid re-creates it with ``O_TRUNC``) would fault the agent with SIGBUS.  The header's
+``launches`` counter is cumulative and published at the shim's flushes (every
+``ELASTICO_SHIM_FLUSH_MS``, default 2 s), which also stamp ``last_flush_realtime_ns``.
+A process's launch rate over a window is therefore
 
     r_i = (launches_i(now) - launches_i(before)) / (flush_i(now) - flush_i(before))
 
@@ -54,7 +57,7 @@ from pathlib import Path
 
 from elastico_extender.annotations import RINGS_VOLUME
 from elastico_extender.errors import RingFormatError
-from elastico_extender.profiling.ring import RingReader, find_rings
+from elastico_extender.profiling.ring import find_rings, read_header
 
 __all__ = [
     "EMPTY_DIR_PLUGIN",
@@ -139,21 +142,18 @@ class PodRings:
 
     ``root``: the legacy shared host directory (hostPath mode), None for none;
     ``kubelet_root``: the kubelet's root directory, whose ``pods/`` holds each pod's
-    emptyDir volumes (default mode), None for none.  Rings are mapped read-only."""
+    emptyDir volumes (default mode), None for none.  Rings are opened read-only."""
 
     def __init__(
         self, root: str | Path | None = None, *, kubelet_root: str | Path | None = None
     ) -> None:
         self.root = Path(root) if root else None
         self.kubelet_root = Path(kubelet_root) if kubelet_root else None
-        self._readers: dict[tuple[str, ProcessKey], RingReader] = {}
         self._last: dict[tuple[str, ProcessKey], ProcessCounters] = {}
         self._scanned: dict[str, float] = {}  # pod uid -> newest flush time at last scan
 
     def close(self) -> None:
-        for reader in self._readers.values():
-            reader.close()
-        self._readers.clear()
+        """Nothing stays open between reads; kept for the callers' symmetry."""
 
     def pods(self) -> list[str]:
         """Pod uids with a directory under the shared host root (hostPath mode): the
@@ -183,16 +183,11 @@ class PodRings:
         directory = self.directory(uid)
         rings = pod_rings(directory) if directory is not None else {}
         for process, path in rings.items():
-            key = (uid, process)
-            reader = self._readers.get(key)
-            if reader is None:
-                try:
-                    reader = RingReader(path, writable=False)
-                except (RingFormatError, OSError) as exc:  # being created, or foreign
-                    log.debug("ring.unreadable", extra={"path": str(path), "error": str(exc)})
-                    continue
-                self._readers[key] = reader
-            h = reader.header()
+            try:
+                h = read_header(path)
+            except (RingFormatError, OSError) as exc:  # being (re)created, or foreign
+                log.debug("ring.unreadable", extra={"path": str(path), "error": str(exc)})
+                continue
             found[process] = ProcessCounters(
                 launches=h["launches"],
                 flushed_at=h["last_flush_realtime_ns"] / 1e9,
@@ -200,9 +195,8 @@ class PodRings:
                 peak_bytes=h["peak_bytes"],
                 live_bytes=h["live_bytes"],
             )
-        for key in [k for k in self._readers if k[0] == uid and k[1] not in rings]:
-            self._readers.pop(key).close()
-            self._last.pop(key, None)
+        for key in [k for k in self._last if k[0] == uid and k[1] not in rings]:
+            del self._last[key]
         return found
 
     def sample(self, uid: str) -> PodLaunches | None:
@@ -241,8 +235,6 @@ class PodRings:
 
     def forget(self, uid: str) -> None:
         """Stop following a pod that left the node."""
-        for key in [k for k in self._readers if k[0] == uid]:
-            self._readers.pop(key).close()
         for key in [k for k in self._last if k[0] == uid]:
             del self._last[key]
         self._scanned.pop(uid, None)

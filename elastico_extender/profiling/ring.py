@@ -6,6 +6,11 @@ or *peeks* at what is there without consuming (for a finished process).  A slot 
 decoded only when its ``seq`` stamp equals its position + 1, so a record a writer had
 not finished (pre-empted, killed) is never read as data; such slots are reported in
 ``incomplete``.  :func:`summarize` folds records into per-process totals.
+
+:func:`read_header` reads a header without mapping the file: for a reader that only
+looks at the counters (the node agent), a file truncated meanwhile (a restarted process
+with the same pid re-creates its ring with ``O_TRUNC``) is then a short read, not a
+SIGBUS on a mapped page past its end.
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ __all__ = [
     "RingReader",
     "ShimSummary",
     "find_rings",
+    "read_header",
     "summarize",
 ]
 
@@ -57,6 +63,59 @@ def find_rings(directory: str | Path) -> dict[int, Path]:
     return rings
 
 
+def _open_ring(path: Path, flags: int) -> int:
+    """An open descriptor of a regular file big enough for a ring (never blocks on a FIFO
+    or device named like one: ``flags`` carries ``O_NONBLOCK``)."""
+    fd = os.open(path, flags)
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise RingFormatError(f"{path}: not a regular file")
+        if info.st_size < HEADER_SIZE + RECORD_SIZE:
+            raise RingFormatError(f"{path}: {info.st_size} bytes is too small for a ring")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _decode_header(data: bytes | mmap.mmap) -> dict[str, int]:
+    row = np.frombuffer(data, dtype=HEADER_DTYPE, count=1)[0]
+    return {name: int(row[name]) for name in HEADER_DTYPE.names or ()}
+
+
+def _check(path: Path, head: dict[str, int], size: int) -> None:
+    """RingFormatError unless ``head`` is a header of this layout fitting ``size`` bytes."""
+    problems = []
+    if head["magic"] != MAGIC:
+        problems.append(f"magic {head['magic']:#x} != {MAGIC:#x}")
+    if head["version"] != LAYOUT_VERSION:
+        problems.append(f"layout version {head['version']} != {LAYOUT_VERSION}")
+    if head["record_size"] != RECORD_SIZE or head["header_size"] != HEADER_SIZE:
+        problems.append("record/header size differ from this decoder's")
+    if HEADER_SIZE + head["capacity"] * RECORD_SIZE > size:
+        problems.append(f"capacity {head['capacity']} does not fit {size} bytes")
+    if problems:
+        raise RingFormatError(f"{path}: " + "; ".join(problems))
+
+
+def read_header(path: str | Path) -> dict[str, int]:
+    """A ring's header, read rather than mapped (see the module doc); RingFormatError
+    when the file is not a whole ring of this layout, OSError when it cannot be read."""
+    path = Path(path)
+    fd = _open_ring(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        size = os.fstat(fd).st_size
+        data = os.pread(fd, HEADER_SIZE, 0)
+    finally:
+        os.close(fd)
+    if len(data) < HEADER_SIZE:
+        raise RingFormatError(f"{path}: truncated while read ({len(data)} bytes)")
+    head = _decode_header(data)
+    _check(path, head, size)
+    return head
+
+
 class RingReader:
     """A mapped ring file; use as a context manager."""
 
@@ -68,31 +127,19 @@ class RingReader:
         self.path = Path(path)
         self.writable = writable
         flags = (os.O_RDWR if writable else os.O_RDONLY) | os.O_NONBLOCK | os.O_CLOEXEC
-        fd = os.open(self.path, flags)
+        fd = _open_ring(self.path, flags)
         try:
-            info = os.fstat(fd)
-            if not stat.S_ISREG(info.st_mode):
-                raise RingFormatError(f"{self.path}: not a regular file")
-            size = info.st_size
-            if size < HEADER_SIZE + RECORD_SIZE:
-                raise RingFormatError(f"{self.path}: {size} bytes is too small for a ring")
+            size = os.fstat(fd).st_size
             prot = mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0)
             self._map = mmap.mmap(fd, size, mmap.MAP_SHARED, prot)
         finally:
             os.close(fd)
         head = self.header()
-        problems = []
-        if head["magic"] != MAGIC:
-            problems.append(f"magic {head['magic']:#x} != {MAGIC:#x}")
-        if head["version"] != LAYOUT_VERSION:
-            problems.append(f"layout version {head['version']} != {LAYOUT_VERSION}")
-        if head["record_size"] != RECORD_SIZE or head["header_size"] != HEADER_SIZE:
-            problems.append("record/header size differ from this decoder's")
-        if HEADER_SIZE + head["capacity"] * RECORD_SIZE > size:
-            problems.append(f"capacity {head['capacity']} does not fit {size} bytes")
-        if problems:
+        try:
+            _check(self.path, head, size)
+        except RingFormatError:
             self.close()
-            raise RingFormatError(f"{self.path}: " + "; ".join(problems))
+            raise
         self.capacity = int(head["capacity"])
         self._slots: np.ndarray | None = np.frombuffer(
             self._map, dtype=RECORD_DTYPE, count=self.capacity, offset=HEADER_SIZE
@@ -113,8 +160,7 @@ class RingReader:
             self._map.close()
 
     def header(self) -> dict[str, int]:
-        row = np.frombuffer(self._map, dtype=HEADER_DTYPE, count=1)[0]
-        return {name: int(row[name]) for name in HEADER_DTYPE.names or ()}
+        return _decode_header(self._map)
 
     def _complete(self, start: int, stop: int) -> np.ndarray:
         """Copies of the committed records at positions [start, stop), up to the first gap."""
