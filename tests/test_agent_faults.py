@@ -4,6 +4,7 @@ never ends its answer, rings that shrink under the reader, replies that are not 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -15,8 +16,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from elastico_extender.agent.daemon import Agent, PodInfo
 from elastico_extender.agent.framework import MAX_SCRAPE_BYTES, read_counter
-from elastico_extender.agent.rings import PodRings
+from elastico_extender.agent.reporter import Reporter
+from elastico_extender.agent.rings import PodRings, kubelet_ring_directory
 from elastico_extender.annotations import parse_progress_metrics
 from elastico_extender.profiling.layout import (
     HEADER_DTYPE,
@@ -149,3 +152,31 @@ print("truncated:", rings.sample("uid-a"))
     again = rings.sample("uid-a")
     assert again is not None and again.processes == 1
     rings.close()
+
+
+def test_the_agent_forgets_pods_that_left_the_node(tmp_path: Path) -> None:
+    """emptyDir mode: the kubelet removes a departed pod's rings, and the agent never looks
+    for that uid again; what it kept about the pod (per-process baselines, last scan)
+    must go with it, or a node's churn of short pods grows the agent without bound."""
+    kubelet = tmp_path / "kubelet"
+    clock = [1_000.0]
+    listed: list[PodInfo] = []
+    rings = PodRings(None, kubelet_root=kubelet)
+    agent = Agent("g0", lambda: listed, rings, Reporter("http://127.0.0.1:9"),
+                  clock=lambda: clock[0])  # fmt: skip
+    for n in range(50):
+        uid = f"uid-{n}"
+        ring = kubelet_ring_directory(kubelet, uid) / "elastico-shim-1.ring"
+        ring.parent.mkdir(parents=True)
+        flushed = int(clock[0] * 1e9)
+        listed[:] = [PodInfo(uid, f"ml/p{n}", None, (), None, None)]
+        write_ring(ring, launches=10, flushed_ns=flushed)
+        agent.observe()
+        write_ring(ring, launches=60, flushed_ns=flushed + 10**10)
+        clock[0] += 10.0
+        assert [i["pod_uid"] for i in agent.observe()] == [uid]
+        shutil.rmtree(kubelet / "pods" / uid)  # the pod is deleted: the kubelet cleans up
+        listed.clear()
+        agent.observe()
+    assert rings._last == {} and rings._scanned == {}
+    assert agent._ends == {}

@@ -162,6 +162,7 @@ class Agent:
             if uid not in present:
                 del self._ends[uid]
                 self._counters.forget(uid)
+                self.rings.forget(uid)  # its baselines (the kubelet removes an emptyDir)
         for uid in self.rings.pods():
             if uid in present:
                 self._orphans.pop(uid, None)
