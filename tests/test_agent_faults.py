@@ -3,6 +3,7 @@ never ends its answer, rings that shrink under the reader, replies that are not 
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -180,3 +181,69 @@ def test_the_agent_forgets_pods_that_left_the_node(tmp_path: Path) -> None:
         agent.observe()
     assert rings._last == {} and rings._scanned == {}
     assert agent._ends == {}
+
+
+class Scripted:
+    """An HTTP server answering ``POST /observations`` with the next scripted
+    ``(status, content type, body)`` (what a proxy in front of the extender may say)."""
+
+    def __init__(self, answers: list[tuple[int, str, bytes]]) -> None:
+        self.answers = list(answers)
+        self.posted: list[dict] = []
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: object) -> None:
+                return None
+
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                outer.posted.append(json.loads(body))
+                status, kind, reply = outer.answers.pop(0)
+                self.send_response(status)
+                self.send_header("Content-Type", kind)
+                self.send_header("Content-Length", str(len(reply)))
+                self.end_headers()
+                self.wfile.write(reply)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def item(uid: str, end: float) -> dict:
+    return {"pod_uid": uid, "end": end, "seconds": 10.0, "rate": 5.0, "unit": "launches/s"}
+
+
+def test_replies_that_are_not_a_json_object_neither_raise_nor_lose_held_windows() -> None:
+    """A 200 from a proxy's HTML page, a 500 whose body is a JSON string: the reporter
+    says what came back and goes on; a held window is still resent, never dropped by an
+    exception halfway through the batches."""
+    html = b"<html><body>upstream connect error</body></html>"
+    server = Scripted([
+        (503, "application/json", b'{"Error": "not the leader"}'),  # window 1 held
+        (500, "application/json", b'"boom"'),  # held window 1 again, and window 2
+        (200, "text/html", html),  # window 1 resent: a proxy's page, not the extender's
+        (200, "application/json", b'{"accepted": 1}'),  # window 2 resent
+        (200, "application/json", b"[1, 2]"),  # window 3
+    ])  # fmt: skip
+    reporter = Reporter(server.url, clock=lambda: 1_000.0)
+    try:
+        first = reporter.send("g0", [item("a", 990.0)])
+        assert first["status"] == 503 and reporter.held == 1
+        second = reporter.send("g0", [item("b", 995.0)])
+        assert second["status"] == 500 and reporter.held == 2
+        third = reporter.send("g0", [item("c", 999.0)])
+        assert reporter.held == 0
+        assert third["status"] == 200 and "not a JSON object" in third["error"]
+        assert "resent" in third
+    finally:
+        reporter.close()
+        server.stop()
+    assert [[o["pod_uid"] for o in p["observations"]] for p in server.posted] == [
+        ["a"], ["a"], ["a"], ["b"], ["c"],
+    ]  # fmt: skip

@@ -82,6 +82,15 @@ def hold_bound(stated: str | None, default: float) -> float:
     return bound - min(MARGIN_SECONDS, 0.1 * bound)
 
 
+def _json_object(reply: httpx.Response) -> dict[str, Any] | None:
+    """The reply's body when it is a JSON object (the extender's every answer), else None."""
+    try:
+        body = reply.json()
+    except ValueError:
+        return None
+    return body if isinstance(body, dict) else None
+
+
 class Reporter:
     def __init__(
         self,
@@ -163,19 +172,23 @@ class Reporter:
                 log.warning("report.failed", extra={"error": str(exc), "held": len(items)})
                 return {"error": str(exc)}, items
             self._adopt(reply.headers.get(MAX_AGE_HEADER))
+            answer = _json_object(reply)
             if reply.status_code == 200:
-                result: dict[str, Any] = reply.json()
-                return result, None
-            try:
-                answer = reply.json()
-            except ValueError:
+                if answer is not None:
+                    return answer, None
+                # taken (the status says so), but not the extender's answer: a proxy's
+                unread = {"error": f"reply is not a JSON object: {reply.text[:200]!r}"}
+                log.warning("report.unreadable_reply", extra=unread)
+                return {**unread, "status": 200}, None
+            if answer is None:
                 answer = {"Error": reply.text[:200]}
             failed = {"error": answer.get("Error"), "status": reply.status_code}
             if reply.status_code in TRANSIENT or reply.status_code >= 500:
                 self._wait(reply.headers.get("Retry-After"))
                 log.warning("report.held", extra={**failed, "windows": len(items)})
                 return failed, items
-            refused = set(answer.get("refused") or ())
+            named = answer.get("refused")
+            refused = set(named) if isinstance(named, list) else set()
             log.warning("report.refused", extra=failed)
             if reply.status_code != 422 or not refused or attempt:
                 return failed, None
