@@ -157,6 +157,31 @@ def test_invalid_configuration_exits_2_naming_the_annotation(tmp_path: Path, cap
     assert "elastico.io/memory-budget-mib" in capsys.readouterr().err
 
 
+def test_an_annotations_file_that_is_not_text_exits_2_naming_it(tmp_path: Path, capsys) -> None:
+    annotations = tmp_path / "annotations"
+    annotations.write_bytes(b'elastico.io/workload-kind="\xfftraining"\n')
+    assert main(["--annotations", str(annotations), "--", "true"]) == 2
+    err = capsys.readouterr().err
+    assert str(annotations) in err and "UTF-8" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize(("make", "code"), [("directory", 126), ("not-executable", 126),
+                                            ("missing", 127)])  # fmt: skip
+def test_a_command_that_cannot_run_exits_as_a_shell_would(
+    tmp_path: Path, capsys, make: str, code: int
+) -> None:
+    annotations = tmp_path / "annotations"
+    write_annotations(annotations, TRAINING)
+    command = tmp_path / make
+    if make == "directory":
+        command.mkdir()
+    elif make == "not-executable":
+        command.write_text("#!/bin/sh\n")
+    assert main(["--annotations", str(annotations), "--", str(command)]) == code
+    err = capsys.readouterr().err
+    assert f"cannot run {str(command)!r}" in err
+
+
 def test_vllm_command_gets_engine_flags(tmp_path: Path) -> None:
     settings = read_assignment(
         {
@@ -305,6 +330,31 @@ def test_restarts_gracefully_when_the_assignment_changes(tmp_path: Path) -> None
     assert proc.returncode == 0
     assert lines(log) == ["start 10240 ", "term", "start 20480 ", "term"]
     assert "ignoring invalid new assignment" in err
+
+
+def test_an_annotations_file_turned_to_garbage_leaves_the_workload_running(
+    tmp_path: Path,
+) -> None:
+    """A new annotations file that cannot even be read as text is an invalid assignment
+    like any other: logged, and the workload keeps running under its launcher."""
+    annotations = tmp_path / "annotations"
+    write_annotations(annotations, TRAINING)
+    log = tmp_path / "log"
+    proc = launcher(tmp_path, annotations, "polite")
+    with stop_all(proc, log):
+        wait_for(lambda: lines(log) == ["start 10240 "])
+        garbage = annotations.with_suffix(".tmp")
+        garbage.write_bytes(b"\x00\xff\xfe binary \x80\n")
+        garbage.replace(annotations)
+        time.sleep(0.4)
+        assert proc.poll() is None  # the launcher is still there
+        write_annotations(annotations, {**TRAINING, "elastico.io/memory-budget-mib": "20480"})
+        wait_for(lambda: lines(log) == ["start 10240 ", "term", "start 20480 "])
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=10)
+    assert proc.returncode == 0
+    assert "ignoring invalid new assignment" in err and "UTF-8" in err
+    assert "Traceback" not in err
 
 
 def test_grace_period_ends_in_sigkill_and_relaunch(tmp_path: Path) -> None:

@@ -12,8 +12,10 @@
    restart gracefully: SIGTERM to the group, wait the grace period, SIGKILL, relaunch.
    A new assignment that is invalid is logged and ignored: the running workload stays.
 
-Exit status 2 with a one-line reason when the starting assignment is invalid or the
-shim is missing while profiling is requested.
+Exit status 2 with a one-line reason when the starting assignment is invalid (an
+annotations file that is not UTF-8 text included) or the shim is missing while profiling
+is requested; 127 when the command is not found and 126 when it cannot be executed, as
+a shell would.
 """
 
 from __future__ import annotations
@@ -94,10 +96,16 @@ def ring_directory(environ: Mapping[str, str]) -> Path | None:
 
 
 def load_settings(annotations_path: Path, environ: Mapping[str, str]) -> LaunchSettings:
-    """Settings from the annotations file (if present) and the environment."""
+    """Settings from the annotations file (if present) and the environment; a file that
+    cannot be read as UTF-8 text is an AnnotationError naming it."""
     annotations: dict[str, str] = {}
     if annotations_path.is_file():
-        annotations, problems = parse_annotations(annotations_path.read_text())
+        try:
+            text = annotations_path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            why = f"not UTF-8 text ({exc.reason})" if isinstance(exc, UnicodeDecodeError) else exc
+            raise AnnotationError([(str(annotations_path), f"cannot be read: {why}")]) from exc
+        annotations, problems = parse_annotations(text)
         bad = [(k, m) for k, m in problems if k.startswith("elastico.io/")]
         if bad:
             raise AnnotationError(bad)
@@ -208,9 +216,10 @@ class Supervisor:
             settings = new
             proc = self._proc = self._start(settings)
 
-    def _read_text(self) -> str | None:
+    def _read_text(self) -> bytes | None:
+        """The file as it is now (bytes: whether it changed, not whether it is valid)."""
         try:
-            return self.annotations_path.read_text()
+            return self.annotations_path.read_bytes()
         except OSError:
             return None
 
@@ -289,9 +298,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ElasticoError as exc:
         print(f"elastico-run: {exc}", file=sys.stderr)
         return 2
-    except FileNotFoundError as exc:
+    except OSError as exc:  # the command could not be started (as a shell: 127 or 126)
         print(f"elastico-run: cannot run {command[0]!r}: {exc.strerror}", file=sys.stderr)
-        return 127
+        return 127 if isinstance(exc, FileNotFoundError) else 126
 
 
 if __name__ == "__main__":
