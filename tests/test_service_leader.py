@@ -199,6 +199,33 @@ def test_a_leader_that_cannot_renew_stops_leading_before_the_lease_expires(serve
     assert TIMING.renew_deadline < TIMING.lease_duration
 
 
+def test_a_leader_cut_off_from_the_api_server_steps_down_and_fences_again(server):
+    """No answer at all (connection refused, not an HTTP error): the leader must give up
+    leading once it cannot renew, as for a refused renewal, and a later re-acquisition
+    must pass the catch-up fence again (another replica may have bound pods meanwhile)."""
+    api = client.ApiClient(client.Configuration(host=server.url))
+    now = [0.0]
+    fenced: list[float] = []
+    stopped: list[float] = []
+    elector = LeaderElector(api, name="cut", namespace="ns", identity="x", timing=TIMING,
+                            clock=lambda: now[0])  # fmt: skip
+    elector.on_started = lambda: fenced.append(now[0]) is None
+    elector.on_stopped = lambda: stopped.append(now[0])
+    elector.step()
+    assert elector.is_leader() and fenced == [0.0]
+    api.configuration.host = "http://127.0.0.1:9"  # nothing listens there
+    now[0] = TIMING.retry_period
+    elector.step()  # still within the renew deadline: leading, writes allowed
+    assert elector.is_leader() and stopped == []
+    now[0] = TIMING.renew_deadline + 0.01
+    elector.step()
+    assert not elector.is_leader() and stopped == [now[0]]
+    api.configuration.host = server.url  # back
+    now[0] += TIMING.retry_period
+    elector.step()
+    assert elector.is_leader() and fenced == [0.0, now[0]]
+
+
 def test_view_caught_up_compares_resource_versions():
     state = ClusterState()
     pod = {"metadata": {"uid": "u1", "name": "p", "namespace": "ml", "resourceVersion": "7"}}

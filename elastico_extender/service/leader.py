@@ -194,7 +194,11 @@ class LeaderElector:
     def step(self) -> None:
         """One retry period's work: acquire or renew, start or stop leading."""
         with self._lock:
-            held = self.try_acquire_or_renew()
+            try:
+                held = self.try_acquire_or_renew()
+            except Exception as exc:  # no answer (urllib3's errors are not ApiException)
+                log.warning("leader.api_unreachable", extra={"error": repr(exc)})
+                held = False  # as a refused renewal: step down at the renew deadline
             if held and not self._leading:
                 # Lead only once the view has caught up (the on_started fence).
                 if self.on_started is None or self.on_started():
