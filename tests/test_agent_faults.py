@@ -185,9 +185,9 @@ def test_the_agent_forgets_pods_that_left_the_node(tmp_path: Path) -> None:
 
 class Scripted:
     """An HTTP server answering ``POST /observations`` with the next scripted
-    ``(status, content type, body)`` (what a proxy in front of the extender may say)."""
+    ``(status, content type, body[, headers])`` (the extender, or a proxy in front)."""
 
-    def __init__(self, answers: list[tuple[int, str, bytes]]) -> None:
+    def __init__(self, answers: list[tuple]) -> None:
         self.answers = list(answers)
         self.posted: list[dict] = []
         outer = self
@@ -199,9 +199,11 @@ class Scripted:
             def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers["Content-Length"]))
                 outer.posted.append(json.loads(body))
-                status, kind, reply = outer.answers.pop(0)
+                status, kind, reply, *extra = outer.answers.pop(0)
                 self.send_response(status)
                 self.send_header("Content-Type", kind)
+                for name, value in (extra[0] if extra else {}).items():
+                    self.send_header(name, value)
                 self.send_header("Content-Length", str(len(reply)))
                 self.end_headers()
                 self.wfile.write(reply)
@@ -246,4 +248,31 @@ def test_replies_that_are_not_a_json_object_neither_raise_nor_lose_held_windows(
         server.stop()
     assert [[o["pod_uid"] for o in p["observations"]] for p in server.posted] == [
         ["a"], ["a"], ["a"], ["b"], ["c"],
+    ]  # fmt: skip
+
+
+def test_a_clock_stepped_back_does_not_stretch_a_retry_after() -> None:
+    """``Retry-After: 5`` is five seconds, whatever the wall clock does meanwhile: after
+    the agent's clock is stepped back an hour (NTP, a VM resumed), the next report is
+    posted, not held for the hour."""
+    taken = (200, "application/json", b'{"accepted": 1}')
+    server = Scripted([
+        (503, "application/json", b'{"Error": "not the leader"}', {"Retry-After": "5"}),
+        taken, taken, taken,
+    ])  # fmt: skip
+    now = [10_000.0]
+    reporter = Reporter(server.url, clock=lambda: now[0])
+    try:
+        first = reporter.send("g0", [item("a", 9_995.0)])
+        assert first["status"] == 503
+        now[0] = 10_001.0
+        assert reporter.send("g0", [item("b", 9_999.0)])["deferred"]  # within Retry-After
+        now[0] = 10_001.0 - 3_600.0  # the clock is stepped back an hour
+        result = reporter.send("g0", [item("c", now[0] - 5.0)])
+    finally:
+        reporter.close()
+        server.stop()
+    assert "deferred" not in result and result.get("accepted") == 1
+    assert [[o["pod_uid"] for o in p["observations"]] for p in server.posted] == [
+        ["a"], ["a"], ["b"], ["c"],
     ]  # fmt: skip

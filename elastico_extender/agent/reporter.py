@@ -122,7 +122,8 @@ class Reporter:
         """Held windows older than this are dropped: from the extender's last answer."""
         self.clock = clock
         self.retry_at = float("-inf")
-        """No POST before this (the agent's clock): the server's capped ``Retry-After``."""
+        """No POST before this (the agent's clock): the server's capped ``Retry-After``;
+        farther off than the cap only when the clock was stepped back, then forgotten."""
         self.dropped = 0
         """Held windows dropped: too many held, or too old to be taken."""
         self._held: deque[list[dict[str, Any]]] = deque()
@@ -142,6 +143,8 @@ class Reporter:
         ``{"error": ...}`` with ``status`` and ``held`` when it was refused."""
         now = self.clock()
         self._expire(now)
+        if self.retry_at - now > RETRY_AFTER_CAP_SECONDS:  # only a clock stepped back
+            self.retry_at = float("-inf")
         if now < self.retry_at:
             self._hold(items)
             return {"deferred": True, "retry_in": self.retry_at - now, "held": self.held}
