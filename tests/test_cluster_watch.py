@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Iterator
 
@@ -121,6 +122,27 @@ def test_410_on_a_live_watch_is_recovered(server, cluster):
     server.put("nodes", node("gpu-2"))
     assert wait_for(lambda: set(cluster.state.nodes()) == {"gpu-0", "gpu-1", "gpu-2"})
     assert any("watch=" in r and "/nodes" in r for r in server.requests)
+
+
+def test_410_gone_on_a_resumed_watch_is_logged_as_gone_and_relisted_at_once(server, caplog):
+    """A watch resumed (after its server-side timeout) from a compacted version gets an
+    ERROR event with code 410: the log names it (``watch.gone``), and the informer relists
+    at once, with no back-off as for a broken connection."""
+    config = client.Configuration(host=server.url)
+    kube = KubeCluster(client.ApiClient(config), resync_seconds=300, watch_timeout_seconds=1)
+    caplog.set_level(logging.INFO, logger="elastico_extender.cluster.kube")
+    kube.start()
+    try:
+        assert kube.wait_synced(15)
+        relists = kube.relists["pods"]
+        server.put("nodes", node("gpu-2"))  # a newer revision elsewhere, then compaction:
+        server.compact()  # the pods watch's version is now too old
+        assert wait_for(lambda: kube.relists["pods"] > relists)
+    finally:
+        kube.stop()
+    said = [(r.getMessage(), getattr(r, "kind", None)) for r in caplog.records]
+    assert ("watch.gone", "pods") in said
+    assert not [r for r in caplog.records if r.getMessage() == "watch.dropped"]
 
 
 def test_bind_writes_configmap_annotations_and_binding(server, cluster):

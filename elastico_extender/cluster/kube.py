@@ -9,9 +9,9 @@ own cache follows:
 3. **relist** on ``410 Gone`` (an ERROR event or status), on a dropped or broken
    stream, and every ``resync_seconds`` (periodic resync).
 
-Objects are kept as raw JSON dicts (``_preload_content=False``, watch
-``deserialize=False``): the extender reads a few fields and never pays for the
-client's model classes.  Bind writes, in order: the per-pod ConfigMap (owned by
+Objects are kept as raw JSON dicts (``_preload_content=False``, and a watch whose
+events are left undecoded, :class:`_RawWatch`): the extender reads a few fields and
+never pays for the client's model classes.  Bind writes, in order: the per-pod ConfigMap (owned by
 the pod), then the ``v1 Binding`` carrying the decision annotations (the API
 server puts them on the pod with its node, in one write).
 """
@@ -54,6 +54,21 @@ def api_client_from(kubeconfig: str | None) -> client.ApiClient:
     return client.ApiClient()
 
 
+class _RawWatch(watch.Watch):
+    """Watch events as plain dicts, never the client's model classes.
+
+    Not the client's ``deserialize=False``: that path skips the ``raw_object`` its own
+    ERROR handling reads, so a ``410 Gone`` on the stream came out as a KeyError (logged
+    as a dropped connection, relisted after a back-off) instead of an ApiException."""
+
+    def unmarshal_event(self, data: str, return_type: Any) -> dict[str, Any] | None:
+        if not data or data.isspace():
+            return None  # a blank line between events
+        event: dict[str, Any] = json.loads(data)  # not JSON: a broken stream, relisted
+        event["raw_object"] = event["object"]  # what the client's ERROR handling reads
+        return event
+
+
 class _Informer:
     def __init__(
         self,
@@ -72,7 +87,7 @@ class _Informer:
         self.resync_seconds = resync_seconds
         self.watch_timeout = watch_timeout
         self.on_relist = on_relist
-        self.watcher: watch.Watch | None = None
+        self.watcher: _RawWatch | None = None
         self.relists = 0
 
     def relist(self) -> str:
@@ -116,7 +131,7 @@ class _Informer:
         self.stop.wait(seconds * (0.5 + random.random()))
 
     def _watch(self, rv: str, timeout: int) -> str:
-        w = watch.Watch()
+        w = _RawWatch()
         self.watcher = w
         try:
             for event in w.stream(
@@ -124,9 +139,10 @@ class _Informer:
                 resource_version=rv,
                 timeout_seconds=timeout,
                 allow_watch_bookmarks=True,
-                deserialize=False,
                 _request_timeout=timeout + 30,
             ):
+                if event is None:
+                    continue  # a blank line
                 kind = event.get("type")
                 obj = event.get("object") or {}
                 if kind == "BOOKMARK":
