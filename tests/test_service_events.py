@@ -90,6 +90,30 @@ def test_the_queue_and_the_key_memory_are_bounded(server):
     assert len(rec._last) == 10
 
 
+def test_an_api_server_out_of_reach_costs_its_events_not_the_writer(server):
+    """No answer at all (connection refused: urllib3's errors, not an ApiException nor an
+    OSError): the Events of that moment are lost and logged, the writer lives on and
+    writes the next ones once the API server is back, and stop() still returns."""
+    api = client.ApiClient(client.Configuration(host="http://127.0.0.1:9"))  # nothing there
+    now = [0.0]
+    rec = EventRecorder(api, identity="replica-a", clock=lambda: now[0], max_queue=2)
+    rec.start()
+    assert rec.bound(PodRef("ml", "lost", "uid-0"), "bound while the API server is away")
+    deadline = time.monotonic() + 10
+    while rec._queue.unfinished_tasks and time.monotonic() < deadline:
+        time.sleep(0.01)
+    api.configuration.host = server.url  # back
+    for n in range(1, 3):
+        assert rec.bound(PodRef("ml", f"bert-{n}", f"uid-{n}"), f"bound {n}")
+    deadline = time.monotonic() + 10
+    while rec.written < 2 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert rec.written == 2
+    assert sorted(e["involvedObject"]["name"] for e in events(server)) == ["bert-1", "bert-2"]
+    rec.stop(timeout=5)
+    assert rec._thread is None
+
+
 def test_rejected_configurations_are_listed_with_reasons_and_capped():
     from elastico_extender.service.events import rejected_configurations_message
 

@@ -34,7 +34,6 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from kubernetes import client
-from kubernetes.client.rest import ApiException
 
 __all__ = [
     "EventRecorder",
@@ -202,7 +201,8 @@ class EventRecorder:
                     return
                 self.api.create_namespaced_event(str(event.metadata.namespace), event)
                 self.written += 1
-            except (ApiException, OSError) as exc:  # an Event is best effort
+            except Exception as exc:  # an Event is best effort; the writer must live on
+                # (no answer at all is urllib3's MaxRetryError, not an ApiException)
                 log.warning("event.write_failed", extra={"error": str(exc)[:200]})
             finally:
                 self._queue.task_done()
