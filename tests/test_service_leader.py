@@ -226,6 +226,23 @@ def test_a_leader_cut_off_from_the_api_server_steps_down_and_fences_again(server
     assert elector.is_leader() and fenced == [0.0, now[0]]
 
 
+def test_a_leader_stopping_while_the_api_server_is_away_still_stops(server):
+    """Shutdown with no API server to answer: releasing the Lease and taking the leader
+    label off the pod fail (logged), and stop() still returns, the informers stopped."""
+    api = client.ApiClient(client.Configuration(host=server.url))
+    kube = KubeCluster(api, resync_seconds=300, watch_timeout_seconds=30)
+    elector, cluster = elect(kube, api, name="away", namespace="ns", identity="x",
+                             timing=TIMING)  # fmt: skip
+    cluster.start()
+    try:
+        wait_for(elector.is_leader)
+    finally:
+        api.configuration.host = "http://127.0.0.1:9"  # nothing listens there
+        cluster.stop()
+    assert not elector.is_leader()
+    assert all(not t.is_alive() for t in kube._threads) and kube._threads == []
+
+
 def test_view_caught_up_compares_resource_versions():
     state = ClusterState()
     pod = {"metadata": {"uid": "u1", "name": "p", "namespace": "ml", "resourceVersion": "7"}}

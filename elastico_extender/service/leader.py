@@ -249,6 +249,8 @@ class LeaderElector:
                 self.api.replace_namespaced_lease(self.name, self.namespace, lease)
         except ApiException as exc:
             log.warning("leader.release_failed", extra={"error": exc.reason})
+        except Exception as exc:  # no answer: followers take over when the Lease expires
+            log.warning("leader.release_failed", extra={"error": repr(exc)})
 
 
 class LeaderGatedCluster:
@@ -329,6 +331,9 @@ def label_own_pod(core: client.CoreV1Api, namespace: str, pod: str, leading: boo
         core.patch_namespaced_pod(pod, namespace, body)
     except ApiException as exc:  # outside a pod (tests, a laptop): nothing to label
         log.info("leader.label_skipped", extra={"pod": pod, "error": exc.reason})
+    except Exception as exc:  # no answer: a label left on a follower only sends it
+        # binds it refuses as "not the leader", which the scheduler retries
+        log.warning("leader.label_failed", extra={"pod": pod, "error": repr(exc)})
 
 
 def elect(
