@@ -16,7 +16,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from kubernetes import client as kube
 
+from elastico_extender.agent.cli import kube_pods
 from elastico_extender.agent.daemon import Agent, PodInfo
 from elastico_extender.agent.framework import MAX_SCRAPE_BYTES, read_counter
 from elastico_extender.agent.reporter import Reporter
@@ -276,3 +278,30 @@ def test_a_clock_stepped_back_does_not_stretch_a_retry_after() -> None:
     assert [[o["pod_uid"] for o in p["observations"]] for p in server.posted] == [
         ["a"], ["a"], ["b"], ["c"],
     ]  # fmt: skip
+
+
+def test_an_api_server_out_of_reach_still_lets_held_windows_go_out(caplog) -> None:
+    """The pod listing fails (no answer from the API server): the window has no pods, the
+    log says why in one line, and the report still goes out, so windows held from
+    before are resent while the extender can take them rather than left to expire."""
+    core = kube.CoreV1Api(kube.ApiClient(kube.Configuration(host="http://127.0.0.1:9")))
+    server = Scripted([
+        (503, "application/json", b'{"Error": "not the leader"}'),
+        (200, "application/json", b'{"accepted": 1}'),
+    ])  # fmt: skip
+    now = [1_000.0]
+    reporter = Reporter(server.url, clock=lambda: now[0])
+    reporter.send("g0", [item("a", 995.0)])
+    assert reporter.held == 1
+    agent = Agent("g0", lambda: kube_pods(core, "g0"), PodRings(None), reporter,
+                  clock=lambda: now[0])  # fmt: skip
+    now[0] = 1_010.0
+    try:
+        result = agent.run_once()
+    finally:
+        reporter.close()
+        server.stop()
+    assert result.get("accepted") == 1 and reporter.held == 0
+    assert [[o["pod_uid"] for o in p["observations"]] for p in server.posted] == [["a"], ["a"]]
+    failed = [r for r in caplog.records if r.getMessage() == "pods.list_failed"]
+    assert failed and "127.0.0.1" in failed[0].error and not failed[0].exc_info

@@ -14,7 +14,8 @@ Per pod (running on this node, uid from the API server):
 
 Windows refused for a passing reason (a follower's 503 while the leader changes) are held
 by the :class:`~.reporter.Reporter` and resent with the next window, bounded and only
-while the extender would still take them.
+while the extender would still take them.  A window whose pod listing fails (the API
+server out of reach) has no items but is still reported, so held windows go out.
 
 Ring directories of pods that left the node are removed after ``ORPHAN_SECONDS`` (the
 legacy hostPath mode; the kubelet removes a pod's emptyDir itself).
@@ -109,8 +110,13 @@ class Agent:
         self._orphans: dict[str, float] = {}
 
     def observe(self) -> list[dict[str, Any]]:
-        """One window's items (the wire form of ``POST /observations``)."""
-        pods = self.pods()
+        """One window's items (the wire form of ``POST /observations``); none when the
+        node's pods cannot be listed (then nothing about departed pods is concluded)."""
+        try:
+            pods = self.pods()
+        except Exception as exc:  # the API server out of reach, or refusing the agent
+            log.warning("pods.list_failed", extra={"error": repr(exc)[:500]})
+            return []
         now = self.clock()
         device_samples: dict[int, HardwareSample | None] = {}
         items = []
