@@ -4,6 +4,7 @@ never ends its answer, rings that shrink under the reader, replies that are not 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import subprocess
@@ -305,3 +306,29 @@ def test_an_api_server_out_of_reach_still_lets_held_windows_go_out(caplog) -> No
     assert [[o["pod_uid"] for o in p["observations"]] for p in server.posted] == [["a"], ["a"]]
     failed = [r for r in caplog.records if r.getMessage() == "pods.list_failed"]
     assert failed and "127.0.0.1" in failed[0].error and not failed[0].exc_info
+
+
+def test_a_ring_of_another_layout_is_named_in_the_log_once(tmp_path: Path, caplog) -> None:
+    """A pod whose shim writes another layout version (an image built with an older or
+    newer ElastiCo) gets no launch rate: the agent says which ring and why, once, not
+    every window; a ring still being created (short for a moment) is not reported."""
+    directory = tmp_path / "uid-a"
+    directory.mkdir()
+    old = directory / "elastico-shim-7.ring"
+    write_ring(old, launches=10, flushed_ns=10**12)
+    data = bytearray(old.read_bytes())
+    data[4:6] = (LAYOUT_VERSION + 1).to_bytes(2, "little")  # the header's version field
+    old.write_bytes(bytes(data))
+    new = directory / "elastico-shim-8.ring"
+    new.write_bytes(b"")  # just opened by its shim, not yet reserved
+    caplog.set_level(logging.INFO, logger="elastico_extender.agent.rings")
+    rings = PodRings(tmp_path)
+    assert rings.sample("uid-a") is None
+    write_ring(new, launches=0, flushed_ns=10**12)  # whole by the next window
+    for _ in range(3):
+        window = rings.sample("uid-a")
+        assert window is not None and window.processes == 1
+    warned = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warned) == 1
+    assert warned[0].getMessage() == "ring.unusable" and warned[0].path == str(old)
+    assert f"layout version {LAYOUT_VERSION + 1}" in warned[0].error

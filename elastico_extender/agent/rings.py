@@ -52,6 +52,7 @@ import contextlib
 import itertools
 import logging
 import shutil
+from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -75,6 +76,8 @@ log = logging.getLogger(__name__)
 MAX_PROCESSES_PER_POD = 512
 """Rings followed per pod (mapped files are cheap, but bounded all the same)."""
 MAX_CONTAINER_DIRECTORIES = 64
+MAX_UNUSABLE_REMEMBERED = 4096
+"""Unreadable rings remembered, so that each is reported once (not every window)."""
 """Subdirectories of a pod's ring directory looked into (one per profiled container)."""
 KUBELET_ROOT = "/var/lib/kubelet"
 """The kubelet's ``--root-dir`` default (k3s keeps it; MicroK8s, k0s and some managed
@@ -151,6 +154,8 @@ class PodRings:
         self.kubelet_root = Path(kubelet_root) if kubelet_root else None
         self._last: dict[tuple[str, ProcessKey], ProcessCounters] = {}
         self._scanned: dict[str, float] = {}  # pod uid -> newest flush time at last scan
+        # rings unreadable at the last scan -> whether that was told (bounded, oldest out)
+        self._unusable: OrderedDict[Path, bool] = OrderedDict()
 
     def close(self) -> None:
         """Nothing stays open between reads; kept for the callers' symmetry."""
@@ -186,8 +191,9 @@ class PodRings:
             try:
                 h = read_header(path)
             except (RingFormatError, OSError) as exc:  # being (re)created, or foreign
-                log.debug("ring.unreadable", extra={"path": str(path), "error": str(exc)})
+                self._unreadable(path, exc)
                 continue
+            self._unusable.pop(path, None)
             found[process] = ProcessCounters(
                 launches=h["launches"],
                 flushed_at=h["last_flush_realtime_ns"] / 1e9,
@@ -198,6 +204,18 @@ class PodRings:
         for key in [k for k in self._last if k[0] == uid and k[1] not in rings]:
             del self._last[key]
         return found
+
+    def _unreadable(self, path: Path, exc: Exception) -> None:
+        """A ring being created is short for an instant: one unreadable at two scans in a
+        row (another layout version, not a ring) is logged as a warning, once."""
+        told = self._unusable.pop(path, None)
+        if told is False:
+            log.warning("ring.unusable", extra={"path": str(path), "error": str(exc)})
+        else:
+            log.debug("ring.unreadable", extra={"path": str(path), "error": str(exc)})
+        self._unusable[path] = told is not None
+        while len(self._unusable) > MAX_UNUSABLE_REMEMBERED:
+            self._unusable.popitem(last=False)
 
     def sample(self, uid: str) -> PodLaunches | None:
         """The pod's launch rate since the previous call for it; None without rings."""
