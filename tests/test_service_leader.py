@@ -287,6 +287,24 @@ def test_serve_wires_leader_election_from_settings_and_reports_it_as_a_metric(se
     assert metrics.registry.get_sample_value("elastico_leader") == 0
 
 
+def test_a_catch_up_list_that_gets_no_answer_is_a_fence_not_passed(server):
+    """The Lease was won but the consistent list gets no answer: not leading yet (a
+    warning, no traceback), and leading at a later step once the list answers."""
+    from elastico_extender.service.leader import catch_up_fence
+
+    api = client.ApiClient(client.Configuration(host=server.url))
+    state = ClusterState()
+    state.replace("pods", list(server.objects["pods"].values()), str(server.rv))
+    fence_api = client.ApiClient(client.Configuration(host="http://127.0.0.1:9"))
+    elector = LeaderElector(api, name="gap", namespace="ns", identity="x", timing=TIMING)
+    elector.on_started = catch_up_fence(client.CoreV1Api(fence_api), state, timeout=0.3)
+    elector.step()
+    assert not elector.is_leader()
+    fence_api.configuration.host = server.url
+    elector.step()
+    assert elector.is_leader()
+
+
 def test_a_replica_whose_view_lags_the_api_server_does_not_start_leading(server):
     from elastico_extender.service.leader import catch_up_fence
 

@@ -307,8 +307,12 @@ def catch_up_fence(
     replica then tries again at its next retry instead of leading on a stale view)."""
 
     def fence() -> bool:
-        pods = core.list_pod_for_all_namespaces(_preload_content=False, _request_timeout=30)
-        items = json.loads(pods.data).get("items") or []  # type: ignore[attr-defined]
+        try:
+            pods = core.list_pod_for_all_namespaces(_preload_content=False, _request_timeout=30)
+            items = json.loads(pods.data).get("items") or []  # type: ignore[attr-defined]
+        except Exception as exc:  # no answer, or not a pod list: not caught up, retried
+            log.warning("leader.catch_up_list_failed", extra={"error": repr(exc)[:500]})
+            return False
         listed = {
             str(p["metadata"].get("uid", "")): str(p["metadata"].get("resourceVersion", ""))
             for p in items
