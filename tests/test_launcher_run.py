@@ -372,6 +372,26 @@ def test_grace_period_ends_in_sigkill_and_relaunch(tmp_path: Path) -> None:
     assert "grace period over" in err
 
 
+def test_a_stop_during_a_restart_starts_no_new_workload(tmp_path: Path) -> None:
+    """SIGTERM while a restart waits out the old workload's grace period (the pod is being
+    deleted): the launcher exits once the old one is gone, without starting the new."""
+    annotations = tmp_path / "annotations"
+    write_annotations(annotations, TRAINING)
+    log = tmp_path / "log"
+    proc = launcher(tmp_path, annotations, "stubborn", grace="1.0")
+    with stop_all(proc, log):
+        wait_for(lambda: lines(log) == ["start 10240 "])
+        write_annotations(annotations, {**TRAINING, "elastico.io/memory-budget-mib": "512"})
+        time.sleep(0.4)  # the restart has begun: SIGTERM sent, the grace period running
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=10)
+        time.sleep(0.2)
+        assert lines(log) == ["start 10240 "]
+    # the old workload's status (it ignored SIGTERM: killed after the grace period); a
+    # new one started and stopped at once would have ended with SIGTERM's
+    assert proc.returncode == 128 + signal.SIGKILL
+
+
 def test_profiling_run_preloads_the_shim_over_the_real_workload(tmp_path: Path) -> None:
     built = fakes.build_all(tmp_path / "build")
     annotations = tmp_path / "annotations"

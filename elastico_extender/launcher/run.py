@@ -211,7 +211,9 @@ class Supervisor:
             if new == settings:
                 continue
             log.info("assignment changed, restarting workload (pid %d)", proc.pid)
-            self._terminate(proc, signal.SIGTERM)
+            status = self._terminate(proc, signal.SIGTERM)
+            if self._stop.is_set():  # stopped meanwhile (the pod is going): no new workload
+                return _status(status)
             self.restarts += 1
             settings = new
             proc = self._proc = self._start(settings)
