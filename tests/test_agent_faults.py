@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import threading
@@ -19,6 +20,7 @@ import numpy as np
 import pytest
 from kubernetes import client as kube
 
+from elastico_extender.agent import cli as agent_cli
 from elastico_extender.agent.cli import kube_pods
 from elastico_extender.agent.daemon import Agent, PodInfo
 from elastico_extender.agent.framework import MAX_SCRAPE_BYTES, read_counter
@@ -332,3 +334,37 @@ def test_a_ring_of_another_layout_is_named_in_the_log_once(tmp_path: Path, caplo
     assert len(warned) == 1
     assert warned[0].getMessage() == "ring.unusable" and warned[0].path == str(old)
     assert f"layout version {LAYOUT_VERSION + 1}" in warned[0].error
+
+
+@pytest.fixture
+def silent_port() -> Iterator[int]:
+    """A port whose connections are accepted (the kernel's backlog) and never answered:
+    an API server that hangs, or a load balancer in front of a dead one."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(64)
+    yield sock.getsockname()[1]
+    sock.close()
+
+
+def test_an_api_server_that_never_answers_does_not_stall_the_agent(
+    silent_port: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The node's window is bounded even when the pod listing gets no reply: the agent
+    gives up on it and reports, instead of waiting for ever on one request."""
+    monkeypatch.setattr(agent_cli, "LIST_TIMEOUT_SECONDS", 0.3)
+    core = kube.CoreV1Api(
+        kube.ApiClient(kube.Configuration(host=f"http://127.0.0.1:{silent_port}"))
+    )
+    server = Scripted([(200, "application/json", b'{"accepted": 0}')])
+    reporter = Reporter(server.url)
+    agent = Agent("g0", lambda: kube_pods(core, "g0"), PodRings(None), reporter)
+    got: list[dict] = []
+    thread = threading.Thread(target=lambda: got.append(agent.run_once()), daemon=True)
+    started = time.monotonic()
+    thread.start()
+    thread.join(timeout=15)
+    reporter.close()
+    server.stop()
+    assert not thread.is_alive(), "the agent's window was still waiting for the API server"
+    assert got == [{"accepted": 0}] and time.monotonic() - started < 15

@@ -69,10 +69,17 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+LIST_TIMEOUT_SECONDS = 10.0
+"""Longest wait for each try of the pod listing (the client retries a read a few times):
+an API server that accepts and never answers must not stop the agent's windows."""
+
+
 def kube_pods(api: Any, node: str) -> list[PodInfo]:
     """Running pods bound to ``node``, as plain Pod JSON through the kubernetes client."""
     reply = api.list_pod_for_all_namespaces(
-        field_selector=f"spec.nodeName={node}", _preload_content=False
+        field_selector=f"spec.nodeName={node}",
+        _preload_content=False,
+        _request_timeout=LIST_TIMEOUT_SECONDS,
     )
     items = json.loads(reply.data).get("items") or []
     found = []
