@@ -145,6 +145,43 @@ def test_410_gone_on_a_resumed_watch_is_logged_as_gone_and_relisted_at_once(serv
     assert not [r for r in caplog.records if r.getMessage() == "watch.dropped"]
 
 
+def test_a_bind_the_api_server_never_answers_fails_in_bounded_time(monkeypatch):
+    """An API server that accepts the connection and never answers: the bind fails as
+    'outcome unknown' (the caller keeps the booking) after the write timeout, instead of
+    holding the extender's handler, and the booking's write lock, for ever."""
+    import socket
+    import threading
+
+    from elastico_extender.cluster import kube as kube_module
+    from elastico_extender.cluster.base import ClusterError
+
+    monkeypatch.setattr(kube_module, "WRITE_TIMEOUT_SECONDS", 0.3)
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(64)
+    host = f"http://127.0.0.1:{silent.getsockname()[1]}"
+    kube = KubeCluster(client.ApiClient(client.Configuration(host=host)))
+    request = BindRequest("ml", "p", "uid-p", "gpu-0", {"elastico.io/node": "gpu-0"},
+                          "elastico-p", {"K": "v"})  # fmt: skip
+    outcome: list[BaseException | None] = []
+
+    def bind() -> None:
+        try:
+            kube.bind(request)
+            outcome.append(None)
+        except ClusterError as exc:
+            outcome.append(exc)
+
+    thread = threading.Thread(target=bind, daemon=True)
+    thread.start()
+    thread.join(timeout=10)
+    alive = thread.is_alive()
+    silent.close()
+    assert not alive, "bind was still waiting for the API server"
+    (exc,) = outcome
+    assert isinstance(exc, ClusterError) and exc.status is None  # outcome unknown
+
+
 def test_bind_writes_configmap_annotations_and_binding(server, cluster):
     a = cluster.state.pod_by_name("ml", "a")
     assert a is not None

@@ -114,6 +114,29 @@ def test_an_api_server_out_of_reach_costs_its_events_not_the_writer(server):
     assert rec._thread is None
 
 
+def test_an_event_the_api_server_never_answers_does_not_stall_the_writer(monkeypatch):
+    import socket
+
+    from elastico_extender.service import events as events_module
+
+    monkeypatch.setattr(events_module, "WRITE_TIMEOUT_SECONDS", 0.3)
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(64)
+    api = client.ApiClient(client.Configuration(host=f"http://127.0.0.1:{silent.getsockname()[1]}"))
+    rec = EventRecorder(api, identity="replica-a", clock=lambda: 0.0)
+    rec.start()
+    for n in range(2):
+        assert rec.bound(PodRef("ml", f"bert-{n}", f"uid-{n}"), f"bound {n}")
+    deadline = time.monotonic() + 15
+    while rec._queue.unfinished_tasks and time.monotonic() < deadline:
+        time.sleep(0.02)
+    left = rec._queue.unfinished_tasks
+    silent.close()
+    rec.stop(timeout=5)
+    assert left == 0, "the writer was still waiting for the API server"
+
+
 def test_rejected_configurations_are_listed_with_reasons_and_capped():
     from elastico_extender.service.events import rejected_configurations_message
 

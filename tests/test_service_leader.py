@@ -243,6 +243,25 @@ def test_a_leader_stopping_while_the_api_server_is_away_still_stops(server):
     assert all(not t.is_alive() for t in kube._threads) and kube._threads == []
 
 
+def test_a_lease_request_that_gets_no_reply_ends_the_step_in_bounded_time():
+    """An API server that accepts and never answers must not hold the election thread:
+    each Lease request waits at most the renew deadline."""
+    import socket
+
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(64)
+    api = client.ApiClient(client.Configuration(host=f"http://127.0.0.1:{silent.getsockname()[1]}"))
+    elector = LeaderElector(api, name="hung", namespace="ns", identity="x", timing=TIMING)
+    thread = threading.Thread(target=elector.step, daemon=True)
+    thread.start()
+    thread.join(timeout=20)
+    alive = thread.is_alive()
+    silent.close()
+    assert not alive, "the election step was still waiting for the API server"
+    assert not elector.is_leader()
+
+
 def test_view_caught_up_compares_resource_versions():
     state = ClusterState()
     pod = {"metadata": {"uid": "u1", "name": "p", "namespace": "ml", "resourceVersion": "7"}}

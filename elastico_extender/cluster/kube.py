@@ -40,6 +40,10 @@ __all__ = ["FIELD_MANAGER", "USER_AGENT", "KubeCluster", "api_client_from"]
 log = logging.getLogger(__name__)
 
 HTTP_GONE = 410
+WRITE_TIMEOUT_SECONDS = 30.0
+"""Longest wait for the API server's answer to one write (bind, reconfigure, evict): one
+that accepts and never answers fails the write as "outcome unknown" instead of holding
+the caller (a verb's handler, the booking's write lock) for ever."""
 
 FIELD_MANAGER = "elastico-extender"
 """Every write passes it as ``fieldManager``: managedFields and audit logs name ElastiCo."""
@@ -257,6 +261,7 @@ class KubeCluster:
                 binding,
                 field_manager=FIELD_MANAGER,
                 _preload_content=False,
+                _request_timeout=WRITE_TIMEOUT_SECONDS,
             )
 
     def reconfigure(self, request: BindRequest) -> None:
@@ -275,7 +280,12 @@ class KubeCluster:
         )
         with _as_cluster_error({429: refused}):
             self.api.create_namespaced_pod_eviction(
-                name, namespace, eviction, field_manager=FIELD_MANAGER, _preload_content=False
+                name,
+                namespace,
+                eviction,
+                field_manager=FIELD_MANAGER,
+                _preload_content=False,
+                _request_timeout=WRITE_TIMEOUT_SECONDS,
             )
 
     def _write_decision(self, request: BindRequest) -> None:
@@ -288,6 +298,7 @@ class KubeCluster:
                     request.namespace,
                     {"metadata": {"annotations": request.annotations}},
                     _preload_content=False,
+                    _request_timeout=WRITE_TIMEOUT_SECONDS,
                 )
 
     def _write_configmap(self, request: BindRequest) -> None:
@@ -298,7 +309,11 @@ class KubeCluster:
                 body: Any = configmap_object(request, request.uid)
                 try:
                     self.api.create_namespaced_config_map(
-                        ns, body, field_manager=FIELD_MANAGER, _preload_content=False
+                        ns,
+                        body,
+                        field_manager=FIELD_MANAGER,
+                        _preload_content=False,
+                        _request_timeout=WRITE_TIMEOUT_SECONDS,
                     )
                 except ApiException as exc:
                     if exc.status != 409:
@@ -309,4 +324,5 @@ class KubeCluster:
                         body,
                         field_manager=FIELD_MANAGER,
                         _preload_content=False,
+                        _request_timeout=WRITE_TIMEOUT_SECONDS,
                     )

@@ -48,6 +48,7 @@ log = logging.getLogger(__name__)
 
 COMPONENT = "elastico"
 MAX_MESSAGE = 1024  # the API server caps Event messages at 1 KiB
+WRITE_TIMEOUT_SECONDS = 10.0  # per write: an API server that never answers costs an Event
 
 
 @dataclass(frozen=True)
@@ -199,7 +200,9 @@ class EventRecorder:
             try:
                 if event is None:
                     return
-                self.api.create_namespaced_event(str(event.metadata.namespace), event)
+                self.api.create_namespaced_event(
+                    str(event.metadata.namespace), event, _request_timeout=WRITE_TIMEOUT_SECONDS
+                )
                 self.written += 1
             except Exception as exc:  # an Event is best effort; the writer must live on
                 # (no answer at all is urllib3's MaxRetryError, not an ApiException)

@@ -127,6 +127,11 @@ class LeaderElector:
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
 
+    @property
+    def _timeout(self) -> float:
+        """Per Lease request: no answer for a renew deadline is as good as a refusal."""
+        return self.timing.renew_deadline
+
     # -- the gate ------------------------------------------------------------------
     def is_leader(self) -> bool:
         """Leading, and the last renewal is younger than the renew deadline."""
@@ -138,7 +143,9 @@ class LeaderElector:
         now = datetime.now(UTC)
         seconds = max(1, round(self.timing.lease_duration))
         try:
-            lease = self.api.read_namespaced_lease(self.name, self.namespace)
+            lease = self.api.read_namespaced_lease(
+                self.name, self.namespace, _request_timeout=self._timeout
+            )
         except ApiException as exc:
             if exc.status != 404:
                 log.warning("leader.read_failed", extra={"error": exc.reason})
@@ -154,7 +161,9 @@ class LeaderElector:
                 ),
             )
             try:
-                self.api.create_namespaced_lease(self.namespace, body)
+                self.api.create_namespaced_lease(
+                    self.namespace, body, _request_timeout=self._timeout
+                )
             except ApiException:
                 return False  # another candidate created it first
             self._renewed(self.identity)
@@ -178,7 +187,9 @@ class LeaderElector:
         record.lease_transitions = transitions
         lease.spec = record
         try:  # conditional on the resourceVersion we read: a racing writer gets 409
-            self.api.replace_namespaced_lease(self.name, self.namespace, lease)
+            self.api.replace_namespaced_lease(
+                self.name, self.namespace, lease, _request_timeout=self._timeout
+            )
         except ApiException as exc:
             if exc.status != 409:
                 log.warning("leader.update_failed", extra={"error": exc.reason})
@@ -241,12 +252,16 @@ class LeaderElector:
 
     def _release(self) -> None:
         try:
-            lease = self.api.read_namespaced_lease(self.name, self.namespace)
+            lease = self.api.read_namespaced_lease(
+                self.name, self.namespace, _request_timeout=self._timeout
+            )
             if lease.spec and lease.spec.holder_identity == self.identity:
                 lease.spec.holder_identity = ""
                 lease.spec.lease_duration_seconds = 1
                 lease.spec.renew_time = datetime.now(UTC)
-                self.api.replace_namespaced_lease(self.name, self.namespace, lease)
+                self.api.replace_namespaced_lease(
+                    self.name, self.namespace, lease, _request_timeout=self._timeout
+                )
         except ApiException as exc:
             log.warning("leader.release_failed", extra={"error": exc.reason})
         except Exception as exc:  # no answer: followers take over when the Lease expires
@@ -332,7 +347,7 @@ def label_own_pod(core: client.CoreV1Api, namespace: str, pod: str, leading: boo
     """Mark (or unmark) this replica's pod with :data:`LEADER_LABEL` for the Service."""
     body = {"metadata": {"labels": {LEADER_LABEL: "true" if leading else None}}}
     try:
-        core.patch_namespaced_pod(pod, namespace, body)
+        core.patch_namespaced_pod(pod, namespace, body, _request_timeout=30)
     except ApiException as exc:  # outside a pod (tests, a laptop): nothing to label
         log.info("leader.label_skipped", extra={"pod": pod, "error": exc.reason})
     except Exception as exc:  # no answer: a label left on a follower only sends it
