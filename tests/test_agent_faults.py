@@ -21,6 +21,7 @@ import pytest
 from kubernetes import client as kube
 
 from elastico_extender.agent import cli as agent_cli
+from elastico_extender.agent import rings as agent_rings
 from elastico_extender.agent.cli import kube_pods
 from elastico_extender.agent.daemon import Agent, PodInfo
 from elastico_extender.agent.framework import MAX_SCRAPE_BYTES, read_counter
@@ -368,3 +369,20 @@ def test_an_api_server_that_never_answers_does_not_stall_the_agent(
     server.stop()
     assert not thread.is_alive(), "the agent's window was still waiting for the API server"
     assert got == [{"accepted": 0}] and time.monotonic() - started < 15
+
+
+def test_a_ring_directory_full_of_files_costs_a_bounded_scan(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The pod owns its ring directory and can fill it with any number of files: the agent
+    looks at a bounded number of entries per directory each window (here 50), not at a
+    listing that grows with whatever the pod created."""
+    monkeypatch.setattr(agent_rings, "MAX_DIRECTORY_ENTRIES", 50)
+    directory = tmp_path / "uid-a"
+    (directory / "trainer").mkdir(parents=True)
+    for pid in range(400):
+        (directory / f"elastico-shim-{pid}.ring").touch()
+        (directory / "trainer" / f"elastico-shim-{pid}.ring").touch()
+    found = agent_rings.pod_rings(directory)
+    assert 0 < len(found) <= 2 * 50
+    assert {container for container, _ in found} <= {"", "trainer"}

@@ -51,6 +51,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
+import os
 import shutil
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -58,7 +59,7 @@ from pathlib import Path
 
 from elastico_extender.annotations import RINGS_VOLUME
 from elastico_extender.errors import RingFormatError
-from elastico_extender.profiling.ring import find_rings, read_header
+from elastico_extender.profiling.ring import RING_PREFIX, RING_SUFFIX, read_header
 
 __all__ = [
     "EMPTY_DIR_PLUGIN",
@@ -76,6 +77,10 @@ log = logging.getLogger(__name__)
 MAX_PROCESSES_PER_POD = 512
 """Rings followed per pod (mapped files are cheap, but bounded all the same)."""
 MAX_CONTAINER_DIRECTORIES = 64
+MAX_DIRECTORY_ENTRIES = 16384
+"""Entries of one ring directory looked at per window (a pod's processes leave a ring
+each, so thousands are possible; a pod that makes millions must not cost the agent
+seconds and hundreds of MiB every window)."""
 MAX_UNUSABLE_REMEMBERED = 4096
 """Unreadable rings remembered, so that each is reported once (not every window)."""
 """Subdirectories of a pod's ring directory looked into (one per profiled container)."""
@@ -97,16 +102,41 @@ def _plain_uid(uid: str) -> bool:
     return 0 < len(uid) <= 128 and "/" not in uid and "\0" not in uid and uid not in (".", "..")
 
 
+def _listing(directory: Path) -> list[os.DirEntry[str]]:
+    """At most :data:`MAX_DIRECTORY_ENTRIES` entries of ``directory``, none when it cannot
+    be read: the pod owns it and may fill it with any number of files."""
+    with contextlib.suppress(OSError), os.scandir(directory) as entries:
+        return list(itertools.islice(entries, MAX_DIRECTORY_ENTRIES))
+    return []
+
+
+def _ring_pid(name: str) -> int | None:
+    """The pid in a ring's file name (``elastico-shim-<pid>.ring``), else None."""
+    if not (name.startswith(RING_PREFIX) and name.endswith(RING_SUFFIX)):
+        return None
+    pid = name[len(RING_PREFIX) : -len(RING_SUFFIX)]
+    return int(pid) if pid.isdigit() else None
+
+
 def pod_rings(directory: Path) -> dict[tuple[str, int], Path]:
     """``(container, pid) -> ring`` for a pod's ring directory: the rings in it (container
     ``""``) and in its subdirectories, one per container (``elastico-run`` makes them
     from ``ELASTICO_CONTAINER_NAME``: the containers of a pod have pid namespaces of
-    their own, so their processes' ids may coincide).  Links are not followed."""
-    found = {("", pid): path for pid, path in find_rings(directory).items()}
-    with contextlib.suppress(OSError):
-        for sub in itertools.islice(directory.iterdir(), MAX_CONTAINER_DIRECTORIES):
-            if sub.is_dir() and not sub.is_symlink():
-                found.update(((sub.name, pid), path) for pid, path in find_rings(sub).items())
+    their own, so their processes' ids may coincide).  Links are not followed, and each
+    directory's listing is bounded (:func:`_listing`)."""
+    found: dict[tuple[str, int], Path] = {}
+    containers: list[os.DirEntry[str]] = []
+    for entry in _listing(directory):
+        pid = _ring_pid(entry.name)
+        if pid is not None:
+            found["", pid] = Path(entry.path)
+        elif len(containers) < MAX_CONTAINER_DIRECTORIES and entry.is_dir(follow_symlinks=False):
+            containers.append(entry)
+    for sub in containers:
+        for entry in _listing(Path(sub.path)):
+            pid = _ring_pid(entry.name)
+            if pid is not None:
+                found[sub.name, pid] = Path(entry.path)
     return dict(itertools.islice(sorted(found.items()), MAX_PROCESSES_PER_POD))
 
 
