@@ -300,3 +300,22 @@ def test_no_command_is_a_usage_error_on_stderr_and_help_asked_for_is_output():
     asked = elastico("--help")
     assert asked.returncode == 0 and asked.stderr == ""
     assert asked.stdout.startswith("usage: elastico <command>")
+
+
+def test_agent_once_fails_when_its_report_is_not_taken(tmp_path):
+    """--once is a check: the pods listed (a real list from the fake API server) but the
+    extender out of reach is a failed window, exit 1, though the daemon would go on."""
+    from elastico_extender.cluster.fake_apiserver import FakeApiServer
+
+    api = FakeApiServer().start()
+    try:
+        kubeconfig = tmp_path / "kubeconfig"
+        kubeconfig.write_text(KUBECONFIG.replace("http://127.0.0.1:9", api.url))
+        done = elastico("agent", "--node", "n1", "--extender", "http://127.0.0.1:9", "--once",
+                        "--window-seconds", "0.01", "--kubelet-root", "", "--ring-root",
+                        str(tmp_path), "--kubeconfig", str(kubeconfig))  # fmt: skip
+    finally:
+        api.stop()
+    assert done.returncode == 1, done.stderr
+    assert "window failed" in last_line(done) and "pods.list_failed" not in done.stderr
+    no_traceback(done)

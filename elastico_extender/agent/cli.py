@@ -198,9 +198,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             try:
                 agent.observe()  # baseline
                 threading.Event().wait(args.window_seconds)
-                print(json.dumps(agent.run_once()))
+                result = agent.run_once()
+                print(json.dumps(result))
+                # a check run: the daemon goes on after a failed window, --once says so
+                failure = agent.listing_error or result.get("error")
             except Exception as exc:  # one line, as the daemon loop logs it and goes on
-                print(f"elastico agent: window failed: {exc}", file=sys.stderr)
+                failure = str(exc)
+            if failure:
+                print(f"elastico agent: window failed: {failure}", file=sys.stderr)
                 return 1
             return 0
         stop = threading.Event()

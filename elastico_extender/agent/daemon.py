@@ -108,6 +108,8 @@ class Agent:
         self._counters = CounterRates()
         self._ends: dict[str, float] = {}
         self._orphans: dict[str, float] = {}
+        self.listing_error: str | None = None
+        """Why the newest window could not list the node's pods (None: it could)."""
 
     def observe(self) -> list[dict[str, Any]]:
         """One window's items (the wire form of ``POST /observations``); none when the
@@ -115,8 +117,10 @@ class Agent:
         try:
             pods = self.pods()
         except Exception as exc:  # the API server out of reach, or refusing the agent
-            log.warning("pods.list_failed", extra={"error": repr(exc)[:500]})
+            self.listing_error = repr(exc)[:500]
+            log.warning("pods.list_failed", extra={"error": self.listing_error})
             return []
+        self.listing_error = None
         now = self.clock()
         device_samples: dict[int, HardwareSample | None] = {}
         items = []
