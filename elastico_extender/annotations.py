@@ -65,6 +65,7 @@ __all__ = [
     "PROGRESS_METRICS",
     "RINGS_DIR",
     "RINGS_VOLUME",
+    "USER_SETTINGS_ENV",
     "Decision",
     "PodIntent",
     "ProgressEndpoint",
@@ -86,6 +87,10 @@ DECISION_VOLUME = "elastico-decision"
 DECISION_DIR = "/etc/elastico"
 ANNOTATIONS_FILE = f"{DECISION_DIR}/annotations"
 ANNOTATIONS_FILE_ENV = "ELASTICO_ANNOTATIONS_FILE"
+# The settings a container sets itself (its own env entries the webhook leaves as written),
+# comma-separated: elastico-run keeps the user's value for those instead of the decision's,
+# since at run time a user's value and the ConfigMap's look alike in the environment.
+USER_SETTINGS_ENV = "ELASTICO_USER_SETTINGS"
 
 # Where the profiler shim's rings go (issue 11; docs/observability.md): the webhook
 # mounts the volume RINGS_VOLUME at RINGS_DIR in the container and sets

@@ -90,3 +90,47 @@ def test_the_profiling_annotation_elastico_run_reads_is_accepted_not_reported_un
     )
     assert intent is not None
     assert parse_intent({"elastico.io/profiling": "true"}, FamilyResolver(40960.0)) is None
+
+
+def test_a_setting_the_container_sets_itself_follows_the_user_at_run_time_too():
+    """The webhook keeps a container's own PYTORCH_CUDA_ALLOC_CONF / CUDA_VISIBLE_DEVICES
+    and warns; elastico-run, which sees that value and the ConfigMap's alike in its
+    environment, must not then overwrite it with the decision's (it did)."""
+    from elastico_extender.annotations import parse_intent
+    from elastico_extender.api.routes.webhook import mutation_patch
+    from elastico_extender.launcher.assignment import read_assignment
+    from elastico_extender.launcher.run import build_launch
+    from elastico_extender.service.families import FamilyResolver
+
+    own = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True", "CUDA_VISIBLE_DEVICES": "1"}
+    user_env = [{"name": k, "value": v} for k, v in own.items()]
+    obj = pod([{"name": "trainer", "image": "t", "env": user_env, **GPU}])
+    intent = parse_intent(obj["metadata"]["annotations"], FamilyResolver(40960.0))
+    ops = mutation_patch(obj, intent, mps=False)
+    added = [op["value"] for op in ops if op["path"] == "/spec/containers/0/env/-"]
+    decision = {
+        "elastico.io/workload-kind": "training",
+        "elastico.io/assigned-knobs": json.dumps(dict(intent.family.configs[0].knobs)),
+        "elastico.io/memory-budget-mib": "10240",
+        "elastico.io/device-memory-mib": "40960",
+    }
+    decided = read_assignment(decision, {}).settings().env  # what bind writes the ConfigMap
+    # the container's environment as the kubelet builds it: its own values, then the
+    # webhook's (a ConfigMap reference resolves to the decision)
+    environ = {e["name"]: e["value"] for e in user_env}
+    for e in added:
+        if "value" in e:
+            environ[e["name"]] = e["value"]
+        elif "configMapKeyRef" in e["valueFrom"]:
+            environ[e["name"]] = decided[e["valueFrom"]["configMapKeyRef"]["key"]]
+    settings = read_assignment(decision, environ).settings()
+    assert set(own) <= set(settings.env)  # the decision does state both
+    _, env = build_launch(["python", "train.py"], settings, environ)
+    assert {k: env[k] for k in own} == own  # kept as the user wrote them
+    assert env["ELASTICO_MEMORY_FRACTION"] == settings.env["ELASTICO_MEMORY_FRACTION"]
+    # a container that sets nothing itself gets every setting from the decision
+    bare = pod([{"name": "trainer", "image": "t", **GPU}])
+    (env_op,) = [
+        op for op in mutation_patch(bare, intent, mps=False) if op["path"].endswith("/env")
+    ]
+    assert "ELASTICO_USER_SETTINGS" not in {e["name"] for e in env_op["value"]}

@@ -33,7 +33,12 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from elastico_extender.annotations import ANNOTATIONS_FILE, ANNOTATIONS_FILE_ENV, RINGS_DIR
+from elastico_extender.annotations import (
+    ANNOTATIONS_FILE,
+    ANNOTATIONS_FILE_ENV,
+    RINGS_DIR,
+    USER_SETTINGS_ENV,
+)
 from elastico_extender.errors import AnnotationError, ElasticoError
 from elastico_extender.launcher.assignment import LaunchSettings, read_assignment
 from elastico_extender.launcher.downward import parse_annotations
@@ -119,8 +124,10 @@ def _is_vllm(command: Sequence[str]) -> bool:
 def build_launch(
     command: Sequence[str], settings: LaunchSettings, environ: Mapping[str, str]
 ) -> tuple[list[str], dict[str, str]]:
-    """The argv and environment the workload is started with."""
-    env = {**environ, **settings.env}
+    """The argv and environment the workload is started with; a setting the container
+    sets itself (the webhook lists it in ``USER_SETTINGS_ENV``) keeps the user's value."""
+    kept = {k.strip() for k in environ.get(USER_SETTINGS_ENV, "").split(",")}
+    env = {**environ, **{k: v for k, v in settings.env.items() if k not in kept}}
     argv = list(command)
     if settings.vllm_args and _is_vllm(command):
         argv.extend(settings.vllm_args)  # later flags win in vLLM's argparse

@@ -43,6 +43,7 @@ from elastico_extender.annotations import (
     PREFIX,
     RINGS_DIR,
     RINGS_VOLUME,
+    USER_SETTINGS_ENV,
     PodIntent,
     parse_intent,
 )
@@ -183,6 +184,9 @@ def mutation_patch(
             "value": str(container.get("name") or i),
         }
         mine = [e for e in (*env, named) if e["name"] not in existing]
+        kept = sorted(existing & set(keys))  # user_overrides warns about these
+        if kept and USER_SETTINGS_ENV not in existing:
+            mine.append({"name": USER_SETTINGS_ENV, "value": ",".join(kept)})
         if container.get("env"):
             ops.extend(
                 {"op": "add", "path": f"/spec/containers/{i}/env/-", "value": e} for e in mine
