@@ -30,6 +30,7 @@ from urllib.parse import urlsplit
 from elastico_extender.agent.daemon import Agent, PodInfo, pod_info
 from elastico_extender.agent.reporter import Reporter
 from elastico_extender.agent.rings import KUBELET_ROOT, PodRings
+from elastico_extender.bearer import BearerToken
 from elastico_extender.launcher.run import DEFAULT_RING_ROOT
 from elastico_extender.profiling.hardware import HardwareSample, HardwareSource, detect_source
 
@@ -116,18 +117,16 @@ def _is_http_url(url: str) -> bool:
     return parts.scheme in ("http", "https") and bool(parts.hostname)
 
 
-def _read_token(path: str | None, problems: list[str]) -> str | None:
-    """The bearer token in ``path`` (None: no file given); a problem when unusable."""
+def _read_token(path: str | None, problems: list[str]) -> BearerToken | None:
+    """The bearer token in ``path`` (None: no file given), re-read when the file is
+    rotated; a problem when unusable at start."""
     if not path:
         return None
     try:
-        token = Path(path).read_text().strip()
-    except (OSError, UnicodeDecodeError) as exc:
-        problems.append(f"--token-file: cannot read {path}: {getattr(exc, 'strerror', exc)}")
+        return BearerToken.from_file(path)
+    except ValueError as exc:
+        problems.append(f"--token-file: {exc}")
         return None
-    if not token:
-        problems.append(f"--token-file: {path} is empty")
-    return token or None
 
 
 def main(argv: Sequence[str] | None = None) -> int:

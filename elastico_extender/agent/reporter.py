@@ -40,6 +40,7 @@ from typing import Any
 import httpx
 
 from elastico_extender.agent import MAX_AGE_HEADER
+from elastico_extender.bearer import BearerToken
 
 __all__ = [
     "MAX_AGE_HEADER",
@@ -96,7 +97,7 @@ class Reporter:
         self,
         url: str,
         *,
-        token: str | None = None,
+        token: str | BearerToken | None = None,
         ca_file: str | None = None,
         client_cert: tuple[str, str] | None = None,
         timeout: float = 10.0,
@@ -105,13 +106,13 @@ class Reporter:
         max_age_seconds: float = STALE_AFTER_SECONDS,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        # a token file is re-read when its Secret is rotated: each POST sends the newest
+        self.token = BearerToken(token) if isinstance(token, str) else token
         context = ssl.create_default_context(cafile=ca_file)
         if client_cert is not None:
             context.load_cert_chain(*client_cert)
         self.client = httpx.Client(
             base_url=url.rstrip("/"),
-            headers=headers,
             verify=context,
             timeout=timeout,
             transport=transport,
@@ -169,7 +170,11 @@ class Reporter:
         for attempt in (0, 1):
             try:
                 reply = self.client.post(
-                    "/observations", json={"node": node, "observations": items}
+                    "/observations",
+                    json={"node": node, "observations": items},
+                    headers={"Authorization": f"Bearer {self.token.current()}"}
+                    if self.token is not None
+                    else None,
                 )
             except httpx.HTTPError as exc:
                 log.warning("report.failed", extra={"error": str(exc), "held": len(items)})

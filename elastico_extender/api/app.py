@@ -13,7 +13,6 @@ import logging
 import secrets
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from pathlib import Path
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -27,6 +26,7 @@ from elastico_extender.api.fastpath import DirectRoutes
 from elastico_extender.api.guard import CatchAll
 from elastico_extender.api.routes import extender, observations, ops, rest, webhook
 from elastico_extender.api.validate import LargestNode
+from elastico_extender.bearer import BearerToken
 from elastico_extender.cluster.base import Cluster
 from elastico_extender.cluster.kube import KubeCluster
 from elastico_extender.core.closed_loop import ClosedLoop
@@ -57,13 +57,15 @@ log = logging.getLogger(__name__)
 EXTENDER_PREFIX = "/scheduler"
 
 
-def _token(settings: ServiceSettings) -> tuple[str, bool]:
+def _token(settings: ServiceSettings) -> tuple[BearerToken, bool]:
+    """(the bearer token, whether it was generated here); a token file is re-read when
+    the Secret behind it is rotated (``elastico_extender.bearer``)."""
     if settings.token_file:
-        token = Path(settings.token_file).read_text().strip()
-        if not token:
-            raise ValueError(f"token_file {settings.token_file} is empty")
-        return token, False
-    return secrets.token_urlsafe(32), True
+        try:
+            return BearerToken.from_file(settings.token_file), False
+        except ValueError as exc:
+            raise ValueError(f"token_file: {exc}") from exc
+    return BearerToken(secrets.token_urlsafe(32)), True
 
 
 def _leadership(cluster: Cluster) -> Callable[[], bool]:
@@ -185,7 +187,7 @@ def create_app(
     metrics.registry.register(ObservationCollector(observed))
     if checkpoint is not None:
         metrics.registry.register(CheckpointCollector(checkpoint))
-    token, generated = _token(settings)
+    bearer, generated = _token(settings)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -227,7 +229,8 @@ def create_app(
     app.state.metrics = metrics
     app.state.observations = observed
     app.state.checkpoint = checkpoint
-    app.state.token = token
+    app.state.bearer = bearer  # what requests are checked against
+    app.state.token = bearer.current()  # the token at start (printed when generated)
     app.state.token_generated = generated
     app.state.largest_node = LargestNode()
 

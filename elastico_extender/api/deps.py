@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hmac
 from typing import Any, TypeVar
 
 import orjson
@@ -11,6 +10,7 @@ from fastapi.responses import Response
 from pydantic import BaseModel, ValidationError
 from starlette.requests import ClientDisconnect
 
+from elastico_extender.bearer import BearerToken
 from elastico_extender.service.engine import Engine
 from elastico_extender.service.metrics import PrometheusMetrics
 from elastico_extender.service.settings import ServiceSettings
@@ -144,16 +144,12 @@ def _authenticate(request: Request, names: tuple[str, ...]) -> None:
         tls = (request.scope.get("extensions") or {}).get("tls") or {}
         if set(tls.get("client_cert_names", ())) & set(names):
             return
-    token: str = request.app.state.token
+    bearer: BearerToken = request.app.state.bearer
     header = request.headers.get("authorization", "")
     scheme, _, given = header.partition(" ")
     # Bytes, not str: compare_digest refuses non-ASCII text (a TypeError, i.e. a 500).
     # Starlette decoded the header's bytes as latin-1: encoding back gives those bytes.
-    if (
-        scheme.lower() == "bearer"
-        and given
-        and hmac.compare_digest(given.strip().encode("latin-1"), token.encode("utf-8"))
-    ):
+    if scheme.lower() == "bearer" and given and bearer.accepts(given.strip().encode("latin-1")):
         return
     raise ApiError(
         401,
