@@ -67,6 +67,7 @@ def test_output_into_a_closed_pipe_ends_quietly(args):
         (["serve", "--epoch-seconds", "inf"], "epoch_seconds"),
         (["serve", "--epoch-seconds", "nan"], "epoch_seconds"),
         (["serve", "--port", "70000"], "port"),
+        (["serve", "--host", ""], "host"),
         (["serve", "--planner", "tau_default=0.5"], "planner.tau_default"),
         (["serve", "--planner", "bands=many"], "planner.bands"),
         (["serve", "--planner", "nonsense=1"], "planner.nonsense"),

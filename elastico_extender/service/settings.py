@@ -300,6 +300,8 @@ class ServiceSettings:
         found.extend(f"{PLANNER}.{problem}" for problem in self.planner.problems())
         if self.log_format not in ("text", "json"):
             found.append(f"log_format: must be text or json, got {self.log_format!r}")
+        if not self.host.strip():
+            found.append("host: must not be empty (0.0.0.0 listens on every interface)")
         return found
 
     def _rings_problems(self) -> list[str]:
