@@ -250,3 +250,11 @@ def test_planner_settings_reach_every_policy_the_runner_builds(tmp_path: Path, c
         assert margin == 1024.0, name
     pinned = build_policy("elastico", exp, truth)
     assert pinned.settings.reshape is False  # type: ignore[attr-defined]
+
+
+def test_a_policy_named_twice_runs_and_is_listed_once(tmp_path: Path) -> None:
+    proc = _simulate("--gpus", "4", "--duration", "1", "--policy", "volcano", "--policy",
+                     "volcano", "--out", str(tmp_path))  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    header = proc.stdout.splitlines()[0]
+    assert header.split("policies=")[1] == "volcano", header

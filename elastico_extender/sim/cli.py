@@ -374,7 +374,10 @@ def main(argv: list[str] | None = None) -> int:
         args.gpus = args.gpus or 16
         args.duration = args.duration or 6.0
         args.load = args.load if args.load is not None else 1.6
-    policies = args.policy or list(QUICK_POLICIES if args.quick else DEFAULT_POLICIES)
+    # a policy named twice runs once, and is listed once
+    policies = list(
+        dict.fromkeys(args.policy or (QUICK_POLICIES if args.quick else DEFAULT_POLICIES))
+    )
     try:
         _check_policies(policies)
         if args.gpu_type is not None and args.interference.lower() == "none":
