@@ -320,3 +320,44 @@ def test_agent_once_fails_when_its_report_is_not_taken(tmp_path):
     assert done.returncode == 1, done.stderr
     assert "window failed" in last_line(done) and "pods.list_failed" not in done.stderr
     no_traceback(done)
+
+
+def _store_of_another_program(path: Path) -> None:
+    import sqlite3
+
+    db = sqlite3.connect(path)
+    db.execute("CREATE TABLE profiles (id INTEGER PRIMARY KEY, body TEXT)")
+    db.commit()
+    db.close()
+
+
+def _store_with_a_corrupt_page(path: Path) -> None:
+    from elastico_extender.profiles.loop_store import LoopStore
+
+    store = LoopStore(path)
+    store.put_references([(f"job-{i}", 0, "it/s", 1.0 + i, True) for i in range(4000)], 1.0)
+    store.close()
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2 : len(data) // 2 + 8192] = b"\xa5" * 8192  # past the schema page
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize(
+    ("make", "named"),
+    [
+        (_store_of_another_program, "table profiles"),
+        (_store_with_a_corrupt_page, "malformed"),
+    ],
+)
+def test_serve_names_a_store_file_it_cannot_use_and_leaves_it_alone(make, named, tmp_path):
+    store = tmp_path / "elastico.db"
+    make(store)
+    before = store.read_bytes()
+    cluster = ROOT / "elastico_extender" / "data" / "embedded_cluster.json"
+    done = elastico(
+        "serve", "--port", free_port(), "--embedded", str(cluster), "--profile-store", str(store)
+    )
+    assert done.returncode == 1, done.stderr
+    assert str(store) in last_line(done) and named in last_line(done), done.stderr
+    no_traceback(done)
+    assert store.read_bytes() == before  # nothing of it overwritten

@@ -205,3 +205,20 @@ def test_an_unopenable_store_is_a_clear_error(tmp_path: Path) -> None:
 
     with pytest.raises(ProfileStoreError, match="cannot open loop store"):
         LoopStore(tmp_path / "missing-dir" / "loop.db")
+
+
+def test_a_file_of_another_layout_is_refused_when_opened_not_when_written(
+    tmp_path: Path,
+) -> None:
+    from elastico_extender.errors import ProfileStoreError
+
+    path = tmp_path / "loop.db"
+    LoopStore(path).close()
+    db = sqlite3.connect(path)  # a newer layout, say: a column this version does not know
+    db.execute("ALTER TABLE loop_correction ADD COLUMN weight REAL NOT NULL DEFAULT 1")
+    db.commit()
+    db.close()
+    # before: opened, then every save of the correction failed ("table loop_correction
+    # has 5 columns but 4 values were supplied"), so nothing learned was kept
+    with pytest.raises(ProfileStoreError, match=r"loop\.db.*table loop_correction"):
+        LoopStore(path)

@@ -126,8 +126,7 @@ class LoopStore:
             raise ValueError("max_samples must be >= 1")
         self.path = str(path)
         self.max_samples = max_samples
-        self._db = open_database(self.path, _SCHEMA, "loop store")
-        _migrate(self._db)
+        self._db = open_database(self.path, _SCHEMA, "loop store", _migrate)
         self._lock = threading.Lock()
 
     def close(self) -> None:

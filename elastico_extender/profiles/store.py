@@ -15,6 +15,7 @@ import json
 import math
 import sqlite3
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,15 +43,58 @@ CREATE TABLE IF NOT EXISTS profiles (
 """
 
 
-def open_database(path: str, schema: str, what: str) -> sqlite3.Connection:
+def open_database(
+    path: str,
+    schema: str,
+    what: str,
+    migrate: Callable[[sqlite3.Connection], None] | None = None,
+) -> sqlite3.Connection:
     """An SQLite connection shared by threads (callers hold their own lock) with ``schema``
-    applied; any failure is a :class:`ProfileStoreError` naming ``what`` and the file."""
+    applied (after ``migrate`` brought an earlier layout up to it); any failure is a
+    :class:`ProfileStoreError` naming ``what`` and the file.
+
+    A file SQLite finds damaged, or whose tables of ``schema``'s names have other columns
+    (another program's, or a newer layout), is refused here, untouched, rather than
+    failing at its first read or write with what was learned since lost."""
+    db: sqlite3.Connection | None = None
     try:
         db = sqlite3.connect(path, check_same_thread=False)
+        damage = [" ".join(str(row[0]).split()) for row in db.execute("PRAGMA quick_check(3)")]
+        if damage != ["ok"]:  # said on one line
+            raise sqlite3.DatabaseError("database disk image is malformed: " + "; ".join(damage))
         db.executescript(schema)
+        if migrate is not None:
+            migrate(db)
+        _check_layout(db, schema)
     except sqlite3.Error as exc:
+        if db is not None:
+            db.close()
         raise ProfileStoreError(f"cannot open {what} {path}: {exc}") from exc
     return db
+
+
+def _check_layout(db: sqlite3.Connection, schema: str) -> None:
+    """Raise if a table ``schema`` creates has other columns in ``db`` than in ``schema``."""
+    expected = sqlite3.connect(":memory:")
+    try:
+        expected.executescript(schema)
+        tables = [
+            row[0]
+            for row in expected.execute(
+                "SELECT name FROM sqlite_master WHERE type='table' AND name NOT LIKE 'sqlite_%'"
+            )
+        ]
+        for table in tables:
+            want = [row[1] for row in expected.execute(f"PRAGMA table_info({table})")]
+            have = [row[1] for row in db.execute(f"PRAGMA table_info({table})")]
+            if have != want:
+                raise sqlite3.DatabaseError(
+                    f"table {table} has columns {have}, this version needs {want} (a file of "
+                    "another program or of another ElastiCo version: move it aside or name "
+                    "another file)"
+                )
+    finally:
+        expected.close()
 
 
 def _config_key(configuration: Configuration) -> str:
