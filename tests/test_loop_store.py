@@ -160,6 +160,22 @@ def test_only_the_newest_references_are_read_back_into_a_bounded_book(tmp_path: 
     store.close()
 
 
+def test_references_of_pods_come_and_gone_are_bounded_in_the_file(tmp_path: Path) -> None:
+    """Every pod adds rows keyed by its uid; without a bound the table grew forever
+    (every start sorting all of it to read back the newest)."""
+    path = tmp_path / "loop.db"
+    store = LoopStore(path, max_references=100)
+    for i in range(1_000):  # 1,000 pods, one window each
+        store.put_references([(f"pod-{i}", 0, "it/s", 10.0 + i, True)], float(i))
+    store.close()
+    (rows,) = sqlite3.connect(path).execute("SELECT COUNT(*) FROM loop_references").fetchone()
+    assert rows <= 110  # the bound and at most a tenth more between two prunings
+    book = ObservationBook()
+    assert LoopStore(path).load_references(book) >= 100
+    assert book.reference("pod-999", 0, "it/s") == pytest.approx(1009.0)  # the newest kept
+    assert book.reference("pod-0", 0, "it/s") is None
+
+
 def test_pair_records_are_bounded_to_the_newest(tmp_path: Path) -> None:
     store = LoopStore(tmp_path / "loop.db", max_samples=5)
     for i in range(12):

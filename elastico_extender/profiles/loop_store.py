@@ -6,7 +6,8 @@ of :mod:`.store` (the profile store); by default the same file holds both
 
 * ``loop_references``: the observation book's solo reference rates per (job,
   configuration, unit), whether measured alone, and when written; upserted as
-  they change, the newest read back at start so slowdowns resume at once;
+  they change, the newest read back at start so slowdowns resume at once; the
+  newest ``max_references`` kept (every pod adds rows under its uid);
 * ``loop_correction``: the online correction's rows per level (configuration
   pair, family pair): 64-bit key (as text), mean log residual, capped count;
 * ``loop_neighbours``: the correction's ring of observed configuration pairs
@@ -121,11 +122,19 @@ def _migrate(db: sqlite3.Connection) -> None:
 class LoopStore:
     """SQLite persistence of the online correction, pair samples and solo references."""
 
-    def __init__(self, path: str | Path = ":memory:", max_samples: int = 200_000) -> None:
-        if max_samples < 1:
-            raise ValueError("max_samples must be >= 1")
+    def __init__(
+        self,
+        path: str | Path = ":memory:",
+        max_samples: int = 200_000,
+        max_references: int = 200_000,
+    ) -> None:
+        if max_samples < 1 or max_references < 1:
+            raise ValueError("max_samples and max_references must be >= 1")
         self.path = str(path)
         self.max_samples = max_samples
+        self.max_references = max_references
+        """References kept (the observation book's own bound: no more are read back)."""
+        self._refs_since_prune = 0
         self._db = open_database(self.path, _SCHEMA, "loop store", _migrate)
         self._lock = threading.Lock()
 
@@ -264,6 +273,15 @@ class LoopStore:
                     "solo=MAX(solo, excluded.solo), updated_at=excluded.updated_at",
                     data,
                 )
+                # pruned after each tenth of the bound written: at most that much more kept
+                self._refs_since_prune += len(data)
+                if self._refs_since_prune >= max(1, self.max_references // 10):
+                    self._refs_since_prune = 0
+                    self._db.execute(
+                        "DELETE FROM loop_references WHERE rowid IN (SELECT rowid FROM "
+                        "loop_references ORDER BY updated_at DESC, rowid DESC LIMIT -1 OFFSET ?)",
+                        (self.max_references,),
+                    )
         return len(data)
 
     def save_references(self, book: ObservationBook, at: float) -> int:
