@@ -659,3 +659,28 @@ def test_a_multi_gpu_pod_next_to_a_known_and_an_unknown_partner_teaches_the_unkn
         server.stop()
     finally:
         api.stop()
+
+
+def test_a_store_that_refuses_writes_at_shutdown_is_a_warning_not_a_traceback(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A full or read-only disk at shutdown: the correction cannot be saved (the leader's
+    checkpoint holds it), which is said once; the store is closed all the same. Before,
+    the error escaped the app's shutdown (a traceback, "Application shutdown failed")."""
+    import sqlite3
+
+    from elastico_extender.core.closed_loop import ClosedLoop
+    from elastico_extender.core.interference.online import OnlineCorrection
+    from elastico_extender.core.interference.predictor import ContentionPredictor
+    from elastico_extender.profiles.loop_store import LoopStore
+    from elastico_extender.service.observations import ObservationService
+
+    store = LoopStore(tmp_path / "loop.db")
+    correction = OnlineCorrection(ContentionPredictor())
+    observed = ObservationService(ServiceSettings(), store, loop=ClosedLoop(correction))
+    store._db.execute("PRAGMA query_only = ON")  # every write refused, as on a read-only disk
+    with caplog.at_level("WARNING"):
+        observed.close()
+    assert "observations.loop_not_saved" in caplog.text
+    with pytest.raises(sqlite3.ProgrammingError):  # closed
+        store.pair_records()

@@ -227,8 +227,11 @@ class ObservationService:
         """Close the store (the app's shutdown); what it holds is already written."""
         if self.store is not None:
             if self.loop.correction is not None:
-                with self.correction_lock:
-                    self.store.save_correction(self.loop.correction)
+                try:
+                    with self.correction_lock:
+                        self.store.save_correction(self.loop.correction)
+                except sqlite3.Error as exc:  # a full or read-only disk: said, not raised
+                    log.warning("observations.loop_not_saved", extra={"error": str(exc)})
             self.store.close()
 
     def attach(
