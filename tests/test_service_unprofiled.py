@@ -144,3 +144,32 @@ def test_the_family_cache_is_bounded(monkeypatch) -> None:
     for i in range(10):
         resolver.unprofiled(f"w{i}", JobKind.TRAINING)
     assert len(resolver.known()) == 4  # three kept plus the reserved exclusive family
+
+
+def test_a_profile_store_that_fails_to_read_leaves_the_catalog_family_not_a_failed_epoch(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A store file damaged on disk after it was opened (a failing volume): the family's
+    read fails. Before, the error escaped the resolver and failed every epoch that built
+    the family (no plan published again); now the catalog family stands in, said in the
+    log, and is not cached (a later read may succeed)."""
+    path = tmp_path / "profiles.db"
+    store = ProfileStore(path)
+    resolver = FamilyResolver(40960.0, store=store)
+    bert = resolver("bert")
+    for i in range(400):  # rows enough for pages past the schema's
+        store.put(f"w{i}", HARDWARE, bert.configs[0], bert.resources[0], 1.0 + i)
+    store.close()
+    store = ProfileStore(path)  # opened whole, then damaged under it
+    data = bytearray(path.read_bytes())
+    data[4096:] = b"\xa5" * (len(data) - 4096)
+    data[24:28] = b"\xff\xff\xff\xff"  # the file change counter: SQLite drops its cache
+    path.write_bytes(bytes(data))
+    resolver = FamilyResolver(40960.0, store=store)
+    with caplog.at_level("WARNING"):
+        family = resolver("resnet50")
+    assert family.workload == "resnet50"
+    (said,) = [r for r in caplog.records if r.getMessage() == "families.store_unreadable"]
+    assert str(path) in said.error  # type: ignore[attr-defined]
+    assert "resnet50" not in resolver.known()
+    store.close()

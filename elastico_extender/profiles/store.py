@@ -167,12 +167,17 @@ class ProfileStore:
             self._db.execute("INSERT OR REPLACE INTO profiles VALUES (?,?,?,?,?,?,?)", row)
 
     def records(self, workload: str, hardware: str) -> list[ProfileRecord]:
-        with self._lock:
-            rows = self._db.execute(
-                "SELECT configuration, resources, throughput, features, measured_at "
-                "FROM profiles WHERE workload=? AND hardware=? ORDER BY configuration",
-                (workload, hardware),
-            ).fetchall()
+        """``workload``'s measured rows on ``hardware``; a failed read (a damaged file, a
+        failing disk) is a :class:`ProfileStoreError` naming the file."""
+        try:
+            with self._lock:
+                rows = self._db.execute(
+                    "SELECT configuration, resources, throughput, features, measured_at "
+                    "FROM profiles WHERE workload=? AND hardware=? ORDER BY configuration",
+                    (workload, hardware),
+                ).fetchall()
+        except sqlite3.Error as exc:
+            raise ProfileStoreError(f"cannot read profile store {self.path}: {exc}") from exc
         return [
             ProfileRecord(
                 workload=workload,

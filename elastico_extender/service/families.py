@@ -25,6 +25,7 @@ a dropped family is simply built again).
 
 from __future__ import annotations
 
+import logging
 import re
 import threading
 from collections import OrderedDict
@@ -34,10 +35,12 @@ import numpy as np
 from elastico_extender.core.interference.features import FB, NUM_JOB_FEATURES, SM
 from elastico_extender.core.model import Configuration, JobKind, ProfileFamily
 from elastico_extender.core.shapes.catalog import CATALOG, build_family
-from elastico_extender.errors import UnknownWorkloadError
+from elastico_extender.errors import ProfileStoreError, UnknownWorkloadError
 from elastico_extender.profiles.store import ProfileStore
 
 __all__ = ["EXCLUSIVE", "EXCLUSIVE_FAMILY", "FAMILY_CACHE", "UNPROFILED", "FamilyResolver"]
+
+log = logging.getLogger(__name__)
 
 FAMILY_CACHE = 4096
 """Families kept built (catalog ones plus unprofiled names in use)."""
@@ -142,7 +145,11 @@ class FamilyResolver:
             return cached
 
     def _build(self, name: str, base: ProfileFamily) -> ProfileFamily:
-        family = base if self.store is None else self.store.family(base, self.hardware)
+        try:
+            family = base if self.store is None else self.store.family(base, self.hardware)
+        except ProfileStoreError as exc:  # the catalog's rows this time; not cached
+            log.warning("families.store_unreadable", extra={"family": name, "error": str(exc)})
+            return base
         with self._lock:
             self._cache[name] = family
             while len(self._cache) > FAMILY_CACHE:
