@@ -669,3 +669,27 @@ def test_failures_are_counted_by_reason_once_each(api: FakeApiServer) -> None:
     assert a.failures == {**none, "conflict": 1, "deposed": 1}
     assert b.failures == none and b.status()["synced"]
     assert b.status()["bytes"] == len(payload_of(api))
+
+
+def test_a_newer_versions_checkpoint_is_kept_not_overwritten(api: FakeApiServer) -> None:
+    """After a rollback, an older replica finds a checkpoint of a newer format: it cannot
+    read it, and must not write over it either (the newer version's learning would be lost
+    for good when the upgrade is applied again); a readable checkpoint lifts the hold."""
+    svc = observation_service(1)
+    w = writer(api, svc, 0)
+    good, _, _ = encode(svc.learned_state(0), 1 << 20)
+    raw = zlib.decompress(good)
+    header = json.loads(raw.partition(b"\n")[0])
+    header["format"] = "elastico-learned/2"
+    newer = zlib.compress(json.dumps(header).encode() + b"\n" + raw.partition(b"\n")[2])
+    core = client.CoreV1Api(client.ApiClient(client.Configuration(host=api.url)))
+    body = {"metadata": {"name": CM}, "binaryData": {DATA_KEY: base64.b64encode(newer).decode()}}
+    core.create_namespaced_config_map(NS, body)
+    assert w.restore() is False
+    assert w.save() == "newer" and w.save(force=True) == "newer"
+    assert base64.b64decode(stored(api)["binaryData"][DATA_KEY]) == newer  # untouched
+    assert w.status()["last_failure"]["reason"] == "newer_format"
+    # the operator deletes it (or the newer version writes a readable one): writes resume
+    core.delete_namespaced_config_map(CM, NS)
+    assert w.restore() is False  # nothing stored
+    assert w.save() == "written"

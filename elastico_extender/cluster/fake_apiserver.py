@@ -12,7 +12,7 @@ It serves, over real HTTP/1.1 on 127.0.0.1:
 * ``POST .../pods/{name}/binding`` (the Binding's ``metadata.annotations`` are
   copied onto the pod with its node, as kube-apiserver's binding registry does;
   409 when already bound), ``PATCH .../pods/{name}`` (merge patch of metadata),
-  ``POST``/``PUT``/``GET .../configmaps``: the writes bind performs and the learned-state
+  ``POST``/``PUT``/``GET``/``DELETE .../configmaps``: the writes bind performs and the learned-state
   checkpoint (each write assigns a ``resourceVersion``; a ``PUT`` carrying a stale one
   gets ``409 Conflict``, to a missing object ``404``);
 * ``POST .../pods/{name}/eviction`` (policy/v1 Eviction): the pod gets the
@@ -449,6 +449,15 @@ class FakeApiServer:
         if cm and method in ("POST", "PUT"):
             status, reply = self._configmap_write(method, (cm[1], cm[2]), body, managed)
             self._send_json(handler, status, reply)
+            return
+        if cm and method == "DELETE" and cm[2]:
+            with self.cond:
+                gone = self.configmaps.pop((cm[1], cm[2]), None)
+            if gone is None:
+                missing = _status(404, "NotFound", f'configmaps "{cm[2]}" not found')
+                self._send_json(handler, 404, missing)
+            else:  # as kube-apiserver answers a delete with immediate effect
+                self._send_json(handler, 200, _status(200, "", "deleted") | {"status": "Success"})
             return
         answer = self.store.handle(method, path, body)
         status, reply = answer or (404, {"kind": "Status", "code": 404, "message": "not found"})

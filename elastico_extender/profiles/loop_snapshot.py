@@ -45,6 +45,7 @@ __all__ = [
     "MAX_DECODED_BYTES",
     "CorruptSnapshot",
     "LearnedState",
+    "NewerSnapshot",
     "SuccessionRow",
     "decode",
     "encode",
@@ -112,6 +113,11 @@ than ``max_bytes // MIN_ROW_BYTES`` (cut before encoding, to bound the work)."""
 
 class CorruptSnapshot(ValueError):
     """The bytes are not a snapshot this version can read (the reason says why)."""
+
+
+class NewerSnapshot(CorruptSnapshot):
+    """A snapshot of a later format than this version's: unreadable here, but good data
+    (a rolled-back replica must not write over it)."""
 
 
 @dataclass
@@ -264,6 +270,14 @@ def _estimate(state: LearnedState, keep: dict[str, int], max_bytes: int) -> dict
     return out
 
 
+def _format_number(name: object) -> int:
+    """N of ``elastico-learned/N``; 0 for anything else."""
+    prefix, _, number = str(name).rpartition("/")
+    if prefix != FORMAT.rpartition("/")[0] or not number.isdigit():
+        return 0
+    return int(number[:9])
+
+
 def decode(payload: bytes) -> LearnedState:
     """The snapshot in ``payload``; raises :class:`CorruptSnapshot` for anything else."""
     try:
@@ -284,6 +298,8 @@ def decode(payload: bytes) -> LearnedState:
         raise CorruptSnapshot(f"header is not JSON ({exc})") from None
     if not isinstance(header, dict) or header.get("format") != FORMAT:
         found = header.get("format") if isinstance(header, dict) else type(header).__name__
+        if _format_number(found) > _format_number(FORMAT):
+            raise NewerSnapshot(f"format {found!r} is newer than this version's {FORMAT!r}")
         raise CorruptSnapshot(f"format {found!r}, expected {FORMAT!r}")
     try:
         arrays = _arrays(header.get("arrays"), body)

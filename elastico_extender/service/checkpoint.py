@@ -55,7 +55,13 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from elastico_extender.cluster.kube import FIELD_MANAGER
-from elastico_extender.profiles.loop_snapshot import CorruptSnapshot, LearnedState, decode, encode
+from elastico_extender.profiles.loop_snapshot import (
+    CorruptSnapshot,
+    LearnedState,
+    NewerSnapshot,
+    decode,
+    encode,
+)
 from elastico_extender.service.completions import CompletionRecorder
 from elastico_extender.service.observations import ObservationService
 from elastico_extender.service.succession import Succession
@@ -76,11 +82,19 @@ HISTORY_ROWS = 5_000
 """Newest labelled samples, per-pod records and completed jobs offered to a checkpoint
 (before the bound): 5,000 completions estimate run times about as well as the book's
 50,000 and take about 160 KiB."""
-FAILURE_REASONS = ("unreachable", "api_error", "conflict", "deposed", "unreadable")
+FAILURE_REASONS = (
+    "unreachable",
+    "api_error",
+    "conflict",
+    "deposed",
+    "unreadable",
+    "newer_format",
+)
 """Why a read or write failed (the metric's bounded label set): no answer from the API
 server; an error status from it (RBAC, quota, ...); a write refused as not conditional
 on the newest checkpoint; a newer leader's checkpoint seen (this replica stops writing);
-a stored checkpoint this version cannot decode."""
+a stored checkpoint this version cannot decode; one of a newer ElastiCo's format (kept:
+this replica does not write over it until it is gone or readable)."""
 
 
 class LearnedCheckpoint:
@@ -118,6 +132,7 @@ class LearnedCheckpoint:
         self._floor = 0  # 1 + the term of the checkpoint last restored
         self._merged_rv: str | None = None  # whose state this replica holds (no decode)
         self._unreadable_rv: str | None = None  # counted once, not every period
+        self._newer = False  # the stored checkpoint is a newer version's: do not write
         self.last_dropped: dict[str, int] = {}
         self.writes = 0
         self.merges = 0
@@ -149,6 +164,7 @@ class LearnedCheckpoint:
         obj, rv = found
         if obj is None:
             self._synced_now()  # nothing stored: nothing to restore
+            self._newer = False
             return False
         self._rv = rv
         # Write above what was restored: a Lease created anew (transitions from 0) must
@@ -172,6 +188,7 @@ class LearnedCheckpoint:
             obj, rv = found
             if obj is None:
                 self._synced_now()
+                self._newer = False
                 return "absent"
             return self._take(obj, rv, "checkpoint.refreshed")
 
@@ -248,7 +265,18 @@ class LearnedCheckpoint:
             return None
         self.payload_bytes = len(payload)
         try:
-            return decode(payload)
+            state = decode(payload)
+        except NewerSnapshot as exc:
+            self._newer = True
+            log.warning(
+                "checkpoint.newer_format: kept; this replica does not write over it "
+                "(delete the ConfigMap to start it afresh with this version)",
+                extra={"configmap": where, "reason": str(exc)},
+            )
+            if rv is None or rv != self._unreadable_rv:
+                self._failed("newer_format", "read", str(exc))
+            self._unreadable_rv = rv
+            return None
         except CorruptSnapshot as exc:
             self._unreadable(
                 rv,
@@ -256,6 +284,8 @@ class LearnedCheckpoint:
                 {"configmap": where, "reason": str(exc)},
             )
             return None
+        self._newer = False
+        return state
 
     def _unreadable(self, rv: str | None, why: str, extra: dict[str, Any]) -> None:
         log.warning(f"checkpoint.unreadable: {why}", extra=extra)
@@ -266,10 +296,13 @@ class LearnedCheckpoint:
     # -- write --------------------------------------------------------------------------
     def save(self, force: bool = False) -> str:
         """Write the checkpoint if leading and something changed; returns what happened:
-        ``written``, ``unchanged``, ``follower``, ``deposed``, ``conflict`` or ``failed``."""
+        ``written``, ``unchanged``, ``follower``, ``deposed``, ``newer`` (a newer
+        version's checkpoint is stored: kept), ``conflict`` or ``failed``."""
         with self._lock:
             if not self.is_leader():
                 return "follower"
+            if self._newer:
+                return "newer"
             term = max(self.term(), self._floor)
             if self._deposed_term is not None and self._deposed_term > term:
                 return "deposed"
