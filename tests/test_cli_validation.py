@@ -361,3 +361,12 @@ def test_serve_names_a_store_file_it_cannot_use_and_leaves_it_alone(make, named,
     assert str(store) in last_line(done) and named in last_line(done), done.stderr
     no_traceback(done)
     assert store.read_bytes() == before  # nothing of it overwritten
+
+
+def test_train_iac_from_an_empty_store_file_says_so_and_leaves_it_empty(tmp_path):
+    empty = tmp_path / "loop.db"
+    empty.write_bytes(b"")
+    done = elastico("train-iac", "--from-store", str(empty), "--out", str(tmp_path / "m.onnx"))
+    assert done.returncode == 2, done.stderr
+    assert "--from-store" in last_line(done) and "empty" in last_line(done)
+    assert empty.stat().st_size == 0

@@ -100,6 +100,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             p.error("--from-store and --csv are exclusive")
         if not args.from_store.is_file():
             p.error(f"--from-store: {args.from_store} is not a readable file")
+        if args.from_store.stat().st_size == 0:  # opening it would write a store's schema
+            p.error(f"--from-store: {args.from_store} is empty, not an observation store")
     _check_writable(p, args.out)
     try:
         from elastico_extender.interference import train
