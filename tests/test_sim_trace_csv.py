@@ -211,3 +211,17 @@ def test_csvs_saved_with_a_byte_order_mark_are_read(tmp_path: Path) -> None:
     train = tmp_path / "train.csv"
     train.write_text(shipped_csv().read_text(), encoding="utf-8-sig")
     assert len(load_pairs(train)) == len(load_pairs(shipped_csv()))
+
+
+def test_a_trace_in_another_row_order_loads_the_same_jobs(tmp_path: Path) -> None:
+    """Workloads and floors drawn for rows that lack them belong to the job, not to its row.
+
+    Before the fix they were drawn in row order, so the same jobs (same ids) listed in
+    another order got each other's workloads and floors, and every result changed.
+    """
+    rows = ["a,0,1,600\n", "b,100,1,1200\n", "c,200,2,300\n", "d,200,1,900\n"]
+    forward, backward = tmp_path / "forward.csv", tmp_path / "backward.csv"
+    forward.write_text("job_id,arrival_time_s,gpu_num,duration_s\n" + "".join(rows))
+    backward.write_text("job_id,arrival_time_s,gpu_num,duration_s\n" + "".join(rows[::-1]))
+    assert load_csv(forward, seed=4) == load_csv(backward, seed=4)
+    assert len({j.workload for j in load_csv(forward, seed=4)}) > 1  # still drawn, per job

@@ -20,6 +20,9 @@ Optional columns:
 * ``min_throughput_frac``  throughput floor L_j as a fraction of the workload's peak
                            catalog throughput (0..1, 0 = none); drawn when absent
 
+What is drawn for a job depends on the seed and its ``job_id`` only, never on the
+order of the rows: the same jobs listed in another order load as the same trace.
+
 A bad cell (not a number, NaN, infinite, out of range, a repeated id, an unknown
 workload) is a ``ValueError`` naming the file, line and column.
 
@@ -236,7 +239,6 @@ def load_csv(path: Path | str, seed: int = 0) -> list[TraceJob]:
     Every cell is checked (finite, in range, ids unique): a bad one raises
     ValueError naming the line and column, never a run that cannot end.
     """
-    rng = np.random.default_rng([seed, 0xC5F])
     jobs: list[TraceJob] = []
     seen: set[str] = set()
     first, last = math.inf, -math.inf
@@ -256,6 +258,8 @@ def load_csv(path: Path | str, seed: int = 0) -> list[TraceJob]:
             gpus = cells.count("gpu_num", MAX_CLUSTER_GPUS)
             duration = cells.number("duration_s", 0.0, MAX_TRACE_SECONDS, above_low=True)
             name = cells.text("workload")
+            # Draws keyed by the job, not by its row (module docstring).
+            rng = np.random.default_rng([seed, 0xC5F, zlib.crc32(job_id.encode())])
             try:
                 workload = (
                     _resolve_workload(name, job_id)
