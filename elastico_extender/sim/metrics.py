@@ -10,7 +10,8 @@ Definitions (all from the simulated ground truth, never from the planner's view)
   sharing nor a leaner configuration cost the job anything.
 * **Throughput** (``throughput``): useful work per second over the trace's
   arrival window [t0, t0 + W] (first to last arrival; the spec's "24-hour
-  replay"; where the trace's clock starts changes nothing), in GPU-equivalents:
+  replay"; where the trace's clock starts changes nothing; when every job arrives at
+  once, first arrival to last completion), in GPU-equivalents:
   a job at its default configuration alone on g GPUs contributes g; slower
   configurations and co-location slowdowns contribute proportionally less.
   ``throughput_makespan`` is total work / (last finish - first arrival).
@@ -48,13 +49,15 @@ __all__ = ["summarise", "window_average"]
 
 def window_average(result: RunResult, values: np.ndarray, end: float | None = None) -> float:
     """Time average of a piecewise-constant timeline over [t0, t0 + end] (default: the window;
-    t0 = first arrival; a one-instant window falls back to the whole run)."""
+    t0 = first arrival; a one-instant window falls back to the run, up to its last completion:
+    the timeline goes on to the next epoch boundary, and past it while a stuck job is retried)."""
     end = result.window_s if end is None else end
     if values.size == 0:
         return 0.0
     start = result.window_t0
     if end <= 0:
-        end = float(result.seg_t1.max()) - start
+        done = result.status == DONE
+        end = float(result.finish[done].max()) - start if done.any() else 0.0
         if end <= 0:
             return 0.0
     t0 = np.clip(result.seg_t0, start, start + end)
