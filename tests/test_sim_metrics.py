@@ -33,3 +33,28 @@ def test_a_one_instant_window_averages_up_to_the_last_completion() -> None:
     s = summarise(_run(both, 2, "volcano")["volcano"])
     assert s["throughput"] == pytest.approx(4630.0 / 3630.0)
     assert s["busy_gpus"] == pytest.approx(100.0 * 4630.0 / (2 * 3630.0))
+
+
+def test_a_policy_that_finishes_no_job_reads_n_a_not_nan() -> None:
+    """A job wider than the cluster (the CLI clips it; the API does not) is rejected by
+    every policy: no JCT, queueing or attainment exists, and the tables say so."""
+    from elastico_extender.sim.report import (
+        ablation_table,
+        load_table,
+        main_table,
+        scalability_table,
+        summaries,
+    )
+
+    runs = _run([TraceJob("a", 0.0, 4, 600.0, "resnet50")], 2, "volcano", "elastico")
+    summ = summaries(runs)
+    assert summ["volcano"]["finished"] == 0.0 and summ["volcano"]["rejected"] == 1.0
+    tables = [
+        main_table(summ),
+        ablation_table(summ),
+        load_table([(1.0, summ)]),
+        scalability_table([(2, summ)]),
+    ]
+    for table in tables:
+        assert "nan" not in table.lower() and "inf" not in table.lower(), table
+        assert "n/a" in table

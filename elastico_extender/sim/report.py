@@ -42,6 +42,12 @@ def _ratio(a: float, b: float) -> str:
     return f"{a / b:.2f}x"
 
 
+def _num(value: float, spec: str, unit: float = 1.0) -> str:
+    """``value / unit`` formatted with ``spec``; "n/a" where no figure exists (a mean over
+    no finished job, a share of no time) rather than "nan" in a table."""
+    return format(value / unit, spec) if math.isfinite(value) else "n/a"
+
+
 def _md(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     lines += ["| " + " | ".join(r) + " |" for r in rows]
@@ -72,19 +78,25 @@ def main_table(summ: Mapping[str, Summary], baseline: str = "volcano") -> str:
         rows.append(
             [
                 name,
-                _ratio(s["avg_jct_s"], base["avg_jct_s"]) if base else f"{s['avg_jct_s']:.0f}s",
+                _ratio(s["avg_jct_s"], base["avg_jct_s"])
+                if base
+                else _num(s["avg_jct_s"], ".0f") + "s",
                 _ratio(s["median_jct_s"], base["median_jct_s"]) if base else "",
-                _ratio(s["p99_jct_s"], base["p99_jct_s"]) if base else f"{s['p99_jct_s']:.0f}s",
-                f"{s['avg_queue_s'] / 60:.1f}",
-                f"{s['max_queue_s'] / 60:.1f}",
-                f"{s['avg_stretch']:.2f}",
-                _ratio(s["throughput"], base["throughput"]) if base else f"{s['throughput']:.1f}",
-                f"{s['sm_util']:.1f}",
-                f"{s['mem_util']:.1f}",
-                f"{s['attainment']:.1f}",
+                _ratio(s["p99_jct_s"], base["p99_jct_s"])
+                if base
+                else _num(s["p99_jct_s"], ".0f") + "s",
+                _num(s["avg_queue_s"], ".1f", 60),
+                _num(s["max_queue_s"], ".1f", 60),
+                _num(s["avg_stretch"], ".2f"),
+                _ratio(s["throughput"], base["throughput"])
+                if base
+                else _num(s["throughput"], ".1f"),
+                _num(s["sm_util"], ".1f"),
+                _num(s["mem_util"], ".1f"),
+                _num(s["attainment"], ".1f"),
                 f"{s['plan_ms_mean']:.1f}/{s['plan_ms_p95']:.1f}",
-                f"{s['config_efficiency']:.3f}",
-                f"{s['interference_efficiency']:.3f}",
+                _num(s["config_efficiency"], ".3f"),
+                _num(s["interference_efficiency"], ".3f"),
             ]
         )
     return _md(header, rows)
@@ -143,13 +155,13 @@ def ablation_table(summ: Mapping[str, Summary], full: str = "elastico") -> str:
                 name,
                 _ratio(s["avg_jct_s"], base["avg_jct_s"]),
                 _ratio(s["throughput"], base["throughput"]),
-                f"{s['mem_util']:.1f}",
-                f"{s['sm_util']:.1f}",
-                f"{s['attainment']:.1f}",
+                _num(s["mem_util"], ".1f"),
+                _num(s["sm_util"], ".1f"),
+                _num(s["attainment"], ".1f"),
                 f"{s['reconfigurations']:.0f}/{s['migrations']:.0f}/{s['preemptions']:.0f}",
                 f"{s.get('residual_admissions', 0):.0f}",
-                f"{s['config_efficiency']:.3f}",
-                f"{s['interference_efficiency']:.3f}",
+                _num(s["config_efficiency"], ".3f"),
+                _num(s["interference_efficiency"], ".3f"),
             ]
         )
     return _md(header, rows)
@@ -189,9 +201,9 @@ def scalability_table(
         ("Jobs", lambda s, b, lu: f"{s['jobs']:.0f}"),
         ("Avg JCT", lambda s, b, lu: _ratio(s["avg_jct_s"], b["avg_jct_s"])),
         ("Throughput", lambda s, b, lu: _ratio(s["throughput"], b["throughput"])),
-        ("Avg queue (min)", lambda s, b, lu: f"{s['avg_queue_s'] / 60:.1f}"),
-        ("SM Util (%)", lambda s, b, lu: f"{s['sm_util']:.1f}"),
-        ("Attainment (%)", lambda s, b, lu: f"{s['attainment']:.1f}"),
+        ("Avg queue (min)", lambda s, b, lu: _num(s["avg_queue_s"], ".1f", 60)),
+        ("SM Util (%)", lambda s, b, lu: _num(s["sm_util"], ".1f")),
+        ("Attainment (%)", lambda s, b, lu: _num(s["attainment"], ".1f")),
         (
             "Sched. latency (ms, mean/p95)",
             lambda s, b, lu: f"{s['plan_ms_mean']:.1f}/{s['plan_ms_p95']:.1f}",
@@ -210,15 +222,15 @@ def load_table(
     ``systems``: which rows to show at each load, in order (default: every system run).
     """
     columns: list[tuple[str, Callable[[Summary, Summary, Summary | None], str]]] = [
-        ("Avg JCT (h)", lambda s, b, lu: f"{s['avg_jct_s'] / 3600:.2f}"),
+        ("Avg JCT (h)", lambda s, b, lu: _num(s["avg_jct_s"], ".2f", 3600)),
         ("JCT improvement vs Volcano", lambda s, b, lu: _ratio(b["avg_jct_s"], s["avg_jct_s"])),
         (
             "vs Lucid",
             lambda s, b, lu: _ratio(lu["avg_jct_s"], s["avg_jct_s"]) if lu else "",
         ),
         ("Throughput vs Volcano", lambda s, b, lu: _ratio(s["throughput"], b["throughput"])),
-        ("Avg queue (min)", lambda s, b, lu: f"{s['avg_queue_s'] / 60:.1f}"),
-        ("Attainment (%)", lambda s, b, lu: f"{s['attainment']:.1f}"),
+        ("Avg queue (min)", lambda s, b, lu: _num(s["avg_queue_s"], ".1f", 60)),
+        ("Attainment (%)", lambda s, b, lu: _num(s["attainment"], ".1f")),
     ]
     return _sweep_table(
         [(f"{100 * load:.0f}", summ) for load, summ in points],
