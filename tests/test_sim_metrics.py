@@ -58,3 +58,21 @@ def test_a_policy_that_finishes_no_job_reads_n_a_not_nan() -> None:
     for table in tables:
         assert "nan" not in table.lower() and "inf" not in table.lower(), table
         assert "n/a" in table
+
+
+def test_pause_share_counts_every_gpu_a_paused_gang_holds() -> None:
+    """SRTF preempts a 2-GPU job for a shorter one and resumes it with a restart cost: for
+    that long it holds both GPUs without progress.  Before the fix ``pause_share`` counted
+    the pause once, not once per GPU, and read half the paused share of the cluster."""
+    jobs = [TraceJob("a", 0.0, 2, 3000.0, "resnet50"), TraceJob("b", 100.0, 2, 500.0, "resnet50")]
+    r = _run(jobs, 2, "srtf")["srtf"]
+    s = summarise(r)
+    assert s["preemptions"] == 1.0
+    restart = r.counters["pause_s"]  # one resume: the seconds job a paused
+    assert restart > 0
+    # Job a resumes at 660 (b ran 120-620; the next epoch), pays the restart, then runs
+    # its remaining 2880 s.
+    assert r.finish[0] == pytest.approx(660.0 + restart + 2880.0)
+    assert s["pause_share"] == pytest.approx(100.0 * 2 * restart / (2 * s["makespan_s"]))
+    held = 2 * (120.0 + r.finish[0] - 660.0) + 2 * 500.0  # a's two runs and b's, 2 GPUs each
+    assert s["pause_gpu_share"] == pytest.approx(2 * restart / held)

@@ -26,7 +26,9 @@ Definitions (all from the simulated ground truth, never from the planner's view)
   every job runs its default configuration; < 1 when RST picked slower, smaller
   configurations); ``interference_efficiency`` is useful work / work at those
   configurations without slowdown (1.0 without co-location);
-  ``pause_gpu_share`` is the share of held GPU-time spent in reconfiguration.
+  ``pause_gpu_share`` is the share of held GPU-time spent in reconfiguration (or
+  resuming after a preemption or migration), and ``pause_share`` the same GPU-time as a
+  percentage of the cluster's over the makespan (a gang's pause counts on each of its GPUs).
 * **Where each job's time goes**, averaged over finished jobs so that
   avg JCT = mean solo run (``work``) + ``avg_queue_s`` (before its first start)
   + ``avg_waiting_after_start_s`` (queued again after a preemption or requeue)
@@ -144,7 +146,7 @@ def summarise(result: RunResult) -> dict[str, float]:
         "migrations": float(r.counters.get("migrations", 0)),
         "preemptions": float(r.counters.get("preemptions", 0)),
         "residual_admissions": float(r.counters.get("residual_admissions", 0)),
-        "pause_share": 100.0 * float(r.counters.get("pause_s", 0.0)) / max(gpu_hours * 3600, 1),
+        "pause_share": 100.0 * (tenant_s - active) / max(gpu_hours * 3600, 1),
         "reconfig_per_gpu_hour": float(r.counters.get("reconfigurations", 0))
         / max(gpu_hours, 1e-9),
         "work_error": abs(done_work - total_work) / max(total_work, 1e-9)
