@@ -258,3 +258,21 @@ def test_a_policy_named_twice_runs_and_is_listed_once(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     header = proc.stdout.splitlines()[0]
     assert header.split("policies=")[1] == "volcano", header
+
+
+def test_a_trace_whose_jobs_arrive_at_once_has_no_load_to_set_or_state(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Load is work over the arrival span, and these arrivals span no time.  Before the fix
+    ``--load 1`` was taken and did nothing (there is no spacing to scale), and the run
+    stated an offered load of 5400 (the work over one second)."""
+    trace = tmp_path / "trace.csv"
+    trace.write_text("arrival_time_s,gpu_num,duration_s,workload\n0,1,3600,lstm\n0,1,1800,lstm\n")
+    proc = _simulate("--trace", str(trace), "--gpus", "1", "--load", "1",
+                     "--out", str(tmp_path / "refused"))  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    assert "error: --load" in proc.stderr and "Traceback" not in proc.stderr
+    argv = ["--trace", str(trace), "--gpus", "1", "--policy", "volcano", "--interference", "none"]
+    assert cli.main([*argv, *FAST, "--out", str(tmp_path / "run")]) == 0
+    header = capsys.readouterr().out.splitlines()[0]
+    assert "offered load=n/a" in header, header

@@ -239,7 +239,8 @@ class InputError(ValueError):
 
 
 def load_trace(args: argparse.Namespace) -> tuple[list[TraceJob], int, float, TraceLoad]:
-    """(jobs rebased to t=0, cluster GPUs, arrival span seconds, what was done) for ``args``."""
+    """(jobs rebased to t=0, cluster GPUs, arrival span seconds, what was done) for ``args``;
+    the span is 0 when every job arrives at once (no offered load exists then)."""
     hours = args.duration
     gpus = args.gpus
     days = getattr(args, "days", None)
@@ -304,10 +305,15 @@ def load_trace(args: argparse.Namespace) -> tuple[list[TraceJob], int, float, Tr
     if clipped:
         note = f"clipped {clipped} gang sizes to the cluster's {gpus} GPUs (wider never start)"
         loaded = replace(loaded, notes=(*loaded.notes, note))
-    span = arrival_span(jobs) or 1.0
+    span = arrival_span(jobs)
     if args.load is not None:
+        if span <= 0:
+            raise InputError(
+                f"--load: every job of {args.trace} arrives at the same instant, so there is "
+                "no arrival spacing to scale to a load"
+            )
         jobs = scale_arrivals(jobs, args.load / max(offered_load(jobs, gpus, span), 1e-9))
-        span = arrival_span(jobs) or 1.0
+        span = arrival_span(jobs)
         if span > MAX_TRACE_SECONDS:
             raise InputError(
                 f"--load: {args.load:g} stretches the trace's arrivals over {span / 86400:.3g} "
@@ -415,10 +421,11 @@ def main(argv: list[str] | None = None) -> int:
         history=loaded.history,
         planner=planner,
     )
-    load = offered_load(jobs, gpus, window)
+    # Work over the arrival span: none when every job arrives at once.
+    load = f"{offered_load(jobs, gpus, window):.2f}" if window > 0 else "n/a"
     print(
         f"trace={args.trace} jobs={len(jobs)} gpus={gpus} window={window / 3600:.1f}h "
-        f"offered load={load:.2f} epoch={args.epoch:g}s seed={args.seed} world={args.world} "
+        f"offered load={load} epoch={args.epoch:g}s seed={args.seed} world={args.world} "
         f"gpu-type={args.gpu_type} policies={','.join(policies)}"
     )
     for note in loaded.notes:
@@ -470,7 +477,7 @@ def main(argv: list[str] | None = None) -> int:
     (out / "tables.md").write_text(text + "\n")
     write_run_files(results, out)
     if not args.no_plots:
-        plot_all(results, out, title=f"({gpus} GPUs, load {load:.2f})")
+        plot_all(results, out, title=f"({gpus} GPUs, load {load})")
     print(f"results written to {out}/")
     return 0
 
