@@ -76,3 +76,13 @@ def test_pause_share_counts_every_gpu_a_paused_gang_holds() -> None:
     assert s["pause_share"] == pytest.approx(100.0 * 2 * restart / (2 * s["makespan_s"]))
     held = 2 * (120.0 + r.finish[0] - 660.0) + 2 * 500.0  # a's two runs and b's, 2 GPUs each
     assert s["pause_gpu_share"] == pytest.approx(2 * restart / held)
+
+
+def test_makespan_throughput_counts_only_the_work_that_was_done() -> None:
+    """A rejected job's work is never done.  Before the fix ``throughput_makespan`` counted
+    it: 5.0 GPUs of throughput on a 2-GPU cluster that ran one 1-GPU job."""
+    jobs = [TraceJob("a", 0.0, 4, 600.0, "resnet50"), TraceJob("b", 0.0, 1, 600.0, "resnet50")]
+    s = summarise(_run(jobs, 2, "volcano")["volcano"])
+    assert (s["finished"], s["rejected"], s["makespan_s"]) == (1.0, 1.0, 600.0)
+    assert s["throughput_makespan"] == pytest.approx(1.0)
+    assert s["throughput"] == pytest.approx(1.0)

@@ -14,7 +14,7 @@ Definitions (all from the simulated ground truth, never from the planner's view)
   once, first arrival to last completion), in GPU-equivalents:
   a job at its default configuration alone on g GPUs contributes g; slower
   configurations and co-location slowdowns contribute proportionally less.
-  ``throughput_makespan`` is total work / (last finish - first arrival).
+  ``throughput_makespan`` is the finished jobs' work / (last finish - first arrival).
 * **SM utilisation**: profile SM activity of the running jobs' configurations
   summed over devices, as a share of the cluster, time-averaged over [0, W]
   (a paused job counts 0).  **Memory utilisation**: device memory held,
@@ -131,7 +131,9 @@ def summarise(result: RunResult) -> dict[str, float]:
         "avg_queue_s": float(queue.mean()) if queue.size else float("nan"),
         "median_queue_s": float(np.median(queue)) if queue.size else float("nan"),
         "throughput": window_average(r, r.seg_useful),
-        "throughput_makespan": total_work / makespan if makespan > 0 else float("nan"),
+        "throughput_makespan": float((r.work * r.gpus_of)[done].sum()) / makespan
+        if makespan > 0
+        else float("nan"),
         "makespan_s": makespan,
         "sm_util": 100.0 * window_average(r, r.seg_sm),
         "mem_util": 100.0 * window_average(r, r.seg_mem),
