@@ -1,0 +1,105 @@
+"""The operator documentation against what it documents: links resolve, the index lists
+every page, the Helm values table covers values.yaml, and the Events and metrics the
+service emits are the ones docs/monitoring.md and docs/observability.md name."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = ROOT / "docs"
+PAGES = [
+    ROOT / "README.md",
+    *sorted(DOCS.glob("*.md")),
+    ROOT / "elastico_extender" / "sim" / "README.md",
+    ROOT / "elastico_extender" / "data" / "README.md",
+]
+
+
+def prose(path: Path) -> str:
+    """The page without its fenced code blocks."""
+    return re.sub(r"^```.*?^```", "", path.read_text(), flags=re.S | re.M)
+
+
+def anchors(path: Path) -> set[str]:
+    """GitHub's heading anchors: lower case, punctuation dropped, spaces to dashes."""
+    found = set()
+    for heading in re.findall(r"^#+\s+(.+)$", prose(path), flags=re.M):
+        found.add(re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-"))
+    return found
+
+
+def test_every_relative_link_and_anchor_resolves():
+    broken = []
+    for page in PAGES:
+        for link in re.findall(r"\]\(([^)\s]+)\)", prose(page)):
+            if re.match(r"[a-z]+:", link):
+                continue
+            target, _, anchor = link.partition("#")
+            path = (page.parent / target) if target else page
+            if not path.exists():
+                broken.append(f"{page.relative_to(ROOT)}: {link} (no such file)")
+            elif anchor and path.suffix == ".md" and anchor not in anchors(path):
+                broken.append(f"{page.relative_to(ROOT)}: {link} (no such heading)")
+    assert not broken, broken
+
+
+def test_the_docs_index_lists_every_page():
+    index = (DOCS / "README.md").read_text()
+    listed = set(re.findall(r"\]\(([\w-]+\.md)\)", index))
+    pages = {p.name for p in DOCS.glob("*.md")} - {"README.md"}
+    assert pages <= listed, f"docs/README.md does not list {sorted(pages - listed)}"
+
+
+def test_helm_values_table_names_every_value():
+    """Each leaf of values.yaml, or a map above it, has a row in docs/helm-values.md (a row
+    may name siblings after the first in short: `agent.enabled`, `windowSeconds`)."""
+    values = yaml.safe_load((ROOT / "charts" / "elastico" / "values.yaml").read_text())
+    documented = set()
+    for line in (DOCS / "helm-values.md").read_text().splitlines():
+        if not line.startswith("| `"):
+            continue
+        names = re.findall(r"`([^`]+)`", line.split("|")[1])
+        parent = names[0].rpartition(".")[0]
+        documented.update(n if "." in n or not parent else f"{parent}.{n}" for n in names)
+
+    def leaves(node: dict[str, Any], path: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+        found: list[tuple[str, ...]] = []
+        for key, value in node.items():
+            here = (*path, key)
+            found += leaves(value, here) if isinstance(value, dict) and value else [here]
+        return found
+
+    def covered(leaf: tuple[str, ...]) -> bool:
+        return any(".".join(leaf[:n]) in documented for n in range(1, len(leaf) + 1))
+
+    missing = [".".join(leaf) for leaf in leaves(values) if not covered(leaf)]
+    assert not missing, f"values without a row in docs/helm-values.md: {missing}"
+
+
+def test_monitoring_names_every_event_reason_the_recorder_writes():
+    source = (ROOT / "elastico_extender" / "service" / "events.py").read_text()
+    reasons = set(re.findall(r'self\.record\(pod, "(?:Normal|Warning)", "(\w+)"', source))
+    assert {"Bound", "Refused"} <= reasons
+    page = (DOCS / "monitoring.md").read_text()
+    assert not [r for r in reasons if f"`{r}`" not in page]
+
+
+def test_documented_metrics_are_the_exported_ones():
+    """Every metric the service defines is named in monitoring.md or observability.md, and
+    every `elastico_...` series those pages name is one it defines (a counter's `_total`,
+    a histogram's or summary's `_bucket`/`_sum`/`_count` being the same metric)."""
+    code = "\n".join(p.read_text() for p in (ROOT / "elastico_extender").rglob("*.py"))
+
+    def metric(name: str) -> str:
+        return re.sub(r"_(total|bucket|sum|count)$", "", name)
+
+    defined = {metric(m) for m in re.findall(r'"(elastico_[a-z_]+)"', code)} - {"elastico_extender"}
+    text = (DOCS / "monitoring.md").read_text() + (DOCS / "observability.md").read_text()
+    named = {metric(m) for m in re.findall(r"`(elastico_[a-z_]+)[`{ ]", text)}
+    assert defined - named == set(), "metrics the docs do not name"
+    assert named - defined == set(), "metrics the docs name that the service does not define"
