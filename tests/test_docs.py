@@ -103,3 +103,11 @@ def test_documented_metrics_are_the_exported_ones():
     named = {metric(m) for m in re.findall(r"`(elastico_[a-z_]+)[`{ ]", text)}
     assert defined - named == set(), "metrics the docs do not name"
     assert named - defined == set(), "metrics the docs name that the service does not define"
+
+
+def test_annotations_page_names_every_annotation_the_code_reads_or_writes():
+    from elastico_extender import annotations
+
+    keys = (*annotations.INPUT_KEYS, *annotations.CONTAINER_KEYS, *annotations.DECISION_KEYS)
+    page = (DOCS / "annotations.md").read_text()
+    assert not [k for k in keys if f"`{annotations.PREFIX}{k}`" not in page]
