@@ -164,7 +164,8 @@ def _zero_price_note(
     sm = demand[GPU_SM] / gpus
     mem = demand[GPU_MEM] / (gpus * REFERENCE_DEVICE_MIB)
     return (
-        f"prices are 0 although {queued} jobs wait: ESP keeps the prices of the best feasible "
+        f"prices are 0 although {queued} {'job waits' if queued == 1 else 'jobs wait'}: "
+        "ESP keeps the prices of the best feasible "
         "selection it finds, and no higher price it tried admitted more work than rationing "
         f"at λ=0 (demand at λ=0: {sm:.1f}x the GPU SMs, {mem:.1f}x the GPU memory); admission "
         "is by rationing in priority order, so the queue, not the price, shows the shortage "
