@@ -25,6 +25,7 @@ from pathlib import Path
 
 from elastico_extender.core.resources import MAX_CLUSTER_GPUS
 from elastico_extender.core.settings import PlannerSettings, assignments
+from elastico_extender.policies.elastico import ABLATIONS
 from elastico_extender.sim.engine import ClusterSpec
 from elastico_extender.sim.instances import instances_needed
 from elastico_extender.sim.production import ProductionWorld
@@ -132,7 +133,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--policy",
         action="append",
         help="policy to run (repeatable; default: all of " + ", ".join(DEFAULT_POLICIES) + "; "
-        "also tiresias, srtf = shortest remaining time first with ORACLE durations); "
+        "also tiresias, srtf = shortest remaining time first with ORACLE durations, and "
+        + ", ".join(n for n in ABLATIONS if n not in DEFAULT_POLICIES)
+        + "); "
         "suffix '+learned' plans ElastiCo with a predictor learned from 25%% of the "
         "workload pairs, '+iac' with a spec-accuracy (7.6%% MAPE) predictor, '+truth' with the "
         "exact slowdowns (ORACLE diagnostic); then optionally '+online' (the closed loop)",
