@@ -456,15 +456,17 @@ def test_dashboard_and_alerts_query_only_metrics_the_service_exports():
 
     from elastico_extender.service.checkpoint import CheckpointCollector, LearnedCheckpoint
     from elastico_extender.service.metrics import PrometheusMetrics
-    from elastico_extender.service.observations import ObservationService
+    from elastico_extender.service.observations import ObservationCollector, ObservationService
 
     metrics = PrometheusMetrics()
-    checkpoint = LearnedCheckpoint(client.ApiClient(), ObservationService(ServiceSettings()),
+    observations = ObservationService(ServiceSettings())
+    checkpoint = LearnedCheckpoint(client.ApiClient(), observations,
                                    namespace="elastico-system")  # fmt: skip
     checkpoint.payload_bytes = 1  # as after its first write or read
     metrics.registry.register(CheckpointCollector(checkpoint))
+    metrics.registry.register(ObservationCollector(observations))  # as api/app.py does
     suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"),
-                "gauge": ("",)}  # fmt: skip
+                "summary": ("_sum", "_count"), "gauge": ("",)}  # fmt: skip
     exported = {
         family.name + suffix
         for family in metrics.registry.collect()

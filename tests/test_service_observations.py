@@ -310,6 +310,38 @@ def test_a_pod_that_left_leaves_the_snapshot_but_not_its_reference(service: Serv
     assert book.reference("uid-c", BERT.fastest_index, "samples/s") == pytest.approx(SOLO)
 
 
+def test_harmful_pairs_metric_counts_colocated_pairs_observed_above_tolerance(
+    service: Service,
+) -> None:
+    """elastico_harmful_pairs_observed (the chart's alert and dashboard panel) counts the
+    running, co-located pairs where a pod's observed slowdown next to the other exceeds
+    its tolerance; it drops when the pair ends."""
+
+    def harmful() -> float:
+        metrics = httpx.get(f"{service.url}/metrics").text
+        (line,) = [x for x in metrics.splitlines() if x.startswith("elastico_harmful_pairs")]
+        return float(line.split()[-1])
+
+    assert harmful() == 0.0
+    (a,) = [j for j in httpx.get(f"{service.url}/jobs").json() if j["pod"] == "ml/a"]
+    assert 1.1 < a["tolerance"] < 2.0
+    items = (window("uid-a", SOLO / 2.0), window("uid-b", SOLO / 1.1))
+    assert service.post(batch(*items)).status_code == 200
+    assert harmful() == 1.0  # a suffers next to b (b next to a is within its tolerance)
+    for _ in range(20):  # smoothed: enough mild windows bring a below its tolerance
+        time.sleep(0.002)
+        items = (window("uid-a", SOLO / 1.1), window("uid-b", SOLO / 1.1))
+        assert service.post(batch(*items)).status_code == 200
+    assert harmful() == 0.0
+    items = (window("uid-a", SOLO / 3.0), window("uid-b", SOLO / 3.0))
+    assert service.post(batch(*items)).status_code == 200
+    assert harmful() == 1.0  # one pair, however many of its pods suffer
+    service.api.delete("pods", "ml/b")
+    assert wait_for(lambda: service.engine.cluster.state.pod_by_name("ml", "b") is None)
+    service.epoch()
+    assert harmful() == 0.0
+
+
 def test_a_failing_store_degrades_to_memory_not_to_a_5xx(service: Service) -> None:
     service.app.state.observations.store.close()  # type: ignore[attr-defined]
     reply = service.post(batch(window("uid-c", SOLO)))

@@ -65,16 +65,11 @@ class PrometheusMetrics(Metrics):
             ["reason"],
             registry=r,
         )
-        # For the chart's alerts: epochs failing (no success for a while), pairs the
-        # closed loop observed to hurt (set by whoever owns the observations), HA.
+        # For the chart's alerts: epochs failing (no success for a while), HA.  The pairs
+        # the closed loop observed to hurt are the ObservationCollector's.
         self.last_epoch = Gauge(
             "elastico_last_epoch_timestamp_seconds",
             "Unix time of the last successful planning epoch",
-            registry=r,
-        )
-        self.harmful_pairs = Gauge(
-            "elastico_harmful_pairs_observed",
-            "Co-located pairs whose observed slowdown exceeds a tolerance",
             registry=r,
         )
         self.leader = Gauge(

@@ -880,6 +880,26 @@ class ObservationService:
         with self._lock:
             return [(v, p, s) for (v, p), s in self._pairs.items()]
 
+    def harmful_pairs(self) -> int:
+        """Pairs of running pods that share a GPU in the published snapshot, are not
+        separated, and where either pod's observed slowdown next to the other exceeds
+        its tolerance (each pair counted once)."""
+        pub = self._published()
+        if pub is None:
+            return 0
+        with self._lock:
+            partners = self._snapshot_index(pub.snapshot).partners
+            return len(
+                {
+                    frozenset(key)
+                    for key, s in self._pairs.items()
+                    if not s.separated
+                    and key[1] in partners.get(key[0], ())
+                    and s.tolerance is not None
+                    and s.observed > s.tolerance
+                }
+            )
+
     def error_totals(self) -> tuple[float, int]:
         with self._lock:
             return self._error_sum, self._error_count
@@ -906,6 +926,7 @@ class ObservationCollector(Collector):
     elastico_observation_age_seconds        gauge    pod (since its last report)
     elastico_observation_stale              gauge    pod (1 when older than the bound)
     elastico_agent_report_age_seconds       gauge    node
+    elastico_harmful_pairs_observed         gauge    (co-located pairs above tolerance)
     elastico_observation_windows_total      counter  result (accepted, refused)
     elastico_pairs_separated_total          counter  action (reconfigure, migrate, ...)
     ======================================  =======  =====================================
@@ -970,6 +991,11 @@ class ObservationCollector(Collector):
         for node, seconds in svc.agent_ages().items():
             agents.add_metric([node], seconds)
         yield agents
+        yield GaugeMetricFamily(
+            "elastico_harmful_pairs_observed",
+            "Co-located pairs where a pod's observed slowdown exceeds its tolerance",
+            value=svc.harmful_pairs(),
+        )
         windows = CounterMetricFamily(
             "elastico_observation_windows", "Agent windows by result", labels=["result"]
         )
