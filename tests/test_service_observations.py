@@ -310,6 +310,28 @@ def test_a_pod_that_left_leaves_the_snapshot_but_not_its_reference(service: Serv
     assert book.reference("uid-c", BERT.fastest_index, "samples/s") == pytest.approx(SOLO)
 
 
+def test_a_pair_whose_pod_left_leaves_the_view(service: Service) -> None:
+    """The pairs of /observations name pods as namespace/name; a pair one of whose pods
+    left is forgotten with that pod (its samples stay in the store), rather than listed
+    under the bare uid until 20,000 newer pairs push it out."""
+    assert service.post(batch(window("uid-a", SOLO / 2), window("uid-b", SOLO / 2))).json() == {
+        "accepted": 2,
+        "pair_samples": 2,
+    }
+    view = httpx.get(f"{service.url}/observations").json()
+    assert {(p["victim"], p["partner"]) for p in view["pairs"]} == {
+        ("ml/a", "ml/b"),
+        ("ml/b", "ml/a"),
+    }
+    service.api.delete("pods", "ml/a")
+    assert wait_for(lambda: service.engine.cluster.state.pod_by_name("ml", "a") is None)
+    service.epoch()  # the plan without a is published ...
+    service.epoch()  # ... and seen when the next snapshot is built
+    view = httpx.get(f"{service.url}/observations").json()
+    assert view["pairs"] == []
+    assert len(service.app.state.observations.store.pair_records()) == 2  # type: ignore[attr-defined]
+
+
 def test_harmful_pairs_metric_counts_colocated_pairs_observed_above_tolerance(
     service: Service,
 ) -> None:

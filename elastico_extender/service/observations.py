@@ -665,12 +665,15 @@ class ObservationService:
             return self.book.unmeasured()
 
     def _forget_departed(self, pub: Published) -> None:
-        """Jobs no longer running leave the book's window history and the report list
-        (their references stay, in the book and the store, for a job id that returns)."""
+        """Jobs no longer running leave the book's window history, the report list and the
+        pairs (their references and pair samples stay, in the book and the store, for a
+        job id that returns)."""
         running = self._snapshot_index(pub.snapshot).running
         for job_id in [j for j in self._reports if j not in running]:
             del self._reports[job_id]
             self.book.forget(job_id)
+        for key in [k for k in self._pairs if k[0] not in running or k[1] not in running]:
+            del self._pairs[key]
 
     def _note_protections(self, after: Published) -> None:
         """The planner's own record of what it did about observed harm, where the plan
