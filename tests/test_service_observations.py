@@ -364,6 +364,15 @@ def test_harmful_pairs_metric_counts_colocated_pairs_observed_above_tolerance(
     assert harmful() == 0.0
 
 
+def test_every_rest_view_records_its_latency(service: Service) -> None:
+    """elastico_extender_request_seconds covers the REST views (docs/monitoring.md)."""
+    for path in ("/prices", "/jobs", "/nodes", "/plan", "/observations"):
+        assert httpx.get(f"{service.url}{path}").status_code == 200
+    metrics = httpx.get(f"{service.url}/metrics").text
+    for verb in ("prices", "jobs", "nodes", "plan", "observations"):
+        assert f'elastico_extender_request_seconds_count{{verb="{verb}"}} 1.0' in metrics, verb
+
+
 def test_a_failing_store_degrades_to_memory_not_to_a_5xx(service: Service) -> None:
     service.app.state.observations.store.close()  # type: ignore[attr-defined]
     reply = service.post(batch(window("uid-c", SOLO)))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 import orjson
@@ -23,6 +25,7 @@ __all__ = [
     "read_model",
     "require_auth",
     "settings_of",
+    "timed_view",
 ]
 
 M = TypeVar("M", bound=BaseModel)
@@ -47,6 +50,14 @@ def json_response(
         media_type="application/json",
         headers=headers,
     )
+
+
+def timed_view(request: Request, verb: str, view: Callable[[], Any]) -> Response:
+    """Serve one read-only view as JSON and record its latency under ``verb``."""
+    started = time.perf_counter()
+    reply = json_response(view())
+    metrics_of(request).request.labels(verb).observe(time.perf_counter() - started)
+    return reply
 
 
 def engine_of(request: Request) -> Engine:

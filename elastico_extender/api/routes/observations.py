@@ -34,6 +34,7 @@ from elastico_extender.api.deps import (
     json_response,
     read_model,
     require_agent_auth,
+    timed_view,
 )
 from elastico_extender.service.observations import (
     AgentWindow,
@@ -111,4 +112,4 @@ async def post_observations(request: Request) -> Response:
 async def get_observations(request: Request) -> Response:
     if not request.app.state.engine.has_plan:
         raise ApiError(409, "no plan published yet")
-    return json_response(service_of(request).view())
+    return timed_view(request, "observations", service_of(request).view)

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
 from typing import Any
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
 from starlette.concurrency import run_in_threadpool
 
-from elastico_extender.api.deps import engine_of, json_response, metrics_of, require_auth
+from elastico_extender.api.deps import engine_of, json_response, require_auth, timed_view
 from elastico_extender.cluster.base import Cluster
 from elastico_extender.cluster.objects import pod_key
 
@@ -19,17 +17,9 @@ __all__ = ["router"]
 router = APIRouter(tags=["scheduler state"])
 
 
-def _timed_view(request: Request, verb: str, view: Callable[[], Any]) -> Response:
-    """Serve one engine view as JSON and record its latency under ``verb``."""
-    started = time.perf_counter()
-    reply = json_response(view())
-    metrics_of(request).request.labels(verb).observe(time.perf_counter() - started)
-    return reply
-
-
 @router.get("/prices", summary="Current shadow price per resource and recent history")
 async def prices(request: Request) -> Response:
-    return _timed_view(request, "prices", engine_of(request).prices)
+    return timed_view(request, "prices", engine_of(request).prices)
 
 
 def with_pod_names(rows: list[dict[str, Any]], cluster: Cluster) -> list[dict[str, Any]]:
@@ -47,17 +37,17 @@ def with_pod_names(rows: list[dict[str, Any]], cluster: Cluster) -> list[dict[st
 @router.get("/jobs", summary="Jobs: chosen configuration, predicted slowdown, floor, state")
 async def jobs(request: Request) -> Response:
     engine = engine_of(request)
-    return _timed_view(request, "jobs", lambda: with_pod_names(engine.jobs(), engine.cluster))
+    return timed_view(request, "jobs", lambda: with_pod_names(engine.jobs(), engine.cluster))
 
 
 @router.get("/nodes", summary="Per-GPU occupancy and co-located pairs")
 async def nodes(request: Request) -> Response:
-    return _timed_view(request, "nodes", engine_of(request).nodes)
+    return timed_view(request, "nodes", engine_of(request).nodes)
 
 
 @router.get("/plan", summary="The latest published plan")
 async def current_plan(request: Request) -> Response:
-    return json_response(engine_of(request).plan_summary())
+    return timed_view(request, "plan", engine_of(request).plan_summary)
 
 
 @router.post(
