@@ -24,3 +24,32 @@ def test_invalid_pods_in_jobs_carry_their_pod_name():
     assert len(invalid) == 1
     assert invalid[0]["pod"] == "ml/typo"
     assert "elastico.io/wieght" in invalid[0]["reason"]
+
+
+FASTEST = "batch_size=128,checkpointing=off,amp=off"
+
+
+def test_two_pods_sharing_two_gpus_are_one_colocated_pair():
+    """/nodes lists each co-located pair of a node once, however many GPUs it shares."""
+    gpus = {"nvidia.com/gpu.count": "2", "nvidia.com/gpu.memory": "81920",
+            "nvidia.com/gpu.product": "NVIDIA-A100-SXM4-40GB"}  # fmt: skip
+    alloc = {"cpu": "64", "memory": "512Gi", "nvidia.com/gpu": "2", "pods": "110"}
+    node = {"kind": "Node", "metadata": {"name": "g0", "labels": gpus},
+            "status": {"allocatable": alloc, "capacity": alloc}}  # fmt: skip
+
+    def gang(name: str) -> dict:
+        notes = {"elastico.io/family": "bert", "elastico.io/assigned-node": "g0",
+                 "elastico.io/assigned-devices": "0,1",
+                 "elastico.io/assigned-configuration": FASTEST}  # fmt: skip
+        return {"kind": "Pod", "metadata": {"name": name, "namespace": "ml", "uid": f"uid-{name}",
+                "annotations": notes},
+                "spec": {"nodeName": "g0", "containers": [{"name": "c", "resources":
+                         {"limits": {"nvidia.com/gpu": "2"}}}]},
+                "status": {"phase": "Running"}}  # fmt: skip
+
+    cluster = EmbeddedCluster([node, gang("x"), gang("y")], "test")
+    app = create_app(ServiceSettings(epoch_seconds=600), cluster)
+    with ServerThread(app) as server:
+        (g0,) = httpx.get(f"{server.url}/nodes").json()
+    assert [g["pods"] for g in g0["gpus"]] == [["ml/x", "ml/y"], ["ml/x", "ml/y"]]
+    assert g0["colocated_pairs"] == [["ml/x", "ml/y"]]

@@ -119,6 +119,7 @@ class RestViews:
         for node in pub.snapshot.nodes:
             gpus = []
             pairs: list[list[str]] = []
+            seen: set[frozenset[str]] = set()
             for g in node.gpus:
                 here = occupants.get((node.name, g.index), [])
                 gpus.append(
@@ -132,11 +133,12 @@ class RestViews:
                     }
                 )
                 names = [p for p, _, _ in here]
-                pairs.extend(
-                    [names[i], names[j]]
-                    for i in range(len(names))
-                    for j in range(i + 1, len(names))
-                )
+                for i in range(len(names)):
+                    for j in range(i + 1, len(names)):
+                        pair = frozenset((names[i], names[j]))
+                        if pair not in seen:  # pods that share several GPUs: one pair
+                            seen.add(pair)
+                            pairs.append([names[i], names[j]])
             rows.append(
                 {
                     "name": node.name,
