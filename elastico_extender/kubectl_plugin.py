@@ -97,8 +97,8 @@ def show_why(pod: str, jobs: list[dict[str, Any]], prices: dict[str, Any]) -> st
     job = next((j for j in jobs if j.get("pod") == pod), None)
     if job is None:
         return f"{pod}: not an ElastiCo job (no elastico.io/ annotations, or not yet seen)"
-    lines = [f"{pod}: {job.get('state')} ({job.get('family')}, {job.get('kind')}, "
-             f"{job.get('mode')})"]  # fmt: skip
+    known = [str(job[k]) for k in ("family", "kind", "mode") if job.get(k) is not None]
+    lines = [f"{pod}: {job.get('state')}" + (f" ({', '.join(known)})" if known else "")]
     if job.get("devices"):
         lines.append(
             f"  on {', '.join(job['devices'])} at {job.get('configuration')}: "

@@ -10,7 +10,7 @@ import yaml
 from elastico_extender.api.app import create_app
 from elastico_extender.cluster.embedded import EmbeddedCluster
 from elastico_extender.cluster.fake_apiserver import FakeApiServer
-from elastico_extender.kubectl_plugin import main
+from elastico_extender.kubectl_plugin import main, show_why
 from elastico_extender.service.server import ServerThread
 from elastico_extender.service.settings import ServiceSettings
 
@@ -62,3 +62,11 @@ def test_a_port_no_service_can_have_is_a_usage_error(capsys):
         main(["jobs", "--port", "99999", "--server", "http://127.0.0.1:9"])
     assert done.value.code == 2
     assert "--port must be 1..65535" in capsys.readouterr().err
+
+
+def test_why_of_an_invalid_pod_says_what_is_known():
+    """An invalid pod's /jobs row has no family, kind or mode: why prints none of them."""
+    row = {"id": "uid-z", "pod": "ml/z", "state": "invalid", "reason": "elastico.io/family: bad"}
+    out = show_why("ml/z", [row], {"epoch": 3, "resources": {"gpu_sm": 0.0}})
+    assert out.splitlines()[0] == "ml/z: invalid"
+    assert "None" not in out and "reason: elastico.io/family: bad" in out
