@@ -61,7 +61,7 @@ def _num(value: Any, fmt: str = ".2f") -> str:
 
 
 def show_jobs(jobs: list[dict[str, Any]]) -> str:
-    rows = [["POD", "FAMILY", "STATE", "GPU", "MEM GiB", "Ŝ", "τ", "CONFIGURATION"]]
+    rows = [["POD", "FAMILY", "STATE", "GPU", "MEM GiB/GPU", "Ŝ", "τ", "CONFIGURATION"]]
     for j in jobs:
         rows.append([
             str(j.get("pod") or j.get("id")), str(j.get("family", "-")), str(j.get("state")),
@@ -100,11 +100,14 @@ def show_why(pod: str, jobs: list[dict[str, Any]], prices: dict[str, Any]) -> st
     known = [str(job[k]) for k in ("family", "kind", "mode") if job.get(k) is not None]
     lines = [f"{pod}: {job.get('state')}" + (f" ({', '.join(known)})" if known else "")]
     if job.get("devices"):
+        solo, slowdown = job.get("throughput"), job.get("predicted_slowdown")
+        shared = solo / slowdown if solo is not None and slowdown else None
+        unit = job.get("throughput_unit", "")
         lines.append(
             f"  on {', '.join(job['devices'])} at {job.get('configuration')}: "
-            f"{_num(job.get('memory_budget_mib'), '.0f')} MiB, throughput "
-            f"{_num(job.get('throughput'), '.1f')} {job.get('throughput_unit', '')} "
-            f"(floor {_num(job.get('floor'), '.1f')})"
+            f"{_num(job.get('memory_budget_mib'), '.0f')} MiB per GPU, throughput "
+            f"{_num(solo, '.1f')} {unit} alone, {_num(shared, '.1f')} expected beside its "
+            f"partners (floor {_num(job.get('floor'), '.1f')})"
         )
         lines.append(
             f"  predicted slowdown Ŝ={_num(job.get('predicted_slowdown'))} ≤ "

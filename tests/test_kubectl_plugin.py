@@ -70,3 +70,16 @@ def test_why_of_an_invalid_pod_says_what_is_known():
     out = show_why("ml/z", [row], {"epoch": 3, "resources": {"gpu_sm": 0.0}})
     assert out.splitlines()[0] == "ml/z: invalid"
     assert "None" not in out and "reason: elastico.io/family: bad" in out
+
+
+def test_why_sets_the_floor_beside_the_expected_rate_not_only_the_solo_one():
+    """The floor bounds T(c)/Ŝ (what the job gets beside its partners); ``throughput`` in
+    /jobs is the solo T(c), so why shows both, and memory is per GPU."""
+    row = {"pod": "ml/a", "state": "running", "family": "bert", "kind": "training",
+           "mode": "elastic", "devices": ["g0/0"], "configuration": "batch_size=32",
+           "memory_budget_mib": 10240, "throughput": 180.0, "throughput_unit": "samples/s",
+           "floor": 120.0, "predicted_slowdown": 1.5, "tolerance": 1.6,
+           "action": "keep"}  # fmt: skip
+    out = show_why("ml/a", [row], {"epoch": 3, "resources": {"gpu_sm": 0.0}})
+    assert "10240 MiB per GPU" in out
+    assert "180.0 samples/s alone, 120.0 expected beside its partners (floor 120.0)" in out
