@@ -12,7 +12,12 @@ elastico_rejections_total                   counter    reason (bounded label set
 elastico_binds_total                        counter    result
 elastico_assumed_placements                 gauge      binds in flight
 elastico_predictor_degraded                 gauge      reason (1 while degraded)
+elastico_last_epoch_timestamp_seconds       gauge      (wall clock of the last plan)
+elastico_leader                             gauge      (1 while holding the leader Lease)
 ==========================================  =========  ====================================
+
+The closed loop's series (observed slowdowns, agents, harmful pairs) are read at scrape
+time by ``service.observations.ObservationCollector``; docs/monitoring.md lists them all.
 """
 
 from __future__ import annotations
