@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any
 
 import yaml
+from test_helm_chart import value_leaves
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
@@ -67,17 +67,10 @@ def test_helm_values_table_names_every_value():
         parent = names[0].rpartition(".")[0]
         documented.update(n if "." in n or not parent else f"{parent}.{n}" for n in names)
 
-    def leaves(node: dict[str, Any], path: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
-        found: list[tuple[str, ...]] = []
-        for key, value in node.items():
-            here = (*path, key)
-            found += leaves(value, here) if isinstance(value, dict) and value else [here]
-        return found
-
     def covered(leaf: tuple[str, ...]) -> bool:
         return any(".".join(leaf[:n]) in documented for n in range(1, len(leaf) + 1))
 
-    missing = [".".join(leaf) for leaf in leaves(values) if not covered(leaf)]
+    missing = [".".join(leaf) for leaf in value_leaves(values) if not covered(leaf)]
     assert not missing, f"values without a row in docs/helm-values.md: {missing}"
 
 

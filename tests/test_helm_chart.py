@@ -552,21 +552,22 @@ def test_planner_settings_in_the_values_reach_the_extender(tmp_path):
     assert settings.epoch_seconds == 5  # the chart's other settings are kept
 
 
+def value_leaves(node: dict[str, Any], path: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    """The paths of values.yaml's leaves (an empty map is a leaf)."""
+    found: list[tuple[str, ...]] = []
+    for key, value in node.items():
+        here = (*path, key)
+        found += value_leaves(value, here) if isinstance(value, dict) and value else [here]
+    return found
+
+
 def test_every_value_in_values_yaml_is_read_by_a_template():
     """A value no template reads is a setting a user changes for nothing: each leaf of
     values.yaml, or a map above it (handed on whole, e.g. with toYaml), is read."""
     values = yaml.safe_load((CHART / "values.yaml").read_text())
     text = "\n".join(p.read_text() for p in (CHART / "templates").iterdir())
     read = {m[1:] for m in re.findall(r"\.Values((?:\.[A-Za-z_]\w*)+)", text)}
-
-    def leaves(node: dict[str, Any], path: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
-        found: list[tuple[str, ...]] = []
-        for key, value in node.items():
-            here = (*path, key)
-            found += leaves(value, here) if isinstance(value, dict) and value else [here]
-        return found
-
-    unread = [".".join(leaf) for leaf in leaves(values)
+    unread = [".".join(leaf) for leaf in value_leaves(values)
               if not any(".".join(leaf[:n]) in read for n in range(1, len(leaf) + 1))]  # fmt: skip
     assert not unread, f"values no template reads: {unread}"
 

@@ -11,6 +11,7 @@ The extender runs under uvicorn on 127.0.0.1 against the fake API server.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -45,74 +46,75 @@ def shares_with_u(svc) -> bool:
     return p is not None and u is not None and set(p.devices) & set(u.devices) != set()
 
 
-def test_a_solo_window_makes_an_unknown_workload_measured_and_shareable(tmp_path: Path) -> None:
+@pytest.fixture
+def world(tmp_path: Path) -> Iterator[tuple[FakeApiServer, str]]:
+    """One 80 GiB GPU, the unprofiled pod u running on it, p pending; the loop's file."""
     api = FakeApiServer().start()
     api.put("nodes", gpu_node("g0", 1))
     api.put("pods", unprofiled_pod("u"))
     api.put("pods", pending_pod("p"))
-    path = str(tmp_path / "loop.db")
     try:
-        server, kube, svc = start_service(api, observation_store=path)
-        assert wait_for(lambda: len(kube.state.pods()) == 2)
-        svc.epoch()
-        family = svc.engine.published.snapshot.families[FAMILY]
-        assert family.estimated is not None and family.estimated.all()
-        assert "uid-u" in svc.engine.published.plan.assignments
-        assert "uid-p" not in svc.engine.published.plan.assignments  # u holds the whole GPU
-
-        # a window without SM activity measures nothing; a shared one neither (none here)
-        assert svc.post(batch(solo_window("uid-u", peak_mem_mib=8000.0))).status_code == 200
-        assert ProfileStore(path).records(FAMILY, HARDWARE) == []
-        reply = svc.post(batch(solo_window("uid-u", peak_mem_mib=8000.0, sm_activity=0.3)))
-        assert reply.status_code == 200, reply.text
-        (record,) = ProfileStore(path).records(FAMILY, HARDWARE)
-        assert record.configuration == UNPROFILED
-        assert record.resources[1] == 8000.0 and record.resources[0] == 0.3
-
-        svc.epoch()  # the caches let go of the old family: the next plan reads the new one
-        family = svc.engine.published.snapshot.families[FAMILY]
-        assert family.estimated is not None and not family.estimated.any()
-        assert shares_with_u(svc)
-        server.stop()
-
-        server, kube, svc = start_service(api, observation_store=path)  # a restart
-        assert wait_for(lambda: len(kube.state.pods()) == 2)
-        svc.epoch()
-        assert not svc.engine.published.snapshot.families[FAMILY].estimated.any()
-        assert shares_with_u(svc)
-        server.stop()
+        yield api, str(tmp_path / "loop.db")
     finally:
         api.stop()
+
+
+def test_a_solo_window_makes_an_unknown_workload_measured_and_shareable(
+    world: tuple[FakeApiServer, str],
+) -> None:
+    api, path = world
+    server, kube, svc = start_service(api, observation_store=path)
+    assert wait_for(lambda: len(kube.state.pods()) == 2)
+    svc.epoch()
+    family = svc.engine.published.snapshot.families[FAMILY]
+    assert family.estimated is not None and family.estimated.all()
+    assert "uid-u" in svc.engine.published.plan.assignments
+    assert "uid-p" not in svc.engine.published.plan.assignments  # u holds the whole GPU
+
+    # a window without SM activity measures nothing; a shared one neither (none here)
+    assert svc.post(batch(solo_window("uid-u", peak_mem_mib=8000.0))).status_code == 200
+    assert ProfileStore(path).records(FAMILY, HARDWARE) == []
+    reply = svc.post(batch(solo_window("uid-u", peak_mem_mib=8000.0, sm_activity=0.3)))
+    assert reply.status_code == 200, reply.text
+    (record,) = ProfileStore(path).records(FAMILY, HARDWARE)
+    assert record.configuration == UNPROFILED
+    assert record.resources[1] == 8000.0 and record.resources[0] == 0.3
+
+    svc.epoch()  # the caches let go of the old family: the next plan reads the new one
+    family = svc.engine.published.snapshot.families[FAMILY]
+    assert family.estimated is not None and not family.estimated.any()
+    assert shares_with_u(svc)
+    server.stop()
+
+    server, kube, svc = start_service(api, observation_store=path)  # a restart
+    assert wait_for(lambda: len(kube.state.pods()) == 2)
+    svc.epoch()
+    assert not svc.engine.published.snapshot.families[FAMILY].estimated.any()
+    assert shares_with_u(svc)
+    server.stop()
 
 
 @pytest.mark.parametrize("peak", [81921.0, 1e6, 1e308])
 def test_a_peak_memory_no_gpu_of_the_pod_holds_is_refused_and_learns_nothing(
-    tmp_path: Path, peak: float
+    world: tuple[FakeApiServer, str], peak: float
 ) -> None:
     """The pod runs on one 80 GiB GPU: a window saying it peaked above that is impossible
     (a broken agent, or a hostile token holder).  It is refused naming peak_mem_mib, and
     neither the measured profile nor the plan changes: the pod keeps its GPU alone."""
-    api = FakeApiServer().start()
-    api.put("nodes", gpu_node("g0", 1))
-    api.put("pods", unprofiled_pod("u"))
-    api.put("pods", pending_pod("p"))
-    path = str(tmp_path / "loop.db")
-    try:
-        server, kube, svc = start_service(api, observation_store=path)
-        assert wait_for(lambda: len(kube.state.pods()) == 2)
-        svc.epoch()
-        reply = svc.post(batch(solo_window("uid-u", peak_mem_mib=peak, sm_activity=0.3)))
-        assert reply.status_code == 422, reply.text
-        assert "observations[0].peak_mem_mib" in reply.json()["Error"]
-        assert "81920" in reply.json()["Error"]
-        assert ProfileStore(path).records(FAMILY, HARDWARE) == []
-        svc.epoch()
-        assignments = svc.engine.published.plan.assignments
-        assert assignments["uid-u"].devices == (("g0", 0),)
-        assert "uid-p" not in assignments
-        server.stop()
-    finally:
-        api.stop()
+    api, path = world
+    server, kube, svc = start_service(api, observation_store=path)
+    assert wait_for(lambda: len(kube.state.pods()) == 2)
+    svc.epoch()
+    reply = svc.post(batch(solo_window("uid-u", peak_mem_mib=peak, sm_activity=0.3)))
+    assert reply.status_code == 422, reply.text
+    assert "observations[0].peak_mem_mib" in reply.json()["Error"]
+    assert "81920" in reply.json()["Error"]
+    assert ProfileStore(path).records(FAMILY, HARDWARE) == []
+    svc.epoch()
+    assignments = svc.engine.published.plan.assignments
+    assert assignments["uid-u"].devices == (("g0", 0),)
+    assert "uid-p" not in assignments
+    server.stop()
 
 
 def test_unknown_family_without_a_kind_stays_an_annotation_error() -> None:
