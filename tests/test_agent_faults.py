@@ -386,3 +386,56 @@ def test_a_ring_directory_full_of_files_costs_a_bounded_scan(
     found = agent_rings.pod_rings(directory)
     assert 0 < len(found) <= 2 * 50
     assert {container for container, _ in found} <= {"", "trainer"}
+
+
+def test_a_windows_metrics_endpoints_are_read_at_once_not_one_after_another(
+    tmp_path: Path,
+) -> None:
+    """Four pods' metrics ports that answer only once all four have been asked: read one
+    after another, each would wait out its scrape's time limit (a node of hanging
+    endpoints then spent that limit once per pod every window); read at once, all four
+    answer, and every pod gets its rate."""
+    barrier = threading.Barrier(4, timeout=3.0)
+    served = [0]
+
+    class AllAtOnce(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            try:
+                barrier.wait()
+            except threading.BrokenBarrierError:
+                self.send_error(503)
+                return
+            served[0] += 1
+            body = f"vllm:generation_tokens_total {100 * served[0]}\n".encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    servers = [ThreadingHTTPServer(("127.0.0.1", 0), AllAtOnce) for _ in range(4)]
+    for server in servers:
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        pods = [
+            PodInfo(f"uid-{i}", f"ml/p{i}", "127.0.0.1", (), None,
+                    parse_progress_metrics(f"{s.server_address[1]}#vllm:generation_tokens_total"))
+            for i, s in enumerate(servers)
+        ]  # fmt: skip
+        now = [1000.0]
+        agent = Agent("n1", lambda: pods, PodRings(str(tmp_path)), Reporter("http://127.0.0.1:9"),
+                      clock=lambda: now[0])  # fmt: skip
+        try:
+            assert agent.observe() == []  # the first reading of each counter is its baseline
+            now[0] += 10.0
+            items = agent.observe()
+        finally:
+            agent.reporter.close()
+        assert sorted(item["pod_uid"] for item in items) == [f"uid-{i}" for i in range(4)]
+        assert all(item["unit"] == "tokens/s" and item["rate"] > 0 for item in items)
+    finally:
+        for server in servers:
+            server.shutdown()
+            server.server_close()
