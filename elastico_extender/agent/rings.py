@@ -59,7 +59,7 @@ from pathlib import Path
 
 from elastico_extender.annotations import RINGS_VOLUME
 from elastico_extender.errors import RingFormatError
-from elastico_extender.profiling.ring import RING_PREFIX, RING_SUFFIX, read_header
+from elastico_extender.profiling.ring import read_header, ring_pid
 
 __all__ = [
     "EMPTY_DIR_PLUGIN",
@@ -75,15 +75,15 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 MAX_PROCESSES_PER_POD = 512
-"""Rings followed per pod (mapped files are cheap, but bounded all the same)."""
+"""Rings read per pod and window (each one header read; bounded all the same)."""
 MAX_CONTAINER_DIRECTORIES = 64
+"""Subdirectories of a pod's ring directory looked into (one per profiled container)."""
 MAX_DIRECTORY_ENTRIES = 16384
 """Entries of one ring directory looked at per window (a pod's processes leave a ring
 each, so thousands are possible; a pod that makes millions must not cost the agent
 seconds and hundreds of MiB every window)."""
 MAX_UNUSABLE_REMEMBERED = 4096
 """Unreadable rings remembered, so that each is reported once (not every window)."""
-"""Subdirectories of a pod's ring directory looked into (one per profiled container)."""
 KUBELET_ROOT = "/var/lib/kubelet"
 """The kubelet's ``--root-dir`` default (k3s keeps it; MicroK8s, k0s and some managed
 distributions move it: the agent's ``--kubelet-root``)."""
@@ -110,14 +110,6 @@ def _listing(directory: Path) -> list[os.DirEntry[str]]:
     return []
 
 
-def _ring_pid(name: str) -> int | None:
-    """The pid in a ring's file name (``elastico-shim-<pid>.ring``), else None."""
-    if not (name.startswith(RING_PREFIX) and name.endswith(RING_SUFFIX)):
-        return None
-    pid = name[len(RING_PREFIX) : -len(RING_SUFFIX)]
-    return int(pid) if pid.isdigit() else None
-
-
 def pod_rings(directory: Path) -> dict[tuple[str, int], Path]:
     """``(container, pid) -> ring`` for a pod's ring directory: the rings in it (container
     ``""``) and in its subdirectories, one per container (``elastico-run`` makes them
@@ -127,14 +119,14 @@ def pod_rings(directory: Path) -> dict[tuple[str, int], Path]:
     found: dict[tuple[str, int], Path] = {}
     containers: list[os.DirEntry[str]] = []
     for entry in _listing(directory):
-        pid = _ring_pid(entry.name)
+        pid = ring_pid(entry.name)
         if pid is not None:
             found["", pid] = Path(entry.path)
         elif len(containers) < MAX_CONTAINER_DIRECTORIES and entry.is_dir(follow_symlinks=False):
             containers.append(entry)
     for sub in containers:
         for entry in _listing(Path(sub.path)):
-            pid = _ring_pid(entry.name)
+            pid = ring_pid(entry.name)
             if pid is not None:
                 found[sub.name, pid] = Path(entry.path)
     return dict(itertools.islice(sorted(found.items()), MAX_PROCESSES_PER_POD))

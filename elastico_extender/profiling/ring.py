@@ -46,6 +46,7 @@ __all__ = [
     "ShimSummary",
     "find_rings",
     "read_header",
+    "ring_pid",
     "summarize",
 ]
 
@@ -53,13 +54,21 @@ RING_PREFIX = "elastico-shim-"
 RING_SUFFIX = ".ring"
 
 
+def ring_pid(name: str) -> int | None:
+    """The pid in a ring's file name (``elastico-shim-<pid>.ring``), else None."""
+    if not (name.startswith(RING_PREFIX) and name.endswith(RING_SUFFIX)):
+        return None
+    pid = name[len(RING_PREFIX) : -len(RING_SUFFIX)]
+    return int(pid) if pid.isdigit() else None
+
+
 def find_rings(directory: str | Path) -> dict[int, Path]:
     """``pid -> ring file`` for every shim ring in ``directory``."""
     rings = {}
     for path in Path(directory).glob(f"{RING_PREFIX}*{RING_SUFFIX}"):
-        pid = path.name[len(RING_PREFIX) : -len(RING_SUFFIX)]
-        if pid.isdigit():
-            rings[int(pid)] = path
+        pid = ring_pid(path.name)
+        if pid is not None:
+            rings[pid] = path
     return rings
 
 
