@@ -268,14 +268,13 @@ class LearnedCheckpoint:
             state = decode(payload)
         except NewerSnapshot as exc:
             self._newer = True
-            log.warning(
-                "checkpoint.newer_format: kept; this replica does not write over it "
+            self._unreadable(
+                rv,
+                f"{exc}: kept; this replica does not write over it "
                 "(delete the ConfigMap to start it afresh with this version)",
-                extra={"configmap": where, "reason": str(exc)},
+                {"configmap": where, "reason": str(exc)},
+                reason="newer_format",
             )
-            if rv is None or rv != self._unreadable_rv:
-                self._failed("newer_format", "read", str(exc))
-            self._unreadable_rv = rv
             return None
         except CorruptSnapshot as exc:
             self._unreadable(
@@ -287,10 +286,13 @@ class LearnedCheckpoint:
         self._newer = False
         return state
 
-    def _unreadable(self, rv: str | None, why: str, extra: dict[str, Any]) -> None:
-        log.warning(f"checkpoint.unreadable: {why}", extra=extra)
+    def _unreadable(
+        self, rv: str | None, why: str, extra: dict[str, Any], reason: str = "unreadable"
+    ) -> None:
+        """Warn that the stored checkpoint cannot be read; counted once per version."""
+        log.warning(f"checkpoint.{reason}: {why}", extra=extra)
         if rv is None or rv != self._unreadable_rv:
-            self._failed("unreadable", "read", why)
+            self._failed(reason, "read", why)
         self._unreadable_rv = rv
 
     # -- write --------------------------------------------------------------------------
