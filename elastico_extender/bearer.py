@@ -78,9 +78,15 @@ class BearerToken:
         self._lock = threading.Lock()
 
     @classmethod
-    def from_file(cls, path: str | Path, **kw: object) -> BearerToken:
+    def from_file(
+        cls,
+        path: str | Path,
+        *,
+        grace_s: float = ROTATION_GRACE_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> BearerToken:
         path = Path(path)
-        return cls(read_token(path), path, **kw)  # type: ignore[arg-type]
+        return cls(read_token(path), path, grace_s=grace_s, clock=clock)
 
     def current(self) -> str:
         """The newest good token (what an agent sends)."""
