@@ -194,7 +194,7 @@ class Supervisor:
     def run(self) -> int:
         settings = load_settings(self.annotations_path, self.environ)
         proc = self._proc = self._start(settings)
-        seen = self._read_text()
+        seen = self._file_bytes()
         next_poll = time.monotonic() + self.poll
         while True:
             with contextlib.suppress(subprocess.TimeoutExpired):
@@ -206,10 +206,10 @@ class Supervisor:
             if time.monotonic() < next_poll:
                 continue
             next_poll = time.monotonic() + self.poll
-            text = self._read_text()
-            if text == seen:
+            raw = self._file_bytes()
+            if raw == seen:
                 continue
-            seen = text
+            seen = raw
             try:
                 new = load_settings(self.annotations_path, self.environ)
             except ElasticoError as exc:
@@ -225,7 +225,7 @@ class Supervisor:
             settings = new
             proc = self._proc = self._start(settings)
 
-    def _read_text(self) -> bytes | None:
+    def _file_bytes(self) -> bytes | None:
         """The file as it is now (bytes: whether it changed, not whether it is valid)."""
         try:
             return self.annotations_path.read_bytes()
