@@ -5,6 +5,7 @@ They read the published plan and view and the bookings; they own nothing.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -133,12 +134,11 @@ class RestViews:
                     }
                 )
                 names = [p for p, _, _ in here]
-                for i in range(len(names)):
-                    for j in range(i + 1, len(names)):
-                        pair = frozenset((names[i], names[j]))
-                        if pair not in seen:  # pods that share several GPUs: one pair
-                            seen.add(pair)
-                            pairs.append([names[i], names[j]])
+                for first, second in itertools.combinations(names, 2):
+                    pair = frozenset((first, second))
+                    if pair not in seen:  # pods that share several GPUs: one pair
+                        seen.add(pair)
+                        pairs.append([first, second])
             rows.append(
                 {
                     "name": node.name,
