@@ -413,6 +413,24 @@ def test_agents_are_kept_only_for_nodes_of_the_cluster(service: Service) -> None
     assert 'node="g0"' in metrics and "ghost" not in metrics and 'node="g1"' not in metrics
 
 
+def test_windows_for_a_pod_on_another_node_are_refused(service: Service) -> None:
+    """An agent reports the pods of its own node: a window for a pod bound elsewhere (an
+    agent started with the wrong NODE_NAME, or a pod UID copied from another node) would
+    be kept under the wrong node and teach pairs that node never ran, so the batch is
+    refused naming the pod, and nothing is recorded."""
+    service.api.put("nodes", gpu_node("g1", 1))
+    assert wait_for(lambda: service.engine.cluster.state.node("g1") is not None)
+    service.epoch()
+    reply = service.post(batch(window("uid-c", SOLO), node="g1"))
+    assert reply.status_code == 422, reply.text
+    assert reply.json()["Error"].startswith("observations[0].pod_uid: ")
+    assert "'g0'" in reply.json()["Error"] and "'g1'" in reply.json()["Error"]
+    assert reply.json()["refused"] == [0]
+    service.epoch()
+    assert service.observed() == {}
+    assert service.post(batch(window("uid-c", SOLO))).status_code == 200
+
+
 def test_what_was_learned_survives_a_restart(tmp_path: Path) -> None:
     api = FakeApiServer().start()
     api.put("nodes", gpu_node("g0", 2))

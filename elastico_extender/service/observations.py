@@ -284,7 +284,7 @@ class ObservationService:
                 )
             for i, w in enumerate(windows):
                 where = f"observations[{i}]"
-                found = self._check(where, w, now, running, pub, seen)
+                found = self._check(where, w, node, now, running, pub, seen)
                 seen.add(w.pod_uid)
                 if found:
                     problems.extend(found)
@@ -357,6 +357,7 @@ class ObservationService:
         self,
         where: str,
         w: AgentWindow,
+        node: str,
         now: float,
         running: Mapping[str, Job],
         pub: Published,
@@ -369,6 +370,11 @@ class ObservationService:
         if job is None:
             found.append(
                 f"{where}.pod_uid: unknown pod {w.pod_uid!r} (not running in the published plan)"
+            )
+        elif job.devices and job.devices[0][0] != node:  # an agent measures its own node only
+            found.append(
+                f"{where}.pod_uid: pod {w.pod_uid!r} runs on node {job.devices[0][0]!r}, "
+                f"not on the reporting node {node!r}"
             )
         age = now - w.end
         if age > self.settings.observation_max_age_seconds:
