@@ -70,8 +70,8 @@
     X(uint64_t, flush_interval_ns, "<u8")     \
     X(uint64_t, start_realtime_ns, "<u8")     \
     X(uint64_t, buffer_bytes, "<u8")          \
-    X(uint64_t, reserved0, "<u8")             \
-    X(uint64_t, reserved1, "<u8")             \
+    X(uint64_t, start_monotonic_ns, "<u8")    \
+    X(uint64_t, last_flush_monotonic_ns, "<u8") \
     X(uint64_t, head, "<u8")                  \
     X(uint64_t, reserved2, "<u8")             \
     X(uint64_t, reserved3, "<u8")             \

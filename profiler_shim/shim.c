@@ -145,11 +145,16 @@ static struct {
 static __thread int es_depth __attribute__((tls_model("initial-exec")));
 static __thread es_thread *es_tls __attribute__((tls_model("initial-exec")));
 
-static uint64_t es_realtime_ns(void) {
+static uint64_t es_clock_ns(clockid_t clock) {
     struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
+    clock_gettime(clock, &ts);
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
+
+/* Wall time dates a window; the monotonic clock measures its length, which a step of the
+ * wall clock (NTP, a resumed VM) between two flushes would otherwise change. */
+static uint64_t es_realtime_ns(void) { return es_clock_ns(CLOCK_REALTIME); }
+static uint64_t es_monotonic_ns(void) { return es_clock_ns(CLOCK_MONOTONIC); }
 
 /* ---- the ring --------------------------------------------------------------------- */
 static inline void es_add(uint64_t *counter, uint64_t n) {
@@ -205,6 +210,7 @@ static void es_emit_tick(uint16_t flags) {
     es_header *h = es_g.hdr;
     uint64_t now = es_realtime_ns();
     uint64_t n = __atomic_add_fetch(&h->flushes, 1, __ATOMIC_RELAXED);
+    __atomic_store_n(&h->last_flush_monotonic_ns, es_monotonic_ns(), __ATOMIC_RELAXED);
     __atomic_store_n(&h->last_flush_realtime_ns, now, __ATOMIC_RELAXED);
     uint32_t grid[3] = {(uint32_t)n, 0, 0};
     es_emit(ES_KIND_TICK, 0, flags, 0, __atomic_load_n(&h->live_bytes, __ATOMIC_RELAXED),
@@ -320,6 +326,7 @@ static void es_init_locked(void) {
     h->pid = (uint64_t)getpid();
     h->flush_interval_ns = es_g.flush_ns;
     h->start_realtime_ns = es_realtime_ns();
+    h->start_monotonic_ns = es_monotonic_ns();
     h->buffer_bytes = bytes;
     __atomic_store_n(&h->magic, ES_MAGIC, __ATOMIC_RELEASE); /* readers wait for this */
 

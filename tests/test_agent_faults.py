@@ -112,14 +112,25 @@ def test_a_metrics_endpoint_that_never_ends_costs_one_bounded_scrape(
     assert MAX_SCRAPE_BYTES <= 8 << 20
 
 
-def write_ring(path: Path, *, launches: int, flushed_ns: int, capacity: int = 16) -> None:
+def write_ring(
+    path: Path,
+    *,
+    launches: int,
+    flushed_ns: int,
+    capacity: int = 16,
+    monotonic_ns: int = 0,
+) -> None:
     """A ring file as the shim lays it out (layout.py's dtypes, checked against the built
-    library's own description in test_shim_layout): a header and ``capacity`` slots."""
+    library's own description in test_shim_layout): a header and ``capacity`` slots.
+    ``monotonic_ns`` 0 is a shim from before the monotonic stamps (those bytes were zero)."""
     head = np.zeros(1, dtype=HEADER_DTYPE)
     head["magic"], head["version"] = MAGIC, LAYOUT_VERSION
     head["record_size"], head["header_size"], head["capacity"] = RECORD_SIZE, HEADER_SIZE, capacity
     head["start_realtime_ns"] = flushed_ns - 10**9
     head["launches"], head["last_flush_realtime_ns"] = launches, flushed_ns
+    if monotonic_ns:
+        head["start_monotonic_ns"] = monotonic_ns - 10**9
+        head["last_flush_monotonic_ns"] = monotonic_ns
     path.write_bytes(head.tobytes() + bytes(capacity * RECORD_SIZE))
 
 
@@ -159,6 +170,29 @@ print("truncated:", rings.sample("uid-a"))
     again = rings.sample("uid-a")
     assert again is not None and again.processes == 1
     rings.close()
+
+
+def test_a_wall_clock_step_between_flushes_does_not_change_the_rate(tmp_path: Path) -> None:
+    """The wall clock stepped forward an hour between two flushes (NTP, a resumed VM):
+    10 s of real time passed and 1,000 launches, so 100 launches/s, not 1000/3610 (a
+    fake 28x slowdown fed to the closed loop); stepped back, still 100/s, not no rate.
+    A ring of an older shim (no monotonic stamps) keeps the wall-clock span."""
+    ring = tmp_path / "uid-a" / "elastico-shim-1.ring"
+    ring.parent.mkdir()
+    for step_s in (3600, -3600):
+        rings = PodRings(tmp_path)
+        write_ring(ring, launches=1_000, flushed_ns=10_000 * 10**9, monotonic_ns=50 * 10**9)
+        rings.sample("uid-a")
+        write_ring(ring, launches=2_000, flushed_ns=(10_010 + step_s) * 10**9,
+                   monotonic_ns=60 * 10**9)  # fmt: skip
+        got = rings.sample("uid-a")
+        assert got is not None and got.rate == pytest.approx(100.0), step_s
+    rings = PodRings(tmp_path)
+    write_ring(ring, launches=1_000, flushed_ns=10_000 * 10**9)
+    rings.sample("uid-a")
+    write_ring(ring, launches=2_000, flushed_ns=10_020 * 10**9)
+    got = rings.sample("uid-a")
+    assert got is not None and got.rate == pytest.approx(50.0)
 
 
 def test_the_agent_forgets_pods_that_left_the_node(tmp_path: Path) -> None:

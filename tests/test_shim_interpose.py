@@ -142,6 +142,21 @@ def test_decoded_records_match_what_the_program_did(built, tmp_path: Path) -> No
     assert records[records["kind"] == Kind.TICK]["flags"][-1] & 4  # final tick at exit
 
 
+def test_the_header_stamps_flushes_on_the_monotonic_clock(built, tmp_path: Path) -> None:
+    """Rates divide by the time between two flushes; the wall clock can be stepped (NTP,
+    a VM resumed) between them, the monotonic clock cannot.  The shim stamps its start and
+    every flush on both: CLOCK_MONOTONIC is the same clock as Python's time.monotonic."""
+    before = time.monotonic_ns()
+    out = run_workload(built, tmp_path, "2", "200")
+    after = time.monotonic_ns()
+    pid = int(out.stdout.split()[-1])
+    with RingReader(find_rings(tmp_path)[pid]) as ring:
+        header = ring.header()
+    start, flushed = int(header["start_monotonic_ns"]), int(header["last_flush_monotonic_ns"])
+    assert before <= start <= flushed <= after
+    assert header["flushes"] >= 1  # the final flush at exit stamped both clocks
+
+
 def test_fork_child_gets_a_ring_of_its_own(built, tmp_path: Path) -> None:
     out = run_workload(built, tmp_path, "2", "20", "fork")
     lines = out.stdout.split("\n")

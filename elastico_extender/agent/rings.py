@@ -30,18 +30,20 @@ profiler draining the same ring is undisturbed), each window anew with one ``pre
 owns the file, and a ring truncated under a mapping (a restarted process with the same
 pid re-creates it with ``O_TRUNC``) would fault the agent with SIGBUS.  The header's
 ``launches`` counter is cumulative and published at the shim's flushes (every
-``ELASTICO_SHIM_FLUSH_MS``, default 2 s), which also stamp ``last_flush_realtime_ns``.
-A process's launch rate over a window is therefore
+``ELASTICO_SHIM_FLUSH_MS``, default 2 s), which also stamp ``last_flush_monotonic_ns``
+and ``last_flush_realtime_ns``.  A process's launch rate over a window is therefore
 
     r_i = (launches_i(now) - launches_i(before)) / (flush_i(now) - flush_i(before))
 
 measured on the process's own flush clock, so the window's edges cost no error even when
-the agent's window is not a multiple of the flush interval.  A pod's rate is the sum over
-its processes.  A process first seen after the pod's previous scan started at
-``start_realtime_ns`` with zero launches, so short-lived processes (data-loader workers,
-restarts) are counted from their start; processes already running when the agent starts
-give a rate from their second reading on.  A counter that goes backwards (a new process
-reusing the pid's file) restarts that process's baseline.
+the agent's window is not a multiple of the flush interval.  The flush times are the
+monotonic stamps, so a step of the wall clock changes no rate; the realtime stamp dates
+the window (rings of a shim older than the monotonic stamps, zero there, use it for both).
+A pod's rate is the sum over its processes.  A process first seen after the pod's previous
+scan started at ``start_monotonic_ns`` with zero launches, so short-lived processes
+(data-loader workers, restarts) are counted from their start; processes already running
+when the agent starts give a rate from their second reading on.  A counter that goes
+backwards (a new process reusing the pid's file) restarts that process's baseline.
 
 See docs/observability.md for why launches per second measure progress and its limits.
 """
@@ -146,6 +148,15 @@ class ProcessCounters:
     started_at: float
     peak_bytes: int
     live_bytes: int
+    flushed_mono: float = 0.0  # the shim's CLOCK_MONOTONIC, s; 0: a shim without it
+    started_mono: float = 0.0
+
+    def seconds_since(self, before: ProcessCounters) -> float:
+        """Time between two flushes: on the monotonic clock where both readings have it,
+        so that a step of the wall clock between them changes no rate."""
+        if self.flushed_mono > 0 and before.flushed_mono > 0:
+            return self.flushed_mono - before.flushed_mono
+        return self.flushed_at - before.flushed_at
 
 
 @dataclass(frozen=True, slots=True)
@@ -222,6 +233,8 @@ class PodRings:
                 started_at=h["start_realtime_ns"] / 1e9,
                 peak_bytes=h["peak_bytes"],
                 live_bytes=h["live_bytes"],
+                flushed_mono=h["last_flush_monotonic_ns"] / 1e9,
+                started_mono=h["start_monotonic_ns"] / 1e9,
             )
         for key in [k for k in self._last if k[0] == uid and k[1] not in rings]:
             del self._last[key]
@@ -253,11 +266,13 @@ class PodRings:
                 before = None  # the file now belongs to a new process
             new = previous_scan is not None and c.started_at >= previous_scan - 1.0
             if before is None and new:
-                before = ProcessCounters(0, c.started_at, c.started_at, 0, 0)
+                before = ProcessCounters(
+                    0, c.started_at, c.started_at, 0, 0, c.started_mono, c.started_mono
+                )
             self._last[(uid, process)] = c
             if before is None:
                 continue
-            span = c.flushed_at - before.flushed_at
+            span = c.seconds_since(before)
             if span > 0:
                 rate += (c.launches - before.launches) / span
                 measured = True

@@ -62,7 +62,7 @@ RECORD_FIELDS: tuple[tuple[str, str], ...] = (
     ("block_z", "<u4"),
 )
 
-_PAD = tuple((f"reserved{i}", "<u8") for i in range(16))
+_PAD = tuple((f"reserved{i}", "<u8") for i in range(2, 16))
 HEADER_FIELDS: tuple[tuple[str, str], ...] = (
     ("magic", "<u4"),
     ("version", "<u2"),
@@ -73,11 +73,14 @@ HEADER_FIELDS: tuple[tuple[str, str], ...] = (
     ("flush_interval_ns", "<u8"),
     ("start_realtime_ns", "<u8"),
     ("buffer_bytes", "<u8"),
-    *_PAD[0:2],
+    # CLOCK_MONOTONIC beside the realtime stamps (rates survive wall-clock steps); zero in
+    # rings of shims older than these two fields, whose bytes were reserved and zero
+    ("start_monotonic_ns", "<u8"),
+    ("last_flush_monotonic_ns", "<u8"),
     ("head", "<u8"),  # offset 64: a cache line of its own
-    *_PAD[2:9],
+    *_PAD[0:7],
     ("tail", "<u8"),  # offset 128
-    *_PAD[9:16],
+    *_PAD[7:14],
     ("dropped_records", "<u8"),
     ("dropped_launches", "<u8"),
     ("launches", "<u8"),
