@@ -193,6 +193,40 @@ def test_an_unknown_workload_runs_alone_until_observed(families):
     assert not record_solo_profile(store, mystery, shared_window, measured_at=6.0)
 
 
+def test_an_unknown_workload_with_fewer_configurations_still_runs_alone(families):
+    """The service's unprofiled family has one configuration, catalog ones up to 198: the
+    run-alone rule must not depend on which family of the snapshot has the most rows."""
+    import numpy as np
+
+    from elastico_extender.core.model import ProfileFamily
+    from elastico_extender.core.observations import ObservedSlowdown
+
+    resnet = families["resnet50"]
+    assert families["bert"].size > 1  # the premise: the partner's family has more rows
+    mystery = ProfileFamily(
+        "mystery",
+        resnet.kind,
+        resnet.configs[:1],
+        resnet.resources[:1],
+        resnet.throughput[:1],
+        resnet.features[:1],
+        estimated=np.ones(1, dtype=bool),
+    )
+    shared = shared_pair(families, gpus=1)
+    bert = next(j for j in shared.jobs if j.id == "bert")
+    seen = {"bert": ObservedSlowdown(1.0, 4, 5.0, (1.0,) * 4)}
+    snap = Snapshot(
+        shared.nodes,
+        (bert, Job("new", "mystery", arrival_time=20.0)),
+        {**families, "mystery": mystery},
+        epoch=2,
+        observed=seen,
+        now=5.0,
+    )
+    assert "new" in plan(replace(snap, observed={})).assignments  # without the loop: shares
+    assert "new" not in plan(snap).assignments  # loop engaged: it waits for an idle GPU
+
+
 class Constant:
     """A predictor answering the same slowdown for every pair."""
 

@@ -239,7 +239,8 @@ def solo_rows(epoch: EpochRows, rows: dict[str, int]) -> set[int]:
             out.add(row)
     if not snapshot.observed:
         return out
-    unknown = np.asarray(t.estimated_table.all(axis=1))[t.family_index]
+    # Padding rows (families have fewer configurations than the widest) count as estimated.
+    unknown = np.asarray((t.estimated_table | ~t.real).all(axis=1))[t.family_index]
     out.update(r for r in np.flatnonzero(unknown).tolist() if t.jobs[r].id not in snapshot.observed)
     return out
 
