@@ -197,6 +197,20 @@ def test_job_larger_than_any_gpu_is_rejected_not_queued(families):
     assert "fits any GPU" in plan(small).rejected["big"]
 
 
+def test_a_job_blocked_by_node_cpu_or_host_memory_is_told_so(families):
+    """A GPU node with too few CPU cores (a small test cluster) or too little host memory
+    for any configuration: the reason names that resource, not GPU memory that fits."""
+    bert = families["bert"]
+    cores = float(bert.resources[:, 2].min()) / 2
+    few_cores = Node("n", (GpuDevice(0, 80 * 1024),), cpu_cores=cores)
+    reason = plan(Snapshot((few_cores,), (Job("a", "bert"),), families)).rejected["a"]
+    assert "CPU" in reason and f"{cores:g}" in reason, reason
+    ram = float(bert.resources[:, 3].min()) / 2
+    little_ram = Node("n", (GpuDevice(0, 80 * 1024),), host_mem_mib=ram)
+    reason = plan(Snapshot((little_ram,), (Job("a", "bert"),), families)).rejected["a"]
+    assert "host memory" in reason and f"{ram:.0f} MiB" in reason, reason
+
+
 @pytest.mark.parametrize("bad", [math.nan, -1.0, math.inf])
 def test_bad_numbers_in_a_profile_are_refused_with_the_workload_named(families, bad):
     base = families["lstm"]

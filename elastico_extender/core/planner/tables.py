@@ -209,11 +209,8 @@ def build_tables(snapshot: Snapshot, settings: PlannerSettings) -> JobTables:
             before = valid.copy()
             valid &= family_fits[fam_idx]
             for row in np.flatnonzero(before.any(axis=1) & ~valid.any(axis=1)).tolist():
-                need = res_table[fam_idx[row]][before[row]][:, GPU_MEM].min()
-                reasons[row] = (
-                    f"no allowed configuration fits any GPU (smallest needs {need:.0f} MiB, "
-                    f"largest device offers {mem_cap:.0f} MiB after the driver margin)"
-                )
+                needs = res_table[fam_idx[row]][before[row]]
+                reasons[row] = _unfit_reason(needs, mem_cap, cpu_cap, ram_cap)
     else:
         for row in range(n):
             reasons.setdefault(row, "the cluster has no GPU devices")
@@ -261,4 +258,32 @@ def build_tables(snapshot: Snapshot, settings: PlannerSettings) -> JobTables:
         estimated_table=est_table,
         reasons=reasons,
         demand_family=fam_idx,
+    )
+
+
+def _unfit_reason(needs: np.ndarray, mem_cap: float, cpu_cap: float, ram_cap: float) -> str:
+    """Why none of a job's allowed configurations (``needs``, (C, R) per GPU) fits any
+    GPU node: the resource whose smallest need exceeds the most any node offers, so an
+    operator is not sent after GPU memory when the nodes lack CPU cores or host memory."""
+    if needs[:, GPU_MEM].min() > mem_cap + 1e-9:
+        return (
+            f"no allowed configuration fits any GPU (smallest needs "
+            f"{needs[:, GPU_MEM].min():.0f} MiB, largest device offers {mem_cap:.0f} MiB "
+            "after the driver margin)"
+        )
+    if needs[:, CPU].min() > cpu_cap + 1e-9:
+        return (
+            f"no allowed configuration fits any GPU node's CPU (smallest needs "
+            f"{needs[:, CPU].min():g} cores per GPU, largest GPU node offers {cpu_cap:g})"
+        )
+    if needs[:, HOST_MEM].min() > ram_cap + 1e-9:
+        return (
+            f"no allowed configuration fits any GPU node's host memory (smallest needs "
+            f"{needs[:, HOST_MEM].min():.0f} MiB per GPU, largest GPU node offers "
+            f"{ram_cap:.0f} MiB)"
+        )
+    return (
+        "no allowed configuration fits any GPU node (GPU memory, CPU and host memory "
+        f"together: at most {mem_cap:.0f} MiB per device, {cpu_cap:g} cores and "
+        f"{ram_cap:.0f} MiB of host memory per node)"
     )
