@@ -197,6 +197,18 @@ def test_job_larger_than_any_gpu_is_rejected_not_queued(families):
     assert "fits any GPU" in plan(small).rejected["big"]
 
 
+def test_a_gang_larger_than_the_cluster_is_told_why_and_prices_nothing(families):
+    """A 3-GPU gang on a 2-GPU cluster can never start: it is rejected with the counts
+    (not queued without a word) and its demand does not raise the prices others pay."""
+    alone = plan(Snapshot(a100_nodes(1, 2), (Job("s", "lstm"),), families))
+    jobs = (Job("g", "bert", gpus=3, weight=5.0), Job("s", "lstm"))
+    result = plan(Snapshot(a100_nodes(1, 2), jobs, families))
+    assert "3 GPUs" in result.rejected["g"] and "2" in result.rejected["g"], result.rejected
+    assert "g" not in result.queued
+    assert result.prices.tolist() == alone.prices.tolist()
+    assert result.assignments["s"].config_index == alone.assignments["s"].config_index
+
+
 def test_a_job_blocked_by_node_cpu_or_host_memory_is_told_so(families):
     """A GPU node with too few CPU cores (a small test cluster) or too little host memory
     for any configuration: the reason names that resource, not GPU memory that fits."""

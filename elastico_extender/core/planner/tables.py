@@ -211,6 +211,12 @@ def build_tables(snapshot: Snapshot, settings: PlannerSettings) -> JobTables:
             for row in np.flatnonzero(before.any(axis=1) & ~valid.any(axis=1)).tolist():
                 needs = res_table[fam_idx[row]][before[row]]
                 reasons[row] = _unfit_reason(needs, mem_cap, cpu_cap, ram_cap)
+        # A gang needs distinct GPUs: more than the cluster has never start (and take
+        # no part in the prices, which its demand would raise for every other job).
+        for row in np.flatnonzero((gpus > cluster.size) & ~running).tolist():
+            if valid[row].any():
+                reasons[row] = f"asks for {int(gpus[row])} GPUs; the cluster has {cluster.size}"
+            valid[row] = False
     else:
         for row in range(n):
             reasons.setdefault(row, "the cluster has no GPU devices")
