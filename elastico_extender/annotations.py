@@ -554,6 +554,8 @@ def read_decision(annotations: Mapping[str, str] | None) -> Decision | None:
         budget = float(annotations.get(_key(MEMORY_BUDGET), "0") or 0)
     except ValueError:
         return None
+    if len(set(indices)) != len(indices) or any(i < 0 for i in indices):
+        return None  # not what bind writes (distinct GPU indices): a GPU held twice
     return Decision(
         node=node,
         devices=indices,

@@ -96,6 +96,23 @@ def test_a_bound_pod_with_invalid_annotations_is_reported_every_epoch():
         assert [j.devices for j in snapshot.jobs] == [(("a", 0),)]  # still holds its GPU
 
 
+def test_a_decision_naming_one_gpu_twice_is_not_taken_as_two():
+    """A two-GPU pod whose decision annotation reads "0,0" (hand-edited, or written by a
+    tool that is not ElastiCo) would hold GPU 0 twice in the plan and GPU 1 not at all.
+    It is an unreadable decision: the pod is placed on distinct free GPUs of its node,
+    like any bound pod without a decision of ours."""
+    gang = bound_pod("gang", "a", 0)
+    gang["metadata"]["annotations"]["elastico.io/assigned-devices"] = "0,0"
+    gang["spec"]["containers"][0]["resources"] = {
+        "limits": {"nvidia.com/gpu": "2"},
+        "requests": {"nvidia.com/gpu": "2"},
+    }
+    cluster = EmbeddedCluster([gpu_node("a", 2, "1"), gang], "test")
+    engine = Engine(ServiceSettings(epoch_seconds=60), cluster)
+    (job,) = engine.build_snapshot()[0].jobs
+    assert sorted(job.devices) == [("a", 0), ("a", 1)]
+
+
 def test_the_plans_moves_evict_only_pods_that_allow_it_and_a_controller_owns():
     import numpy as np
 
