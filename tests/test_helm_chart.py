@@ -582,3 +582,33 @@ def test_the_extender_has_minutes_to_plan_once_before_liveness_counts(variant):
     container = next(c for c in extender["containers"] if c["name"] == "extender")
     assert startup_budget_s(container) >= 300
     assert container["startupProbe"]["httpGet"] == container["livenessProbe"]["httpGet"]
+
+
+def mounted_configmaps(template: dict[str, Any]) -> set[str]:
+    return {v["configMap"]["name"] for v in template["spec"].get("volumes", []) if "configMap" in v}
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"scheduler": {"httpTimeout": "9s"}},
+        {"scheduler": {"extenderIgnorable": True}},
+        {"scheduler": {"name": "gpu-share"}},
+        {"predictor": {"configMap": "my-iac-model", "key": "v2.onnx"}},
+    ],
+    ids=["httpTimeout", "extenderIgnorable", "scheduler.name", "predictor.key"],
+)
+def test_helm_upgrade_rolls_every_pod_whose_configmap_changed(change):
+    """kube-scheduler reads --config and `elastico serve` its settings file once, at
+    start: a `helm upgrade` that changes either ConfigMap must change the pod template
+    of every workload mounting it, or the new values never take effect."""
+    base = {"predictor": {"configMap": "my-iac-model"}}
+    before, after = render(base), render({**base, **change})
+    data_before = {n: c["data"] for n, c in named(before, "ConfigMap").items()}
+    data_after = {n: c["data"] for n, c in named(after, "ConfigMap").items()}
+    changed = {n for n in data_after if data_before.get(n) != data_after[n]}
+    assert changed, "the change reaches no ConfigMap"
+    templates_before = pod_templates(before)
+    for name, template in pod_templates(after).items():
+        if mounted_configmaps(template) & changed:
+            assert template != templates_before[name], f"{name} does not roll"
