@@ -612,3 +612,12 @@ def test_helm_upgrade_rolls_every_pod_whose_configmap_changed(change):
     for name, template in pod_templates(after).items():
         if mounted_configmaps(template) & changed:
             assert template != templates_before[name], f"{name} does not roll"
+
+
+def test_several_extender_replicas_without_leader_election_are_refused():
+    """Replicas that do not elect a leader each plan and bind on their own view: two of
+    them promise the same GPU memory twice. The chart refuses that, naming the values."""
+    with pytest.raises(Exception, match=r"extender\.replicas.*leaderElection\.enabled"):
+        render({"extender": {"replicas": 2, "leaderElection": {"enabled": False}}})
+    docs = render({"extender": {"replicas": 1, "leaderElection": {"enabled": False}}})
+    assert named(docs, "Deployment")["elastico-extender"]["spec"]["replicas"] == 1
