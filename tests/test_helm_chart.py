@@ -621,3 +621,19 @@ def test_several_extender_replicas_without_leader_election_are_refused():
         render({"extender": {"replicas": 2, "leaderElection": {"enabled": False}}})
     docs = render({"extender": {"replicas": 1, "leaderElection": {"enabled": False}}})
     assert named(docs, "Deployment")["elastico-extender"]["spec"]["replicas"] == 1
+
+
+@pytest.mark.parametrize("replicas", [1, 2, 3])
+def test_a_disruption_budget_never_blocks_a_node_drain(replicas):
+    """`kubectl drain` waits forever on a PodDisruptionBudget that allows no eviction of
+    ready pods: every budget leaves at least one of the pods it selects evictable."""
+    docs = render({"extender": {"replicas": replicas}})
+    deployments = named(docs, "Deployment").values()
+    for pdb in named(docs, "PodDisruptionBudget").values():
+        selector = pdb["spec"]["selector"]["matchLabels"].items()
+        selected = sum(
+            d["spec"]["replicas"]
+            for d in deployments
+            if selector <= d["spec"]["template"]["metadata"]["labels"].items()
+        )
+        assert int(pdb["spec"]["minAvailable"]) < selected, pdb["metadata"]["name"]
