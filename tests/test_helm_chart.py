@@ -637,3 +637,22 @@ def test_a_disruption_budget_never_blocks_a_node_drain(replicas):
             if selector <= d["spec"]["template"]["metadata"]["labels"].items()
         )
         assert int(pdb["spec"]["minAvailable"]) < selected, pdb["metadata"]["name"]
+
+
+@pytest.mark.parametrize("scheduler", [True, False], ids=["chart-scheduler", "own-scheduler"])
+def test_the_network_policy_admits_the_scheduler_that_calls_the_extender(scheduler):
+    """With scheduler.enabled=false the user's own kube-scheduler (a static pod on the
+    host network, not a pod of this release) calls port 8888: a rule admitting only the
+    chart's scheduler pods would admit nobody, and every ElastiCo pod would stay Pending."""
+    docs = render({"scheduler": {"enabled": scheduler}})
+    templates = pod_templates(docs).values()
+    (policy,) = named(docs, "NetworkPolicy").values()
+    admitted = set()
+    for rule in policy["spec"]["ingress"]:
+        sources = [s["podSelector"]["matchLabels"].items() for s in rule.get("from", [])]
+        from_anywhere = not sources
+        if from_anywhere or any(
+            s <= t["metadata"]["labels"].items() for s in sources for t in templates
+        ):
+            admitted |= {p["port"] for p in rule["ports"]}
+    assert {8888, 8443, 8444} <= admitted
