@@ -656,3 +656,22 @@ def test_the_network_policy_admits_the_scheduler_that_calls_the_extender(schedul
         ):
             admitted |= {p["port"] for p in rule["ports"]}
     assert {8888, 8443, 8444} <= admitted
+
+
+def test_cert_manager_certificates_last_as_long_as_the_processes_that_load_them_once():
+    """The extender (uvicorn) and kube-scheduler (extender tlsConfig files) read their
+    certificates once, at start. cert-manager's default duration, 90 days, would renew
+    the Secrets under them at day 60 and leave the loaded ones to expire at day 90:
+    webhook and extender calls failing until someone restarts the pods. The serving and
+    client certificates last tls.validityDays, as in helm mode."""
+    days = 1000
+    docs = render({"tls": {"mode": "cert-manager", "validityDays": days}})
+    leaves = [c for c in named(docs, "Certificate").values() if not c["spec"].get("isCA")]
+    assert {c["spec"]["secretName"] for c in leaves} == {
+        "elastico-extender-tls",
+        "elastico-scheduler-client-tls",
+    }
+    for cert in leaves:
+        duration = cert["spec"].get("duration", "2160h")  # cert-manager's default
+        assert re.fullmatch(r"\d+h", duration), duration
+        assert int(duration[:-1]) == days * 24, cert["metadata"]["name"]
