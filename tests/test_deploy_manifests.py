@@ -122,6 +122,17 @@ def test_rbac_is_least_privilege_and_bound_to_the_deployments_accounts():
     assert accounts <= bound
 
 
+def test_deploy_grants_the_extender_and_agent_what_the_chart_grants():
+    """The chart's extender role is checked against every request the code makes
+    (test_helm_chart.py); deploy/ grants the same cluster-wide, no more, no less."""
+    from test_helm_chart import cluster_grants, named, render
+
+    chart = render({})
+    for name in ("elastico-extender", "elastico-agent"):
+        granted = cluster_grants(by_kind("ClusterRole")[name])
+        assert granted == cluster_grants(named(chart, "ClusterRole")[name]), name
+
+
 def test_the_extender_may_read_and_write_its_learned_state_checkpoint():
     """The leader's checkpoint (service/checkpoint.py): get and update of the one ConfigMap
     the settings name, in the namespace they name, and create; bound to the extender."""

@@ -365,6 +365,17 @@ def allowed(roles: list[dict[str, Any]], group: str, resource: str, verb: str) -
     )
 
 
+def cluster_grants(role: dict[str, Any]) -> set[tuple[str, str, str]]:
+    """(apiGroup, resource, verb) of every rule of ``role``."""
+    return {
+        (group, resource, verb)
+        for rule in role["rules"]
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+    }
+
+
 def settings_file(docs: list[dict[str, Any]], tmp_path: Path) -> Path:
     path = tmp_path / "settings.yaml"
     path.write_text(named(docs, "ConfigMap")["elastico-extender-settings"]["data"]["settings.yaml"])
@@ -441,6 +452,15 @@ def test_extender_rbac_covers_every_request_the_code_makes(tmp_path):
         assert need in needs  # the scenario exercised it
     missing = sorted(n for n in needs if not allowed(roles, *n))
     assert missing == []
+    # and no more, cluster-wide: what the code never asks for (a read of every
+    # ConfigMap in the cluster, say) is only an attacker's gain should the account leak
+    (cluster_role,) = [r for r in roles if r["kind"] == "ClusterRole"]
+    own = f"/namespaces/{NAMESPACE}/"
+    local = [r for r in roles if r["kind"] == "Role"]
+    cluster_needs = rbac_needs([r for r in server.requests if own not in r]) | {
+        n for n in rbac_needs([r for r in server.requests if own in r]) if not allowed(local, *n)
+    }
+    assert cluster_grants(cluster_role) <= cluster_needs
     # the checkpoint's own rule, in the release namespace, names its ConfigMap
     (state,) = [r for r in roles if r["kind"] == "Role"]
     assert state["metadata"]["namespace"] == NAMESPACE == learned.lease_namespace
