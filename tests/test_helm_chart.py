@@ -695,3 +695,16 @@ def test_cert_manager_certificates_last_as_long_as_the_processes_that_load_them_
         duration = cert["spec"].get("duration", "2160h")  # cert-manager's default
         assert re.fullmatch(r"\d+h", duration), duration
         assert int(duration[:-1]) == days * 24, cert["metadata"]["name"]
+
+
+def test_every_pod_of_a_private_registry_install_may_pull_its_image():
+    """imagePullSecrets is what a private registry (or a mirror of registry.k8s.io and
+    nvcr.io in an air-gapped cluster) needs: a workload without it never starts."""
+    secrets = [{"name": "regcred"}]
+    docs = render({"imagePullSecrets": secrets, "mpsDaemon": {"enabled": True}})
+    templates = pod_templates(docs)
+    assert {"elastico-extender", "elastico-agent", "elastico-scheduler", "elastico-mps"} <= set(
+        templates
+    )
+    for name, template in templates.items():
+        assert template["spec"].get("imagePullSecrets") == secrets, name
