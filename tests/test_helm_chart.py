@@ -708,3 +708,23 @@ def test_every_pod_of_a_private_registry_install_may_pull_its_image():
     )
     for name, template in templates.items():
         assert template["spec"].get("imagePullSecrets") == secrets, name
+
+
+@pytest.mark.parametrize("release", ["elastico", "gpu"])
+def test_the_install_notes_name_the_service_of_this_release(release):
+    """NOTES.txt's `kubectl elastico` line goes to the release's views Service: the
+    plugin's default (elastico-webhook) is only the release named elastico's."""
+    import shlex
+
+    from elastico_extender.kubectl_plugin import parser as plugin_parser
+
+    out = helm.Chart.load(str(CHART)).render({}, name=release, namespace=NAMESPACE, is_install=True)
+    (notes,) = [text for name, text in out.items() if name.endswith("NOTES.txt")]
+    (line,) = [ln for ln in notes.splitlines() if ln.strip().startswith("kubectl elastico")]
+    words = shlex.split(line.replace(" | nodes | prices | why POD", ""))
+    args = plugin_parser().parse_args(words[2:])
+    docs = [d for name, text in out.items() if name.endswith(".yaml")
+            for d in yaml.safe_load_all(text) if d]  # fmt: skip
+    service = named(docs, "Service")[args.service]
+    assert service["metadata"]["namespace"] == args.namespace
+    assert args.port in {p["port"] for p in service["spec"]["ports"]}
