@@ -728,3 +728,25 @@ def test_the_install_notes_name_the_service_of_this_release(release):
     service = named(docs, "Service")[args.service]
     assert service["metadata"]["namespace"] == args.namespace
     assert args.port in {p["port"] for p in service["spec"]["ports"]}
+
+
+@pytest.mark.parametrize(
+    "tls",
+    [
+        {"mode": "cert-manager"},
+        {"mode": "cert-manager", "certManager": {"issuerRef": {"name": "corp-ca"}}},
+        {
+            "mode": "existing",
+            "existing": {"serverSecret": "s", "clientSecret": "c", "caBundle": "Q0E="},
+        },
+    ],
+    ids=["cert-manager", "issuerRef", "existing"],
+)
+def test_helm_upgrade_to_another_certificate_source_rolls_every_tls_user(tls):
+    """The extender, kube-scheduler and the agents load their certificates and CA once,
+    at start. Switching tls.mode (or the issuer) puts a certificate of another CA in the
+    Secrets and in the webhook's caBundle: pods left running keep the old one and fail
+    every TLS handshake with the new (the webhook's Fail policy blocks ElastiCo pods)."""
+    before, after = pod_templates(render({})), pod_templates(render({"tls": tls}))
+    for name in ("elastico-extender", "elastico-scheduler", "elastico-agent"):
+        assert after[name] != before[name], f"{name} does not roll"

@@ -57,3 +57,9 @@ extenders:
       keyFile: /etc/elastico/client/tls.key
       caFile: /etc/elastico/client/ca.crt
 {{- end -}}
+
+{{- /* Where the certificates come from. Each process loads its certificates and CA once:
+another source (another CA) must roll every pod that uses them. */}}
+{{- define "elastico.tlsChecksum" -}}
+{{- toYaml (pick .Values.tls "mode" "certManager" "existing") | sha256sum | trunc 16 -}}
+{{- end -}}
