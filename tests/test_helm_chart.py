@@ -643,6 +643,16 @@ def test_several_extender_replicas_without_leader_election_are_refused():
     assert named(docs, "Deployment")["elastico-extender"]["spec"]["replicas"] == 1
 
 
+def test_a_checkpoint_namespace_the_role_does_not_cover_is_refused():
+    """The chart's Role lets the extender read and write its learned-state checkpoint in
+    the release namespace only: a checkpoint placed elsewhere through the settings would
+    be refused (403) at every write, and what the loop learned lost at each restart."""
+    with pytest.raises(Exception, match=r"extender\.settings\.learned_namespace"):
+        render({"extender": {"settings": {"learned_namespace": "elsewhere"}}})
+    docs = render({"extender": {"settings": {"learned_namespace": NAMESPACE}}})
+    assert "elastico-extender" in named(docs, "Deployment")
+
+
 @pytest.mark.parametrize("replicas", [1, 2, 3])
 def test_a_disruption_budget_never_blocks_a_node_drain(replicas):
     """`kubectl drain` waits forever on a PodDisruptionBudget that allows no eviction of

@@ -8,6 +8,9 @@ ConfigMaps and hashed into their pod templates, so that a change rolls the pods.
 {{- $_ := set $settings "leader_election" (and $le.enabled (gt (int .Values.extender.replicas) 0)) }}
 {{- $_ := set $settings "lease_name" (include "elastico.extender" .) }}
 {{- $_ := set $settings "lease_namespace" $ns }}
+{{- with .Values.extender.settings.learned_namespace }}{{ if ne . $ns }}
+{{- fail (printf "extender.settings.learned_namespace is %q: the chart's Role covers the checkpoint in the release namespace %q only; unset it" . $ns) }}
+{{- end }}{{ end }}
 {{- $_ := set $settings "learned_configmap" (include "elastico.learned" .) }}
 {{- $_ := set $settings "lease_duration_seconds" $le.leaseDurationSeconds }}
 {{- $_ := set $settings "renew_deadline_seconds" $le.renewDeadlineSeconds }}
