@@ -14,6 +14,7 @@ from elastico_extender.core.model import Job, MeasuredRates, Snapshot
 from elastico_extender.core.observations import RESTORED_WINDOWS, Observation, ObservationBook
 from elastico_extender.core.planner import plan
 from elastico_extender.core.planner.observed_throughput import (
+    MAX_DEVIATION,
     PRIOR_WINDOWS,
     observed_throughput,
     solo_rates,
@@ -97,6 +98,20 @@ def test_a_family_measured_far_off_its_profile_rescales_what_was_not_measured():
     assert out[0, 0] > out[0, 1]  # the profile's ranking of the untried one holds
     nine = {"a": measured([np.nan, 8 * 1.09, 6.0])}
     assert observed_throughput(["a"], profile, real, nine)[0, 0] == 10.0  # a config's error
+
+
+def test_a_measured_rate_far_beyond_any_gpu_is_bounded_not_inf_or_zero():
+    """A solo rate 1e300 times or 1e-300 of the profile (a counter in another unit, a
+    stalled window, a broken exporter) is no GPU's speed: the estimate stays finite and
+    positive, within MAX_DEVIATION of the profile, and the plan's scores stay finite."""
+    profile = np.array([[10.0, 8.0]])
+    real = np.ones((1, 2), dtype=bool)
+    for rate in (1e300, 5e-324):
+        with np.errstate(all="raise"):
+            out = observed_throughput(["a"], profile, real, {"a": measured([rate, np.nan])})
+        assert np.isfinite(out).all() and (out > 0).all(), rate
+        assert (out <= profile * MAX_DEVIATION + 1e-9).all()
+        assert (out >= profile / MAX_DEVIATION - 1e-9).all()
 
 
 def _chosen(families, rates: dict[str, np.ndarray], **settings: bool) -> int:

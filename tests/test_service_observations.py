@@ -215,6 +215,7 @@ BAD = [
     ("unknown field", batch(window("uid-a", 1.0, extra_field=1)), 400, "extra_field"),
     ("rate as text", batch(window("uid-a", "fast")), 400, "rate"),  # type: ignore[arg-type]
     ("negative rate", batch(window("uid-a", -1.0)), 400, "rate"),
+    ("absurd rate", batch(window("uid-a", 1e300)), 400, "rate"),
     ("zero seconds", batch(window("uid-a", 1.0, seconds=0)), 400, "seconds"),
     ("sm above 1", batch(window("uid-a", 1.0, sm_activity=1.5)), 400, "sm_activity"),
     ("negative memory", batch(window("uid-a", 1.0, peak_mem_mib=-5)), 400, "peak_mem_mib"),

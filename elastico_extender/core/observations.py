@@ -68,6 +68,7 @@ __all__ = [
     "FAMILY_MARGIN",
     "FAMILY_SMOOTHING",
     "HARM_WINDOWS",
+    "MAX_RATE",
     "ONE_WINDOW_MARGIN",
     "PROFILE_MARGIN",
     "REFERENCES",
@@ -85,6 +86,9 @@ __all__ = [
     "window_evidence",
 ]
 
+MAX_RATE = 1e9
+"""Most progress per second a window may report, in any unit: far above any kernel launch,
+token or sample rate of one pod; beyond it a report is garbage whose ratios overflow."""
 SM_HORIZON_S = 3600.0
 """How far back the observed SM peak looks (an hour: several idle/busy phases of a
 training job, and an inference burst of the last hour)."""
@@ -188,8 +192,8 @@ class Observation:
                 found.append(f"{name} must be a finite number, got {value!r}")
         if math.isfinite(self.seconds) and self.seconds <= 0:
             found.append(f"seconds must be > 0, got {self.seconds}")
-        if math.isfinite(self.rate) and self.rate < 0:
-            found.append(f"rate must be >= 0, got {self.rate}")
+        if math.isfinite(self.rate) and not 0 <= self.rate <= MAX_RATE:
+            found.append(f"rate must be in [0, {MAX_RATE:g}] per second, got {self.rate}")
         for name in ("peak_mem_mib", "sm_activity"):
             value = getattr(self, name)
             if value is not None and not (math.isfinite(value) and value >= 0):

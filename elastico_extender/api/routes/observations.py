@@ -36,6 +36,7 @@ from elastico_extender.api.deps import (
     require_agent_auth,
     timed_view,
 )
+from elastico_extender.core.observations import MAX_RATE
 from elastico_extender.service.observations import (
     AgentWindow,
     ObservationRefused,
@@ -61,7 +62,7 @@ class WindowItem(BaseModel):
     pod_uid: Annotated[str, Field(strict=True, min_length=1, max_length=128)]
     end: Annotated[float, Field(strict=True, gt=0, allow_inf_nan=False)]
     seconds: Annotated[float, Field(strict=True, gt=0, allow_inf_nan=False)]
-    rate: NonNegative
+    rate: Annotated[float, Field(strict=True, ge=0, le=MAX_RATE, allow_inf_nan=False)]
     unit: Annotated[str, Field(strict=True, pattern=r"^[A-Za-z0-9_.:]{1,32}/s$")]
     configuration: Annotated[str | None, Field(strict=True, max_length=512)] = None
     peak_mem_mib: NonNegative | None = None

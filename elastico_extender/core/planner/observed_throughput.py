@@ -56,6 +56,7 @@ from elastico_extender.core.model import MeasuredRates, ProfileFamily
 from elastico_extender.core.observations import ObservationBook
 
 __all__ = [
+    "MAX_DEVIATION",
     "PRIOR_WINDOWS",
     "SHIFT",
     "SoloRates",
@@ -103,6 +104,12 @@ def solo_rates(
     return out
 
 
+MAX_DEVIATION = 100.0
+"""Measured / profile ratios are taken within [1/100, 100]: GPU models and software stacks
+differ by up to some tens of times, more is a counter in another unit, a stalled window
+or a broken exporter, and an unbounded ratio overflows the scores (inf) or zeroes T(c)."""
+
+
 def corrected(profile: np.ndarray, measured: MeasuredRates | None) -> np.ndarray:
     """One family's T(c) (``profile``, its real configurations only) with the solo rates
     measured at them, by the module doc's rules; a new array."""
@@ -115,7 +122,9 @@ def corrected(profile: np.ndarray, measured: MeasuredRates | None) -> np.ndarray
     seen = np.isfinite(rate) & (rate > 0)
     if not seen.any():
         return out
-    deviation = np.log(np.where(seen, rate, out) / out)  # log(measured / profile); 0 unseen
+    # log(measured / profile), within MAX_DEVIATION; 0 unseen
+    bound = math.log(MAX_DEVIATION)
+    deviation = np.clip(np.log(np.where(seen, rate, out)) - np.log(out), -bound, bound)
     shift = float(deviation[seen].mean())
     shift = shift if abs(shift) > math.log1p(SHIFT) else 0.0
     trust = windows / (windows + PRIOR_WINDOWS)
