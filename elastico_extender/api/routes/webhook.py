@@ -22,7 +22,9 @@ bind time.  So at admission (pod CREATE) the webhook adds, for an opted-in pod:
   refuse it).
 
 Invalid annotations are admitted unchanged with warnings (filter reports them
-as the pod's scheduling failure, naming each annotation).
+as the pod's scheduling failure, naming each annotation).  So is a pod ElastiCo will never
+bind (:func:`not_bound_by_elastico`): nothing would create the ConfigMap its env would
+name, and the kubelet would never start its containers.
 """
 
 from __future__ import annotations
@@ -135,6 +137,26 @@ def user_overrides(pod: dict[str, Any], intent: PodIntent, mps: bool) -> list[st
     return warnings
 
 
+def not_bound_by_elastico(pod: dict[str, Any], scheduler_name: str) -> str | None:
+    """Why ElastiCo's bind never sees this pod (the warning), or None.
+
+    The chart's ``matchConditions`` keep such pods away, but ``deploy/webhook.yaml`` has
+    none, and any webhook configuration may be edited: the webhook checks itself."""
+    spec = pod.get("spec") or {}
+    if spec.get("nodeName"):
+        return (
+            f"spec.nodeName is set ({spec['nodeName'][:63]}): the pod bypasses the scheduler, "
+            "so ElastiCo gives it no GPU decision; its elastico.io annotations are ignored"
+        )
+    name = spec.get("schedulerName") or "default-scheduler"
+    if scheduler_name and name != scheduler_name:
+        return (
+            f"spec.schedulerName is {name[:63]}, not {scheduler_name}: ElastiCo does not "
+            "schedule this pod; its elastico.io annotations are ignored"
+        )
+    return None
+
+
 def _escape(key: str) -> str:
     return key.replace("~", "~0").replace("/", "~1")
 
@@ -245,8 +267,11 @@ async def mutate(request: Request) -> Response:
         except AnnotationError as exc:
             response["warnings"] = [f"{key}: {msg}" for key, msg in exc.problems]
             intent = None
-        if intent is not None:
-            settings = engine.settings
+        settings = engine.settings
+        elsewhere = intent is not None and not_bound_by_elastico(pod, settings.scheduler_name)
+        if elsewhere:
+            response["warnings"] = [elsewhere]
+        elif intent is not None:
             rings = rings_volume(
                 settings.rings_volume,
                 medium=settings.rings_medium,
@@ -254,7 +279,7 @@ async def mutate(request: Request) -> Response:
                 host_path=settings.rings_host_path,
             )
             patch = mutation_patch(pod, intent, settings.mps, rings)
-            if overrides := user_overrides(pod, intent, engine.settings.mps):
+            if overrides := user_overrides(pod, intent, settings.mps):
                 response["warnings"] = overrides
             response["patchType"] = "JSONPatch"
             response["patch"] = base64.b64encode(orjson.dumps(patch)).decode()

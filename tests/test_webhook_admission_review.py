@@ -1,0 +1,129 @@
+"""The webhook against what the API server sends and expects (admission.k8s.io/v1).
+
+Each request is the AdmissionReview the API server posts for a pod CREATE (``kind``,
+``resource``, ``userInfo``, ``options``, ``dryRun``; a controller's pod has only
+``generateName``), sent to the real endpoint over HTTP; the patch is applied as RFC 6902
+(``test_edge_handoff.apply_patch``: a missing parent fails) and the result checked the
+way the API server's pod validation would refuse it.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+from test_edge_handoff import apply_patch
+
+from elastico_extender.api.app import create_app
+from elastico_extender.cluster.embedded import EmbeddedCluster
+from elastico_extender.service.server import ServerThread
+from elastico_extender.service.settings import ServiceSettings
+
+UID = "705ab4f5-6393-11e8-b7cc-42010a800002"
+GPU = {"resources": {"limits": {"nvidia.com/gpu": "1"}}}
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[ServerThread]:
+    app = create_app(ServiceSettings(epoch_seconds=3600), EmbeddedCluster([], "test"))
+    with ServerThread(app) as running:
+        yield running
+
+
+def new_pod(**spec: Any) -> dict[str, Any]:
+    """A Job controller's pod as the API server hands it to admission: defaulted, no
+    name yet (``generateName``), ``creationTimestamp: null``."""
+    pod: dict[str, Any] = {
+        "kind": "Pod",
+        "apiVersion": "v1",
+        "metadata": {"generateName": "train-7d9f4-", "namespace": "ml",
+                     "creationTimestamp": None,
+                     "annotations": {"elastico.io/family": "bert"}},
+        "spec": {"schedulerName": "elastico-scheduler", "restartPolicy": "Never",
+                 "containers": [{"name": "trainer", "image": "t", **GPU}]},
+        "status": {},
+    }  # fmt: skip
+    pod["spec"].update(spec)
+    return pod
+
+
+def review(obj: Any, **request: Any) -> dict[str, Any]:
+    body = {
+        "uid": UID,
+        "kind": {"group": "", "version": "v1", "kind": "Pod"},
+        "resource": {"group": "", "version": "v1", "resource": "pods"},
+        "requestKind": {"group": "", "version": "v1", "kind": "Pod"},
+        "requestResource": {"group": "", "version": "v1", "resource": "pods"},
+        "namespace": "ml",
+        "operation": "CREATE",
+        "userInfo": {"username": "system:serviceaccount:kube-system:job-controller",
+                     "groups": ["system:serviceaccounts", "system:authenticated"]},
+        "object": obj,
+        "oldObject": None,
+        "dryRun": False,
+        "options": {"kind": "CreateOptions", "apiVersion": "meta.k8s.io/v1"},
+    }  # fmt: skip
+    body.update(request)
+    return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": body}
+
+
+def post(server: ServerThread, body: Any) -> dict[str, Any]:
+    reply = httpx.post(f"{server.url}/mutate", json=body, timeout=10)
+    assert reply.status_code == 200, reply.text
+    answer: dict[str, Any] = reply.json()
+    assert answer["apiVersion"] == "admission.k8s.io/v1"
+    assert answer["kind"] == "AdmissionReview"
+    response: dict[str, Any] = answer["response"]
+    assert response["uid"] == body["request"]["uid"] and response["allowed"] is True
+    return response
+
+
+def admit(server: ServerThread, obj: dict[str, Any], **request: Any) -> tuple[dict, dict]:
+    """(the response, the pod as stored: the patch applied, or unchanged)."""
+    response = post(server, review(obj, **request))
+    if "patch" not in response:
+        assert "patchType" not in response
+        return response, obj
+    assert response["patchType"] == "JSONPatch"
+    return response, apply_patch(obj, json.loads(base64.b64decode(response["patch"])))
+
+
+def refusals(pod: dict[str, Any]) -> list[str]:
+    """What the API server's pod validation refuses among what the patch touches:
+    duplicate volume names, a mount naming no volume, two mounts at one path."""
+    spec = pod["spec"]
+    found = []
+    volumes = [v["name"] for v in spec.get("volumes") or []]
+    found += [f"volume {n} twice" for n in set(volumes) if volumes.count(n) > 1]
+    for part in ("initContainers", "containers"):
+        for c in spec.get(part) or []:
+            mounts = c.get("volumeMounts") or []
+            found += [f"{c['name']}: no volume {m['name']}" for m in mounts
+                      if m["name"] not in volumes]  # fmt: skip
+            paths = [m["mountPath"] for m in mounts]
+            found += [f"{c['name']}: {p} twice" for p in set(paths) if paths.count(p) > 1]
+    return found
+
+
+def env_of(container: dict[str, Any]) -> list[str]:
+    return [e["name"] for e in container.get("env") or []]
+
+
+def test_a_pod_elastico_never_binds_is_left_unchanged_with_a_warning(server):
+    """Only the chart's matchConditions kept such pods away: deploy/webhook.yaml has
+    none, and the pod was wired to a ConfigMap that only ElastiCo's bind creates, so its
+    containers never started (CreateContainerConfigError)."""
+    for spec, named in (
+        ({"schedulerName": "default-scheduler"}, "spec.schedulerName"),
+        ({"nodeName": "gpu-3"}, "spec.nodeName"),
+    ):
+        response, _ = admit(server, new_pod(**spec))
+        assert "patch" not in response
+        (warning,) = response["warnings"]
+        assert named in warning and "elastico" in warning.lower()
+    response, _ = admit(server, new_pod())
+    assert "patch" in response and "warnings" not in response
