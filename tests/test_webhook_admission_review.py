@@ -10,6 +10,7 @@ way the API server's pod validation would refuse it.
 from __future__ import annotations
 
 import base64
+import copy
 import json
 from collections.abc import Iterator
 from typing import Any
@@ -127,3 +128,22 @@ def test_a_pod_elastico_never_binds_is_left_unchanged_with_a_warning(server):
         assert named in warning and "elastico" in warning.lower()
     response, _ = admit(server, new_pod())
     assert "patch" in response and "warnings" not in response
+
+
+def test_a_pod_already_carrying_the_webhooks_additions_gets_nothing_twice(server):
+    """``kubectl debug --copy-to``, or a pod or template written from ``kubectl get -o
+    yaml`` of an admitted pod, arrives with the decision volume, rings volume, mounts and
+    env: the second pass added both volumes again (the API server refused the pod:
+    ``spec.volumes[2].name: Duplicate value``) and took the webhook's own ConfigMap
+    references for the user's settings (a warning each, and ELASTICO_USER_SETTINGS naming
+    them all, so elastico-run would ignore the decision)."""
+    evaluator = {"name": "eval", "image": "t", "env": [{"name": "X", "value": "1"}], **GPU}
+    containers = [{"name": "trainer", "image": "t", **GPU}, evaluator]
+    _, once = admit(server, new_pod(containers=containers, volumes=[{"name": "d", "emptyDir": {}}]))
+    response, twice = admit(server, copy.deepcopy(once))
+    assert refusals(twice) == [] and "warnings" not in response
+    configmap = twice["metadata"]["annotations"]["elastico.io/configmap"]
+    before = json.dumps(once).replace(once["metadata"]["annotations"]["elastico.io/configmap"], "C")
+    assert json.loads(json.dumps(twice).replace(configmap, "C")) == json.loads(before)
+    for container in twice["spec"]["containers"]:
+        assert "ELASTICO_USER_SETTINGS" not in env_of(container)

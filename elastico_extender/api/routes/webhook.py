@@ -121,19 +121,34 @@ def gpu_containers(spec: dict[str, Any]) -> list[int]:
     return found or ([0] if containers else [])
 
 
+def user_settings(container: dict[str, Any], keys: set[str], configmap: str | None) -> list[str]:
+    """The settings among ``keys`` the container sets itself: not the references into the
+    pod's ConfigMap (``configmap``) that an earlier pass of the webhook added, which a pod
+    copied from an admitted one carries."""
+    own = []
+    for entry in container.get("env") or []:
+        source = entry.get("valueFrom")
+        ref = source.get("configMapKeyRef") if isinstance(source, dict) else None
+        if entry.get("name") in keys and not (
+            configmap is not None and isinstance(ref, dict) and ref.get("name") == configmap
+        ):
+            own.append(entry["name"])
+    return sorted(own)
+
+
 def user_overrides(pod: dict[str, Any], intent: PodIntent, mps: bool) -> list[str]:
     """Warnings for the settings a GPU container already sets itself (kept as written)."""
     keys = set(setting_keys(intent, mps))
+    configmap = ((pod.get("metadata") or {}).get("annotations") or {}).get(PREFIX + "configmap")
     containers = (pod.get("spec") or {}).get("containers") or []
     warnings = []
     for i in gpu_containers(pod.get("spec") or {}):
         container = containers[i] or {}
-        for entry in container.get("env") or []:
-            if entry.get("name") in keys:
-                warnings.append(
-                    f"container {container.get('name', i)!s} sets {entry['name']} itself: "
-                    "kept as written, so it overrides ElastiCo's decision for that setting"
-                )
+        for name in user_settings(container, keys, configmap):
+            warnings.append(
+                f"container {container.get('name', i)!s} sets {name} itself: "
+                "kept as written, so it overrides ElastiCo's decision for that setting"
+            )
     return warnings
 
 
@@ -159,6 +174,21 @@ def not_bound_by_elastico(pod: dict[str, Any], scheduler_name: str) -> str | Non
 
 def _escape(key: str) -> str:
     return key.replace("~", "~0").replace("/", "~1")
+
+
+def _append(path: str, present: Any, items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Operations adding the ``items`` whose ``name`` the array at ``path`` (``present``,
+    None if absent) does not hold yet: a pod copied from an admitted one already has them,
+    and the API server refuses a second volume or mount of one name.  One ``-`` add each
+    to an array that exists; the whole array where there is none (RFC 6902 appends only
+    to an existing array)."""
+    names = {entry.get("name") for entry in present or []}
+    missing = [item for item in items if item["name"] not in names]
+    if not missing:
+        return []
+    if present:
+        return [{"op": "add", "path": f"{path}/-", "value": item} for item in missing]
+    return [{"op": "add", "path": path, "value": missing}]
 
 
 def mutation_patch(
@@ -192,36 +222,24 @@ def mutation_patch(
         {"name": "ELASTICO_POD_UID", "valueFrom": {"fieldRef": {"fieldPath": "metadata.uid"}}}
     )
     env.append({"name": "ELASTICO_RING_ROOT", "value": RINGS_DIR})
-    mounts = [
+    mounts: list[dict[str, Any]] = [
         {"name": DECISION_VOLUME, "mountPath": DECISION_DIR, "readOnly": True},
         {"name": RINGS_VOLUME, "mountPath": RINGS_DIR},
     ]
     containers = spec.get("containers") or []
     for i in gpu_containers(spec):
         container = containers[i]
-        existing = {e.get("name") for e in container.get("env") or []}
         # its own ring directory: the pod's containers have pid namespaces of their own
         named: dict[str, Any] = {
             "name": "ELASTICO_CONTAINER_NAME",
             "value": str(container.get("name") or i),
         }
-        mine = [e for e in (*env, named) if e["name"] not in existing]
-        kept = sorted(existing & set(keys))  # user_overrides warns about these
-        if kept and USER_SETTINGS_ENV not in existing:
+        mine = [*env, named]
+        kept = user_settings(container, set(keys), annotations.get(PREFIX + "configmap"))
+        if kept:  # user_overrides warns about these
             mine.append({"name": USER_SETTINGS_ENV, "value": ",".join(kept)})
-        if container.get("env"):
-            ops.extend(
-                {"op": "add", "path": f"/spec/containers/{i}/env/-", "value": e} for e in mine
-            )
-        else:
-            ops.append({"op": "add", "path": f"/spec/containers/{i}/env", "value": mine})
-        if container.get("volumeMounts"):
-            ops.extend(
-                {"op": "add", "path": f"/spec/containers/{i}/volumeMounts/-", "value": m}
-                for m in mounts
-            )
-        else:
-            ops.append({"op": "add", "path": f"/spec/containers/{i}/volumeMounts", "value": mounts})
+        ops += _append(f"/spec/containers/{i}/env", container.get("env"), mine)
+        ops += _append(f"/spec/containers/{i}/volumeMounts", container.get("volumeMounts"), mounts)
     volume = {
         "name": DECISION_VOLUME,
         "downwardAPI": {
@@ -233,11 +251,7 @@ def mutation_patch(
             ]
         },
     }
-    rings = rings or rings_volume()
-    if spec.get("volumes"):
-        ops.extend({"op": "add", "path": "/spec/volumes/-", "value": v} for v in (volume, rings))
-    else:
-        ops.append({"op": "add", "path": "/spec/volumes", "value": [volume, rings]})
+    ops += _append("/spec/volumes", spec.get("volumes"), [volume, rings or rings_volume()])
     return ops
 
 
