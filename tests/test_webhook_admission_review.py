@@ -147,3 +147,27 @@ def test_a_pod_already_carrying_the_webhooks_additions_gets_nothing_twice(server
     assert json.loads(json.dumps(twice).replace(configmap, "C")) == json.loads(before)
     for container in twice["spec"]["containers"]:
         assert "ELASTICO_USER_SETTINGS" not in env_of(container)
+
+
+def config_map_refs(pod: dict[str, Any]) -> set[str]:
+    return {
+        e["valueFrom"]["configMapKeyRef"]["name"]
+        for c in pod["spec"]["containers"]
+        for e in c.get("env") or []
+        if "configMapKeyRef" in (e.get("valueFrom") or {})
+    }
+
+
+def test_pods_copied_from_an_admitted_one_each_get_a_configmap_of_their_own(server):
+    """A Job template written from an admitted pod carries its ``elastico.io/configmap``:
+    every replica kept that name, so each bind replaced the one ConfigMap (owner and
+    devices) all of them read, and deleting any replica garbage-collected it."""
+    _, original = admit(server, new_pod())
+    (shared,) = config_map_refs(original)
+    names = set()
+    for _ in range(2):
+        _, replica = admit(server, copy.deepcopy(original))
+        (name,) = config_map_refs(replica)
+        assert name == replica["metadata"]["annotations"]["elastico.io/configmap"]
+        names.add(name)
+    assert len(names) == 2 and shared not in names

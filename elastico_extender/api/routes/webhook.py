@@ -4,7 +4,8 @@ The pod spec is immutable once the pod exists, and the decision is only known at
 bind time.  So at admission (pod CREATE) the webhook adds, for an opted-in pod:
 
 * ``elastico.io/configmap: elastico-<name>-<random>``: the per-pod ConfigMap that
-  bind fills (owned by the pod, so it is garbage-collected with it);
+  bind fills (owned by the pod, so it is garbage-collected with it), a new name for every
+  pod, also one that carries a name copied from another pod;
 * to each GPU container (:func:`gpu_containers`: those whose resources name a GPU, else
   the first container, the workload by convention; never a sidecar), one ``env`` entry
   per framework setting (spec 4.2, from :func:`core.handoff.framework_settings`), each a
@@ -121,19 +122,22 @@ def gpu_containers(spec: dict[str, Any]) -> list[int]:
     return found or ([0] if containers else [])
 
 
+def _configmap_ref(entry: dict[str, Any]) -> Any:
+    """The ConfigMap an env entry reads from (``valueFrom.configMapKeyRef.name``), or None."""
+    source = entry.get("valueFrom")
+    ref = source.get("configMapKeyRef") if isinstance(source, dict) else None
+    return ref.get("name") if isinstance(ref, dict) else None
+
+
 def user_settings(container: dict[str, Any], keys: set[str], configmap: str | None) -> list[str]:
     """The settings among ``keys`` the container sets itself: not the references into the
     pod's ConfigMap (``configmap``) that an earlier pass of the webhook added, which a pod
     copied from an admitted one carries."""
-    own = []
-    for entry in container.get("env") or []:
-        source = entry.get("valueFrom")
-        ref = source.get("configMapKeyRef") if isinstance(source, dict) else None
-        if entry.get("name") in keys and not (
-            configmap is not None and isinstance(ref, dict) and ref.get("name") == configmap
-        ):
-            own.append(entry["name"])
-    return sorted(own)
+    return sorted(
+        entry["name"]
+        for entry in container.get("env") or []
+        if entry.get("name") in keys and (configmap is None or _configmap_ref(entry) != configmap)
+    )
 
 
 def user_overrides(pod: dict[str, Any], intent: PodIntent, mps: bool) -> list[str]:
@@ -200,18 +204,24 @@ def mutation_patch(
     annotations = meta.get("annotations") or {}
     spec = pod.get("spec") or {}
     base = (meta.get("name") or meta.get("generateName") or "pod").rstrip("-")
-    configmap = annotations.get(PREFIX + "configmap") or (
-        f"elastico-{base[:200]}-{secrets.token_hex(3)}"
-    )
-    ops: list[dict[str, Any]] = []
-    if PREFIX + "configmap" not in annotations:
-        ops.append(
-            {
-                "op": "add",
-                "path": f"/metadata/annotations/{_escape(PREFIX + 'configmap')}",
-                "value": configmap,
-            }
-        )
+    # A new pod has no ConfigMap yet: a name it carries came with a copy of another pod
+    # (a template written from one), whose ConfigMap its bind would take over.  So a new
+    # name always (RFC 6902 ``add`` replaces a member), and the copied references renamed.
+    copied = annotations.get(PREFIX + "configmap")
+    configmap = f"elastico-{base[:200]}-{secrets.token_hex(3)}"
+    ops: list[dict[str, Any]] = [
+        {
+            "op": "add",
+            "path": f"/metadata/annotations/{_escape(PREFIX + 'configmap')}",
+            "value": configmap,
+        }
+    ]
+    containers = spec.get("containers") or []
+    for i, container in enumerate(containers):
+        for j, entry in enumerate(container.get("env") or []):
+            if copied is not None and _configmap_ref(entry) == copied:
+                path = f"/spec/containers/{i}/env/{j}/valueFrom/configMapKeyRef/name"
+                ops.append({"op": "add", "path": path, "value": configmap})
     keys = setting_keys(intent, mps)
     env = [
         {"name": key, "valueFrom": {"configMapKeyRef": {"name": configmap, "key": key}}}
@@ -226,7 +236,6 @@ def mutation_patch(
         {"name": DECISION_VOLUME, "mountPath": DECISION_DIR, "readOnly": True},
         {"name": RINGS_VOLUME, "mountPath": RINGS_DIR},
     ]
-    containers = spec.get("containers") or []
     for i in gpu_containers(spec):
         container = containers[i]
         # its own ring directory: the pod's containers have pid namespaces of their own
@@ -235,7 +244,7 @@ def mutation_patch(
             "value": str(container.get("name") or i),
         }
         mine = [*env, named]
-        kept = user_settings(container, set(keys), annotations.get(PREFIX + "configmap"))
+        kept = user_settings(container, set(keys), copied)
         if kept:  # user_overrides warns about these
             mine.append({"name": USER_SETTINGS_ENV, "value": ",".join(kept)})
         ops += _append(f"/spec/containers/{i}/env", container.get("env"), mine)
