@@ -19,6 +19,7 @@ import httpx
 import pytest
 from test_edge_handoff import apply_patch
 
+from elastico_extender.annotations import DECISION_VOLUME, RINGS_VOLUME
 from elastico_extender.api.app import create_app
 from elastico_extender.cluster.embedded import EmbeddedCluster
 from elastico_extender.service.server import ServerThread
@@ -171,3 +172,83 @@ def test_pods_copied_from_an_admitted_one_each_get_a_configmap_of_their_own(serv
         assert name == replica["metadata"]["annotations"]["elastico.io/configmap"]
         names.add(name)
     assert len(names) == 2 and shared not in names
+
+
+SIDECAR = {"name": "proxy", "image": "p", "restartPolicy": "Always"}
+SHAPES = {
+    "no volumes, env or mounts": new_pod(),
+    "existing volumes, env and mounts": new_pod(
+        containers=[{"name": "t", "image": "i", **GPU, "env": [{"name": "A", "value": "1"}],
+                     "volumeMounts": [{"name": "data", "mountPath": "/data"}]}],
+        volumes=[{"name": "data", "emptyDir": {}}]),
+    "empty arrays": new_pod(containers=[{"name": "t", "image": "i", **GPU, "env": [],
+                                         "volumeMounts": []}], volumes=[]),
+    "init, sidecar and three containers": new_pod(
+        initContainers=[{"name": "fetch", "image": "f"}, SIDECAR],
+        containers=[{"name": "log", "image": "l"}, {"name": "a", "image": "i", **GPU},
+                    {"name": "b", "image": "i", "resources": {"requests": {"amd.com/gpu": "1"}}}]),
+    "the user sets one of the variables and names a volume like the webhook's": new_pod(
+        containers=[{"name": "t", "image": "i", **GPU,
+                     "env": [{"name": "ELASTICO_RING_ROOT", "value": "/scratch/rings"}]}],
+        volumes=[{"name": RINGS_VOLUME, "emptyDir": {}}]),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
+@pytest.mark.parametrize("where", ["in the object", "only in request.namespace", "named"])
+def test_the_patch_applies_to_the_pod_as_sent_and_the_api_server_accepts_it(server, shape, where):
+    pod = copy.deepcopy(SHAPES[shape])
+    if where == "only in request.namespace":
+        del pod["metadata"]["namespace"]
+    elif where == "named":
+        pod["metadata"]["name"] = pod["metadata"].pop("generateName") + "x1"
+    response, admitted = admit(server, pod)
+    assert refusals(admitted) == []
+    configmap = admitted["metadata"]["annotations"]["elastico.io/configmap"]
+    assert configmap.startswith("elastico-train-7d9f4-") and len(configmap) <= 253
+    spec, before = admitted["spec"], pod["spec"]
+    assert spec.get("initContainers") == before.get("initContainers")  # sidecars untouched
+    for container, was in zip(spec["containers"], before["containers"], strict=True):
+        if "resources" not in was and any("resources" in c for c in before["containers"]):
+            assert container == was  # not a GPU container
+            continue
+        names = env_of(container)
+        assert len(names) == len(set(names)) and "ELASTICO_CONFIGURATION" in names
+        assert config_map_refs({"spec": {"containers": [container]}}) == {configmap}
+        assert {DECISION_VOLUME, RINGS_VOLUME} <= {m["name"] for m in container["volumeMounts"]}
+        assert was.get("env", []) == container["env"][: len(was.get("env", []))]  # kept
+    assert before.get("volumes", []) == spec["volumes"][: len(before.get("volumes", []))]
+    assert "warnings" not in response or shape.startswith("the user sets")
+
+
+@pytest.mark.parametrize(
+    ("operation", "obj", "extra"),
+    [
+        ("UPDATE", new_pod(), {"oldObject": new_pod()}),
+        ("DELETE", None, {"oldObject": new_pod(),
+                          "options": {"kind": "DeleteOptions", "apiVersion": "meta.k8s.io/v1"}}),
+        ("CONNECT", {"kind": "PodExecOptions", "apiVersion": "v1", "command": ["sh"]},
+         {"subResource": "exec", "options": None}),
+    ],
+)  # fmt: skip
+def test_other_operations_are_allowed_unchanged(server, operation, obj, extra):
+    response, _ = admit(server, obj, operation=operation, **extra)
+    assert set(response) == {"uid", "allowed"}
+
+
+def test_a_dry_run_gets_the_same_patch_and_books_nothing(server):
+    engine = server.server.config.app.state.engine
+    _, admitted = admit(server, new_pod(), dryRun=True)
+    assert refusals(admitted) == [] and DECISION_VOLUME in {
+        v["name"] for v in admitted["spec"]["volumes"]
+    }
+    assert engine.jobs() == []  # the webhook reads the families, books and records nothing
+
+
+def test_an_oversized_review_is_a_413_before_it_is_read():
+    settings = ServiceSettings(epoch_seconds=3600, max_body_bytes=4096)
+    with ServerThread(create_app(settings, EmbeddedCluster([], "test"))) as small:
+        pod = new_pod(containers=[{"name": "t", "image": "x" * 8192, **GPU}])
+        reply = httpx.post(f"{small.url}/mutate", json=review(pod), timeout=10)
+        assert reply.status_code == 413 and "4096" in reply.json()["Error"]
+        assert "patch" in post(small, review(new_pod()))  # still serving
