@@ -245,6 +245,25 @@ def test_a_dry_run_gets_the_same_patch_and_books_nothing(server):
     assert engine.jobs() == []  # the webhook reads the families, books and records nothing
 
 
+@pytest.mark.parametrize(
+    ("change", "named"),
+    [
+        ({"apiVersion": "admission.k8s.io/v2"}, "apiVersion"),
+        ({"apiVersion": "v1"}, "apiVersion"),
+        ({"kind": "Pod"}, "kind"),
+        ({"request": {"operation": "CREATE", "object": new_pod()}}, "request.uid"),
+        ({"request": None}, "request.uid"),
+    ],
+)
+def test_a_review_the_webhook_does_not_speak_is_a_400_naming_the_field(server, change, named):
+    """The webhook is registered for admission.k8s.io/v1 only; another version was
+    answered in that version's name, with v1's fields."""
+    body = {**review(new_pod()), **change}
+    reply = httpx.post(f"{server.url}/mutate", json=body, timeout=10)
+    assert reply.status_code == 400, reply.text[:200]
+    assert named in reply.json()["Error"]
+
+
 def test_an_oversized_review_is_a_413_before_it_is_read():
     settings = ServiceSettings(epoch_seconds=3600, max_body_bytes=4096)
     with ServerThread(create_app(settings, EmbeddedCluster([], "test"))) as small:

@@ -69,6 +69,10 @@ __all__ = [
 
 router = APIRouter(tags=["admission webhook"])
 
+# What the webhook answers in the request's own version: v1 (what it is registered for);
+# v1beta1 has the same fields for a pod CREATE.
+REVIEW_VERSIONS = ("admission.k8s.io/v1", "admission.k8s.io/v1beta1")
+
 
 def rings_volume(
     mode: str = "emptyDir",
@@ -274,8 +278,12 @@ async def mutate(request: Request) -> Response:
     if not isinstance(req, dict) or not isinstance(req.get("uid"), str):
         raise ApiError(400, "expected an AdmissionReview with request.uid (a string)")
     api_version = review.get("apiVersion", "admission.k8s.io/v1")
-    if not isinstance(api_version, str):
-        raise ApiError(400, "apiVersion must be a string")
+    if api_version not in REVIEW_VERSIONS:
+        raise ApiError(
+            400, f"apiVersion must be one of {', '.join(REVIEW_VERSIONS)} (AdmissionReview)"
+        )
+    if review.get("kind", "AdmissionReview") != "AdmissionReview":
+        raise ApiError(400, "kind must be AdmissionReview")
     operation = req.get("operation", "CREATE")
     if not isinstance(operation, str):
         raise ApiError(400, "request.operation must be a string")
