@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import copy
 import json
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -271,3 +272,21 @@ def test_an_oversized_review_is_a_413_before_it_is_read():
         reply = httpx.post(f"{small.url}/mutate", json=review(pod), timeout=10)
         assert reply.status_code == 413 and "4096" in reply.json()["Error"]
         assert "patch" in post(small, review(new_pod()))  # still serving
+
+
+DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+
+
+@pytest.mark.parametrize(
+    "meta", [{"generateName": "train.v2."}, {"name": "a" * 199 + ".b" * 20}, {"name": "x"}]
+)
+def test_the_configmap_name_is_one_the_api_server_accepts(server, meta):
+    """Pod names and generateName are DNS subdomains, which may end in a dot (or have one
+    where the name is cut at 200): ``elastico-train.v2.-1a2b3c`` was refused at bind
+    (``ConfigMap "..." is invalid``) and the pod's containers never started."""
+    pod = new_pod()
+    del pod["metadata"]["generateName"]
+    pod["metadata"].update(meta)
+    _, admitted = admit(server, pod)
+    name = admitted["metadata"]["annotations"]["elastico.io/configmap"]
+    assert DNS_SUBDOMAIN.fullmatch(name) and len(name) <= 253, name

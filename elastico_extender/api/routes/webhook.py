@@ -207,12 +207,13 @@ def mutation_patch(
     meta = pod.get("metadata") or {}
     annotations = meta.get("annotations") or {}
     spec = pod.get("spec") or {}
-    base = (meta.get("name") or meta.get("generateName") or "pod").rstrip("-")
+    # a DNS subdomain: no "-" or "." before the "-<random>" suffix (generateName ends in one)
+    base = (meta.get("name") or meta.get("generateName") or "")[:200].rstrip("-.") or "pod"
     # A new pod has no ConfigMap yet: a name it carries came with a copy of another pod
     # (a template written from one), whose ConfigMap its bind would take over.  So a new
     # name always (RFC 6902 ``add`` replaces a member), and the copied references renamed.
     copied = annotations.get(PREFIX + "configmap")
-    configmap = f"elastico-{base[:200]}-{secrets.token_hex(3)}"
+    configmap = f"elastico-{base}-{secrets.token_hex(3)}"
     ops: list[dict[str, Any]] = [
         {
             "op": "add",
