@@ -240,3 +240,32 @@ def test_a_large_clusters_first_plan_is_not_cut_short_by_liveness():
     container = extender["containers"][0]
     assert startup_budget_s(container) >= 300
     assert container["startupProbe"]["httpGet"] == container["livenessProbe"]["httpGet"]
+
+
+def check_webhook_when_down(hook: dict, namespace: str, scheduler: str) -> None:
+    """What /mutate answers, and what the API server does while no replica answers: an
+    ``Ignore`` webhook blocks nothing; a ``Fail`` one blocks only the pods of ElastiCo's
+    scheduler (matchConditions).  Its own namespace and kube-system never reach it (the
+    extender's own pods, and the control plane's, are created while it is down)."""
+    from elastico_extender.api.routes.webhook import REVIEW_VERSIONS
+
+    answered = {v.removeprefix("admission.k8s.io/") for v in REVIEW_VERSIONS}
+    assert set(hook["admissionReviewVersions"]) <= answered
+    assert hook["sideEffects"] == "None"  # dryRun requests are sent to it, not refused
+    assert hook["reinvocationPolicy"] == "Never"
+    (rule,) = hook["rules"]
+    assert (rule["operations"], rule["resources"]) == (["CREATE"], ["pods"])
+    assert 1 <= hook["timeoutSeconds"] <= 10
+    (selector,) = hook["namespaceSelector"]["matchExpressions"]
+    assert (selector["key"], selector["operator"]) == ("kubernetes.io/metadata.name", "NotIn")
+    assert {namespace, "kube-system"} <= set(selector["values"])
+    if hook["failurePolicy"] != "Ignore":
+        assert hook["failurePolicy"] == "Fail"
+        (condition,) = hook["matchConditions"]
+        assert condition["expression"] == f"object.spec.schedulerName == '{scheduler}'"
+
+
+def test_the_webhook_blocks_no_pod_while_it_is_down():
+    (hook,) = by_kind("MutatingWebhookConfiguration")["elastico-pod-settings"]["webhooks"]
+    assert hook["failurePolicy"] == "Ignore"  # the pre-chart manifests (docs/upgrading.md)
+    check_webhook_when_down(hook, "elastico-system", "elastico-scheduler")

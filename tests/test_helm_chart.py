@@ -17,6 +17,7 @@ from urllib.parse import unquote, urlparse
 import pytest
 import yaml
 from kubernetes import client, utils
+from test_deploy_manifests import check_webhook_when_down
 
 from elastico_extender.cluster.fake_apiserver import FakeApiServer
 from elastico_extender.service.settings import ServiceSettings
@@ -266,6 +267,7 @@ def test_scheduler_calls_the_extender_service_and_trusts_the_webhook_ca(variant,
     assert webhook["clientConfig"]["service"]["name"] in named(docs, "Service")
     assert webhook["failurePolicy"] == "Fail"
     assert "schedulerName == 'elastico-scheduler'" in webhook["matchConditions"][0]["expression"]
+    check_webhook_when_down(webhook, NAMESPACE, "elastico-scheduler")
     if values.get("tls", {}).get("mode") == "cert-manager":
         meta = named(docs, "MutatingWebhookConfiguration")["elastico-pod-settings"]["metadata"]
         assert meta["annotations"]["cert-manager.io/inject-ca-from"] == (
