@@ -290,3 +290,20 @@ def test_the_configmap_name_is_one_the_api_server_accepts(server, meta):
     _, admitted = admit(server, pod)
     name = admitted["metadata"]["annotations"]["elastico.io/configmap"]
     assert DNS_SUBDOMAIN.fullmatch(name) and len(name) <= 253, name
+
+
+def test_huge_invalid_annotations_get_bounded_warnings_and_oversized_ones_a_400(server):
+    """The webhook port is open to any source.  One warning per invalid token made a
+    4 MB review answer 130 MB of warnings (800 MiB resident, 10 s on the event loop the
+    scheduler's verbs share); annotations over the API server's own 256 KiB limit are
+    refused before they are parsed, and the warnings cut like the filter's problem text."""
+    pod = new_pod()
+    pod["metadata"]["annotations"]["elastico.io/allowed"] = "batch_size=" + "|7" * 100_000
+    reply = httpx.post(f"{server.url}/mutate", json=review(pod), timeout=30)
+    assert reply.status_code == 200 and len(reply.content) < 8192
+    warnings = reply.json()["response"]["warnings"]
+    assert warnings[0].startswith("elastico.io/allowed: batch_size: ")
+    pod["metadata"]["annotations"]["elastico.io/allowed"] = "batch_size=" + "|7" * 140_000
+    reply = httpx.post(f"{server.url}/mutate", json=review(pod), timeout=30)
+    assert reply.status_code == 400 and "metadata.annotations" in reply.json()["Error"]
+    assert "262144" in reply.json()["Error"]

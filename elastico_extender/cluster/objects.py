@@ -251,6 +251,11 @@ def pod_gpu_request(obj: Mapping[str, Any]) -> int:
     return total
 
 
+MAX_ANNOTATION_CHARS = 256 * 1024
+"""The API server's limit on a pod's annotations, keys and values together (it counts
+bytes, at least as many as characters): a pod over it was never stored, and an invalid
+annotation costs a problem per token, so larger ones are refused before any parsing."""
+
 _META_STRINGS = ("name", "namespace", "uid", "resourceVersion", "generateName",
                  "creationTimestamp", "deletionTimestamp")  # fmt: skip
 _SPEC_STRINGS = ("nodeName", "schedulerName", "priorityClassName")
@@ -307,7 +312,15 @@ def check_pod(obj: Any) -> int:
     if not isinstance(meta, dict):
         raise PodFieldError("metadata", f"must be an object, got a JSON {_json_type(meta)}")
     _strings(meta, _META_STRINGS, "metadata")
-    _string_map(meta.get("annotations"), "metadata.annotations")
+    annotations = meta.get("annotations")
+    _string_map(annotations, "metadata.annotations")
+    if annotations:
+        size = sum(len(key) + len(value) for key, value in annotations.items())
+        if size > MAX_ANNOTATION_CHARS:
+            raise PodFieldError(
+                "metadata.annotations",
+                f"{size} characters in all; the API server stores at most {MAX_ANNOTATION_CHARS}",
+            )
     _string_map(meta.get("labels"), "metadata.labels")
     _objects(meta.get("ownerReferences"), "metadata.ownerReferences")
     spec = obj.get("spec")

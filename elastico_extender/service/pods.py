@@ -32,6 +32,7 @@ __all__ = [
     "POD_JOB_CACHE",
     "PodJob",
     "PodJobs",
+    "bounded_problems",
     "exclusive_job",
     "webhook_applied",
 ]
@@ -83,7 +84,7 @@ def epoch_seconds(stamp: object) -> float | None:
         return None
 
 
-def _bounded(problems: list[tuple[str, str]]) -> tuple[tuple[str, str], ...]:
+def bounded_problems(problems: list[tuple[str, str]]) -> tuple[tuple[str, str], ...]:
     """The problems, cut to ``MAX_PROBLEM_CHARS`` of text in all."""
     kept: list[tuple[str, str]] = []
     left = MAX_PROBLEM_CHARS
@@ -156,7 +157,7 @@ class PodJobs:
             try:
                 cached = self._build(pod, uid)
             except AnnotationError as exc:
-                cached = _bounded(exc.problems)
+                cached = bounded_problems(exc.problems)
             with self._lock:
                 self._cache[key] = cached
                 while len(self._cache) > self.capacity:

@@ -54,6 +54,7 @@ from elastico_extender.api.deps import ApiError, engine_of, json_response, read_
 from elastico_extender.api.validate import checked_pod
 from elastico_extender.core.handoff import framework_settings
 from elastico_extender.errors import AnnotationError
+from elastico_extender.service.pods import bounded_problems
 
 __all__ = [
     "DECISION_DIR",
@@ -297,7 +298,7 @@ async def mutate(request: Request) -> Response:
         try:
             intent = parse_intent(annotations, engine.families, engine.families.unprofiled)
         except AnnotationError as exc:
-            response["warnings"] = [f"{key}: {msg}" for key, msg in exc.problems]
+            response["warnings"] = [f"{k}: {msg}" for k, msg in bounded_problems(exc.problems)]
             intent = None
         settings = engine.settings
         elsewhere = intent is not None and not_bound_by_elastico(pod, settings.scheduler_name)
