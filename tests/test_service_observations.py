@@ -186,7 +186,9 @@ def test_rest_and_metrics_show_observed_against_predicted(service: Service) -> N
     assert pod["partners"] == ["ml/b"] and pod["window_slowdown"] == pytest.approx(1.5)
     assert {r["pod"] for r in view["unreported"]} == {"ml/b", "ml/c"}
     metrics = httpx.get(f"{service.url}/metrics").text
-    assert 'elastico_observed_slowdown{partner="uid-b",victim="uid-a"} 1.5' in metrics
+    # labelled like the REST view and the per-pod series: namespace/name, not the uid
+    assert 'elastico_observed_slowdown{partner="ml/b",victim="ml/a"} 1.5' in metrics
+    assert 'elastico_predicted_slowdown{partner="ml/b",victim="ml/a"}' in metrics
     assert 'elastico_observation_age_seconds{pod="ml/a"}' in metrics
     assert "elastico_prediction_error_ratio_count 1.0" in metrics
     assert 'elastico_observation_windows_total{result="accepted"} 1.0' in metrics

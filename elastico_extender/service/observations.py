@@ -929,7 +929,7 @@ class ObservationCollector(Collector):
     ======================================  =======  =====================================
     metric                                  type     labels
     ======================================  =======  =====================================
-    elastico_observed_slowdown              gauge    victim, partner (smoothed, observed)
+    elastico_observed_slowdown              gauge    victim, partner (ns/name, smoothed)
     elastico_predicted_slowdown             gauge    victim, partner (the plan's)
     elastico_prediction_error_ratio         summary  |predicted - observed| / observed
     elastico_observation_age_seconds        gauge    pod (since its last report)
@@ -960,13 +960,14 @@ class ObservationCollector(Collector):
             labels=["victim", "partner"],
         )
         rows = svc.staleness()
-        live = {row["id"] for row in rows}
+        live = {row["id"]: row["pod"] for row in rows}  # labelled namespace/name, as /observations
         for victim, partner, stat in svc.pair_stats():
             if stat.separated or victim not in live or partner not in live:
                 continue  # series only for unseparated pairs of running pods
-            observed.add_metric([victim, partner], stat.observed)
+            labels = [live[victim], live[partner]]
+            observed.add_metric(labels, stat.observed)
             if stat.predicted is not None:
-                predicted.add_metric([victim, partner], stat.predicted)
+                predicted.add_metric(labels, stat.predicted)
         yield observed
         yield predicted
         total, count = svc.error_totals()
