@@ -11,12 +11,17 @@ webhook's decision volume (without it a pod is held as whole GPUs and never obse
 sharing), in the embedded cluster (real Pod JSON).  After one epoch, each row times,
 median of ``--reps``:
 
-* ``ingest 8/64/512``: ``ObservationService.ingest`` of one agent's batch of that many
-  windows (validation against the published plan, the book, pair statistics; no SQLite,
-  which the service writes after releasing its lock), with the collector frozen after
-  the warm-up as ``elastico serve`` freezes it after each epoch;
-* ``POST 64``: the same batch of 64 over HTTP to uvicorn on 127.0.0.1, keep-alive,
-  bearer token (round trip as an agent sees it);
+* ``ingest 8`` / ``ingest 16``: ``ObservationService.ingest`` of one agent's batch of
+  that many windows, half and all of its node's pods (validation against the published
+  plan, the book, pair statistics; no SQLite, which the service writes after releasing
+  its lock), with the collector frozen after the warm-up as ``elastico serve`` freezes it
+  after each epoch;
+* ``ingest 32x16``: the batches of 32 nodes, one after another (512 windows);
+* ``POST 16``: one node's batch over HTTP to uvicorn on 127.0.0.1, keep-alive, bearer
+  token (round trip as an agent sees it).
+
+An agent reports only its own node's pods (the extender refuses a window for a pod
+bound elsewhere), so every batch comes from the node its pods run on;
 * ``for_snapshot``: the engine's per-epoch call with every pod observed;
 * ``snapshot +obs`` / ``snapshot -obs``: the engine's ``build_snapshot`` (the one place
   an epoch touches the observations) with and without them wired in, alternating.
@@ -49,8 +54,12 @@ from elastico_extender.service.settings import ServiceSettings
 FAMILIES = catalog_families()
 
 
+PER_NODE = 16
+"""Pods per node: 8 GPUs, two tenants each (pod ``u{i}`` runs on node ``n{i // 16}``)."""
+
+
 def cluster_objects(pods: int) -> list[dict]:
-    per_node = 16  # 8 GPUs, two tenants each
+    per_node = PER_NODE
     objects: list[dict] = []
     names = [n for n in CATALOG if FAMILIES[n].resources[:, 1].min() <= 40960]
     for n in range((pods + per_node - 1) // per_node):
@@ -82,10 +91,6 @@ def cluster_objects(pods: int) -> list[dict]:
     return objects
 
 
-NODE = "n0"
-"""The reporting agent's node: the extender takes windows only from nodes it knows."""
-
-
 def median_ms(fn: Callable[[], object], reps: int) -> tuple[float, float]:
     """Median wall and CPU (this process) milliseconds per call."""
     wall, cpu = [], []
@@ -108,25 +113,28 @@ def run(pods: int, reps: int) -> list[tuple[str, tuple[float, float]]]:
     names = [n for n in CATALOG if FAMILIES[n].resources[:, 1].min() <= 40960]
     units = [FAMILIES[names[i % len(names)]].throughput_unit for i in range(pods)]
 
-    def batch(start: int, size: int) -> list[AgentWindow]:
+    def batch(node: int, size: int = PER_NODE) -> tuple[str, list[AgentWindow]]:
+        """The agent of node ``node``: its first ``size`` pods' windows."""
         clock[0] += 1.0
-        return [
-            AgentWindow(f"u{(start + k) % pods}", clock[0], 5.0, 10.0, units[(start + k) % pods])
-            for k in range(size)
-        ]
+        first = node * PER_NODE
+        uids = range(first, min(first + size, pods))
+        return f"n{node}", [AgentWindow(f"u{i}", clock[0], 5.0, 10.0, units[i]) for i in uids]
 
+    nodes = (pods + PER_NODE - 1) // PER_NODE
     # every pod observed once (framework units: the profile's T(c) is the reference), so
     # every pod has an observed slowdown; then, as `elastico serve` does after each
     # epoch, everything alive leaves the collector's scanned generations
-    for start in range(0, pods, 512):
-        service.ingest(NODE, batch(start, min(512, pods - start)))
+    for node in range(nodes):
+        service.ingest(*batch(node))
     assert len(service.book.observed()) == pods
     gc.freeze()
-    rows = []
-    for size in (8, 64, 512):
-        if size <= pods:
-            ingest = median_ms(lambda s=size: service.ingest(NODE, batch(0, s)), reps)
-            rows.append((f"ingest {size}", ingest))
+    rows = [
+        ("ingest 8", median_ms(lambda: service.ingest(*batch(0, 8)), reps)),
+        ("ingest 16", median_ms(lambda: service.ingest(*batch(0)), reps)),
+    ]
+    if nodes >= 32:
+        many = median_ms(lambda: [service.ingest(*batch(n)) for n in range(32)], reps)
+        rows.append(("ingest 32x16", many))
     rows.append(("for_snapshot", median_ms(service.for_snapshot, reps)))
     builder = engine.builder
     source = builder.observed
@@ -147,15 +155,16 @@ def run(pods: int, reps: int) -> list[tuple[str, tuple[float, float]]]:
                 "Authorization": f"Bearer {app.state.token}"}) as http:  # fmt: skip
 
             def post() -> None:
+                node, windows = batch(0)
                 items = [
                     {"pod_uid": w.pod_uid, "end": w.end, "seconds": w.seconds, "rate": w.rate,
                      "unit": w.unit}
-                    for w in batch(0, 64)
+                    for w in windows
                 ]  # fmt: skip
-                reply = http.post("/observations", json={"node": NODE, "observations": items})
+                reply = http.post("/observations", json={"node": node, "observations": items})
                 assert reply.status_code == 200, reply.text
 
-            rows.append(("POST 64", median_ms(post, reps)))
+            rows.append(("POST 16", median_ms(post, reps)))
     finally:
         server.stop()
     return rows
