@@ -412,7 +412,7 @@ class PlacementView:
         if hit is None:
             rates = {job.family: self._rates[job.family]} if job.family in self._rates else {}
             probe = Snapshot(self._caps_node, (job,), {job.family: family}, solo_rates=rates)
-            tables = build_tables(probe, self.settings)
+            tables = build_tables(probe, self.settings, whole_cluster=False)
             hit = (tables.valid[0, : family.size].copy(), tables.reasons.get(0))
             if len(self._valid_cache) > 1024:
                 self._valid_cache.clear()

@@ -135,7 +135,12 @@ def stack_families(snapshot: Snapshot) -> FamilyStack:
     return stack
 
 
-def build_tables(snapshot: Snapshot, settings: PlannerSettings) -> JobTables:
+def build_tables(
+    snapshot: Snapshot, settings: PlannerSettings, *, whole_cluster: bool = True
+) -> JobTables:
+    """The epoch's job tables.  ``whole_cluster``: the snapshot's devices are the whole
+    cluster (an epoch), so a gang wanting more GPUs than it has can never start; False
+    for a probe whose devices only stand for the cluster's capacities (admission)."""
     jobs = snapshot.jobs
     names, res_table, tput_table, real, feat_table, est_table, fastest = stack_families(snapshot)
     if settings.observed_throughput and snapshot.solo_rates:
@@ -213,7 +218,8 @@ def build_tables(snapshot: Snapshot, settings: PlannerSettings) -> JobTables:
                 reasons[row] = _unfit_reason(needs, mem_cap, cpu_cap, ram_cap)
         # A gang needs distinct GPUs: more than the cluster has never start (and take
         # no part in the prices, which its demand would raise for every other job).
-        for row in np.flatnonzero((gpus > cluster.size) & ~running).tolist():
+        too_wide = (gpus > cluster.size) & ~running if whole_cluster else np.zeros(n, bool)
+        for row in np.flatnonzero(too_wide).tolist():
             if valid[row].any():
                 reasons[row] = f"asks for {int(gpus[row])} GPUs; the cluster has {cluster.size}"
             valid[row] = False
