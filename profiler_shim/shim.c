@@ -3,7 +3,8 @@
  *
  * Every entry point in hooks.h gets a wrapper that calls the real symbol (resolved once
  * with dlsym(RTLD_NEXT), so another preload hook such as HAMi-core further down the
- * chain keeps working), returns its result untouched, and notes what happened:
+ * chain keeps working, else in the calling library's own scope when that was loaded with
+ * RTLD_LOCAL), returns its result untouched, and notes what happened:
  *
  *   kernel launches   aggregated per thread in a small direct-mapped cache keyed by
  *                     (api, function, grid, block, shared memory, stream, error); a key
@@ -84,17 +85,37 @@ enum {
 /* ---- real symbols: resolved once each, lazily (libnccl may be loaded late) -------- */
 static void *es_real[ES_API_COUNT];
 
-static void *es_resolve(int api) {
+/* The real `name` as the dynamic linker would have bound it for the code at `caller`
+ * without the shim, when dlsym(RTLD_NEXT) (which searches only the global scope) finds
+ * nothing: a library loaded with dlopen(RTLD_LOCAL), such as a Python extension module or
+ * PyTorch's libcaffe2_nvrtc.so, has its libcuda/libcudart/libnccl in its own local scope
+ * only, yet its calls bind to the preloaded wrappers.  The caller's object is pinned (its
+ * RTLD_NOLOAD handle is never closed) so the pointer kept stays mapped. */
+static void *es_resolve_local(const char *name, const void *caller) {
+    Dl_info at, found, self;
+    if (!caller || !dladdr(caller, &at) || !at.dli_fname || !*at.dli_fname) return NULL;
+    void *handle = dlopen(at.dli_fname, RTLD_LAZY | RTLD_NOLOAD);
+    if (!handle) return NULL;
+    void *p = dlsym(handle, name);
+    if (p && dladdr(p, &found) && dladdr((void *)es_resolve_local, &self) &&
+        found.dli_fbase == self.dli_fbase)
+        p = NULL; /* never our own wrapper */
+    if (!p) dlclose(handle);
+    return p;
+}
+
+__attribute__((noinline)) static void *es_resolve(int api, const void *caller) {
     int saved = errno;
     void *p = dlsym(RTLD_NEXT, es_api_names[api]);
+    if (!p) p = es_resolve_local(es_api_names[api], caller);
     if (p) __atomic_store_n(&es_real[api], p, __ATOMIC_RELEASE);
     errno = saved;
     return p;
 }
 
-static inline void *es_next(int api) {
+static inline void *es_next(int api, const void *caller) {
     void *p = __atomic_load_n(&es_real[api], __ATOMIC_ACQUIRE);
-    return ES_LIKELY(p != NULL) ? p : es_resolve(api);
+    return ES_LIKELY(p != NULL) ? p : es_resolve(api, caller);
 }
 
 /* ---- process state ---------------------------------------------------------------- */
@@ -555,7 +576,9 @@ static inline CUresult es_mem_free(es_fn_cuMemFree_v2 *next, CUdeviceptr p) {
     return r;
 }
 
-#define ES_NEXT(name) ((es_fn_##name *)es_next(ES_API_##name))
+/* Used only in the exported wrappers, so the return address is the application's call. */
+#define ES_NEXT(name) \
+    ((es_fn_##name *)es_next(ES_API_##name, __builtin_return_address(0)))
 
 ES_EXPORT CUresult cuLaunchKernel ES_LAUNCH_PARAMS {
     return es_launch(ES_API_cuLaunchKernel, ES_NEXT(cuLaunchKernel), f, gridDimX, gridDimY,

@@ -190,6 +190,28 @@ def test_coexists_with_another_preload_hook(built, tmp_path: Path, order: str) -
     assert got.kernels == expected_kernels(2, 50)
 
 
+def test_libraries_loaded_rtld_local_still_reach_the_real_functions(built, tmp_path: Path) -> None:
+    """Python extension modules, and PyTorch's libcaffe2_nvrtc.so (whose cuLaunchKernel
+    runs its NVRTC/jiterator kernels), are loaded with dlopen(RTLD_LOCAL): the CUDA and
+    NCCL libraries they need are then in no global scope, where dlsym(RTLD_NEXT) looks.
+    Their calls still bind to the preloaded shim, which must find the real function in
+    the caller's own scope, not answer "symbol not found" and break the application."""
+    environment = {**os.environ, "LD_PRELOAD": str(built.shim), "ELASTICO_SHIM_DIR": str(tmp_path)}
+    done = subprocess.run(
+        [str(built.local_loader), str(built.workload_library), "2", "50"],
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    with RingReader(only_ring(tmp_path)) as ring:
+        got = summarize(ring.peek(), ring.header())
+    assert got.kernels == expected_kernels(2, 50)
+    assert (got.allocs, got.alloc_bytes) == expected_memory(2, 50)
+    assert got.collectives == expected_collectives(2, 50)[0]
+
+
 def test_disabled_shim_passes_through_and_writes_nothing(built, tmp_path: Path) -> None:
     run_workload(built, tmp_path, "2", "50", ELASTICO_SHIM_DISABLE="1")
     assert find_rings(tmp_path) == {}

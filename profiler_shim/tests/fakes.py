@@ -2,7 +2,8 @@
 
 Stdlib only; loaded by path from tests/test_shim_*.py and benchmarks/shim_overhead.py.
 Everything lands in one directory: libcuda.so, libcudart.so, libnccl.so,
-libotherhook.so, workload, bench_launch and libelastico_shim.so.
+libotherhook.so, workload, bench_launch, libworkload.so (the workload as a library),
+local_loader (which dlopens it RTLD_LOCAL) and libelastico_shim.so.
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ class Built(NamedTuple):
     workload: Path
     bench: Path
     other_hook: Path
+    workload_library: Path
+    local_loader: Path
 
 
 def _cc(*args: str | Path) -> None:
@@ -53,7 +56,17 @@ def build_all(directory: Path, *, opt: str = "-O2", shim_flags: tuple[str, ...] 
     libs = (f"-L{d}", "-lcudart", "-lcuda", "-lnccl", "-pthread", rpath)
     _cc(*common, "-o", d / "workload", HERE / "workload.c", *libs)
     _cc(*common, "-o", d / "bench_launch", HERE / "bench_launch.c", *libs)
+    _cc(*lib, "-Dmain=workload_main", "-o", d / "libworkload.so", HERE / "workload.c", *libs)
+    _cc(*common, "-o", d / "local_loader", HERE / "local_loader.c", "-ldl")
     shim = build.compile_shim(
         d / build.LIBRARY_NAME, extra_cflags=(*build.STRICT_CFLAGS, *shim_flags)
     )
-    return Built(d, shim, d / "workload", d / "bench_launch", d / "libotherhook.so")
+    return Built(
+        d,
+        shim,
+        d / "workload",
+        d / "bench_launch",
+        d / "libotherhook.so",
+        d / "libworkload.so",
+        d / "local_loader",
+    )
