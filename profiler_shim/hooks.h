@@ -47,6 +47,7 @@ typedef enum CUdriverProcAddressQueryResult_enum {
     CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND = 1,
     CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT = 2
 } CUdriverProcAddressQueryResult;
+#define CU_GET_PROC_ADDRESS_LEGACY_STREAM (1ULL << 0)
 #define CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM (1ULL << 1)
 
 /* ---- cuda_runtime_api.h ------------------------------------------------------------ */
@@ -58,6 +59,14 @@ typedef enum cudaError {
 } cudaError_t;
 typedef struct CUstream_st *cudaStream_t;
 typedef struct dim3 { unsigned int x, y, z; } dim3;
+typedef enum cudaDriverEntryPointQueryResult {
+    cudaDriverEntryPointSuccess = 0,
+    cudaDriverEntryPointSymbolNotFound = 1,
+    cudaDriverEntryPointVersionNotSufficent = 2 /* sic, as spelled in the header */
+} cudaDriverEntryPointQueryResult;
+#define cudaEnableDefault 0x0
+#define cudaEnableLegacyStream 0x1
+#define cudaEnablePerThreadDefaultStream 0x2
 
 /* ---- nccl.h ------------------------------------------------------------------------ */
 typedef enum { ncclSuccess = 0, ncclUnhandledCudaError = 1, ncclSystemError = 2,
@@ -80,6 +89,12 @@ typedef struct ncclComm *ncclComm_t;
 #define ES_RT_LAUNCH_PARAMS (const void *func, dim3 gridDim, dim3 blockDim, void **args, \
     size_t sharedMem, cudaStream_t stream)
 #define ES_RT_LAUNCH_ARGS (func, gridDim, blockDim, args, sharedMem, stream)
+#define ES_ENTRY_PARAMS (const char *symbol, void **funcPtr, unsigned long long flags, \
+    cudaDriverEntryPointQueryResult *driverStatus)
+#define ES_ENTRY_ARGS (symbol, funcPtr, flags, driverStatus)
+#define ES_ENTRY_BY_VERSION_PARAMS (const char *symbol, void **funcPtr, unsigned int cudaVersion, \
+    unsigned long long flags, cudaDriverEntryPointQueryResult *driverStatus)
+#define ES_ENTRY_BY_VERSION_ARGS (symbol, funcPtr, cudaVersion, flags, driverStatus)
 
 #define ES_HOOKED_SYMBOLS(X)                                                                  \
     /* driver API: symbol lookup (CUDA 11.3+ runtimes reach the driver through it) */          \
@@ -136,7 +151,17 @@ typedef struct ncclComm *ncclComm_t;
     X(ncclRecv, ncclResult_t,                                                                 \
       (void *recvbuff, size_t count, ncclDataType_t datatype, int peer, ncclComm_t comm,       \
        cudaStream_t stream),                                                                   \
-      (recvbuff, count, datatype, peer, comm, stream), ncclInternalError)
+      (recvbuff, count, datatype, peer, comm, stream), ncclInternalError)                      \
+    /* runtime API: driver entry points (CUDA 12 signatures; CUTLASS, Transformer Engine and   \
+       PyTorch fetch driver functions, cuLaunchKernelEx among them, through these) */          \
+    X(cudaGetDriverEntryPoint, cudaError_t, ES_ENTRY_PARAMS, ES_ENTRY_ARGS,                   \
+      cudaErrorSymbolNotFound)                                                                 \
+    X(cudaGetDriverEntryPoint_ptsz, cudaError_t, ES_ENTRY_PARAMS, ES_ENTRY_ARGS,              \
+      cudaErrorSymbolNotFound)                                                                 \
+    X(cudaGetDriverEntryPointByVersion, cudaError_t, ES_ENTRY_BY_VERSION_PARAMS,              \
+      ES_ENTRY_BY_VERSION_ARGS, cudaErrorSymbolNotFound)                                       \
+    X(cudaGetDriverEntryPointByVersion_ptsz, cudaError_t, ES_ENTRY_BY_VERSION_PARAMS,         \
+      ES_ENTRY_BY_VERSION_ARGS, cudaErrorSymbolNotFound)
 
 /* Plain prototypes of the listed API, for the fake libraries and test programs (which
  * thereby fail to compile if their signatures drift from the list). */

@@ -19,8 +19,9 @@
  * The ring is a bounded file mapping (layout.h) that the agent reads; a full ring drops
  * the record and counts it, it never blocks the application.  Nested calls (the runtime
  * calling the driver inside cudaMalloc, ...) are passed straight through by a per-thread
- * reentrancy depth, so one user call is one record.  cuGetProcAddress is wrapped so that
- * driver entry points fetched by name still go through the wrappers.
+ * reentrancy depth, so one user call is one record.  cuGetProcAddress and the runtime's
+ * cudaGetDriverEntryPoint* are wrapped so that driver entry points fetched by name still
+ * go through the wrappers.
  *
  * Environment: ELASTICO_SHIM_DIR (default /dev/shm, else /tmp), ELASTICO_SHIM_BUFFER_BYTES
  * (default 4 MiB, the whole mapping), ELASTICO_SHIM_FLUSH_MS (default 2000),
@@ -104,10 +105,14 @@ static void *es_resolve_local(const char *name, const void *caller) {
     return p;
 }
 
+static void *es_lookup(const char *name, const void *caller) {
+    void *p = dlsym(RTLD_NEXT, name);
+    return p ? p : es_resolve_local(name, caller);
+}
+
 __attribute__((noinline)) static void *es_resolve(int api, const void *caller) {
     int saved = errno;
-    void *p = dlsym(RTLD_NEXT, es_api_names[api]);
-    if (!p) p = es_resolve_local(es_api_names[api], caller);
+    void *p = es_lookup(es_api_names[api], caller);
     if (p) __atomic_store_n(&es_real[api], p, __ATOMIC_RELEASE);
     errno = saved;
     return p;
@@ -720,7 +725,15 @@ ES_NCCL_WRAP(ncclRecv,
 #define ES_GPA_COUNT 8
 static void *es_gpa_next[ES_GPA_COUNT];
 
-static void *es_gpa_wrap(const char *symbol, void *real, int version, cuuint64_t flags);
+static void *es_gpa_wrap(const char *symbol, void *real, int version, int ptds);
+
+/* Whether a lookup asked for the per-thread-default-stream variant: an explicit flag
+ * decides, else the entry point's own default (per-thread for the _ptsz ones). */
+static int es_gpa_ptds(cuuint64_t flags, int default_ptds) {
+    if (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) return 1;
+    if (flags & CU_GET_PROC_ADDRESS_LEGACY_STREAM) return 0;
+    return default_ptds;
+}
 
 static CUresult es_gpa_t0 ES_LAUNCH_PARAMS {
     return es_launch(ES_API_cuLaunchKernel, (es_fn_cuLaunchKernel *)es_gpa_next[0], f, gridDimX,
@@ -749,14 +762,16 @@ static CUresult es_gpa_t5(CUdeviceptr dptr) {
 static CUresult es_gpa_t6(const char *symbol, void **pfn, int version, cuuint64_t flags) {
     es_fn_cuGetProcAddress *next = (es_fn_cuGetProcAddress *)es_gpa_next[6];
     CUresult r = next(symbol, pfn, version, flags);
-    if (r == CUDA_SUCCESS && pfn && *pfn) *pfn = (void *)es_gpa_wrap(symbol, *pfn, version, flags);
+    if (r == CUDA_SUCCESS && pfn && *pfn)
+        *pfn = es_gpa_wrap(symbol, *pfn, version, es_gpa_ptds(flags, 0));
     return r;
 }
 static CUresult es_gpa_t7(const char *symbol, void **pfn, int version, cuuint64_t flags,
                           CUdriverProcAddressQueryResult *status) {
     es_fn_cuGetProcAddress_v2 *next = (es_fn_cuGetProcAddress_v2 *)es_gpa_next[7];
     CUresult r = next(symbol, pfn, version, flags, status);
-    if (r == CUDA_SUCCESS && pfn && *pfn) *pfn = (void *)es_gpa_wrap(symbol, *pfn, version, flags);
+    if (r == CUDA_SUCCESS && pfn && *pfn)
+        *pfn = es_gpa_wrap(symbol, *pfn, version, es_gpa_ptds(flags, 0));
     return r;
 }
 
@@ -765,9 +780,8 @@ static void *const es_gpa_trampolines[ES_GPA_COUNT] = {
     (void *)es_gpa_t4, (void *)es_gpa_t5, (void *)es_gpa_t6, (void *)es_gpa_t7};
 
 /* version rule: v > 0 means cudaVersion >= v, v < 0 means cudaVersion < -v, 0 any. */
-static void *es_gpa_wrap(const char *symbol, void *real, int version, cuuint64_t flags) {
+static void *es_gpa_wrap(const char *symbol, void *real, int version, int ptds) {
     if (!symbol) return real;
-    int ptds = (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) != 0;
 #define ES_GPA_MATCH(i, api, base, want_ptds, vrule)                                         \
     if (strcmp(symbol, base) == 0 && ((want_ptds) < 0 || (want_ptds) == ptds) &&              \
         ((vrule) == 0 || ((vrule) > 0 && version >= (vrule)) ||                               \
@@ -790,7 +804,8 @@ ES_EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVers
     es_fn_cuGetProcAddress *next = ES_NEXT(cuGetProcAddress);
     if (ES_UNLIKELY(!next)) return CUDA_ERROR_NOT_FOUND;
     CUresult r = next(symbol, pfn, cudaVersion, flags);
-    if (r == CUDA_SUCCESS && pfn && *pfn) *pfn = es_gpa_wrap(symbol, *pfn, cudaVersion, flags);
+    if (r == CUDA_SUCCESS && pfn && *pfn)
+        *pfn = es_gpa_wrap(symbol, *pfn, cudaVersion, es_gpa_ptds(flags, 0));
     return r;
 }
 
@@ -800,9 +815,52 @@ ES_EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaV
     es_fn_cuGetProcAddress_v2 *next = ES_NEXT(cuGetProcAddress_v2);
     if (ES_UNLIKELY(!next)) return CUDA_ERROR_NOT_FOUND;
     CUresult r = next(symbol, pfn, cudaVersion, flags, symbolStatus);
-    if (r == CUDA_SUCCESS && pfn && *pfn) *pfn = es_gpa_wrap(symbol, *pfn, cudaVersion, flags);
+    if (r == CUDA_SUCCESS && pfn && *pfn)
+        *pfn = es_gpa_wrap(symbol, *pfn, cudaVersion, es_gpa_ptds(flags, 0));
     return r;
 }
+
+/* ---- cudaGetDriverEntryPoint* -------------------------------------------------------
+ * The runtime answers these from the cuGetProcAddress it looked up in its own handle of
+ * libcuda, which no preloaded library interposes, so the pointer it hands out gets the
+ * treatment cuGetProcAddress's answers get.  The plain variants look up at the runtime's
+ * own version (cudaRuntimeGetVersion); when that cannot be asked, 12000, the version of
+ * the signatures hooked here (CUDA 11's had no driverStatus). */
+typedef cudaError_t es_fn_cudaRuntimeGetVersion(int *runtimeVersion);
+
+static int es_runtime_version(const void *caller) {
+    static int known;
+    int version = __atomic_load_n(&known, __ATOMIC_RELAXED);
+    if (version) return version;
+    es_fn_cudaRuntimeGetVersion *get = es_lookup("cudaRuntimeGetVersion", caller);
+    if (!get || get(&version) != cudaSuccess || version <= 0) version = 12000;
+    __atomic_store_n(&known, version, __ATOMIC_RELAXED);
+    return version;
+}
+
+/* `version` 0 means the runtime's own. */
+static void es_entry_wrap(cudaError_t r, const char *symbol, void **funcPtr, int version,
+                          unsigned long long flags, int ptsz, const void *caller) {
+    if (r != cudaSuccess || !funcPtr || !*funcPtr) return;
+    if (!version) version = es_runtime_version(caller);
+    *funcPtr = es_gpa_wrap(symbol, *funcPtr, version, es_gpa_ptds(flags, ptsz));
+}
+
+#define ES_ENTRY_WRAP(name, params, args, version, ptsz)                                   \
+    ES_EXPORT cudaError_t name params {                                                   \
+        es_fn_##name *next = ES_NEXT(name);                                               \
+        if (ES_UNLIKELY(!next)) return cudaErrorSymbolNotFound;                           \
+        cudaError_t r = next args;                                                        \
+        es_entry_wrap(r, symbol, funcPtr, version, flags, ptsz, __builtin_return_address(0)); \
+        return r;                                                                         \
+    }
+
+ES_ENTRY_WRAP(cudaGetDriverEntryPoint, ES_ENTRY_PARAMS, ES_ENTRY_ARGS, 0, 0)
+ES_ENTRY_WRAP(cudaGetDriverEntryPoint_ptsz, ES_ENTRY_PARAMS, ES_ENTRY_ARGS, 0, 1)
+ES_ENTRY_WRAP(cudaGetDriverEntryPointByVersion, ES_ENTRY_BY_VERSION_PARAMS,
+              ES_ENTRY_BY_VERSION_ARGS, (int)cudaVersion, 0)
+ES_ENTRY_WRAP(cudaGetDriverEntryPointByVersion_ptsz, ES_ENTRY_BY_VERSION_PARAMS,
+              ES_ENTRY_BY_VERSION_ARGS, (int)cudaVersion, 1)
 
 /* Compile-time consistency check: every listed symbol is defined with the listed type. */
 #define ES_CHECK(name, ret, params, args, fail) \

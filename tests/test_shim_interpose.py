@@ -38,7 +38,14 @@ def built(tmp_path_factory: pytest.TempPathFactory):
     return fakes.build_all(tmp_path_factory.mktemp("fakes"))
 
 
-def run_workload(built, ring_dir: Path, *args: str, preload: str | None = None, **env: str):
+def run_workload(
+    built,
+    ring_dir: Path,
+    *args: str,
+    preload: str | None = None,
+    program: Path | None = None,
+    **env: str,
+):
     environment = {
         **os.environ,
         "LD_PRELOAD": preload if preload is not None else str(built.shim),
@@ -46,7 +53,11 @@ def run_workload(built, ring_dir: Path, *args: str, preload: str | None = None, 
         **env,
     }
     done = subprocess.run(
-        [str(built.workload), *args], env=environment, capture_output=True, text=True, timeout=60
+        [str(program or built.workload), *args],
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert done.returncode == 0, done.stderr
     return done
@@ -210,6 +221,29 @@ def test_libraries_loaded_rtld_local_still_reach_the_real_functions(built, tmp_p
     assert got.kernels == expected_kernels(2, 50)
     assert (got.allocs, got.alloc_bytes) == expected_memory(2, 50)
     assert got.collectives == expected_collectives(2, 50)[0]
+
+
+def test_launches_through_runtime_driver_entry_points_are_counted(built, tmp_path: Path) -> None:
+    """cudaGetDriverEntryPoint* hand out driver functions the runtime looked up in its own
+    handle of libcuda, past any preloaded cuGetProcAddress; CUTLASS (its cluster launches
+    use cuLaunchKernelEx), Transformer Engine and PyTorch launch through them.  Those
+    launches count, and the per-thread variants and the CUDA 12 cuGetProcAddress_v2 come
+    back as what was asked for."""
+    out = run_workload(built, tmp_path, preload=str(built.shim), program=built.entry_points)
+    calls = 100
+    with RingReader(find_rings(tmp_path)[int(out.stdout.split()[-1])]) as ring:
+        header = ring.header()
+        got = summarize(ring.peek(), header)
+    shape = ((3, 1, 1), (96, 1, 1), 0, 0x300, False)
+    assert got.kernels == {
+        KernelKey("cuLaunchKernel", 0x7100, *shape): calls,
+        KernelKey("cuLaunchKernel_ptsz", 0x7200, *shape): calls,
+        KernelKey("cuLaunchKernelEx", 0x7300, *shape): calls,
+        KernelKey("cuLaunchKernel_ptsz", 0x7400, *shape): calls,
+        KernelKey("cuLaunchKernel", 0x7500, *shape): calls,
+    }
+    assert (got.allocs, got.alloc_bytes, got.frees, got.freed_bytes) == (1, 4096, 1, 4096)
+    assert header["live_bytes"] == 0
 
 
 def test_disabled_shim_passes_through_and_writes_nothing(built, tmp_path: Path) -> None:

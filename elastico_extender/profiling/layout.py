@@ -119,6 +119,10 @@ API_NAMES: tuple[str, ...] = (
     "ncclBroadcast",
     "ncclSend",
     "ncclRecv",
+    "cudaGetDriverEntryPoint",
+    "cudaGetDriverEntryPoint_ptsz",
+    "cudaGetDriverEntryPointByVersion",
+    "cudaGetDriverEntryPointByVersion_ptsz",
 )
 
 

@@ -1,8 +1,15 @@
 /* Fake libcudart: reaches the driver the way CUDA 12 runtimes do, through
  * cuGetProcAddress_v2 for launches and through direct driver calls inside cudaMalloc /
- * cudaFree, so the shim's cuGetProcAddress hook and reentrancy guard are exercised. */
+ * cudaFree, so the shim's cuGetProcAddress hook and reentrancy guard are exercised.
+ * cudaGetDriverEntryPoint* answer as the real runtime does, from the cuGetProcAddress_v2
+ * it looked up in its own handle of libcuda (dlopen + dlsym, as libcudart does), which a
+ * preloaded library does not interpose. */
+#define _GNU_SOURCE
+#include <dlfcn.h>
 #include <pthread.h>
 #include "hooks.h"
+
+#define FAKE_CUDART_VERSION 12040
 
 typedef CUresult launch_fn ES_LAUNCH_PARAMS;
 static launch_fn *driver_launch[2];
@@ -47,3 +54,45 @@ cudaError_t cudaMallocAsync(void **p, size_t n, cudaStream_t s) {
     return cudaSuccess;
 }
 cudaError_t cudaFreeAsync(void *p, cudaStream_t s) { return cudaSuccess; }
+
+cudaError_t cudaRuntimeGetVersion(int *runtimeVersion) {
+    if (!runtimeVersion) return cudaErrorInvalidValue;
+    *runtimeVersion = FAKE_CUDART_VERSION;
+    return cudaSuccess;
+}
+
+typedef CUresult gpa_fn(const char *, void **, int, cuuint64_t, CUdriverProcAddressQueryResult *);
+static gpa_fn *driver_gpa;
+static pthread_once_t driver_once = PTHREAD_ONCE_INIT;
+
+static void open_driver(void) {
+    void *driver = dlopen("libcuda.so", RTLD_NOW | RTLD_NOLOAD);
+    if (driver) driver_gpa = (gpa_fn *)dlsym(driver, "cuGetProcAddress_v2");
+}
+
+static cudaError_t entry_point(const char *symbol, void **funcPtr, int version,
+                               unsigned long long flags, int ptsz,
+                               cudaDriverEntryPointQueryResult *driverStatus) {
+    pthread_once(&driver_once, open_driver);
+    if (!symbol || !funcPtr || !driver_gpa) return cudaErrorInvalidValue;
+    if (ptsz && !(flags & (cudaEnableLegacyStream | cudaEnablePerThreadDefaultStream)))
+        flags |= cudaEnablePerThreadDefaultStream;
+    CUdriverProcAddressQueryResult status;
+    CUresult r = driver_gpa(symbol, funcPtr, version, flags, &status);
+    if (driverStatus) *driverStatus = (cudaDriverEntryPointQueryResult)status;
+    /* the real runtime reports a symbol the driver lacks in driverStatus, not as an error */
+    return r == CUDA_SUCCESS || r == CUDA_ERROR_NOT_FOUND ? cudaSuccess : cudaErrorInvalidValue;
+}
+
+cudaError_t cudaGetDriverEntryPoint ES_ENTRY_PARAMS {
+    return entry_point(symbol, funcPtr, FAKE_CUDART_VERSION, flags, 0, driverStatus);
+}
+cudaError_t cudaGetDriverEntryPoint_ptsz ES_ENTRY_PARAMS {
+    return entry_point(symbol, funcPtr, FAKE_CUDART_VERSION, flags, 1, driverStatus);
+}
+cudaError_t cudaGetDriverEntryPointByVersion ES_ENTRY_BY_VERSION_PARAMS {
+    return entry_point(symbol, funcPtr, (int)cudaVersion, flags, 0, driverStatus);
+}
+cudaError_t cudaGetDriverEntryPointByVersion_ptsz ES_ENTRY_BY_VERSION_PARAMS {
+    return entry_point(symbol, funcPtr, (int)cudaVersion, flags, 1, driverStatus);
+}

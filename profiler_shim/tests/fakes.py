@@ -3,7 +3,7 @@
 Stdlib only; loaded by path from tests/test_shim_*.py and benchmarks/shim_overhead.py.
 Everything lands in one directory: libcuda.so, libcudart.so, libnccl.so,
 libotherhook.so, workload, bench_launch, libworkload.so (the workload as a library),
-local_loader (which dlopens it RTLD_LOCAL) and libelastico_shim.so.
+local_loader (which dlopens it RTLD_LOCAL), entry_points and libelastico_shim.so.
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ class Built(NamedTuple):
     other_hook: Path
     workload_library: Path
     local_loader: Path
+    entry_points: Path
 
 
 def _cc(*args: str | Path) -> None:
@@ -49,7 +50,16 @@ def build_all(directory: Path, *, opt: str = "-O2", shim_flags: tuple[str, ...] 
     common = (opt, "-g", *WARN, "-I", str(SHIM_DIR))
     lib = (*common, "-fPIC", "-shared")
     _cc(*lib, "-o", d / "libcuda.so", HERE / "fake_cuda.c")
-    _cc(*lib, "-o", d / "libcudart.so", HERE / "fake_cudart.c", f"-L{d}", "-lcuda", "-pthread")
+    _cc(
+        *lib,
+        "-o",
+        d / "libcudart.so",
+        HERE / "fake_cudart.c",
+        f"-L{d}",
+        "-lcuda",
+        "-ldl",
+        "-pthread",
+    )
     _cc(*lib, "-o", d / "libnccl.so", HERE / "fake_nccl.c")
     _cc(*lib, "-o", d / "libotherhook.so", HERE / "other_hook.c", "-ldl")
     rpath = f"-Wl,-rpath,{d}"
@@ -58,6 +68,8 @@ def build_all(directory: Path, *, opt: str = "-O2", shim_flags: tuple[str, ...] 
     _cc(*common, "-o", d / "bench_launch", HERE / "bench_launch.c", *libs)
     _cc(*lib, "-Dmain=workload_main", "-o", d / "libworkload.so", HERE / "workload.c", *libs)
     _cc(*common, "-o", d / "local_loader", HERE / "local_loader.c", "-ldl")
+    # libcuda is only reached through the runtime: keep it NEEDED so the rpath finds it
+    _cc(*common, "-o", d / "entry_points", HERE / "entry_points.c", "-Wl,--no-as-needed", *libs)
     shim = build.compile_shim(
         d / build.LIBRARY_NAME, extra_cflags=(*build.STRICT_CFLAGS, *shim_flags)
     )
@@ -69,4 +81,5 @@ def build_all(directory: Path, *, opt: str = "-O2", shim_flags: tuple[str, ...] 
         d / "libotherhook.so",
         d / "libworkload.so",
         d / "local_loader",
+        d / "entry_points",
     )
