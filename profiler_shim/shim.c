@@ -24,8 +24,9 @@
  * go through the wrappers.
  *
  * Environment: ELASTICO_SHIM_DIR (default /dev/shm, else /tmp), ELASTICO_SHIM_BUFFER_BYTES
- * (default 4 MiB, the whole mapping), ELASTICO_SHIM_FLUSH_MS (default 2000),
- * ELASTICO_SHIM_DISABLE=1 (pure pass-through).  fork() gives the child a ring of its own.
+ * (default 4 MiB, the whole mapping; 1536 B to 1 GiB), ELASTICO_SHIM_FLUSH_MS (default
+ * 2000; 10 to 3600000), ELASTICO_SHIM_DISABLE=1 (pure pass-through); a value out of range
+ * or not a decimal integer is reported on stderr and the default used.  fork() gives the child a ring of its own.
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -128,6 +129,8 @@ static inline void *es_next(int api, const void *caller) {
 #define ES_ALLOC_SLOTS (1u << 15)
 #define ES_DEFAULT_BUFFER (4u << 20)
 #define ES_DEFAULT_FLUSH_MS 2000
+#define ES_MAX_BUFFER (1ull << 30) /* 16 Mi records; each ring is reserved whole, in memory */
+#define ES_MAX_FLUSH_MS 3600000ull /* an hour; counters advance only at flushes */
 
 enum { ES_UNINIT = 0, ES_ACTIVE = 1, ES_DISABLED = 2 };
 
@@ -285,14 +288,21 @@ static void *es_flusher(void *arg) {
     }
 }
 
-static uint64_t es_env_u64(const char *name, uint64_t fallback, uint64_t low) {
+/* A decimal integer in [low, high] from the environment, else `fallback` and a line on
+ * stderr.  Digits only: strtoull alone would take "-1" as 2^64 - 1. */
+static uint64_t es_env_u64(const char *name, uint64_t fallback, uint64_t low, uint64_t high) {
     const char *s = getenv(name);
     if (!s || !*s) return fallback;
-    char *end;
-    unsigned long long v = strtoull(s, &end, 10);
-    if (*end || v < low) {
-        fprintf(stderr, "elastico-shim: ignoring %s=%s (need an integer >= %llu)\n", name, s,
-                (unsigned long long)low);
+    char *end = NULL;
+    unsigned long long v = 0;
+    int saved = errno;
+    errno = 0;
+    if (*s >= '0' && *s <= '9') v = strtoull(s, &end, 10);
+    int bad = !end || *end || errno == ERANGE || v < low || v > high;
+    errno = saved;
+    if (bad) {
+        fprintf(stderr, "elastico-shim: ignoring %s=%s (need an integer from %llu to %llu)\n",
+                name, s, (unsigned long long)low, (unsigned long long)high);
         return fallback;
     }
     return v;
@@ -315,11 +325,11 @@ static void es_init_locked(void) {
         return;
     }
     uint64_t bytes = es_env_u64("ELASTICO_SHIM_BUFFER_BYTES", ES_DEFAULT_BUFFER,
-                                ES_HEADER_SIZE + 16 * ES_RECORD_SIZE);
+                                ES_HEADER_SIZE + 16 * ES_RECORD_SIZE, ES_MAX_BUFFER);
     uint64_t capacity = (bytes - ES_HEADER_SIZE) / ES_RECORD_SIZE;
-    if (capacity > UINT32_MAX) capacity = UINT32_MAX;
     bytes = ES_HEADER_SIZE + capacity * ES_RECORD_SIZE;
-    uint64_t flush_ms = es_env_u64("ELASTICO_SHIM_FLUSH_MS", ES_DEFAULT_FLUSH_MS, 10);
+    uint64_t flush_ms =
+        es_env_u64("ELASTICO_SHIM_FLUSH_MS", ES_DEFAULT_FLUSH_MS, 10, ES_MAX_FLUSH_MS);
 
     snprintf(es_g.path, sizeof es_g.path, "%s/elastico-shim-%ld.ring", es_dir(), (long)getpid());
     int fd = open(es_g.path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);

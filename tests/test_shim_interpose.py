@@ -263,6 +263,26 @@ def test_buffer_size_and_flush_interval_are_configurable(built, tmp_path: Path) 
     assert header["flush_interval_ns"] == 25_000_000
 
 
+@pytest.mark.parametrize(
+    "value", ["-1", "0", "2s", " ", "18446744073709551617", "18446744073709551615", "4000000000"]
+)
+def test_malformed_or_absurd_settings_fall_back_to_the_defaults(
+    built, tmp_path: Path, value: str
+) -> None:
+    """A negative number (strtoull would wrap it), one past 64 bits, or one so large the
+    flush interval in nanoseconds overflows (or the ring would be terabytes) is refused
+    with a line on stderr, like text is; the process runs with the defaults."""
+    out = run_workload(
+        built, tmp_path, "1", "10", ELASTICO_SHIM_FLUSH_MS=value, ELASTICO_SHIM_BUFFER_BYTES=value
+    )
+    path = only_ring(tmp_path)
+    assert path.stat().st_size == 4 << 20
+    with RingReader(path) as ring:
+        assert ring.header()["flush_interval_ns"] == 2_000_000_000
+    assert "ignoring ELASTICO_SHIM_FLUSH_MS" in out.stderr
+    assert "ignoring ELASTICO_SHIM_BUFFER_BYTES" in out.stderr
+
+
 def test_full_buffer_drops_and_counts_without_blocking(built, tmp_path: Path) -> None:
     threads, iterations = 4, 3000
     run_workload(
