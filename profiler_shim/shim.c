@@ -32,6 +32,7 @@
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -168,7 +169,7 @@ static struct {
     es_alloc_entry *allocs;
     pthread_key_t thread_key;
     int key_ok;
-    char path[512];
+    char path[PATH_MAX];
 } es_g = {.lock = PTHREAD_MUTEX_INITIALIZER, .alloc_lock = PTHREAD_MUTEX_INITIALIZER};
 
 static __thread int es_depth __attribute__((tls_model("initial-exec")));
@@ -331,7 +332,15 @@ static void es_init_locked(void) {
     uint64_t flush_ms =
         es_env_u64("ELASTICO_SHIM_FLUSH_MS", ES_DEFAULT_FLUSH_MS, 10, ES_MAX_FLUSH_MS);
 
-    snprintf(es_g.path, sizeof es_g.path, "%s/elastico-shim-%ld.ring", es_dir(), (long)getpid());
+    const char *dir = es_dir();
+    int n = snprintf(es_g.path, sizeof es_g.path, "%s/elastico-shim-%ld.ring", dir,
+                     (long)getpid());
+    if (n < 0 || (size_t)n >= sizeof es_g.path) { /* never a ring under a name cut short */
+        fprintf(stderr, "elastico-shim: ring directory %s is too long; profiling is off\n", dir);
+        es_g.path[0] = '\0';
+        es_g.state = ES_DISABLED;
+        return;
+    }
     int fd = open(es_g.path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     void *map = MAP_FAILED;
     int err = errno;

@@ -283,6 +283,21 @@ def test_malformed_or_absurd_settings_fall_back_to_the_defaults(
     assert "ignoring ELASTICO_SHIM_BUFFER_BYTES" in out.stderr
 
 
+def test_a_long_ring_directory_gets_the_ring_under_its_full_name(built, tmp_path: Path) -> None:
+    """A directory path a few hundred bytes long (well under PATH_MAX) still gets
+    elastico-shim-<pid>.ring, not a name cut short that no reader looks for and that two
+    processes whose pids share a prefix would both open."""
+    ring_dir = tmp_path
+    while len(str(ring_dir)) < 495:
+        ring_dir /= "d" * min(200, 495 - len(str(ring_dir)))
+    ring_dir.mkdir(parents=True)
+    out = run_workload(built, ring_dir, "1", "10")
+    pid = int(out.stdout.split()[-1])
+    assert [p.name for p in ring_dir.iterdir()] == [f"elastico-shim-{pid}.ring"]
+    beyond = run_workload(built, tmp_path / ("d/" * 2500), "1", "10")  # past PATH_MAX
+    assert "profiling is off" in beyond.stderr
+
+
 def test_full_buffer_drops_and_counts_without_blocking(built, tmp_path: Path) -> None:
     threads, iterations = 4, 3000
     run_workload(
