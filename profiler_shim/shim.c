@@ -127,7 +127,8 @@ static inline void *es_next(int api, const void *caller) {
 
 /* ---- process state ---------------------------------------------------------------- */
 #define ES_CACHE_SLOTS 1024 /* per thread; power of two */
-#define ES_ALLOC_SLOTS (1u << 15)
+#define ES_ALLOC_MIN_SLOTS (1u << 12)
+#define ES_ALLOC_MAX_SLOTS (1u << 22) /* 64 MiB; tracks 3 Mi live allocations */
 #define ES_DEFAULT_BUFFER (4u << 20)
 #define ES_DEFAULT_FLUSH_MS 2000
 #define ES_MAX_BUFFER (1ull << 30) /* 16 Mi records; each ring is reserved whole, in memory */
@@ -166,7 +167,8 @@ static struct {
     uint64_t flush_ns;
     pthread_mutex_t lock; /* init, fork */
     pthread_mutex_t alloc_lock;
-    es_alloc_entry *allocs;
+    es_alloc_entry *allocs; /* alloc_slots entries (a power of two), under alloc_lock */
+    uint32_t alloc_slots, alloc_used, alloc_live; /* used: live entries and tombstones */
     pthread_key_t thread_key;
     int key_ok;
     char path[PATH_MAX];
@@ -454,24 +456,48 @@ ES_INLINE void es_note_launch(uint8_t api, const void *func, uint32_t gx, uint32
     s->count = 1;
 }
 
-/* ---- allocation tracking ---------------------------------------------------------- */
-static es_alloc_entry *es_alloc_find(uint64_t ptr, int for_insert) {
-    if (!es_g.allocs) {
-        if (!for_insert) return NULL;
-        void *m = mmap(NULL, ES_ALLOC_SLOTS * sizeof(es_alloc_entry), PROT_READ | PROT_WRITE,
-                       MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-        if (m == MAP_FAILED) return NULL;
-        es_g.allocs = m;
-    }
-    uint32_t i = (uint32_t)((ptr * 0x9e3779b97f4a7c15ull) >> 40) & (ES_ALLOC_SLOTS - 1);
+/* ---- allocation tracking ----------------------------------------------------------
+ * Open addressing under alloc_lock; a freed entry becomes a tombstone until the next
+ * rehash, which drops them and doubles the table when it is over half live, so a lookup
+ * ends at an empty slot soon however many distinct addresses have come and gone.  At the
+ * cap, further allocations go untracked: neither counted live nor sized at their free. */
+static es_alloc_entry *es_alloc_find(uint64_t ptr, es_alloc_entry **insert) {
     es_alloc_entry *tomb = NULL;
-    for (uint32_t n = 0; n < ES_ALLOC_SLOTS; n++, i = (i + 1) & (ES_ALLOC_SLOTS - 1)) {
+    uint32_t mask = es_g.alloc_slots - 1;
+    uint32_t i = (uint32_t)((ptr * 0x9e3779b97f4a7c15ull) >> 32) & mask;
+    for (uint32_t n = 0; es_g.allocs && n <= mask; n++, i = (i + 1) & mask) {
         es_alloc_entry *e = &es_g.allocs[i];
         if (e->ptr == ptr) return e;
         if (e->ptr == 1 && !tomb) tomb = e;
-        if (e->ptr == 0) return for_insert ? (tomb ? tomb : e) : NULL;
+        if (e->ptr == 0) {
+            if (insert) *insert = tomb ? tomb : e;
+            return NULL;
+        }
     }
-    return for_insert ? tomb : NULL;
+    if (insert) *insert = tomb;
+    return NULL;
+}
+
+/* Make room for one more entry (at most three quarters of the slots used); 0 at the cap. */
+static int es_alloc_reserve(void) {
+    uint64_t slots = es_g.alloc_slots;
+    if (slots && (es_g.alloc_used + 1) * 4 <= slots * 3) return 1;
+    uint64_t want = slots ? slots : ES_ALLOC_MIN_SLOTS;
+    while ((es_g.alloc_live + 1) * 2 > want && want < ES_ALLOC_MAX_SLOTS) want *= 2;
+    if ((es_g.alloc_live + 1) * 4 > want * 3) return 0;
+    es_alloc_entry *old = es_g.allocs;
+    es_alloc_entry *m = mmap(NULL, want * sizeof *m, PROT_READ | PROT_WRITE,
+                             MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (m == MAP_FAILED) return 0;
+    es_g.allocs = m;
+    es_g.alloc_slots = (uint32_t)want;
+    es_g.alloc_used = es_g.alloc_live;
+    for (uint64_t i = 0; i < slots; i++) {
+        es_alloc_entry *slot = NULL;
+        if (old[i].ptr > 1 && !es_alloc_find(old[i].ptr, &slot) && slot) *slot = old[i];
+    }
+    if (old) munmap(old, slots * sizeof *old);
+    return 1;
 }
 
 static void es_note_alloc(uint8_t api, uint64_t ptr, uint64_t size, const void *stream,
@@ -484,14 +510,20 @@ static void es_note_alloc(uint8_t api, uint64_t ptr, uint64_t size, const void *
         es_add(&h->allocs, 1);
         es_add(&h->alloc_bytes, size);
         pthread_mutex_lock(&es_g.alloc_lock);
-        es_alloc_entry *e = ptr > 1 ? es_alloc_find(ptr, 1) : NULL;
+        es_alloc_entry *slot = NULL, *e = ptr > 1 ? es_alloc_find(ptr, NULL) : NULL;
         if (e) {
-            if (e->ptr == ptr) h->live_bytes -= e->size; /* reused without a seen free */
+            __atomic_sub_fetch(&h->live_bytes, e->size, __ATOMIC_RELAXED); /* no free seen */
+        } else if (ptr > 1 && es_alloc_reserve() && !es_alloc_find(ptr, &slot) && slot) {
+            if (slot->ptr == 0) es_g.alloc_used++;
+            es_g.alloc_live++;
+            e = slot;
             e->ptr = ptr;
-            e->size = size;
         }
-        uint64_t live = __atomic_add_fetch(&h->live_bytes, size, __ATOMIC_RELAXED);
-        if (live > h->peak_bytes) __atomic_store_n(&h->peak_bytes, live, __ATOMIC_RELAXED);
+        if (e) {
+            e->size = size;
+            uint64_t live = __atomic_add_fetch(&h->live_bytes, size, __ATOMIC_RELAXED);
+            if (live > h->peak_bytes) __atomic_store_n(&h->peak_bytes, live, __ATOMIC_RELAXED);
+        }
         pthread_mutex_unlock(&es_g.alloc_lock);
     }
     es_emit(ES_KIND_ALLOC, api, failed ? ES_FLAG_ERROR : 0, 0, ptr, (uint64_t)(uintptr_t)stream,
@@ -506,10 +538,11 @@ static void es_note_free(uint8_t api, uint64_t ptr, const void *stream, int fail
     if (!failed) {
         es_add(&h->frees, 1);
         pthread_mutex_lock(&es_g.alloc_lock);
-        es_alloc_entry *e = es_alloc_find(ptr, 0);
+        es_alloc_entry *e = es_alloc_find(ptr, NULL);
         if (e) {
             size = e->size;
             e->ptr = 1;
+            es_g.alloc_live--;
             __atomic_sub_fetch(&h->live_bytes, size, __ATOMIC_RELAXED);
         }
         pthread_mutex_unlock(&es_g.alloc_lock);
@@ -909,7 +942,9 @@ static void es_fork_child(void) {
         es_g.ring = NULL;
         es_g.state = ES_UNINIT;
     }
-    if (es_g.allocs) memset(es_g.allocs, 0, ES_ALLOC_SLOTS * sizeof(es_alloc_entry));
+    if (es_g.allocs) munmap(es_g.allocs, es_g.alloc_slots * sizeof(es_alloc_entry));
+    es_g.allocs = NULL;
+    es_g.alloc_slots = es_g.alloc_used = es_g.alloc_live = 0;
     if (es_tls) memset(es_tls->slot, 0, sizeof es_tls->slot);
     es_g.epoch = 0;
     if (es_tls) es_tls->epoch = 0;

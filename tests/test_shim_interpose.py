@@ -298,6 +298,31 @@ def test_a_long_ring_directory_gets_the_ring_under_its_full_name(built, tmp_path
     assert "profiling is off" in beyond.stderr
 
 
+def test_live_bytes_return_to_zero_past_32k_live_allocations_and_long_churn(
+    built, tmp_path: Path
+) -> None:
+    """The pointer->size map once held 32768 entries: allocations past that were added to
+    live bytes but their frees were not subtracted (live bytes stuck high for good), and
+    its tombstones, never cleared, made every lookup scan the whole map once many distinct
+    addresses had come and gone (cudaMallocAsync pools).  It now grows and rehashes."""
+    live, churn = 40_000, 120_000
+    run_workload(
+        built,
+        tmp_path,
+        str(live),
+        "2",
+        str(churn),
+        program=built.allocs,
+        ELASTICO_SHIM_BUFFER_BYTES="65536",  # records drop; the header counts everything
+    )
+    with RingReader(only_ring(tmp_path)) as ring:
+        header = ring.header()
+    assert header["allocs"] == header["frees"] == 2 * live + churn
+    assert header["untracked_frees"] == 0
+    assert header["live_bytes"] == 0
+    assert header["peak_bytes"] == live * 1000
+
+
 def test_full_buffer_drops_and_counts_without_blocking(built, tmp_path: Path) -> None:
     threads, iterations = 4, 3000
     run_workload(

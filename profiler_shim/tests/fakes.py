@@ -3,7 +3,7 @@
 Stdlib only; loaded by path from tests/test_shim_*.py and benchmarks/shim_overhead.py.
 Everything lands in one directory: libcuda.so, libcudart.so, libnccl.so,
 libotherhook.so, workload, bench_launch, libworkload.so (the workload as a library),
-local_loader (which dlopens it RTLD_LOCAL), entry_points and libelastico_shim.so.
+local_loader (which dlopens it RTLD_LOCAL), entry_points, allocs and libelastico_shim.so.
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ class Built(NamedTuple):
     workload_library: Path
     local_loader: Path
     entry_points: Path
+    allocs: Path
 
 
 def _cc(*args: str | Path) -> None:
@@ -70,6 +71,7 @@ def build_all(directory: Path, *, opt: str = "-O2", shim_flags: tuple[str, ...] 
     _cc(*common, "-o", d / "local_loader", HERE / "local_loader.c", "-ldl")
     # libcuda is only reached through the runtime: keep it NEEDED so the rpath finds it
     _cc(*common, "-o", d / "entry_points", HERE / "entry_points.c", "-Wl,--no-as-needed", *libs)
+    _cc(*common, "-o", d / "allocs", HERE / "allocs.c", "-Wl,--no-as-needed", *libs)
     shim = build.compile_shim(
         d / build.LIBRARY_NAME, extra_cflags=(*build.STRICT_CFLAGS, *shim_flags)
     )
@@ -82,4 +84,5 @@ def build_all(directory: Path, *, opt: str = "-O2", shim_flags: tuple[str, ...] 
         d / "libworkload.so",
         d / "local_loader",
         d / "entry_points",
+        d / "allocs",
     )
