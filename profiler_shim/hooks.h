@@ -161,7 +161,12 @@ typedef struct ncclComm *ncclComm_t;
     X(cudaGetDriverEntryPointByVersion, cudaError_t, ES_ENTRY_BY_VERSION_PARAMS,              \
       ES_ENTRY_BY_VERSION_ARGS, cudaErrorSymbolNotFound)                                       \
     X(cudaGetDriverEntryPointByVersion_ptsz, cudaError_t, ES_ENTRY_BY_VERSION_PARAMS,         \
-      ES_ENTRY_BY_VERSION_ARGS, cudaErrorSymbolNotFound)
+      ES_ENTRY_BY_VERSION_ARGS, cudaErrorSymbolNotFound)                                       \
+    /* runtime API: what cudaMallocAsync/cudaFreeAsync become under --default-stream per-thread */ \
+    X(cudaMallocAsync_ptsz, cudaError_t, (void **devPtr, size_t size, cudaStream_t hStream),   \
+      (devPtr, size, hStream), cudaErrorSymbolNotFound)                                        \
+    X(cudaFreeAsync_ptsz, cudaError_t, (void *devPtr, cudaStream_t hStream), (devPtr, hStream), \
+      cudaErrorSymbolNotFound)
 
 /* Plain prototypes of the listed API, for the fake libraries and test programs (which
  * thereby fail to compile if their signatures drift from the list). */

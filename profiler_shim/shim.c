@@ -698,26 +698,44 @@ ES_EXPORT cudaError_t cudaFree(void *devPtr) {
     return r;
 }
 
-ES_EXPORT cudaError_t cudaMallocAsync(void **devPtr, size_t size, cudaStream_t hStream) {
-    es_fn_cudaMallocAsync *next = ES_NEXT(cudaMallocAsync);
+static inline cudaError_t es_malloc_async(int api, es_fn_cudaMallocAsync *next, void **devPtr,
+                                          size_t size, cudaStream_t hStream) {
     ES_PASS_OR_FAIL(next, cudaErrorSymbolNotFound, (devPtr, size, hStream));
     es_depth++;
     cudaError_t r = next(devPtr, size, hStream);
-    es_note_alloc(ES_API_cudaMallocAsync,
-                  (r == cudaSuccess && devPtr) ? (uintptr_t)*devPtr : 0, size, hStream,
-                  r != cudaSuccess);
+    es_note_alloc((uint8_t)api, (r == cudaSuccess && devPtr) ? (uintptr_t)*devPtr : 0, size,
+                  hStream, r != cudaSuccess);
     es_depth--;
     return r;
 }
 
-ES_EXPORT cudaError_t cudaFreeAsync(void *devPtr, cudaStream_t hStream) {
-    es_fn_cudaFreeAsync *next = ES_NEXT(cudaFreeAsync);
+static inline cudaError_t es_free_async(int api, es_fn_cudaFreeAsync *next, void *devPtr,
+                                        cudaStream_t hStream) {
     ES_PASS_OR_FAIL(next, cudaErrorSymbolNotFound, (devPtr, hStream));
     es_depth++;
     cudaError_t r = next(devPtr, hStream);
-    es_note_free(ES_API_cudaFreeAsync, (uintptr_t)devPtr, hStream, r != cudaSuccess);
+    es_note_free((uint8_t)api, (uintptr_t)devPtr, hStream, r != cudaSuccess);
     es_depth--;
     return r;
+}
+
+ES_EXPORT cudaError_t cudaMallocAsync(void **devPtr, size_t size, cudaStream_t hStream) {
+    return es_malloc_async(ES_API_cudaMallocAsync, ES_NEXT(cudaMallocAsync), devPtr, size,
+                           hStream);
+}
+
+ES_EXPORT cudaError_t cudaFreeAsync(void *devPtr, cudaStream_t hStream) {
+    return es_free_async(ES_API_cudaFreeAsync, ES_NEXT(cudaFreeAsync), devPtr, hStream);
+}
+
+ES_EXPORT cudaError_t cudaMallocAsync_ptsz(void **devPtr, size_t size, cudaStream_t hStream) {
+    return es_malloc_async(ES_API_cudaMallocAsync_ptsz, ES_NEXT(cudaMallocAsync_ptsz), devPtr,
+                           size, hStream);
+}
+
+ES_EXPORT cudaError_t cudaFreeAsync_ptsz(void *devPtr, cudaStream_t hStream) {
+    return es_free_async(ES_API_cudaFreeAsync_ptsz, ES_NEXT(cudaFreeAsync_ptsz), devPtr,
+                         hStream);
 }
 
 #define ES_NCCL_WRAP(name, params, args, count, type, op, peer)                      \

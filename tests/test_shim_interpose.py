@@ -323,6 +323,19 @@ def test_live_bytes_return_to_zero_past_32k_live_allocations_and_long_churn(
     assert header["peak_bytes"] == live * 1000
 
 
+def test_per_thread_default_stream_async_allocations_are_tracked(built, tmp_path: Path) -> None:
+    """Code built with --default-stream per-thread calls cudaMallocAsync_ptsz and
+    cudaFreeAsync_ptsz (cuda_runtime_api.h renames them); those count like the others."""
+    out = run_workload(built, tmp_path, "10", "1", "5", "ptsz", program=built.allocs)
+    with RingReader(find_rings(tmp_path)[int(out.stdout.split()[1])]) as ring:
+        header = ring.header()
+        records = ring.peek()
+    assert header["allocs"] == header["frees"] == 15
+    assert header["untracked_frees"] == 0 and header["peak_bytes"] == 10 * 1000
+    allocs = records[records["kind"] == Kind.ALLOC]
+    assert {API_NAMES[int(a)] for a in allocs["api"]} == {"cudaMallocAsync_ptsz"}
+
+
 def test_full_buffer_drops_and_counts_without_blocking(built, tmp_path: Path) -> None:
     threads, iterations = 4, 3000
     run_workload(

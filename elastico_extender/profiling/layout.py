@@ -123,6 +123,8 @@ API_NAMES: tuple[str, ...] = (
     "cudaGetDriverEntryPoint_ptsz",
     "cudaGetDriverEntryPointByVersion",
     "cudaGetDriverEntryPointByVersion_ptsz",
+    "cudaMallocAsync_ptsz",
+    "cudaFreeAsync_ptsz",
 )
 
 

@@ -48,12 +48,17 @@ cudaError_t cudaFree(void *p) {
     return cuMemFree_v2((CUdeviceptr)p) == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
 }
 static unsigned long long pool = 0x500000000000ull;
-cudaError_t cudaMallocAsync(void **p, size_t n, cudaStream_t s) {
+static cudaError_t malloc_async(void **p, size_t n) {
     if (n > (1ull << 40)) return cudaErrorMemoryAllocation;
     *p = (void *)__atomic_add_fetch(&pool, 0x10000, __ATOMIC_RELAXED);
     return cudaSuccess;
 }
+cudaError_t cudaMallocAsync(void **p, size_t n, cudaStream_t s) { return malloc_async(p, n); }
 cudaError_t cudaFreeAsync(void *p, cudaStream_t s) { return cudaSuccess; }
+cudaError_t cudaMallocAsync_ptsz(void **p, size_t n, cudaStream_t s) {
+    return malloc_async(p, n);
+}
+cudaError_t cudaFreeAsync_ptsz(void *p, cudaStream_t s) { return cudaSuccess; }
 
 cudaError_t cudaRuntimeGetVersion(int *runtimeVersion) {
     if (!runtimeVersion) return cudaErrorInvalidValue;
