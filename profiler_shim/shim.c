@@ -26,7 +26,8 @@
  * Environment: ELASTICO_SHIM_DIR (default /dev/shm, else /tmp), ELASTICO_SHIM_BUFFER_BYTES
  * (default 4 MiB, the whole mapping; 1536 B to 1 GiB), ELASTICO_SHIM_FLUSH_MS (default
  * 2000; 10 to 3600000), ELASTICO_SHIM_DISABLE=1 (pure pass-through); a value out of range
- * or not a decimal integer is reported on stderr and the default used.  fork() gives the child a ring of its own.
+ * or not a decimal integer is reported on stderr and the default used.  fork() gives the
+ * child a ring of its own.
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -343,7 +344,9 @@ static void es_init_locked(void) {
         es_g.state = ES_DISABLED;
         return;
     }
-    int fd = open(es_g.path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    /* O_NOFOLLOW: in a directory other users share (/dev/shm, /tmp), a link planted under
+     * the ring's name must not make O_TRUNC wipe the file it points to. */
+    int fd = open(es_g.path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
     void *map = MAP_FAILED;
     int err = errno;
     /* Reserve every page now: a ring on a full tmpfs (a memory emptyDir at its

@@ -168,6 +168,25 @@ def test_the_header_stamps_flushes_on_the_monotonic_clock(built, tmp_path: Path)
     assert header["flushes"] >= 1  # the final flush at exit stamped both clocks
 
 
+def test_a_link_planted_under_the_rings_name_is_not_followed(built, tmp_path: Path) -> None:
+    """With the default ring directory (/dev/shm or /tmp, shared by every user), another
+    user can plant ``elastico-shim-<pid>.ring`` as a link to a file of the workload's
+    owner: opening it with O_TRUNC would wipe that file.  The shim does not follow it:
+    profiling is off for that process, the file is untouched, the workload unharmed."""
+    victim = tmp_path / "precious.txt"
+    victim.write_text("keep me")
+    rings = tmp_path / "rings"
+    rings.mkdir()
+    script = (
+        f"ln -s {victim} {rings}/elastico-shim-$$.ring && "
+        f"LD_PRELOAD={built.shim} ELASTICO_SHIM_DIR={rings} exec {built.workload} 1 10"
+    )
+    done = subprocess.run(["sh", "-c", script], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert victim.read_text() == "keep me"
+    assert "profiling is off" in done.stderr
+
+
 def test_fork_child_gets_a_ring_of_its_own(built, tmp_path: Path) -> None:
     out = run_workload(built, tmp_path, "2", "20", "fork")
     lines = out.stdout.split("\n")
