@@ -429,3 +429,22 @@ def test_profiling_run_preloads_the_shim_over_the_real_workload(tmp_path: Path) 
         assert summarize(ring.peek(), ring.header()).launches == 2 * (4 * 30 + 1)
     # the other hook is preloaded into the launcher too; its line for the workload counts all
     assert f"{2 * 31} {2 * 4}" in (tmp_path / "other.txt").read_text().splitlines()
+
+
+def test_vllm_flag_is_the_one_rounded_share_never_above_the_budget() -> None:
+    """docs/edge.md: ``--gpu-memory-utilization`` formats the one rounded share (fraction
+    rounded *down* to 4 decimals), as ``ELASTICO_VLLM_ARGS`` does.  40959 of 40960 MiB is
+    0.99997...: a half-up rounding would hand vLLM the whole device (1.0000)."""
+    settings = read_assignment(
+        {
+            **TRAINING,
+            "elastico.io/workload-kind": "inference",
+            "elastico.io/assigned-knobs": "{}",
+            "elastico.io/memory-budget-mib": "40959",
+            "elastico.io/device-memory-mib": "40960",
+        },
+        {},
+    ).settings()
+    argv, env = build_launch(["vllm", "serve", "m"], settings, {})
+    assert argv == ["vllm", "serve", "m", "--gpu-memory-utilization=0.9999"]
+    assert env["ELASTICO_VLLM_ARGS"] == "--gpu-memory-utilization=0.9999"
