@@ -198,18 +198,33 @@ def test_vllm_command_gets_engine_flags(tmp_path: Path) -> None:
     assert env["VLLM_GPU_MEMORY_UTILIZATION"] == "0.2500"
 
 
-def test_pytorch_memory_fraction_is_applied_after_cuda_init(tmp_path: Path) -> None:
+FAKE_TORCH_CUDA = """
+import os
+calls, contexts, current = [], set(), [0]
+def _lazy_init():
+    calls.append('init')
+def device_count():
+    return int(os.environ.get('FAKE_GPUS', '2'))
+def current_device():
+    _lazy_init(); return current[0]
+def set_device(d):
+    _lazy_init(); current[0] = d; contexts.add(d)
+def set_per_process_memory_fraction(f, d):
+    # as torch's CUDA caching allocator: cudaSetDevice(d), not restored, and a
+    # cudaMemGetInfo that creates d's context
+    _lazy_init(); current[0] = d; contexts.add(d); calls.append((f, d))
+"""
+
+
+def _fake_torch_launch(tmp_path: Path, code: str, **environ: str) -> str:
+    """Run ``code`` under elastico-run's PyTorch settings (budget 1/4 of the device) with
+    a stand-in ``torch.cuda`` that has the real one's side effects on the current device."""
     torch = tmp_path / "fake" / "torch"
-    torch.mkdir(parents=True)
+    torch.mkdir(parents=True, exist_ok=True)
     (torch / "__init__.py").write_text("")
-    (torch / "cuda.py").write_text(
-        "calls = []\n"
-        "def _lazy_init():\n    calls.append('init')\n"
-        "def device_count():\n    return 2\n"
-        "def set_per_process_memory_fraction(f, d):\n    _lazy_init(); calls.append((f, d))\n"
-    )
+    (torch / "cuda.py").write_text(FAKE_TORCH_CUDA)
     other = tmp_path / "other"
-    other.mkdir()
+    other.mkdir(exist_ok=True)
     (other / "sitecustomize.py").write_text("import builtins\nbuiltins.OTHER_SITE = True\n")
     settings = load_settings(
         tmp_path / "none",
@@ -219,21 +234,45 @@ def test_pytorch_memory_fraction_is_applied_after_cuda_init(tmp_path: Path) -> N
             "ELASTICO_DEVICE_MEMORY_MIB": "4096",
         },
     )
-    environ = {**os.environ, "PYTHONPATH": f"{tmp_path / 'fake'}{os.pathsep}{other}"}
-    argv, env = build_launch(
-        [
-            sys.executable,
-            "-c",
-            (
-                "import builtins, torch.cuda as c; before = list(c.calls); c._lazy_init(); "
-                "c._lazy_init(); print(before, c.calls, builtins.OTHER_SITE)"
-            ),
-        ],
-        settings,
-        environ,
+    base = {k: v for k, v in os.environ.items() if k != "LOCAL_RANK"}
+    env_in = {**base, **environ, "PYTHONPATH": f"{tmp_path / 'fake'}{os.pathsep}{other}"}
+    argv, env = build_launch([sys.executable, "-c", code], settings, env_in)
+    return subprocess.run(argv, env=env, capture_output=True, text=True, check=True).stdout
+
+
+def test_pytorch_memory_fraction_is_applied_after_cuda_init(tmp_path: Path) -> None:
+    out = _fake_torch_launch(
+        tmp_path,
+        "import builtins, torch.cuda as c; before = list(c.calls); c._lazy_init(); "
+        "c._lazy_init(); print(before, [x for x in c.calls if x != 'init'], builtins.OTHER_SITE)",
     )
-    out = subprocess.run(argv, env=env, capture_output=True, text=True, check=True).stdout
-    assert out.strip() == "[] ['init', 'init', (0.25, 0), 'init', (0.25, 1), 'init'] True"
+    assert out.strip() == "[] [(0.25, 1), (0.25, 0)] True"
+
+
+def test_pytorch_memory_fraction_leaves_the_current_device_as_cuda_found_it(
+    tmp_path: Path,
+) -> None:
+    """Setting the fraction makes each device current in turn (torch's allocator calls
+    cudaSetDevice and does not restore it): a two-GPU pod's ``model.cuda()`` went to
+    cuda:1, and nn.DataParallel (device_ids[0] = 0) refused the model."""
+    out = _fake_torch_launch(
+        tmp_path, "import torch.cuda as c; c._lazy_init(); print(c.current_device())"
+    )
+    assert out.strip() == "0"
+
+
+def test_under_torchrun_each_rank_caps_only_its_own_device(tmp_path: Path) -> None:
+    """torchrun sets LOCAL_RANK and each rank uses cuda:LOCAL_RANK; capping every device
+    created a context (hundreds of MiB) on every GPU in every rank, n x n in all."""
+    code = (
+        "import torch.cuda as c; c._lazy_init(); "
+        "print([x for x in c.calls if x != 'init'], sorted(c.contexts), c.current_device())"
+    )
+    out = _fake_torch_launch(tmp_path, code, LOCAL_RANK="1")
+    assert out.strip() == "[(0.25, 1)] [1] 1"
+    # a LOCAL_RANK that names no visible device: every device, as without torchrun
+    out = _fake_torch_launch(tmp_path, code, LOCAL_RANK="7")
+    assert out.strip() == "[(0.25, 1), (0.25, 0)] [0, 1] 0"
 
 
 CHILD = r"""

@@ -4,8 +4,13 @@
 imported, its lazy CUDA initialisation is wrapped so that, right after CUDA comes up
 (never earlier: importing torch must stay cheap and fork-safe),
 ``torch.cuda.set_per_process_memory_fraction(ELASTICO_MEMORY_FRACTION, device)`` is
-called for every visible device.  Any other ``sitecustomize`` further down the path is
-still imported afterwards.  Nothing here runs when the variable is unset or invalid.
+called for every visible device, or, in a torchrun worker (``LOCAL_RANK`` names a
+visible device), for that rank's device only.  Setting a fraction makes the device
+current and creates its context (torch's allocator calls ``cudaSetDevice`` and
+``cudaMemGetInfo``), so the device that was current is done last and stays current, and
+a rank creates no context on its neighbours' GPUs.  Any other ``sitecustomize`` further
+down the path is still imported afterwards.  Nothing here runs when the variable is
+unset or invalid.
 """
 
 from __future__ import annotations
@@ -28,6 +33,15 @@ def _fraction() -> float | None:
     return value if 0 < value <= 1 else None
 
 
+def _devices(count: int, current: int) -> list[int]:
+    """The devices to cap, in order: a torchrun rank's own (``LOCAL_RANK``), else all,
+    with ``current`` last so that it is the current device afterwards."""
+    rank = os.environ.get("LOCAL_RANK", "")
+    if rank.isdigit() and int(rank) < count:
+        return [int(rank)]
+    return sorted(range(count), key=lambda device: device == current)
+
+
 def _patch(cuda: object, fraction: float) -> None:
     original = cuda._lazy_init  # type: ignore[attr-defined]
     state = {"done": False}
@@ -35,8 +49,9 @@ def _patch(cuda: object, fraction: float) -> None:
     def lazy_init(*args: object, **kwargs: object) -> object:
         result = original(*args, **kwargs)
         if not state["done"]:
-            state["done"] = True  # set first: the call below re-enters _lazy_init
-            for device in range(cuda.device_count()):  # type: ignore[attr-defined]
+            state["done"] = True  # set first: the calls below re-enter _lazy_init
+            count = cuda.device_count()  # type: ignore[attr-defined]
+            for device in _devices(count, cuda.current_device()):  # type: ignore[attr-defined]
                 cuda.set_per_process_memory_fraction(fraction, device)  # type: ignore[attr-defined]
         return result
 
