@@ -181,3 +181,47 @@ def test_what_the_image_runs_imports_with_only_the_runtime_dependencies():
         capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)},
     )  # fmt: skip
     assert run.returncode == 0, run.stderr[-2000:]
+
+
+def _example_containers() -> list[tuple[str, dict]]:
+    import yaml
+
+    found = []
+    for path in sorted((ROOT / "deploy/examples").glob("*.yaml")):
+        doc = yaml.safe_load(path.read_text())
+        spec = doc["spec"].get("template", {}).get("spec") or doc["spec"]
+        found += [(path.name, c) for c in spec["containers"]]
+    return found
+
+
+def _version(tag: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in re.findall(r"\d+", tag))
+
+
+def test_example_images_can_run_what_the_examples_start():
+    """NGC PyTorch images before 25.01 ship Python 3.10 (Ubuntu 22.04), below the
+    launcher's requires-python (3.11: enum.StrEnum): the runtime-bundle example's
+    elastico-run died with an ImportError.  vLLM took ``--no-enable-prefix-caching``
+    (argparse.BooleanOptionalAction) only after 0.6.x, where ``--enable-prefix-caching``
+    was store_true and any other flag an error; ElastiCo emits it for a configuration
+    with prefix caching off.  And vLLM has no module ``vllm.entrypoints.offline``."""
+    from elastico_extender.core.handoff import vllm_arguments
+    from elastico_extender.core.model import Configuration
+
+    assert "--no-enable-prefix-caching" in vllm_arguments(
+        Configuration.from_dict({"prefix_caching": False}), 0.5
+    )
+    vllm_entrypoints = {"vllm.entrypoints.openai.api_server", "vllm.entrypoints.openai.run_batch"}
+    seen = set()
+    for name, container in _example_containers():
+        image, _, tag = container["image"].rpartition(":")
+        command = container.get("command") or []
+        if image == "nvcr.io/nvidia/pytorch":
+            seen.add("pytorch")
+            assert _version(tag)[:2] >= (25, 1), f"{name}: {container['image']} has Python 3.10"
+        if image == "vllm/vllm-openai":
+            seen.add("vllm")
+            assert _version(tag) >= (0, 8), f"{name}: {container['image']} predates the flags"
+            module = command[command.index("-m") + 1] if "-m" in command else None
+            assert module in vllm_entrypoints or command[1:3] in (["vllm", "serve"],), name
+    assert seen == {"pytorch", "vllm"}
