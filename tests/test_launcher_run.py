@@ -18,7 +18,13 @@ import pytest
 from elastico_extender.errors import AnnotationError
 from elastico_extender.launcher.assignment import read_assignment
 from elastico_extender.launcher.downward import parse_annotations, unquote_go
-from elastico_extender.launcher.run import build_launch, compose_preload, load_settings, main
+from elastico_extender.launcher.run import (
+    SITE_DIR,
+    build_launch,
+    compose_preload,
+    load_settings,
+    main,
+)
 from elastico_extender.profiling.ring import RingReader, find_rings, summarize
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -487,3 +493,20 @@ def test_vllm_flag_is_the_one_rounded_share_never_above_the_budget() -> None:
     argv, env = build_launch(["vllm", "serve", "m"], settings, {})
     assert argv == ["vllm", "serve", "m", "--gpu-memory-utilization=0.9999"]
     assert env["ELASTICO_VLLM_ARGS"] == "--gpu-memory-utilization=0.9999"
+
+
+def test_an_inference_workload_vllm_flags_cannot_reach_gets_the_pytorch_memory_cap() -> None:
+    """An inference pod whose command is not a vLLM command line (a Transformers server,
+    a script) gets no vLLM flags; it got no PyTorch per-process fraction either, so
+    nothing at all held it to its budget on a shared GPU."""
+    settings = read_assignment(
+        {**TRAINING, "elastico.io/workload-kind": "inference", "elastico.io/assigned-knobs": "{}"},
+        {},
+    ).settings()
+    site = str(SITE_DIR)
+    argv, env = build_launch(["python", "serve.py"], settings, {"PYTHONPATH": "/app"})
+    assert argv == ["python", "serve.py"]
+    assert env["PYTHONPATH"].split(os.pathsep) == [site, "/app"]
+    argv, env = build_launch(["vllm", "serve", "m"], settings, {"PYTHONPATH": "/app"})
+    assert argv[-1] == "--gpu-memory-utilization=0.2500"
+    assert env["PYTHONPATH"] == "/app"  # vLLM sizes itself from the flag

@@ -129,9 +129,12 @@ def build_launch(
     kept = {k.strip() for k in environ.get(USER_SETTINGS_ENV, "").split(",")}
     env = {**environ, **{k: v for k, v in settings.env.items() if k not in kept}}
     argv = list(command)
-    if settings.vllm_args and _is_vllm(command):
+    vllm = bool(settings.vllm_args) and _is_vllm(command)
+    if vllm:
         argv.extend(settings.vllm_args)  # later flags win in vLLM's argparse
-    if "ELASTICO_MEMORY_FRACTION" in settings.env and not settings.vllm_args:
+    # Whatever the flags do not size (training, or an inference server that is not a
+    # vLLM command line) is held to the budget by PyTorch's per-process fraction.
+    if "ELASTICO_MEMORY_FRACTION" in settings.env and not vllm:
         env["PYTHONPATH"] = os.pathsep.join(
             p for p in (str(SITE_DIR), environ.get("PYTHONPATH", "")) if p
         )
