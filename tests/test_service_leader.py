@@ -340,3 +340,59 @@ def test_a_replica_whose_view_lags_the_api_server_does_not_start_leading(server)
     state.replace("pods", list(server.objects["pods"].values()), str(server.rv))
     elector.step()
     assert elector.is_leader()
+
+
+def test_a_lease_deleted_by_an_admin_never_gives_two_leaders(server):
+    """`kubectl delete lease` while a leader lives: the follower that notices first must
+    not create the Lease for itself while the leader, which has not lost its claim by
+    any clock, keeps writing; the live leader recreates it and goes on leading."""
+    api = client.ApiClient(client.Configuration(host=server.url))
+    now = [0.0]
+
+    def clock() -> float:
+        return now[0]
+
+    a, b = (
+        LeaderElector(api, name="del", namespace="ns", identity=who, timing=TIMING, clock=clock)
+        for who in ("a", "b")
+    )
+    a.step()
+    b.step()
+    assert a.is_leader() and not b.is_leader()
+    status, _ = server.store.handle(
+        "DELETE", "/apis/coordination.k8s.io/v1/namespaces/ns/leases/del", None
+    )
+    assert status == 200
+    now[0] += TIMING.retry_period
+    b.step()  # the follower's retry comes first
+    a.step()
+    assert not (a.is_leader() and b.is_leader())
+    assert a.is_leader()
+    lease = server.store.get("coordination.k8s.io", "leases", "ns", "del")
+    assert lease and lease["spec"]["holderIdentity"] == "a"
+    # the leader dies: the follower takes over once the recreated Lease expires
+    while not b.is_leader():
+        now[0] += TIMING.retry_period
+        b.step()
+        assert not (a.is_leader() and b.is_leader())
+    assert now[0] >= TIMING.lease_duration
+
+
+def test_a_leader_that_finds_the_lease_held_by_another_stops_at_once(server):
+    """An admin hands the Lease to another replica (holderIdentity edited to force a
+    fail-over): the old leader stops writing at its next retry, not after its renew
+    deadline while the new holder already leads."""
+    api = client.ApiClient(client.Configuration(host=server.url))
+    now = [0.0]
+    stopped: list[float] = []
+    a = LeaderElector(api, name="edit", namespace="ns", identity="a", timing=TIMING,
+                      clock=lambda: now[0], on_stopped=lambda: stopped.append(now[0]))  # fmt: skip
+    a.step()
+    assert a.is_leader()
+    path = "/apis/coordination.k8s.io/v1/namespaces/ns/leases/edit"
+    status, _ = server.store.handle("PATCH", path, {"spec": {"holderIdentity": "b"}})
+    assert status == 200
+    now[0] += TIMING.retry_period
+    a.step()
+    assert not a.is_leader() and stopped == [now[0]]
+    assert a.holder == "b"

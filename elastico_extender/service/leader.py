@@ -12,6 +12,9 @@ Kubernetes is the consensus: replicas race for one ``Lease`` object with
   (``renew_deadline < lease_duration``: the margin covers the last write in flight);
 * **release**: a replica that stops cleanly empties ``holderIdentity`` so a follower takes
   over at its next retry instead of after the lease expires.
+* **lost**: a leader that reads another holder stops writing at once; a Lease deleted
+  while another replica's claim is alive (by this replica's clock) is left for that
+  holder to recreate, so a deletion never makes two leaders.
 
 Every replica watches the cluster and plans (a synced view, its own plan for
 filter/prioritize); only the leader writes. :class:`LeaderGatedCluster` wraps the cluster
@@ -121,6 +124,7 @@ class LeaderElector:
         self._last_renew = float("-inf")
         self._observed: tuple[Any, ...] | None = None
         self._observed_at = float("-inf")
+        self._other_until = float("-inf")  # another holder's claim, by our clock
         self.holder: str = ""
         self.transitions = 0
         self._stop = threading.Event()
@@ -150,6 +154,10 @@ class LeaderElector:
             if exc.status != 404:
                 log.warning("leader.read_failed", extra={"error": exc.reason})
                 return False
+            if self.clock() < self._other_until:
+                # Deleted (an admin) while another replica's claim is alive: that holder
+                # recreates it; taking it now would make two leaders.
+                return False
             body = client.V1Lease(
                 metadata=client.V1ObjectMeta(name=self.name, namespace=self.namespace),
                 spec=client.V1LeaseSpec(
@@ -175,7 +183,9 @@ class LeaderElector:
         holder = record.holder_identity or ""
         self.holder = holder
         duration = float(record.lease_duration_seconds or self.timing.lease_duration)
-        if holder and holder != self.identity and self.clock() < self._observed_at + duration:
+        other = bool(holder) and holder != self.identity
+        self._other_until = self._observed_at + duration if other else float("-inf")
+        if other and self.clock() < self._other_until:
             return False  # held by another replica, not expired
         transitions = int(record.lease_transitions or 0)
         if holder != self.identity:
@@ -215,8 +225,13 @@ class LeaderElector:
                 if self.on_started is None or self.on_started():
                     self._leading = True
                     log.info("leader.started", extra={"identity": self.identity})
-            elif not held and self._leading and not self.is_leader():
+            elif not held and self._leading and not self._may_go_on():
                 self._stop_leading()
+
+    def _may_go_on(self) -> bool:
+        """After a failed renewal: a renewal may fail now and then within the renew
+        deadline, but a Lease another replica holds means that replica leads."""
+        return self.is_leader() and self.holder in ("", self.identity)
 
     def _stop_leading(self) -> None:
         self._leading = False
