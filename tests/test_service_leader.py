@@ -396,3 +396,44 @@ def test_a_leader_that_finds_the_lease_held_by_another_stops_at_once(server):
     a.step()
     assert not a.is_leader() and stopped == [now[0]]
     assert a.holder == "b"
+
+
+def test_a_leaders_claim_runs_from_before_its_renewal_was_sent(server):
+    """A renewal lands and its answer comes late (the leader paused, a slow network back):
+    a follower saw the renewed record when it landed and may take over a lease duration
+    later, so the leader must count its renew deadline from before it sent the renewal,
+    not from the answer, or both lead for a while."""
+    now = [0.0]
+
+    def clock() -> float:
+        return now[0]
+
+    a_api = client.ApiClient(client.Configuration(host=server.url))
+    b_api = client.ApiClient(client.Configuration(host=server.url))
+    timing = LeaseTiming(lease_duration=2.0, renew_deadline=1.5, retry_period=0.1)
+    a = LeaderElector(a_api, name="late", namespace="ns", identity="a", timing=timing, clock=clock)
+    b = LeaderElector(b_api, name="late", namespace="ns", identity="b", timing=timing, clock=clock)
+    a.step()
+    b.step()
+    assert a.is_leader() and not b.is_leader()
+    lease = server.store.get("coordination.k8s.io", "leases", "ns", "late")
+    assert lease
+    # longer than the margin between the follower's wait and the leader's deadline
+    pause = lease["spec"]["leaseDurationSeconds"] - timing.renew_deadline + 0.2
+
+    def late_answer(method: str, path: str) -> None:
+        if method == "PUT" and "/leases/" in path:
+            b.step()  # the follower reads the renewal as soon as it landed
+            now[0] += pause
+
+    server.before_reply = late_answer
+    now[0] += timing.retry_period
+    a.step()
+    server.before_reply = None
+    assert a.is_leader()
+    a_api.configuration.host = "http://127.0.0.1:9"  # then cut off: no more renewals
+    while not b.is_leader():
+        now[0] += timing.retry_period
+        a.step()
+        b.step()
+        assert not (a.is_leader() and b.is_leader()), f"two leaders at t={now[0]:.1f}"

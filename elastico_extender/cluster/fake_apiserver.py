@@ -28,7 +28,8 @@ It serves, over real HTTP/1.1 on 127.0.0.1:
 
 Test hooks: :meth:`compact` (older versions expire), :meth:`drop_watches`
 (cut every open stream mid-chunk, as a dying load balancer would),
-:meth:`bookmark`, :attr:`write_delay` (each write waits, as an etcd commit does).
+:meth:`bookmark`, :attr:`write_delay` (each write waits, as an etcd commit does),
+:attr:`before_reply` (act between a write and its answer).
 The official ``kubernetes`` client talks to it unchanged.
 """
 
@@ -43,6 +44,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -91,6 +93,10 @@ class FakeApiServer:
         self.store = ObjectStore(self._next_rv)
         self.services: dict[tuple[str, str], str] = {}  # (namespace, name) -> base URL
         self.write_delay = 0.0  # seconds each write takes (a real server's etcd commit)
+        # Called with (method, path) once a write was applied, before it is answered: a
+        # test acts in that gap (another client reads, the writer's clock moves on) as
+        # for a writer paused or a slow network back.
+        self.before_reply: Callable[[str, str], None] | None = None
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -195,8 +201,9 @@ class FakeApiServer:
             self.cond.notify_all()
 
     # -- HTTP ------------------------------------------------------------------------
-    @staticmethod
-    def _send_json(handler: BaseHTTPRequestHandler, status: int, body: Any) -> None:
+    def _send_json(self, handler: BaseHTTPRequestHandler, status: int, body: Any) -> None:
+        if self.before_reply is not None and handler.command != "GET":
+            self.before_reply(handler.command, urlparse(handler.path).path)
         data = json.dumps(body).encode()
         handler.send_response(status)
         handler.send_header("Content-Type", "application/json")

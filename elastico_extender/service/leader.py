@@ -8,8 +8,10 @@ Kubernetes is the consensus: replicas race for one ``Lease`` object with
   (no clock comparison across machines), and our conditional update wins (a concurrent
   candidate gets ``409 Conflict``);
 * **renew**: the holder rewrites ``renewTime`` every ``retry_period``; if it cannot renew
-  for ``renew_deadline`` seconds it stops leading *before* anyone may take over
-  (``renew_deadline < lease_duration``: the margin covers the last write in flight);
+  for ``renew_deadline`` seconds, counted from when its last successful renewal was
+  *sent* (a follower may see it land at once, however late the answer), it stops leading
+  *before* anyone may take over (``renew_deadline < lease_duration``: the margin covers
+  the last write in flight);
 * **release**: a replica that stops cleanly empties ``holderIdentity`` so a follower takes
   over at its next retry instead of after the lease expires.
 * **lost**: a leader that reads another holder stops writing at once; a Lease deleted
@@ -144,6 +146,9 @@ class LeaderElector:
     # -- one step ------------------------------------------------------------------
     def try_acquire_or_renew(self) -> bool:
         """client-go's tryAcquireOrRenew: True when we hold the Lease after this call."""
+        # The claim runs from before the request: a follower may see the write the moment
+        # it lands, whenever our answer comes (a pause, a slow network back).
+        sent = self.clock()
         now = datetime.now(UTC)
         seconds = max(1, round(self.timing.lease_duration))
         try:
@@ -174,7 +179,7 @@ class LeaderElector:
                 )
             except ApiException:
                 return False  # another candidate created it first
-            self._renewed(self.identity)
+            self._renewed(sent)
             return True
         record = lease.spec or client.V1LeaseSpec()
         key = (record.holder_identity, record.renew_time, record.lease_transitions)
@@ -204,13 +209,13 @@ class LeaderElector:
             if exc.status != 409:
                 log.warning("leader.update_failed", extra={"error": exc.reason})
             return False
-        self._renewed(self.identity)
+        self._renewed(sent)
         self.transitions = transitions
         return True
 
-    def _renewed(self, holder: str) -> None:
-        self._last_renew = self.clock()
-        self.holder = holder
+    def _renewed(self, sent: float) -> None:
+        self._last_renew = sent
+        self.holder = self.identity
 
     def step(self) -> None:
         """One retry period's work: acquire or renew, start or stop leading."""
