@@ -437,3 +437,13 @@ def test_a_leaders_claim_runs_from_before_its_renewal_was_sent(server):
         a.step()
         b.step()
         assert not (a.is_leader() and b.is_leader()), f"two leaders at t={now[0]:.1f}"
+
+
+def test_a_fractional_lease_duration_is_not_cut_below_the_renew_deadline_on_the_wire(server):
+    """leaseDurationSeconds is whole seconds: 1.4 s written as 1 would let followers take
+    over 1 s after a renewal while the leader writes for 1.2 s."""
+    api = client.ApiClient(client.Configuration(host=server.url))
+    timing = LeaseTiming(lease_duration=1.4, renew_deadline=1.2, retry_period=0.1)
+    LeaderElector(api, name="frac", namespace="ns", identity="a", timing=timing).step()
+    lease = server.store.get("coordination.k8s.io", "leases", "ns", "frac")
+    assert lease and lease["spec"]["leaseDurationSeconds"] >= timing.lease_duration

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import socket
 import threading
 import time
@@ -150,7 +151,7 @@ class LeaderElector:
         # it lands, whenever our answer comes (a pause, a slow network back).
         sent = self.clock()
         now = datetime.now(UTC)
-        seconds = max(1, round(self.timing.lease_duration))
+        seconds = max(1, math.ceil(self.timing.lease_duration))  # never below our claim
         try:
             lease = self.api.read_namespaced_lease(
                 self.name, self.namespace, _request_timeout=self._timeout
