@@ -17,6 +17,7 @@ from elastico_extender.cluster.kube import KubeCluster
 from elastico_extender.cluster.state import ClusterState
 from elastico_extender.service.engine import Engine
 from elastico_extender.service.leader import (
+    LEADER_LABEL,
     LeaderElector,
     LeaseTiming,
     elect,
@@ -447,3 +448,44 @@ def test_a_fractional_lease_duration_is_not_cut_below_the_renew_deadline_on_the_
     LeaderElector(api, name="frac", namespace="ns", identity="a", timing=timing).step()
     lease = server.store.get("coordination.k8s.io", "leases", "ns", "frac")
     assert lease and lease["spec"]["leaseDurationSeconds"] >= timing.lease_duration
+
+
+def leader_labelled(server: FakeApiServer) -> set[str]:
+    """Names of the pods the extender Service selects (labelled leader)."""
+    return {
+        p["metadata"]["name"]
+        for p in server.objects["pods"].values()
+        if (p["metadata"].get("labels") or {}).get(LEADER_LABEL) == "true"
+    }
+
+
+def test_a_stale_leader_label_comes_off_a_follower_pod(server):
+    """The Service selects every pod labelled leader. A leader killed (its container
+    restarts in the same pod) or cut off from the API server when it stepped down (the
+    label could not be removed) comes back as a follower still labelled: it must take the
+    label off, or half the scheduler's binds and the agents' windows go to a replica that
+    refuses them, for as long as it runs."""
+    for name in ("replica-a", "replica-b"):
+        server.put("pods", {"apiVersion": "v1", "kind": "Pod",
+                            "metadata": {"name": name, "namespace": "elastico-system"},
+                            "spec": {"containers": [{"name": "extender", "image": "x"}]},
+                            "status": {"phase": "Running"}})  # fmt: skip
+    a = Replica(server, "replica-a")
+    wait_for(lambda: leader_labelled(server) == {"replica-a"})
+    a.crash()
+    b = Replica(server, "replica-b")
+    try:
+        wait_for(b.elector.is_leader)
+        a = Replica(server, "replica-a")  # restarted in the same pod, now a follower
+        try:
+            wait_for(lambda: leader_labelled(server) == {"replica-b"}, timeout=5)
+            # the leader is cut off: it steps down but cannot take its label off
+            b.kube.api.api_client.configuration.host = "http://127.0.0.1:9"
+            wait_for(a.elector.is_leader)
+            assert leader_labelled(server) >= {"replica-a", "replica-b"}
+            b.kube.api.api_client.configuration.host = server.url  # back, a follower
+            wait_for(lambda: leader_labelled(server) == {"replica-a"}, timeout=5)
+        finally:
+            a.stop()
+    finally:
+        b.stop()

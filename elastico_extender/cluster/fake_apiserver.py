@@ -11,7 +11,8 @@ It serves, over real HTTP/1.1 on 127.0.0.1:
   ``ERROR`` event carrying a ``410 Expired`` Status, as etcd compaction causes;
 * ``POST .../pods/{name}/binding`` (the Binding's ``metadata.annotations`` are
   copied onto the pod with its node, as kube-apiserver's binding registry does;
-  409 when already bound), ``PATCH .../pods/{name}`` (merge patch of metadata),
+  409 when already bound), ``PATCH .../pods/{name}`` (merge patch of its labels and
+  annotations),
   ``POST``/``PUT``/``GET``/``DELETE .../configmaps``: the writes bind performs and the learned-state
   checkpoint (each write assigns a ``resourceVersion``; a ``PUT`` carrying a stale one
   gets ``409 Conflict``, to a missing object ``404``);
@@ -50,7 +51,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlparse
 
-from elastico_extender.cluster.fake_objects import ObjectStore
+from elastico_extender.cluster.fake_objects import ObjectStore, merge_patch
 
 __all__ = ["FakeApiServer"]
 
@@ -447,9 +448,12 @@ class FakeApiServer:
                 self.put("pods", updated)
                 self._send_json(handler, 201, {"kind": "Status", "status": "Success", "code": 201})
                 return
-            if method == "PATCH":
-                anns = (body.get("metadata") or {}).get("annotations") or {}
-                updated["metadata"].setdefault("annotations", {}).update(anns)
+            if method == "PATCH":  # merge patch of labels and annotations (null: removed)
+                patch = body.get("metadata") or {}
+                for field in ("annotations", "labels"):
+                    if isinstance(patch.get(field), dict):
+                        merged = merge_patch(updated["metadata"].get(field) or {}, patch[field])
+                        updated["metadata"][field] = merged
                 _manage(updated, managed)
                 self._send_json(handler, 200, self.put("pods", updated))
                 return

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
-__all__ = ["ObjectStore", "parse_path"]
+__all__ = ["ObjectStore", "merge_patch", "parse_path"]
 
 # /api/v1[/namespaces/NS]/RESOURCE[/NAME]  or  /apis/G/V[/namespaces/NS]/RESOURCE[/NAME]
 _PATH = re.compile(
@@ -125,7 +125,7 @@ class ObjectStore:
                         "and try again"))  # fmt: skip
                 return 200, self._store("update", key, body, current)
             if method == "PATCH":
-                merged = _merge(copy.deepcopy(current), body or {})
+                merged = merge_patch(copy.deepcopy(current), body or {})
                 return 200, self._store("patch", key, merged, current)
         return 405, _status(405, "MethodNotAllowed", method)
 
@@ -147,7 +147,7 @@ class ObjectStore:
         return copy.deepcopy(obj)
 
 
-def _merge(target: Any, patch: Any) -> Any:
+def merge_patch(target: Any, patch: Any) -> Any:
     """RFC 7386 JSON merge patch."""
     if not isinstance(patch, dict):
         return copy.deepcopy(patch)
@@ -157,5 +157,5 @@ def _merge(target: Any, patch: Any) -> Any:
         if v is None:
             target.pop(k, None)
         else:
-            target[k] = _merge(target.get(k), v)
+            target[k] = merge_patch(target.get(k), v)
     return target

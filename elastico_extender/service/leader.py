@@ -113,6 +113,7 @@ class LeaderElector:
         timing: LeaseTiming | None = None,
         on_started: Callable[[], bool] | None = None,
         on_stopped: Callable[[], None] | None = None,
+        on_following: Callable[[], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.api = client.CoordinationV1Api(api_client)
@@ -122,6 +123,7 @@ class LeaderElector:
         self.timing = timing or LeaseTiming()
         self.on_started = on_started
         self.on_stopped = on_stopped
+        self.on_following = on_following
         self.clock = clock
         self._leading = False
         self._last_renew = float("-inf")
@@ -233,6 +235,8 @@ class LeaderElector:
                     log.info("leader.started", extra={"identity": self.identity})
             elif not held and self._leading and not self._may_go_on():
                 self._stop_leading()
+            if not self._leading and self.on_following is not None:
+                self.on_following()
 
     def _may_go_on(self) -> bool:
         """After a failed renewal: a renewal may fail now and then within the renew
@@ -364,16 +368,21 @@ def catch_up_fence(
     return fence
 
 
-def label_own_pod(core: client.CoreV1Api, namespace: str, pod: str, leading: bool) -> None:
-    """Mark (or unmark) this replica's pod with :data:`LEADER_LABEL` for the Service."""
+def label_own_pod(
+    core: client.CoreV1Api, namespace: str, pod: str, leading: bool, timeout: float = 30
+) -> bool:
+    """Mark (or unmark) this replica's pod with :data:`LEADER_LABEL` for the Service;
+    False when it should be tried again (no answer, or the API server failed)."""
     body = {"metadata": {"labels": {LEADER_LABEL: "true" if leading else None}}}
     try:
-        core.patch_namespaced_pod(pod, namespace, body, _request_timeout=30)
+        core.patch_namespaced_pod(pod, namespace, body, _request_timeout=timeout)
     except ApiException as exc:  # outside a pod (tests, a laptop): nothing to label
         log.info("leader.label_skipped", extra={"pod": pod, "error": exc.reason})
-    except Exception as exc:  # no answer: a label left on a follower only sends it
-        # binds it refuses as "not the leader", which the scheduler retries
+        return exc.status is not None and exc.status < 500
+    except Exception as exc:  # no answer: the follower tries again at its next retry
         log.warning("leader.label_failed", extra={"pod": pod, "error": repr(exc)})
+        return False
+    return True
 
 
 def elect(
@@ -393,20 +402,30 @@ def elect(
         api_client, name=name, namespace=namespace, identity=identity, timing=timing
     )
     fence = catch_up_fence(core, cluster.state, timing.renew_deadline)
+    # Whether our pod may carry the label. At start it may: a container restarted in the
+    # pod of a leader that was killed, or one that could not unlabel when it stepped down.
+    # A follower takes it off (retried every step until done): the Service selects every
+    # labelled pod, and one that refuses binds and windows must not get them.
+    labelled = [label_pod]
+
+    def label(leading: bool) -> None:
+        done = label_own_pod(core, namespace, elector.identity, leading, timing.renew_deadline)
+        labelled[0] = leading or not done
 
     def started() -> bool:
         if not fence():
             return False
         if label_pod:
-            label_own_pod(core, namespace, elector.identity, True)
+            label(True)
         return True
 
-    def stopped() -> None:
-        if label_pod:
-            label_own_pod(core, namespace, elector.identity, False)
+    def following() -> None:
+        if labelled[0]:
+            label(False)
 
     elector.on_started = started
-    elector.on_stopped = stopped
+    elector.on_stopped = following
+    elector.on_following = following
     gated = CampaigningCluster(cluster, elector)
     return elector, gated
 
