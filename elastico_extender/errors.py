@@ -91,6 +91,10 @@ class ClusterError(ElasticoError):
         self.status = status
 
 
+class NotLeader(ClusterError):
+    """A write this replica refused itself, not being the leader: nothing was written."""
+
+
 class ProfilingError(ElasticoError):
     """The measurements cannot make a profile (no progress, empty window, ...)."""
 

@@ -489,3 +489,28 @@ def test_a_stale_leader_label_comes_off_a_follower_pod(server):
             a.stop()
     finally:
         b.stop()
+
+
+def test_a_bind_the_follower_refused_holds_no_gpu_when_it_takes_over(server):
+    """A follower asked to bind (the Service still pointing at it during a hand-over)
+    writes nothing; it must not keep the placement booked either, or once it leads it
+    refuses the scheduler's retry of that pod on any other node ("already bound") and
+    counts a GPU nobody uses, until the booking expires a minute later."""
+    for p in range(1, 12):  # one pending pod: room on every node
+        server.delete("pods", f"ml/job-{p:02d}")
+    a = Replica(server, "replica-a")
+    wait_for(a.elector.is_leader)
+    b = Replica(server, "replica-b")
+    try:
+        b.engine.run_epoch()
+        planned = b.engine.published.plan.assignments["uid-job-00"].devices[0][0]
+        other = next(f"gpu-{n}" for n in range(3) if f"gpu-{n}" != planned)
+        refused = b.engine.bind("ml", "job-00", "uid-job-00", other)
+        assert "not the ElastiCo leader" in refused
+        assert b.engine.assumed_count() == 0
+        a.crash()
+        wait_for(b.elector.is_leader)
+        assert b.bind("job-00", planned) == ""  # the scheduler's retry, on another node
+        assert bound(server)["ml/job-00"]["spec"]["nodeName"] == planned
+    finally:
+        b.stop()

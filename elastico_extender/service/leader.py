@@ -20,9 +20,9 @@ Kubernetes is the consensus: replicas race for one ``Lease`` object with
 
 Every replica watches the cluster and plans (a synced view, its own plan for
 filter/prioritize); only the leader writes. :class:`LeaderGatedCluster` wraps the cluster
-so that bind, reconfigure and evict raise :class:`ClusterError` ("not the leader") on a
-follower: the engine already turns that into a clean extender Error, and the scheduler
-retries the pod. No change to the engine is needed.
+so that bind, reconfigure and evict raise :class:`NotLeader` (a ``ClusterError``: "not
+the leader", nothing written) on a follower: the engine turns that into a clean extender
+Error and books nothing, and the scheduler retries the pod.
 
 Hand-over safety: a new leader starts writing only after its view has caught up with a
 consistent list of pods taken *after* it acquired the Lease (:func:`view_caught_up`), so
@@ -49,8 +49,9 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from elastico_extender.cluster.base import BindRequest, Cluster, ClusterError
+from elastico_extender.cluster.base import BindRequest, Cluster
 from elastico_extender.cluster.state import ClusterState
+from elastico_extender.errors import NotLeader
 
 __all__ = [
     "LEADER_LABEL",
@@ -318,7 +319,7 @@ class LeaderGatedCluster:
     def _check(self, what: str) -> None:
         if not self.is_leader():
             holder = self.holder() or "none yet"
-            raise ClusterError(
+            raise NotLeader(
                 f"this replica is not the ElastiCo leader (Lease holder: {holder}); "
                 f"{what} is retried on the leader"
             )

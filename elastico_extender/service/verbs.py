@@ -32,7 +32,7 @@ from elastico_extender.cluster.objects import pod_key
 from elastico_extender.core.model import Node
 from elastico_extender.core.planner import Answers, PlacementView
 from elastico_extender.core.resources import GPU_MEM
-from elastico_extender.errors import AnnotationError
+from elastico_extender.errors import AnnotationError, NotLeader
 from elastico_extender.service.actuator import Actuator
 from elastico_extender.service.bookings import (
     AlreadyPlaced,
@@ -378,14 +378,14 @@ class Verbs:
             return ""
 
     def _failed(self, request: BindRequest, booking: Booking, exc: ClusterError) -> str:
-        """A failed write: the booking stays unless the API server said for certain
-        that nothing was written and nothing is bound (a 4xx other than 409)."""
+        """A failed write: the booking stays unless it is certain that nothing was written
+        and nothing is bound (a 4xx other than 409, or a follower's own refusal)."""
         status = exc.status
         message = f"bind {request.namespace}/{request.name} to {request.node} failed: {exc}"
         if status == HTTP_CONFLICT:
             self.metrics.bind("already-bound")
             message += " (the booked placement is kept until the watch shows the pod)"
-        elif status is not None and 400 <= status < 500:
+        elif isinstance(exc, NotLeader) or (status is not None and 400 <= status < 500):
             self.bookings.release(booking)
             booking.outcome = message
             self.metrics.bind("error")
