@@ -92,7 +92,8 @@ class ClusterError(ElasticoError):
 
 
 class NotLeader(ClusterError):
-    """A write this replica refused itself, not being the leader: nothing was written."""
+    """A write this replica refused itself, not being the leader: the pod was neither bound
+    nor changed (a bind stopped between its writes leaves only its ConfigMap: harmless)."""
 
 
 class ProfilingError(ElasticoError):

@@ -514,3 +514,26 @@ def test_a_bind_the_follower_refused_holds_no_gpu_when_it_takes_over(server):
         assert bound(server)["ml/job-00"]["spec"]["nodeName"] == planned
     finally:
         b.stop()
+
+
+def test_a_leader_whose_claim_runs_out_between_a_binds_two_writes_does_not_bind(server):
+    """bind writes the pod's ConfigMap, then its Binding. On a slow API server the first
+    write can outlast the leader's claim; the Binding must not follow, since another
+    replica may lead by then and have promised that GPU to another pod."""
+    from elastico_extender.cluster.base import BindRequest, ClusterError
+    from elastico_extender.service.leader import LeaderGatedCluster
+
+    lease_api = client.ApiClient(client.Configuration(host=server.url))
+    elector = LeaderElector(lease_api, name="slow", namespace="ns", identity="a", timing=TIMING)
+    elector.step()
+    assert elector.is_leader()
+    lease_api.configuration.host = "http://127.0.0.1:9"  # its renewals fail from now on
+    kube = KubeCluster(client.ApiClient(client.Configuration(host=server.url)))
+    gated = LeaderGatedCluster(kube, elector.is_leader, lambda: elector.holder)
+    server.write_delay = TIMING.renew_deadline  # the ConfigMap write outlasts the claim
+    request = BindRequest("ml", "job-00", "uid-job-00", "gpu-0", {"elastico.io/x": "1"},
+                          "cm-job-00", {"K": "v"})  # fmt: skip
+    with pytest.raises(ClusterError, match="not the ElastiCo leader"):
+        gated.bind(request)
+    server.write_delay = 0.0
+    assert not bound(server) and not server.bindings

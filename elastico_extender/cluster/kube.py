@@ -197,6 +197,9 @@ class KubeCluster:
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self.relists: dict[str, int] = {"nodes": 0, "pods": 0}
+        self.may_write: Callable[[str], None] = lambda what: None
+        """Called before the second write of a bind or reconfiguration; raises to stop it
+        (the leader gate: a claim may run out while the first write takes its time)."""
         self.informers = {
             "nodes": _Informer(
                 "nodes", self.state, self.api.list_node, self._stop, resync_seconds,
@@ -244,6 +247,7 @@ class KubeCluster:
         decision, whatever stops between the writes (a ConfigMap without a bound
         pod is harmless: owned by the pod, replaced by the next bind)."""
         self._write_configmap(request)
+        self.may_write("bind")
         ns, name = request.namespace, request.name
         binding: Any = {
             "apiVersion": "v1",
@@ -292,6 +296,7 @@ class KubeCluster:
         """ConfigMap first (the webhook's env refers to it), then the pod's annotations."""
         self._write_configmap(request)
         if request.annotations:
+            self.may_write("reconfigure")
             with _as_cluster_error():
                 self.api.patch_namespaced_pod(
                     request.name,

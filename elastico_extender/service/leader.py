@@ -50,6 +50,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from elastico_extender.cluster.base import BindRequest, Cluster
+from elastico_extender.cluster.kube import KubeCluster
 from elastico_extender.cluster.state import ClusterState
 from elastico_extender.errors import NotLeader
 
@@ -301,6 +302,8 @@ class LeaderGatedCluster:
         self.inner = inner
         self.is_leader = is_leader
         self.holder = holder
+        if isinstance(inner, KubeCluster):  # checked again between a bind's two writes
+            inner.may_write = self._check
 
     @property
     def state(self) -> ClusterState:
