@@ -12,6 +12,7 @@ so a caller can catch one type at the edge (the HTTP service turns these into
     ├── UnknownWorkloadError       a workload family with no profile and no catalog entry
     ├── ProfileStoreError          the SQLite profile store cannot be read or written
     ├── ClusterError               a write to the cluster (ConfigMap, annotations, Binding) failed
+    │   └── NotLeader              a write this replica refused itself, not being the leader
     ├── PredictorError             the interference model is missing, corrupt or got bad features
     ├── ProfilingError             a profiling run could not produce a profile
     ├── RingFormatError            the profiler shim's ring buffer is not in the expected layout
@@ -27,6 +28,7 @@ __all__ = [
     "InvalidInputError",
     "InvalidProfileError",
     "InvalidSnapshotError",
+    "NotLeader",
     "PredictorError",
     "ProfileStoreError",
     "ProfilingError",
