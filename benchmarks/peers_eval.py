@@ -50,7 +50,12 @@ from queue import Empty
 from elastico_extender.sim.bounds import JctFloors, jct_floors
 from elastico_extender.sim.engine import ClusterSpec
 from elastico_extender.sim.metrics import summarise
-from elastico_extender.sim.runner import Experiment, configs_of, run_experiment
+from elastico_extender.sim.runner import (
+    Experiment,
+    configs_of,
+    parse_policy_name,
+    run_experiment,
+)
 from elastico_extender.sim.traces import (
     TraceLoad,
     fit_to_cluster,
@@ -95,15 +100,23 @@ def _one(exp: Experiment, name: str, queue: mp.queues.Queue) -> None:
 
 
 def _bounded(exp: Experiment, name: str, limit: float) -> tuple[dict[str, float], float] | None:
-    """One policy's summary and wall time, or None if it ran past ``limit`` seconds."""
+    """One policy's summary and wall time, or None if it ran past ``limit`` seconds.
+
+    A run that fails ends the command (SystemExit naming the policy; its traceback is
+    on stderr): it is not waited out as if it were slow, nor saved as stopped."""
     ctx = mp.get_context("fork")
     queue = ctx.Queue()
     proc = ctx.Process(target=_one, args=(exp, name, queue))
     proc.start()
-    try:
-        result: tuple[dict[str, float], float] = queue.get(timeout=limit)
-    except Empty:
-        result = None  # type: ignore[assignment]
+    deadline = time.monotonic() + limit
+    result: tuple[dict[str, float], float] | None = None
+    while result is None and time.monotonic() < deadline:
+        try:
+            result = queue.get(timeout=min(1.0, max(0.0, deadline - time.monotonic())))
+        except Empty:
+            if not proc.is_alive() and queue.empty():
+                proc.join()
+                raise SystemExit(f"peers_eval: {name} failed (exit code {proc.exitcode})") from None
     proc.join(timeout=5)
     if proc.is_alive():
         proc.terminate()
@@ -390,6 +403,11 @@ def main(argv: list[str] | None = None) -> int:
     worlds = tuple(w for w in args.worlds.split(",") if w)
     elastico = tuple(n for n in ELASTICO if not (args.no_learned and "learned" in n))
     chosen = tuple(args.policies.split(",")) if args.policies else None
+    for name in chosen or ():
+        try:
+            parse_policy_name(name)
+        except ValueError as exc:
+            ap.error(f"--policies: {exc}")
     command = "PYTHONPATH=. nice -n 5 python benchmarks/peers_eval.py " + " ".join(
         argv if argv is not None else sys.argv[1:]
     )

@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -50,3 +51,24 @@ def test_rerunning_one_policy_keeps_the_other_policies_saved(peers_eval, tmp_pat
     assert again["summary"]["volcano"] == first["summary"]["volcano"]
     assert set(again["meta"]["wall_s"]) == {"volcano", "srtf"}
     assert again["meta"]["complete"] is True
+
+
+def test_a_policy_run_that_fails_stops_the_run_at_once_and_saves_nothing_for_it(
+    peers_eval, tmp_path, monkeypatch
+):
+    """A policy whose run raises used to be waited on for the whole --policy-timeout (an
+    hour by default) and then saved as 'stopped at 60 min', a figure it never earned."""
+    monkeypatch.setitem(peers_eval.LIMIT, "policy_s", 120.0)
+    started = time.monotonic()
+    with pytest.raises(SystemExit, match="elastico\\+nonsense"):
+        peers_eval._run("row", _tiny(), ("volcano", "elastico+nonsense"), {"section": "t"}, False)
+    assert time.monotonic() - started < 60
+    saved = json.loads((tmp_path / "row.json").read_text())
+    assert set(saved["summary"]) == {"volcano"}
+
+
+def test_unknown_policy_names_are_a_one_line_error_before_anything_runs(peers_eval, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        peers_eval.main(["--only", "scale", "--sizes", "4", "--policies", "volcano,fifo"])
+    assert exit_.value.code == 2
+    assert "unknown policy 'fifo'" in capsys.readouterr().err
