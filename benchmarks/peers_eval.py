@@ -127,6 +127,11 @@ def _bounded(exp: Experiment, name: str, limit: float) -> tuple[dict[str, float]
 def _run(
     key: str, exp: Experiment, policies: tuple[str, ...], meta: dict[str, object], resume: bool
 ) -> None:
+    """Run ``policies`` on ``exp`` into the row saved as ``key`` (another seed's row is
+    another file: one row never holds two traces)."""
+    if exp.seed:
+        key += f"_seed{exp.seed}"
+    meta = {**meta, "seed": exp.seed}
     path = OUT / f"{key}.json"
     t0 = time.time()
     summ: dict[str, dict[str, float]] = {}
@@ -163,11 +168,12 @@ def philly_experiment(loaded: TraceLoad, gpus: int, world: str, seed: int) -> Ex
 
 
 def philly_floors(meta: dict[str, object]) -> JctFloors:
-    """The average-JCT floors (``sim.bounds``) of a saved Philly row (seed 0, as run)."""
+    """The average-JCT floors (``sim.bounds``) of a saved Philly row, of the seed it ran."""
     days = meta["days"]
     assert isinstance(days, list)
-    loaded = philly_trace(str(meta["vc"]), seed=0, days=(float(days[0]), float(days[1])))
-    exp = philly_experiment(loaded, int(str(meta["gpus"])), str(meta["world"]), 0)
+    seed = int(str(meta.get("seed", 0)))
+    loaded = philly_trace(str(meta["vc"]), seed=seed, days=(float(days[0]), float(days[1])))
+    exp = philly_experiment(loaded, int(str(meta["gpus"])), str(meta["world"]), seed)
     return jct_floors(exp.trace, configs_of(exp))
 
 

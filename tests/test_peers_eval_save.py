@@ -72,3 +72,16 @@ def test_unknown_policy_names_are_a_one_line_error_before_anything_runs(peers_ev
         peers_eval.main(["--only", "scale", "--sizes", "4", "--policies", "volcano,fifo"])
     assert exit_.value.code == 2
     assert "unknown policy 'fifo'" in capsys.readouterr().err
+
+
+def test_rows_of_another_seed_are_saved_apart(peers_eval, tmp_path):
+    """``--seed 1`` used to write into seed 0's row: its policies sat beside seed 0's
+    baselines in one table row, ratios across two different traces."""
+    peers_eval.scale(("benchmark",), [4], ("volcano", "srtf"), 0, False, 0.5)
+    (row0,) = tmp_path.glob("*.json")
+    before = row0.read_text()
+    peers_eval.scale(("benchmark",), [4], ("srtf",), 1, False, 0.5)
+    assert row0.read_text() == before
+    (row1,) = set(tmp_path.glob("*.json")) - {row0}
+    other = json.loads(row1.read_text())
+    assert set(other["summary"]) == {"srtf"} and other["meta"]["seed"] == 1
