@@ -16,7 +16,8 @@ durations clipped at 48 h.  ``--policy`` replaces the default policy list.
 
 Each policy's figures are saved as it finishes (``<tag>.parts/<policy>.json``);
 ``--resume`` keeps the saved ones and runs only the missing policies, so a long
-scenario can be run one policy at a time.
+scenario can be run one policy at a time.  A seed other than 0 or an epoch other
+than 60 s is saved under its own name (``<tag>_seed1``, ``<tag>_epoch30s``).
 
 Printed per policy: average JCT relative to Volcano, attainment, the harm
 figures (p50/p95/max of how long a pair whose true slowdown exceeded the
@@ -230,6 +231,10 @@ def main(argv: list[str] | None = None) -> int:
     tag = (
         args.scenario if not (args.hours or args.gpus) else f"{args.scenario}_{gpus}g_{args.hours}h"
     )
+    # Another seed or epoch is another run: its own table and saved parts (--resume must
+    # never mix two traces in one table).
+    tag += f"_seed{args.seed}" if args.seed else ""
+    tag += f"_epoch{args.epoch:g}s" if args.epoch != 60.0 else ""
     saved = args.out / f"{tag}.parts"
     saved.mkdir(parents=True, exist_ok=True)
     t0 = time.time()

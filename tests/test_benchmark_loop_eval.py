@@ -1,0 +1,38 @@
+"""benchmarks/loop_eval.py saves each run of a scenario under a name that tells its
+trace apart: ``--seed`` (and ``--epoch``) used to share seed 0's files, so ``--resume
+--seed 1`` read seed 0's saved policies into seed 1's table, and a plain ``--seed 1``
+overwrote the recorded seed-0 table."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture()
+def loop_eval(monkeypatch):
+    spec = importlib.util.spec_from_file_location("loop_eval", ROOT / "benchmarks/loop_eval.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "loop_eval", module)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_another_seed_neither_overwrites_nor_resumes_from_seed_0(loop_eval, tmp_path, capsys):
+    tiny = ["--scenario", "load100", "--gpus", "4", "--hours", "0.5", "--policy", "volcano"]
+    tiny += ["--out", str(tmp_path)]
+    loop_eval.main(tiny)
+    (table0,) = tmp_path.glob("*.md")
+    before = table0.read_text()
+    capsys.readouterr()
+    loop_eval.main([*tiny, "--seed", "1", "--resume"])
+    assert "volcano: done" in capsys.readouterr().err  # run on seed 1's trace, not resumed
+    assert table0.read_text() == before
+    (table1,) = set(tmp_path.glob("*.md")) - {table0}
+    assert "seed 1" in table1.read_text()
