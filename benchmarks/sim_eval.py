@@ -121,6 +121,14 @@ def main(argv: list[str] | None = None) -> int:
         "--load-hours", type=float, default=24.0, help="load section: arrival window (h)"
     )
     args = ap.parse_args(argv)
+    unknown = set(args.only.split(",")) - {*PARTS[:-1], "collect"}
+    if unknown:
+        known = ", ".join([*PARTS[:-1], "collect"])
+        ap.error(f"--only: no section {', '.join(sorted(unknown))}; known: {known}")
+    try:
+        scale_windows = {int(g): SCALE[int(g)] for g in args.sizes.split(",")}
+    except (ValueError, KeyError):
+        ap.error(f"--sizes {args.sizes!r}: comma-separated sizes of {', '.join(map(str, SCALE))}")
     words = sys.argv[1:] if argv is None else list(argv)
     command = " ".join(["PYTHONPATH=. python benchmarks/sim_eval.py", *words])
     made_by = f"Made by `{command}`.\n"
@@ -209,11 +217,7 @@ def main(argv: list[str] | None = None) -> int:
 
     if "scale" in only:
         mark = len(report)
-        sizes = (
-            {16: 4.0, 32: 2.0}
-            if args.quick
-            else {int(g): SCALE[int(g)] for g in args.sizes.split(",")}
-        )
+        sizes = {16: 4.0, 32: 2.0} if args.quick else scale_windows
         sizes_done = []
         notes: list[str] = []
         for gpus, hours in sizes.items():

@@ -1,0 +1,41 @@
+"""benchmarks/sim_eval.py refuses what it cannot run before running anything: a scale
+size without a window in SCALE was a KeyError traceback after the other sections had
+run, and a misspelt section silently ran nothing and rewrote nothing."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture()
+def sim_eval(monkeypatch, tmp_path):
+    spec = importlib.util.spec_from_file_location("sim_eval", ROOT / "benchmarks/sim_eval.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "sim_eval", module)
+    spec.loader.exec_module(module)
+    monkeypatch.setattr(module, "OUT", tmp_path)
+    return module
+
+
+@pytest.mark.parametrize(
+    ("argv", "named"),
+    [
+        (["--only", "scale", "--sizes", "100"], "--sizes"),
+        (["--only", "scale", "--sizes", "lots"], "--sizes"),
+        (["--only", "sclae"], "--only"),
+    ],
+)
+def test_bad_arguments_are_one_line_usage_errors(sim_eval, tmp_path, capsys, argv, named):
+    with pytest.raises(SystemExit) as exit_:
+        sim_eval.main(argv)
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert named in err and "Traceback" not in err
+    assert not list(tmp_path.iterdir())  # nothing ran, nothing written
