@@ -13,6 +13,7 @@ them.  A scheduler that orders by these guesses can do no better than they rank.
 
 from __future__ import annotations
 
+import argparse
 import heapq
 import math
 import sys
@@ -43,7 +44,9 @@ def replay(history: tuple[CompletedJob, ...], jobs: list[TraceJob]) -> np.ndarra
     return guesses
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.parse_args(argv)  # no options: --help, and a typo is an error, not a run
     print("# command: python benchmarks/duration_signal.py")
     print("| VC | days | jobs | history | jobs with a guess | Spearman rho | median factor off |")
     print("|---|---|---|---|---|---|---|")
