@@ -432,7 +432,17 @@ class Placer:
         any_idle = gpus == 1 and allowed_devices is None and bool(table.idle_per_node.any())
         screens = 0
         batch: OptionScreen | None = None
+        screen = self.predictor is not None or row in self.forbidden_rows or bool(self.solo)
+        # Whether idle devices could ever hold the whole job: when they cannot, every
+        # option needs a screen, and once MAX_SCREENED_OPTIONS were screened no later
+        # option can be placed (a family has up to ~200: not even looked at).
+        idle = table.count == 0
+        if allowed_devices is not None:
+            idle = idle & allowed_devices
+        idle_may_do = np.count_nonzero(idle) >= gpus
         for i, config in enumerate(options):
+            if screen and screens >= MAX_SCREENED_OPTIONS and not idle_may_do:
+                break
             demand = per_gpu[config]
             if largest is not None and (
                 demand[GPU_MEM] > largest[0] + 1e-9 or demand[GPU_SM] > largest[1] + 1e-9
@@ -459,13 +469,12 @@ class Placer:
                 mask &= allowed_devices
             if row in self.solo:  # runs alone (protect): only idle devices, nothing to screen
                 mask &= table.count == 0
-            if mask.sum() < gpus:
+            if np.count_nonzero(mask) < gpus:
                 continue
-            slowdown_of = np.ones(table.size)
+            slowdown_of: np.ndarray | None = None  # 1.0 everywhere unless screened
             # Idle devices are always safe and ``choose`` prefers them: screening the
             # occupied ones is only needed when the idle ones cannot take the whole job.
-            enough_idle = np.count_nonzero(mask & (table.count == 0)) >= gpus
-            screen = self.predictor is not None or row in self.forbidden_rows or bool(self.solo)
+            enough_idle = idle_may_do and np.count_nonzero(mask & idle) >= gpus
             refusal = None
             if not enough_idle and screen:
                 if screens >= MAX_SCREENED_OPTIONS:
@@ -500,7 +509,8 @@ class Placer:
                     # it is now, so this refusal replaces whatever was remembered.
                     self._refused[refusal] = (tau, len(self._placed_on))
                 continue
-            placed = Placed(config, tuple(devices), float(slowdown_of[devices].max()))
+            worst = 1.0 if slowdown_of is None else float(slowdown_of[devices].max())
+            placed = Placed(config, tuple(devices), worst)
             if commit:
                 self.commit(row, config, devices, demand, features[config], tau)
             return placed
