@@ -128,7 +128,7 @@ def table(parts: dict[str, dict]) -> str:
         "|" + "---|" * 13,
     ]
     for name, f in parts.items():
-        ratio = f["avg_jct_s"] / base["avg_jct_s"] if base else float("nan")
+        ratio = f"{f['avg_jct_s'] / base['avg_jct_s']:.3f}x" if base else "n/a (no volcano)"
         harm = f["harm"]
         spans = (
             f"{harm[0]:.0f} | {harm[1]:.1f} | {harm[2]:.1f} | {harm[3]:.1f}"
@@ -139,7 +139,7 @@ def table(parts: dict[str, dict]) -> str:
         separated = f.get("separated")  # absent from parts saved before session 13
         sep = f"{separated[0]} ({separated[1]})" if separated else "-"
         lines.append(
-            f"| {name} | {ratio:.3f}x | {f['attainment']:.1f} | {spans} | {f['above_h']:.1f} "
+            f"| {name} | {ratio} | {f['attainment']:.1f} | {spans} | {f['above_h']:.1f} "
             f"| {sep} | {migr:.0f}/{reconf:.0f}/{preempt:.0f} | {f['plans']:.0f} "
             f"| {f['plan_ms'][0]:.1f}/{f['plan_ms'][1]:.1f} | {f['wall_s']:.0f} |"
         )

@@ -36,3 +36,13 @@ def test_another_seed_neither_overwrites_nor_resumes_from_seed_0(loop_eval, tmp_
     assert table0.read_text() == before
     (table1,) = set(tmp_path.glob("*.md")) - {table0}
     assert "seed 1" in table1.read_text()
+
+
+def test_a_table_without_volcano_says_so_instead_of_nan(loop_eval, tmp_path):
+    """The ratio column is normalised to Volcano: without a Volcano run there is nothing to
+    divide by, and the table said 'nanx'."""
+    loop_eval.main(["--scenario", "load100", "--gpus", "4", "--hours", "0.5",
+                    "--policy", "elastico", "--out", str(tmp_path)])  # fmt: skip
+    (table,) = tmp_path.glob("*.md")
+    text = table.read_text()
+    assert "nan" not in text and "n/a (no volcano)" in text
