@@ -618,3 +618,26 @@ def test_the_service_monitor_scrapes_the_unauthenticated_tls_views_port() -> Non
     assert host in services
     selector = monitor["spec"]["selector"]["matchLabels"]
     assert selector.items() <= services[host]["metadata"]["labels"].items()
+
+
+def threshold(rules: list[dict[str, Any]], alert: str) -> float:
+    (rule,) = [r for r in rules if r["alert"] == alert]
+    found = re.search(r">\s*(\d+(?:\.\d+)?)\s*$", rule["expr"])
+    assert found, rule["expr"]
+    return float(found.group(1))
+
+
+@pytest.mark.parametrize(("epoch", "checkpoint"), [(None, None), (120, 600), (2.5, 45)])
+def test_staleness_alerts_leave_room_for_the_configured_periods(epoch, checkpoint) -> None:
+    """ElasticoEpochsFailing (critical) and ElasticoLearnedCheckpointStale fire on an age
+    the extender's own settings decide: an epoch every epoch_seconds, a checkpoint write or
+    check every learned_checkpoint_seconds.  A threshold below the period pages while
+    everything works; the defaults keep a minute and five minutes."""
+    settings = {k: v for k, v in (("epoch_seconds", epoch),
+                                  ("learned_checkpoint_seconds", checkpoint)) if v}  # fmt: skip
+    rules = alert_rules({"extender": {"settings": {"epoch_seconds": 5, **settings}}})
+    assert threshold(rules, "ElasticoEpochsFailing") >= max(60, 3 * (epoch or 5))
+    assert threshold(rules, "ElasticoLearnedCheckpointStale") >= max(300, 3 * (checkpoint or 30))
+    if not settings:
+        assert threshold(rules, "ElasticoEpochsFailing") == 60
+        assert threshold(rules, "ElasticoLearnedCheckpointStale") == 300
