@@ -58,6 +58,8 @@ BOUNDED = {  # label -> the values it may take (never free text, ids or pod name
         "gpu-count", "host", "no-configuration", "other",
     },
     ("elastico_observation_windows", "result"): {"accepted", "refused"},
+    ("elastico_pairs_separated", "action"): {"migrate", "reconfigure", "preempt", "move",
+                                             "requeue", "step-down"},
 }  # fmt: skip
 
 
