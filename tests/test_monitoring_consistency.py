@@ -643,3 +643,29 @@ def test_staleness_alerts_leave_room_for_the_configured_periods(epoch, checkpoin
     if not settings:
         assert threshold(rules, "ElasticoEpochsFailing") == 60
         assert threshold(rules, "ElasticoLearnedCheckpointStale") == 300
+
+
+def test_a_node_that_left_leaves_the_agent_age_series_at_the_next_scrape(tmp_path) -> None:
+    """elastico_agent_report_age_seconds{node} is for nodes of the cluster: once a plan
+    without the node is published, the very next scrape has no series for it (else its
+    age keeps growing there and an alert on it fires for a node nobody runs)."""
+    api = FakeApiServer().start()
+    api.put("nodes", gpu_node("g0", 1))
+    api.put("nodes", gpu_node("g1", 1))
+    server, kube, svc = start_service(api)
+    try:
+        assert wait_for(lambda: kube.state.node("g1") is not None)
+        svc.epoch()
+        assert svc.post(batch(node="g1")).is_success
+        families: dict[str, Family] = {}
+        scrape(svc.url, families)
+        assert families["elastico_agent_report_age_seconds"].values["node"] == {"g1"}
+        api.delete("nodes", "g1")
+        assert wait_for(lambda: kube.state.node("g1") is None)
+        svc.epoch()
+        families = {}
+        scrape(svc.url, families)
+        assert "node" not in families["elastico_agent_report_age_seconds"].values
+    finally:
+        server.stop()
+        api.stop()
