@@ -602,7 +602,13 @@ def test_seconds_are_seconds(exported) -> None:
 
 
 # -- where Prometheus scrapes ----------------------------------------------------------
-def test_the_service_monitor_scrapes_the_unauthenticated_tls_views_port() -> None:
+def test_the_service_monitor_scrapes_the_unauthenticated_tls_views_port(tmp_path) -> None:
+    """Prometheus scrapes the views port's /metrics over TLS, with no credentials, and
+    verifies the server certificate against the CA and server name the monitor names."""
+    import base64
+
+    from test_helm_chart import tls_handshake
+
     docs = render(MONITORING)
     (monitor,) = [d for d in docs if d["kind"] == "ServiceMonitor"]
     (endpoint,) = monitor["spec"]["endpoints"]
@@ -614,6 +620,12 @@ def test_the_service_monitor_scrapes_the_unauthenticated_tls_views_port() -> Non
     (server,) = [d for d in docs if d["kind"] == "Secret" and d["metadata"]["name"] ==
                  secret["name"]]  # fmt: skip
     assert secret["key"] in server["data"]
+    files = {}
+    for key in ("tls.crt", "tls.key"):
+        files[key] = tmp_path / key
+        files[key].write_bytes(base64.b64decode(server["data"][key]))
+    ca = base64.b64decode(server["data"][secret["key"]])
+    tls_handshake(files["tls.crt"], files["tls.key"], ca, tls["serverName"])
     host, namespace = tls["serverName"].split(".")[:2]
     assert namespace == monitor["metadata"]["namespace"] == server["metadata"]["namespace"]
     services = {d["metadata"]["name"]: d for d in docs if d["kind"] == "Service"}
