@@ -539,6 +539,11 @@ def test_a_pair_observed_above_tolerance_for_k_windows_is_separated(service: Ser
     view = httpx.get(f"{service.url}/observations").json()
     assert view["separations"] and "observed slowdown" in view["separations"][0]["why"]
     assert not math.isnan(view["separations"][0]["observed_slowdown"])
+    # pods are named namespace/name, never by uid (a pair goes with a pod that left)
+    named = [view["separations"][0].get(k) for k in ("victim", "partner")]
+    named += [p[k] for p in view["pairs"] for k in ("victim", "partner")]
+    named += [partner for p in view["pods"] for partner in p["partners"]]
+    assert named and all(n.startswith("ml/") for n in named), view
 
 
 def _pair_features(svc: Service, victim: str, partner: str) -> np.ndarray:

@@ -838,7 +838,7 @@ class ObservationService:
                         "observed_slowdown": o.slowdown if o else None,
                         "samples": o.samples if o else 0,
                         "recent": list(o.recent) if o else [],
-                        "partners": [pod(p) for p in r.partners],
+                        "partners": [pod(p) for p in r.partners if p in pods_by_id],
                         "peak_mem_mib": r.peak_mem_mib,
                         "sm_activity": r.sm_activity,
                         "age_seconds": stale[job_id]["age_seconds"],
@@ -862,6 +862,7 @@ class ObservationService:
                     "separated": s.separated,
                 }
                 for (v, p), s in self._pairs.items()
+                if v in pods_by_id and p in pods_by_id  # a pod that left (requeued, deleted)
             ]
             return {
                 "now": now,
