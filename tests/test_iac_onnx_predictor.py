@@ -142,3 +142,110 @@ def test_pairs_outside_the_training_domain_are_never_predicted_safer_than_the_he
     data = load_pairs(shipped_csv())
     low, high = predictor._domain
     assert np.all((data.x >= low) & (data.x <= high))
+
+
+# -- models an operator might hand ``--predictor-model`` (built with the real onnx package) --
+
+
+def _model_file(
+    path,
+    *,
+    input_type: int | None = None,
+    input_shape: tuple = ("N", NUM_FEATURES),
+    output_shape: tuple | None = ("N", 1),
+    body: str = "linear",
+    opset: int = 17,
+):
+    """Write an ONNX graph ``features -> slowdown`` and return its path.
+
+    ``body``: ``linear`` (1 + 0.01 * sum of the features), ``reduce`` (1 + the batch's
+    mean: one number for the batch), ``sqrt`` (1 + sqrt(0.5 -
+    sm_active): NaN for a victim busier than half its SMs), or ``constant:<v>``."""
+    pytest.importorskip("onnx")
+    from onnx import TensorProto, helper, numpy_helper
+
+    elem = TensorProto.FLOAT if input_type is None else input_type
+    dtype = {TensorProto.FLOAT: np.float32, TensorProto.DOUBLE: np.float64}.get(elem, np.int64)
+    width = input_shape[-1] if isinstance(input_shape[-1], int) else NUM_FEATURES
+    inits = [numpy_helper.from_array(np.array([1], dtype=dtype), "one")]
+    if body.startswith("constant:"):
+        inits.append(numpy_helper.from_array(np.zeros((width, 1), dtype=dtype), "W"))
+        inits[0] = numpy_helper.from_array(np.array([float(body[9:])], dtype=dtype), "one")
+        nodes = [helper.make_node("MatMul", ["features", "W"], ["mm"])]
+    elif body == "reduce":
+        nodes = [helper.make_node("ReduceMean", ["features"], ["mm"], keepdims=0)]
+    elif body == "sqrt":
+        pick = np.zeros((width, 1), dtype=dtype)
+        pick[0, 0] = -1
+        inits += [
+            numpy_helper.from_array(pick, "W"),
+            numpy_helper.from_array(np.array([0.5], dtype=dtype), "half"),
+        ]
+        nodes = [
+            helper.make_node("MatMul", ["features", "W"], ["neg"]),
+            helper.make_node("Add", ["neg", "half"], ["room"]),
+            helper.make_node("Sqrt", ["room"], ["mm"]),
+        ]
+    else:
+        inits.append(numpy_helper.from_array(np.full((width, 1), 0.01, dtype=dtype), "W"))
+        nodes = [helper.make_node("MatMul", ["features", "W"], ["mm"])]
+    nodes.append(helper.make_node("Add", ["mm", "one"], ["slowdown"]))
+    graph = helper.make_graph(
+        nodes,
+        "bad",
+        [helper.make_tensor_value_info("features", elem, list(input_shape))],
+        [
+            helper.make_tensor_value_info(
+                "slowdown", elem, None if output_shape is None else list(output_shape)
+            )
+        ],
+        inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 8
+    path.write_bytes(model.SerializeToString())
+    return path
+
+
+def _refused(path, *needles: str) -> str:
+    """The model at ``path`` is refused at load: one line naming the file and each needle."""
+    with pytest.raises(PredictorError) as info:
+        OnnxSlowdownPredictor(path)
+    chosen, reason = load_predictor(path)
+    assert isinstance(chosen, ContentionPredictor)
+    assert reason is not None and "\n" not in reason and str(path) in reason, reason
+    for needle in needles:
+        assert needle in str(info.value), str(info.value)
+    return reason
+
+
+def test_a_well_formed_model_loads(tmp_path):
+    chosen, reason = load_predictor(_model_file(tmp_path / "ok.onnx"))
+    assert reason is None and isinstance(chosen, OnnxSlowdownPredictor)
+
+
+def test_a_model_fixed_to_batch_one_is_refused_at_load(tmp_path):
+    """torch.onnx.export without dynamic_axes fixes the batch at 1: it would load, then fail
+    every epoch's batched call (no plan at all), so it is refused where it is loaded."""
+    path = _model_file(tmp_path / "b1.onnx", input_shape=(1, NUM_FEATURES), output_shape=(1, 1))
+    _refused(path, "batch")
+
+
+@pytest.mark.parametrize(
+    ("shape", "needle"),
+    [(("N", 1, NUM_FEATURES), "rank 3"), ((NUM_FEATURES,), "rank 1"), (("N", 35), "35")],
+)
+def test_a_model_of_the_wrong_input_rank_or_width_is_refused_at_load(tmp_path, shape, needle):
+    _refused(_model_file(tmp_path / "shape.onnx", input_shape=shape, output_shape=None), needle)
+
+
+@pytest.mark.parametrize("elem", ["DOUBLE", "INT64"])
+def test_a_model_of_the_wrong_input_type_is_refused_at_load(tmp_path, elem):
+    kind = getattr(pytest.importorskip("onnx").TensorProto, elem)
+    path = _model_file(tmp_path / "type.onnx", input_type=kind)
+    _refused(path, "tensor(float)", f"tensor({elem.lower()})")
+
+
+def test_a_model_answering_one_number_per_batch_is_refused_at_load(tmp_path):
+    """An output of shape () (a reduction over the batch) looks right for one row only."""
+    _refused(_model_file(tmp_path / "scalar.onnx", output_shape=(), body="reduce"), "for 2 rows")

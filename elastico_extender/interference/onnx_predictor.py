@@ -143,9 +143,11 @@ class OnnxSlowdownPredictor:
         except Exception as exc:  # onnxruntime raises its own exception types
             raise PredictorError(f"cannot load interference model {self.path}: {exc}") from exc
         inputs, outputs = self._session.get_inputs(), self._session.get_outputs()
-        if len(inputs) != 1 or inputs[0].shape[-1] != NUM_FEATURES or len(outputs) != 1:
+        problems = _signature_problems(inputs, outputs)
+        if problems:
             raise PredictorError(
-                f"interference model {self.path} does not map (N, {NUM_FEATURES}) -> (N, 1)"
+                f"interference model {self.path} does not map (N, {NUM_FEATURES}) float32 "
+                f"-> (N, 1): {'; '.join(problems)}"
             )
         self._input = inputs[0].name
         meta = self._session.get_modelmeta().custom_metadata_map
@@ -154,19 +156,35 @@ class OnnxSlowdownPredictor:
         self.trained_colocation_types = tuple(int(t) for t in trained.split(",") if t.strip())
         self._guard = ContentionPredictor()
         self._domain = _domain(self.metadata)
+        # A model that loads but cannot answer a batch of neutral rows is corrupt too
+        # (two rows: a graph that only works for one fails here, not at the first epoch).
+        if not np.isfinite(self._infer(np.zeros((2, NUM_FEATURES), dtype=np.float32))).all():
+            raise PredictorError(f"interference model {self.path} answers NaN or infinity")
+
+    def _infer(self, array: np.ndarray) -> np.ndarray:
+        """The model's raw (P,) answers for a validated batch; PredictorError, naming the
+        file, when it fails or gives other than one number per row."""
+        try:
+            raw = self._session.run(None, {self._input: array})[0]
+        except Exception as exc:  # onnxruntime raises its own exception types
+            raise PredictorError(f"interference model {self.path} failed: {exc}") from exc
+        out = np.asarray(raw, dtype=np.float64)
+        rows = array.shape[0]
+        if out.shape not in ((rows,), (rows, 1)):
+            raise PredictorError(
+                f"interference model {self.path} answered shape {out.shape} for {rows} rows, "
+                f"not ({rows},) or ({rows}, 1)"
+            )
+        return out.reshape(-1)
 
     def predict(self, features: np.ndarray) -> np.ndarray:
         """S^ (P,) >= 1 for a (P, 36) batch; PredictorError on bad input."""
         array = validate_features(features)
         if array.shape[0] == 0:
             return np.zeros(0, dtype=np.float64)
-        try:
-            raw = self._session.run(None, {self._input: array})[0]
-        except Exception as exc:
-            raise PredictorError(f"interference model failed at inference: {exc}") from exc
-        out = np.asarray(raw, dtype=np.float64).reshape(-1)
-        if out.shape[0] != array.shape[0] or not np.isfinite(out).all():
-            raise PredictorError("interference model returned a wrong-shaped or non-finite output")
+        out = self._infer(array)
+        if not np.isfinite(out).all():
+            raise PredictorError(f"interference model {self.path} answered NaN or infinity")
         out = np.maximum(out, 1.0)
         unseen = ~np.isin(np.rint(array[:, 32]).astype(np.int64), self.trained_colocation_types)
         if self._domain is not None:
@@ -175,6 +193,44 @@ class OnnxSlowdownPredictor:
         if unseen.any():
             out[unseen] = np.maximum(out[unseen], self._guard.predict(array[unseen]))
         return out
+
+
+_OUTPUT_TYPES = ("tensor(float)", "tensor(double)", "tensor(float16)")
+
+
+def _signature_problems(inputs: list[ort.NodeArg], outputs: list[ort.NodeArg]) -> list[str]:
+    """What keeps a graph from answering an epoch's (P, 36) float32 batch in one call.
+
+    Checked at load: such a model would otherwise pass a one-row probe (a batch fixed
+    at 1) or fail only at the first epoch, and every epoch after it."""
+    problems = []
+    if len(inputs) != 1:
+        problems.append(f"it has {len(inputs)} inputs, not 1")
+    else:
+        arg = inputs[0]
+        if arg.type != "tensor(float)":
+            problems.append(f"input {arg.name!r} is {arg.type}, not tensor(float)")
+        if len(arg.shape) != 2:
+            problems.append(f"input {arg.name!r} has rank {len(arg.shape)} {arg.shape}, not 2")
+        else:
+            batch, width = arg.shape
+            if isinstance(batch, int):
+                problems.append(
+                    f"input {arg.name!r} has a fixed batch dimension {batch} "
+                    "(export it with a dynamic first axis)"
+                )
+            if width != NUM_FEATURES:
+                problems.append(f"input {arg.name!r} has width {width}, not {NUM_FEATURES}")
+    if len(outputs) != 1:
+        problems.append(f"it has {len(outputs)} outputs, not 1")
+    else:
+        out = outputs[0]
+        if out.type not in _OUTPUT_TYPES:
+            problems.append(f"output {out.name!r} is {out.type}, not a float tensor")
+        shape = out.shape  # [] for a scalar and for an undeclared shape: the probe tells
+        if len(shape) > 2 or (len(shape) == 2 and isinstance(shape[1], int) and shape[1] != 1):
+            problems.append(f"output {out.name!r} has shape {shape}, not (N,) or (N, 1)")
+    return problems
 
 
 def _domain(metadata: dict[str, str]) -> tuple[np.ndarray, np.ndarray] | None:
@@ -197,11 +253,7 @@ def load_predictor(path: Path | str | None = None) -> tuple[SlowdownPredictor, s
     ``"interference model file not found: /x.onnx; using contention-heuristic"``.
     """
     try:
-        predictor = OnnxSlowdownPredictor(path)
-        # A model that loads but cannot answer a neutral row is corrupt too.
-        probe = np.zeros((1, NUM_FEATURES), dtype=np.float32)
-        predictor.predict(probe)
-        return predictor, None
+        return OnnxSlowdownPredictor(path), None
     except PredictorError as exc:
         fallback = ContentionPredictor()
         reason = f"{exc}; using {fallback.name}"
