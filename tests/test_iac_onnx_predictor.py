@@ -159,8 +159,9 @@ def _model_file(
     """Write an ONNX graph ``features -> slowdown`` and return its path.
 
     ``body``: ``linear`` (1 + 0.01 * sum of the features), ``reduce`` (1 + the batch's
-    mean: one number for the batch), ``sqrt`` (1 + sqrt(0.5 -
-    sm_active): NaN for a victim busier than half its SMs), or ``constant:<v>``."""
+    mean: one number for the batch), ``two-rows`` (runs for a batch of two only),
+    ``sqrt`` (1 + sqrt(0.5 - sm_active): NaN for a victim busier than half its SMs) or
+    ``constant:<v>``."""
     pytest.importorskip("onnx")
     from onnx import TensorProto, helper, numpy_helper
 
@@ -172,6 +173,15 @@ def _model_file(
         inits.append(numpy_helper.from_array(np.zeros((width, 1), dtype=dtype), "W"))
         inits[0] = numpy_helper.from_array(np.array([float(body[9:])], dtype=dtype), "one")
         nodes = [helper.make_node("MatMul", ["features", "W"], ["mm"])]
+    elif body == "two-rows":  # reshapes to a constant (2, 36): fails for any other batch
+        inits += [
+            numpy_helper.from_array(np.array([2, width], dtype=np.int64), "shape"),
+            numpy_helper.from_array(np.full((width, 1), 0.01, dtype=dtype), "W"),
+        ]
+        nodes = [
+            helper.make_node("Reshape", ["features", "shape"], ["two"]),
+            helper.make_node("MatMul", ["two", "W"], ["mm"]),
+        ]
     elif body == "reduce":
         nodes = [helper.make_node("ReduceMean", ["features"], ["mm"], keepdims=0)]
     elif body == "sqrt":
@@ -249,3 +259,25 @@ def test_a_model_of_the_wrong_input_type_is_refused_at_load(tmp_path, elem):
 def test_a_model_answering_one_number_per_batch_is_refused_at_load(tmp_path):
     """An output of shape () (a reduction over the batch) looks right for one row only."""
     _refused(_model_file(tmp_path / "scalar.onnx", output_shape=(), body="reduce"), "for 2 rows")
+
+
+def test_rows_the_model_answers_nan_for_get_the_heuristic_not_an_error(tmp_path, gavel_rows):
+    """A model that loads (its probe is fine) but answers NaN for some rows at run time
+    used to raise, failing every epoch's plan from then on; those rows get the
+    conservative heuristic instead and the rest the model's answer."""
+    predictor = OnnxSlowdownPredictor(_model_file(tmp_path / "sqrt.onnx", body="sqrt"))
+    rows = gavel_rows[:40]
+    broken = rows[:, 0] > 0.5
+    assert broken.any() and (~broken).any()
+    out = predictor.predict(rows)
+    assert np.isfinite(out).all() and (out >= 1.0).all()
+    heuristic = ContentionPredictor().predict(rows)
+    np.testing.assert_allclose(out[broken], heuristic[broken])
+    model = 1.0 + np.sqrt(0.5 - rows[~broken, 0].astype(np.float64))
+    np.testing.assert_allclose(out[~broken], model, rtol=1e-5)  # no domain metadata: in domain
+
+
+def test_a_model_failing_at_run_time_leaves_the_batch_to_the_heuristic(tmp_path, gavel_rows):
+    predictor = OnnxSlowdownPredictor(_model_file(tmp_path / "two.onnx", body="two-rows"))
+    rows = gavel_rows[:5]
+    np.testing.assert_allclose(predictor.predict(rows), ContentionPredictor().predict(rows))

@@ -10,7 +10,9 @@
 Input validation: NaN/inf, a wrong shape, or a value outside a feature's
 physical range (``FEATURE_BOUNDS``: fractions in [0, 1], memory >= 0,
 co-location type in {0, 1, 2}, ...) raises :class:`PredictorError` naming
-every offending column.  Outputs are clamped to >= 1.
+every offending column.  Outputs are clamped to >= 1.  A model is probed at load;
+a row it still answers NaN/inf for later (every row, when its run fails) gets the
+ContentionPredictor's answer, so a model's failure never fails the epoch's plan.
 
 Conservative outside the trained domain: the shipped model was trained on
 Gavel's training+training pairs only (K80/P100/V100, FP32, no memory counter).
@@ -156,6 +158,7 @@ class OnnxSlowdownPredictor:
         self.trained_colocation_types = tuple(int(t) for t in trained.split(",") if t.strip())
         self._guard = ContentionPredictor()
         self._domain = _domain(self.metadata)
+        self._warned = False
         # A model that loads but cannot answer a batch of neutral rows is corrupt too
         # (two rows: a graph that only works for one fails here, not at the first epoch).
         if not np.isfinite(self._infer(np.zeros((2, NUM_FEATURES), dtype=np.float32))).all():
@@ -182,9 +185,17 @@ class OnnxSlowdownPredictor:
         array = validate_features(features)
         if array.shape[0] == 0:
             return np.zeros(0, dtype=np.float64)
-        out = self._infer(array)
-        if not np.isfinite(out).all():
-            raise PredictorError(f"interference model {self.path} answered NaN or infinity")
+        # Past the load-time probe a model failure must not fail the epoch's plan (every
+        # epoch after it too): rows it cannot answer get the heuristic, said once in the log.
+        try:
+            out = self._infer(array)
+        except PredictorError as exc:
+            self._fell_back(str(exc))
+            out = np.full(array.shape[0], np.nan)
+        broken = ~np.isfinite(out)
+        if broken.any():
+            self._fell_back(f"interference model {self.path} answered NaN or infinity")
+            out[broken] = self._guard.predict(array[broken])
         out = np.maximum(out, 1.0)
         unseen = ~np.isin(np.rint(array[:, 32]).astype(np.int64), self.trained_colocation_types)
         if self._domain is not None:
@@ -193,6 +204,15 @@ class OnnxSlowdownPredictor:
         if unseen.any():
             out[unseen] = np.maximum(out[unseen], self._guard.predict(array[unseen]))
         return out
+
+    def _fell_back(self, reason: str) -> None:
+        """Log the first run-time failure (the epoch repeats it: one line, not one per epoch)."""
+        if not self._warned:
+            self._warned = True
+            logger.warning(
+                "interference model failed at run time; the heuristic answers its rows",
+                extra={"reason": " ".join(reason.split())},
+            )
 
 
 _OUTPUT_TYPES = ("tensor(float)", "tensor(double)", "tensor(float16)")
