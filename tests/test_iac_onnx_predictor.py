@@ -281,3 +281,18 @@ def test_a_model_failing_at_run_time_leaves_the_batch_to_the_heuristic(tmp_path,
     predictor = OnnxSlowdownPredictor(_model_file(tmp_path / "two.onnx", body="two-rows"))
     rows = gavel_rows[:5]
     np.testing.assert_allclose(predictor.predict(rows), ContentionPredictor().predict(rows))
+
+
+def test_a_model_onnxruntime_cannot_read_is_one_plain_line(tmp_path):
+    """onnxruntime's refusal spans lines and carries its C++ source location and function
+    signature; the reason shown in /healthz and the metric label is one plain line."""
+    path = _model_file(tmp_path / "ir.onnx")
+    model = path.read_bytes()
+    onnx = pytest.importorskip("onnx")
+    proto = onnx.load_from_string(model)
+    proto.ir_version = 99  # newer than any onnxruntime reads
+    path.write_bytes(proto.SerializeToString())
+    reason = _refused(path, "IR version: 99")
+    assert (
+        "onnxruntime::" not in reason and ".cc:" not in reason and "ONNXRuntimeError" not in reason
+    )

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 from pathlib import Path
 
 import numpy as np
@@ -143,7 +144,9 @@ class OnnxSlowdownPredictor:
                 str(self.path), sess_options=options, providers=["CPUExecutionProvider"]
             )
         except Exception as exc:  # onnxruntime raises its own exception types
-            raise PredictorError(f"cannot load interference model {self.path}: {exc}") from exc
+            raise PredictorError(
+                f"cannot load interference model {self.path}: {_ort_message(exc)}"
+            ) from exc
         inputs, outputs = self._session.get_inputs(), self._session.get_outputs()
         problems = _signature_problems(inputs, outputs)
         if problems:
@@ -170,7 +173,9 @@ class OnnxSlowdownPredictor:
         try:
             raw = self._session.run(None, {self._input: array})[0]
         except Exception as exc:  # onnxruntime raises its own exception types
-            raise PredictorError(f"interference model {self.path} failed: {exc}") from exc
+            raise PredictorError(
+                f"interference model {self.path} failed: {_ort_message(exc)}"
+            ) from exc
         out = np.asarray(raw, dtype=np.float64)
         rows = array.shape[0]
         if out.shape not in ((rows,), (rows, 1)):
@@ -213,6 +218,19 @@ class OnnxSlowdownPredictor:
                 "interference model failed at run time; the heuristic answers its rows",
                 extra={"reason": " ".join(reason.split())},
             )
+
+
+_ORT_NOISE = re.compile(
+    r"\[ONNXRuntimeError\] : \d+ : \w+ : "  # the status code prefix
+    r"|Load model from \S+ failed:\s*"  # the path again (ours names it)
+    r"|/\S*?\.(?:h|cc|cpp):\d+ [^()]*\((?:[^()]|\([^()]*\))*\)\s*"  # source line + signature
+)
+
+
+def _ort_message(exc: Exception) -> str:
+    """onnxruntime's error on one line (a health reason, a metric label), without the
+    C++ source location and function signature it carries."""
+    return _ORT_NOISE.sub("", " ".join(str(exc).split()))
 
 
 _OUTPUT_TYPES = ("tensor(float)", "tensor(double)", "tensor(float16)")
