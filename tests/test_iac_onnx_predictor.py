@@ -296,3 +296,14 @@ def test_a_model_onnxruntime_cannot_read_is_one_plain_line(tmp_path):
     assert (
         "onnxruntime::" not in reason and ".cc:" not in reason and "ONNXRuntimeError" not in reason
     )
+
+
+def test_a_file_too_large_for_a_slowdown_model_is_refused_before_it_is_read(tmp_path):
+    """The wrong file (an LLM's ONNX export, gigabytes) would be read whole into the
+    extender's memory before its signature is checked; its size refuses it first."""
+    from elastico_extender.interference.onnx_predictor import MAX_MODEL_BYTES
+
+    huge = tmp_path / "llm.onnx"
+    with huge.open("wb") as handle:  # sparse: no disk used
+        handle.truncate(MAX_MODEL_BYTES + 1)
+    _refused(huge, f"{MAX_MODEL_BYTES + 1} bytes")

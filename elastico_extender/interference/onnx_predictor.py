@@ -49,6 +49,7 @@ from elastico_extender.errors import PredictorError
 __all__ = [
     "DEFAULT_MODEL_PATH",
     "FEATURE_BOUNDS",
+    "MAX_MODEL_BYTES",
     "OnnxSlowdownPredictor",
     "load_predictor",
     "validate_features",
@@ -58,6 +59,9 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_MODEL_PATH = Path(__file__).resolve().parent.parent / "data" / "iac_slowdown.onnx"
 _TOL = 1e-3  # float32 rounding slack on the bounds
+MAX_MODEL_BYTES = 256 * 1024 * 1024
+"""Largest model file read: train-iac's widest net (--hidden 4096) is about 68 MB, so a
+larger file is the wrong one (an LLM's export), which onnxruntime would read whole."""
 
 
 def _bounds() -> np.ndarray:
@@ -131,6 +135,12 @@ class OnnxSlowdownPredictor:
         self.path = Path(path) if path is not None else DEFAULT_MODEL_PATH
         if not self.path.is_file():
             raise PredictorError(f"interference model file not found: {self.path}")
+        size = self.path.stat().st_size
+        if size > MAX_MODEL_BYTES:
+            raise PredictorError(
+                f"interference model {self.path} is {size} bytes, more than the "
+                f"{MAX_MODEL_BYTES} an IAC slowdown model can be (the wrong file?)"
+            )
         options = ort.SessionOptions()
         # A scheduler shares its (small) box with the API server: default to at
         # most 2 intra-op threads, no inter-op pool, no thread spinning.
