@@ -164,3 +164,12 @@ def test_a_measured_flag_that_is_neither_is_named_by_both_readers(tmp_path, meas
         load_pair_table(path, gpu="v100")
     with pytest.raises(PredictorError, match="line 2: column measured"):
         load_pairs(path)
+
+
+def test_a_cell_over_the_csv_field_limit_is_an_error_naming_its_line(tmp_path):
+    """A cell longer than the csv module's field limit (the wrong file, a minified JSON
+    passed as --csv) raised csv.Error out of train-iac as a traceback."""
+    path = tmp_path / "pairs.csv"
+    path.write_text(HEADER + "a100,x,y,10,20,5,10,32,0.5\n" + '"' + "x" * 200_000 + '"\n')
+    with pytest.raises(PredictorError, match=f"{path}, after line 2: field larger"):
+        load_pairs(path)

@@ -233,6 +233,8 @@ def _read_rows(path: Path) -> list[CsvRow]:
         raise PredictorError(f"cannot read pair CSV {path}: not UTF-8 text") from None
     except ValueError as exc:  # CsvRow: more cells than the header
         raise PredictorError(str(exc)) from None
+    except csv.Error as exc:  # a cell over the field limit: not a pair table
+        raise PredictorError(f"{path}, after line {reader.line_num}: {exc}") from None
     for row in rows:
         for column in sorted(_REQUIRED):
             if row.record.get(column) is None:
