@@ -155,6 +155,7 @@ def _model_file(
     output_shape: tuple | None = ("N", 1),
     body: str = "linear",
     opset: int = 17,
+    metadata: dict[str, str] | None = None,
 ):
     """Write an ONNX graph ``features -> slowdown`` and return its path.
 
@@ -213,6 +214,8 @@ def _model_file(
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
     model.ir_version = 8
+    if metadata:
+        helper.set_model_props(model, metadata)
     path.write_bytes(model.SerializeToString())
     return path
 
@@ -307,3 +310,11 @@ def test_a_file_too_large_for_a_slowdown_model_is_refused_before_it_is_read(tmp_
     with huge.open("wb") as handle:  # sparse: no disk used
         handle.truncate(MAX_MODEL_BYTES + 1)
     _refused(huge, f"{MAX_MODEL_BYTES + 1} bytes")
+
+
+def test_unreadable_training_metadata_is_refused_naming_the_key(tmp_path):
+    """A model whose ``trained_colocation_types`` is not a list of 0/1/2 escaped as a bare
+    ValueError (int() of the text): the reason named neither the key nor the model."""
+    meta = {"trained_colocation_types": "training+training"}
+    path = _model_file(tmp_path / "meta.onnx", metadata=meta)
+    _refused(path, "trained_colocation_types", "training+training")

@@ -168,7 +168,13 @@ class OnnxSlowdownPredictor:
         meta = self._session.get_modelmeta().custom_metadata_map
         self.metadata: dict[str, str] = dict(meta)
         trained = self.metadata.get("trained_colocation_types", "0,1,2")
-        self.trained_colocation_types = tuple(int(t) for t in trained.split(",") if t.strip())
+        types = [t.strip() for t in trained.split(",") if t.strip()]
+        if any(t not in ("0", "1", "2") for t in types):
+            raise PredictorError(
+                f"interference model {self.path}: metadata trained_colocation_types is "
+                f"{trained[:80]!r}, not a comma-separated list of 0, 1 and 2"
+            )
+        self.trained_colocation_types = tuple(int(t) for t in types)
         self._guard = ContentionPredictor()
         self._domain = _domain(self.metadata)
         self._warned = False
