@@ -318,3 +318,10 @@ def test_unreadable_training_metadata_is_refused_naming_the_key(tmp_path):
     meta = {"trained_colocation_types": "training+training"}
     path = _model_file(tmp_path / "meta.onnx", metadata=meta)
     _refused(path, "trained_colocation_types", "training+training")
+
+
+def test_a_directory_given_as_the_model_is_named_as_one(tmp_path):
+    """The chart's mount with an empty ``predictor.key`` names the mount directory: the
+    reason said the model was not found where the operator sees it exist."""
+    reason = _refused(tmp_path, "is a directory")
+    assert "not found" not in reason

@@ -133,6 +133,8 @@ class OnnxSlowdownPredictor:
 
     def __init__(self, path: Path | str | None = None, *, intra_op_threads: int | None = None):
         self.path = Path(path) if path is not None else DEFAULT_MODEL_PATH
+        if self.path.is_dir():
+            raise PredictorError(f"interference model {self.path} is a directory, not a file")
         if not self.path.is_file():
             raise PredictorError(f"interference model file not found: {self.path}")
         size = self.path.stat().st_size
