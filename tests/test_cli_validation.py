@@ -64,6 +64,7 @@ def test_output_into_a_closed_pipe_ends_quietly(args):
         (["train-iac", "--out", "/proc/elastico/x"], "--out"),
         (["train-iac", "--csv", "/nope.csv", "--out", "/tmp/x.onnx"], "--csv"),
         (["train-iac", "--epochs", "0", "--out", "/tmp/x.onnx"], "--epochs"),
+        (["train-iac", "--seed", str(2**64), "--out", "/tmp/x.onnx"], "--seed"),  # torch's range
         (["serve", "--epoch-seconds", "inf"], "epoch_seconds"),
         (["serve", "--epoch-seconds", "nan"], "epoch_seconds"),
         (["serve", "--port", "70000"], "port"),

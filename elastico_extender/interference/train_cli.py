@@ -31,14 +31,18 @@ MAX_HIDDEN = 4096
 hidden squared (4096: 16.8 M, 67 MB; the 100,000 once allowed asked for 40 GB)."""
 
 
-def _whole(maximum: int) -> Callable[[str], int]:
+SEED_RANGE = (-(2**63), 2**64 - 1)
+"""What torch.manual_seed takes (outside it a RuntimeError, after torch is loaded)."""
+
+
+def _whole(maximum: int, minimum: int = 1) -> Callable[[str], int]:
     def parse(text: str) -> int:
         try:
             value = int(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-        if not 1 <= value <= maximum:
-            raise argparse.ArgumentTypeError(f"must be 1..{maximum}, got {value}")
+        if not minimum <= value <= maximum:
+            raise argparse.ArgumentTypeError(f"must be {minimum}..{maximum}, got {value}")
         return value
 
     return parse
@@ -71,7 +75,7 @@ def parser() -> argparse.ArgumentParser:
         default=DEFAULT_HIDDEN,
         help=f"width of both hidden layers (default {DEFAULT_HIDDEN}, at most {MAX_HIDDEN})",
     )
-    p.add_argument("--seed", type=int, default=DEFAULT_SEED)
+    p.add_argument("--seed", type=_whole(SEED_RANGE[1], SEED_RANGE[0]), default=DEFAULT_SEED)
     return p
 
 
