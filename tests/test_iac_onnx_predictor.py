@@ -325,3 +325,28 @@ def test_a_directory_given_as_the_model_is_named_as_one(tmp_path):
     reason said the model was not found where the operator sees it exist."""
     reason = _refused(tmp_path, "is a directory")
     assert "not found" not in reason
+
+
+def test_the_service_given_a_batch_one_model_plans_on_the_heuristic_and_says_why(tmp_path):
+    """End to end (real uvicorn): ``predictor_model`` naming a model fixed to batch 1 used
+    to load as healthy and fail every epoch; now /healthz names the file and the problem
+    and the epochs plan with the heuristic."""
+    import httpx
+
+    from elastico_extender.api.app import create_app
+    from elastico_extender.cluster.embedded import EmbeddedCluster
+    from elastico_extender.service.server import ServerThread
+    from elastico_extender.service.settings import ServiceSettings
+
+    path = _model_file(tmp_path / "b1.onnx", input_shape=(1, NUM_FEATURES), output_shape=(1, 1))
+    settings = ServiceSettings(epoch_seconds=60, predictor_model=str(path))
+    server = ServerThread(create_app(settings, EmbeddedCluster.from_file())).start()
+    try:
+        health = httpx.get(f"{server.url}/healthz").json()
+        assert str(path) in health["degraded_predictor"]
+        assert "fixed batch dimension 1" in health["degraded_predictor"]
+        published = httpx.get(f"{server.url}/plan").json()
+        assert published["epoch"] >= 1 and published["predictor_degraded"]
+        assert published["assignments"], published
+    finally:
+        server.stop()
