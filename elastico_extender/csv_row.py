@@ -9,10 +9,23 @@ shown (truncated), never Python's own conversion message or a later hang.
 
 from __future__ import annotations
 
+import csv
 import math
+from collections.abc import Iterator
 from pathlib import Path
 
-__all__ = ["CsvRow"]
+__all__ = ["CsvRow", "csv_rows"]
+
+
+def csv_rows(path: Path | str, reader: csv.DictReader[str]) -> Iterator[CsvRow]:
+    """Each record of ``reader`` as a :class:`CsvRow`; what the csv module itself cannot
+    read (a cell over its field limit: a minified JSON or a binary file given by
+    mistake) is a ``ValueError`` naming the file and the line, like a bad cell."""
+    try:
+        for record in reader:
+            yield CsvRow(path, reader.line_num, dict(record))
+    except csv.Error as exc:
+        raise ValueError(f"{path}, after line {reader.line_num}: {exc}") from None
 
 
 class CsvRow:

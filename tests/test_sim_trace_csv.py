@@ -225,3 +225,25 @@ def test_a_trace_in_another_row_order_loads_the_same_jobs(tmp_path: Path) -> Non
     backward.write_text("job_id,arrival_time_s,gpu_num,duration_s\n" + "".join(rows[::-1]))
     assert load_csv(forward, seed=4) == load_csv(backward, seed=4)
     assert len({j.workload for j in load_csv(forward, seed=4)}) > 1  # still drawn, per job
+
+
+@pytest.mark.parametrize("kind", ["trace", "pairs", "philly"])
+def test_a_cell_over_the_csv_field_limit_is_an_error_naming_where(tmp_path: Path, kind) -> None:
+    """A cell longer than Python's CSV field limit (131,072 characters: a minified JSON or
+    a binary file given by mistake) raised csv.Error, a traceback from `elastico
+    simulate`; it is a ValueError naming the file and the line, as every bad cell is."""
+    big = "x" * 200_000
+    path = tmp_path / f"{kind}.csv"
+    if kind == "trace":
+        path.write_text(HEADER + GOOD + f"b,10,1,600,{big},0.3\n")
+        load: Callable[[], object] = lambda: load_csv(path)  # noqa: E731
+    elif kind == "pairs":
+        path.write_text(PAIRS + f"v100,{big},resnet50,1.2,1.3,1\n")
+        load = lambda: load_pair_table(path)  # noqa: E731
+    else:
+        path.write_text(PHILLY + f"j2,vc1,10,1,600,{big}\n")
+        load = lambda: philly_trace("vc1", path)  # noqa: E731
+    with pytest.raises(ValueError) as caught:
+        load()
+    message = str(caught.value)
+    assert str(path) in message and "line" in message and "field limit" in message, message

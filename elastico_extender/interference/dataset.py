@@ -74,7 +74,7 @@ from elastico_extender.core.interference.features import (
     NUM_JOB_FEATURES,
     pair_features,
 )
-from elastico_extender.csv_row import CsvRow
+from elastico_extender.csv_row import CsvRow, csv_rows
 from elastico_extender.errors import PredictorError
 
 __all__ = [
@@ -226,15 +226,13 @@ def _read_rows(path: Path) -> list[CsvRow]:
             missing = _REQUIRED - set(reader.fieldnames or ())
             if missing:
                 raise PredictorError(f"pair CSV {path} lacks columns {sorted(missing)}")
-            rows = [CsvRow(path, reader.line_num, dict(rec)) for rec in reader]
+            rows = list(csv_rows(path, reader))
     except OSError as exc:
         raise PredictorError(f"cannot read pair CSV {path}: {exc}") from exc
     except UnicodeDecodeError:
         raise PredictorError(f"cannot read pair CSV {path}: not UTF-8 text") from None
-    except ValueError as exc:  # CsvRow: more cells than the header
+    except ValueError as exc:  # more cells than the header, a cell over the field limit
         raise PredictorError(str(exc)) from None
-    except csv.Error as exc:  # a cell over the field limit: not a pair table
-        raise PredictorError(f"{path}, after line {reader.line_num}: {exc}") from None
     for row in rows:
         for column in sorted(_REQUIRED):
             if row.record.get(column) is None:

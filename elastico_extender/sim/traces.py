@@ -80,7 +80,7 @@ import numpy as np
 
 from elastico_extender.core.duration import CompletedJob
 from elastico_extender.core.resources import MAX_CLUSTER_GPUS
-from elastico_extender.csv_row import CsvRow
+from elastico_extender.csv_row import CsvRow, csv_rows
 from elastico_extender.sim.workloads import (
     INFERENCE_WORKLOADS,
     TRAINING_WORKLOADS,
@@ -248,8 +248,7 @@ def load_csv(path: Path | str, seed: int = 0) -> list[TraceJob]:
         missing = need - set(reader.fieldnames or [])
         if missing:
             raise ValueError(f"{path}: missing columns {sorted(missing)}")
-        for k, rec in enumerate(reader):
-            cells = CsvRow(path, reader.line_num, dict(rec))
+        for k, cells in enumerate(csv_rows(path, reader)):
             job_id = cells.text("job_id") or f"row{k:06d}"
             if job_id in seen:
                 raise cells.fail("job_id", "used by an earlier row (ids must be unique)")
@@ -312,7 +311,7 @@ def _philly_rows(path: Path | str | None) -> tuple[list[CsvRow], str]:
     missing = set(PHILLY_COLUMNS) - set(reader.fieldnames or [])
     if missing:
         raise ValueError(f"{path}: missing columns {sorted(missing)}")
-    return [CsvRow(path, reader.line_num, dict(rec)) for rec in reader], str(path)
+    return list(csv_rows(path, reader)), str(path)
 
 
 def philly_vcs(path: Path | str | None = None) -> list[str]:

@@ -65,7 +65,7 @@ from pathlib import Path
 
 import numpy as np
 
-from elastico_extender.csv_row import CsvRow
+from elastico_extender.csv_row import csv_rows
 from elastico_extender.sim.workloads import ConfigTable
 
 __all__ = ["DEFAULT_PAIRS", "GroundTruth", "load_pair_table"]
@@ -91,8 +91,7 @@ def load_pair_table(path: Path | str, gpu: str = "v100") -> dict[tuple[str, str]
         missing = {"job_a", "job_b", "slowdown_a", "slowdown_b"} - set(reader.fieldnames or [])
         if missing:
             raise ValueError(f"{path}: missing columns {sorted(missing)}")
-        for rec in reader:
-            row = CsvRow(path, reader.line_num, dict(rec))
+        for row in csv_rows(path, reader):
             if not row.flag("measured", default=True):
                 continue
             a, b = row.text("job_a"), row.text("job_b")
