@@ -33,6 +33,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from _args import comma_list, positive_int
+
 HERE = Path(__file__).resolve().parents[1]
 
 SERVER = r"""
@@ -157,13 +159,15 @@ def run(threads: int, nodes: int, pods: int, write_ms: float) -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--nodes", type=int, default=50)
-    parser.add_argument("--pods", type=int, default=200)
-    parser.add_argument("--threads", default="1,8")
+    parser.add_argument("--nodes", type=positive_int, default=50)
+    parser.add_argument("--pods", type=positive_int, default=200)
+    parser.add_argument("--threads", type=comma_list(positive_int), default="1,8")
     parser.add_argument(
         "--write-ms", type=float, default=20.0, help="time each API write takes (etcd commit)"
     )
-    parser.add_argument("--repeat", type=int, default=3, help="runs per row; the median is shown")
+    parser.add_argument(
+        "--repeat", type=positive_int, default=3, help="runs per row; the median is shown"
+    )
     args = parser.parse_args()
     import elastico_extender
 
@@ -172,7 +176,7 @@ def main() -> None:
     print(f"API server writes take {args.write_ms:g} ms each; median of {args.repeat} runs")
     print("| threads | binds | errors | binds/s | mean ms | p95 ms | writes/bind | with decision |")
     print("|---|---|---|---|---|---|---|---|")
-    for threads in (int(t) for t in args.threads.split(",")):
+    for threads in args.threads:
         runs = [run(threads, args.nodes, args.pods, args.write_ms) for _ in range(args.repeat)]
         r = sorted(runs, key=lambda x: x["binds_per_s"])[len(runs) // 2]
         print(

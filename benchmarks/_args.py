@@ -1,0 +1,28 @@
+"""argparse ``type=`` functions the benchmark scripts share, so a bad value is a one-line
+usage error naming the option (exit 2) before any work starts, never a traceback from
+inside a run.  The checks are ``elastico simulate``'s own (``elastico_extender/sim/cli.py``)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TypeVar
+
+from elastico_extender.sim.cli import _count, _days, _finite
+
+T = TypeVar("T")
+
+positive_int: Callable[[str], int] = _count
+"""A whole number >= 1: a count of threads, trials, repeats, GPUs."""
+positive_float: Callable[[str], float] = _finite(0.0, strict=True)
+"""A finite number > 0: a rate, a load, a number of hours."""
+day_window: Callable[[str], tuple[float, float]] = _days
+"""'N' (the first N days) or 'START:END' days of a trace, 0 <= START < END."""
+
+
+def comma_list(item: Callable[[str], T]) -> Callable[[str], list[T]]:
+    """'a,b,c' -> [item('a'), item('b'), item('c')]: one value or more, each checked."""
+
+    def parse(text: str) -> list[T]:
+        return [item(part) for part in text.split(",")]
+
+    return parse
