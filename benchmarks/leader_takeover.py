@@ -18,6 +18,7 @@ import logging
 import statistics
 import time
 
+from _args import positive_float, positive_int
 from kubernetes import client
 
 from elastico_extender.cluster.fake_apiserver import FakeApiServer
@@ -45,13 +46,16 @@ def takeover(server: FakeApiServer, timing: LeaseTiming, crash: bool, trial: int
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--lease", type=float, default=15.0)
-    p.add_argument("--renew", type=float, default=10.0)
-    p.add_argument("--retry", type=float, default=2.0)
-    p.add_argument("--trials", type=int, default=3)
+    p.add_argument("--lease", type=positive_float, default=15.0)
+    p.add_argument("--renew", type=positive_float, default=10.0)
+    p.add_argument("--retry", type=positive_float, default=2.0)
+    p.add_argument("--trials", type=positive_int, default=3)
     args = p.parse_args()
+    try:
+        timing = LeaseTiming(args.lease, args.renew, args.retry)
+    except ValueError as exc:
+        p.error(f"--lease/--renew/--retry: {exc}")
     logging.basicConfig(level=logging.ERROR)  # the electors' own start/stop lines
-    timing = LeaseTiming(args.lease, args.renew, args.retry)
     server = FakeApiServer().start()
     print(f"lease {args.lease:g} s, renew deadline {args.renew:g} s, retry {args.retry:g} s; "
           f"{args.trials} trials")  # fmt: skip

@@ -18,6 +18,8 @@ CASES = [
     ("bind_throughput.py", ["--threads", "x"], "--threads"),
     ("bind_throughput.py", ["--threads", "0"], "--threads"),
     ("bind_throughput.py", ["--repeat", "0"], "--repeat"),
+    ("leader_takeover.py", ["--trials", "0"], "--trials"),
+    ("leader_takeover.py", ["--lease", "5", "--renew", "10"], "--renew"),
 ]
 
 
