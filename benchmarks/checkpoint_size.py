@@ -18,10 +18,12 @@ import argparse
 import time
 
 import numpy as np
+from _args import positive_int
 
 from elastico_extender.core.interference.features import NUM_FEATURES
 from elastico_extender.profiles.loop_snapshot import LearnedState, decode, encode
 from elastico_extender.profiles.loop_store import PairRecord
+from elastico_extender.service.settings import ServiceSettings
 
 
 def state(pairs: int, seed: int = 0) -> LearnedState:
@@ -52,9 +54,14 @@ def state(pairs: int, seed: int = 0) -> LearnedState:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--pairs", type=int, nargs="+", default=[100, 1_000, 10_000, 50_000, 200_000])
+    p.add_argument(
+        "--pairs", type=positive_int, nargs="+", default=[100, 1_000, 10_000, 50_000, 200_000]
+    )
     p.add_argument("--max-bytes", type=int, default=768 << 10)
     args = p.parse_args()
+    # the bounds the extender accepts for learned_checkpoint_max_bytes
+    for why in ServiceSettings(learned_checkpoint_max_bytes=args.max_bytes).problems():
+        p.error(f"--max-bytes {args.max_bytes}: {why.partition(': ')[2]}")
     print(f"bound {args.max_bytes} bytes")
     print("| config pairs | payload bytes | pairs kept | pairs dropped | history kept | "
           "encode ms | decode ms |")  # fmt: skip

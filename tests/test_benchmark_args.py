@@ -20,6 +20,8 @@ CASES = [
     ("bind_throughput.py", ["--repeat", "0"], "--repeat"),
     ("leader_takeover.py", ["--trials", "0"], "--trials"),
     ("leader_takeover.py", ["--lease", "5", "--renew", "10"], "--renew"),
+    ("checkpoint_size.py", ["--max-bytes", "10"], "--max-bytes"),
+    ("checkpoint_size.py", ["--pairs", "-1"], "--pairs"),
 ]
 
 
