@@ -58,6 +58,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from _args import comma_list, positive_float
 
 from elastico_extender.core.model import Plan
 from elastico_extender.sim.bounds import fastest_speed, jct_floors
@@ -243,18 +244,25 @@ def tables(saved: dict[str, dict[str, object]]) -> str:
     return "\n".join(lines)
 
 
+def load_hours(text: str) -> tuple[float, float]:
+    """One ``--rows`` item: 'LOAD:HOURS', both finite and > 0."""
+    load, sep, hours = text.partition(":")
+    if not sep:
+        raise argparse.ArgumentTypeError(f"{text!r}: use LOAD:HOURS")
+    return positive_float(load), positive_float(hours)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument(
-        "--rows", default="1.0:24,1.5:12,1.5:24,2.0:12", help="load:hours, comma separated"
+        "--rows",
+        type=comma_list(load_hours),
+        default="1.0:24,1.5:12,1.5:24,2.0:12",
+        help="load:hours, comma separated",
     )
     ap.add_argument("--resume", action="store_true", help="run only policies not yet saved")
     args = ap.parse_args(argv)
-    rows = []
-    for part in args.rows.split(","):
-        load, hours = part.split(":")
-        rows.append((float(load), float(hours)))
-    print(tables(run(rows, args.resume)))
+    print(tables(run(args.rows, args.resume)))
     return 0
 
 

@@ -22,6 +22,8 @@ CASES = [
     ("leader_takeover.py", ["--lease", "5", "--renew", "10"], "--renew"),
     ("checkpoint_size.py", ["--max-bytes", "10"], "--max-bytes"),
     ("checkpoint_size.py", ["--pairs", "-1"], "--pairs"),
+    ("production_eval.py", ["--rows", "1.5"], "--rows"),
+    ("production_eval.py", ["--rows", "1.5:x"], "--rows"),
 ]
 
 
