@@ -4,10 +4,12 @@ inside a run.  The checks are ``elastico simulate``'s own (``elastico_extender/s
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Callable
 from typing import TypeVar
 
 from elastico_extender.sim.cli import _count, _days, _finite
+from elastico_extender.sim.runner import parse_policy_name
 
 T = TypeVar("T")
 
@@ -26,3 +28,12 @@ def comma_list(item: Callable[[str], T]) -> Callable[[str], list[T]]:
         return [item(part) for part in text.split(",")]
 
     return parse
+
+
+def policy_name(text: str) -> str:
+    """A policy the simulator knows ('elastico+learned+online'), unchanged."""
+    try:
+        parse_policy_name(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text

@@ -24,6 +24,10 @@ CASES = [
     ("checkpoint_size.py", ["--pairs", "-1"], "--pairs"),
     ("production_eval.py", ["--rows", "1.5"], "--rows"),
     ("production_eval.py", ["--rows", "1.5:x"], "--rows"),
+    ("philly_epoch.py", ["--days", "500:501"], "--days"),
+    ("philly_epoch.py", ["--days", "x"], "--days"),
+    ("philly_epoch.py", ["--gpus", "x"], "--gpus"),
+    ("philly_epoch.py", ["--vc", "nope"], "--vc"),
 ]
 
 
