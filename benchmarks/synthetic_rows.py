@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 
 import numpy as np
+from _args import positive_float, positive_int
 
 from elastico_extender.sim.engine import ClusterSpec, RunResult
 from elastico_extender.sim.runner import Experiment
@@ -23,9 +24,9 @@ def seeds(text: str) -> list[int]:
 def row_parser(description: str) -> argparse.ArgumentParser:
     """--gpus, --load, --hours, --seeds and --world of a synthetic row."""
     ap = argparse.ArgumentParser(description=description)
-    ap.add_argument("--gpus", type=int, default=64)
-    ap.add_argument("--load", type=float, default=1.5)
-    ap.add_argument("--hours", type=float, default=24.0)
+    ap.add_argument("--gpus", type=positive_int, default=64)
+    ap.add_argument("--load", type=positive_float, default=1.5)
+    ap.add_argument("--hours", type=positive_float, default=24.0)
     ap.add_argument("--seeds", type=seeds, default=[0])
     ap.add_argument("--world", choices=("benchmark", "production"), default="benchmark")
     return ap

@@ -18,10 +18,12 @@ Commands (from the repository root)::
 
 from __future__ import annotations
 
+import argparse
 import sys
 import time
 from dataclasses import replace
 
+from _args import comma_list, day_window, positive_int
 from peers_eval import philly_experiment
 from synthetic_rows import experiment, row_parser
 
@@ -33,26 +35,53 @@ from elastico_extender.sim.traces import philly_trace
 POLICY = "elastico+online"
 
 
-def philly_row(spec: str, world: str) -> tuple[str, Experiment]:
-    """``VC:START:END:GPUS`` -> (label, experiment), as ``peers_eval.philly`` builds it."""
+def tau_value(text: str) -> float:
+    """A ``--taus`` value the planner accepts (``PlannerSettings``' own check)."""
     try:
-        vc, start, end, gpus = spec.split(":")
-        days, size = (float(start), float(end)), int(gpus)
-    except ValueError:
-        raise SystemExit(f"--philly: {spec!r}: use VC:START:END:GPUS") from None
+        return PlannerSettings.from_mapping({"tau_default": text}, label="").tau_default
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+PhillySpec = tuple[str, tuple[float, float], int]
+
+
+def philly_spec(text: str) -> PhillySpec:
+    """``VC:START:END:GPUS`` -> (VC, days window, GPUs)."""
+    vc, _, rest = text.partition(":")
+    days, _, gpus = rest.rpartition(":")
+    if not (vc and days):
+        raise argparse.ArgumentTypeError(f"{text!r}: use VC:START:END:GPUS")
+    return vc, day_window(days), positive_int(gpus)
+
+
+def philly_row(spec: PhillySpec, world: str) -> tuple[str, Experiment]:
+    """(label, experiment) of a Philly row, as ``peers_eval.philly`` builds it."""
+    vc, days, size = spec
     loaded = philly_trace(vc, seed=0, days=days)
-    return f"Philly {vc} d{start}-{end}, {size} GPUs", philly_experiment(loaded, size, world, 0)
+    label = f"Philly {vc} d{days[0]:g}-{days[1]:g}, {size} GPUs"
+    return label, philly_experiment(loaded, size, world, 0)
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = row_parser(__doc__.split("\n")[0])
-    ap.add_argument("--taus", default="1.4,1.5,1.6", help="comma-separated tau_default values")
-    ap.add_argument("--philly", action="append", default=[], metavar="VC:START:END:GPUS")
+    ap.add_argument(
+        "--taus",
+        type=comma_list(tau_value),
+        default="1.4,1.5,1.6",
+        help="comma-separated tau_default values",
+    )
+    ap.add_argument(
+        "--philly", type=philly_spec, action="append", default=[], metavar="VC:START:END:GPUS"
+    )
     args = ap.parse_args(argv)
-    taus = [float(x) for x in args.taus.split(",")]
-    if args.philly:
-        rows = [philly_row(spec, args.world) for spec in args.philly]
-    else:
+    rows = []
+    for spec in args.philly:
+        try:
+            rows.append(philly_row(spec, args.world))
+        except ValueError as exc:  # no such VC, or no job in the window
+            ap.error(f"--philly {spec[0]}: {exc}")
+    if not args.philly:
         rows = [
             (
                 f"synthetic {args.gpus} GPUs, load {args.load:g}, {args.hours:g} h, seed {s}",
@@ -65,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     print("|---|---|---|---|---|---|")
     for label, exp in rows:
         fifo = summarise(run_one("volcano", exp))["avg_jct_s"]
-        for tau in taus:
+        for tau in args.taus:
             t0 = time.perf_counter()
             result = run_one(POLICY, replace(exp, planner=PlannerSettings(tau_default=tau)))
             s = summarise(result)

@@ -28,6 +28,11 @@ CASES = [
     ("philly_epoch.py", ["--days", "x"], "--days"),
     ("philly_epoch.py", ["--gpus", "x"], "--gpus"),
     ("philly_epoch.py", ["--vc", "nope"], "--vc"),
+    ("tau_sensitivity.py", ["--taus", "x"], "--taus"),
+    ("tau_sensitivity.py", ["--gpus", "0"], "--gpus"),
+    ("tau_sensitivity.py", ["--philly", "x"], "--philly"),
+    ("tau_sensitivity.py", ["--philly", "nope:0:7:64"], "--philly"),
+    ("tau_smoothing.py", ["--hours", "0"], "--hours"),
 ]
 
 
