@@ -22,6 +22,7 @@ import sys
 import time
 from dataclasses import replace
 
+from _args import day_window, positive_float, positive_int
 from peers_eval import philly_experiment
 
 from elastico_extender.sim.engine import ClusterSpec
@@ -36,10 +37,10 @@ PLANNERS = ("elastico+online", "elastico+truth+online")
 def experiment(args: argparse.Namespace) -> tuple[Experiment, str]:
     """The row's experiment and a one-line description of it."""
     if args.philly:
-        lo, hi = (float(x) for x in args.days.split(":"))
+        lo, hi = args.days
         loaded = philly_trace(args.philly, seed=args.seed, days=(lo, hi))
         exp = philly_experiment(loaded, args.gpus, args.world, args.seed)
-        return exp, f"Philly {args.philly} days {args.days}, {args.gpus} GPUs"
+        return exp, f"Philly {args.philly} days {lo:g}:{hi:g}, {args.gpus} GPUs"
     jobs = synthetic(args.gpus, args.load, args.hours * 3600.0, args.seed)
     exp = Experiment(
         trace=tuple(jobs), cluster=ClusterSpec(gpus=args.gpus), seed=args.seed, world=args.world
@@ -49,15 +50,20 @@ def experiment(args: argparse.Namespace) -> tuple[Experiment, str]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--gpus", type=int, default=64)
-    ap.add_argument("--load", type=float, default=1.5, help="synthetic rows only")
-    ap.add_argument("--hours", type=float, default=24.0, help="synthetic rows only")
+    ap.add_argument("--gpus", type=positive_int, default=64)
+    ap.add_argument("--load", type=positive_float, default=1.5, help="synthetic rows only")
+    ap.add_argument("--hours", type=positive_float, default=24.0, help="synthetic rows only")
     ap.add_argument("--philly", help="a Philly VC instead of the synthetic mix")
-    ap.add_argument("--days", default="41:48", help="the Philly window, START:END days")
+    ap.add_argument(
+        "--days", type=day_window, default="41:48", help="the Philly window, START:END days"
+    )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--world", choices=("benchmark", "production"), default="benchmark")
     args = ap.parse_args(argv)
-    exp, row = experiment(args)
+    try:
+        exp, row = experiment(args)
+    except ValueError as exc:  # no such VC, no job in the window, or too many jobs
+        ap.error(f"{'--philly/--days' if args.philly else '--gpus/--load/--hours'}: {exc}")
     runs = [("volcano", "volcano", exp)]
     for name in PLANNERS:
         runs.append((name, name, exp))
