@@ -25,6 +25,8 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from _args import positive_float, positive_int
+
 FAMILIES = ("bert", "resnet50", "llama3-7b", "ncf", "qwen-1.7b", "lstm")
 EPOCH_SECONDS = 5.0
 WINDOW = 60.0
@@ -113,10 +115,10 @@ def run(pods: int, rate: float, horizon: float, nodes: int) -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--pods", type=int, default=100)
-    parser.add_argument("--nodes", type=int, default=10, help="nodes of 4 GPUs")
-    parser.add_argument("--rate", type=float, default=20.0, help="arrivals per second")
-    parser.add_argument("--horizon", type=float, default=180.0, help="simulated seconds")
+    parser.add_argument("--pods", type=positive_int, default=100)
+    parser.add_argument("--nodes", type=positive_int, default=10, help="nodes of 4 GPUs")
+    parser.add_argument("--rate", type=positive_float, default=20.0, help="arrivals per second")
+    parser.add_argument("--horizon", type=positive_float, default=180.0, help="simulated seconds")
     args = parser.parse_args()
     import elastico_extender
 

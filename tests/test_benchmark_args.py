@@ -36,6 +36,7 @@ CASES = [
     ("tau_sensitivity.py", ["--philly", "x"], "--philly"),
     ("tau_sensitivity.py", ["--philly", "nope:0:7:64"], "--philly"),
     ("tau_smoothing.py", ["--hours", "0"], "--hours"),
+    ("restart_storm.py", ["--rate", "0"], "--rate"),
 ]
 
 
