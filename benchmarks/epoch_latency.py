@@ -29,6 +29,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from _args import positive_int
+
 from elastico_extender.core.model import GpuDevice, Job, Node, Snapshot
 from elastico_extender.core.planner import plan
 from elastico_extender.core.shapes.catalog import (
@@ -131,7 +133,7 @@ def measure(n_jobs: int, k: int, gpus: int, repeats: int) -> dict[str, float]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small sizes only")
-    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--repeats", type=positive_int, default=7)
     args = parser.parse_args(argv)
     print(f"# command: python benchmarks/epoch_latency.py {' '.join(argv or sys.argv[1:])}")
     cases = [(30, 198, 64), (200, 198, 512), (500, 198, 512), (500, 8, 512)]

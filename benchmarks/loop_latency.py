@@ -54,6 +54,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from _args import positive_int
 from epoch_latency import scenario
 
 from elastico_extender.core.interference.features import pair_features
@@ -186,7 +187,7 @@ def measure(
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--repeats", type=positive_int, default=7)
     parser.add_argument("--observed-ratio", type=float, default=1.2)
     args = parser.parse_args(argv)
     print(f"# command: python benchmarks/loop_latency.py {' '.join(argv or sys.argv[1:])}")

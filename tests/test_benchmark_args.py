@@ -37,6 +37,8 @@ CASES = [
     ("tau_sensitivity.py", ["--philly", "nope:0:7:64"], "--philly"),
     ("tau_smoothing.py", ["--hours", "0"], "--hours"),
     ("restart_storm.py", ["--rate", "0"], "--rate"),
+    ("epoch_latency.py", ["--repeats", "0"], "--repeats"),
+    ("loop_latency.py", ["--repeats", "0"], "--repeats"),
 ]
 
 
