@@ -54,6 +54,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--baseline", type=Path, required=True, help="another checkout")
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args(argv)
+    if args.rounds < 1:  # checked here: this process imports neither checkout's code
+        parser.error("argument --rounds: must be >= 1")
     print(f"# command: python benchmarks/epoch_compare.py --baseline {args.baseline}")
     print("| N x K on GPUs | baseline (ms) | this checkout (ms) | speed-up |")
     print("|---|---|---|---|")

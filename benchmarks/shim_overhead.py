@@ -56,6 +56,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--calls", type=int, default=2_000_000, help="launches per thread")
     parser.add_argument("--repeat", type=int, default=5)
     args = parser.parse_args(argv)
+    for option, value in (("--calls", args.calls), ("--repeat", args.repeat)):
+        if value < 1:  # checked here: no PYTHONPATH needed, nothing of the package imported
+            parser.error(f"argument {option}: must be >= 1")
     print("command: python " + " ".join(shlex.quote(a) for a in [sys.argv[0], *sys.argv[1:]]))
     print(f"cpus: {os.cpu_count()}  calls/thread: {args.calls}  repeat: {args.repeat}")
     with tempfile.TemporaryDirectory() as tmp:

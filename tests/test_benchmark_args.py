@@ -39,6 +39,8 @@ CASES = [
     ("restart_storm.py", ["--rate", "0"], "--rate"),
     ("epoch_latency.py", ["--repeats", "0"], "--repeats"),
     ("loop_latency.py", ["--repeats", "0"], "--repeats"),
+    ("epoch_compare.py", ["--baseline", ".", "--rounds", "0"], "--rounds"),
+    ("shim_overhead.py", ["--repeat", "0"], "--repeat"),
 ]
 
 
