@@ -14,6 +14,9 @@ from __future__ import annotations
 
 import argparse
 
+from _args import positive_float, positive_int
+from synthetic_rows import seeds
+
 from elastico_extender.sim.engine import ClusterSpec
 from elastico_extender.sim.metrics import summarise
 from elastico_extender.sim.runner import Experiment, run_one
@@ -22,15 +25,15 @@ from elastico_extender.sim.traces import synthetic
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--gpus", type=int, default=64)
-    ap.add_argument("--load", type=float, default=1.5)
-    ap.add_argument("--hours", type=float, default=12.0)
-    ap.add_argument("--seeds", default="0,1,2")
+    ap.add_argument("--gpus", type=positive_int, default=64)
+    ap.add_argument("--load", type=positive_float, default=1.5)
+    ap.add_argument("--hours", type=positive_float, default=12.0)
+    ap.add_argument("--seeds", type=seeds, default="0,1,2")
     args = ap.parse_args()
     print(f"{args.gpus} GPUs, load {args.load}, {args.hours:g} h synthetic (benchmark world)\n")
     print("| seed | policy | avg JCT (s) | vs volcano | p99 JCT (s) | max queue (min) | attain. |")
     print("|---|---|---|---|---|---|---|")
-    for seed in (int(s) for s in args.seeds.split(",")):
+    for seed in args.seeds:
         trace = synthetic(args.gpus, args.load, args.hours * 3600.0, seed)
         exp = Experiment(tuple(trace), ClusterSpec(gpus=args.gpus), seed, 60.0)
         base = None

@@ -40,6 +40,7 @@ CASES = [
     ("epoch_latency.py", ["--repeats", "0"], "--repeats"),
     ("loop_latency.py", ["--repeats", "0"], "--repeats"),
     ("epoch_compare.py", ["--baseline", ".", "--rounds", "0"], "--rounds"),
+    ("queueing_eval.py", ["--seeds", "x"], "--seeds"),
     ("shim_overhead.py", ["--repeat", "0"], "--repeat"),
 ]
 
