@@ -29,6 +29,7 @@ import sys
 import time
 
 import numpy as np
+from _args import comma_list, policy_name, positive_float, positive_int
 
 from elastico_extender.core.settings import PlannerSettings
 from elastico_extender.sim.engine import ClusterSpec
@@ -76,13 +77,20 @@ def pair_yields(truth: GroundTruth, margin_mib: float, device_mib: float) -> str
     )
 
 
+def loads(text: str) -> list[float]:
+    """``--loads``: finite loads > 0, comma separated; '' for none (yields only)."""
+    return comma_list(positive_float)(text) if text else []
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--gpus", type=int, default=64)
-    ap.add_argument("--hours", type=float, default=24.0)
-    ap.add_argument("--loads", default="1.0,2.0", help="'' runs no simulation (yields only)")
+    ap.add_argument("--gpus", type=positive_int, default=64)
+    ap.add_argument("--hours", type=positive_float, default=24.0)
+    ap.add_argument(
+        "--loads", type=loads, default="1.0,2.0", help="'' runs no simulation (yields only)"
+    )
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--systems", default=",".join(SYSTEMS))
+    ap.add_argument("--systems", type=comma_list(policy_name), default=",".join(SYSTEMS))
     args = ap.parse_args(argv)
     words = sys.argv[1:] if argv is None else list(argv)
     window = args.hours * 3600
@@ -96,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     ]
     ceilings = []
     rows = []
-    for load in (float(x) for x in args.loads.split(",") if x):
+    for load in args.loads:
         trace = synthetic(args.gpus, load, window, args.seed)
         ceiling = demand_ceiling(trace, window)
         base: float | None = None
@@ -104,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
             exp = Experiment(
                 tuple(trace), ClusterSpec(gpus=args.gpus), args.seed, interference=truth_scale
             )
-            for name in args.systems.split(","):
+            for name in args.systems:
                 if name == "volcano" and truth_scale == 0.0:
                     continue  # never co-locates: the same run as with interference
                 t0 = time.time()

@@ -41,6 +41,7 @@ CASES = [
     ("loop_latency.py", ["--repeats", "0"], "--repeats"),
     ("epoch_compare.py", ["--baseline", ".", "--rounds", "0"], "--rounds"),
     ("queueing_eval.py", ["--seeds", "x"], "--seeds"),
+    ("throughput_gap.py", ["--loads", "x"], "--loads"),
     ("shim_overhead.py", ["--repeat", "0"], "--repeat"),
 ]
 
