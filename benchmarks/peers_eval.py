@@ -421,7 +421,6 @@ def main(argv: list[str] | None = None) -> int:
     if "philly" in only:
         vcs = tuple(v for v in args.vcs.split(",") if v)
         philly(worlds, chosen or (*BASELINES, *elastico), args.seed, args.resume, vcs)
-        print(collect(command))
     if "scale" in only:
         sizes = [int(s) for s in args.sizes.split(",") if s]
         policies = chosen or (*BASELINES, "elastico", SHIPPED)

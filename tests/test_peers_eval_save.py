@@ -85,3 +85,12 @@ def test_rows_of_another_seed_are_saved_apart(peers_eval, tmp_path):
     (row1,) = set(tmp_path.glob("*.json")) - {row0}
     other = json.loads(row1.read_text())
     assert set(other["summary"]) == {"srtf"} and other["meta"]["seed"] == 1
+
+
+def test_the_collected_tables_are_printed_once(peers_eval, capsys):
+    """``--only philly`` printed PEERS.md's tables twice (after the Philly rows and again
+    at the end), rebuilding them, Philly floors included, a second time."""
+    peers_eval.main(
+        ["--only", "philly", "--vcs", "6214e9", "--worlds", "benchmark", "--policies", "volcano"]
+    )
+    assert capsys.readouterr().out.count("# ElastiCo vs. peers") == 1
