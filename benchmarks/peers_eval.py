@@ -47,6 +47,8 @@ import time
 from pathlib import Path
 from queue import Empty
 
+from _args import comma_list, positive_float, positive_int
+
 from elastico_extender.sim.bounds import JctFloors, jct_floors
 from elastico_extender.sim.engine import ClusterSpec
 from elastico_extender.sim.metrics import summarise
@@ -83,6 +85,7 @@ week, rounded to a multiple of 16."""
 SCALE = {64: 24.0, 128: 24.0, 256: 12.0, 512: 6.0, 1024: 3.0, 2048: 2.0}
 """GPUs -> arrival window in hours at load 1.5 (shorter at large sizes to bound run time)."""
 WORLDS = ("benchmark", "production")
+SECTIONS = ("philly", "scale", "collect")
 
 
 def _save(path: Path, meta: dict[str, object], summ: dict[str, dict[str, float]]) -> None:
@@ -386,14 +389,25 @@ def _floor_cells(
     return [*cells, f"{target:.3f}{reach}"]
 
 
+def world_name(text: str) -> str:
+    """A ``--worlds`` item: one of WORLDS."""
+    if text not in WORLDS:
+        raise argparse.ArgumentTypeError(f"no world {text!r}; known: {', '.join(WORLDS)}")
+    return text
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--only", default="philly,scale,collect")
-    ap.add_argument("--worlds", default=",".join(WORLDS))
-    ap.add_argument("--sizes", default=",".join(str(g) for g in SCALE))
+    ap.add_argument("--worlds", type=comma_list(world_name), default=",".join(WORLDS))
+    ap.add_argument(
+        "--sizes", type=comma_list(positive_int), default=",".join(str(g) for g in SCALE)
+    )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument(
-        "--hours", type=float, help="scale: one arrival window for every size (default: SCALE)"
+        "--hours",
+        type=positive_float,
+        help="scale: one arrival window for every size (default: SCALE)",
     )
     ap.add_argument("--jobs", type=int, default=1, help="kept for symmetry; runs are serial")
     ap.add_argument("--no-learned", action="store_true", help="skip elastico+learned(+online)")
@@ -401,12 +415,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--resume", action="store_true", help="run only policies not yet saved")
     ap.add_argument("--vcs", default="", help="comma list of Philly VCs to run (default: all)")
     ap.add_argument(
-        "--policy-timeout", type=float, default=LIMIT["policy_s"], help="seconds per policy run"
+        "--policy-timeout",
+        type=positive_float,
+        default=LIMIT["policy_s"],
+        help="seconds per policy run",
     )
     args = ap.parse_args(argv)
     LIMIT["policy_s"] = args.policy_timeout
     only = set(args.only.split(","))
-    worlds = tuple(w for w in args.worlds.split(",") if w)
+    if only - set(SECTIONS):
+        unknown = ", ".join(sorted(only - set(SECTIONS)))
+        ap.error(f"--only: no section {unknown}; known: {', '.join(SECTIONS)}")
+    vcs = tuple(v for v in args.vcs.split(",") if v)
+    known_vcs = [vc for vc, _, _ in PHILLY]
+    if set(vcs) - set(known_vcs):
+        unknown = ", ".join(sorted(set(vcs) - set(known_vcs)))
+        ap.error(f"--vcs: no Philly row for {unknown}; known: {', '.join(known_vcs)}")
+    worlds = tuple(args.worlds)
     elastico = tuple(n for n in ELASTICO if not (args.no_learned and "learned" in n))
     chosen = tuple(args.policies.split(",")) if args.policies else None
     for name in chosen or ():
@@ -419,12 +444,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     OUT.mkdir(parents=True, exist_ok=True)
     if "philly" in only:
-        vcs = tuple(v for v in args.vcs.split(",") if v)
         philly(worlds, chosen or (*BASELINES, *elastico), args.seed, args.resume, vcs)
     if "scale" in only:
-        sizes = [int(s) for s in args.sizes.split(",") if s]
         policies = chosen or (*BASELINES, "elastico", SHIPPED)
-        scale(worlds, sizes, policies, args.seed, args.resume, args.hours)
+        scale(worlds, args.sizes, policies, args.seed, args.resume, args.hours)
     print(collect(command))
     return 0
 
