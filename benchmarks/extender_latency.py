@@ -50,6 +50,7 @@ import time
 
 import httpx
 import orjson
+from _args import comma_list, positive_float, positive_int
 
 from elastico_extender.cluster.embedded import EmbeddedCluster
 
@@ -385,21 +386,23 @@ def timed_row(
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--sizes", default="100,1000,5000")
-    ap.add_argument("--clients", type=int, default=4, help="client processes for pods/s")
-    ap.add_argument("--seconds", type=float, default=10.0, help="pods/s measurement time")
-    ap.add_argument("--reps", type=int, default=2000, help="pods timed, nodeCacheCapable on")
+    ap.add_argument("--sizes", type=comma_list(positive_int), default="100,1000,5000")
+    ap.add_argument("--clients", type=positive_int, default=4, help="client processes for pods/s")
+    ap.add_argument("--seconds", type=positive_float, default=10.0, help="pods/s measurement time")
+    ap.add_argument(
+        "--reps", type=positive_int, default=2000, help="pods timed, nodeCacheCapable on"
+    )
     ap.add_argument("--client", choices=("stdlib", "httpx"), default="stdlib")
     ap.add_argument(
         "--epoch-seconds",
-        type=float,
+        type=positive_float,
         default=5.0,
         help="the server's epoch interval (5 s is the service default: epochs run while "
         "pods are timed; earlier runs used 3600, no epoch during the measurement)",
     )
     ap.add_argument("--null-server", type=int, metavar="PORT", help=argparse.SUPPRESS)
     opts = ap.parse_args()
-    sizes = [int(s) for s in opts.sizes.split(",")]
+    sizes = opts.sizes
     if opts.null_server:
         null_server(opts.null_server, sizes[0])
         return
