@@ -35,6 +35,7 @@ import time
 from pathlib import Path
 
 import httpx
+from _args import positive_int
 
 from elastico_extender.testing.wire_fuzz import Fuzzer, load_seeds, wire_objects
 
@@ -57,10 +58,10 @@ def rss_mib(pid: int) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--requests", type=int, default=100_000)
+    p.add_argument("--requests", type=positive_int, default=100_000)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--warmup", type=int, default=2_000)
-    p.add_argument("--every", type=int, default=10_000)
+    p.add_argument("--every", type=positive_int, default=10_000)
     p.add_argument("--out", type=Path)
     p.add_argument(
         "--server-tree",

@@ -49,6 +49,7 @@ CASES = [
     ("peers_eval.py", ["--only", "scale", "--policy-timeout", "0"], "--policy-timeout"),
     ("extender_latency.py", ["--sizes", "x"], "--sizes"),
     ("shim_overhead.py", ["--repeat", "0"], "--repeat"),
+    ("edge_fuzz.py", ["--every", "0"], "--every"),
 ]
 
 
