@@ -12,7 +12,8 @@ Command (from the repository root)::
 ``--jobs`` is how many simulations run at once (one per policy; use 1 on a shared
 machine).  ``--sizes`` picks the scale section's cluster sizes, ``--load-hours`` the
 load section's arrival window.  Every section's Markdown names the command that
-made it.  ``--quick`` writes ``*_quick`` files and folders, never the full results.
+made it.  ``--quick`` writes into a fresh temporary directory (named on stderr), never into
+``benchmarks/results``.
 
 Sections (results under ``benchmarks/results/<section>/``, tables collected in
 ``benchmarks/results/RESULTS.md``):
@@ -39,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -144,26 +146,25 @@ def main(argv: list[str] | None = None) -> int:
         return runs[key]
 
     only = set(args.only.split(","))
-    OUT.mkdir(parents=True, exist_ok=True)
+    # a smoke run never writes into the tracked results: a fresh temporary directory
+    out = Path(tempfile.mkdtemp(prefix="sim_eval_quick_")) if args.quick else OUT
+    if args.quick:
+        print(f"quick run: results under {out}", file=sys.stderr)
+    out.mkdir(parents=True, exist_ok=True)
     report: list[str] = [
         "# Simulation results (regenerate: `PYTHONPATH=. python benchmarks/sim_eval.py`)\n",
         f"seed={args.seed}, epoch={args.epoch:g}s, quick={args.quick}\n",
     ]
     seed, ep = args.seed, args.epoch
-    suffix = "_quick" if args.quick else ""  # a quick run never overwrites the full results
 
     def collect() -> None:
         """RESULTS.md from every part there is (``analysis.md`` is written by hand)."""
-        parts = [
-            (OUT / f"{sec}{suffix}.md").read_text()
-            for sec in PARTS
-            if (OUT / f"{sec}{suffix}.md").exists()
-        ]
-        (OUT / f"RESULTS{suffix}.md").write_text("\n".join([*report[:2], *parts]) + "\n")
+        parts = [(out / f"{sec}.md").read_text() for sec in PARTS if (out / f"{sec}.md").exists()]
+        (out / "RESULTS.md").write_text("\n".join([*report[:2], *parts]) + "\n")
 
     def finish(section: str, mark: int) -> None:
         """Write a section's Markdown as soon as it is done, and RESULTS.md from all parts."""
-        (OUT / f"{section}{suffix}.md").write_text("\n".join(report[mark:]) + "\n")
+        (out / f"{section}.md").write_text("\n".join(report[mark:]) + "\n")
         collect()
 
     if "collect" in only:
@@ -177,9 +178,8 @@ def main(argv: list[str] | None = None) -> int:
         exp = Experiment(tuple(trace), ClusterSpec(gpus=main_gpus), seed, ep)
         res = _run(f"main {main_gpus} GPUs", exp, MAIN_POLICIES, args.jobs)
         summ = summaries(res)
-        out = OUT / f"main{suffix}"
-        write_run_files(res, out)
-        plot_all(res, out, title=f"({main_gpus} GPUs)")
+        write_run_files(res, out / "main")
+        plot_all(res, out / "main", title=f"({main_gpus} GPUs)")
         report += [
             f"## Main results: {main_gpus} GPUs, {len(trace)} jobs, {main_hours:g} h, "
             f"load {offered_load(trace, main_gpus, main_hours * 3600):.2f}\n",
@@ -204,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
         for load in (0.5, 1.0, 1.5):
             res = sweep_point(f"load {load:.0%} {gpus} GPUs", gpus, load, hours)
             points.append((load, summaries(res)))
-            write_run_files(res, OUT / f"load_{int(load * 100)}{suffix}")
+            write_run_files(res, out / f"load_{int(load * 100)}")
             report += _check(res)
         report += [
             f"\n## Load sensitivity ({gpus} GPUs, {hours:g} h arrival window, seed {seed})\n",
@@ -223,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
         for gpus, hours in sizes.items():
             res = sweep_point(f"scale {gpus} GPUs ({hours:g} h)", gpus, 1.0, hours)
             sizes_done.append((gpus, summaries(res)))
-            write_run_files(res, OUT / f"scale_{gpus}{suffix}")
+            write_run_files(res, out / f"scale_{gpus}")
             notes += _check(res)
             # Rewritten after every size, so the sizes done so far survive an interrupted run.
             done = dict(sizes_done)
@@ -275,8 +275,8 @@ def main(argv: list[str] | None = None) -> int:
         # The k-NN "+learned" predictor is too slow for this trace's length; left out.
         res = _run(f"philly {vc}", exp, tuple(p for p in COMPARE if "+learned" not in p), args.jobs)
         summ = summaries(res)
-        write_run_files(res, OUT / f"philly{suffix}")
-        plot_all(res, OUT / f"philly{suffix}", title=f"(Philly {vc}, {gpus} GPUs)")
+        write_run_files(res, out / "philly")
+        plot_all(res, out / "philly", title=f"(Philly {vc}, {gpus} GPUs)")
         report += [
             f"\n## Philly VC {vc} ({gpus} GPUs, {len(trace)} jobs; real GPU counts, durations "
             f"clipped at 48 h, arrival order and gaps compressed x{1 / native:.1f} from the "

@@ -5,6 +5,7 @@ run, and a misspelt section silently ran nothing and rewrote nothing."""
 from __future__ import annotations
 
 import importlib.util
+import shutil
 import sys
 from pathlib import Path
 
@@ -39,3 +40,13 @@ def test_bad_arguments_are_one_line_usage_errors(sim_eval, tmp_path, capsys, arg
     err = capsys.readouterr().err
     assert named in err and "Traceback" not in err
     assert not list(tmp_path.iterdir())  # nothing ran, nothing written
+
+
+def test_a_quick_run_writes_outside_the_tracked_results(sim_eval, tmp_path, capsys):
+    """``--quick`` wrote ``*_quick`` files into benchmarks/results, the tracked tree."""
+    sim_eval.main(["--quick", "--only", "collect"])
+    assert not list(tmp_path.iterdir())
+    err = capsys.readouterr().err
+    where = Path(err.split("quick run: results under ", 1)[1].split()[0])
+    assert (where / "RESULTS.md").exists()
+    shutil.rmtree(where)
