@@ -44,6 +44,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from _args import positive_float
+
 from elastico_extender.sim.engine import ClusterSpec, RunResult
 from elastico_extender.sim.instances import instances_needed
 from elastico_extender.sim.progress import ProgressBar
@@ -113,14 +115,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--jobs", type=int, default=2)
-    ap.add_argument("--epoch", type=float, default=60.0)
+    ap.add_argument("--epoch", type=positive_float, default=60.0)
     ap.add_argument(
         "--sizes",
         default=",".join(str(g) for g in SCALE),
         help="scale section: cluster sizes to run (each with its window from SCALE)",
     )
     ap.add_argument(
-        "--load-hours", type=float, default=24.0, help="load section: arrival window (h)"
+        "--load-hours", type=positive_float, default=24.0, help="load section: arrival window (h)"
     )
     args = ap.parse_args(argv)
     unknown = set(args.only.split(",")) - {*PARTS[:-1], "collect"}

@@ -20,6 +20,7 @@ def sim_eval(monkeypatch, tmp_path):
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     monkeypatch.setitem(sys.modules, "sim_eval", module)
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))  # its sibling _args, as when run
     spec.loader.exec_module(module)
     monkeypatch.setattr(module, "OUT", tmp_path)
     return module
@@ -31,6 +32,8 @@ def sim_eval(monkeypatch, tmp_path):
         (["--only", "scale", "--sizes", "100"], "--sizes"),
         (["--only", "scale", "--sizes", "lots"], "--sizes"),
         (["--only", "sclae"], "--only"),
+        (["--quick", "--only", "main", "--epoch", "0"], "--epoch"),
+        (["--only", "load", "--load-hours", "0"], "--load-hours"),
     ],
 )
 def test_bad_arguments_are_one_line_usage_errors(sim_eval, tmp_path, capsys, argv, named):
