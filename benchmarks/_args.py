@@ -8,16 +8,16 @@ import argparse
 from collections.abc import Callable
 from typing import TypeVar
 
-from elastico_extender.sim.cli import _count, _days, _finite
+from elastico_extender.sim.cli import count_arg, days_arg, finite_arg
 from elastico_extender.sim.runner import parse_policy_name
 
 T = TypeVar("T")
 
-positive_int: Callable[[str], int] = _count
+positive_int: Callable[[str], int] = count_arg
 """A whole number >= 1: a count of threads, trials, repeats, GPUs."""
-positive_float: Callable[[str], float] = _finite(0.0, strict=True)
+positive_float: Callable[[str], float] = finite_arg(0.0, strict=True)
 """A finite number > 0: a rate, a load, a number of hours."""
-day_window: Callable[[str], tuple[float, float]] = _days
+day_window: Callable[[str], tuple[float, float]] = days_arg
 """'N' (the first N days) or 'START:END' days of a trace, 0 <= START < END."""
 
 

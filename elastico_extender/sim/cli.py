@@ -65,7 +65,15 @@ from elastico_extender.sim.traces import (
 from elastico_extender.sim.truth import DEFAULT_PAIRS, GroundTruth, load_pair_table
 from elastico_extender.sim.workloads import ConfigTable
 
-__all__ = ["WORLDS", "build_parser", "load_trace", "main"]
+__all__ = [
+    "WORLDS",
+    "build_parser",
+    "count_arg",
+    "days_arg",
+    "finite_arg",
+    "load_trace",
+    "main",
+]
 
 WORLDS = ("benchmark", "production")
 MAX_PROFILE_NOISE = 2.0
@@ -76,7 +84,10 @@ DEFAULT_GPU_TYPE = "v100"
 log = logging.getLogger(__name__)
 
 
-def _finite(minimum: float, strict: bool, maximum: float = math.inf) -> Callable[[str], float]:
+def finite_arg(minimum: float, strict: bool, maximum: float = math.inf) -> Callable[[str], float]:
+    """argparse ``type=``: a finite number above (``strict``) or at ``minimum``, at most
+    ``maximum`` (also the benchmark scripts' check, ``benchmarks/_args.py``)."""
+
     def parse(text: str) -> float:
         try:
             value = float(text)
@@ -108,10 +119,11 @@ def _whole(minimum: int, maximum: int | None = None) -> Callable[[str], int]:
     return parse
 
 
-_count = _whole(1)
+count_arg = _whole(1)
+"""argparse ``type=``: a whole number >= 1."""
 
 
-def _days(text: str) -> tuple[float, float]:
+def days_arg(text: str) -> tuple[float, float]:
     """'7' (the first 7 days) or '2:9' (from day 2 to day 9)."""
     parts = text.split(":")
     try:
@@ -153,26 +165,26 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--load",
-        type=_finite(0.0, strict=True),
+        type=finite_arg(0.0, strict=True),
         help="load factor: synthetic arrival rate, or arrivals of a trace rescaled to it "
         "over its arrival span (default 1.0 for synthetic, as recorded for traces)",
     )
     p.add_argument("--seed", type=_whole(0), default=0)
     p.add_argument(
         "--duration",
-        type=_finite(0.0, strict=True, maximum=MAX_TRACE_SECONDS / 3600.0),
+        type=finite_arg(0.0, strict=True, maximum=MAX_TRACE_SECONDS / 3600.0),
         help="arrival window in hours (default 24; whole trace for files; on Philly the first "
         "hours, instead of --days; at most 8784)",
     )
     p.add_argument(
         "--days",
-        type=_days,
+        type=days_arg,
         help="Philly window in days since the VC's first job: N or START:END; jobs that "
         "finished before START are the history Lucid's estimator starts from",
     )
     p.add_argument(
         "--epoch",
-        type=_finite(0.0, strict=True, maximum=86400.0),
+        type=finite_arg(0.0, strict=True, maximum=86400.0),
         default=60.0,
         help="scheduling epoch in simulated seconds (at most a day)",
     )
@@ -180,7 +192,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--quick", action="store_true", help="small loaded cluster, short trace (smoke test)"
     )
-    p.add_argument("--jobs", type=_count, default=2, help="policies simulated in parallel")
+    p.add_argument("--jobs", type=count_arg, default=2, help="policies simulated in parallel")
     p.add_argument(
         "--world",
         choices=WORLDS,
@@ -206,20 +218,20 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--profile-noise",
-        type=_finite(0.0, strict=False, maximum=MAX_PROFILE_NOISE),
+        type=finite_arg(0.0, strict=False, maximum=MAX_PROFILE_NOISE),
         default=0.05,
         help=f"sigma of log T_true/T (at most {MAX_PROFILE_NOISE:g})",
     )
     p.add_argument(
         "--max-job-hours",
-        type=_finite(0.0, strict=False),
+        type=finite_arg(0.0, strict=False),
         default=None,
         help=f"clip Philly durations to this many hours (default {PHILLY_CLIP_HOURS:g}; "
         "0: no clipping); the count is printed",
     )
     p.add_argument(
         "--inference-share",
-        type=_finite(0.0, strict=False, maximum=1.0),
+        type=finite_arg(0.0, strict=False, maximum=1.0),
         default=None,
         help="share of Philly's one-GPU jobs turned into LLM inference "
         f"(0..1, default {PHILLY_INFERENCE_SHARE:g}; printed)",
