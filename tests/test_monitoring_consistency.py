@@ -54,8 +54,8 @@ BOUNDED = {  # label -> the values it may take (never free text, ids or pod name
         "unknown-pod", "rejected", "invalid", "already-bound", "error", "unknown-outcome",
     },
     ("elastico_rejections", "reason"): {
-        "webhook", "annotation", "unknown-node", "interference", "gpu-memory", "gpu-compute",
-        "gpu-count", "host", "no-configuration", "other",
+        "webhook", "annotation", "unknown-node", "idle-elsewhere", "interference", "gpu-memory",
+        "gpu-compute", "gpu-count", "host", "no-configuration", "other",
     },
     ("elastico_observation_windows", "result"): {"accepted", "refused"},
     ("elastico_pairs_separated", "action"): {"migrate", "reconfigure", "preempt", "move",

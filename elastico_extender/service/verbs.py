@@ -3,7 +3,9 @@
 Filter and prioritize read the published :class:`PlacementView` under the
 bookings' short view lock and ask it one question per pod
 (``PlacementView.answer_at``); a pod the plan has not seen gets its best
-configuration at the current prices on the spot.  They never wait for an
+configuration at the current prices on the spot.  Filter passes a node where the
+pod would share a GPU only when no node offered has idle GPUs that fit it (the
+plan's own idle-first rule).  They never wait for an
 epoch, except once after the node set changed (a node the scheduler names that
 the cluster view has and the published view lacks: issue 12 item 2).
 
@@ -52,6 +54,12 @@ MAX_SCORE = 10
 """Upper end of the extender score range (kube-scheduler multiplies by weight and 10)."""
 _UNRESOLVABLE = frozenset({"unknown-node", "gpu-count", "no-configuration", "webhook"})
 """Rejection labels that no preemption can cure (FailedAndUnresolvableNodes)."""
+SHARED_WHILE_IDLE = (
+    "would share a GPU while another node offered has an idle GPU that fits "
+    "(ElastiCo shares only when no idle GPU can take the pod)"
+)
+"""Filter's reason for a sharing node when an offered node has idle GPUs that fit; it
+names no node, so the scheduler's message does not change with the node order."""
 HTTP_CONFLICT = 409
 ANSWER_BUDGET_BYTES = 32 << 20
 """Arrays kept by the answer cache, at most (an answer is ~60 bytes per node; callers
@@ -93,6 +101,7 @@ def reason_label(reason: str) -> str:
         (PREFIX, "annotation"),
         ("not in its cluster view", "unknown-node"),
         ("unknown node", "unknown-node"),
+        ("idle gpu", "idle-elsewhere"),
         ("interference", "interference"),
         ("slowdown", "interference"),
         ("gpu memory", "gpu-memory"),
@@ -247,12 +256,18 @@ class Verbs:
         pub, names, at = self._view_for(names)
         with self.bookings.lock:
             answers = self._answers(pub, pj, at)
-        ok = np.zeros(at.size, dtype=bool)
-        ok[at >= 0] = answers.feasible[at[at >= 0]]
+            ok = np.zeros(at.size, dtype=bool)
+            ok[at >= 0] = answers.feasible[at[at >= 0]]
+            # Idle GPUs first, across the nodes offered as the plan does across the cluster:
+            # a node where the pod would share fails while another offers an idle fit.
+            shared = ok & ~alone_on(pub.view, answers, at, pj.job.id)
+            if shared.all() or not shared.any():
+                shared[:] = False
         failed: dict[str, str] = {}
         unresolvable: dict[str, str] = {}
-        if ok.all():
+        if ok.all() and not shared.any():
             return FilterOutcome(names, failed, unresolvable)
+        ok &= ~shared
         passed = [n for n, good in zip(names, ok.tolist(), strict=True) if good]
         # One label and one message per distinct reason; each node only looks them up.
         seen: dict[int, tuple[dict[str, str], str, str]] = {}
@@ -260,10 +275,10 @@ class Verbs:
         note = f" (pod {pj.note})" if pj.note else ""
         for pos in np.flatnonzero(~ok).tolist():
             node = int(at[pos])
-            code = int(answers.reason_of[node]) if node >= 0 else -2
+            code = -3 if shared[pos] else int(answers.reason_of[node]) if node >= 0 else -2
             hit = seen.get(code)
             if hit is None:
-                reason = answers.reason(node)
+                reason = SHARED_WHILE_IDLE if code == -3 else answers.reason(node)
                 label = reason_label(reason)
                 bucket = unresolvable if label in _UNRESOLVABLE else failed
                 hit = seen[code] = (bucket, f"elastico: {reason}{note}", label)
@@ -440,6 +455,22 @@ def answer_bytes(answers: Answers) -> int:
             answers.reason_of,
         )
     ) + sum(len(r) for r in answers.reasons)
+
+
+def alone_on(view: PlacementView, answers: Answers, at: np.ndarray, job_id: str) -> np.ndarray:
+    """Per node of ``at``: whether the job's answer there puts it on GPUs no other job
+    holds (False where infeasible or unknown); call with the view lock."""
+    alone = np.zeros(at.size, dtype=bool)
+    known = np.flatnonzero(at >= 0)
+    rows = answers.devices[at[known]]
+    real = rows >= 0
+    tenants = np.where(real, view.table.count[np.where(real, rows, 0)], 0).sum(axis=1)
+    alone[known] = answers.feasible[at[known]] & (tenants == 0)
+    own = view.devices_of(job_id)  # the plan's proposal: the job is its devices' tenant
+    if own:
+        home = np.flatnonzero(at == view.node_index.get(own[0][0], -2))
+        alone[home] = answers.feasible[at[home]] & (view.jobs_on(own) <= {job_id})
+    return alone
 
 
 def scores(pub: Published, answers: Answers, at: np.ndarray) -> np.ndarray:
