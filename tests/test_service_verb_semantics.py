@@ -255,3 +255,13 @@ def test_a_bind_the_api_server_answers_409_is_an_error_and_its_booking_goes_with
         assert call(url, "filter", args(y, ["g0", "g1"])).json()["NodeNames"] == ["g0"]
     finally:
         server.stop()
+
+
+def test_the_plans_idle_proposal_keeps_a_seen_pod_off_shared_gpus(shared_and_idle):
+    url, token, cluster = shared_and_idle
+    cluster.add_pod(elastic_pod("x", "lstm"))
+    auth = {"Authorization": f"Bearer {token}"}
+    assert httpx.post(f"{url}/epoch", headers=auth).status_code == 200
+    assert proposal(url, "ml/x") == "g1"  # the plan put it on the idle GPU
+    body = call(url, "filter", args(cluster.state.pod("uid-x"), ["g0", "g1"])).json()
+    assert body["NodeNames"] == ["g1"] and "idle GPU" in body["FailedNodes"]["g0"]

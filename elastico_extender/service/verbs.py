@@ -469,7 +469,8 @@ def alone_on(view: PlacementView, answers: Answers, at: np.ndarray, job_id: str)
     own = view.devices_of(job_id)  # the plan's proposal: the job is its devices' tenant
     if own:
         home = np.flatnonzero(at == view.node_index.get(own[0][0], -2))
-        alone[home] = answers.feasible[at[home]] & (view.jobs_on(own) <= {job_id})
+        by_itself = all(view.table.count[view.table.index[ref]] == 1 for ref in own)
+        alone[home] = answers.feasible[at[home]] & by_itself
     return alone
 
 
