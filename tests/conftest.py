@@ -1,6 +1,12 @@
-"""Shared fixtures: the catalog families and small clusters built from core records."""
+"""Shared fixtures: the catalog families, small clusters built from core records, and
+benchmark scripts loaded as modules."""
 
 from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -22,3 +28,16 @@ def a100_nodes(count: int, gpus_per_node: int = 8) -> tuple[Node, ...]:
         )
         for i in range(count)
     )
+
+
+def load_benchmark(name: str, monkeypatch: pytest.MonkeyPatch) -> ModuleType:
+    """``benchmarks/<name>.py`` imported as a module, with ``benchmarks/`` on the path for
+    its sibling ``_args`` as when it is run (both undone after the test)."""
+    benchmarks = Path(__file__).resolve().parents[1] / "benchmarks"
+    spec = importlib.util.spec_from_file_location(name, benchmarks / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, name, module)
+    monkeypatch.syspath_prepend(str(benchmarks))
+    spec.loader.exec_module(module)
+    return module

@@ -5,23 +5,13 @@ overwrote the recorded seed-0 table."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
-
-ROOT = Path(__file__).resolve().parents[1]
+from conftest import load_benchmark
 
 
 @pytest.fixture()
 def loop_eval(monkeypatch):
-    spec = importlib.util.spec_from_file_location("loop_eval", ROOT / "benchmarks/loop_eval.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, "loop_eval", module)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("loop_eval", monkeypatch)
 
 
 def test_another_seed_neither_overwrites_nor_resumes_from_seed_0(loop_eval, tmp_path, capsys):

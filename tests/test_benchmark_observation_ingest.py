@@ -4,24 +4,13 @@ held as whole GPUs and the benchmark timed a book that learned nothing)."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
-
-ROOT = Path(__file__).resolve().parents[1]
+from conftest import load_benchmark
 
 
 @pytest.fixture()
 def ingest(monkeypatch):
-    path = ROOT / "benchmarks/observation_ingest.py"
-    spec = importlib.util.spec_from_file_location("observation_ingest", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, "observation_ingest", module)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("observation_ingest", monkeypatch)
 
 
 def test_every_pod_of_the_benchmark_is_observed_and_every_row_is_timed(ingest):

@@ -4,24 +4,16 @@ run, and a misspelt section silently ran nothing and rewrote nothing."""
 
 from __future__ import annotations
 
-import importlib.util
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
-
-ROOT = Path(__file__).resolve().parents[1]
+from conftest import load_benchmark
 
 
 @pytest.fixture()
 def sim_eval(monkeypatch, tmp_path):
-    spec = importlib.util.spec_from_file_location("sim_eval", ROOT / "benchmarks/sim_eval.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, "sim_eval", module)
-    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))  # its sibling _args, as when run
-    spec.loader.exec_module(module)
+    module = load_benchmark("sim_eval", monkeypatch)
     monkeypatch.setattr(module, "OUT", tmp_path)
     return module
 

@@ -6,29 +6,20 @@ normalises by (recovered from git)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 import time
-from pathlib import Path
 
 import pytest
+from conftest import load_benchmark
 
 from elastico_extender.sim.engine import ClusterSpec
 from elastico_extender.sim.runner import Experiment
 from elastico_extender.sim.traces import TraceJob
 
-ROOT = Path(__file__).resolve().parents[1]
-
 
 @pytest.fixture()
 def peers_eval(tmp_path, monkeypatch):
-    spec = importlib.util.spec_from_file_location("peers_eval", ROOT / "benchmarks/peers_eval.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, "peers_eval", module)
-    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))  # its sibling _args, as when run
-    spec.loader.exec_module(module)
+    module = load_benchmark("peers_eval", monkeypatch)
     monkeypatch.setattr(module, "OUT", tmp_path)
     return module
 
