@@ -150,6 +150,7 @@ def test_a_job_waits_for_a_gpu_about_to_free_instead_of_sharing(families):
     # ... with one, a 10 h job does not pay a slowdown to save two minutes of waiting,
     waits = plan(_busy_gpu_and_a_queued_job(families, 120.0, 10 * HOUR))
     assert "queued" in waits.queued
+    assert "share-or-wait" in waits.queue_reasons["queued"]  # said why (REST, kubectl why)
     # but it does share when the GPU is not expected to free up for days.
     shares = plan(_busy_gpu_and_a_queued_job(families, 100 * HOUR, 10 * HOUR))
     assert "queued" in shares.assignments
@@ -199,3 +200,18 @@ def test_the_simulated_elastico_starts_from_the_history_lucid_gets(monkeypatch) 
     monkeypatch.setattr(runner, "build_policy", spying)
     runner.run_one("elastico", exp)
     assert seen and seen[0] == pytest.approx(7200.0, rel=0.3)
+
+
+def test_a_job_queued_for_want_of_room_is_told_so(families):
+    """Every queued job carries why it waits (``Plan.queue_reasons``): here no GPU has
+    room for any allowed configuration beside the tenants already there."""
+    node = "node-0"
+    big = [
+        Job(f"big{g}", "mistral-7b", current_config=0, started_at=0.0, devices=((node, g),))
+        for g in range(2)
+    ]
+    pending = Job("late", "mistral-7b", arrival_time=HOUR)
+    result = plan(Snapshot(a100_nodes(1, 2), (*big, pending), families, now=HOUR))
+    assert "late" in result.queued
+    assert "no GPU has room" in result.queue_reasons["late"]
+    assert set(result.queue_reasons) == set(result.queued)

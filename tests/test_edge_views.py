@@ -53,3 +53,31 @@ def test_two_pods_sharing_two_gpus_are_one_colocated_pair():
         (g0,) = httpx.get(f"{server.url}/nodes").json()
     assert [g["pods"] for g in g0["gpus"]] == [["ml/x", "ml/y"], ["ml/x", "ml/y"]]
     assert g0["colocated_pairs"] == [["ml/x", "ml/y"]]
+
+
+def test_a_queued_pod_in_jobs_says_why_it_waits():
+    """`kubectl elastico why POD` reads /jobs: a pod the plan keeps queued carried no
+    reason (null), so the command could only say 'queued'."""
+    alloc = {"cpu": "64", "memory": "512Gi", "nvidia.com/gpu": "1", "pods": "110"}
+    node = {"kind": "Node", "metadata": {"name": "g0", "labels": {
+            "nvidia.com/gpu.count": "1", "nvidia.com/gpu.memory": "40960",
+            "nvidia.com/gpu.product": "NVIDIA-A100-SXM4-40GB"}},
+            "status": {"allocatable": alloc, "capacity": alloc}}  # fmt: skip
+
+    def pod(name: str, bound: bool) -> dict:
+        notes = {"elastico.io/family": "mistral-7b"}  # 28 GiB at its leanest: never two
+        spec: dict = {"schedulerName": "elastico-scheduler", "containers": [{"name": "c",
+                      "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}  # fmt: skip
+        if bound:
+            notes |= {"elastico.io/assigned-node": "g0", "elastico.io/assigned-devices": "0"}
+            spec["nodeName"] = "g0"
+        return {"kind": "Pod", "metadata": {"name": name, "namespace": "ml", "uid": f"uid-{name}",
+                "annotations": notes}, "spec": spec,
+                "status": {"phase": "Running" if bound else "Pending"}}  # fmt: skip
+
+    cluster = EmbeddedCluster([node, pod("first", True), pod("second", False)], "test")
+    app = create_app(ServiceSettings(epoch_seconds=600), cluster)
+    with ServerThread(app) as server:
+        rows = {r["pod"]: r for r in httpx.get(f"{server.url}/jobs").json()}
+    assert rows["ml/second"]["state"] == "queued"
+    assert "no GPU has room" in rows["ml/second"]["reason"]

@@ -731,9 +731,9 @@ class AssignmentColumns(Mapping[str, Assignment]):
 class Plan:
     """The core's output: who runs where with which configuration, and the prices.
 
-    ``queued`` holds pending jobs that could not start; ``rejected`` maps jobs
-    that can never run as submitted (e.g. no configuration meets their floor)
-    to a human-readable reason.  ``stats`` carries counters and, when the driver
+    ``queued`` holds pending jobs that could not start (``queue_reasons`` says why);
+    ``rejected`` maps jobs that can never run as submitted (e.g. no configuration
+    meets their floor) to a human-readable reason.  ``stats`` carries counters and, when the driver
     passed a timer, per-phase milliseconds.
     """
 
@@ -742,6 +742,9 @@ class Plan:
     assignments: Mapping[str, Assignment]
     queued: tuple[str, ...] = ()
     rejected: Mapping[str, str] = field(default_factory=dict)
+    queue_reasons: Mapping[str, str] = field(default_factory=dict)
+    """Why each queued job waits this epoch (no room, ESP's prices, the share-or-wait
+    rule), for the operator: ``/jobs`` and ``kubectl elastico why``."""
     preempted: tuple[str, ...] = ()
     violations: tuple[tuple[str, str, float], ...] = ()
     stats: Mapping[str, float] = field(default_factory=dict)

@@ -73,7 +73,9 @@ class RestViews:
                 "floor": job.min_throughput,
                 "throughput_unit": pj.family.throughput_unit,
                 "state": state,
-                "reason": pub.plan.rejected.get(job.id) or (pj.note or None),
+                "reason": _reason(
+                    pub.plan.rejected.get(job.id) or pub.plan.queue_reasons.get(job.id), pj.note
+                ),
                 # learned from finished pods (service.completions); None: not enough yet
                 "expected_duration_s": job.expected_duration_s or None,
             }
@@ -172,6 +174,7 @@ class RestViews:
             },
             "queued": list(p.queued),
             "rejected": dict(p.rejected),
+            "queue_reasons": dict(p.queue_reasons),
             "preempted": list(p.preempted),
             "violations": [list(v) for v in p.violations],
             "stats": {k: float(v) for k, v in p.stats.items()},
@@ -179,3 +182,11 @@ class RestViews:
             "predictor_degraded": self.predictor_degraded,
             "planner_settings": dict(self.planner_changed),
         }
+
+
+def _reason(why: str | None, note: str) -> str | None:
+    """A job's reason in /jobs: why the plan rejected or queued it, with what is peculiar
+    to its pod (e.g. created without the webhook) as filter words it."""
+    if why and note:
+        return f"{why} (pod {note})"
+    return why or note or None

@@ -164,6 +164,22 @@ def plan(
     return epoch.run(clock)
 
 
+WAIT_FOR_PRICES = (
+    "waiting: at the current shadow prices no configuration is worth more than waiting "
+    "(ESP); it starts as prices fall or room frees up"
+)
+WAIT_FOR_ROOM = (
+    "no GPU has room for an allowed configuration now (GPU memory, SM share, node CPU or "
+    "host memory, or a predicted slowdown above tolerance beside the tenants)"
+)
+WAIT_FOR_OWN_GPU = (
+    "waiting for a GPU of its own: sharing now would finish later than waiting for one "
+    "expected to free up soon (share-or-wait rule)"
+)
+WAIT_IN_LINE = "waiting behind jobs ahead of it in the queue"
+"""``Plan.queue_reasons``: why a queued job waits, by where the epoch left it."""
+
+
 def packing_order(t: JobTables, pending: np.ndarray, choice: np.ndarray) -> list[int]:
     """The order the admitted pending rows are packed in: queue priority first (the
     length-aware rank every other pass uses, ``pricing.queueing``), then, within a band,
@@ -204,6 +220,7 @@ class _Epoch:
         self.residual_admits = 0  # admissions by Algorithm 1's last step, last packing pass
         self.recharged = 0  # running jobs charged their observed SM share (observed_sm)
         self.patience: Patience | None = None  # share-or-wait rule, fresh per packing pass
+        self.why_waiting: dict[int, str] = {}  # row -> why it is not placed, per packing pass
         self._tau: dict[int, np.ndarray] = {}  # row -> tau at every configuration
         self._loop_setup()
 
@@ -420,6 +437,7 @@ class _Epoch:
         pending = np.flatnonzero(~t.running & selection.running)
         order = packing_order(t, pending, choice)
         queued = sorted(set(np.flatnonzero(~t.running).tolist()) - set(order))
+        self.why_waiting = dict.fromkeys(queued, WAIT_FOR_PRICES)  # ESP chose waiting
         if order:
             # Every admitted job's configurations ranked by score (better than waiting
             # only) and its tolerances, in one pass over the admitted rows.
@@ -690,8 +708,11 @@ class _Epoch:
             shape=(int(t.demand_family[row]), gpus),
         )
         if patience is None:
+            if placed is None:
+                self.why_waiting[row] = WAIT_FOR_ROOM
             return placed is not None
         if placed is None or not patience.worth_sharing(row, gpus, placed.slowdown):
+            self.why_waiting[row] = WAIT_FOR_ROOM if placed is None else WAIT_FOR_OWN_GPU
             patience.queue(row, gpus)
             return False
         self.commit_row(placer, row, placed.config, placed.devices)
@@ -857,6 +878,10 @@ class _Epoch:
         )
         stats["colocated_devices"] = float(np.count_nonzero(table.count >= 2))
         waiting = tuple(t.jobs[r].id for r in queued if t.jobs[r].id not in rejected)
+        why = self.why_waiting
+        queue_reasons = {
+            t.jobs[r].id: why.get(r, WAIT_IN_LINE) for r in queued if t.jobs[r].id not in rejected
+        }
         preempted_ids = tuple(t.jobs[r].id for r in preempted)
         violation_ids = tuple((t.jobs[v].id, t.jobs[p].id, float(e)) for v, p, e in violations)
         clock.lap("output")
@@ -876,6 +901,7 @@ class _Epoch:
             assignments=assignments,
             queued=waiting,
             rejected=rejected,
+            queue_reasons=queue_reasons,
             preempted=preempted_ids,
             violations=violation_ids,
             stats=stats,
