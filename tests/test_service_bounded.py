@@ -87,3 +87,20 @@ def test_answers_for_many_pod_shapes_stay_within_their_byte_budget():
     for k in range(400):  # a distinct weight per pod: a distinct shape, a fresh answer
         engine.filter(elastic_pod(f"s{k}", weight=f"{1 + k / 1000:.3f}"), names)
     assert engine.verbs.answer_bytes <= engine.verbs.answer_budget
+
+
+def test_the_degraded_predictor_label_is_bounded():
+    """The reason a model could not be used is a label of elastico_predictor_degraded:
+    a long path or error text (onnxruntime's can run to kilobytes) would exceed a
+    Prometheus server's label_value_length_limit and fail the whole scrape.  The label
+    is cut; /healthz keeps the whole reason."""
+    from prometheus_client import generate_latest
+
+    from elastico_extender.service.metrics import MAX_LABEL_CHARS, PrometheusMetrics
+
+    metrics = PrometheusMetrics()
+    metrics.set_degraded("/models/" + "x" * 5000 + ".onnx: not an ONNX model")
+    text = generate_latest(metrics.registry).decode()
+    (line,) = [x for x in text.splitlines() if x.startswith("elastico_predictor_degraded{")]
+    label = line.split('reason="', 1)[1].rsplit('"}', 1)[0]
+    assert 0 < len(label) <= MAX_LABEL_CHARS and label.endswith("...")

@@ -148,7 +148,7 @@ def create_app(
         store = ProfileStore(profile_path)
     metrics = PrometheusMetrics()
     if predictor_degraded:
-        metrics.degraded.labels(predictor_degraded).set(1)
+        metrics.set_degraded(predictor_degraded)
     # Observed beats predicted (issue 11): the planner asks the online correction, which
     # answers the base model's prediction until the cluster's own pairs say otherwise.
     correction = OnlineCorrection(predictor or ContentionPredictor())

@@ -29,11 +29,16 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from elastico_extender.core.model import Plan
 from elastico_extender.service.engine import Metrics
 
-__all__ = ["PrometheusMetrics"]
+__all__ = ["MAX_LABEL_CHARS", "PrometheusMetrics"]
 
 _LATENCY_BUCKETS = (
     0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
 )  # fmt: skip
+
+
+MAX_LABEL_CHARS = 200
+"""Longest free-text label value (a degraded predictor's reason): far under any
+Prometheus label_value_length_limit, so one long error never fails a whole scrape."""
 
 
 class PrometheusMetrics(Metrics):
@@ -98,3 +103,10 @@ class PrometheusMetrics(Metrics):
     def render(self, assumed: Callable[[], int]) -> bytes:
         self.assumed.set(assumed())
         return generate_latest(self.registry)
+
+    def set_degraded(self, reason: str) -> None:
+        """Mark the predictor degraded; the label is ``reason`` cut to MAX_LABEL_CHARS
+        (``/healthz`` carries it whole)."""
+        if len(reason) > MAX_LABEL_CHARS:
+            reason = reason[: MAX_LABEL_CHARS - 3] + "..."
+        self.degraded.labels(reason).set(1)
