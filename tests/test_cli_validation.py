@@ -67,6 +67,7 @@ def test_output_into_a_closed_pipe_ends_quietly(args):
         (["train-iac", "--seed", str(2**64), "--out", "/tmp/x.onnx"], "--seed"),  # torch's range
         (["serve", "--epoch-seconds", "inf"], "epoch_seconds"),
         (["serve", "--epoch-seconds", "nan"], "epoch_seconds"),
+        (["serve", "--epoch-seconds", "0.001"], "epoch_seconds"),  # a plan per ms: a busy loop
         (["serve", "--port", "70000"], "port"),
         (["serve", "--host", ""], "host"),
         (["serve", "--planner", "tau_default=0.5"], "planner.tau_default"),
@@ -371,3 +372,14 @@ def test_train_iac_from_an_empty_store_file_says_so_and_leaves_it_empty(tmp_path
     assert done.returncode == 2, done.stderr
     assert "--from-store" in last_line(done) and "empty" in last_line(done)
     assert empty.stat().st_size == 0
+
+
+def test_an_agent_daemon_with_a_window_under_a_second_is_refused(tmp_path):
+    """A daemon posting every millisecond floods the extender with batches (and a window
+    shorter than a training step measures no rate); --once, a check, may wait less."""
+    done = elastico("agent", "--node", "n1", "--extender", "http://127.0.0.1:9",
+                    "--window-seconds", "0.001", "--kubelet-root", "", "--ring-root",
+                    str(tmp_path))  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert "--window-seconds" in last_line(done)
+    no_traceback(done)

@@ -37,6 +37,8 @@ from elastico_extender.profiling.hardware import HardwareSample, HardwareSource,
 __all__ = ["kube_pods", "main", "parser"]
 
 log = logging.getLogger(__name__)
+MIN_WINDOW_SECONDS = 1.0
+"""Shortest window of the daemon: each is one POST to the extender per node."""
 
 
 def parser() -> argparse.ArgumentParser:
@@ -142,6 +144,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         problems.append(f"--extender: {args.extender!r} is not a valid http:// or https:// URL")
     if not (math.isfinite(args.window_seconds) and args.window_seconds > 0):
         problems.append("--window-seconds must be a finite number > 0")
+    elif args.window_seconds < MIN_WINDOW_SECONDS and not args.once:
+        problems.append(
+            f"--window-seconds must be >= {MIN_WINDOW_SECONDS:g} for the daemon (a report "
+            "per window to the extender; --once may wait less)"
+        )
     if not args.kubelet_root and not args.ring_root:
         problems.append("--kubelet-root and --ring-root are both empty: no rings to read")
     for option in ("--token-file", "--ca-file", "--client-cert", "--client-key"):

@@ -19,10 +19,12 @@ from typing import Any
 from elastico_extender.cluster.objects import quantity
 from elastico_extender.core.settings import PlannerSettings, coerce_fields
 
-__all__ = ["ENV_PREFIX", "PLANNER", "ServiceSettings"]
+__all__ = ["ENV_PREFIX", "MIN_EPOCH_SECONDS", "PLANNER", "ServiceSettings"]
 
 ENV_PREFIX = "ELASTICO_"
 PLANNER = "planner"
+MIN_EPOCH_SECONDS = 0.5
+"""Shortest epoch_seconds: a plan of the whole cluster each time (seconds at 10,000 pods)."""
 """The nested section of planner settings: ``planner: {tau_default: 1.4}`` in the file,
 ``ELASTICO_PLANNER_TAU_DEFAULT`` in the environment, ``--planner tau_default=1.4``."""
 
@@ -259,6 +261,11 @@ class ServiceSettings:
             found.append("client_ca_file: needs tls_cert and tls_key")
         if self.webhook_port is not None and not self.tls_cert:
             found.append("webhook_port: the API server only calls webhooks over TLS")
+        if 0 < self.epoch_seconds < MIN_EPOCH_SECONDS:
+            found.append(
+                f"epoch_seconds: must be >= {MIN_EPOCH_SECONDS:g} s (an epoch plans the whole "
+                "cluster; shorter ones only keep the leader's CPU busy)"
+            )
         for name in (
             "epoch_seconds",
             "assume_ttl_seconds",
