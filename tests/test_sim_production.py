@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -196,3 +198,72 @@ def test_harm_is_measured_on_the_slowdown_jobs_run_at(activity: float, idle_shar
     assert sum(result.harm_s) == pytest.approx(above, rel=1e-6, abs=1e-6)
     if activity < 0.5:
         assert result.harm_s == [] and above == 0.0  # 1 + 0.04 * 0.7: never above tau
+
+
+def _shipped(**changes: object) -> str:
+    """The shipped world file's JSON with ``changes`` applied."""
+    world = json.loads(DEFAULT_WORLD_FILE.read_text())
+    world.update(changes)
+    return json.dumps(world)
+
+
+WORLD_TEXT = DEFAULT_WORLD_FILE.read_text()
+
+
+@pytest.mark.parametrize(
+    ("content", "named"),
+    [
+        pytest.param("not json", "cannot read", id="not-json"),
+        pytest.param("[1, 2]", "JSON object", id="not-object"),
+        pytest.param(_shipped(step_s="900"), "step_s", id="string-for-number"),
+        pytest.param(_shipped(train_beta={"a": 0.2, "b": 1.2}), "train_beta", id="object-for-list"),
+        pytest.param(_shipped(sources=["a"]), "sources", id="list-for-object"),
+        pytest.param(_shipped(stepp_s=900), "stepp_s", id="unknown-key"),
+        pytest.param(WORLD_TEXT.replace('"step_s": 900', '"step_s": NaN'), "step_s", id="nan"),
+        pytest.param(
+            WORLD_TEXT.replace('"demand_floor": 0.05', '"demand_floor": -Infinity'),
+            "demand_floor",
+            id="minus-infinity",
+        ),
+        pytest.param(_shipped(step_s=0), "step_s", id="zero-step"),
+        pytest.param(_shipped(train_idle_share=1.5), "train_idle_share", id="share-above-1"),
+        # an integer too large for a float, or for Python's int parser: named, no OverflowError
+        pytest.param(
+            WORLD_TEXT.replace('"step_s": 900', '"step_s": ' + "9" * 400),
+            "step_s",
+            id="int-over-float",
+        ),
+        pytest.param(
+            WORLD_TEXT.replace('"step_s": 900', '"step_s": ' + "9" * 5000),
+            "step_s",
+            id="int-over-parser",
+        ),
+        # nested past the parser's recursion limit: no RecursionError traceback
+        pytest.param("[" * 100_000 + "]" * 100_000, "nested", id="nested-array"),
+        pytest.param(
+            '{"sources": ' + '{"a": ' * 100_000 + "1" + "}" * 100_001, "nested", id="nested-object"
+        ),
+    ],
+)
+def test_a_bad_world_file_is_one_cli_error_line_before_any_simulation(
+    tmp_path: Path, content: str, named: str
+) -> None:
+    """`elastico simulate --world production --world-file F`: a bad F ends in one line
+    naming --world-file and the key (exit 2), before the run starts (no 'trace=' line)."""
+    world = tmp_path / "world.json"
+    world.write_text(content)
+    _assert_world_file_refused(tmp_path, str(world), named)
+
+
+def _assert_world_file_refused(tmp_path: Path, world: str, named: str) -> None:
+    argv = ["--world", "production", "--world-file", world, "--gpus", "2", "--duration", "1"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "elastico_extender.sim.cli", *argv, "--no-plots",
+         "--no-progress", "--jobs", "1", "--out", str(tmp_path / "out")],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr and "trace=" not in proc.stdout
+    assert lines[-1].startswith("elastico simulate: error: --world-file: "), lines[-1][:300]
+    assert named in lines[-1] and len(lines[-1]) < 600, lines[-1][:300]

@@ -88,10 +88,7 @@ class ProductionWorld:
     @classmethod
     def load(cls, path: Path | str = DEFAULT_WORLD_FILE) -> ProductionWorld:
         """Read a world file; ValueError names the first bad key."""
-        try:
-            raw: dict[str, Any] = json.loads(Path(path).read_text())
-        except (OSError, json.JSONDecodeError) as exc:
-            raise ValueError(f"cannot read world file {path}: {exc}") from None
+        raw = _read_json(path)
         if not isinstance(raw, dict):
             raise ValueError(f"{path}: must be a JSON object of parameters")
         known = {f for f in cls.__dataclass_fields__}
@@ -138,6 +135,18 @@ class ProductionWorld:
             job_keys=keys,
             job_index={j.job_id: i for i, j in enumerate(jobs)},
         )
+
+
+def _read_json(path: Path | str) -> Any:
+    """The file's JSON; every number a float (``parse_int``), so an integer too large for
+    one is inf, refused by name as not finite, never an OverflowError; nesting past
+    the parser's recursion limit is a ValueError, not a RecursionError traceback."""
+    try:
+        return json.loads(Path(path).read_text(), parse_int=float)
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ValueError(f"cannot read world file {path}: {exc}") from None
+    except RecursionError:
+        raise ValueError(f"cannot read world file {path}: nested too deeply") from None
 
 
 def _parameter(path: Path | str, key: str, value: Any) -> Any:
