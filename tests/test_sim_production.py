@@ -13,6 +13,7 @@ import pytest
 
 from elastico_extender.sim.production import (
     DEFAULT_WORLD_FILE,
+    MAX_WORLD_FILE_BYTES,
     ProductionWorld,
     demand_curve,
 )
@@ -253,6 +254,23 @@ def test_a_bad_world_file_is_one_cli_error_line_before_any_simulation(
     world = tmp_path / "world.json"
     world.write_text(content)
     _assert_world_file_refused(tmp_path, str(world), named)
+
+
+def test_a_world_file_is_read_bounded_and_may_start_with_a_bom(tmp_path: Path) -> None:
+    """A file past MAX_WORLD_FILE_BYTES (or an endless one: /dev/zero) is refused after
+    reading that much, not read whole; a BOM (Windows editors) is read as the CSV
+    loaders read it; a directory, or bytes that are not UTF-8, are named."""
+    padded = tmp_path / "padded.json"
+    padded.write_text(WORLD_TEXT + " " * MAX_WORLD_FILE_BYTES)
+    _assert_world_file_refused(tmp_path, str(padded), "larger than")
+    _assert_world_file_refused(tmp_path, "/dev/zero", "larger than")
+    _assert_world_file_refused(tmp_path, str(tmp_path), "cannot read")
+    binary = tmp_path / "binary.json"
+    binary.write_bytes(b"\xff\xfe{}")
+    _assert_world_file_refused(tmp_path, str(binary), "UTF-8")
+    bom = tmp_path / "bom.json"
+    bom.write_text("\ufeff" + WORLD_TEXT, encoding="utf-8")
+    assert ProductionWorld.load(bom) == ProductionWorld.load()
 
 
 def _assert_world_file_refused(tmp_path: Path, world: str, named: str) -> None:

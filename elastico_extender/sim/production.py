@@ -65,9 +65,18 @@ import numpy as np
 from elastico_extender.sim.traces import TraceJob
 from elastico_extender.sim.truth import GroundTruth
 
-__all__ = ["DEFAULT_WORLD_FILE", "ProductionTruth", "ProductionWorld", "demand_curve"]
+__all__ = [
+    "DEFAULT_WORLD_FILE",
+    "MAX_WORLD_FILE_BYTES",
+    "ProductionTruth",
+    "ProductionWorld",
+    "demand_curve",
+]
 
 DEFAULT_WORLD_FILE = Path(__file__).with_name("data") / "production_world.json"
+MAX_WORLD_FILE_BYTES = 1 << 20
+"""Largest world file read: the shipped one is 1.5 KiB; a larger one (or /dev/zero given by
+mistake) is refused after reading this much, not read whole into memory."""
 
 
 @dataclass(frozen=True)
@@ -138,12 +147,22 @@ class ProductionWorld:
 
 
 def _read_json(path: Path | str) -> Any:
-    """The file's JSON; every number a float (``parse_int``), so an integer too large for
-    one is inf, refused by name as not finite, never an OverflowError; nesting past
-    the parser's recursion limit is a ValueError, not a RecursionError traceback."""
+    """The file's JSON, read bounded (MAX_WORLD_FILE_BYTES) as UTF-8 with or without a BOM
+    (as the CSV loaders read); every number a float (``parse_int``), so an integer too
+    large for one is inf, refused by name as not finite, never an OverflowError; nesting
+    past the parser's recursion limit is a ValueError, not a RecursionError traceback."""
     try:
-        return json.loads(Path(path).read_text(), parse_int=float)
-    except (OSError, json.JSONDecodeError) as exc:
+        with open(path, "rb") as handle:
+            data = handle.read(MAX_WORLD_FILE_BYTES + 1)
+    except OSError as exc:
+        raise ValueError(f"cannot read world file {path}: {exc.strerror or exc}") from None
+    if len(data) > MAX_WORLD_FILE_BYTES:
+        raise ValueError(f"{path}: larger than {MAX_WORLD_FILE_BYTES:,} bytes")
+    try:
+        return json.loads(data.decode("utf-8-sig"), parse_int=float)
+    except UnicodeDecodeError:
+        raise ValueError(f"{path}: not UTF-8 text") from None
+    except json.JSONDecodeError as exc:
         raise ValueError(f"cannot read world file {path}: {exc}") from None
     except RecursionError:
         raise ValueError(f"cannot read world file {path}: nested too deeply") from None
