@@ -228,6 +228,9 @@ WORLD_TEXT = DEFAULT_WORLD_FILE.read_text()
         ),
         pytest.param(_shipped(step_s=0), "step_s", id="zero-step"),
         pytest.param(_shipped(train_idle_share=1.5), "train_idle_share", id="share-above-1"),
+        # phases a femtosecond long: the engine stops at every slot boundary, forever
+        pytest.param(_shipped(step_s=1e-300), "step_s", id="step-femtoseconds"),
+        pytest.param(_shipped(step_s=1), "step_s", id="step-one-second"),
         # an integer too large for a float, or for Python's int parser: named, no OverflowError
         pytest.param(
             WORLD_TEXT.replace('"step_s": 900', '"step_s": ' + "9" * 400),

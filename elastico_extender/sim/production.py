@@ -68,6 +68,7 @@ from elastico_extender.sim.truth import GroundTruth
 __all__ = [
     "DEFAULT_WORLD_FILE",
     "MAX_WORLD_FILE_BYTES",
+    "MIN_STEP_S",
     "ProductionTruth",
     "ProductionWorld",
     "demand_curve",
@@ -77,6 +78,9 @@ DEFAULT_WORLD_FILE = Path(__file__).with_name("data") / "production_world.json"
 MAX_WORLD_FILE_BYTES = 1 << 20
 """Largest world file read: the shipped one is 1.5 KiB; a larger one (or /dev/zero given by
 mistake) is refused after reading this much, not read whole into memory."""
+MIN_STEP_S = 60.0
+"""Shortest phase slot: the engine stops at every slot boundary, so slots shorter than the
+default scheduling epoch multiply a run's steps (a femtosecond slot never ends)."""
 
 
 @dataclass(frozen=True)
@@ -108,8 +112,10 @@ class ProductionWorld:
         for key, value in raw.items():
             kwargs[key] = _parameter(path, key, value)
         world = cls(**kwargs)
-        if not (0 <= world.train_idle_share < 1 and world.step_s > 0):
-            raise ValueError(f"{path}: need 0 <= train_idle_share < 1 and step_s > 0")
+        if not 0 <= world.train_idle_share < 1:
+            raise ValueError(f"{path}: need 0 <= train_idle_share < 1")
+        if world.step_s < MIN_STEP_S:
+            raise ValueError(f"{path}: step_s must be at least {MIN_STEP_S:g} (seconds)")
         if not (0 < world.demand_phi < 1 and 0 < world.demand_p_exit <= 1):
             raise ValueError(f"{path}: need 0 < demand_phi < 1 and 0 < demand_p_exit <= 1")
         return world
