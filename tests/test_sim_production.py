@@ -231,6 +231,15 @@ WORLD_TEXT = DEFAULT_WORLD_FILE.read_text()
         # phases a femtosecond long: the engine stops at every slot boundary, forever
         pytest.param(_shipped(step_s=1e-300), "step_s", id="step-femtoseconds"),
         pytest.param(_shipped(step_s=1), "step_s", id="step-one-second"),
+        # exp of the AR(1) overflows to inf: a NaN demand curve, SM utilisation "n/a"
+        pytest.param(_shipped(demand_sigma=1e300), "demand_sigma", id="sigma-overflows"),
+        pytest.param(_shipped(demand_sigma=1000), "demand_sigma", id="sigma-1000"),
+        # numpy's Beta sampler returns 0 for every job past ~1e307, not the mean a/(a+b)
+        pytest.param(_shipped(infer_beta=[1e308, 1e308]), "infer_beta", id="beta-overflows"),
+        # probabilities and the idle floor (a fraction of demand) outside [0, 1]
+        pytest.param(_shipped(demand_p_enter=5), "demand_p_enter", id="p-enter-5"),
+        pytest.param(_shipped(demand_floor=5), "demand_floor", id="floor-5"),
+        pytest.param(_shipped(demand_p_exit=1.5), "demand_p_exit", id="p-exit-1.5"),
         # an integer too large for a float, or for Python's int parser: named, no OverflowError
         pytest.param(
             WORLD_TEXT.replace('"step_s": 900', '"step_s": ' + "9" * 400),

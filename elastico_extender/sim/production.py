@@ -67,6 +67,8 @@ from elastico_extender.sim.truth import GroundTruth
 
 __all__ = [
     "DEFAULT_WORLD_FILE",
+    "MAX_BETA_PARAMETER",
+    "MAX_DEMAND_SIGMA",
     "MAX_WORLD_FILE_BYTES",
     "MIN_STEP_S",
     "ProductionTruth",
@@ -78,6 +80,12 @@ DEFAULT_WORLD_FILE = Path(__file__).with_name("data") / "production_world.json"
 MAX_WORLD_FILE_BYTES = 1 << 20
 """Largest world file read: the shipped one is 1.5 KiB; a larger one (or /dev/zero given by
 mistake) is refused after reading this much, not read whole into memory."""
+MAX_DEMAND_SIGMA = 10.0
+"""Largest log-demand sigma: e**10 (22,000x) per sigma is past any serving trace's burst;
+sigmas near 100 overflow exp() to inf over a long trace, a NaN demand curve."""
+MAX_BETA_PARAMETER = 1e6
+"""Largest Beta(a, b) parameter: past it the activity is a point mass a/(a+b) anyway, and
+near 1e308 numpy's sampler returns 0 for every job."""
 MIN_STEP_S = 60.0
 """Shortest phase slot: the engine stops at every slot boundary, so slots shorter than the
 default scheduling epoch multiply a run's steps (a femtosecond slot never ends)."""
@@ -118,6 +126,11 @@ class ProductionWorld:
             raise ValueError(f"{path}: step_s must be at least {MIN_STEP_S:g} (seconds)")
         if not (0 < world.demand_phi < 1 and 0 < world.demand_p_exit <= 1):
             raise ValueError(f"{path}: need 0 < demand_phi < 1 and 0 < demand_p_exit <= 1")
+        for key in ("demand_p_enter", "demand_floor"):  # a probability, a fraction of demand
+            if getattr(world, key) > 1:
+                raise ValueError(f"{path}: {key} must be at most 1")
+        if world.demand_sigma > MAX_DEMAND_SIGMA:
+            raise ValueError(f"{path}: demand_sigma must be at most {MAX_DEMAND_SIGMA:g}")
         return world
 
     def truth(
@@ -177,9 +190,12 @@ def _read_json(path: Path | str) -> Any:
 def _parameter(path: Path | str, key: str, value: Any) -> Any:
     """One world-file value, checked: ValueError names the key and what it must be."""
     if key in ("train_beta", "infer_beta"):
-        ok = isinstance(value, list) and len(value) == 2 and all(_positive(v) for v in value)
-        if not ok:
-            raise ValueError(f"{path}: {key} must be a list of two positive numbers")
+        ok = isinstance(value, list) and len(value) == 2
+        if not (ok and all(_positive(v) and v <= MAX_BETA_PARAMETER for v in value)):
+            raise ValueError(
+                f"{path}: {key} must be a list of two positive numbers, "
+                f"at most {MAX_BETA_PARAMETER:g}"
+            )
         return (float(value[0]), float(value[1]))
     if key == "sources":
         if not isinstance(value, dict):
