@@ -220,6 +220,12 @@ WORLD_TEXT = DEFAULT_WORLD_FILE.read_text()
         pytest.param(_shipped(train_beta={"a": 0.2, "b": 1.2}), "train_beta", id="object-for-list"),
         pytest.param(_shipped(sources=["a"]), "sources", id="list-for-object"),
         pytest.param(_shipped(stepp_s=900), "stepp_s", id="unknown-key"),
+        # a parameter left out would silently run at the shipped value ("replaces the parameters")
+        pytest.param(
+            json.dumps({k: v for k, v in json.loads(WORLD_TEXT).items() if k != "demand_floor"}),
+            "demand_floor",
+            id="missing-key",
+        ),
         pytest.param(WORLD_TEXT.replace('"step_s": 900', '"step_s": NaN'), "step_s", id="nan"),
         pytest.param(
             WORLD_TEXT.replace('"demand_floor": 0.05', '"demand_floor": -Infinity'),

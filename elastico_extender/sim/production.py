@@ -108,7 +108,7 @@ class ProductionWorld:
 
     @classmethod
     def load(cls, path: Path | str = DEFAULT_WORLD_FILE) -> ProductionWorld:
-        """Read a world file; ValueError names the first bad key."""
+        """Read a world file, which gives every parameter; ValueError names the first bad key."""
         raw = _read_json(path)
         if not isinstance(raw, dict):
             raise ValueError(f"{path}: must be a JSON object of parameters")
@@ -119,6 +119,9 @@ class ProductionWorld:
         kwargs: dict[str, Any] = {}
         for key, value in raw.items():
             kwargs[key] = _parameter(path, key, value)
+        missing = known - set(raw) - {"sources"}  # the file replaces every parameter
+        if missing:
+            raise ValueError(f"{path}: missing keys {sorted(missing)}")
         world = cls(**kwargs)
         if not 0 <= world.train_idle_share < 1:
             raise ValueError(f"{path}: need 0 <= train_idle_share < 1")
