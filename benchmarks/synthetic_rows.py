@@ -14,11 +14,15 @@ from elastico_extender.sim.traces import synthetic
 
 
 def seeds(text: str) -> list[int]:
-    """'0-3' or '0,2,5'."""
+    """'0-3' or '0,2,5': seeds >= 0, a range from low to high (never an empty list)."""
     lo, _, hi = text.partition("-")
-    if hi:
-        return list(range(int(lo), int(hi) + 1))
-    return [int(s) for s in text.split(",")]
+    try:
+        found = list(range(int(lo), int(hi) + 1)) if hi else [int(s) for s in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: want 'LOW-HIGH' or 'A,B,C'") from None
+    if not found or min(found) < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: want seeds >= 0, LOW <= HIGH")
+    return found
 
 
 def row_parser(description: str) -> argparse.ArgumentParser:

@@ -41,6 +41,8 @@ CASES = [
     ("loop_latency.py", ["--repeats", "0"], "--repeats"),
     ("epoch_compare.py", ["--baseline", ".", "--rounds", "0"], "--rounds"),
     ("queueing_eval.py", ["--seeds", "x"], "--seeds"),
+    ("queueing_eval.py", ["--seeds", "3-1"], "--seeds"),  # an empty range ran nothing
+    ("queueing_eval.py", ["--seeds", "-1"], "--seeds"),
     ("throughput_gap.py", ["--loads", "x"], "--loads"),
     ("peers_eval.py", ["--only", "scale", "--sizes", "x"], "--sizes"),
     ("peers_eval.py", ["--only", "scale", "--worlds", "moon"], "--worlds"),
