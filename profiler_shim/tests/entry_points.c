@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <unistd.h>
 #include "hooks.h"
+#include "check.h"
 
 typedef CUresult launch_fn ES_LAUNCH_PARAMS;
 typedef CUresult launch_ex_fn ES_LAUNCH_EX_PARAMS;
@@ -21,16 +22,6 @@ typedef CUresult alloc_fn(CUdeviceptr *, size_t);
 typedef CUresult free_fn(CUdeviceptr);
 
 static int failures;
-
-#define CHECK(expr, want)                                                               \
-    do {                                                                                \
-        long got_ = (long)(expr);                                                       \
-        if (got_ != (long)(want)) {                                                     \
-            fprintf(stderr, "%s:%d: %s returned %ld, expected %ld\n", __FILE__, __LINE__, \
-                    #expr, got_, (long)(want));                                         \
-            failures++;                                                                 \
-        }                                                                               \
-    } while (0)
 
 static void launch(launch_fn *fn, unsigned long f, int calls) {
     void *params[1] = {(void *)0xc0ffee};

@@ -27,19 +27,10 @@
 #include <unistd.h>
 #include "hooks.h"
 #include "fake_stats.h"
+#include "check.h"
 
 static int iterations;
 static int failures;
-
-#define CHECK(expr, want)                                                               \
-    do {                                                                                \
-        long got_ = (long)(expr);                                                       \
-        if (got_ != (long)(want)) {                                                     \
-            fprintf(stderr, "%s:%d: %s returned %ld, expected %ld\n", __FILE__, __LINE__, \
-                    #expr, got_, (long)(want));                                         \
-            __atomic_fetch_add(&failures, 1, __ATOMIC_RELAXED);                         \
-        }                                                                               \
-    } while (0)
 
 typedef CUresult launch_fn ES_LAUNCH_PARAMS;
 
