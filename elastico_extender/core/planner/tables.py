@@ -218,11 +218,11 @@ def build_tables(
                 reasons[row] = _unfit_reason(needs, mem_cap, cpu_cap, ram_cap)
         # A gang needs distinct GPUs: more than the cluster has never start (and take
         # no part in the prices, which its demand would raise for every other job).
-        too_wide = (gpus > cluster.size) & ~running if whole_cluster else np.zeros(n, bool)
-        for row in np.flatnonzero(too_wide).tolist():
-            if valid[row].any():
-                reasons[row] = f"asks for {int(gpus[row])} GPUs; the cluster has {cluster.size}"
-            valid[row] = False
+        if whole_cluster:
+            for row in np.flatnonzero((gpus > cluster.size) & ~running).tolist():
+                if valid[row].any():
+                    reasons[row] = f"asks for {int(gpus[row])} GPUs; the cluster has {cluster.size}"
+                valid[row] = False
     else:
         for row in range(n):
             reasons.setdefault(row, "the cluster has no GPU devices")
