@@ -31,6 +31,7 @@ typedef enum cudaError_enum {
 } CUresult;
 typedef struct CUfunc_st *CUfunction;
 typedef struct CUstream_st *CUstream;
+typedef struct CUgraphExec_st *CUgraphExec;
 typedef unsigned long long CUdeviceptr;
 typedef uint64_t cuuint64_t;
 typedef struct CUlaunchAttribute_st CUlaunchAttribute;
@@ -58,6 +59,7 @@ typedef enum cudaError {
     cudaErrorSymbolNotFound = 500
 } cudaError_t;
 typedef struct CUstream_st *cudaStream_t;
+typedef struct CUgraphExec_st *cudaGraphExec_t;
 typedef struct dim3 { unsigned int x, y, z; } dim3;
 typedef enum cudaDriverEntryPointQueryResult {
     cudaDriverEntryPointSuccess = 0,
@@ -166,7 +168,18 @@ typedef struct ncclComm *ncclComm_t;
     X(cudaMallocAsync_ptsz, cudaError_t, (void **devPtr, size_t size, cudaStream_t hStream),   \
       (devPtr, size, hStream), cudaErrorSymbolNotFound)                                        \
     X(cudaFreeAsync_ptsz, cudaError_t, (void *devPtr, cudaStream_t hStream), (devPtr, hStream), \
-      cudaErrorSymbolNotFound)
+      cudaErrorSymbolNotFound)                                                                 \
+    /* CUDA graph replays: one call runs a whole captured step (PyTorch's CUDAGraph.replay,   \
+       vLLM's decode, torch.compile's reduce-overhead), none of whose kernels passes through   \
+       the launch calls above; each counts as one launch of the graph */                       \
+    X(cuGraphLaunch, CUresult, (CUgraphExec hGraphExec, CUstream hStream),                    \
+      (hGraphExec, hStream), CUDA_ERROR_NOT_FOUND)                                             \
+    X(cuGraphLaunch_ptsz, CUresult, (CUgraphExec hGraphExec, CUstream hStream),               \
+      (hGraphExec, hStream), CUDA_ERROR_NOT_FOUND)                                             \
+    X(cudaGraphLaunch, cudaError_t, (cudaGraphExec_t graphExec, cudaStream_t stream),         \
+      (graphExec, stream), cudaErrorSymbolNotFound)                                            \
+    X(cudaGraphLaunch_ptsz, cudaError_t, (cudaGraphExec_t graphExec, cudaStream_t stream),    \
+      (graphExec, stream), cudaErrorSymbolNotFound)
 
 /* Plain prototypes of the listed API, for the fake libraries and test programs (which
  * thereby fail to compile if their signatures drift from the list). */

@@ -6,7 +6,9 @@
  * chain keeps working, else in the calling library's own scope when that was loaded with
  * RTLD_LOCAL), returns its result untouched, and notes what happened:
  *
- *   kernel launches   aggregated per thread in a small direct-mapped cache keyed by
+ *   kernel launches   (and CUDA graph replays, keyed by the graph: function = the
+ *                     executable graph, dimensions 0) aggregated per thread in a small
+ *                     direct-mapped cache keyed by
  *                     (api, function, grid, block, shared memory, stream, error); a key
  *                     is published to the ring as one LAUNCH record with its count when
  *                     it is evicted, when the flush epoch moves on (every flush interval)
@@ -741,6 +743,47 @@ ES_EXPORT cudaError_t cudaFreeAsync_ptsz(void *devPtr, cudaStream_t hStream) {
                          hStream);
 }
 
+/* A graph replay is one record keyed by the executable graph and the stream, with no
+ * dimensions: the agent's launch rate counts it as one launch per replay. */
+static inline CUresult es_graph_launch(int api, es_fn_cuGraphLaunch *next, CUgraphExec g,
+                                       CUstream s) {
+    ES_PASS_OR_FAIL(next, CUDA_ERROR_NOT_FOUND, (g, s));
+    es_depth++;
+    CUresult r = next(g, s);
+    es_note_launch((uint8_t)api, g, 0, 0, 0, 0, 0, 0, 0, s, r != CUDA_SUCCESS);
+    es_depth--;
+    return r;
+}
+
+static inline cudaError_t es_rt_graph_launch(int api, es_fn_cudaGraphLaunch *next,
+                                             cudaGraphExec_t g, cudaStream_t s) {
+    ES_PASS_OR_FAIL(next, cudaErrorSymbolNotFound, (g, s));
+    es_depth++;
+    cudaError_t r = next(g, s);
+    es_note_launch((uint8_t)api, g, 0, 0, 0, 0, 0, 0, 0, s, r != cudaSuccess);
+    es_depth--;
+    return r;
+}
+
+ES_EXPORT CUresult cuGraphLaunch(CUgraphExec hGraphExec, CUstream hStream) {
+    return es_graph_launch(ES_API_cuGraphLaunch, ES_NEXT(cuGraphLaunch), hGraphExec, hStream);
+}
+
+ES_EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec hGraphExec, CUstream hStream) {
+    return es_graph_launch(ES_API_cuGraphLaunch_ptsz, ES_NEXT(cuGraphLaunch_ptsz), hGraphExec,
+                           hStream);
+}
+
+ES_EXPORT cudaError_t cudaGraphLaunch(cudaGraphExec_t graphExec, cudaStream_t stream) {
+    return es_rt_graph_launch(ES_API_cudaGraphLaunch, ES_NEXT(cudaGraphLaunch), graphExec,
+                              stream);
+}
+
+ES_EXPORT cudaError_t cudaGraphLaunch_ptsz(cudaGraphExec_t graphExec, cudaStream_t stream) {
+    return es_rt_graph_launch(ES_API_cudaGraphLaunch_ptsz, ES_NEXT(cudaGraphLaunch_ptsz),
+                              graphExec, stream);
+}
+
 #define ES_NCCL_WRAP(name, params, args, count, type, op, peer)                      \
     ES_EXPORT ncclResult_t name params {                                              \
         es_fn_##name *next = ES_NEXT(name);                                           \
@@ -794,8 +837,10 @@ ES_NCCL_WRAP(ncclRecv,
     X(4, cuMemAlloc_v2, "cuMemAlloc", -1, 3020)                 \
     X(5, cuMemFree_v2, "cuMemFree", -1, 3020)                   \
     X(6, cuGetProcAddress, "cuGetProcAddress", -1, -12000)      \
-    X(7, cuGetProcAddress_v2, "cuGetProcAddress", -1, 12000)
-#define ES_GPA_COUNT 8
+    X(7, cuGetProcAddress_v2, "cuGetProcAddress", -1, 12000)    \
+    X(8, cuGraphLaunch, "cuGraphLaunch", 0, 0)                  \
+    X(9, cuGraphLaunch_ptsz, "cuGraphLaunch", 1, 0)
+#define ES_GPA_COUNT 10
 static void *es_gpa_next[ES_GPA_COUNT];
 
 static void *es_gpa_wrap(const char *symbol, void *real, int version, int ptds);
@@ -848,9 +893,18 @@ static CUresult es_gpa_t7(const char *symbol, void **pfn, int version, cuuint64_
     return r;
 }
 
+static CUresult es_gpa_t8(CUgraphExec g, CUstream s) {
+    return es_graph_launch(ES_API_cuGraphLaunch, (es_fn_cuGraphLaunch *)es_gpa_next[8], g, s);
+}
+static CUresult es_gpa_t9(CUgraphExec g, CUstream s) {
+    return es_graph_launch(ES_API_cuGraphLaunch_ptsz, (es_fn_cuGraphLaunch *)es_gpa_next[9], g,
+                           s);
+}
+
 static void *const es_gpa_trampolines[ES_GPA_COUNT] = {
     (void *)es_gpa_t0, (void *)es_gpa_t1, (void *)es_gpa_t2, (void *)es_gpa_t3,
-    (void *)es_gpa_t4, (void *)es_gpa_t5, (void *)es_gpa_t6, (void *)es_gpa_t7};
+    (void *)es_gpa_t4, (void *)es_gpa_t5, (void *)es_gpa_t6, (void *)es_gpa_t7,
+    (void *)es_gpa_t8, (void *)es_gpa_t9};
 
 /* version rule: v > 0 means cudaVersion >= v, v < 0 means cudaVersion < -v, 0 any. */
 static void *es_gpa_wrap(const char *symbol, void *real, int version, int ptds) {

@@ -265,6 +265,30 @@ def test_launches_through_runtime_driver_entry_points_are_counted(built, tmp_pat
     assert header["live_bytes"] == 0
 
 
+def test_cuda_graph_replays_are_counted_as_launches(built, tmp_path: Path) -> None:
+    """A replayed CUDA graph runs a whole step (PyTorch's CUDAGraph.replay, vLLM's decode)
+    without one cuLaunchKernel: each replay is one launch of the graph, reached through the
+    runtime, the driver, their per-thread variants or an entry point fetched by name, so
+    the agent's launch rate still follows the step rate.  A refused replay counts as an
+    error, as a refused launch does."""
+    out = run_workload(built, tmp_path, preload=str(built.shim), program=built.graphs)
+    calls = 100
+    with RingReader(find_rings(tmp_path)[int(out.stdout.split()[-1])]) as ring:
+        header = ring.header()
+        got = summarize(ring.peek(), header)
+    shape = ((0, 0, 0), (0, 0, 0), 0, 0x400)
+    assert got.kernels == {
+        KernelKey("cudaGraphLaunch", 0x8100, *shape, False): calls,
+        KernelKey("cudaGraphLaunch_ptsz", 0x8200, *shape, False): calls,
+        KernelKey("cuGraphLaunch", 0x8300, *shape, False): calls,
+        KernelKey("cuGraphLaunch_ptsz", 0x8400, *shape, False): calls,
+        KernelKey("cuGraphLaunch", 0x8500, *shape, False): calls,
+        KernelKey("cuGraphLaunch", 0, *shape, True): 1,
+    }
+    assert header["launches"] == 5 * calls + 1
+    assert header["launch_errors"] == 1
+
+
 def test_disabled_shim_passes_through_and_writes_nothing(built, tmp_path: Path) -> None:
     run_workload(built, tmp_path, "2", "50", ELASTICO_SHIM_DISABLE="1")
     assert find_rings(tmp_path) == {}

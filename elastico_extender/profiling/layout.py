@@ -125,6 +125,10 @@ API_NAMES: tuple[str, ...] = (
     "cudaGetDriverEntryPointByVersion_ptsz",
     "cudaMallocAsync_ptsz",
     "cudaFreeAsync_ptsz",
+    "cuGraphLaunch",
+    "cuGraphLaunch_ptsz",
+    "cudaGraphLaunch",
+    "cudaGraphLaunch_ptsz",
 )
 
 

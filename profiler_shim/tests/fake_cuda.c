@@ -26,6 +26,13 @@ static CUresult impl_launch_ex ES_LAUNCH_EX_PARAMS {
     return launch(config->gridDimX, config->gridDimY, config->gridDimZ, config->blockDimX,
                   config->blockDimY, config->blockDimZ, config->sharedMemBytes);
 }
+/* A graph replay counts as a call whose checksum is the graph's handle. */
+static CUresult impl_graph_launch(CUgraphExec g, CUstream s) {
+    __atomic_fetch_add(&stats.launch_calls, 1, __ATOMIC_RELAXED);
+    if (!g) return CUDA_ERROR_INVALID_VALUE;
+    __atomic_fetch_add(&stats.launch_checksum, (unsigned long long)(uintptr_t)g, __ATOMIC_RELAXED);
+    return CUDA_SUCCESS;
+}
 static CUresult impl_alloc(CUdeviceptr *dptr, size_t n) {
     __atomic_fetch_add(&stats.alloc_calls, 1, __ATOMIC_RELAXED);
     if (n > (1ull << 40)) return CUDA_ERROR_OUT_OF_MEMORY;
@@ -47,6 +54,7 @@ static CUresult impl_gpa2(const char *symbol, void **pfn, int version, cuuint64_
     void *p = NULL;
     if (!strcmp(symbol, "cuLaunchKernel")) p = (void *)impl_launch;
     else if (!strcmp(symbol, "cuLaunchKernelEx")) p = (void *)impl_launch_ex;
+    else if (!strcmp(symbol, "cuGraphLaunch")) p = (void *)impl_graph_launch;
     else if (!strcmp(symbol, "cuMemAlloc")) p = (void *)impl_alloc;
     else if (!strcmp(symbol, "cuMemFree")) p = (void *)impl_free;
     else if (!strcmp(symbol, "cuGetProcAddress"))
@@ -60,6 +68,8 @@ CUresult cuLaunchKernel LAUNCH_PARAMS { return impl_launch ES_LAUNCH_ARGS; }
 CUresult cuLaunchKernel_ptsz LAUNCH_PARAMS { return impl_launch ES_LAUNCH_ARGS; }
 CUresult cuLaunchKernelEx ES_LAUNCH_EX_PARAMS { return impl_launch_ex ES_LAUNCH_EX_ARGS; }
 CUresult cuLaunchKernelEx_ptsz ES_LAUNCH_EX_PARAMS { return impl_launch_ex ES_LAUNCH_EX_ARGS; }
+CUresult cuGraphLaunch(CUgraphExec g, CUstream s) { return impl_graph_launch(g, s); }
+CUresult cuGraphLaunch_ptsz(CUgraphExec g, CUstream s) { return impl_graph_launch(g, s); }
 CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t n) { return impl_alloc(dptr, n); }
 CUresult cuMemFree_v2(CUdeviceptr p) { return impl_free(p); }
 CUresult cuGetProcAddress(const char *s, void **pfn, int v, cuuint64_t f) {

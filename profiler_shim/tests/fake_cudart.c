@@ -1,6 +1,7 @@
 /* Fake libcudart: reaches the driver the way CUDA 12 runtimes do, through
  * cuGetProcAddress_v2 for launches and through direct driver calls inside cudaMalloc /
- * cudaFree, so the shim's cuGetProcAddress hook and reentrancy guard are exercised.
+ * cudaFree, so the shim's cuGetProcAddress hook and reentrancy guard are exercised
+ * (cudaGraphLaunch reaches cuGraphLaunch the same way).
  * cudaGetDriverEntryPoint* answer as the real runtime does, from the cuGetProcAddress_v2
  * it looked up in its own handle of libcuda (dlopen + dlsym, as libcudart does), which a
  * preloaded library does not interpose. */
@@ -35,6 +36,26 @@ cudaError_t cudaLaunchKernel ES_RT_LAUNCH_PARAMS {
 }
 cudaError_t cudaLaunchKernel_ptsz ES_RT_LAUNCH_PARAMS {
     return rt_launch(1, func, gridDim, blockDim, args, sharedMem, stream);
+}
+typedef CUresult graph_launch_fn(CUgraphExec, CUstream);
+static graph_launch_fn *driver_graph_launch[2];
+static pthread_once_t graph_once = PTHREAD_ONCE_INIT;
+
+static void resolve_graph(void) {
+    CUdriverProcAddressQueryResult st;
+    cuGetProcAddress_v2("cuGraphLaunch", (void **)&driver_graph_launch[0], 12000, 0, &st);
+    cuGetProcAddress_v2("cuGraphLaunch", (void **)&driver_graph_launch[1], 12000,
+                        CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, &st);
+}
+
+static cudaError_t rt_graph_launch(int ptsz, cudaGraphExec_t g, cudaStream_t s) {
+    pthread_once(&graph_once, resolve_graph);
+    return driver_graph_launch[ptsz](g, s) == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
+}
+
+cudaError_t cudaGraphLaunch(cudaGraphExec_t g, cudaStream_t s) { return rt_graph_launch(0, g, s); }
+cudaError_t cudaGraphLaunch_ptsz(cudaGraphExec_t g, cudaStream_t s) {
+    return rt_graph_launch(1, g, s);
 }
 cudaError_t cudaMalloc(void **p, size_t n) {
     CUdeviceptr d = 0;

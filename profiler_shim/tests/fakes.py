@@ -3,7 +3,8 @@
 Stdlib only; loaded by path from tests/test_shim_*.py and benchmarks/shim_overhead.py.
 Everything lands in one directory: libcuda.so, libcudart.so, libnccl.so,
 libotherhook.so, workload, bench_launch, libworkload.so (the workload as a library),
-local_loader (which dlopens it RTLD_LOCAL), entry_points, allocs and libelastico_shim.so.
+local_loader (which dlopens it RTLD_LOCAL), entry_points, allocs, graphs and
+libelastico_shim.so.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ class Built(NamedTuple):
     local_loader: Path
     entry_points: Path
     allocs: Path
+    graphs: Path
 
 
 def _cc(*args: str | Path) -> None:
@@ -72,6 +74,7 @@ def build_all(directory: Path, *, opt: str = "-O2", shim_flags: tuple[str, ...] 
     # libcuda is only reached through the runtime: keep it NEEDED so the rpath finds it
     _cc(*common, "-o", d / "entry_points", HERE / "entry_points.c", "-Wl,--no-as-needed", *libs)
     _cc(*common, "-o", d / "allocs", HERE / "allocs.c", "-Wl,--no-as-needed", *libs)
+    _cc(*common, "-o", d / "graphs", HERE / "graphs.c", "-Wl,--no-as-needed", *libs)
     shim = build.compile_shim(
         d / build.LIBRARY_NAME, extra_cflags=(*build.STRICT_CFLAGS, *shim_flags)
     )
@@ -85,4 +88,5 @@ def build_all(directory: Path, *, opt: str = "-O2", shim_flags: tuple[str, ...] 
         d / "local_loader",
         d / "entry_points",
         d / "allocs",
+        d / "graphs",
     )
