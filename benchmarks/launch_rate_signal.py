@@ -21,7 +21,9 @@ On a machine with a CUDA GPU and PyTorch (the device check; never in CI):
 runs ``benchmarks/torch_stepper.py`` (a real training step, real libcuda, only the shim
 preloaded) instead of the C step loop.  Its launches per step are whatever PyTorch makes,
 so the "launches/step" column (measured launch rate over achieved step rate) must be the
-same in both phases, and the measured ratio must match the true one.
+same in both phases, and the measured ratio must match the true one.  ``--torch --graph``
+replays the step as a captured CUDA graph instead (one ``cudaGraphLaunch`` per step, as
+vLLM's decode runs).
 """
 
 from __future__ import annotations
@@ -106,9 +108,16 @@ def main() -> None:
     parser.add_argument(
         "--torch", action="store_true", help="a real PyTorch training step on a CUDA GPU"
     )
+    parser.add_argument(
+        "--graph", action="store_true", help="with --torch: replay the step as a CUDA graph"
+    )
     args = parser.parse_args()
+    if args.graph and not args.torch:
+        parser.error("--graph needs --torch")
     pairs = ((80.0, 20.0), (80.0, 60.0), (40.0, 30.0), (200.0, 100.0))
-    what = "PyTorch steps" if args.torch else f"{LAUNCHES} launches/step"
+    what = f"{LAUNCHES} launches/step"
+    if args.torch:
+        what = "PyTorch steps replayed as a CUDA graph" if args.graph else "PyTorch steps"
     print(f"flush {args.flush_ms} ms, window {args.window:g} s, phases of {args.phase:g} s, "
           f"{what}; load average {os.getloadavg()[0]:.1f}")  # fmt: skip
     print(f"{'steps/s':>11} {'achieved':>9} {'measured l/s':>14} {'launches/step':>14} "
@@ -118,6 +127,7 @@ def main() -> None:
         command = [str(program), str(LAUNCHES)]
         if args.torch:
             command = [sys.executable, str(ROOT / "benchmarks/torch_stepper.py")]
+            command += ["--graph"] if args.graph else []
         root = Path(tmp) / "rings"
         root.mkdir()
         for fast, slow in pairs:
