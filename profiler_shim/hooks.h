@@ -61,6 +61,15 @@ typedef enum cudaError {
 typedef struct CUstream_st *cudaStream_t;
 typedef struct CUgraphExec_st *cudaGraphExec_t;
 typedef struct dim3 { unsigned int x, y, z; } dim3;
+typedef struct cudaLaunchAttribute_st cudaLaunchAttribute;
+typedef struct cudaLaunchConfig_st {
+    dim3 gridDim;
+    dim3 blockDim;
+    size_t dynamicSmemBytes;
+    cudaStream_t stream;
+    cudaLaunchAttribute *attrs;
+    unsigned int numAttrs;
+} cudaLaunchConfig_t;
 typedef enum cudaDriverEntryPointQueryResult {
     cudaDriverEntryPointSuccess = 0,
     cudaDriverEntryPointSymbolNotFound = 1,
@@ -91,6 +100,13 @@ typedef struct ncclComm *ncclComm_t;
 #define ES_RT_LAUNCH_PARAMS (const void *func, dim3 gridDim, dim3 blockDim, void **args, \
     size_t sharedMem, cudaStream_t stream)
 #define ES_RT_LAUNCH_ARGS (func, gridDim, blockDim, args, sharedMem, stream)
+#define ES_COOP_PARAMS (CUfunction f, unsigned int gridDimX, unsigned int gridDimY, \
+    unsigned int gridDimZ, unsigned int blockDimX, unsigned int blockDimY, unsigned int blockDimZ, \
+    unsigned int sharedMemBytes, CUstream hStream, void **kernelParams)
+#define ES_COOP_ARGS (f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, \
+    sharedMemBytes, hStream, kernelParams)
+#define ES_RT_LAUNCH_EX_PARAMS (const cudaLaunchConfig_t *config, const void *func, void **args)
+#define ES_RT_LAUNCH_EX_ARGS (config, func, args)
 #define ES_ENTRY_PARAMS (const char *symbol, void **funcPtr, unsigned long long flags, \
     cudaDriverEntryPointQueryResult *driverStatus)
 #define ES_ENTRY_ARGS (symbol, funcPtr, flags, driverStatus)
@@ -179,7 +195,25 @@ typedef struct ncclComm *ncclComm_t;
     X(cudaGraphLaunch, cudaError_t, (cudaGraphExec_t graphExec, cudaStream_t stream),         \
       (graphExec, stream), cudaErrorSymbolNotFound)                                            \
     X(cudaGraphLaunch_ptsz, cudaError_t, (cudaGraphExec_t graphExec, cudaStream_t stream),    \
-      (graphExec, stream), cudaErrorSymbolNotFound)
+      (graphExec, stream), cudaErrorSymbolNotFound)                                            \
+    /* runtime API: what nvcc 13 makes of <<<...>>> (the kernel handle of __cudaGetKernel in   \
+       place of the host stub: PyTorch's own kernels reach the GPU only through these),        \
+       the extensible launch (large parameter buffers, PDL, clusters) and cooperative ones */  \
+    X(__cudaLaunchKernel, cudaError_t, ES_RT_LAUNCH_PARAMS, ES_RT_LAUNCH_ARGS,                 \
+      cudaErrorSymbolNotFound)                                                                 \
+    X(__cudaLaunchKernel_ptsz, cudaError_t, ES_RT_LAUNCH_PARAMS, ES_RT_LAUNCH_ARGS,            \
+      cudaErrorSymbolNotFound)                                                                 \
+    X(cudaLaunchKernelExC, cudaError_t, ES_RT_LAUNCH_EX_PARAMS, ES_RT_LAUNCH_EX_ARGS,          \
+      cudaErrorSymbolNotFound)                                                                 \
+    X(cudaLaunchKernelExC_ptsz, cudaError_t, ES_RT_LAUNCH_EX_PARAMS, ES_RT_LAUNCH_EX_ARGS,     \
+      cudaErrorSymbolNotFound)                                                                 \
+    X(cudaLaunchCooperativeKernel, cudaError_t, ES_RT_LAUNCH_PARAMS, ES_RT_LAUNCH_ARGS,        \
+      cudaErrorSymbolNotFound)                                                                 \
+    X(cudaLaunchCooperativeKernel_ptsz, cudaError_t, ES_RT_LAUNCH_PARAMS, ES_RT_LAUNCH_ARGS,   \
+      cudaErrorSymbolNotFound)                                                                 \
+    X(cuLaunchCooperativeKernel, CUresult, ES_COOP_PARAMS, ES_COOP_ARGS, CUDA_ERROR_NOT_FOUND) \
+    X(cuLaunchCooperativeKernel_ptsz, CUresult, ES_COOP_PARAMS, ES_COOP_ARGS,                  \
+      CUDA_ERROR_NOT_FOUND)
 
 /* Plain prototypes of the listed API, for the fake libraries and test programs (which
  * thereby fail to compile if their signatures drift from the list). */

@@ -784,6 +784,65 @@ ES_EXPORT cudaError_t cudaGraphLaunch_ptsz(cudaGraphExec_t graphExec, cudaStream
                               graphExec, stream);
 }
 
+static inline CUresult es_coop_launch(int api, es_fn_cuLaunchCooperativeKernel *next,
+                                      CUfunction f, unsigned gx, unsigned gy, unsigned gz,
+                                      unsigned bx, unsigned by, unsigned bz, unsigned smem,
+                                      CUstream s, void **params) {
+    ES_PASS_OR_FAIL(next, CUDA_ERROR_NOT_FOUND, (f, gx, gy, gz, bx, by, bz, smem, s, params));
+    es_depth++;
+    CUresult r = next(f, gx, gy, gz, bx, by, bz, smem, s, params);
+    es_note_launch((uint8_t)api, f, gx, gy, gz, bx, by, bz, smem, s, r != CUDA_SUCCESS);
+    es_depth--;
+    return r;
+}
+
+static inline cudaError_t es_rt_launch_ex(int api, es_fn_cudaLaunchKernelExC *next,
+                                          const cudaLaunchConfig_t *c, const void *func,
+                                          void **args) {
+    ES_PASS_OR_FAIL(next, cudaErrorSymbolNotFound, (c, func, args));
+    es_depth++;
+    cudaError_t r = next(c, func, args);
+    if (c)
+        es_note_launch((uint8_t)api, func, c->gridDim.x, c->gridDim.y, c->gridDim.z,
+                       c->blockDim.x, c->blockDim.y, c->blockDim.z,
+                       (uint32_t)c->dynamicSmemBytes, c->stream, r != cudaSuccess);
+    es_depth--;
+    return r;
+}
+
+/* The runtime launches that take (function, grid, block, args, shared memory, stream). */
+#define ES_RT_LAUNCH_WRAP(name)                                                           \
+    ES_EXPORT cudaError_t name ES_RT_LAUNCH_PARAMS {                                      \
+        return es_rt_launch(ES_API_##name, ES_NEXT(name), func, gridDim, blockDim, args,  \
+                            sharedMem, stream);                                           \
+    }
+ES_RT_LAUNCH_WRAP(__cudaLaunchKernel)
+ES_RT_LAUNCH_WRAP(__cudaLaunchKernel_ptsz)
+ES_RT_LAUNCH_WRAP(cudaLaunchCooperativeKernel)
+ES_RT_LAUNCH_WRAP(cudaLaunchCooperativeKernel_ptsz)
+
+ES_EXPORT cudaError_t cudaLaunchKernelExC ES_RT_LAUNCH_EX_PARAMS {
+    return es_rt_launch_ex(ES_API_cudaLaunchKernelExC, ES_NEXT(cudaLaunchKernelExC), config, func,
+                           args);
+}
+
+ES_EXPORT cudaError_t cudaLaunchKernelExC_ptsz ES_RT_LAUNCH_EX_PARAMS {
+    return es_rt_launch_ex(ES_API_cudaLaunchKernelExC_ptsz, ES_NEXT(cudaLaunchKernelExC_ptsz),
+                           config, func, args);
+}
+
+ES_EXPORT CUresult cuLaunchCooperativeKernel ES_COOP_PARAMS {
+    return es_coop_launch(ES_API_cuLaunchCooperativeKernel, ES_NEXT(cuLaunchCooperativeKernel),
+                          f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ,
+                          sharedMemBytes, hStream, kernelParams);
+}
+
+ES_EXPORT CUresult cuLaunchCooperativeKernel_ptsz ES_COOP_PARAMS {
+    return es_coop_launch(ES_API_cuLaunchCooperativeKernel_ptsz,
+                          ES_NEXT(cuLaunchCooperativeKernel_ptsz), f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ,
+                          sharedMemBytes, hStream, kernelParams);
+}
+
 #define ES_NCCL_WRAP(name, params, args, count, type, op, peer)                      \
     ES_EXPORT ncclResult_t name params {                                              \
         es_fn_##name *next = ES_NEXT(name);                                           \
@@ -829,18 +888,20 @@ ES_NCCL_WRAP(ncclRecv,
  * that records and then calls exactly the pointer the driver (or the next hook) returned,
  * so the variant and version the caller asked for are preserved.  The first pointer seen
  * for a variant is kept; a different later answer is handed back unwrapped. */
-#define ES_GPA_TARGETS(X)                                   \
-    X(0, cuLaunchKernel, "cuLaunchKernel", 0, 0)                \
-    X(1, cuLaunchKernel_ptsz, "cuLaunchKernel", 1, 0)           \
-    X(2, cuLaunchKernelEx, "cuLaunchKernelEx", 0, 0)            \
-    X(3, cuLaunchKernelEx_ptsz, "cuLaunchKernelEx", 1, 0)       \
-    X(4, cuMemAlloc_v2, "cuMemAlloc", -1, 3020)                 \
-    X(5, cuMemFree_v2, "cuMemFree", -1, 3020)                   \
-    X(6, cuGetProcAddress, "cuGetProcAddress", -1, -12000)      \
-    X(7, cuGetProcAddress_v2, "cuGetProcAddress", -1, 12000)    \
-    X(8, cuGraphLaunch, "cuGraphLaunch", 0, 0)                  \
-    X(9, cuGraphLaunch_ptsz, "cuGraphLaunch", 1, 0)
-#define ES_GPA_COUNT 10
+#define ES_GPA_TARGETS(X)                                                    \
+    X(0, cuLaunchKernel, "cuLaunchKernel", 0, 0)                             \
+    X(1, cuLaunchKernel_ptsz, "cuLaunchKernel", 1, 0)                        \
+    X(2, cuLaunchKernelEx, "cuLaunchKernelEx", 0, 0)                         \
+    X(3, cuLaunchKernelEx_ptsz, "cuLaunchKernelEx", 1, 0)                    \
+    X(4, cuMemAlloc_v2, "cuMemAlloc", -1, 3020)                              \
+    X(5, cuMemFree_v2, "cuMemFree", -1, 3020)                                \
+    X(6, cuGetProcAddress, "cuGetProcAddress", -1, -12000)                   \
+    X(7, cuGetProcAddress_v2, "cuGetProcAddress", -1, 12000)                 \
+    X(8, cuGraphLaunch, "cuGraphLaunch", 0, 0)                               \
+    X(9, cuGraphLaunch_ptsz, "cuGraphLaunch", 1, 0)                          \
+    X(10, cuLaunchCooperativeKernel, "cuLaunchCooperativeKernel", 0, 0)      \
+    X(11, cuLaunchCooperativeKernel_ptsz, "cuLaunchCooperativeKernel", 1, 0)
+#define ES_GPA_COUNT 12
 static void *es_gpa_next[ES_GPA_COUNT];
 
 static void *es_gpa_wrap(const char *symbol, void *real, int version, int ptds);
@@ -900,11 +961,23 @@ static CUresult es_gpa_t9(CUgraphExec g, CUstream s) {
     return es_graph_launch(ES_API_cuGraphLaunch_ptsz, (es_fn_cuGraphLaunch *)es_gpa_next[9], g,
                            s);
 }
+static CUresult es_gpa_t10 ES_COOP_PARAMS {
+    return es_coop_launch(ES_API_cuLaunchCooperativeKernel,
+                          (es_fn_cuLaunchCooperativeKernel *)es_gpa_next[10], f, gridDimX,
+                          gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes,
+                          hStream, kernelParams);
+}
+static CUresult es_gpa_t11 ES_COOP_PARAMS {
+    return es_coop_launch(ES_API_cuLaunchCooperativeKernel_ptsz,
+                          (es_fn_cuLaunchCooperativeKernel *)es_gpa_next[11], f, gridDimX,
+                          gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes,
+                          hStream, kernelParams);
+}
 
 static void *const es_gpa_trampolines[ES_GPA_COUNT] = {
     (void *)es_gpa_t0, (void *)es_gpa_t1, (void *)es_gpa_t2, (void *)es_gpa_t3,
     (void *)es_gpa_t4, (void *)es_gpa_t5, (void *)es_gpa_t6, (void *)es_gpa_t7,
-    (void *)es_gpa_t8, (void *)es_gpa_t9};
+    (void *)es_gpa_t8, (void *)es_gpa_t9, (void *)es_gpa_t10, (void *)es_gpa_t11};
 
 /* version rule: v > 0 means cudaVersion >= v, v < 0 means cudaVersion < -v, 0 any. */
 static void *es_gpa_wrap(const char *symbol, void *real, int version, int ptds) {

@@ -289,6 +289,32 @@ def test_cuda_graph_replays_are_counted_as_launches(built, tmp_path: Path) -> No
     assert header["launch_errors"] == 1
 
 
+def test_every_runtime_and_cooperative_launch_entry_point_is_counted(built, tmp_path: Path) -> None:
+    """nvcc 13 compiles <<<...>>> to __cudaLaunchKernel[_ptsz] (PyTorch 2.11 on CUDA 13
+    launches its own kernels only through it: none reached cudaLaunchKernel on an H200);
+    cudaLaunchKernelExC carries large parameter buffers and PDL; cooperative launches
+    have entry points of their own in both APIs.  Each call is one launch with its own
+    dimensions, whichever way it arrives."""
+    out = run_workload(built, tmp_path, preload=str(built.shim), program=built.launches)
+    calls = 100
+    with RingReader(find_rings(tmp_path)[int(out.stdout.split()[-1])]) as ring:
+        header = ring.header()
+        got = summarize(ring.peek(), header)
+    shape = ((4, 2, 1), (32, 4, 1), 256, 0x500, False)
+    assert got.kernels == {
+        KernelKey("__cudaLaunchKernel", 0x9100, *shape): calls,
+        KernelKey("__cudaLaunchKernel_ptsz", 0x9200, *shape): calls,
+        KernelKey("cudaLaunchKernelExC", 0x9300, *shape): calls,
+        KernelKey("cudaLaunchKernelExC_ptsz", 0x9400, *shape): calls,
+        KernelKey("cudaLaunchCooperativeKernel", 0x9500, *shape): calls,
+        KernelKey("cudaLaunchCooperativeKernel_ptsz", 0x9600, *shape): calls,
+        KernelKey("cuLaunchCooperativeKernel", 0x9700, *shape): calls,
+        KernelKey("cuLaunchCooperativeKernel_ptsz", 0x9800, *shape): calls,
+        KernelKey("cuLaunchCooperativeKernel", 0x9900, *shape): calls,
+    }
+    assert header["launches"] == 9 * calls
+
+
 def test_disabled_shim_passes_through_and_writes_nothing(built, tmp_path: Path) -> None:
     run_workload(built, tmp_path, "2", "50", ELASTICO_SHIM_DISABLE="1")
     assert find_rings(tmp_path) == {}

@@ -129,6 +129,14 @@ API_NAMES: tuple[str, ...] = (
     "cuGraphLaunch_ptsz",
     "cudaGraphLaunch",
     "cudaGraphLaunch_ptsz",
+    "__cudaLaunchKernel",
+    "__cudaLaunchKernel_ptsz",
+    "cudaLaunchKernelExC",
+    "cudaLaunchKernelExC_ptsz",
+    "cudaLaunchCooperativeKernel",
+    "cudaLaunchCooperativeKernel_ptsz",
+    "cuLaunchCooperativeKernel",
+    "cuLaunchCooperativeKernel_ptsz",
 )
 
 

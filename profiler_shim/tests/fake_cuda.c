@@ -26,6 +26,9 @@ static CUresult impl_launch_ex ES_LAUNCH_EX_PARAMS {
     return launch(config->gridDimX, config->gridDimY, config->gridDimZ, config->blockDimX,
                   config->blockDimY, config->blockDimZ, config->sharedMemBytes);
 }
+static CUresult impl_launch_coop ES_COOP_PARAMS {
+    return launch(gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes);
+}
 /* A graph replay counts as a call whose checksum is the graph's handle. */
 static CUresult impl_graph_launch(CUgraphExec g, CUstream s) {
     __atomic_fetch_add(&stats.launch_calls, 1, __ATOMIC_RELAXED);
@@ -55,6 +58,7 @@ static CUresult impl_gpa2(const char *symbol, void **pfn, int version, cuuint64_
     if (!strcmp(symbol, "cuLaunchKernel")) p = (void *)impl_launch;
     else if (!strcmp(symbol, "cuLaunchKernelEx")) p = (void *)impl_launch_ex;
     else if (!strcmp(symbol, "cuGraphLaunch")) p = (void *)impl_graph_launch;
+    else if (!strcmp(symbol, "cuLaunchCooperativeKernel")) p = (void *)impl_launch_coop;
     else if (!strcmp(symbol, "cuMemAlloc")) p = (void *)impl_alloc;
     else if (!strcmp(symbol, "cuMemFree")) p = (void *)impl_free;
     else if (!strcmp(symbol, "cuGetProcAddress"))
@@ -70,6 +74,8 @@ CUresult cuLaunchKernelEx ES_LAUNCH_EX_PARAMS { return impl_launch_ex ES_LAUNCH_
 CUresult cuLaunchKernelEx_ptsz ES_LAUNCH_EX_PARAMS { return impl_launch_ex ES_LAUNCH_EX_ARGS; }
 CUresult cuGraphLaunch(CUgraphExec g, CUstream s) { return impl_graph_launch(g, s); }
 CUresult cuGraphLaunch_ptsz(CUgraphExec g, CUstream s) { return impl_graph_launch(g, s); }
+CUresult cuLaunchCooperativeKernel ES_COOP_PARAMS { return impl_launch_coop ES_COOP_ARGS; }
+CUresult cuLaunchCooperativeKernel_ptsz ES_COOP_PARAMS { return impl_launch_coop ES_COOP_ARGS; }
 CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t n) { return impl_alloc(dptr, n); }
 CUresult cuMemFree_v2(CUdeviceptr p) { return impl_free(p); }
 CUresult cuGetProcAddress(const char *s, void **pfn, int v, cuuint64_t f) {

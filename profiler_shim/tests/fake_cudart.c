@@ -1,10 +1,11 @@
-/* Fake libcudart: reaches the driver the way CUDA 12 runtimes do, through
- * cuGetProcAddress_v2 for launches and through direct driver calls inside cudaMalloc /
- * cudaFree, so the shim's cuGetProcAddress hook and reentrancy guard are exercised
- * (cudaGraphLaunch reaches cuGraphLaunch the same way).
- * cudaGetDriverEntryPoint* answer as the real runtime does, from the cuGetProcAddress_v2
- * it looked up in its own handle of libcuda (dlopen + dlsym, as libcudart does), which a
- * preloaded library does not interpose. */
+/* Fake libcudart: reaches the driver the way CUDA 12 and 13 runtimes do.  Launches and
+ * graph replays go through driver entry points it fetched with the cuGetProcAddress_v2 it
+ * looked up in its own handle of libcuda (dlopen + dlsym, as libcudart does), which a
+ * preloaded library does not interpose: only the runtime's exported launch functions can
+ * be seen (on a real H200 with CUDA 13, not one of PyTorch's launches reached an
+ * interposed cuLaunchKernel).  cudaMalloc / cudaFree call the driver directly, so the
+ * shim's reentrancy guard is exercised.  cudaGetDriverEntryPoint* answer from that same
+ * private cuGetProcAddress_v2. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <pthread.h>
@@ -12,15 +13,33 @@
 
 #define FAKE_CUDART_VERSION 12040
 
+typedef CUresult gpa_fn(const char *, void **, int, cuuint64_t, CUdriverProcAddressQueryResult *);
+static gpa_fn *driver_gpa;
+static pthread_once_t driver_once = PTHREAD_ONCE_INIT;
+
+static void open_driver(void) {
+    void *driver = dlopen("libcuda.so", RTLD_NOW | RTLD_NOLOAD);
+    if (driver) driver_gpa = (gpa_fn *)dlsym(driver, "cuGetProcAddress_v2");
+}
+
+/* The runtime's private table entry for `symbol` (per-thread variant when `ptsz`). */
+static void *driver_entry(const char *symbol, int ptsz) {
+    pthread_once(&driver_once, open_driver);
+    void *p = NULL;
+    CUdriverProcAddressQueryResult st;
+    if (driver_gpa)
+        driver_gpa(symbol, &p, 12000, ptsz ? CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM : 0,
+                   &st);
+    return p;
+}
+
 typedef CUresult launch_fn ES_LAUNCH_PARAMS;
 static launch_fn *driver_launch[2];
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 
 static void resolve(void) {
-    CUdriverProcAddressQueryResult st;
-    cuGetProcAddress_v2("cuLaunchKernel", (void **)&driver_launch[0], 12000, 0, &st);
-    cuGetProcAddress_v2("cuLaunchKernel", (void **)&driver_launch[1], 12000,
-                        CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, &st);
+    driver_launch[0] = (launch_fn *)driver_entry("cuLaunchKernel", 0);
+    driver_launch[1] = (launch_fn *)driver_entry("cuLaunchKernel", 1);
 }
 
 static cudaError_t rt_launch(int ptsz, const void *func, dim3 g, dim3 b, void **args,
@@ -37,15 +56,37 @@ cudaError_t cudaLaunchKernel ES_RT_LAUNCH_PARAMS {
 cudaError_t cudaLaunchKernel_ptsz ES_RT_LAUNCH_PARAMS {
     return rt_launch(1, func, gridDim, blockDim, args, sharedMem, stream);
 }
+/* nvcc 13's <<<...>>> and the extensible and cooperative launches, as the runtime makes
+ * them: through the same driver entry points its cuGetProcAddress_v2 handed out. */
+cudaError_t __cudaLaunchKernel ES_RT_LAUNCH_PARAMS {
+    return rt_launch(0, func, gridDim, blockDim, args, sharedMem, stream);
+}
+cudaError_t __cudaLaunchKernel_ptsz ES_RT_LAUNCH_PARAMS {
+    return rt_launch(1, func, gridDim, blockDim, args, sharedMem, stream);
+}
+static cudaError_t rt_launch_ex(int ptsz, const cudaLaunchConfig_t *c, const void *func,
+                                void **args) {
+    if (!c) return cudaErrorInvalidValue;
+    return rt_launch(ptsz, func, c->gridDim, c->blockDim, args, c->dynamicSmemBytes, c->stream);
+}
+cudaError_t cudaLaunchKernelExC ES_RT_LAUNCH_EX_PARAMS { return rt_launch_ex(0, config, func, args); }
+cudaError_t cudaLaunchKernelExC_ptsz ES_RT_LAUNCH_EX_PARAMS {
+    return rt_launch_ex(1, config, func, args);
+}
+cudaError_t cudaLaunchCooperativeKernel ES_RT_LAUNCH_PARAMS {
+    return rt_launch(0, func, gridDim, blockDim, args, sharedMem, stream);
+}
+cudaError_t cudaLaunchCooperativeKernel_ptsz ES_RT_LAUNCH_PARAMS {
+    return rt_launch(1, func, gridDim, blockDim, args, sharedMem, stream);
+}
+
 typedef CUresult graph_launch_fn(CUgraphExec, CUstream);
 static graph_launch_fn *driver_graph_launch[2];
 static pthread_once_t graph_once = PTHREAD_ONCE_INIT;
 
 static void resolve_graph(void) {
-    CUdriverProcAddressQueryResult st;
-    cuGetProcAddress_v2("cuGraphLaunch", (void **)&driver_graph_launch[0], 12000, 0, &st);
-    cuGetProcAddress_v2("cuGraphLaunch", (void **)&driver_graph_launch[1], 12000,
-                        CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, &st);
+    driver_graph_launch[0] = (graph_launch_fn *)driver_entry("cuGraphLaunch", 0);
+    driver_graph_launch[1] = (graph_launch_fn *)driver_entry("cuGraphLaunch", 1);
 }
 
 static cudaError_t rt_graph_launch(int ptsz, cudaGraphExec_t g, cudaStream_t s) {
@@ -85,15 +126,6 @@ cudaError_t cudaRuntimeGetVersion(int *runtimeVersion) {
     if (!runtimeVersion) return cudaErrorInvalidValue;
     *runtimeVersion = FAKE_CUDART_VERSION;
     return cudaSuccess;
-}
-
-typedef CUresult gpa_fn(const char *, void **, int, cuuint64_t, CUdriverProcAddressQueryResult *);
-static gpa_fn *driver_gpa;
-static pthread_once_t driver_once = PTHREAD_ONCE_INIT;
-
-static void open_driver(void) {
-    void *driver = dlopen("libcuda.so", RTLD_NOW | RTLD_NOLOAD);
-    if (driver) driver_gpa = (gpa_fn *)dlsym(driver, "cuGetProcAddress_v2");
 }
 
 static cudaError_t entry_point(const char *symbol, void **funcPtr, int version,

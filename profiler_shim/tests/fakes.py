@@ -3,8 +3,8 @@
 Stdlib only; loaded by path from tests/test_shim_*.py and benchmarks/shim_overhead.py.
 Everything lands in one directory: libcuda.so, libcudart.so, libnccl.so,
 libotherhook.so, workload, bench_launch, libworkload.so (the workload as a library),
-local_loader (which dlopens it RTLD_LOCAL), entry_points, allocs, graphs and
-libelastico_shim.so.
+local_loader (which dlopens it RTLD_LOCAL), entry_points, allocs, graphs,
+launches and libelastico_shim.so.
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ class Built(NamedTuple):
     entry_points: Path
     allocs: Path
     graphs: Path
+    launches: Path
 
 
 def _cc(*args: str | Path) -> None:
@@ -75,6 +76,7 @@ def build_all(directory: Path, *, opt: str = "-O2", shim_flags: tuple[str, ...] 
     _cc(*common, "-o", d / "entry_points", HERE / "entry_points.c", "-Wl,--no-as-needed", *libs)
     _cc(*common, "-o", d / "allocs", HERE / "allocs.c", "-Wl,--no-as-needed", *libs)
     _cc(*common, "-o", d / "graphs", HERE / "graphs.c", "-Wl,--no-as-needed", *libs)
+    _cc(*common, "-o", d / "launches", HERE / "launches.c", "-Wl,--no-as-needed", *libs)
     shim = build.compile_shim(
         d / build.LIBRARY_NAME, extra_cflags=(*build.STRICT_CFLAGS, *shim_flags)
     )
@@ -89,4 +91,5 @@ def build_all(directory: Path, *, opt: str = "-O2", shim_flags: tuple[str, ...] 
         d / "entry_points",
         d / "allocs",
         d / "graphs",
+        d / "launches",
     )
