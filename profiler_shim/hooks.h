@@ -32,6 +32,8 @@ typedef enum cudaError_enum {
 typedef struct CUfunc_st *CUfunction;
 typedef struct CUstream_st *CUstream;
 typedef struct CUgraphExec_st *CUgraphExec;
+typedef unsigned long long CUmemGenericAllocationHandle;
+typedef struct CUmemAllocationProp_st CUmemAllocationProp;
 typedef unsigned long long CUdeviceptr;
 typedef uint64_t cuuint64_t;
 typedef struct CUlaunchAttribute_st CUlaunchAttribute;
@@ -213,6 +215,14 @@ typedef struct ncclComm *ncclComm_t;
       cudaErrorSymbolNotFound)                                                                 \
     X(cuLaunchCooperativeKernel, CUresult, ES_COOP_PARAMS, ES_COOP_ARGS, CUDA_ERROR_NOT_FOUND) \
     X(cuLaunchCooperativeKernel_ptsz, CUresult, ES_COOP_PARAMS, ES_COOP_ARGS,                  \
+      CUDA_ERROR_NOT_FOUND)                                                                    \
+    /* driver API: physical memory of the virtual memory management API (PyTorch's            \
+       expandable_segments, vLLM's sleep mode), held from create to release */                 \
+    X(cuMemCreate, CUresult,                                                                  \
+      (CUmemGenericAllocationHandle *handle, size_t size, const CUmemAllocationProp *prop,     \
+       unsigned long long flags),                                                              \
+      (handle, size, prop, flags), CUDA_ERROR_NOT_FOUND)                                       \
+    X(cuMemRelease, CUresult, (CUmemGenericAllocationHandle handle), (handle),                \
       CUDA_ERROR_NOT_FOUND)
 
 /* Plain prototypes of the listed API, for the fake libraries and test programs (which

@@ -14,8 +14,10 @@
  *                     it is evicted, when the flush epoch moves on (every flush interval)
  *                     and when the thread or the process ends.  The hot path touches only
  *                     thread-local memory: no lock, no atomic read-modify-write.
- *   allocations       one ALLOC / FREE record each; a pointer->size map gives frees
- *                     their size and keeps live and peak bytes in the header.
+ *   allocations       one ALLOC / FREE record each (cuMemCreate / cuMemRelease of the
+ *                     virtual memory API too, keyed by the handle with its top bit set);
+ *                     a pointer->size map gives frees their size and keeps live and peak
+ *                     bytes in the header.
  *   NCCL calls        one COLLECTIVE record each.
  *
  * The ring is a bounded file mapping (layout.h) that the agent reads; a full ring drops
@@ -638,6 +640,33 @@ static inline CUresult es_mem_free(es_fn_cuMemFree_v2 *next, CUdeviceptr p) {
     return r;
 }
 
+/* A physical allocation's handle as a key of the allocation map: the top bit set keeps it
+ * apart from device pointers (user-space addresses), whose values a handle may take. */
+static inline uint64_t es_vmm_key(CUmemGenericAllocationHandle h) {
+    return h ? (uint64_t)h | (1ull << 63) : 0;
+}
+
+static inline CUresult es_mem_create(es_fn_cuMemCreate *next, CUmemGenericAllocationHandle *h,
+                                     size_t n, const CUmemAllocationProp *prop,
+                                     unsigned long long flags) {
+    ES_PASS_OR_FAIL(next, CUDA_ERROR_NOT_FOUND, (h, n, prop, flags));
+    es_depth++;
+    CUresult r = next(h, n, prop, flags);
+    es_note_alloc(ES_API_cuMemCreate, (r == CUDA_SUCCESS && h) ? es_vmm_key(*h) : 0, n, NULL,
+                  r != CUDA_SUCCESS);
+    es_depth--;
+    return r;
+}
+
+static inline CUresult es_mem_release(es_fn_cuMemRelease *next, CUmemGenericAllocationHandle h) {
+    ES_PASS_OR_FAIL(next, CUDA_ERROR_NOT_FOUND, (h));
+    es_depth++;
+    CUresult r = next(h);
+    es_note_free(ES_API_cuMemRelease, es_vmm_key(h), NULL, r != CUDA_SUCCESS);
+    es_depth--;
+    return r;
+}
+
 /* Used only in the exported wrappers, so the return address is the application's call. */
 #define ES_NEXT(name) \
     ((es_fn_##name *)es_next(ES_API_##name, __builtin_return_address(0)))
@@ -670,6 +699,15 @@ ES_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize) {
 
 ES_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr) {
     return es_mem_free(ES_NEXT(cuMemFree_v2), dptr);
+}
+
+ES_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
+                               const CUmemAllocationProp *prop, unsigned long long flags) {
+    return es_mem_create(ES_NEXT(cuMemCreate), handle, size, prop, flags);
+}
+
+ES_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
+    return es_mem_release(ES_NEXT(cuMemRelease), handle);
 }
 
 ES_EXPORT cudaError_t cudaLaunchKernel ES_RT_LAUNCH_PARAMS {
@@ -900,8 +938,10 @@ ES_NCCL_WRAP(ncclRecv,
     X(8, cuGraphLaunch, "cuGraphLaunch", 0, 0)                               \
     X(9, cuGraphLaunch_ptsz, "cuGraphLaunch", 1, 0)                          \
     X(10, cuLaunchCooperativeKernel, "cuLaunchCooperativeKernel", 0, 0)      \
-    X(11, cuLaunchCooperativeKernel_ptsz, "cuLaunchCooperativeKernel", 1, 0)
-#define ES_GPA_COUNT 12
+    X(11, cuLaunchCooperativeKernel_ptsz, "cuLaunchCooperativeKernel", 1, 0) \
+    X(12, cuMemCreate, "cuMemCreate", -1, 0)                                 \
+    X(13, cuMemRelease, "cuMemRelease", -1, 0)
+#define ES_GPA_COUNT 14
 static void *es_gpa_next[ES_GPA_COUNT];
 
 static void *es_gpa_wrap(const char *symbol, void *real, int version, int ptds);
@@ -973,11 +1013,19 @@ static CUresult es_gpa_t11 ES_COOP_PARAMS {
                           gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes,
                           hStream, kernelParams);
 }
+static CUresult es_gpa_t12(CUmemGenericAllocationHandle *h, size_t n,
+                           const CUmemAllocationProp *prop, unsigned long long flags) {
+    return es_mem_create((es_fn_cuMemCreate *)es_gpa_next[12], h, n, prop, flags);
+}
+static CUresult es_gpa_t13(CUmemGenericAllocationHandle h) {
+    return es_mem_release((es_fn_cuMemRelease *)es_gpa_next[13], h);
+}
 
 static void *const es_gpa_trampolines[ES_GPA_COUNT] = {
     (void *)es_gpa_t0, (void *)es_gpa_t1, (void *)es_gpa_t2, (void *)es_gpa_t3,
     (void *)es_gpa_t4, (void *)es_gpa_t5, (void *)es_gpa_t6, (void *)es_gpa_t7,
-    (void *)es_gpa_t8, (void *)es_gpa_t9, (void *)es_gpa_t10, (void *)es_gpa_t11};
+    (void *)es_gpa_t8, (void *)es_gpa_t9, (void *)es_gpa_t10, (void *)es_gpa_t11,
+    (void *)es_gpa_t12, (void *)es_gpa_t13};
 
 /* version rule: v > 0 means cudaVersion >= v, v < 0 means cudaVersion < -v, 0 any. */
 static void *es_gpa_wrap(const char *symbol, void *real, int version, int ptds) {

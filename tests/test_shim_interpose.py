@@ -367,6 +367,38 @@ def test_a_long_ring_directory_gets_the_ring_under_its_full_name(built, tmp_path
     assert "profiling is off" in beyond.stderr
 
 
+def test_virtual_memory_api_physical_allocations_count_as_live_memory(
+    built, tmp_path: Path
+) -> None:
+    """PyTorch's expandable segments and vLLM's sleep mode hold device memory as
+    cuMemCreate handles, not cuMemAlloc pointers (on an H200 a 1 GiB tensor under
+    expandable_segments left the ring's live bytes at 0).  Created handles count as live
+    until released, whether the driver call was bound by name or fetched through the
+    runtime, and a handle never mistakes a device pointer of the same value for itself."""
+    env = {**os.environ, "LD_PRELOAD": str(built.shim), "ELASTICO_SHIM_DIR": str(tmp_path)}
+    count, handle = 8, 2 << 20
+    proc = subprocess.Popen(
+        [str(built.vmm), str(count)], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    assert proc.stdin is not None and proc.stdout is not None
+    pid = int(proc.stdout.readline().split()[-1])
+    with RingReader(find_rings(tmp_path)[pid]) as ring:
+        assert ring.header()["live_bytes"] == 2 * count * handle + 4096
+    out, _ = proc.communicate("go\n", timeout=60)
+    assert proc.returncode == 0 and out.startswith("OK")
+    with RingReader(find_rings(tmp_path)[pid]) as ring:
+        header = ring.header()
+        got = summarize(ring.peek(), header)
+    assert header["live_bytes"] == 4096
+    assert header["peak_bytes"] == 2 * count * handle + 4096
+    assert (got.allocs, got.frees, got.freed_bytes) == (
+        2 * count + 1,
+        2 * count,
+        2 * count * handle,
+    )
+
+
 def test_live_bytes_return_to_zero_past_32k_live_allocations_and_long_churn(
     built, tmp_path: Path
 ) -> None:

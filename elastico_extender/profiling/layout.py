@@ -137,6 +137,8 @@ API_NAMES: tuple[str, ...] = (
     "cudaLaunchCooperativeKernel_ptsz",
     "cuLaunchCooperativeKernel",
     "cuLaunchCooperativeKernel_ptsz",
+    "cuMemCreate",
+    "cuMemRelease",
 )
 
 

@@ -47,6 +47,20 @@ static CUresult impl_free(CUdeviceptr p) {
     __atomic_fetch_add(&stats.free_calls, 1, __ATOMIC_RELAXED);
     return p ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
+/* Physical allocations of the virtual memory API: handles take the values the device
+ * pointers of impl_alloc take, as nothing in the real API keeps the two apart. */
+static unsigned long long next_handle;
+static CUresult impl_mem_create(CUmemGenericAllocationHandle *h, size_t n,
+                                const CUmemAllocationProp *prop, unsigned long long flags) {
+    __atomic_fetch_add(&stats.alloc_calls, 1, __ATOMIC_RELAXED);
+    if (!h || n == 0 || n > (1ull << 40)) return CUDA_ERROR_INVALID_VALUE;
+    *h = 0x7f0000000000ull + __atomic_add_fetch(&next_handle, 1, __ATOMIC_RELAXED) * 0x1000000ull;
+    return CUDA_SUCCESS;
+}
+static CUresult impl_mem_release(CUmemGenericAllocationHandle h) {
+    __atomic_fetch_add(&stats.free_calls, 1, __ATOMIC_RELAXED);
+    return h ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
 static CUresult impl_gpa2(const char *symbol, void **pfn, int version, cuuint64_t flags,
                           CUdriverProcAddressQueryResult *status);
 static CUresult impl_gpa(const char *symbol, void **pfn, int version, cuuint64_t flags) {
@@ -60,6 +74,8 @@ static CUresult impl_gpa2(const char *symbol, void **pfn, int version, cuuint64_
     else if (!strcmp(symbol, "cuGraphLaunch")) p = (void *)impl_graph_launch;
     else if (!strcmp(symbol, "cuLaunchCooperativeKernel")) p = (void *)impl_launch_coop;
     else if (!strcmp(symbol, "cuMemAlloc")) p = (void *)impl_alloc;
+    else if (!strcmp(symbol, "cuMemCreate")) p = (void *)impl_mem_create;
+    else if (!strcmp(symbol, "cuMemRelease")) p = (void *)impl_mem_release;
     else if (!strcmp(symbol, "cuMemFree")) p = (void *)impl_free;
     else if (!strcmp(symbol, "cuGetProcAddress"))
         p = version >= 12000 ? (void *)impl_gpa2 : (void *)impl_gpa;
@@ -78,6 +94,11 @@ CUresult cuLaunchCooperativeKernel ES_COOP_PARAMS { return impl_launch_coop ES_C
 CUresult cuLaunchCooperativeKernel_ptsz ES_COOP_PARAMS { return impl_launch_coop ES_COOP_ARGS; }
 CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t n) { return impl_alloc(dptr, n); }
 CUresult cuMemFree_v2(CUdeviceptr p) { return impl_free(p); }
+CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t n, const CUmemAllocationProp *prop,
+                     unsigned long long flags) {
+    return impl_mem_create(h, n, prop, flags);
+}
+CUresult cuMemRelease(CUmemGenericAllocationHandle h) { return impl_mem_release(h); }
 CUresult cuGetProcAddress(const char *s, void **pfn, int v, cuuint64_t f) {
     return impl_gpa(s, pfn, v, f);
 }

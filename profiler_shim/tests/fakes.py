@@ -4,7 +4,7 @@ Stdlib only; loaded by path from tests/test_shim_*.py and benchmarks/shim_overhe
 Everything lands in one directory: libcuda.so, libcudart.so, libnccl.so,
 libotherhook.so, workload, bench_launch, libworkload.so (the workload as a library),
 local_loader (which dlopens it RTLD_LOCAL), entry_points, allocs, graphs,
-launches and libelastico_shim.so.
+launches, vmm and libelastico_shim.so.
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ class Built(NamedTuple):
     allocs: Path
     graphs: Path
     launches: Path
+    vmm: Path
 
 
 def _cc(*args: str | Path) -> None:
@@ -77,6 +78,7 @@ def build_all(directory: Path, *, opt: str = "-O2", shim_flags: tuple[str, ...] 
     _cc(*common, "-o", d / "allocs", HERE / "allocs.c", "-Wl,--no-as-needed", *libs)
     _cc(*common, "-o", d / "graphs", HERE / "graphs.c", "-Wl,--no-as-needed", *libs)
     _cc(*common, "-o", d / "launches", HERE / "launches.c", "-Wl,--no-as-needed", *libs)
+    _cc(*common, "-o", d / "vmm", HERE / "vmm.c", "-Wl,--no-as-needed", *libs)
     shim = build.compile_shim(
         d / build.LIBRARY_NAME, extra_cflags=(*build.STRICT_CFLAGS, *shim_flags)
     )
@@ -92,4 +94,5 @@ def build_all(directory: Path, *, opt: str = "-O2", shim_flags: tuple[str, ...] 
         d / "allocs",
         d / "graphs",
         d / "launches",
+        d / "vmm",
     )
