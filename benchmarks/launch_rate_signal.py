@@ -135,10 +135,10 @@ def main() -> None:
                 command, shim, root, fast, slow, args.phase, args.window, args.flush_ms,
                 ready=args.torch,
             )  # fmt: skip
-            if not first or not second:
+            measured = (statistics.median(first or [0]), statistics.median(second or [0]))
+            if not min(measured):
                 print(f"{fast:>11g} no launches read from the ring (interception failed?)")
                 continue
-            measured = (statistics.median(first), statistics.median(second))
             steps = (achieved[1], achieved[2])
             per_step = measured[0] / steps[0] if args.torch else LAUNCHES
             for k, rate in enumerate((fast, slow)):

@@ -15,8 +15,8 @@ program says it did:
 - ``graph``: the same step captured once in a CUDA graph and replayed STEPS times;
 - ``triton``: a Triton kernel called STEPS times (Triton's launcher looks ``cuLaunchKernelEx``
   up with ``dlsym`` on its own handle of libcuda, so the shim is expected to miss it);
-- ``expandable``: PyTorch with ``expandable_segments`` (memory mapped with ``cuMemCreate``
-  and ``cuMemMap``, which the shim does not hook), 1 GiB held.
+- ``expandable``: PyTorch with ``expandable_segments`` (physical memory from
+  ``cuMemCreate``, mapped with ``cuMemMap``), 1 GiB held.
 
 A scenario whose program fails (no Triton, say) prints its error and the others still
 run.  Results: ``benchmarks/results/shim_real_cuda.md``.
@@ -132,8 +132,10 @@ def run(name: str, shim: Path, rings: Path, steps: int) -> Seen:
     directory.mkdir()
     env = {**os.environ, **ENV.get(name, {}), "LD_PRELOAD": str(shim),
            "ELASTICO_SHIM_DIR": str(directory), "ELASTICO_SHIM_FLUSH_MS": "50"}  # fmt: skip
+    program = rings / f"{name}.py"  # a file, not -c: Triton compiles from the source file
+    program.write_text(PROGRAMS[name] + _REPORT)
     done = subprocess.run(
-        [sys.executable, "-c", PROGRAMS[name] + _REPORT, str(steps)],
+        [sys.executable, str(program), str(steps)],
         env=env, capture_output=True, text=True, timeout=180,
     )  # fmt: skip
     if done.returncode != 0:
