@@ -14,6 +14,9 @@ mkdir -p "$out"
 export PYTHONUNBUFFERED=1 PYTHONPATH=.
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/gpu.txt"
 python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)' | tee -a "$out/gpu.txt"
+# Which launch and memory entry points PyTorch's CUDA library binds by name.
+lib=$(python3 -c 'import os, torch; print(os.path.join(os.path.dirname(torch.__file__), "lib"))')
+nm -D --undefined-only "$lib/libtorch_cuda.so" 2>&1 | grep -E 'Launch|cuMem|cudaMalloc' | tee "$out/torch_symbols.txt"
 
 timeout 200 python3 benchmarks/shim_real_cuda.py 2>&1 | tee "$out/shim_real_cuda.txt"
 timeout 150 python3 benchmarks/launch_rate_signal.py --torch --phase 6 2>&1 | tee "$out/launch_rate_torch.txt"
