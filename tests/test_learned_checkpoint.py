@@ -693,3 +693,34 @@ def test_a_newer_versions_checkpoint_is_kept_not_overwritten(api: FakeApiServer)
     core.delete_namespaced_config_map(CM, NS)
     assert w.restore() is False  # nothing stored
     assert w.save() == "written"
+
+
+@pytest.mark.parametrize(
+    "rows",
+    [
+        {"references": [("pod-x", 10**20, "launches/s", 100.0, True)]},
+        {"records": [PairRecord("pod-x", 10**20, "pod-y", 2.0, None, 5.0)]},
+        {"references": [("pod-x", -3, "launches/s", 100.0, True)]},
+    ],
+    ids=["huge-reference-config", "huge-record-config", "negative-reference-config"],
+)
+def test_a_service_starts_over_a_checkpoint_naming_an_impossible_configuration(
+    api: FakeApiServer, tmp_path: Path, rows: dict
+) -> None:
+    """A well-formed checkpoint (an edited ConfigMap) whose rows name a configuration index
+    no family has, beyond SQLite's 64-bit integers included, is unreadable: the replica
+    starts and learns, as over any other garbage, and nothing of it reaches the book."""
+    payload, _, _ = encode(LearnedState(**rows), 1 << 20)
+    core = client.CoreV1Api(client.ApiClient(client.Configuration(host=api.url)))
+    core.create_namespaced_config_map(NS, {"metadata": {"name": CM}, "binaryData": {
+        DATA_KEY: base64.b64encode(payload).decode()}})  # fmt: skip
+    a = Replica.start(api, "replica-a", tmp_path / "a.db")
+    try:
+        assert wait_for(a.elector.is_leader)
+        assert a.checkpoint.status()["failures"]["unreadable"] == 1
+        assert not a.app.state.observations.book.state()["refs"]  # type: ignore[attr-defined]
+        assert wait_for(lambda: len(a.kube.state.pods()) == 3)
+        a.epoch()
+        assert a.post(batch(window("uid-a", SOLO / 2.0))).status_code == 200
+    finally:
+        a.server.stop()

@@ -414,7 +414,7 @@ def _reference(row: list[Any]) -> ReferenceRow:
     job, config, unit, rate, solo = _checked(row, 5, "references")
     return (
         _text(job, "references.job"),
-        int(_number(config, "references.config")),
+        _whole(config, "references.config"),
         _text(unit, "references.unit"),
         _number(rate, "references.rate"),
         bool(_number(solo, "references.solo")),
@@ -426,7 +426,7 @@ def _record(row: list[Any]) -> PairRecord:
     number: Callable[[Any, str], float] = _number
     return PairRecord(
         _text(victim, "records.victim"),
-        int(number(config, "records.victim_config")),
+        _whole(config, "records.victim_config"),
         _text(partner, "records.partner"),
         number(slowdown, "records.slowdown"),
         None if predicted is None else number(predicted, "records.predicted"),
