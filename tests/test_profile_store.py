@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sqlite3
+import time
 
 import numpy as np
 import pytest
@@ -96,3 +97,44 @@ def test_bad_measurements_are_refused(store, families, resources, throughput):
 def test_unopenable_store_raises_a_clear_error(tmp_path):
     with pytest.raises(ProfileStoreError, match="cannot open"):
         ProfileStore(tmp_path / "missing-dir" / "p.sqlite")
+
+
+def test_rows_of_families_come_and_gone_are_bounded_in_the_file(tmp_path, families):
+    """Every unprofiled family ever seen leaves a measured row (``profiles/observed``) and
+    family names churn forever: the file keeps the newest ``capacity`` rows, across
+    restarts too (a restart between every write, as a rarely written store sees)."""
+    path = tmp_path / "p.sqlite"
+    fam = families["dcgan"]
+    for k in range(12):
+        store = ProfileStore(path, capacity=5)
+        store.put(f"family-{k}", fam.hardware, fam.configs[0], fam.resources[0], 1.0 + k,
+                  measured_at=100.0 + k)  # fmt: skip
+        store.close()
+    store = ProfileStore(path, capacity=5)
+    rows = sqlite3.connect(path).execute("SELECT workload FROM profiles").fetchall()
+    assert {w for (w,) in rows} == {f"family-{k}" for k in range(7, 12)}
+    assert store.records("family-11", fam.hardware)[0].throughput == 12.0
+    assert store.records("family-0", fam.hardware) == []
+    store.close()
+
+
+def test_a_store_opens_while_another_process_writes_it(tmp_path, families):
+    """During a rollout the old and the new process hold the same file: opening it takes
+    no write lock (the other's long write neither blocks nor fails the start)."""
+    path = tmp_path / "p.sqlite"
+    fam = families["dcgan"]
+    first = ProfileStore(path, capacity=5)
+    for k in range(5):
+        first.put(f"family-{k}", fam.hardware, fam.configs[0], fam.resources[0], 1.0)
+    first.close()
+    other = sqlite3.connect(path, isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")  # the other process's write transaction, in flight
+    try:
+        started = time.monotonic()
+        store = ProfileStore(path, capacity=5)
+        assert time.monotonic() - started < 2.0
+        assert store.records("family-4", fam.hardware)[0].throughput == 1.0
+        store.close()
+    finally:
+        other.execute("ROLLBACK")
+        other.close()

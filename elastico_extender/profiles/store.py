@@ -7,11 +7,14 @@ fills every unmeasured configuration by nearest neighbour (flagged estimated).
 Measured rows always take precedence.  Rows are keyed by hardware signature,
 so a node with different GPUs never reuses another GPU's numbers, and
 :meth:`invalidate` drops what a hardware or framework change made stale.
+The newest ``capacity`` rows (by ``measured_at``) are kept: every unprofiled
+family ever seen adds one, and family names churn forever.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import math
 import sqlite3
 import threading
@@ -27,7 +30,13 @@ from elastico_extender.core.resources import NUM_RESOURCES
 from elastico_extender.core.shapes.estimate import nearest_measured
 from elastico_extender.errors import InvalidProfileError, ProfileStoreError
 
-__all__ = ["ProfileRecord", "ProfileStore"]
+__all__ = ["MAX_PROFILES", "ProfileRecord", "ProfileStore"]
+
+log = logging.getLogger(__name__)
+
+MAX_PROFILES = 100_000
+"""Rows a profile store keeps, the newest measured: a catalog family profiled on one GPU
+type takes at most a few hundred, an unprofiled family's solo window one."""
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS profiles (
@@ -115,10 +124,19 @@ class ProfileRecord:
 class ProfileStore:
     """Thread-safe SQLite store of measured profiles."""
 
-    def __init__(self, path: str | Path = ":memory:") -> None:
+    def __init__(self, path: str | Path = ":memory:", capacity: int = MAX_PROFILES) -> None:
+        if capacity < 1:
+            raise ValueError("capacity must be >= 1")
         self.path = str(path)
+        self.capacity = capacity
         self._db = open_database(self.path, _SCHEMA, "profile store")
         self._lock = threading.Lock()
+        self._since_prune = 0
+        try:  # also at open: a store restarted more often than it prunes still shrinks
+            with self._db:
+                self._prune()
+        except sqlite3.Error as exc:  # a read-only file: read as it is
+            log.warning("profiles.not_pruned", extra={"path": self.path, "error": str(exc)})
 
     def close(self) -> None:
         with self._lock:
@@ -165,6 +183,24 @@ class ProfileStore:
         )
         with self._lock, self._db:
             self._db.execute("INSERT OR REPLACE INTO profiles VALUES (?,?,?,?,?,?,?)", row)
+            # pruned after each tenth of the bound written: at most that much more kept
+            self._since_prune += 1
+            if self._since_prune >= max(1, self.capacity // 10):
+                self._prune()
+
+    def _prune(self) -> None:
+        """Drop the rows beyond ``capacity``, the oldest measured first (caller commits).
+        Within the bound it writes nothing: a read-only file, or one another process is
+        writing, opens without waiting for a write lock."""
+        self._since_prune = 0
+        (rows,) = self._db.execute("SELECT COUNT(*) FROM profiles").fetchone()
+        if rows <= self.capacity:
+            return
+        self._db.execute(
+            "DELETE FROM profiles WHERE rowid IN (SELECT rowid FROM profiles "
+            "ORDER BY measured_at DESC, rowid DESC LIMIT -1 OFFSET ?)",
+            (self.capacity,),
+        )
 
     def records(self, workload: str, hardware: str) -> list[ProfileRecord]:
         """``workload``'s measured rows on ``hardware``; a failed read (a damaged file, a
