@@ -147,3 +147,22 @@ def test_the_store_keeps_the_newest_completions(
     assert [uid for uid, _, _ in kept] == ["u3", "u4", "u5"]
     assert [c.duration_s for _, c, _ in kept] == [103.0, 104.0, 105.0]
     store.close()
+
+
+def test_a_store_restarted_before_it_prunes_still_keeps_only_the_newest(tmp_path: Path) -> None:
+    """A small cluster restarted (rolled out) every few hundred completions never reaches
+    ``PRUNE_EVERY`` in one run: the file is bounded all the same."""
+    import sqlite3
+
+    from elastico_extender.core.duration import CompletedJob
+
+    path = tmp_path / "c.db"
+    for k in range(6):
+        store = CompletionStore(path, capacity=3)
+        assert store.add(f"u{k}", CompletedJob("bert", 1, 100.0 + k, "t"), finished_at=1e9 + k)
+        store.close()
+        held = sqlite3.connect(path).execute("SELECT COUNT(*) FROM job_completions").fetchone()
+        assert held[0] <= 3 + 1  # the bound, and what this run added
+    CompletionStore(path, capacity=3).close()  # the next restart
+    rows = sqlite3.connect(path).execute("SELECT uid FROM job_completions").fetchall()
+    assert sorted(uid for (uid,) in rows) == ["u3", "u4", "u5"]

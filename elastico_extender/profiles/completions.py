@@ -3,13 +3,15 @@
 One table, ``job_completions``, in the profile store's file by default: per finished
 pod (its uid is the key, so a pod still listed as Succeeded after a restart is not
 counted twice) the family, GPU count, user (the namespace), run time and when it
-finished.  The newest :data:`~elastico_extender.core.duration.MAX_COMPLETIONS` are kept;
-:meth:`CompletionStore.load` reads them back oldest first.  Thread-safe; each write is
-one transaction (a checkpoint's thousands of rows too: :meth:`CompletionStore.add_many`).
+finished.  The newest :data:`~elastico_extender.core.duration.MAX_COMPLETIONS` are kept
+(pruned every :data:`PRUNE_EVERY` inserts and at open); :meth:`CompletionStore.load` reads
+them back oldest first.  Thread-safe; each write is one transaction (a checkpoint's
+thousands of rows too: :meth:`CompletionStore.add_many`).
 """
 
 from __future__ import annotations
 
+import logging
 import sqlite3
 import threading
 from collections.abc import Iterable
@@ -17,9 +19,11 @@ from pathlib import Path
 
 from elastico_extender.core.duration import MAX_COMPLETIONS, CompletedJob
 from elastico_extender.errors import ProfileStoreError
-from elastico_extender.profiles.store import open_database
+from elastico_extender.profiles.store import keep_newest, open_database
 
 __all__ = ["CompletionRow", "CompletionStore"]
+
+log = logging.getLogger(__name__)
 
 CompletionRow = tuple[str, CompletedJob, float]
 """(the pod's uid, its completion, when it finished in epoch seconds)."""
@@ -50,6 +54,11 @@ class CompletionStore:
         self._db = open_database(self.path, _SCHEMA, "completion store")
         self._lock = threading.Lock()
         self._since_prune = 0
+        try:  # also at open: a store restarted before PRUNE_EVERY inserts still shrinks
+            with self._db:
+                self._prune()
+        except sqlite3.Error as exc:  # a read-only file: read as it is
+            log.warning("completions.not_pruned", extra={"path": self.path, "error": str(exc)})
 
     def close(self) -> None:
         with self._lock:
@@ -81,11 +90,7 @@ class CompletionStore:
 
     def _prune(self) -> None:
         self._since_prune = 0
-        self._db.execute(
-            "DELETE FROM job_completions WHERE uid NOT IN (SELECT uid FROM job_completions "
-            "ORDER BY finished_at DESC LIMIT ?)",
-            (self.capacity,),
-        )
+        keep_newest(self._db, "job_completions", "finished_at", self.capacity)
 
     def load(self) -> list[CompletionRow]:
         """The newest ``capacity`` rows, oldest first."""

@@ -82,6 +82,21 @@ def open_database(
     return db
 
 
+def keep_newest(db: sqlite3.Connection, table: str, newest: str, capacity: int) -> int:
+    """Delete the rows of ``table`` beyond the ``capacity`` with the largest ``newest``
+    column (the caller commits); how many.  Within the bound it writes nothing, so a
+    store opens without a write lock: a read-only file, or one another process (the old
+    leader in a rollout) is writing, is read as it is."""
+    (rows,) = db.execute(f"SELECT COUNT(*) FROM {table}").fetchone()
+    if rows <= capacity:
+        return 0
+    return db.execute(
+        f"DELETE FROM {table} WHERE rowid IN (SELECT rowid FROM {table} "
+        f"ORDER BY {newest} DESC, rowid DESC LIMIT -1 OFFSET ?)",
+        (capacity,),
+    ).rowcount
+
+
 def _check_layout(db: sqlite3.Connection, schema: str) -> None:
     """Raise if a table ``schema`` creates has other columns in ``db`` than in ``schema``."""
     expected = sqlite3.connect(":memory:")
@@ -189,18 +204,9 @@ class ProfileStore:
                 self._prune()
 
     def _prune(self) -> None:
-        """Drop the rows beyond ``capacity``, the oldest measured first (caller commits).
-        Within the bound it writes nothing: a read-only file, or one another process is
-        writing, opens without waiting for a write lock."""
+        """Drop the rows beyond ``capacity``, the oldest measured first (caller commits)."""
         self._since_prune = 0
-        (rows,) = self._db.execute("SELECT COUNT(*) FROM profiles").fetchone()
-        if rows <= self.capacity:
-            return
-        self._db.execute(
-            "DELETE FROM profiles WHERE rowid IN (SELECT rowid FROM profiles "
-            "ORDER BY measured_at DESC, rowid DESC LIMIT -1 OFFSET ?)",
-            (self.capacity,),
-        )
+        keep_newest(self._db, "profiles", "measured_at", self.capacity)
 
     def records(self, workload: str, hardware: str) -> list[ProfileRecord]:
         """``workload``'s measured rows on ``hardware``; a failed read (a damaged file, a
