@@ -86,3 +86,26 @@ def test_the_operator_can_keep_planning_on_profiles(tmp_path) -> None:
         server.stop()
     finally:
         api.stop()
+
+
+def test_the_measured_ranking_survives_a_restart(tmp_path) -> None:
+    """The solo rates are learned state: an extender restarted on the same store (and
+    without any new window) still places the pending pod at the configuration they rank
+    first, not the profile's."""
+    api = _cluster()
+    store = str(tmp_path / "loop.db")
+    try:
+        server, kube, svc = start_service(api, observation_store=store)
+        assert wait_for(lambda: len(kube.state.pods()) == 3)
+        svc.epoch()
+        assert svc.post(_measured()).status_code == 200
+        server.stop()
+        server, kube, svc = start_service(api, observation_store=store)  # a restart
+        assert wait_for(lambda: len(kube.state.pods()) == 3)
+        svc.epoch()
+        rates = svc.engine.published.snapshot.solo_rates["bert"].rate
+        assert rates[BERT.fastest_index] == SOLO / 2 and rates[SECOND] == SOLO * 1.2
+        assert _placed_config(svc) == SECOND
+        server.stop()
+    finally:
+        api.stop()
