@@ -176,6 +176,18 @@ def test_references_of_pods_come_and_gone_are_bounded_in_the_file(tmp_path: Path
     assert book.reference("pod-0", 0, "it/s") is None
 
 
+def test_references_stay_bounded_when_restarts_come_before_a_pruning(tmp_path: Path) -> None:
+    """Pruning waits for a tenth of the bound to be written, a count a restart starts
+    afresh: a store restarted more often grew forever (pruned at open too now)."""
+    path = tmp_path / "loop.db"
+    for i in range(300):  # a restart after every pod's first window
+        store = LoopStore(path, max_references=100)
+        store.put_references([(f"pod-{i}", 0, "it/s", 10.0 + i, True)], float(i))
+        store.close()
+    (rows,) = sqlite3.connect(path).execute("SELECT COUNT(*) FROM loop_references").fetchone()
+    assert rows <= 101  # the bound, and what the last run wrote
+
+
 def test_pair_records_are_bounded_to_the_newest(tmp_path: Path) -> None:
     store = LoopStore(tmp_path / "loop.db", max_samples=5)
     for i in range(12):

@@ -7,7 +7,8 @@ of :mod:`.store` (the profile store); by default the same file holds both
 * ``loop_references``: the observation book's solo reference rates per (job,
   configuration, unit), whether measured alone, and when written; upserted as
   they change, the newest read back at start so slowdowns resume at once; the
-  newest ``max_references`` kept (every pod adds rows under its uid);
+  newest ``max_references`` kept (every pod adds rows under its uid; pruned after
+  each tenth of the bound written, and at open);
 * ``loop_correction``: the online correction's rows per level (configuration
   pair, family pair): 64-bit key (as text), mean log residual, capped count;
 * ``loop_neighbours``: the correction's ring of observed configuration pairs
@@ -30,6 +31,7 @@ Writes are batched per call (one transaction); the store is thread-safe.
 
 from __future__ import annotations
 
+import logging
 import math
 import sqlite3
 import threading
@@ -42,9 +44,11 @@ import numpy as np
 from elastico_extender.core.interference.features import NUM_FEATURES
 from elastico_extender.core.interference.online import OnlineCorrection
 from elastico_extender.core.observations import ObservationBook
-from elastico_extender.profiles.store import open_database
+from elastico_extender.profiles.store import keep_newest, open_database
 
 __all__ = ["LoopStore", "PairRecord", "ReferenceRow"]
+
+log = logging.getLogger(__name__)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS loop_correction (
@@ -137,6 +141,11 @@ class LoopStore:
         self._refs_since_prune = 0
         self._db = open_database(self.path, _SCHEMA, "loop store", _migrate)
         self._lock = threading.Lock()
+        try:  # also at open: a store restarted before a tenth of the bound was written
+            with self._db:
+                keep_newest(self._db, "loop_references", "updated_at", self.max_references)
+        except sqlite3.Error as exc:  # a read-only file: read as it is
+            log.warning("loop_store.not_pruned", extra={"path": self.path, "error": str(exc)})
 
     def close(self) -> None:
         with self._lock:
@@ -277,11 +286,7 @@ class LoopStore:
                 self._refs_since_prune += len(data)
                 if self._refs_since_prune >= max(1, self.max_references // 10):
                     self._refs_since_prune = 0
-                    self._db.execute(
-                        "DELETE FROM loop_references WHERE rowid IN (SELECT rowid FROM "
-                        "loop_references ORDER BY updated_at DESC, rowid DESC LIMIT -1 OFFSET ?)",
-                        (self.max_references,),
-                    )
+                    keep_newest(self._db, "loop_references", "updated_at", self.max_references)
         return len(data)
 
     def save_references(self, book: ObservationBook, at: float) -> int:
