@@ -127,6 +127,19 @@ def test_tiresias_is_fifo_within_a_queue() -> None:
     assert plan.preempted == () and plan.queued == ("j1",)  # 1000 GPU-s: still queue 0
 
 
+def test_tiresias_keeps_running_jobs_ahead_of_waiting_ones_in_a_queue() -> None:
+    """Tiresias' simulator moves a queue's waiting jobs behind its running ones after every
+    pass: a gang that arrived first but did not fit does not preempt the job that backfilled."""
+    tir = TiresiasPolicy()
+    jobs = [_job(0, "lstm", dev=0), _job(1, "lstm", gpus=2), _job(2, "lstm")]
+    plan = tir.plan(_snap(jobs, gpus=2, now=0.0))
+    assert "j2" in plan.assignments and plan.queued == ("j1",)  # j2 backfills beside j0
+    # j0 finished: j1 (2 GPUs, earlier arrival) waits for j2 instead of preempting it.
+    assert plan.assignments["j2"].devices == (("node-0000", 1),)
+    plan = tir.plan(_snap([_job(1, "lstm", gpus=2), _job(2, "lstm", dev=1)], gpus=2, now=600.0))
+    assert plan.preempted == () and plan.queued == ("j1",)
+
+
 def test_tiresias_asks_to_wake_at_the_next_demotion() -> None:
     tir = TiresiasPolicy(thresholds=(3600.0,))
     tir.plan(_snap([_job(0, "lstm", gpus=2, dev=0), _job(1, "lstm", gpus=2)], gpus=2, now=100.0))

@@ -8,8 +8,13 @@ queue and is demoted each time its service crosses the next threshold
 (``thresholds``, GPU-seconds; default one threshold of 18,000 GPU-s = 5
 GPU-hours, i.e. two queues, the setting of the Tiresias reimplementation in
 Lucid's published simulator).  Higher queues go first; within a queue jobs
-are served FIFO by arrival (Tiresias' discretisation, which avoids the
-thrashing of continuous LAS).  Scheduling is preemptive over whole GPUs with
+are served FIFO in the order of Tiresias' own simulator (SymbioticLab/Tiresias,
+``run_sim.py`` ``dlas_sim_jobs``): a job joins the back of a queue when it
+arrives or is demoted into it, and after every pass the queue's waiting jobs
+move behind its running ones.  So a job that backfilled is not preempted
+later for a job of its own queue that was waiting first (Lucid's
+reimplementation sorts by arrival instead, which preempts it: more
+checkpoints, a higher average JCT).  Scheduling is preemptive over whole GPUs with
 no sharing (:func:`.preemptive.priority_quota_plan`): a running job in a lower
 queue is preempted for a waiting job in a higher one.  Tiresias' optional
 starvation guard ("promote a job that waited longer than ``promote_factor``
@@ -53,6 +58,8 @@ class TiresiasPolicy:
         self.margin = (settings or PlannerSettings()).memory_margin_mib
         self.ledger = ServiceLedger()
         self._waiting_since: dict[str, float] = {}
+        self._place: dict[str, tuple[int, int]] = {}  # live job -> (queue, position in it)
+        self._tick = 0
 
     def queue_of(self, job: Job) -> int:
         """0 for the highest-priority queue; one more per threshold crossed."""
@@ -72,13 +79,28 @@ class TiresiasPolicy:
                 self._waiting_since.pop(j.id, None)
             else:
                 self._waiting_since.setdefault(j.id, float(snapshot.now))
-        result = priority_quota_plan(
-            snapshot, lambda j: (self.queue_of(j), j.arrival_time, j.id), self.margin
-        )
+        self._place = {k: v for k, v in self._place.items() if k in live}
+        for j in sorted(snapshot.jobs, key=lambda j: (j.arrival_time, j.id)):
+            q = self.queue_of(j)
+            held = self._place.get(j.id)
+            if held is None or held[0] != q:  # arrived or changed queue: joins its back
+                self._enqueue(j.id, q)
+
+        def key(j: Job) -> tuple[int, int, str]:
+            return (*self._place[j.id], j.id)
+
+        result = priority_quota_plan(snapshot, key, self.margin)
+        for j in sorted((j for j in snapshot.jobs if j.id not in result.assignments), key=key):
+            self._enqueue(j.id, self._place[j.id][0])  # waiting jobs behind running ones
         self.ledger.ran(result)
         self._running = {j.id: j.gpus for j in snapshot.jobs if j.id in result.assignments}
         self._pending = bool(result.queued)
         return result
+
+    def _enqueue(self, job_id: str, queue: int) -> None:
+        """Put ``job_id`` at the back of ``queue``."""
+        self._tick += 1
+        self._place[job_id] = (queue, self._tick)
 
     def wake_at(self) -> float | None:
         """When the next running job crosses a threshold, if a job waits (else None)."""
