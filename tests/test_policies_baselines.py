@@ -140,6 +140,21 @@ def test_tiresias_keeps_running_jobs_ahead_of_waiting_ones_in_a_queue() -> None:
     assert plan.preempted == () and plan.queued == ("j1",)
 
 
+def test_tiresias_promoted_job_keeps_the_top_queue_once_it_runs() -> None:
+    """The starvation guard: a job promoted after waiting ``promote_factor`` times its
+    executed time starts over in the top queue (Tiresias resets its service), so the next
+    fresh arrival does not preempt it at once (a promote/preempt loop)."""
+    tir = TiresiasPolicy(thresholds=(100.0,), promote_factor=1.0)
+    tir.plan(_snap([_job(0, "lstm")], gpus=1, now=0.0))
+    plan = tir.plan(_snap([_job(0, "lstm", dev=0), _job(1, "lstm")], gpus=1, now=200.0))
+    assert plan.preempted == ("j0",)  # 200 GPU-s: j0 dropped to queue 1
+    plan = tir.plan(_snap([_job(0, "lstm"), _job(1, "lstm", dev=0)], gpus=1, now=450.0))
+    assert plan.preempted == ("j1",) and "j0" in plan.assignments  # waited 250 s >= 200 s
+    jobs = [_job(0, "lstm", dev=0), _job(1, "lstm"), _job(455, "lstm")]
+    plan = tir.plan(_snap(jobs, gpus=1, now=460.0))
+    assert plan.preempted == () and "j0" in plan.assignments
+
+
 def test_tiresias_asks_to_wake_at_the_next_demotion() -> None:
     tir = TiresiasPolicy(thresholds=(3600.0,))
     tir.plan(_snap([_job(0, "lstm", gpus=2, dev=0), _job(1, "lstm", gpus=2)], gpus=2, now=100.0))

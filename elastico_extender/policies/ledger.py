@@ -99,6 +99,11 @@ class ServiceLedger:
         e = self._jobs.get(job_id)
         return e.executed if e is not None else 0.0
 
+    def first_start(self, job_id: str) -> float | None:
+        """When the job was first seen running (None: never, or unknown)."""
+        e = self._jobs.get(job_id)
+        return e.first_start if e is not None else None
+
     @property
     def now(self) -> float:
         return self._now or 0.0

@@ -17,11 +17,13 @@ reimplementation sorts by arrival instead, which preempts it: more
 checkpoints, a higher average JCT).  Scheduling is preemptive over whole GPUs with
 no sharing (:func:`.preemptive.priority_quota_plan`): a running job in a lower
 queue is preempted for a waiting job in a higher one.  Tiresias' optional
-starvation guard ("promote a job that waited longer than ``promote_factor``
-times its executed time back to the highest queue") is available and off by
-default, as in Lucid's reimplementation.  The policy asks the driver to wake
-it when a running job crosses a threshold (``wake_at``), since demotions are
-decisions no external event announces.
+starvation guard is available and off by default, as in its simulator and in
+Lucid's reimplementation: a demoted job that has waited ``promote_factor``
+times as long as it ran (both counted since it last started over) goes back to
+the top queue with its service counted again from zero, as Tiresias resets it.
+The policy asks the driver to wake it when a running job crosses a threshold or
+a waiting one is due for promotion (``wake_at``), since those are decisions no
+external event announces.
 """
 
 from __future__ import annotations
@@ -57,28 +59,41 @@ class TiresiasPolicy:
         self.promote_factor = promote_factor
         self.margin = (settings or PlannerSettings()).memory_margin_mib
         self.ledger = ServiceLedger()
-        self._waiting_since: dict[str, float] = {}
+        self._reset: dict[str, tuple[float, float, float]] = {}
+        """Live job -> (time, attained GPU-s, executed s) at its last promotion."""
         self._place: dict[str, tuple[int, int]] = {}  # live job -> (queue, position in it)
         self._tick = 0
 
+    def _service(self, job_id: str) -> float:
+        """GPU-seconds run since the job last started over (arrival or promotion)."""
+        base = self._reset.get(job_id)
+        return self.ledger.attained(job_id) - (base[1] if base else 0.0)
+
     def queue_of(self, job: Job) -> int:
         """0 for the highest-priority queue; one more per threshold crossed."""
-        q = bisect.bisect_right(self.thresholds, self.ledger.attained(job.id))
-        if self.promote_factor is not None and q > 0 and not job.running:
-            since = self._waiting_since.get(job.id, self.ledger.now)
-            if self.ledger.now - since > self.promote_factor * self.ledger.executed(job.id):
-                return 0
-        return q
+        return bisect.bisect_right(self.thresholds, self._service(job.id))
+
+    def _promotion_due(self, job_id: str) -> float | None:
+        """Seconds until a demoted job that waits is due for promotion (<= 0: due), or None."""
+        if self.promote_factor is None or self._service(job_id) < self.thresholds[0]:
+            return None
+        base = self._reset.get(job_id)
+        start = base[0] if base else self.ledger.first_start(job_id)
+        if start is None:
+            return None
+        executed = self.ledger.executed(job_id) - (base[2] if base else 0.0)
+        waited = self.ledger.now - start - executed
+        return self.promote_factor * executed - waited
 
     def plan(self, snapshot: Snapshot, previous: Plan | None = None) -> Plan:
-        self.ledger.observe(snapshot)
+        ledger = self.ledger
+        ledger.observe(snapshot)
         live = {j.id for j in snapshot.jobs}
-        self._waiting_since = {k: v for k, v in self._waiting_since.items() if k in live}
+        self._reset = {k: v for k, v in self._reset.items() if k in live}
         for j in snapshot.jobs:
-            if j.running:
-                self._waiting_since.pop(j.id, None)
-            else:
-                self._waiting_since.setdefault(j.id, float(snapshot.now))
+            due = None if j.running else self._promotion_due(j.id)
+            if due is not None and due <= 0:
+                self._reset[j.id] = (ledger.now, ledger.attained(j.id), ledger.executed(j.id))
         self._place = {k: v for k, v in self._place.items() if k in live}
         for j in sorted(snapshot.jobs, key=lambda j: (j.arrival_time, j.id)):
             q = self.queue_of(j)
@@ -94,7 +109,7 @@ class TiresiasPolicy:
             self._enqueue(j.id, self._place[j.id][0])  # waiting jobs behind running ones
         self.ledger.ran(result)
         self._running = {j.id: j.gpus for j in snapshot.jobs if j.id in result.assignments}
-        self._pending = bool(result.queued)
+        self._waiting = result.queued + result.preempted
         return result
 
     def _enqueue(self, job_id: str, queue: int) -> None:
@@ -103,14 +118,20 @@ class TiresiasPolicy:
         self._place[job_id] = (queue, self._tick)
 
     def wake_at(self) -> float | None:
-        """When the next running job crosses a threshold, if a job waits (else None)."""
-        if not getattr(self, "_pending", False):
+        """When the next running job crosses a threshold or a waiting one is due for
+        promotion, if a job waits (else None)."""
+        waiting: tuple[str, ...] = getattr(self, "_waiting", ())
+        if not waiting:
             return None
-        best = None
+        now = self.ledger.now
+        times = []
         for job_id, gpus in self._running.items():
-            service = self.ledger.attained(job_id)
+            service = self._service(job_id)
             nxt = bisect.bisect_right(self.thresholds, service)
             if nxt < len(self.thresholds):
-                t = self.ledger.now + (self.thresholds[nxt] - service) / gpus
-                best = t if best is None else min(best, t)
-        return best
+                times.append(now + (self.thresholds[nxt] - service) / gpus)
+        for job_id in waiting:
+            due = self._promotion_due(job_id)
+            if due is not None:
+                times.append(now + max(due, 0.0))
+        return min(times) if times else None
