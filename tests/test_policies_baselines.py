@@ -183,6 +183,15 @@ def test_srtf_preempts_for_a_shorter_remaining_time() -> None:
     assert plan.preempted == ("j0",) and "j1" in plan.assignments
 
 
+def test_srtf_orders_by_remaining_gpu_time() -> None:
+    """Tiresias' clairvoyant SRSF: two 1-GPU jobs of 1,200 s (1,200 GPU-s each) go before a
+    2-GPU job of 1,000 s (2,000 GPU-s): average JCT 1,533 s instead of 1,800 s."""
+    remaining = {"j0": 1000.0, "j1": 1200.0, "j2": 1200.0}
+    srtf = SrtfOraclePolicy(remaining=lambda job_id: remaining[job_id])
+    plan = srtf.plan(_snap([_job(0, "lstm", gpus=2), _job(1, "lstm"), _job(2, "lstm")], gpus=2))
+    assert set(plan.assignments) == {"j1", "j2"} and plan.queued == ("j0",)
+
+
 def test_srtf_refuses_without_its_oracle() -> None:
     with pytest.raises(ValueError, match="oracle"):
         make_policy("srtf").plan(_snap([_job(0, "lstm")], gpus=1))
