@@ -108,7 +108,7 @@ def test_what_bind_writes_is_what_elastico_run_reads():
     assert assignment.memory_budget_mib == 16384 and assignment.device_memory_mib == 40960
     assert assignment.mps is True
     settings = assignment.settings()
-    assert settings.env["VLLM_GPU_MEMORY_UTILIZATION"] == "0.4000"
+    assert settings.env["VLLM_GPU_MEMORY_UTILIZATION"] == "0.3875"  # (16384 - 512) / 40960
     assert f"--max-num-seqs={config['max_num_seqs']}" in settings.vllm_args
 
 

@@ -27,6 +27,7 @@ def test_vllm_memory_utilization_is_budget_over_device_memory(families):
         device_memory_mib=40960,
         device_indices=(3,),
         sm_share=0.42,
+        mps=False,
     )
     assert env["VLLM_GPU_MEMORY_UTILIZATION"] == "0.5000"
     args = env["ELASTICO_VLLM_ARGS"].split()
@@ -35,9 +36,44 @@ def test_vllm_memory_utilization_is_budget_over_device_memory(families):
     assert "--enable-prefix-caching" in args
     assert env["NVIDIA_VISIBLE_DEVICES"] == "3"  # host GPU, exposed by the container runtime
     assert env["CUDA_VISIBLE_DEVICES"] == "0"  # renumbered inside the container
-    assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=20480M"
-    assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "42"
+    assert "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT" not in env
     assert "PYTORCH_CUDA_ALLOC_CONF" not in env
+
+
+# Measured on an H200 (PyTorch 2.11, CUDA 13, benchmarks/device_check.sh): under
+# CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=2048M a client saw 1777 MiB free once its context
+# existed, while mem_get_info's total stayed the whole device's.
+CONTEXT_MIB = 2048 - 1777
+
+
+@pytest.mark.parametrize("budget", [2048, 20480, 40960])
+@pytest.mark.parametrize("kind", [JobKind.INFERENCE, JobKind.TRAINING])
+def test_under_mps_frameworks_fill_the_pinned_limit_less_the_context(families, budget, kind):
+    """MPS's pinned limit holds the client's CUDA context too, and the device still
+    reports its whole memory as total.  vLLM asks for utilization x total and refuses to
+    start unless that much is free after its context exists; PyTorch's per-process
+    fraction is of the total as well.  So under MPS both are told the budget less a
+    context reserve, while the limit itself stays the budget."""
+    device = 40960
+    config = families["qwen-1.7b" if kind is JobKind.INFERENCE else "bert"].configs[0]
+    env = framework_settings(
+        kind=kind,
+        configuration=config,
+        memory_budget_mib=budget,
+        device_memory_mib=device,
+        device_indices=(0,),
+        sm_share=0.5,
+    )
+    assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == f"0={budget}M"
+    assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "50"
+    free_after_context = budget - CONTEXT_MIB
+    assert float(env["ELASTICO_MEMORY_FRACTION"]) * device <= free_after_context
+    if kind is JobKind.INFERENCE:
+        util = float(env["VLLM_GPU_MEMORY_UTILIZATION"])
+        assert util * device <= free_after_context  # vLLM's start-up check passes
+        assert f"--gpu-memory-utilization={util:.4f}" in env["ELASTICO_VLLM_ARGS"].split()
+        assert env["ELASTICO_GPU_MEMORY_UTILIZATION"] == env["VLLM_GPU_MEMORY_UTILIZATION"]
+        assert util * device >= budget - 1024  # and the rest of the budget is used
 
 
 def test_pytorch_allocator_cap_and_fraction(families):

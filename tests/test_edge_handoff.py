@@ -33,7 +33,7 @@ from elastico_extender.annotations import (
 )
 from elastico_extender.api.app import create_app
 from elastico_extender.cluster.embedded import EmbeddedCluster
-from elastico_extender.core.handoff import framework_settings, memory_share
+from elastico_extender.core.handoff import framework_settings, framework_share, memory_share
 from elastico_extender.core.model import Configuration, JobKind
 from elastico_extender.launcher.assignment import read_assignment
 from elastico_extender.service.server import ServerThread
@@ -274,7 +274,10 @@ def test_one_budget_in_annotation_configmap_and_vllm(service, node):
     assert data["ELASTICO_GPU_MEMORY_UTILIZATION"] == share
     assert data["VLLM_GPU_MEMORY_UTILIZATION"] == share
     assert f"--gpu-memory-utilization={share}" in data["ELASTICO_VLLM_ARGS"].split()
-    assert float(share) * int(device) <= int(budget) < (float(share) + 1e-4) * int(device)
+    # the share frameworks fill: the budget's, less the context's reserve under MPS
+    usable = framework_share(int(budget), int(device), annotations["elastico.io/mps"] == "true")
+    assert share == usable.fraction
+    assert float(share) * int(device) <= usable.budget_mib < (float(share) + 1e-4) * int(device)
     # and elastico-run, reading the annotations, computes the very same settings
     settings = read_assignment(annotations, {}).settings()
     for key in ("ELASTICO_MEMORY_BUDGET_MIB", "ELASTICO_GPU_MEMORY_UTILIZATION",

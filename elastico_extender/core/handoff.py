@@ -15,7 +15,9 @@ PyTorch             ``PYTORCH_CUDA_ALLOC_CONF=max_split_size_mb:M_j`` and
                     ``ELASTICO_MEMORY_FRACTION`` = M_j / M_GPU, applied by the
                     launcher through ``torch.cuda.set_per_process_memory_fraction``
 MPS                 ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=<M_j>M`` and
-                    ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` from the SM share
+                    ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` from the SM share; the
+                    vLLM and PyTorch fractions above are then of M_j less
+                    ``MPS_CONTEXT_RESERVE_MIB`` (:func:`framework_share`)
 all                 ``NVIDIA_VISIBLE_DEVICES`` = host GPU index (the container
                     runtime exposes it), ``CUDA_VISIBLE_DEVICES`` = 0..n-1 inside;
                     ``ELASTICO_*`` knobs for training scripts that read them, and the
@@ -31,7 +33,15 @@ from dataclasses import dataclass
 
 from elastico_extender.core.model import Configuration, JobKind
 
-__all__ = ["ENV_PREFIX", "MemoryShare", "framework_settings", "memory_share", "vllm_arguments"]
+__all__ = [
+    "ENV_PREFIX",
+    "MPS_CONTEXT_RESERVE_MIB",
+    "MemoryShare",
+    "framework_settings",
+    "framework_share",
+    "memory_share",
+    "vllm_arguments",
+]
 
 ENV_PREFIX = "ELASTICO_"
 
@@ -74,6 +84,27 @@ def memory_share(memory_budget_mib: float, device_memory_mib: float) -> MemorySh
     return MemoryShare(budget, device, f"{fraction:.4f}")
 
 
+MPS_CONTEXT_RESERVE_MIB = 512
+"""What an MPS client's CUDA context takes out of its pinned memory limit, with room to
+spare: 271 MiB measured for PyTorch 2.11 on CUDA 13 on an H200 before any tensor
+(benchmarks/device_check.sh); lazily loaded modules and library handles add to it."""
+
+
+def framework_share(memory_budget_mib: float, device_memory_mib: float, mps: bool) -> MemoryShare:
+    """The share of the device a framework is told to fill (vLLM's utilization, PyTorch's
+    per-process fraction).
+
+    Both are fractions of the memory the device reports, which MPS leaves at the whole
+    device.  Without MPS that is the budget's own share.  Under MPS the pinned limit of
+    M_j also holds the process's CUDA context, and vLLM refuses to start unless
+    utilization x total is free once its context exists, so the share is of M_j less
+    :data:`MPS_CONTEXT_RESERVE_MIB` (at least 1 MiB: a budget that small cannot run)."""
+    share = memory_share(memory_budget_mib, device_memory_mib)
+    if not mps:
+        return share
+    return memory_share(max(1, share.budget_mib - MPS_CONTEXT_RESERVE_MIB), share.device_mib)
+
+
 def vllm_arguments(configuration: Configuration, memory_fraction: float) -> list[str]:
     """vLLM engine flags for an inference configuration and its memory share."""
     args = [f"--gpu-memory-utilization={memory_fraction:.4f}"]
@@ -106,6 +137,7 @@ def framework_settings(
     the device, so a bad decision never reaches a pod.
     """
     share = memory_share(memory_budget_mib, device_memory_mib)
+    usable = framework_share(memory_budget_mib, device_memory_mib, mps)
     if not device_indices:
         raise ValueError("at least one device index is required")
     budget = share.budget_mib
@@ -120,7 +152,7 @@ def framework_settings(
         _knob_env("CONFIGURATION_JSON"): json.dumps(configuration.as_dict()),
         _knob_env("MEMORY_BUDGET_MIB"): str(budget),
         _knob_env("DEVICE_MEMORY_MIB"): str(share.device_mib),
-        _knob_env("MEMORY_FRACTION"): share.fraction,
+        _knob_env("MEMORY_FRACTION"): usable.fraction,
         _knob_env("SM_SHARE"): f"{sm_share:.4f}",
         _knob_env("MPS"): "true" if mps else "false",
     }
@@ -131,9 +163,9 @@ def framework_settings(
         # The profile's MU knob is relative to the device it was profiled on (an A100
         # 40 GB for the catalog); on any other device the share vLLM really gets is the
         # budget's, so the knob variable says that one value too.
-        env[_knob_env("GPU_MEMORY_UTILIZATION")] = share.fraction
-        env[_knob_env("VLLM_ARGS")] = " ".join(vllm_arguments(configuration, share.value))
-        env["VLLM_GPU_MEMORY_UTILIZATION"] = share.fraction
+        env[_knob_env("GPU_MEMORY_UTILIZATION")] = usable.fraction
+        env[_knob_env("VLLM_ARGS")] = " ".join(vllm_arguments(configuration, usable.value))
+        env["VLLM_GPU_MEMORY_UTILIZATION"] = usable.fraction
     else:
         env["PYTORCH_CUDA_ALLOC_CONF"] = f"max_split_size_mb:{budget}"
     if mps:

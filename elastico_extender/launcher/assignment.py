@@ -39,7 +39,7 @@ from elastico_extender.annotations import (
     SM_SHARE,
     WORKLOAD_KIND,
 )
-from elastico_extender.core.handoff import framework_settings, memory_share, vllm_arguments
+from elastico_extender.core.handoff import framework_settings, framework_share, vllm_arguments
 from elastico_extender.core.model import Configuration, JobKind
 from elastico_extender.errors import AnnotationError
 
@@ -94,8 +94,8 @@ class Assignment:
         )
         args: tuple[str, ...] = ()
         if self.kind is JobKind.INFERENCE:
-            # the one rounding (down) that ELASTICO_VLLM_ARGS and the annotations carry
-            share = memory_share(self.memory_budget_mib, self.device_memory_mib)
+            # the one share (rounded down) that ELASTICO_VLLM_ARGS carries
+            share = framework_share(self.memory_budget_mib, self.device_memory_mib, self.mps)
             args = tuple(vllm_arguments(self.configuration, share.value))
         return LaunchSettings(env=env, vllm_args=args, profiling=self.profiling)
 
