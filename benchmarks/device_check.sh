@@ -4,8 +4,8 @@
 #      graph, a Triton kernel and expandable-segment memory;
 #   2. benchmarks/launch_rate_signal.py --torch: the launch rate against the achieved step
 #      rate of a real training step, launched kernel by kernel and replayed as a graph;
-#   3. the MPS settings the hand-off writes (CUDA_MPS_PINNED_DEVICE_MEM_LIMIT,
-#      CUDA_MPS_ACTIVE_THREAD_PERCENTAGE): what a framework then sees and may allocate.
+#   3. benchmarks/mps_handoff_check.py: the MPS settings the hand-off writes, as a client
+#      of an MPS daemon: does vLLM's start-up check pass, does PyTorch stay in its fraction.
 # Usage, from the repository root: benchmarks/device_check.sh OUTPUT_DIRECTORY
 # Each step's output goes to OUTPUT_DIRECTORY/<step>.txt and to stdout.
 set -u -o pipefail
@@ -25,19 +25,11 @@ timeout 150 python3 benchmarks/launch_rate_signal.py --torch --graph --phase 5 2
 # MPS: a control daemon of our own, a client limited as the hand-off limits one.
 export CUDA_MPS_PIPE_DIRECTORY=/tmp/elastico-mps/pipe CUDA_MPS_LOG_DIRECTORY=/tmp/elastico-mps/log
 mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+device_mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)
 if timeout 20 nvidia-cuda-mps-control -d; then
-    CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=2048M CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50 timeout 90 python3 -c '
-import torch
-free, total = torch.cuda.mem_get_info()
-print(f"under MPS limit 0=2048M, 50% threads: mem_get_info free {free >> 20} MiB, total {total >> 20} MiB")
-held = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
-print("1 GiB allocated")
-try:
-    more = torch.empty(3 << 30, dtype=torch.uint8, device="cuda")
-    print("3 GiB more allocated: the limit was NOT enforced")
-except torch.OutOfMemoryError:
-    print("3 GiB more refused: the limit is enforced")
-' 2>&1 | tee "$out/mps.txt"
+    for budget in 2048 16384; do
+        timeout 90 python3 benchmarks/mps_handoff_check.py "$budget" "$device_mib" 2>&1 | tee -a "$out/mps.txt"
+    done
     echo quit | timeout 20 nvidia-cuda-mps-control
 else
     echo "no MPS control daemon could start here" | tee "$out/mps.txt"

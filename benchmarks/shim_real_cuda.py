@@ -132,7 +132,8 @@ def run(name: str, shim: Path, rings: Path, steps: int) -> Seen:
     directory.mkdir()
     env = {**os.environ, **ENV.get(name, {}), "LD_PRELOAD": str(shim),
            "ELASTICO_SHIM_DIR": str(directory), "ELASTICO_SHIM_FLUSH_MS": "50"}  # fmt: skip
-    program = rings / f"{name}.py"  # a file, not -c: Triton compiles from the source file
+    # a file, not -c: Triton compiles from the source file (named apart from any package)
+    program = rings / f"check_{name}.py"
     program.write_text(PROGRAMS[name] + _REPORT)
     done = subprocess.run(
         [sys.executable, str(program), str(steps)],
