@@ -116,14 +116,20 @@ def _checkpoint(
         def restore_then_lead() -> bool:
             if started is not None and not started():
                 return False
-            try:  # before this replica leads, plans and learns: what the last leader knew
-                checkpoint.restore()
-            except Exception:  # a failed restore never blocks a takeover
-                log.exception("checkpoint.restore_failed")
+            restore_or_start_empty(checkpoint)  # before it leads: what the last leader knew
             return True
 
         elector.on_started = restore_then_lead
     return checkpoint
+
+
+def restore_or_start_empty(checkpoint: LearnedCheckpoint) -> None:
+    """Merge the stored checkpoint; any failure is logged and this replica goes on
+    without it (it learns again), so neither a start nor a takeover ever waits on it."""
+    try:
+        checkpoint.restore()
+    except Exception:
+        log.exception("checkpoint.restore_failed")
 
 
 def create_app(
@@ -192,7 +198,7 @@ def create_app(
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         if checkpoint is not None:
-            checkpoint.restore()  # before the first plan: what the cluster already learned
+            restore_or_start_empty(checkpoint)  # before the first plan: what was learned
         cluster.start()
         if events is not None:
             events.start()
