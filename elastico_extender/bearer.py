@@ -22,6 +22,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from elastico_extender.userfiles import read_bounded
+
 __all__ = ["ROTATION_GRACE_S", "BearerToken"]
 
 log = logging.getLogger(__name__)
@@ -30,13 +32,15 @@ ROTATION_GRACE_S = 300.0
 """How long the previous token stays accepted after a rotation (the kubelet's Secret sync
 period is about a minute; five leave room for a slow node)."""
 CHECK_EVERY_S = 1.0
+MAX_TOKEN_FILE_BYTES = 64 << 10
+"""Largest token file read (a Secret's token is tens to hundreds of bytes)."""
 """At most one ``stat`` of the file per this many seconds."""
 
 
 def read_token(path: Path) -> str:
     """The token in ``path``; ValueError naming the file when it cannot be one."""
     try:
-        token = path.read_text(encoding="utf-8").strip()
+        token = read_bounded(path, MAX_TOKEN_FILE_BYTES).decode("utf-8").strip()
     except (OSError, UnicodeDecodeError) as exc:
         raise ValueError(f"cannot read {path}: {getattr(exc, 'strerror', None) or exc}") from exc
     if not token:

@@ -29,13 +29,17 @@ from typing import Any
 
 from elastico_extender.cluster.base import BindRequest, ClusterError
 from elastico_extender.cluster.state import ClusterState, KubeObject
+from elastico_extender.userfiles import read_bounded
 
-__all__ = ["DEFAULT_EMBEDDED", "EmbeddedCluster", "load_objects"]
+__all__ = ["DEFAULT_EMBEDDED", "MAX_EMBEDDED_FILE_BYTES", "EmbeddedCluster", "load_objects"]
 
 log = logging.getLogger(__name__)
 
 DEFAULT_EMBEDDED = "embedded_cluster.json"
 """Packaged file under ``elastico_extender/data`` used when no path is given."""
+MAX_EMBEDDED_FILE_BYTES = 256 << 20
+"""Largest embedded cluster (or state) file read: thousands of nodes and tens of
+thousands of pods are tens of MiB of JSON."""
 
 
 def load_objects(path: str | Path | None = None) -> list[KubeObject]:
@@ -44,7 +48,9 @@ def load_objects(path: str | Path | None = None) -> list[KubeObject]:
         text = resources.files("elastico_extender").joinpath("data", DEFAULT_EMBEDDED).read_text()
     else:
         try:
-            text = Path(path).read_text()
+            text = read_bounded(path, MAX_EMBEDDED_FILE_BYTES).decode("utf-8")
+        except OSError as exc:
+            raise ValueError(f"{path}: cannot read: {exc.strerror or exc}") from None
         except UnicodeDecodeError:
             raise ValueError(f"{path}: not UTF-8 text") from None
     try:

@@ -18,12 +18,21 @@ from typing import Any
 
 from elastico_extender.cluster.objects import quantity
 from elastico_extender.core.settings import PlannerSettings, coerce_fields
+from elastico_extender.userfiles import read_bounded
 
-__all__ = ["ENV_PREFIX", "MIN_EPOCH_SECONDS", "PLANNER", "ServiceSettings"]
+__all__ = [
+    "ENV_PREFIX",
+    "MAX_SETTINGS_FILE_BYTES",
+    "MIN_EPOCH_SECONDS",
+    "PLANNER",
+    "ServiceSettings",
+]
 
 ENV_PREFIX = "ELASTICO_"
 PLANNER = "planner"
 MIN_EPOCH_SECONDS = 0.5
+MAX_SETTINGS_FILE_BYTES = 1 << 20
+"""Largest ``--config`` file read (a settings file is a few KiB)."""
 """Shortest epoch_seconds: a plan of the whole cluster each time (seconds at 10,000 pods)."""
 """The nested section of planner settings: ``planner: {tau_default: 1.4}`` in the file,
 ``ELASTICO_PLANNER_TAU_DEFAULT`` in the environment, ``--planner tau_default=1.4``."""
@@ -203,7 +212,7 @@ class ServiceSettings:
         problems: list[str] = []
         if file is not None:
             try:
-                text = Path(file).read_text()
+                text = read_bounded(file, MAX_SETTINGS_FILE_BYTES).decode()
             except (OSError, UnicodeDecodeError) as exc:
                 raise ValueError(f"{file}: cannot read: {getattr(exc, 'strerror', exc)}") from None
             try:

@@ -1,0 +1,53 @@
+"""Files a user names (settings, cluster, token, world and trace files): read bounded,
+never blocking.
+
+A FIFO nobody writes to would block ``open`` forever, and ``/dev/zero`` or a runaway
+file would be read whole into memory; both are refused here with an :class:`OSError`
+whose ``strerror`` says why, which is what every caller already reports.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+from pathlib import Path
+from typing import BinaryIO
+
+__all__ = ["open_regular", "read_bounded"]
+
+
+def _too_large(path: str | Path, max_bytes: int) -> OSError:
+    return OSError(errno.EFBIG, f"larger than {max_bytes:,} bytes", str(path))
+
+
+def open_regular(path: str | Path, max_bytes: int) -> BinaryIO:
+    """``path`` opened for binary reading if it is a regular file of at most ``max_bytes``.
+
+    The open does not block (``O_NONBLOCK``), so a FIFO is refused at once instead of
+    waiting for a writer; a directory, FIFO, socket or device is an OSError."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        mode = os.fstat(fd)
+        if stat.S_ISDIR(mode.st_mode):
+            raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(path))
+        if not stat.S_ISREG(mode.st_mode):
+            why = "not a regular file (a FIFO, socket or device)"
+            raise OSError(errno.EINVAL, why, str(path))
+        if mode.st_size > max_bytes:
+            raise _too_large(path, max_bytes)
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def read_bounded(path: str | Path, max_bytes: int) -> bytes:
+    """The bytes of the regular file ``path``; OSError when it is not one or holds more
+    than ``max_bytes`` (also when it grew past them while being read)."""
+    with open_regular(path, max_bytes) as handle:
+        data = handle.read(max_bytes + 1)
+    if len(data) > max_bytes:
+        raise _too_large(path, max_bytes)
+    return data

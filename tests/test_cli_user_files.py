@@ -1,0 +1,59 @@
+"""Files a user names on a command line: a FIFO nobody writes to, a directory or a file
+far too large is a one-line error naming the file, never a hang or a read into memory."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.test_cli_validation import ENV, ROOT, free_port, no_traceback
+
+HANG_S = 30
+"""Each command fails within seconds; one that blocks on a FIFO is stopped after this."""
+
+SIM_FAST = ["--no-progress", "--no-plots", "--jobs", "1"]
+
+
+def make(kind: str, path: Path, size: int = 0) -> Path:
+    """A FIFO, a directory, or a sparse file of ``size`` bytes (nothing written)."""
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "directory":
+        path.mkdir()
+    else:
+        with open(path, "wb") as handle:
+            handle.truncate(size)
+    return path
+
+
+def run(*args: str) -> subprocess.CompletedProcess[str]:
+    done = subprocess.run(
+        [sys.executable, "-m", "elastico_extender.cli", *args],
+        capture_output=True, text=True, timeout=HANG_S, env=ENV, cwd=ROOT,
+    )  # fmt: skip
+    no_traceback(done)
+    return done
+
+
+WHY = {
+    "fifo": "not a regular file",
+    "directory": "Is a directory",
+    "huge": "larger than",
+}
+
+
+@pytest.mark.parametrize("kind", ["fifo", "directory", "huge"])
+@pytest.mark.parametrize(
+    ("option", "code", "huge"),
+    [("--config", 2, 2 << 20), ("--embedded", 1, 1 << 30), ("--token-file", 1, 1 << 20)],
+)
+def test_serve_refuses_a_file_it_cannot_read_whole(option, code, huge, kind, tmp_path):
+    path = make(kind, tmp_path / "given", huge)
+    done = run("serve", "--port", free_port(), option, str(path))
+    assert done.returncode == code, done.stderr
+    assert str(path) in done.stderr and WHY[kind] in done.stderr, done.stderr
+    assert "extender at" not in done.stderr
