@@ -10,11 +10,23 @@ shown (truncated), never Python's own conversion message or a later hang.
 from __future__ import annotations
 
 import csv
+import io
 import math
 from collections.abc import Iterator
 from pathlib import Path
 
-__all__ = ["CsvRow", "csv_rows"]
+from elastico_extender.userfiles import open_regular
+
+__all__ = ["MAX_CSV_BYTES", "CsvRow", "csv_rows", "open_csv"]
+
+MAX_CSV_BYTES = 256 << 20
+"""Largest CSV read (a year of a large cluster's arrivals is tens of MiB)."""
+
+
+def open_csv(path: Path | str) -> io.TextIOWrapper:
+    """``path`` opened as the loaders read a CSV (UTF-8, BOM or not); OSError, without
+    waiting, when it is not a regular file of at most :data:`MAX_CSV_BYTES`."""
+    return io.TextIOWrapper(open_regular(path, MAX_CSV_BYTES), encoding="utf-8-sig", newline="")
 
 
 def csv_rows(path: Path | str, reader: csv.DictReader[str]) -> Iterator[CsvRow]:

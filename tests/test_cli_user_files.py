@@ -57,3 +57,21 @@ def test_serve_refuses_a_file_it_cannot_read_whole(option, code, huge, kind, tmp
     assert done.returncode == code, done.stderr
     assert str(path) in done.stderr and WHY[kind] in done.stderr, done.stderr
     assert "extender at" not in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("option", "extra"),
+    [
+        ("--world-file", ["--world", "production"]),
+        ("--trace", []),
+        ("--interference", []),
+    ],
+)
+def test_simulate_refuses_a_fifo_it_would_wait_on_for_ever(option, extra, tmp_path):
+    """A FIFO nobody writes to hung the run before it started (the world and pair files
+    are read again by each policy's worker, so even a fed FIFO would not do)."""
+    fifo = make("fifo", tmp_path / "given")
+    done = run("simulate", option, str(fifo), *extra, *SIM_FAST, "--out", str(tmp_path / "out"))
+    assert done.returncode == 2, done.stderr
+    error = done.stderr.strip().splitlines()[-1]
+    assert option in error and str(fifo) in error and "not a regular file" in error

@@ -275,13 +275,13 @@ def test_a_bad_world_file_is_one_cli_error_line_before_any_simulation(
 
 
 def test_a_world_file_is_read_bounded_and_may_start_with_a_bom(tmp_path: Path) -> None:
-    """A file past MAX_WORLD_FILE_BYTES (or an endless one: /dev/zero) is refused after
-    reading that much, not read whole; a BOM (Windows editors) is read as the CSV
+    """A file past MAX_WORLD_FILE_BYTES is refused, not read whole, and an endless one
+    (/dev/zero) as not a regular file; a BOM (Windows editors) is read as the CSV
     loaders read it; a directory, or bytes that are not UTF-8, are named."""
     padded = tmp_path / "padded.json"
     padded.write_text(WORLD_TEXT + " " * MAX_WORLD_FILE_BYTES)
     _assert_world_file_refused(tmp_path, str(padded), "larger than")
-    _assert_world_file_refused(tmp_path, "/dev/zero", "larger than")
+    _assert_world_file_refused(tmp_path, "/dev/zero", "not a regular file")
     _assert_world_file_refused(tmp_path, str(tmp_path), "cannot read")
     binary = tmp_path / "binary.json"
     binary.write_bytes(b"\xff\xfe{}")

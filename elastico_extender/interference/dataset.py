@@ -74,7 +74,7 @@ from elastico_extender.core.interference.features import (
     NUM_JOB_FEATURES,
     pair_features,
 )
-from elastico_extender.csv_row import CsvRow, csv_rows
+from elastico_extender.csv_row import CsvRow, csv_rows, open_csv
 from elastico_extender.errors import PredictorError
 
 __all__ = [
@@ -221,7 +221,7 @@ _REQUIRED = {"gpu", "job_a", "job_b", "solo_tput_a", "solo_tput_b"}
 def _read_rows(path: Path) -> list[CsvRow]:
     """The CSV's records; a short or long row, or a missing column, is a PredictorError."""
     try:
-        with path.open(newline="", encoding="utf-8-sig") as handle:
+        with open_csv(path) as handle:
             reader = csv.DictReader(handle)
             missing = _REQUIRED - set(reader.fieldnames or ())
             if missing:

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from elastico_extender.core.resources import MAX_CLUSTER_GPUS
 from elastico_extender.core.settings import PlannerSettings, assignments
+from elastico_extender.csv_row import open_csv
 from elastico_extender.policies.elastico import ABLATIONS
 from elastico_extender.sim.engine import ClusterSpec
 from elastico_extender.sim.instances import instances_needed
@@ -343,7 +344,7 @@ def _check_pairs(args: argparse.Namespace) -> str | None:
     path = Path(args.interference)
     try:
         load_pair_table(path, args.gpu_type)
-        with open(path, newline="", encoding="utf-8-sig") as handle:
+        with open_csv(path) as handle:
             types = {r.get("gpu") or "" for r in csv.DictReader(handle)}
     except (OSError, ValueError, KeyError, UnicodeDecodeError) as exc:
         raise InputError(f"--interference: cannot read {path}: {exc}") from None

@@ -64,6 +64,7 @@ import numpy as np
 
 from elastico_extender.sim.traces import TraceJob
 from elastico_extender.sim.truth import GroundTruth
+from elastico_extender.userfiles import read_bounded
 
 __all__ = [
     "DEFAULT_WORLD_FILE",
@@ -169,17 +170,15 @@ class ProductionWorld:
 
 
 def _read_json(path: Path | str) -> Any:
-    """The file's JSON, read bounded (MAX_WORLD_FILE_BYTES) as UTF-8 with or without a BOM
-    (as the CSV loaders read); every number a float (``parse_int``), so an integer too
+    """The file's JSON, read bounded (MAX_WORLD_FILE_BYTES; a regular file only, so a FIFO
+    is refused, not waited on) as UTF-8 with or without a BOM (as the CSV loaders read);
+    every number a float (``parse_int``), so an integer too
     large for one is inf, refused by name as not finite, never an OverflowError; nesting
     past the parser's recursion limit is a ValueError, not a RecursionError traceback."""
     try:
-        with open(path, "rb") as handle:
-            data = handle.read(MAX_WORLD_FILE_BYTES + 1)
+        data = read_bounded(path, MAX_WORLD_FILE_BYTES)
     except OSError as exc:
         raise ValueError(f"cannot read world file {path}: {exc.strerror or exc}") from None
-    if len(data) > MAX_WORLD_FILE_BYTES:
-        raise ValueError(f"{path}: larger than {MAX_WORLD_FILE_BYTES:,} bytes")
     try:
         return json.loads(data.decode("utf-8-sig"), parse_int=float)
     except UnicodeDecodeError:

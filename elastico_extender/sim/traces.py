@@ -80,7 +80,7 @@ import numpy as np
 
 from elastico_extender.core.duration import CompletedJob
 from elastico_extender.core.resources import MAX_CLUSTER_GPUS
-from elastico_extender.csv_row import CsvRow, csv_rows
+from elastico_extender.csv_row import CsvRow, csv_rows, open_csv
 from elastico_extender.sim.workloads import (
     INFERENCE_WORKLOADS,
     TRAINING_WORKLOADS,
@@ -242,7 +242,7 @@ def load_csv(path: Path | str, seed: int = 0) -> list[TraceJob]:
     jobs: list[TraceJob] = []
     seen: set[str] = set()
     first, last = math.inf, -math.inf
-    with open(path, newline="", encoding="utf-8-sig") as handle:
+    with open_csv(path) as handle:
         reader = csv.DictReader(handle)
         need = {"arrival_time_s", "gpu_num", "duration_s"}
         missing = need - set(reader.fieldnames or [])

@@ -65,7 +65,7 @@ from pathlib import Path
 
 import numpy as np
 
-from elastico_extender.csv_row import csv_rows
+from elastico_extender.csv_row import csv_rows, open_csv
 from elastico_extender.sim.workloads import ConfigTable
 
 __all__ = ["DEFAULT_PAIRS", "GroundTruth", "load_pair_table"]
@@ -86,7 +86,7 @@ def load_pair_table(path: Path | str, gpu: str = "v100") -> dict[tuple[str, str]
     """
     primary: dict[tuple[str, str], float] = {}
     fallback: dict[tuple[str, str], float] = {}
-    with open(path, newline="", encoding="utf-8-sig") as handle:
+    with open_csv(path) as handle:
         reader = csv.DictReader(handle)
         missing = {"job_a", "job_b", "slowdown_a", "slowdown_b"} - set(reader.fieldnames or [])
         if missing:
