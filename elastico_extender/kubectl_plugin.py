@@ -23,6 +23,32 @@ __all__ = ["main"]
 
 Fetch = Callable[[str], Any]
 
+VIEWS: dict[str, type] = {"/jobs": list, "/nodes": list, "/prices": dict}
+"""What each view the plugin shows is: a list of objects, or one object."""
+
+
+class NotTheView(Exception):
+    """The server answered, but not with the ElastiCo view asked for (another service
+    behind the URL, or another version of the extender)."""
+
+    def __init__(self, path: str, why: str) -> None:
+        super().__init__(f"the answer to {path} is not ElastiCo's {path} view ({why})")
+
+
+def _view(path: str, body: bytes | str) -> Any:
+    """``body`` as the view ``path`` (NotTheView when it cannot be)."""
+    try:
+        data = json.loads(body)
+    except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
+        raise NotTheView(path, "not JSON") from None
+    if VIEWS[path] is dict and not isinstance(data, dict):
+        raise NotTheView(path, "not an object")
+    if VIEWS[path] is list and not (
+        isinstance(data, list) and all(isinstance(row, dict) for row in data)
+    ):
+        raise NotTheView(path, "not a list of objects")
+    return data
+
 
 def _proxy_fetcher(args: argparse.Namespace) -> Fetch:
     from kubernetes import client, config
@@ -35,7 +61,7 @@ def _proxy_fetcher(args: argparse.Namespace) -> Fetch:
         resp = core.connect_get_namespaced_service_proxy_with_path(
             service, args.namespace, path.lstrip("/"), _preload_content=False
         )
-        return json.loads(resp.data)  # type: ignore[attr-defined]  # _preload_content=False
+        return _view(path, resp.data)  # type: ignore[attr-defined]  # _preload_content=False
 
     return fetch
 
@@ -43,7 +69,7 @@ def _proxy_fetcher(args: argparse.Namespace) -> Fetch:
 def _direct_fetcher(base: str) -> Fetch:
     def fetch(path: str) -> Any:
         with urllib.request.urlopen(base.rstrip("/") + path, timeout=30) as resp:
-            return json.loads(resp.read())
+            return _view(path, resp.read())
 
     return fetch
 
@@ -159,21 +185,34 @@ def main(argv: Sequence[str] | None = None) -> int:
             data: Any = {"jobs": fetch("/jobs"), "prices": fetch("/prices")}
         else:
             data = fetch(f"/{args.command}")
+    except NotTheView as exc:
+        print(f"kubectl elastico: {exc}", file=sys.stderr)
+        return 1
     except Exception as exc:  # every transport problem is one line, not a traceback
         reason = getattr(exc, "reason", None) or exc
         print(f"kubectl elastico: cannot reach the extender: {reason}", file=sys.stderr)
         return 1
-    if args.output == "json":
-        print(json.dumps(data, indent=2))
-    elif args.command == "jobs":
-        print(show_jobs(data))
-    elif args.command == "nodes":
-        print(show_nodes(data))
-    elif args.command == "prices":
-        print(show_prices(data))
-    else:
-        print(show_why(pod, data["jobs"], data["prices"]))
+    try:
+        text = _show(args.command, args.output, pod, data)
+    except (KeyError, TypeError, ValueError, AttributeError):  # a field of the wrong kind
+        path = "/jobs or /prices" if args.command == "why" else f"/{args.command}"
+        why = "a field missing or of another type"
+        print(f"kubectl elastico: {NotTheView(path, why)}", file=sys.stderr)
+        return 1
+    print(text)
     return 0
+
+
+def _show(command: str, output: str, pod: str, data: Any) -> str:
+    if output == "json":
+        return json.dumps(data, indent=2)
+    if command == "jobs":
+        return show_jobs(data)
+    if command == "nodes":
+        return show_nodes(data)
+    if command == "prices":
+        return show_prices(data)
+    return show_why(pod, data["jobs"], data["prices"])
 
 
 if __name__ == "__main__":

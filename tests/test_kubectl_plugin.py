@@ -83,3 +83,76 @@ def test_why_sets_the_floor_beside_the_expected_rate_not_only_the_solo_one():
     out = show_why("ml/a", [row], {"epoch": 3, "resources": {"gpu_sm": 0.0}})
     assert "10240 MiB per GPU" in out
     assert "180.0 samples/s alone, 120.0 expected beside its partners (floor 120.0)" in out
+
+
+class Answering:
+    """An HTTP server on 127.0.0.1 giving every GET the same status and body; with
+    ``trickle`` it sends the headers and then a byte now and then, never ending."""
+
+    def __init__(self, status: int = 200, body: bytes = b"", trickle: bool = False) -> None:
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                self.send_response(status)
+                self.send_header("Content-Length", str(1 << 30 if trickle else len(body)))
+                self.end_headers()
+                while trickle and not outer.stopping.is_set():
+                    self.wfile.write(b" ")
+                    self.wfile.flush()
+                    outer.stopping.wait(0.2)
+                self.wfile.write(body)
+
+            def log_message(self, *args: object) -> None:
+                return None
+
+        self.stopping = threading.Event()
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def __enter__(self) -> Answering:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stopping.set()
+        self.server.shutdown()
+        self.server.server_close()
+
+
+NOT_THE_VIEW = [
+    pytest.param(200, b"<html>login</html>", "not JSON", id="html"),
+    pytest.param(200, b'{"a": 1}', "not ElastiCo's", id="object-for-a-list"),
+    pytest.param(200, b"[1, 2]", "not ElastiCo's", id="list-of-numbers"),
+    pytest.param(
+        200, b'[{"name": "n", "gpus": [{"index": 0}]}]', "not ElastiCo's", id="fields-missing"
+    ),
+    pytest.param(
+        200,
+        b'[{"name": "n", "gpus": [{"index": 0, "memory_assigned_mib": "x", '
+        b'"memory_mib": 1, "sm_assigned": 0}]}]',
+        "not ElastiCo's",
+        id="text-for-a-number",
+    ),
+]
+
+
+@pytest.mark.parametrize("command", [["jobs"], ["nodes"], ["prices"], ["why", "ml/a"]])
+@pytest.mark.parametrize(("status", "body", "said"), NOT_THE_VIEW)
+def test_an_answer_that_is_not_the_view_is_one_line(command, status, body, said, capsys):
+    """A --server that is some other JSON service (or another version of the extender):
+    one line and exit 1, not an AttributeError traceback; what was shown stays readable."""
+    with Answering(status, body) as other:
+        code = main([*command, "--server", other.url])
+    err = capsys.readouterr().err
+    if code == 0:  # a table of what little matched, say prices of no resource
+        assert not err
+        return
+    assert code == 1 and len(err.strip().splitlines()) == 1, err
+    views = ["/jobs", "/prices"] if command[0] == "why" else [f"/{command[0]}"]
+    assert said in err and any(view in err for view in views), err
+    assert "Error" not in err and "object has no attribute" not in err, err
