@@ -14,14 +14,20 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import urllib.error
-import urllib.request
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-__all__ = ["main"]
+from elastico_extender.profiling.hardware import http_get, read_reply
+
+__all__ = ["MAX_ANSWER_BYTES", "TIMEOUT_S", "main"]
 
 Fetch = Callable[[str], Any]
+
+TIMEOUT_S = 30.0
+"""How long one view may take to come, connection included (then: one line, exit 1)."""
+MAX_ANSWER_BYTES = 256 << 20
+"""Largest view read: /jobs of tens of thousands of pods is tens of MiB."""
 
 VIEWS: dict[str, type] = {"/jobs": list, "/nodes": list, "/prices": dict}
 """What each view the plugin shows is: a list of objects, or one object."""
@@ -53,23 +59,31 @@ def _view(path: str, body: bytes | str) -> Any:
 def _proxy_fetcher(args: argparse.Namespace) -> Fetch:
     from kubernetes import client, config
 
-    api_client = config.new_client_from_config(config_file=args.kubeconfig, context=args.context)
+    settings = client.Configuration()
+    settings.retries = 0  # one try: each would wait TIMEOUT_S again
+    api_client = config.new_client_from_config(
+        config_file=args.kubeconfig, context=args.context, client_configuration=settings
+    )
     core = client.CoreV1Api(api_client)
     service = f"https:{args.service}:{args.port}"
 
     def fetch(path: str) -> Any:
+        started = time.monotonic()
         resp = core.connect_get_namespaced_service_proxy_with_path(
-            service, args.namespace, path.lstrip("/"), _preload_content=False
-        )
-        return _view(path, resp.data)  # type: ignore[attr-defined]  # _preload_content=False
+            service, args.namespace, path.lstrip("/"),
+            _preload_content=False, _request_timeout=TIMEOUT_S,
+        )  # fmt: skip
+        try:
+            return _view(path, read_reply(resp, path, started, TIMEOUT_S, MAX_ANSWER_BYTES))
+        finally:
+            resp.release_conn()  # type: ignore[attr-defined]  # urllib3's, _preload_content
 
     return fetch
 
 
 def _direct_fetcher(base: str) -> Fetch:
     def fetch(path: str) -> Any:
-        with urllib.request.urlopen(base.rstrip("/") + path, timeout=30) as resp:
-            return _view(path, resp.read())
+        return _view(path, http_get(base.rstrip("/") + path, TIMEOUT_S, max_bytes=MAX_ANSWER_BYTES))
 
     return fetch
 

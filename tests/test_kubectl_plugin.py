@@ -156,3 +156,43 @@ def test_an_answer_that_is_not_the_view_is_one_line(command, status, body, said,
     views = ["/jobs", "/prices"] if command[0] == "why" else [f"/{command[0]}"]
     assert said in err and any(view in err for view in views), err
     assert "Error" not in err and "object has no attribute" not in err, err
+
+
+def test_a_server_that_never_answers_is_given_up(tmp_path, capsys, monkeypatch):
+    """An API server (or extender) that takes the connection and says nothing, or says a
+    byte now and then: one line and exit 1 after about the timeout, not a wait for ever."""
+    import socket
+    import time
+
+    from elastico_extender import kubectl_plugin
+
+    monkeypatch.setattr(kubectl_plugin, "TIMEOUT_S", 1.0)
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)  # the kernel completes connections; nobody reads them
+        host, port = silent.getsockname()
+        path = tmp_path / "kubeconfig"
+        path.write_text(yaml.safe_dump({
+            "apiVersion": "v1", "kind": "Config", "current-context": "test",
+            "clusters": [{"name": "c", "cluster": {"server": f"http://{host}:{port}"}}],
+            "users": [{"name": "u", "user": {"token": "t"}}],
+            "contexts": [{"name": "test", "context": {"cluster": "c", "user": "u"}}],
+        }))  # fmt: skip
+        start = time.monotonic()
+        assert main(["jobs", "--kubeconfig", str(path)]) == 1
+        assert time.monotonic() - start < 10
+    assert "cannot reach the extender" in capsys.readouterr().err
+    with Answering(trickle=True) as slow:
+        start = time.monotonic()
+        assert main(["jobs", "--server", slow.url]) == 1
+        assert time.monotonic() - start < 10
+    assert "not complete after" in capsys.readouterr().err
+
+
+def test_an_answer_past_the_bound_is_refused_not_read_whole(capsys, monkeypatch):
+    from elastico_extender import kubectl_plugin
+
+    monkeypatch.setattr(kubectl_plugin, "MAX_ANSWER_BYTES", 1 << 16)
+    with Answering(body=b"[" + b"{}, " * (1 << 16) + b"{}]") as big:
+        assert main(["jobs", "--server", big.url]) == 1
+    assert "larger than 65536 bytes" in capsys.readouterr().err

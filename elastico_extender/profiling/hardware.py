@@ -38,6 +38,7 @@ __all__ = [
     "detect_source",
     "http_get",
     "parse_prometheus",
+    "read_reply",
 ]
 
 log = logging.getLogger(__name__)
@@ -156,18 +157,27 @@ def http_get(url: str, timeout: float, *, max_bytes: int = HTTP_GET_MAX_BYTES) -
     to the whole answer (a server sending a byte now and then is cut off after about
     ``2 * timeout``), and an answer over ``max_bytes`` is refused (ValueError) once that
     much has come, without reading the rest."""
-    deadline = time.monotonic() + timeout
+    started = time.monotonic()
+    with urllib.request.urlopen(url, timeout=timeout) as reply:
+        body = read_reply(reply, url, started, timeout, max_bytes)
+    return body.decode("utf-8", errors="replace")
+
+
+def read_reply(reply: Any, url: str, started: float, timeout: float, max_bytes: int) -> bytes:
+    """The body of an HTTP answer (http.client's or urllib3's: anything with ``read1``),
+    read in pieces: ValueError once it passes ``max_bytes``, TimeoutError when it is
+    still coming ``timeout`` seconds after ``started`` (``time.monotonic()``)."""
+    deadline = started + timeout
     parts: list[bytes] = []
     size = 0
-    with urllib.request.urlopen(url, timeout=timeout) as reply:
-        while chunk := reply.read1(65536):
-            parts.append(chunk)
-            size += len(chunk)
-            if size > max_bytes:
-                raise ValueError(f"{url}: answer larger than {max_bytes} bytes")
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{url}: answer not complete after {timeout:g} s")
-    return b"".join(parts).decode("utf-8", errors="replace")
+    while chunk := reply.read1(65536):
+        parts.append(chunk)
+        size += len(chunk)
+        if size > max_bytes:
+            raise ValueError(f"{url}: answer larger than {max_bytes} bytes")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{url}: answer not complete after {timeout:g} s")
+    return b"".join(parts)
 
 
 class NvmlSource:
