@@ -33,7 +33,7 @@ from elastico_extender.core.resources import GPU_MEM, GPU_SM, MAX_CLUSTER_GPUS, 
 from elastico_extender.core.shapes.catalog import CATALOG, REFERENCE_DEVICE_MIB, catalog_families
 from elastico_extender.errors import ElasticoError
 
-__all__ = ["main"]
+__all__ = ["main", "reader_left"]
 
 # name -> ("module:function", help); the function takes argv and returns an exit code.
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
@@ -238,10 +238,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return _main(argv)
     except BrokenPipeError:
-        # `elastico plan | head`: the reader left; exit quietly as other filters do.
-        with contextlib.suppress(OSError):
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 141  # 128 + SIGPIPE, what a shell reports for a filter killed by it
+        return reader_left()
+
+
+def reader_left() -> int:
+    """After a BrokenPipeError on stdout (`elastico plan | head`: the reader left): the
+    exit code, with stdout pointed at /dev/null so the exit's flush does not fail too;
+    quiet, as other filters are."""
+    with contextlib.suppress(OSError):
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return 141  # 128 + SIGPIPE, what a shell reports for a filter killed by it
 
 
 if __name__ == "__main__":

@@ -184,6 +184,15 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    except BrokenPipeError:  # `kubectl elastico jobs | head`
+        from elastico_extender.cli import reader_left  # only now: it imports the planner
+
+        return reader_left()
+
+
+def _main(argv: Sequence[str] | None) -> int:
     p = parser()
     args = p.parse_args(argv)
     if args.command == "why" and not args.pod:

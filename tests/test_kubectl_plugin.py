@@ -196,3 +196,24 @@ def test_an_answer_past_the_bound_is_refused_not_read_whole(capsys, monkeypatch)
     with Answering(body=b"[" + b"{}, " * (1 << 16) + b"{}]") as big:
         assert main(["jobs", "--server", big.url]) == 1
     assert "larger than 65536 bytes" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("output", ["table", "json"])
+def test_output_into_a_closed_pipe_ends_quietly(output):
+    """`kubectl elastico jobs | head -1`: no BrokenPipeError traceback."""
+    import json
+    import subprocess
+    import sys
+
+    rows = [{"pod": f"ml/p{i}", "state": "queued", "family": "bert"} for i in range(20_000)]
+    with Answering(body=json.dumps(rows).encode()) as extender, subprocess.Popen(
+        [sys.executable, "-m", "elastico_extender.kubectl_plugin", "jobs", "-o", output,
+         "--server", extender.url],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    ) as proc:  # fmt: skip
+        assert proc.stdout is not None and proc.stderr is not None
+        proc.stdout.readline()
+        proc.stdout.close()  # what `| head -1` does
+        err = proc.stderr.read().decode()
+        assert proc.wait(timeout=60) in (0, 141)
+    assert "Traceback" not in err and "BrokenPipe" not in err, err
