@@ -402,6 +402,27 @@ def test_an_annotations_file_turned_to_garbage_leaves_the_workload_running(
     assert "Traceback" not in err
 
 
+def test_an_annotations_path_turned_into_a_fifo_leaves_the_launcher_stoppable(
+    tmp_path: Path,
+) -> None:
+    """A FIFO at the annotations path (nobody writing) blocked the poll in ``open`` for
+    ever: SIGTERM then reached neither the launcher's loop nor the workload."""
+    annotations = tmp_path / "annotations"
+    write_annotations(annotations, TRAINING)
+    log = tmp_path / "log"
+    proc = launcher(tmp_path, annotations, "polite")
+    with stop_all(proc, log):
+        wait_for(lambda: lines(log) == ["start 10240 "])
+        annotations.unlink()
+        os.mkfifo(annotations)
+        time.sleep(0.3)  # several polls
+        assert proc.poll() is None
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=10)
+    assert proc.returncode == 0
+    assert lines(log) == ["start 10240 ", "term"]
+
+
 def test_grace_period_ends_in_sigkill_and_relaunch(tmp_path: Path) -> None:
     annotations = tmp_path / "annotations"
     write_annotations(annotations, TRAINING)

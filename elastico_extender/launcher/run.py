@@ -43,6 +43,7 @@ from elastico_extender.errors import AnnotationError, ElasticoError
 from elastico_extender.launcher.assignment import LaunchSettings, read_assignment
 from elastico_extender.launcher.downward import parse_annotations
 from elastico_extender.profiling.shim import shim_path
+from elastico_extender.userfiles import read_bounded
 
 __all__ = [
     "Supervisor",
@@ -56,6 +57,9 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 DEFAULT_ANNOTATIONS = ANNOTATIONS_FILE  # where the webhook mounts the downward-API file
+MAX_ANNOTATIONS_FILE_BYTES = 1 << 20
+"""Largest annotations file read: Kubernetes caps a pod's annotations at 256 KiB, and
+the downward-API file quotes them."""
 DEFAULT_RING_ROOT = RINGS_DIR
 """Where the webhook mounts the pod's rings volume (an emptyDir by default, the legacy
 shared hostPath on request): ``elastico agent`` reads ``<it>/<pod uid>/`` from the node."""
@@ -106,9 +110,12 @@ def load_settings(annotations_path: Path, environ: Mapping[str, str]) -> LaunchS
     annotations: dict[str, str] = {}
     if annotations_path.is_file():
         try:
-            text = annotations_path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            why = f"not UTF-8 text ({exc.reason})" if isinstance(exc, UnicodeDecodeError) else exc
+            text = read_bounded(annotations_path, MAX_ANNOTATIONS_FILE_BYTES).decode("utf-8")
+        except UnicodeDecodeError as exc:
+            why = f"not UTF-8 text ({exc.reason})"
+            raise AnnotationError([(str(annotations_path), f"cannot be read: {why}")]) from exc
+        except OSError as exc:
+            why = exc.strerror or str(exc)
             raise AnnotationError([(str(annotations_path), f"cannot be read: {why}")]) from exc
         annotations, problems = parse_annotations(text)
         bad = [(k, m) for k, m in problems if k.startswith("elastico.io/")]
@@ -231,7 +238,7 @@ class Supervisor:
     def _file_bytes(self) -> bytes | None:
         """The file as it is now (bytes: whether it changed, not whether it is valid)."""
         try:
-            return self.annotations_path.read_bytes()
+            return read_bounded(self.annotations_path, MAX_ANNOTATIONS_FILE_BYTES)
         except OSError:
             return None
 
