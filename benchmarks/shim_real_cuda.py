@@ -19,7 +19,10 @@ program says it did:
   ``cuMemCreate``, mapped with ``cuMemMap``), 1 GiB held.
 
 A scenario whose program fails (no Triton, say) prints its error and the others still
-run.  Results: ``benchmarks/results/shim_real_cuda.md``.
+run.  Then the shim's cost on a launch-bound loop (``--launches`` tiny in-place adds,
+timed from the first to the synchronised last), run alternately without and with the
+shim ``--repeat`` times each: the median microseconds per launch and the difference.
+``--overhead-only`` runs just that.  Results: ``benchmarks/results/shim_real_cuda.md``.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import argparse
 import importlib.util
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -96,6 +100,19 @@ held = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
 torch.cuda.synchronize()
 """,
 }
+LAUNCH_LOOP = """
+import sys, time, torch
+n = int(sys.argv[1])
+x = torch.zeros(256, device="cuda")
+for _ in range(2000):
+    x.add_(1.0)
+torch.cuda.synchronize()
+start = time.perf_counter()
+for _ in range(n):
+    x.add_(1.0)
+torch.cuda.synchronize()
+print((time.perf_counter() - start) / n * 1e6)
+"""
 _REPORT = """
 print(json.dumps({"steps": steps, "reserved": torch.cuda.memory_reserved(),
                   "peak_reserved": torch.cuda.max_memory_reserved()}), flush=True)
@@ -156,21 +173,53 @@ def run(name: str, shim: Path, rings: Path, steps: int) -> Seen:
     return seen
 
 
+def overhead(shim: Path, directory: Path, launches: int, repeat: int) -> None:
+    """Microseconds per launch of a launch-bound loop, without and with the shim."""
+    program = directory / "check_launch_loop.py"
+    program.write_text(LAUNCH_LOOP)
+    rings = directory / "overhead"
+    rings.mkdir()
+    times: dict[str, list[float]] = {"without": [], "with": []}
+    for _ in range(repeat):
+        for label in times:
+            env = dict(os.environ)
+            if label == "with":
+                env |= {"LD_PRELOAD": str(shim), "ELASTICO_SHIM_DIR": str(rings)}
+            done = subprocess.run(
+                [sys.executable, str(program), str(launches)],
+                env=env, capture_output=True, text=True, timeout=180,
+            )  # fmt: skip
+            if done.returncode != 0:
+                print(f"launch loop failed: {(done.stderr.strip().splitlines() or ['?'])[-1]}")
+                return
+            times[label].append(float(done.stdout.split()[-1]))
+    without, with_shim = (statistics.median(times[k]) for k in ("without", "with"))
+    print(f"launch-bound loop, {launches} launches, median of {repeat} runs each: "
+          f"{without:.3f} us/launch without the shim, {with_shim:.3f} with "
+          f"({(with_shim - without) * 1000:+.0f} ns, {with_shim / without - 1:+.1%}); "
+          f"runs without {[round(t, 3) for t in times['without']]}, "
+          f"with {[round(t, 3) for t in times['with']]}")  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=200, help="steps per program")
+    parser.add_argument("--launches", type=int, default=50_000, help="launches per timed loop")
+    parser.add_argument("--repeat", type=int, default=3, help="timed loops with and without")
+    parser.add_argument("--overhead-only", action="store_true", help="only the timed loops")
     args = parser.parse_args()
-    if args.steps < 1:
-        parser.error("--steps must be at least 1")
-    print(f"{args.steps} steps per program; launches per API include warm-up and capture")
-    print(f"{'program':<11} {'launches':>9} {'ring live MiB':>14} {'torch reserved MiB':>19} "
-          f"{'ring peak MiB':>14} {'torch peak MiB':>15}  launches per API")  # fmt: skip
+    if min(args.steps, args.launches, args.repeat) < 1:
+        parser.error("--steps, --launches and --repeat must be at least 1")
+    if not args.overhead_only:
+        print(f"{args.steps} steps per program; launches per API include warm-up and capture")
+        print(f"{'program':<11} {'launches':>9} {'ring live MiB':>14} {'torch reserved MiB':>19} "
+              f"{'ring peak MiB':>14} {'torch peak MiB':>15}  launches per API")  # fmt: skip
     mib = 2**20
     with tempfile.TemporaryDirectory() as tmp:
         shim = build_shim(Path(tmp))
         rings = Path(tmp) / "rings"
         rings.mkdir()
-        for name in PROGRAMS:
+        for name in () if args.overhead_only else PROGRAMS:
             seen = run(name, shim, rings, args.steps)
             if seen.error:
                 print(f"{name:<11} failed: {seen.error}")
@@ -180,6 +229,7 @@ def main() -> None:
                 f"{seen.reserved / mib:>19.1f} {seen.peak / mib:>14.1f} "
                 f"{seen.peak_reserved / mib:>15.1f}  {seen.per_api}"
             )
+        overhead(shim, Path(tmp), args.launches, args.repeat)
 
 
 if __name__ == "__main__":
