@@ -104,3 +104,24 @@ def test_annotations_page_names_every_annotation_the_code_reads_or_writes():
     keys = (*annotations.INPUT_KEYS, *annotations.CONTAINER_KEYS, *annotations.DECISION_KEYS)
     page = (DOCS / "annotations.md").read_text()
     assert not [k for k in keys if f"`{annotations.PREFIX}{k}`" not in page]
+
+
+def test_rbac_the_docs_quote_is_what_the_chart_grants_the_extender():
+    """A `resource: verb, verb` the docs quote for the extender (events, leases, pods,
+    configmaps) is granted by the chart's extender roles: an operator writing a
+    restricted policy from the docs grants neither more nor a verb the code never uses."""
+    from test_helm_chart import cluster_grants, named, render
+
+    chart = render({})
+    roles = [named(chart, "ClusterRole")["elastico-extender"],
+             named(chart, "Role")["elastico-extender-lease"]]  # fmt: skip
+    granted = {(resource, verb) for role in roles for _, resource, verb in cluster_grants(role)}
+    quoted = re.compile(r"`(events|leases|pods|configmaps):\s+([a-z]+(?:,\s+[a-z]+)*)`")
+    wrong = [
+        f"{page.relative_to(ROOT)}: {resource}: {verb}"
+        for page in PAGES
+        for resource, verbs in quoted.findall(page.read_text())
+        for verb in re.split(r",\s+", verbs)
+        if (resource, verb) not in granted
+    ]
+    assert not wrong, f"verbs the docs name that the chart does not grant: {wrong}"
