@@ -383,3 +383,23 @@ def test_an_agent_daemon_with_a_window_under_a_second_is_refused(tmp_path):
     assert done.returncode == 2, done.stderr
     assert "--window-seconds" in last_line(done)
     no_traceback(done)
+
+
+def test_serve_help_says_how_each_flag_reads_the_environment():
+    """`elastico serve --help` says flags also read ELASTICO_<NAME>: true of each flag that
+    is a settings field (ServiceSettings.load reads those); the others are named with what
+    they read instead, so nobody sets ELASTICO_CONFIG and is silently ignored."""
+    from elastico_extender.service.cli import parser
+    from elastico_extender.service.settings import ServiceSettings
+
+    serve = parser()
+    fields = set(ServiceSettings.field_names())
+    others = {a.option_strings[0] for a in serve._actions if a.dest not in {"help", *fields}}
+    assert others == {"--config"}, "name a new flag's environment in the help"
+    epilog = " ".join((serve.epilog or "").split())
+    before, claim, _ = epilog.partition("reads ELASTICO_<NAME>")
+    assert claim and "but --config" in before, epilog
+    assert "--planner: ELASTICO_PLANNER_<NAME>" in epilog, epilog
+    env = {"ELASTICO_CONFIG": str(ROOT / "no-such.yaml"), "ELASTICO_PLANNER_BANDS": "2"}
+    loaded = ServiceSettings.load(env={**env, "ELASTICO_PORT": "9001"})
+    assert (loaded.port, loaded.planner.bands) == (9001, 2)  # ELASTICO_CONFIG: not read

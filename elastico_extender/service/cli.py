@@ -44,7 +44,8 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="elastico serve",
         description="Serve the ElastiCo kube-scheduler extender, REST views and webhook.",
-        epilog="Every flag also reads ELASTICO_<NAME> from the environment; --config takes a "
+        epilog="Every flag but --config also reads ELASTICO_<NAME> from the environment "
+        "(--planner: ELASTICO_PLANNER_<NAME>, one variable per setting); --config takes a "
         "JSON/YAML file of the same names. Defaults: elastico_extender/service/settings.py.",
     )
     p.add_argument("--config", help="settings file (JSON or YAML)")
