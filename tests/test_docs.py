@@ -125,3 +125,13 @@ def test_rbac_the_docs_quote_is_what_the_chart_grants_the_extender():
         if (resource, verb) not in granted
     ]
     assert not wrong, f"verbs the docs name that the chart does not grant: {wrong}"
+
+
+def test_every_environment_variable_the_code_names_is_documented():
+    """Each `ELASTICO_...` variable the package or the shim reads (or sets for a workload) is
+    named on a documentation page, so a setting can be found without reading the source."""
+    sources = [*(ROOT / "elastico_extender").rglob("*.py"), *(ROOT / "profiler_shim").glob("*.c")]
+    named = {v for p in sources for v in re.findall(r"\"(ELASTICO_[A-Z0-9_]+)\"", p.read_text())}
+    assert {"ELASTICO_SHIM_PATH", "ELASTICO_RING_ROOT"} <= named
+    text = "\n".join(page.read_text() for page in PAGES)
+    assert not sorted(v for v in named if v not in text), "variables no page names"

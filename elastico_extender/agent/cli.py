@@ -49,7 +49,11 @@ def parser() -> argparse.ArgumentParser:
         "and report per-window progress to the ElastiCo extender.",
     )
     p.add_argument("--node", default=env.get("NODE_NAME"), help="this node (default $NODE_NAME)")
-    p.add_argument("--extender", default=env.get("ELASTICO_EXTENDER_URL"), help="extender URL")
+    p.add_argument(
+        "--extender",
+        default=env.get("ELASTICO_EXTENDER_URL"),
+        help="extender URL (default $ELASTICO_EXTENDER_URL)",
+    )
     p.add_argument("--token-file", help="bearer token of the extender")
     p.add_argument("--ca-file", help="CA that signed the extender's certificate")
     p.add_argument("--client-cert", help="client certificate (mTLS listener)")
@@ -58,13 +62,13 @@ def parser() -> argparse.ArgumentParser:
         "--kubelet-root",
         default=env.get("ELASTICO_KUBELET_ROOT", KUBELET_ROOT),
         help="the kubelet's root directory, whose pods/ holds each pod's emptyDir rings "
-        "volume (default %(default)s; '' to not look there)",
+        f"volume (default $ELASTICO_KUBELET_ROOT, else {KUBELET_ROOT}; '' to not look there)",
     )
     p.add_argument(
         "--ring-root",
         default=env.get("ELASTICO_RING_ROOT", DEFAULT_RING_ROOT),
         help="shared host directory of the legacy hostPath mode, one directory per pod uid "
-        "(default %(default)s; '' to not look there)",
+        f"(default $ELASTICO_RING_ROOT, else {DEFAULT_RING_ROOT}; '' to not look there)",
     )
     p.add_argument("--window-seconds", type=float, default=10.0, help="default %(default)s")
     p.add_argument("--kubeconfig", help="kubeconfig (default: in-cluster config)")
