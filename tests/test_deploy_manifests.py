@@ -269,3 +269,13 @@ def test_the_webhook_blocks_no_pod_while_it_is_down():
     (hook,) = by_kind("MutatingWebhookConfiguration")["elastico-pod-settings"]["webhooks"]
     assert hook["failurePolicy"] == "Ignore"  # the pre-chart manifests (docs/upgrading.md)
     check_webhook_when_down(hook, "elastico-system", "elastico-scheduler")
+
+
+def test_no_workload_takes_docker_style_service_variables():
+    """As in the chart (test_helm_chart): with service links on, the Service
+    elastico-webhook would put ELASTICO_WEBHOOK_PORT=tcp://... into the extender's
+    environment, where it reads as a setting."""
+    workloads = {**by_kind("Deployment"), **by_kind("DaemonSet")}
+    assert workloads
+    for name, workload in workloads.items():
+        assert workload["spec"]["template"]["spec"].get("enableServiceLinks") is False, name

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import dataclasses
 import json
 import re
 import ssl
@@ -762,3 +763,34 @@ def test_helm_upgrade_to_another_certificate_source_rolls_every_tls_user(tls):
     before, after = pod_templates(render({})), pod_templates(render({"tls": tls}))
     for name in ("elastico-extender", "elastico-scheduler", "elastico-agent"):
         assert after[name] != before[name], f"{name} does not roll"
+
+
+def _service_link_variables(service: dict[str, Any]) -> set[str]:
+    """The variables the kubelet injects into a pod for a Service of its namespace while
+    service links are on (docker-style links: NAME_PORT, NAME_SERVICE_HOST, ...)."""
+    name = service["metadata"]["name"].upper().replace("-", "_")
+    names = {f"{name}_SERVICE_HOST", f"{name}_SERVICE_PORT", f"{name}_PORT"}
+    for port in service["spec"].get("ports", []):
+        proto = port.get("protocol", "TCP")
+        base = f"{name}_PORT_{port['port']}_{proto}"
+        names |= {base, f"{base}_PROTO", f"{base}_PORT", f"{base}_ADDR"}
+        if "name" in port:
+            names.add(f"{name}_SERVICE_PORT_{port['name'].upper().replace('-', '_')}")
+    return names
+
+
+def test_service_links_cannot_feed_the_extender_its_settings(variant):
+    """The extender reads every setting from ELASTICO_<FIELD> too, and with service links
+    on (the Kubernetes default) a Service named elastico-webhook puts
+    ELASTICO_WEBHOOK_PORT=tcp://10.0.0.1:8443 into every pod of the namespace: read as
+    webhook_port, and a Service named elastico or elastico-views would set port or
+    views_port the same way (`elastico serve` then refuses to start).  No ElastiCo pod
+    takes service links."""
+    _, docs = variant
+    settings = {f"ELASTICO_{f.name.upper()}" for f in dataclasses.fields(ServiceSettings)}
+    injected = set().union(*(_service_link_variables(s) for s in named(docs, "Service").values()))
+    for name, template in pod_templates(docs).items():
+        if template["spec"].get("enableServiceLinks") is False:
+            continue
+        assert not injected & settings, (name, sorted(injected & settings))
+        assert template["spec"].get("enableServiceLinks") is False, name
