@@ -5,18 +5,25 @@ They read the published plan and view and the bookings; they own nothing.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
-
+from elastico_extender.core.model import Configuration
 from elastico_extender.core.resources import GPU_SM, RESOURCE_NAMES
 from elastico_extender.core.settings import PlannerSettings
 from elastico_extender.service.bookings import Bookings
 
 __all__ = ["RestViews"]
+
+
+@functools.lru_cache(maxsize=4096)
+def _label(configuration: Configuration) -> str:
+    """``configuration.label``, built once: a family has a few dozen configurations and
+    /jobs and /plan show one per job."""
+    return configuration.label
 
 
 class RestViews:
@@ -83,7 +90,7 @@ class RestViews:
                 row.update(
                     {
                         "action": a.action.value,
-                        "configuration": a.configuration.label,
+                        "configuration": _label(a.configuration),
                         "config_index": a.config_index,
                         "devices": [f"{n}/{d}" for n, d in a.devices],
                         "memory_budget_mib": a.memory_budget_mib,
@@ -124,18 +131,19 @@ class RestViews:
             pairs: list[list[str]] = []
             seen: set[frozenset[str]] = set()
             for g in node.gpus:
-                here = occupants.get((node.name, g.index), [])
+                here = occupants.get((node.name, g.index))  # None: nothing on it
+                names = [p for p, _, _ in here] if here else []
+                sm_assigned = float(sum(s for _, _, s in here)) if here else 0.0
                 gpus.append(
                     {
                         "index": g.index,
                         "product": g.product,
                         "memory_mib": g.memory_mib,
-                        "memory_assigned_mib": float(sum(m for _, m, _ in here)),
-                        "sm_assigned": float(np.clip(sum(s for _, _, s in here), 0.0, None)),
-                        "pods": [p for p, _, _ in here],
+                        "memory_assigned_mib": float(sum(m for _, m, _ in here)) if here else 0.0,
+                        "sm_assigned": 0.0 if sm_assigned < 0.0 else sm_assigned,
+                        "pods": names,
                     }
                 )
-                names = [p for p, _, _ in here]
                 for first, second in itertools.combinations(names, 2):
                     pair = frozenset((first, second))
                     if pair not in seen:  # pods that share several GPUs: one pair
@@ -164,7 +172,7 @@ class RestViews:
             "assignments": {
                 job_id: {
                     "pod": pub.pods[job_id].key if job_id in pub.pods else job_id,
-                    "configuration": a.configuration.label,
+                    "configuration": _label(a.configuration),
                     "devices": [f"{n}/{d}" for n, d in a.devices],
                     "action": a.action.value,
                     "memory_budget_mib": a.memory_budget_mib,
