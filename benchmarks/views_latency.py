@@ -12,7 +12,9 @@ request is served.  The cluster is ``extender_latency``'s (4 GPUs a node, GFD la
 about one running opted-in pod per two GPUs, all bound), in the embedded cluster, with
 one observation window ingested for every running pod.  The app runs under uvicorn on
 127.0.0.1 in this process (``ServerThread``); its epoch loop does not plan on its own
-(``--epoch-seconds`` 3600), the benchmark publishes plans itself.  Per view:
+(``--epoch-seconds`` 3600), the benchmark publishes plans itself, with the garbage
+collector policy of ``elastico serve`` (freeze after start-up and after each epoch;
+without it most of a cold /nodes at 5,000 nodes is full collections).  Per view:
 
 * ``cold``: the first GET after a plan was published (an epoch ran), median of
   ``--reps`` epochs: what a reader pays once per plan (every 5 s by default);
@@ -30,6 +32,7 @@ cores here; the load average is printed).  Results with the command that made th
 from __future__ import annotations
 
 import argparse
+import gc
 import http.client
 import json
 import os
@@ -49,6 +52,7 @@ VIEWS = ("nodes", "jobs", "plan", "prices", "observations")
 def measure(n: int, reps: int) -> dict[str, dict[str, float]]:
     """Per view: cold and warm server ms, warm round trip ms, reply bytes."""
     from elastico_extender.api.app import create_app
+    from elastico_extender.service.gc_policy import FreezeAfterEpochs
     from elastico_extender.service.observations import AgentWindow
     from elastico_extender.service.server import ServerThread
     from elastico_extender.service.settings import ServiceSettings
@@ -68,6 +72,9 @@ def measure(n: int, reps: int) -> dict[str, dict[str, float]]:
     for node, batch in windows.items():
         service.ingest(node, batch)
     histogram = app.state.metrics.registry.get_sample_value
+    gc.collect()  # as `elastico serve` does before serving, and after each epoch
+    gc.freeze()
+    after_epoch = FreezeAfterEpochs()
 
     def served(view: str) -> tuple[float, float]:
         return (
@@ -97,6 +104,7 @@ def measure(n: int, reps: int) -> dict[str, dict[str, float]]:
         warm: dict[str, list[tuple[float, float]]] = {v: [] for v in VIEWS}
         for _ in range(reps):
             engine.run_epoch()  # a new plan: what a view may have kept is out of date
+            after_epoch()
             for view in VIEWS:
                 ms, _, size = get(view)
                 cold[view].append(ms)
