@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import httpx
 
 from elastico_extender.api.app import create_app
@@ -81,3 +83,71 @@ def test_a_queued_pod_in_jobs_says_why_it_waits():
         rows = {r["pod"]: r for r in httpx.get(f"{server.url}/jobs").json()}
     assert rows["ml/second"]["state"] == "queued"
     assert "no GPU has room" in rows["ml/second"]["reason"]
+
+
+def test_kept_views_follow_bookings_the_cluster_and_new_plans():
+    """/jobs, /nodes and /plan are served from kept bytes while nothing changed, and a
+    booking, a booking dropped by the epoch (which does not move the bookings' version),
+    an invalid pod deleted and a new plan each show at once: every reply equals a fresh
+    build of the view."""
+    gpus = {"nvidia.com/gpu.count": "2", "nvidia.com/gpu.memory": "81920",
+            "nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"}  # fmt: skip
+    alloc = {"cpu": "64", "memory": "512Gi", "nvidia.com/gpu": "2", "pods": "110"}
+    node = {"kind": "Node", "metadata": {"name": "g0", "labels": gpus},
+            "status": {"allocatable": alloc, "capacity": alloc}}  # fmt: skip
+
+    def pod(name: str, notes: dict[str, str]) -> dict:
+        return {"kind": "Pod", "metadata": {"name": name, "namespace": "ml", "uid": f"uid-{name}",
+                "annotations": {"elastico.io/family": "bert", **notes}},
+                "spec": {"schedulerName": "elastico-scheduler", "containers": [{"name": "c",
+                         "resources": {"limits": {"nvidia.com/gpu": "1"}}}]},
+                "status": {"phase": "Pending"}}  # fmt: skip
+
+    bad = pod("typo", {"elastico.io/wieght": "2"})
+    cluster = EmbeddedCluster([node, pod("waiting", {}), bad], "test")
+    app = create_app(ServiceSettings(epoch_seconds=600), cluster)
+    engine = app.state.engine
+
+    def served(view: str) -> object:
+        reply = httpx.get(f"{server.url}/{view}")
+        assert reply.status_code == 200, reply.text
+        return reply.json()
+
+    def fresh() -> dict[str, object]:
+        return {"jobs": engine.jobs(), "nodes": engine.nodes(), "plan": engine.plan_summary()}
+
+    def state(rows: object, uid: str) -> str:
+        assert isinstance(rows, list)
+        return next(r["state"] for r in rows if r["id"] == uid)
+
+    with ServerThread(app) as server:
+        assert engine.view_json("nodes") is engine.view_json("nodes")  # kept, not rebuilt
+        before = {view: served(view) for view in ("jobs", "nodes", "plan")}
+        assert before == fresh()
+        assert state(before["jobs"], "uid-waiting") != "binding"
+
+        assert engine.bind("ml", "waiting", "uid-waiting", "g0") == ""
+        booked = {view: served(view) for view in ("jobs", "nodes", "plan")}
+        assert booked == fresh()
+        assert state(booked["jobs"], "uid-waiting") == "binding"
+        (g0,) = booked["nodes"]  # type: ignore[misc]
+        assert ["ml/waiting"] in [g["pods"] for g in g0["gpus"]]
+
+        version = engine.bookings.version
+        engine.bookings.settle(set(), math.inf)  # expired: dropped, the version unmoved
+        assert engine.bookings.version == version and len(engine.bookings) == 0
+        assert state(served("jobs"), "uid-waiting") != "binding"
+        assert served("nodes") == engine.nodes()
+
+        invalid = [r for r in served("jobs") if r["state"] == "invalid"]  # type: ignore[attr-defined]
+        assert [r["pod"] for r in invalid] == ["ml/typo"]
+        cluster.state.apply("pods", "DELETED", bad)
+        invalid = [r for r in served("jobs") if r["state"] == "invalid"]  # type: ignore[attr-defined]
+        assert [r["pod"] for r in invalid] == [None]
+
+        epoch = served("plan")["epoch"]  # type: ignore[index]
+        engine.run_epoch()
+        after = {view: served(view) for view in ("jobs", "nodes", "plan")}
+        assert after == fresh()
+        assert after["plan"]["epoch"] == epoch + 1  # type: ignore[index]
+        assert not [r for r in after["jobs"] if r["state"] == "invalid"]  # type: ignore[attr-defined]

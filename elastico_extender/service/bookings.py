@@ -106,6 +106,11 @@ class Bookings:
     def latest(self) -> Published | None:
         return self._published
 
+    def current(self) -> tuple[Published, dict[str, Booking], int]:
+        """The published view, the bookings (a copy) and :attr:`version`, read together."""
+        with self.lock:
+            return self.published, dict(self._bookings), self.version
+
     def pinned(self) -> dict[str, Booking]:
         """The bookings now, by pod UID (a copy)."""
         with self.lock:

@@ -160,6 +160,7 @@ class Engine:
             self.predictor_name,
             predictor_degraded,
             self.planner_settings,
+            pod=cluster.state.pod,
         )
         self.after_epoch = self.loop.after_epoch
         self.history = self.loop.history
@@ -234,3 +235,8 @@ class Engine:
 
     def plan_summary(self) -> dict[str, Any]:
         return self.views.plan_summary()
+
+    def view_json(self, name: str) -> bytes:
+        """GET /jobs, /nodes or /plan (``name``) as JSON, kept until what it shows changes."""
+        build = {"jobs": self.jobs, "nodes": self.nodes, "plan": self.plan_summary}[name]
+        return self.views.kept(name, build)

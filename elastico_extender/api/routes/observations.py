@@ -42,6 +42,7 @@ from elastico_extender.service.observations import (
     ObservationRefused,
     ObservationService,
 )
+from elastico_extender.service.views import to_json
 
 __all__ = ["MAX_AGE_HEADER", "MAX_BODY_BYTES", "MAX_WINDOWS", "ObservationBatch", "router"]
 
@@ -113,4 +114,5 @@ async def post_observations(request: Request) -> Response:
 async def get_observations(request: Request) -> Response:
     if not request.app.state.engine.has_plan:
         raise ApiError(409, "no plan published yet")
-    return timed_view(request, "observations", service_of(request).view)
+    service = service_of(request)
+    return timed_view(request, "observations", lambda: to_json(service.view()))
