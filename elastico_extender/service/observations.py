@@ -812,14 +812,14 @@ class ObservationService:
         pub = self._published()
         now = self.clock()
         pods_by_id = pub.pods if pub is not None else {}
-        observed = self.book.observed()
 
         def pod(job_id: str) -> str:
             pj = pods_by_id.get(job_id)
             return pj.key if pj is not None else job_id
 
         stale = {row["id"]: row for row in self.staleness()}
-        with self._lock:
+        with self._lock:  # the book changes under it on the ingest threads
+            observed = self.book.observed()
             pods = []
             for job_id, r in self._reports.items():
                 if job_id not in stale:
