@@ -16,11 +16,13 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from test_service_behaviour import gpu_node
+from test_service_behaviour import elastic_pod, gpu_node
 from test_service_observations import running_pod
 
+from elastico_extender.cluster.base import BindRequest
 from elastico_extender.cluster.embedded import EmbeddedCluster
 from elastico_extender.core.shapes.catalog import catalog_families
+from elastico_extender.errors import ClusterError
 from elastico_extender.service.engine import Engine
 from elastico_extender.service.observations import AgentWindow, ObservationService
 from elastico_extender.service.settings import ServiceSettings
@@ -85,3 +87,54 @@ def test_get_observations_while_agents_post_never_fails(switch_often: None) -> N
         poster.join()
     assert failures == []
     assert len(service.view()["pods"]) == nodes * per_node
+
+
+class RefusingCluster(EmbeddedCluster):
+    """An API server that refuses every Binding with a 403 (nothing written: RBAC, a
+    quota); the first refusal waits until ``go`` is set, so a test can hold a bind
+    between its booking and its release."""
+
+    def __init__(self, *args: object) -> None:
+        super().__init__(*args)  # type: ignore[arg-type]
+        self.writing = threading.Event()
+        self.go = threading.Event()
+        self.attempts = 0
+
+    def bind(self, request: BindRequest) -> None:
+        self.attempts += 1
+        self.writing.set()
+        self.go.wait(10)
+        raise ClusterError("API server answered 403: Forbidden", status=403)
+
+
+def test_a_bind_released_while_the_epoch_plans_is_not_held_by_the_new_view() -> None:
+    """Bind (threadpool) booked a pod, the epoch (its own thread) read the bookings and
+    planned, the write failed for certain and the booking was released, then the epoch
+    published: the new view held the pod as running where it was booked, so the
+    scheduler's retry of the bind was answered "" (already placed) with nothing
+    written: a pod reported bound that never was."""
+    cluster = RefusingCluster([gpu_node("g0")], "test")
+    cluster.add_pod(elastic_pod("a"))
+    engine = Engine(ServiceSettings(epoch_seconds=3600), cluster)
+    engine.run_epoch()
+    first: list[str] = []
+    binder = threading.Thread(target=lambda: first.append(engine.bind("ml", "a", "uid-a", "g0")))
+    binder.start()
+    assert cluster.writing.wait(10)  # booked; the Binding is being written
+    build = engine.builder.build
+
+    def build_then_release(bookings):  # type: ignore[no-untyped-def]
+        built = build(bookings)  # the snapshot counts the booking
+        cluster.go.set()  # the API server answers 403: the booking is released
+        binder.join(10)
+        return built
+
+    engine.builder.build = build_then_release  # type: ignore[method-assign]
+    engine.run_epoch()
+    engine.builder.build = build  # type: ignore[method-assign]
+    assert first and "403" in first[0]
+    assert len(engine.bookings) == 0
+    assert not engine.published.view.holds("uid-a")
+    retry = engine.bind("ml", "a", "uid-a", "g0")  # kube-scheduler retries the pod
+    assert "403" in retry
+    assert cluster.attempts == 2 and cluster.bindings == []

@@ -27,7 +27,7 @@ from __future__ import annotations
 import logging
 import math
 import threading
-from collections.abc import Callable, Container, Sequence
+from collections.abc import Callable, Container, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import NoReturn
 
@@ -212,9 +212,15 @@ class Bookings:
         pub: Published,
         pending: Container[str],
         in_place: Sequence[tuple[PodJob, NodeVerdict]] = (),
+        counted: Iterable[str] = (),
     ) -> bool:
         """Make ``pub`` the view the verbs read, every booking counted in it exactly
         where it was booked; call with ``serial`` held (no booking in flight).
+
+        ``counted``: the bookings the snapshot held as running (``Built.in_snapshot``).
+        One released or expired while the epoch planned is no longer a booking, so the
+        view does not hold its pod either (a retried bind would read "already placed"
+        and write nothing).
 
         A booking made while the epoch planned may collide with the plan's proposal
         for a pending pod (``pending``: ids the snapshot holds as pending): a booking
@@ -223,6 +229,9 @@ class Bookings:
         and False is returned: the old view, which counts every booking, stays."""
         view = pub.view
         with self.lock:
+            for uid in counted:
+                if uid not in self._bookings:
+                    view.forget(uid)
             for pj, verdict in in_place:  # moves the plan wants and nobody will make
                 view.forget(pj.job.id)
                 self._place(view, pj, verdict, pending, force=True)

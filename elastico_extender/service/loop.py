@@ -168,7 +168,7 @@ class EpochLoop:
             pending,
         )
         with bookings.serial:
-            if not bookings.publish(published, pending, in_place):
+            if not bookings.publish(published, pending, in_place, built.in_snapshot):
                 return None  # a booking collided with the plan: plan again
             booked = bookings.pinned()
         self.last_epoch_error = None
