@@ -138,3 +138,43 @@ def test_a_bind_released_while_the_epoch_plans_is_not_held_by_the_new_view() -> 
     retry = engine.bind("ml", "a", "uid-a", "g0")  # kube-scheduler retries the pod
     assert "403" in retry
     assert cluster.attempts == 2 and cluster.bindings == []
+
+
+def test_a_filter_naming_a_node_the_epoch_thread_is_planning_for_waits_for_that_plan() -> None:
+    """A node is added; the epoch thread's poll notices first and plans.  A filter naming
+    the new node meanwhile (kube-scheduler moves pending pods to its active queue on the
+    same Node event) must replan or wait for that plan (issue 12 item 2).  The poll had
+    consumed the node generation in the loop's shared "already checked" memo, so the
+    filter's refresh found nothing stale and answered from the old view: the new node
+    was "not in the cluster view", an unresolvable failure (the pod back in the
+    unschedulable queue for up to 5 minutes)."""
+    cluster = EmbeddedCluster([gpu_node("g0")], "test")
+    cluster.add_pod(elastic_pod("a"))
+    engine = Engine(ServiceSettings(epoch_seconds=3600), cluster)
+    engine.start()  # the epoch thread polls for node changes every 50 ms
+    planning, go = threading.Event(), threading.Event()
+    build = engine.builder.build
+
+    def slow_build(bookings):  # type: ignore[no-untyped-def]
+        if threading.current_thread().name == "elastico-epoch":
+            planning.set()
+            go.wait(10)
+        return build(bookings)
+
+    engine.builder.build = slow_build  # type: ignore[method-assign]
+    try:
+        cluster.state.apply("nodes", "ADDED", gpu_node("g1"))
+        assert planning.wait(10)  # the epoch thread noticed and is planning
+        outcome: list[object] = []
+        verb = threading.Thread(
+            target=lambda: outcome.append(engine.filter(cluster.state.pod("uid-a"), ["g1"]))
+        )
+        verb.start()
+        verb.join(0.5)
+        go.set()
+        verb.join(10)
+    finally:
+        go.set()
+        engine.stop()
+    (result,) = outcome
+    assert result.passed == ["g1"], result  # type: ignore[attr-defined]

@@ -91,7 +91,12 @@ class EpochLoop:
 
     def stale(self) -> bool:
         """Whether the published view lags the cluster view in a way that answers
-        notice at once: no plan, a plan from before the sync, or other nodes."""
+        notice at once: no plan, a plan from before the sync, or other nodes.  The epoch
+        thread's poll: a node generation looked at once is not looked at again (an epoch
+        that failed on it is not retried at once, nor a heartbeat compared twice)."""
+        return self._lags(remember=True)
+
+    def _lags(self, *, remember: bool) -> bool:
         pub = self.bookings.latest
         state = self.builder.state
         if pub is None:
@@ -99,19 +104,27 @@ class EpochLoop:
         if not pub.synced and state.is_synced:
             return True
         generation = state.node_generation
-        if generation in (pub.node_generation, self._checked_generation):
+        if generation == pub.node_generation or (
+            remember and generation == self._checked_generation
+        ):
             return False
         # A node event: a heartbeat parses to the same nodes (the same tuple), a node
         # added, removed or resized does not.
-        self._checked_generation = generation
+        if remember:
+            self._checked_generation = generation
         return self.builder.nodes() is not pub.snapshot.nodes
 
     def refresh(self) -> bool:
-        """Plan now if :meth:`stale` (a verb asked about a node the view lacks);
-        returns whether an epoch ran."""
-        if not self.stale():
+        """Plan now if the published view lags the cluster view (a verb asked about a
+        node the view lacks); returns whether an epoch ran.  Whatever the epoch thread's
+        poll has seen: it may be planning on the new nodes now, and then that plan is
+        waited for instead of made twice."""
+        if not self._lags(remember=False):
             return False
-        self.run_epoch()
+        with self._epoch_lock:
+            if not self._lags(remember=False):
+                return False  # the epoch thread published a plan on the new nodes
+            self._run()
         return True
 
     # -- one epoch ---------------------------------------------------------------------
@@ -122,11 +135,15 @@ class EpochLoop:
         meanwhile in the new view.  Reconfigurations that free memory are written
         before the publish; the rest after it."""
         with self._epoch_lock:  # the epoch thread and a verb's refresh: one at a time
-            for _ in range(3):
-                published = self._epoch()
-                if published is not None:
-                    return published
-            raise RuntimeError("bookings kept colliding with the plan; the old view stays")
+            return self._run()
+
+    def _run(self) -> Plan:
+        """:meth:`run_epoch`'s work; call with ``_epoch_lock`` held."""
+        for _ in range(3):
+            published = self._epoch()
+            if published is not None:
+                return published
+        raise RuntimeError("bookings kept colliding with the plan; the old view stays")
 
     def _epoch(self) -> Plan | None:
         started = time.perf_counter()
