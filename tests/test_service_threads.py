@@ -178,3 +178,32 @@ def test_a_filter_naming_a_node_the_epoch_thread_is_planning_for_waits_for_that_
         engine.stop()
     (result,) = outcome
     assert result.passed == ["g1"], result  # type: ignore[attr-defined]
+
+
+def test_answers_of_a_view_replaced_while_filter_ran_are_not_cached_for_the_next_pod() -> None:
+    """Filter (event loop) reads the published view, then takes the view lock; the epoch
+    thread may publish in between.  The answer computed on the old view was cached
+    under the new view's version, so every later pod of the same shape got the old
+    view's answer: here a node another replica filled since was passed again."""
+    cluster = EmbeddedCluster([gpu_node("g0")], "test")
+    engine = Engine(ServiceSettings(epoch_seconds=3600), cluster)
+    engine.run_epoch()  # g0 idle
+    for name in ("b", "c"):  # bert needs >= 22 GiB: one per 40 GiB GPU
+        cluster.add_pod(elastic_pod(name))
+    taken = running_pod("x", "g0", 0)  # bound by the leader: the watch shows it
+    cluster.state.apply("pods", "ADDED", taken)
+    distinct = engine.verbs._distinct
+    epochs: list[object] = []
+
+    def distinct_then_publish(view, names):  # type: ignore[no-untyped-def]
+        found = distinct(view, names)
+        if not epochs:  # the epoch thread publishes while filter is between the two
+            epochs.append(engine.run_epoch())
+        return found
+
+    engine.verbs._distinct = distinct_then_publish  # type: ignore[method-assign]
+    engine.filter(cluster.state.pod("uid-b"), ["g0"])  # answered from the old view
+    engine.verbs._distinct = distinct  # type: ignore[method-assign]
+    assert epochs and engine.published.view.holds("uid-x")
+    later = engine.filter(cluster.state.pod("uid-c"), ["g0"])
+    assert later.passed == [] and "g0" in later.failed, later

@@ -190,7 +190,10 @@ class Verbs:
         cached = self._answer_cache.get(key)
         known = at[at >= 0]
         version = self.bookings.version
-        if cached is not None and cached[0] == version and cached[1].asked[known].all():
+        # A publish since the caller read ``pub``: its answers are of the old view, so
+        # they neither come from nor go into the cache (kept for the new view's version).
+        current = pub is self.bookings.latest
+        if current and cached is not None and cached[0] == version and cached[1].asked[known].all():
             self._answer_cache.move_to_end(key)
             return cached[1]
         if not held:
@@ -206,6 +209,8 @@ class Verbs:
             if home in view.node_index:
                 verdict = self.bookings.held_verdict(pub, pj, home, devices)
                 answers = answers.with_verdict(view.node_index[home], verdict, view.table.index)
+        if not current:
+            return answers
         size = answer_bytes(answers)
         old = self._answer_cache.pop(key, None)
         if old is not None:
