@@ -207,3 +207,32 @@ def test_answers_of_a_view_replaced_while_filter_ran_are_not_cached_for_the_next
     assert epochs and engine.published.view.holds("uid-x")
     later = engine.filter(cluster.state.pod("uid-c"), ["g0"])
     assert later.passed == [] and "g0" in later.failed, later
+
+
+def test_the_epoch_thread_survives_a_failure_while_it_polls_for_node_changes() -> None:
+    """Between epochs the thread polls whether the cluster view moved (parsing the
+    nodes); an error there, outside the epoch's own guard, ended the thread silently and
+    no plan was ever made again.  The poll's error is logged and the next epoch runs."""
+    cluster = EmbeddedCluster([gpu_node("g0")], "test")
+    engine = Engine(ServiceSettings(epoch_seconds=3600), cluster)
+    engine.start()
+    nodes = engine.builder.nodes
+    failures = [RuntimeError("node parse failed")]
+
+    def flaky_nodes():  # type: ignore[no-untyped-def]
+        if failures and threading.current_thread().name == "elastico-epoch":
+            raise failures.pop()
+        return nodes()
+
+    engine.builder.nodes = flaky_nodes  # type: ignore[method-assign]
+    try:
+        first = engine.published.plan.epoch
+        cluster.state.apply("nodes", "ADDED", gpu_node("g1"))  # the poll parses the nodes
+        deadline = time.monotonic() + 10
+        while engine.published.plan.epoch == first and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not failures  # the poll did fail once
+        assert engine.published.plan.epoch > first  # and the thread planned the new node
+        assert [n.name for n in engine.published.snapshot.nodes] == ["g0", "g1"]
+    finally:
+        engine.stop()

@@ -114,6 +114,15 @@ class EpochLoop:
             self._checked_generation = generation
         return self.builder.nodes() is not pub.snapshot.nodes
 
+    def _poll(self) -> bool:
+        """:meth:`stale` for the epoch thread's wait, which no error may end: a failure
+        is logged and answered "plan now", so the epoch's own guard reports it."""
+        try:
+            return self.stale()
+        except Exception:
+            log.exception("epoch.poll_failed")
+            return True
+
     def refresh(self) -> bool:
         """Plan now if the published view lags the cluster view (a verb asked about a
         node the view lacks); returns whether an epoch ran.  Whatever the epoch thread's
@@ -254,7 +263,7 @@ class EpochLoop:
             deadline = time.monotonic() + self.epoch_seconds
             while not self._stop.is_set():
                 left = deadline - time.monotonic()
-                if left <= 0 or self._wake.wait(min(left, POLL_SECONDS)) or self.stale():
+                if left <= 0 or self._wake.wait(min(left, POLL_SECONDS)) or self._poll():
                     break
             self._wake.clear()
             if self._stop.is_set():
