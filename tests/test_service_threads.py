@@ -10,10 +10,12 @@ a deterministic interleaving through the objects' own seams.
 
 from __future__ import annotations
 
+import sqlite3
 import sys
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from test_service_behaviour import elastic_pod, gpu_node
@@ -21,8 +23,12 @@ from test_service_observations import running_pod
 
 from elastico_extender.cluster.base import BindRequest
 from elastico_extender.cluster.embedded import EmbeddedCluster
+from elastico_extender.core.closed_loop import ClosedLoop
+from elastico_extender.core.interference.online import OnlineCorrection
+from elastico_extender.core.interference.predictor import ContentionPredictor
 from elastico_extender.core.shapes.catalog import catalog_families
 from elastico_extender.errors import ClusterError
+from elastico_extender.profiles.loop_store import LoopStore
 from elastico_extender.service.engine import Engine
 from elastico_extender.service.observations import AgentWindow, ObservationService
 from elastico_extender.service.settings import ServiceSettings
@@ -236,3 +242,49 @@ def test_the_epoch_thread_survives_a_failure_while_it_polls_for_node_changes() -
         assert [n.name for n in engine.published.snapshot.nodes] == ["g0", "g1"]
     finally:
         engine.stop()
+
+
+def test_get_observations_is_answered_while_an_ingest_waits_on_the_store(
+    tmp_path: Path,
+) -> None:
+    """POST /observations (threadpool) wrote what its windows taught to SQLite while it
+    held the service's lock, and GET /observations and /metrics (event loop) take that
+    lock: a store slow to write (disk I/O, fsync, or another writer: here a write
+    transaction held from a second connection) stalled the event loop, and with it every
+    filter and prioritize, for as long as the write took.  The view is answered at once
+    now, and the write lands when the store is free again."""
+    cluster = EmbeddedCluster([gpu_node("g0", gpus=1, memory_mib=81920)], "test")
+    for name in ("a", "b"):  # two tenants of one GPU: their windows label a pair
+        cluster.add_pod(running_pod(name, "g0", 0))
+    engine = Engine(ServiceSettings(epoch_seconds=3600), cluster)
+    engine.run_epoch()
+    store = LoopStore(tmp_path / "loop.db")
+    service = ObservationService(
+        ServiceSettings(), store, loop=ClosedLoop(OnlineCorrection(ContentionPredictor()))
+    )
+    service.attach(lambda: engine.published)
+    writer = sqlite3.connect(tmp_path / "loop.db")
+    writer.execute("BEGIN IMMEDIATE")  # another writer holds the file's write lock
+    end = time.time() - 30.0
+    windows = [AgentWindow(f"uid-{n}", end, 5.0, SOLO / 1.5, BERT.throughput_unit) for n in "ab"]
+    posted: list[dict] = []
+    poster = threading.Thread(target=lambda: posted.append(service.ingest("g0", windows)))
+    poster.start()
+    try:
+        deadline = time.monotonic() + 10.0
+        while not store._lock.locked() and time.monotonic() < deadline:
+            time.sleep(0.001)  # until the ingest is in the store, waiting for the file
+        assert poster.is_alive() and store._lock.locked()
+        viewed: list[dict] = []
+        viewer = threading.Thread(target=lambda: viewed.append(service.view()))
+        viewer.start()
+        viewer.join(1.0)  # the store's busy timeout is 5 s
+        assert viewed, "GET /observations waited for the ingest's SQLite write"
+        assert {p["id"] for p in viewed[0]["pods"]} == {"uid-a", "uid-b"}
+    finally:
+        writer.rollback()
+        writer.close()
+        poster.join(10)
+    assert posted and posted[0]["pair_samples"] == 2
+    x, _ = store.samples()
+    assert len(x) > 0 and len(store.pair_records()) == 2  # written once the file was free

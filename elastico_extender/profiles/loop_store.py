@@ -36,6 +36,7 @@ import math
 import sqlite3
 import threading
 from collections.abc import Iterable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -152,17 +153,23 @@ class LoopStore:
             self._db.close()
 
     # -- correction ------------------------------------------------------------
-    def save_correction(self, correction: OnlineCorrection) -> None:
-        """Replace the stored correction by ``correction``'s rows (both levels and the ring)."""
-        rows = [
-            (level, str(key), mean, count)
-            for level in ("config", "family")
-            for key, mean, count in correction.rows(level)
-        ]
-        ring = [
-            (slot, str(key), np.asarray(x, dtype="<f4").tobytes(), float(mean), float(count))
-            for slot, (key, x, mean, count) in enumerate(correction.neighbour_rows())
-        ]
+    def save_correction(
+        self, correction: OnlineCorrection, guard: AbstractContextManager[object] | None = None
+    ) -> None:
+        """Replace the stored correction by ``correction``'s rows (both levels and the ring).
+
+        ``guard`` (the lock its learner holds while it changes) is held while the rows are
+        read, not while they are written: a slow disk never stalls the correction's users."""
+        with guard if guard is not None else nullcontext():
+            rows = [
+                (level, str(key), mean, count)
+                for level in ("config", "family")
+                for key, mean, count in correction.rows(level)
+            ]
+            ring = [
+                (slot, str(key), np.asarray(x, dtype="<f4").tobytes(), float(mean), float(count))
+                for slot, (key, x, mean, count) in enumerate(correction.neighbour_rows())
+            ]
         with self._lock, self._db:
             self._db.execute("DELETE FROM loop_correction")
             self._db.executemany("INSERT INTO loop_correction VALUES (?,?,?,?)", rows)

@@ -54,7 +54,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from elastico_extender.core.closed_loop import ClosedLoop, RunningConfig
+from elastico_extender.core.closed_loop import ClosedLoop, LabelledPairs, RunningConfig
 from elastico_extender.core.interference.predictor import SlowdownPredictor
 from elastico_extender.core.model import Job, MeasuredRates, ProfileFamily, Snapshot
 from elastico_extender.core.observations import (
@@ -166,7 +166,8 @@ in rows; a restart loses at most this much learning)."""
 
 
 class ObservationService:
-    """Holds the observation book for the extender; thread-safe (one lock)."""
+    """Holds the observation book for the extender; thread-safe (one lock, and one for
+    the store's writes, taken after it is released)."""
 
     def __init__(
         self,
@@ -187,7 +188,6 @@ class ObservationService:
         # planner uses), exactly as in the simulator.
         self.loop = loop or ClosedLoop(book=book)
         self.book = self.loop.book
-        self._saved_at = 0.0
         self.clock = clock
         self._published: Callable[[], Published | None] = lambda: None
         self._lock = threading.Lock()
@@ -195,6 +195,14 @@ class ObservationService:
         # and changed by the ingest and checkpoint threads: every read and change of it
         # holds this lock, the innermost one (nothing is called out while holding it).
         self.correction_lock = threading.Lock()
+        # What a change taught is written to the store after ``_lock`` is released (a
+        # slow disk must not stall the event loop's views, which take ``_lock``): queued
+        # under ``_lock`` in the order it was learned, written in that order under
+        # ``_store_lock`` by whichever queuing thread takes it first; each writes what is
+        # queued before it returns, so the queue holds at most one entry per thread.
+        self._store_lock = threading.Lock()
+        self._pending: deque[Callable[[], None]] = deque()
+        self._saved_at = 0.0  # when the correction was last written (under _store_lock)
         self._reports: OrderedDict[str, PodReport] = OrderedDict()
         self._agents: dict[str, float] = {}  # node -> when its agent last reported
         self._pairs: OrderedDict[tuple[str, str], PairStat] = OrderedDict()
@@ -226,13 +234,13 @@ class ObservationService:
     def close(self) -> None:
         """Close the store (the app's shutdown); what it holds is already written."""
         if self.store is not None:
-            if self.loop.correction is not None:
-                try:
-                    with self.correction_lock:
-                        self.store.save_correction(self.loop.correction)
-                except sqlite3.Error as exc:  # a full or read-only disk: said, not raised
-                    log.warning("observations.loop_not_saved", extra={"error": str(exc)})
-            self.store.close()
+            with self._store_lock:
+                if self.loop.correction is not None:
+                    try:
+                        self.store.save_correction(self.loop.correction, self.correction_lock)
+                    except sqlite3.Error as exc:  # a full or read-only disk: said, not raised
+                        log.warning("observations.loop_not_saved", extra={"error": str(exc)})
+                self.store.close()
 
     def attach(
         self,
@@ -320,17 +328,52 @@ class ObservationService:
             if problems:
                 self._count("refused", len(windows))
                 raise ObservationRefused(422, problems, refused)
-            refs, samples = self._record(node, now, pub, accepted)
+            refs, samples, labelled = self._record(node, now, pub, accepted)
             if accepted:
                 self.learned_version += 1
+                self._queue_write(lambda: self._write_learned(now, refs, samples, labelled))
+        self._write_queued()
         self._profile_unprofiled(pub, [obs for _, obs, _, _ in accepted], now)
-        if self.store is not None:
-            try:
-                self.store.put_references(refs, now)
-                self.store.add_pair_records(samples)
-            except sqlite3.Error as exc:  # degrade: kept in memory, said in the log
-                log.warning("observations.persist_failed", extra={"error": str(exc)})
         return {"accepted": len(accepted), "pair_samples": len(samples)}
+
+    def _queue_write(self, write: Callable[[], None]) -> None:
+        """Queue a store write (the caller holds ``_lock`` and calls
+        :meth:`_write_queued` once it released it)."""
+        if self.store is not None:
+            self._pending.append(write)
+
+    def _write_queued(self) -> None:
+        """Write the queued store writes, oldest first (called without ``_lock``: only
+        the thread that queued waits for the disk)."""
+        with self._store_lock:
+            while self._pending:
+                self._pending.popleft()()
+
+    def _write_learned(
+        self,
+        now: float,
+        refs: list[ReferenceRow],
+        samples: list[PairRecord],
+        labelled: LabelledPairs | None,
+    ) -> None:
+        """Persist what one batch taught: references, pair records, labelled samples and,
+        at most every ``CORRECTION_SAVE_SECONDS``, the correction (under ``_store_lock``)."""
+        assert self.store is not None  # queued only with a store
+        try:
+            self.store.put_references(refs, now)
+            self.store.add_pair_records(samples)
+        except sqlite3.Error as exc:  # degrade: kept in memory, said in the log
+            log.warning("observations.persist_failed", extra={"error": str(exc)})
+        if labelled is None or self.loop.correction is None:
+            return
+        try:
+            # the samples `elastico train-iac --from-store` retrains the DNN on
+            self.store.add_samples(labelled.features, labelled.observed, at=now)
+            if now - self._saved_at >= CORRECTION_SAVE_SECONDS:
+                self.store.save_correction(self.loop.correction, self.correction_lock)
+                self._saved_at = now
+        except sqlite3.Error as exc:
+            log.warning("observations.loop_not_saved", extra={"error": str(exc)})
 
     def _profile_unprofiled(self, pub: Published, windows: list[Observation], now: float) -> None:
         """Solo windows of pods whose family has no measured row become its profile."""
@@ -424,7 +467,7 @@ class ObservationService:
         now: float,
         pub: Published,
         accepted: list[tuple[AgentWindow, Observation, float | None, float | None]],
-    ) -> tuple[list[ReferenceRow], list[PairRecord]]:
+    ) -> tuple[list[ReferenceRow], list[PairRecord], LabelledPairs | None]:
         refs: list[ReferenceRow] = []
         samples: list[PairRecord] = []
         errors: list[float] = []
@@ -495,7 +538,7 @@ class ObservationService:
         while len(self._reports) > MAX_PODS:
             self._reports.popitem(last=False)
         self._agents[node] = now
-        self._teach(windows, configs, pub, now)
+        labelled = self._teach(windows, configs, pub)
         self._count("accepted", len(accepted))
         if errors:
             self._error_sum += sum(errors)
@@ -503,33 +546,20 @@ class ObservationService:
             self._errors.append(
                 {"time": now, "mean_abs_error": sum(errors) / len(errors), "windows": len(errors)}
             )
-        return refs, samples
+        return refs, samples, labelled
 
     def _teach(
         self,
         windows: list[list[PairSample]],
         running: Mapping[str, RunningConfig],
         pub: Published,
-        now: float,
-    ) -> None:
+    ) -> LabelledPairs | None:
         """The pairs the windows label (``ClosedLoop.label``) teach the online correction
-        (one vectorised call); what it learned is saved at most every
-        ``CORRECTION_SAVE_SECONDS``."""
+        (one vectorised call); returns them, to be written to the store."""
         if not any(windows) or self.loop.correction is None:
-            return
+            return None
         with self.correction_lock:
-            labelled = self.loop.learn(windows, running, pub.snapshot.families)
-        if self.store is None:
-            return
-        try:
-            # the samples `elastico train-iac --from-store` retrains the DNN on
-            self.store.add_samples(labelled.features, labelled.observed, at=now)
-            if now - self._saved_at >= CORRECTION_SAVE_SECONDS:
-                with self.correction_lock:
-                    self.store.save_correction(self.loop.correction)
-                self._saved_at = now
-        except sqlite3.Error as exc:
-            log.warning("observations.loop_not_saved", extra={"error": str(exc)})
+            return self.loop.learn(windows, running, pub.snapshot.families)
 
     def _pair(
         self,
@@ -631,13 +661,16 @@ class ObservationService:
             refs = [[j, c, u, r, int(m)] for j, c, u, r, m in state.references]
             self.book.restore({"refs": refs})
             self.learned_version += 1
-        if self.store is None:
-            return
+            self._queue_write(lambda: self._write_merged(state))
+        self._write_queued()
+
+    def _write_merged(self, state: LearnedState) -> None:
+        """Persist a merged checkpoint (under ``_store_lock``)."""
+        assert self.store is not None  # queued only with a store
         try:
             self.store.put_references(state.references, self.clock())
-            if correction is not None:
-                with self.correction_lock:
-                    self.store.save_correction(correction)
+            if self.loop.correction is not None:
+                self.store.save_correction(self.loop.correction, self.correction_lock)
             self.store.merge_history(state.samples, state.records)
         except sqlite3.Error as exc:
             log.warning("observations.merge_not_saved", extra={"error": str(exc)})
