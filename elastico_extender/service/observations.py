@@ -159,6 +159,18 @@ class PairStat:
     last_end: float
     separated: bool = False
 
+    def copy(self) -> PairStat:
+        """A copy to read outside the service's lock (ingest changes the stat in place)."""
+        return PairStat(
+            self.observed,
+            self.last,
+            self.predicted,
+            self.tolerance,
+            self.windows,
+            self.last_end,
+            self.separated,
+        )
+
 
 CORRECTION_SAVE_SECONDS = 30.0
 """How often at most the online correction is written to the loop store (it is bounded
@@ -816,28 +828,34 @@ class ObservationService:
     def staleness(self) -> list[dict[str, Any]]:
         """Per running pod: age of its last report and whether it is stale (or never seen)."""
         pub = self._published()
+        now = self.clock()
+        with self._lock:  # a copy: reports are replaced, never changed
+            reports = dict(self._reports)
+        return self._staleness(pub, now, reports)
+
+    def _staleness(
+        self, pub: Published | None, now: float, reports: Mapping[str, PodReport]
+    ) -> list[dict[str, Any]]:
         if pub is None:
             return []
-        now = self.clock()
         bound = self.settings.observation_stale_seconds
         rows = []
-        with self._lock:
-            for job in pub.snapshot.jobs:
-                if not job.running:
-                    continue
-                pj = pub.pods.get(job.id)
-                report = self._reports.get(job.id)
-                age = None if report is None else max(0.0, now - report.received)
-                rows.append(
-                    {
-                        "id": job.id,
-                        "pod": pj.key if pj else job.id,
-                        "node": job.devices[0][0] if job.devices else None,
-                        "age_seconds": age,
-                        "stale": age is not None and age > bound,
-                        "reported": report is not None,
-                    }
-                )
+        for job in pub.snapshot.jobs:
+            if not job.running:
+                continue
+            pj = pub.pods.get(job.id)
+            report = reports.get(job.id)
+            age = None if report is None else max(0.0, now - report.received)
+            rows.append(
+                {
+                    "id": job.id,
+                    "pod": pj.key if pj else job.id,
+                    "node": job.devices[0][0] if job.devices else None,
+                    "age_seconds": age,
+                    "stale": age is not None and age > bound,
+                    "reported": report is not None,
+                }
+            )
         return rows
 
     def view(self) -> dict[str, Any]:
@@ -850,74 +868,87 @@ class ObservationService:
             pj = pods_by_id.get(job_id)
             return pj.key if pj is not None else job_id
 
-        stale = {row["id"]: row for row in self.staleness()}
-        with self._lock:  # the book changes under it on the ingest threads
-            observed = self.book.observed()
-            pods = []
-            for job_id, r in self._reports.items():
-                if job_id not in stale:
-                    continue
-                o = observed.get(job_id)
-                pods.append(
-                    {
-                        "id": job_id,
-                        "pod": pod(job_id),
-                        "node": r.node,
-                        "config_index": r.config,
-                        "unit": r.unit,
-                        "rate": r.rate,
-                        "window_seconds": r.seconds,
-                        "window_slowdown": r.window_slowdown,
-                        "observed_slowdown": o.slowdown if o else None,
-                        "samples": o.samples if o else 0,
-                        "recent": list(o.recent) if o else [],
-                        "partners": [pod(p) for p in r.partners if p in pods_by_id],
-                        "peak_mem_mib": r.peak_mem_mib,
-                        "sm_activity": r.sm_activity,
-                        "age_seconds": stale[job_id]["age_seconds"],
-                        "stale": stale[job_id]["stale"],
-                        "reference_rate": self.book.reference(job_id, r.config, r.unit),
-                        # what the slowdown rests on: its own solo rate, its family's, a profile
-                        "reference": o.reference if o else None,
-                    }
-                )
-            pairs = [
-                {
-                    "victim": pod(v),
-                    "partner": pod(p),
-                    "observed_slowdown": s.observed,
-                    "last_window_slowdown": s.last,
-                    "predicted_slowdown": s.predicted,
-                    "error": None if s.predicted is None else s.predicted - s.observed,
-                    "tolerance": s.tolerance,
-                    "windows": s.windows,
-                    "age_seconds": max(0.0, now - s.last_end),
-                    "separated": s.separated,
-                }
-                for (v, p), s in self._pairs.items()
-                if v in pods_by_id and p in pods_by_id  # a pod that left (requeued, deleted)
+        # The ingest threads change all of this, and the event loop waits for the lock:
+        # under it, a shallow copy (reports and the book's entries are replaced, never
+        # changed; pair stats are copied); the rows are built after it is released.
+        with self._lock:
+            reports = [
+                (job_id, r, self.book.reference(job_id, r.config, r.unit))
+                for job_id, r in self._reports.items()
             ]
-            return {
-                "now": now,
-                "stale_after_seconds": self.settings.observation_stale_seconds,
-                "pods": pods,
-                "unreported": [row for row in stale.values() if not row["reported"]],
-                "stale": [row for row in stale.values() if row["stale"]],
-                "pairs": pairs,
-                "prediction_error": {
-                    "mean_abs_error": (
-                        self._error_sum / self._error_count if self._error_count else None
-                    ),
-                    "windows": self._error_count,
-                    "history": list(self._errors),
-                },
-                "separations": list(self._separations),
-                "agents": {
-                    node: {"last_report_age_seconds": max(0.0, now - t)}
-                    for node, t in self._agents.items()
-                },
-                "windows_total": dict(self.windows_total),
+            observed = self.book.observed()
+            stats = [(v, p, s.copy()) for (v, p), s in self._pairs.items()]
+            error_sum, error_count = self._error_sum, self._error_count
+            errors = list(self._errors)
+            separations = list(self._separations)
+            agents = dict(self._agents)
+            windows_total = dict(self.windows_total)
+        stale = {
+            row["id"]: row
+            for row in self._staleness(pub, now, {job_id: r for job_id, r, _ in reports})
+        }
+        pods = []
+        for job_id, r, reference_rate in reports:
+            if job_id not in stale:
+                continue
+            o = observed.get(job_id)
+            pods.append(
+                {
+                    "id": job_id,
+                    "pod": pod(job_id),
+                    "node": r.node,
+                    "config_index": r.config,
+                    "unit": r.unit,
+                    "rate": r.rate,
+                    "window_seconds": r.seconds,
+                    "window_slowdown": r.window_slowdown,
+                    "observed_slowdown": o.slowdown if o else None,
+                    "samples": o.samples if o else 0,
+                    "recent": list(o.recent) if o else [],
+                    "partners": [pod(p) for p in r.partners if p in pods_by_id],
+                    "peak_mem_mib": r.peak_mem_mib,
+                    "sm_activity": r.sm_activity,
+                    "age_seconds": stale[job_id]["age_seconds"],
+                    "stale": stale[job_id]["stale"],
+                    "reference_rate": reference_rate,
+                    # what the slowdown rests on: its own solo rate, its family's, a profile
+                    "reference": o.reference if o else None,
+                }
+            )
+        pairs = [
+            {
+                "victim": pod(v),
+                "partner": pod(p),
+                "observed_slowdown": s.observed,
+                "last_window_slowdown": s.last,
+                "predicted_slowdown": s.predicted,
+                "error": None if s.predicted is None else s.predicted - s.observed,
+                "tolerance": s.tolerance,
+                "windows": s.windows,
+                "age_seconds": max(0.0, now - s.last_end),
+                "separated": s.separated,
             }
+            for v, p, s in stats
+            if v in pods_by_id and p in pods_by_id  # a pod that left (requeued, deleted)
+        ]
+        return {
+            "now": now,
+            "stale_after_seconds": self.settings.observation_stale_seconds,
+            "pods": pods,
+            "unreported": [row for row in stale.values() if not row["reported"]],
+            "stale": [row for row in stale.values() if row["stale"]],
+            "pairs": pairs,
+            "prediction_error": {
+                "mean_abs_error": error_sum / error_count if error_count else None,
+                "windows": error_count,
+                "history": errors,
+            },
+            "separations": separations,
+            "agents": {
+                node: {"last_report_age_seconds": max(0.0, now - t)} for node, t in agents.items()
+            },
+            "windows_total": windows_total,
+        }
 
     def pair_stats(self) -> Iterable[tuple[str, str, PairStat]]:
         with self._lock:
