@@ -17,6 +17,8 @@ positive_int: Callable[[str], int] = count_arg
 """A whole number >= 1: a count of threads, trials, repeats, GPUs."""
 positive_float: Callable[[str], float] = finite_arg(0.0, strict=True)
 """A finite number > 0: a rate, a load, a number of hours."""
+non_negative_float: Callable[[str], float] = finite_arg(0.0, strict=False)
+"""A finite number >= 0: a pause, a share."""
 day_window: Callable[[str], tuple[float, float]] = days_arg
 """'N' (the first N days) or 'START:END' days of a trace, 0 <= START < END."""
 
