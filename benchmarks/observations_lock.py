@@ -301,6 +301,8 @@ def main() -> None:
     args = parser.parse_args()
     if not args.dir.is_dir():
         parser.error(f"--dir: {args.dir} is not a directory")
+    if args.compare is not None and not (args.compare / "elastico_extender").is_dir():
+        parser.error(f"--compare: {args.compare} is not a tree of this project")
     if args.one:  # a subprocess of --compare: JSON on the last line
         print(json.dumps(measure(args.pods, args.seconds, args.agents, args.pause, args.dir)))
         return

@@ -52,6 +52,10 @@ CASES = [
     ("extender_latency.py", ["--sizes", "x"], "--sizes"),
     ("shim_overhead.py", ["--repeat", "0"], "--repeat"),
     ("edge_fuzz.py", ["--every", "0"], "--every"),
+    ("observations_lock.py", ["--pause", "-1"], "--pause"),
+    ("observations_lock.py", ["--agents", "0"], "--agents"),
+    ("observations_lock.py", ["--dir", "/nonexistent"], "--dir"),
+    ("observations_lock.py", ["--compare", "/nonexistent"], "--compare"),
 ]
 
 
