@@ -5,6 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.concurrency import run_in_threadpool
 
 from elastico_extender.api.deps import engine_of, json_response, metrics_of
 
@@ -47,6 +48,9 @@ async def readyz(request: Request) -> Response:
 
 @router.get("/metrics", summary="Prometheus metrics")
 async def metrics(request: Request) -> Response:
+    """Rendered in a worker thread: a scrape reads every series (about 0.4 s at 10,000
+    observed pods), and the verbs share this event loop.  The registry's metrics are
+    thread-safe and each custom collector reads its service under that service's lock."""
     engine = engine_of(request)
-    body = metrics_of(request).render(engine.assumed_count)
+    body = await run_in_threadpool(metrics_of(request).render, engine.assumed_count)
     return Response(body, media_type=CONTENT_TYPE_LATEST)
