@@ -34,7 +34,7 @@ from elastico_extender.api.deps import (
     json_response,
     read_model,
     require_agent_auth,
-    timed_view,
+    timed_view_off_loop,
 )
 from elastico_extender.core.observations import MAX_RATE
 from elastico_extender.service.observations import (
@@ -114,5 +114,5 @@ async def post_observations(request: Request) -> Response:
 async def get_observations(request: Request) -> Response:
     if not request.app.state.engine.has_plan:
         raise ApiError(409, "no plan published yet")
-    service = service_of(request)
-    return timed_view(request, "observations", lambda: to_json(service.view()))
+    service = service_of(request)  # its view copies under the service's lock, then builds
+    return await timed_view_off_loop(request, "observations", lambda: to_json(service.view()))
