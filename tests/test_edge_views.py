@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import math
+import threading
+import time
 
 import httpx
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 from elastico_extender.api.app import create_app
 from elastico_extender.cluster.embedded import EmbeddedCluster
@@ -153,17 +157,31 @@ def test_kept_views_follow_bookings_the_cluster_and_new_plans():
         assert not [r for r in after["jobs"] if r["state"] == "invalid"]  # type: ignore[attr-defined]
 
 
+def held_read_leaves_healthz_answered(
+    server: ServerThread, path: str, held: threading.Event
+) -> httpx.Response:
+    """GET ``path`` in a thread while whatever it renders waits on ``held``; /healthz must
+    be answered meanwhile (within 2 s: the render holds up to 5).  Returns the reply to
+    ``path``, once ``held`` is set after /healthz."""
+    reply: list[httpx.Response] = []
+    reader = threading.Thread(target=lambda: reply.append(httpx.get(server.url + path, timeout=30)))
+    reader.start()
+    time.sleep(0.3)  # the read is rendering
+    started = time.monotonic()
+    health = httpx.get(f"{server.url}/healthz", timeout=30)
+    waited = time.monotonic() - started
+    held.set()
+    reader.join(30)
+    assert health.status_code == 200
+    assert waited < 2.0, f"/healthz waited {waited:.1f} s behind GET {path}"
+    return reply[0]
+
+
 def test_a_slow_metrics_scrape_does_not_hold_up_the_scheduler() -> None:
     """A /metrics scrape renders every series (about 0.4 s at 10,000 observed pods); on
     the event loop that kube-scheduler's verbs share, each scrape stalled scheduling that
     long.  Its collectors read under their own locks, so it renders in a worker thread:
     here a collector that holds the scrape until /healthz has been answered."""
-    import threading
-    import time
-
-    from prometheus_client.core import GaugeMetricFamily
-    from prometheus_client.registry import Collector
-
     answered = threading.Event()
 
     class HeldScrape(Collector):
@@ -174,20 +192,8 @@ def test_a_slow_metrics_scrape_does_not_hold_up_the_scheduler() -> None:
     app = create_app(ServiceSettings(epoch_seconds=600), EmbeddedCluster([], "test"))
     app.state.metrics.registry.register(HeldScrape())
     with ServerThread(app) as server:
-        scrape: list[httpx.Response] = []
-        scraper = threading.Thread(
-            target=lambda: scrape.append(httpx.get(f"{server.url}/metrics", timeout=30))
-        )
-        scraper.start()
-        time.sleep(0.3)  # the scrape is rendering
-        started = time.monotonic()
-        health = httpx.get(f"{server.url}/healthz", timeout=30)
-        waited = time.monotonic() - started
-        answered.set()
-        scraper.join(30)
-    assert health.status_code == 200
-    assert waited < 2.0, f"/healthz waited {waited:.1f} s behind the scrape"
-    assert scrape[0].status_code == 200 and "test_held_scrape 1.0" in scrape[0].text
+        scrape = held_read_leaves_healthz_answered(server, "/metrics", answered)
+    assert scrape.status_code == 200 and "test_held_scrape 1.0" in scrape.text
 
 
 def test_building_get_observations_does_not_hold_up_the_scheduler() -> None:
@@ -195,9 +201,6 @@ def test_building_get_observations_does_not_hold_up_the_scheduler() -> None:
     pods) from a copy taken under the service's lock; built on the event loop it stalled
     every verb that long.  It is built in a worker thread: here its clock holds the build
     until /healthz has been answered."""
-    import threading
-    import time
-
     app = create_app(ServiceSettings(epoch_seconds=600), EmbeddedCluster([], "test"))
     service = app.state.observations
     answered = threading.Event()
@@ -210,17 +213,5 @@ def test_building_get_observations_does_not_hold_up_the_scheduler() -> None:
 
     with ServerThread(app) as server:
         service.clock = held_clock
-        view: list[httpx.Response] = []
-        reader = threading.Thread(
-            target=lambda: view.append(httpx.get(f"{server.url}/observations", timeout=30))
-        )
-        reader.start()
-        time.sleep(0.3)  # the view is being built
-        started = time.monotonic()
-        health = httpx.get(f"{server.url}/healthz", timeout=30)
-        waited = time.monotonic() - started
-        answered.set()
-        reader.join(30)
-    assert health.status_code == 200
-    assert waited < 2.0, f"/healthz waited {waited:.1f} s behind GET /observations"
-    assert view[0].status_code == 200 and view[0].json()["pods"] == []
+        view = held_read_leaves_healthz_answered(server, "/observations", answered)
+    assert view.status_code == 200 and view.json()["pods"] == []
