@@ -3,7 +3,7 @@
 # and the runtime bundle (`elastico runtime-bundle /elastico`: elastico-run + the profiler
 # shim) that an init container drops into a workload pod's shared volume.
 #
-#   docker build -t elastico/elastico-extender:0.1.0 .
+#   docker build -t ghcr.io/elastico/elastico-extender:0.1.0 .
 #
 # Stage 1 compiles the wheel (C compiler for the LD_PRELOAD profiler shim; warnings are
 # errors here, as in CI); stage 2 installs it without any compiler and runs as a non-root user.
@@ -36,6 +36,6 @@ RUN pip install --no-index --find-links /wheels /wheels/elastico_extender-*.whl 
 # /opt/elastico/bin/elastico-run and /opt/elastico/lib: the same bundle the init container
 # copies; kept in the image so `docker run ... cat` or a sidecar copy also work.
 USER 65532:65532
-EXPOSE 8888 8443
+EXPOSE 8888 8443 8444
 ENTRYPOINT ["elastico"]
 CMD ["serve", "--host=0.0.0.0"]

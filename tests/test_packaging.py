@@ -225,3 +225,16 @@ def test_example_images_can_run_what_the_examples_start():
             module = command[command.index("-m") + 1] if "-m" in command else None
             assert module in vllm_entrypoints or command[1:3] in (["vllm", "serve"],), name
     assert seen == {"pytorch", "vllm"}
+
+
+def test_dockerfile_exposes_the_ports_and_names_the_image_the_chart_uses():
+    """The image's metadata and build line agree with what the chart runs: every port its
+    extender container declares (extender, webhook, views) and its image repository."""
+    text = (ROOT / "Dockerfile").read_text()
+    template = (ROOT / "charts/elastico/templates/extender.yaml").read_text()
+    values = (ROOT / "charts/elastico/values.yaml").read_text()
+    exposed = {int(p) for line in re.findall(r"^EXPOSE (.+)$", text, re.M) for p in line.split()}
+    declared = {int(p) for p in re.findall(r"containerPort: (\d+)", template)}
+    assert declared and exposed == declared
+    repository = re.search(r"^\s+repository: (\S+)", values, re.M)
+    assert repository and f"docker build -t {repository.group(1)}:" in text
