@@ -710,15 +710,20 @@ ES_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
     return es_mem_release(ES_NEXT(cuMemRelease), handle);
 }
 
-ES_EXPORT cudaError_t cudaLaunchKernel ES_RT_LAUNCH_PARAMS {
-    return es_rt_launch(ES_API_cudaLaunchKernel, ES_NEXT(cudaLaunchKernel), func, gridDim,
-                        blockDim, args, sharedMem, stream);
-}
-
-ES_EXPORT cudaError_t cudaLaunchKernel_ptsz ES_RT_LAUNCH_PARAMS {
-    return es_rt_launch(ES_API_cudaLaunchKernel_ptsz, ES_NEXT(cudaLaunchKernel_ptsz), func,
-                        gridDim, blockDim, args, sharedMem, stream);
-}
+/* The runtime launches that take (function, grid, block, args, shared memory, stream):
+ * cudaLaunchKernel, nvcc 13's __cudaLaunchKernel and the cooperative launch, each also
+ * in its per-thread-default-stream variant. */
+#define ES_RT_LAUNCH_WRAP(name)                                                           \
+    ES_EXPORT cudaError_t name ES_RT_LAUNCH_PARAMS {                                      \
+        return es_rt_launch(ES_API_##name, ES_NEXT(name), func, gridDim, blockDim, args,  \
+                            sharedMem, stream);                                           \
+    }
+ES_RT_LAUNCH_WRAP(cudaLaunchKernel)
+ES_RT_LAUNCH_WRAP(cudaLaunchKernel_ptsz)
+ES_RT_LAUNCH_WRAP(__cudaLaunchKernel)
+ES_RT_LAUNCH_WRAP(__cudaLaunchKernel_ptsz)
+ES_RT_LAUNCH_WRAP(cudaLaunchCooperativeKernel)
+ES_RT_LAUNCH_WRAP(cudaLaunchCooperativeKernel_ptsz)
 
 ES_EXPORT cudaError_t cudaMalloc(void **devPtr, size_t size) {
     es_fn_cudaMalloc *next = ES_NEXT(cudaMalloc);
@@ -848,17 +853,6 @@ static inline cudaError_t es_rt_launch_ex(int api, es_fn_cudaLaunchKernelExC *ne
     return r;
 }
 
-/* The runtime launches that take (function, grid, block, args, shared memory, stream). */
-#define ES_RT_LAUNCH_WRAP(name)                                                           \
-    ES_EXPORT cudaError_t name ES_RT_LAUNCH_PARAMS {                                      \
-        return es_rt_launch(ES_API_##name, ES_NEXT(name), func, gridDim, blockDim, args,  \
-                            sharedMem, stream);                                           \
-    }
-ES_RT_LAUNCH_WRAP(__cudaLaunchKernel)
-ES_RT_LAUNCH_WRAP(__cudaLaunchKernel_ptsz)
-ES_RT_LAUNCH_WRAP(cudaLaunchCooperativeKernel)
-ES_RT_LAUNCH_WRAP(cudaLaunchCooperativeKernel_ptsz)
-
 ES_EXPORT cudaError_t cudaLaunchKernelExC ES_RT_LAUNCH_EX_PARAMS {
     return es_rt_launch_ex(ES_API_cudaLaunchKernelExC, ES_NEXT(cudaLaunchKernelExC), config, func,
                            args);
@@ -877,8 +871,9 @@ ES_EXPORT CUresult cuLaunchCooperativeKernel ES_COOP_PARAMS {
 
 ES_EXPORT CUresult cuLaunchCooperativeKernel_ptsz ES_COOP_PARAMS {
     return es_coop_launch(ES_API_cuLaunchCooperativeKernel_ptsz,
-                          ES_NEXT(cuLaunchCooperativeKernel_ptsz), f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ,
-                          sharedMemBytes, hStream, kernelParams);
+                          ES_NEXT(cuLaunchCooperativeKernel_ptsz), f, gridDimX, gridDimY,
+                          gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes, hStream,
+                          kernelParams);
 }
 
 #define ES_NCCL_WRAP(name, params, args, count, type, op, peer)                      \
