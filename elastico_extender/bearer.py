@@ -32,9 +32,9 @@ ROTATION_GRACE_S = 300.0
 """How long the previous token stays accepted after a rotation (the kubelet's Secret sync
 period is about a minute; five leave room for a slow node)."""
 CHECK_EVERY_S = 1.0
+"""At most one ``stat`` of the file per this many seconds."""
 MAX_TOKEN_FILE_BYTES = 64 << 10
 """Largest token file read (a Secret's token is tens to hundreds of bytes)."""
-"""At most one ``stat`` of the file per this many seconds."""
 
 
 def read_token(path: Path) -> str:

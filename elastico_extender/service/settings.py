@@ -30,12 +30,12 @@ __all__ = [
 
 ENV_PREFIX = "ELASTICO_"
 PLANNER = "planner"
-MIN_EPOCH_SECONDS = 0.5
-MAX_SETTINGS_FILE_BYTES = 1 << 20
-"""Largest ``--config`` file read (a settings file is a few KiB)."""
-"""Shortest epoch_seconds: a plan of the whole cluster each time (seconds at 10,000 pods)."""
 """The nested section of planner settings: ``planner: {tau_default: 1.4}`` in the file,
 ``ELASTICO_PLANNER_TAU_DEFAULT`` in the environment, ``--planner tau_default=1.4``."""
+MIN_EPOCH_SECONDS = 0.5
+"""Shortest epoch_seconds: a plan of the whole cluster each time (seconds at 10,000 pods)."""
+MAX_SETTINGS_FILE_BYTES = 1 << 20
+"""Largest ``--config`` file read (a settings file is a few KiB)."""
 
 
 @dataclass(frozen=True)

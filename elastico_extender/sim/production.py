@@ -172,9 +172,9 @@ class ProductionWorld:
 def _read_json(path: Path | str) -> Any:
     """The file's JSON, read bounded (MAX_WORLD_FILE_BYTES; a regular file only, so a FIFO
     is refused, not waited on) as UTF-8 with or without a BOM (as the CSV loaders read);
-    every number a float (``parse_int``), so an integer too
-    large for one is inf, refused by name as not finite, never an OverflowError; nesting
-    past the parser's recursion limit is a ValueError, not a RecursionError traceback."""
+    every number a float (``parse_int``), so an integer too large for one is inf, refused
+    by name as not finite, never an OverflowError; nesting past the parser's recursion
+    limit is a ValueError, not a RecursionError traceback."""
     try:
         data = read_bounded(path, MAX_WORLD_FILE_BYTES)
     except OSError as exc:
