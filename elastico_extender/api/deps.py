@@ -62,12 +62,9 @@ def timed_view(request: Request, verb: str, view: Callable[[], bytes]) -> Respon
 
 
 async def timed_view_off_loop(request: Request, verb: str, view: Callable[[], bytes]) -> Response:
-    """:func:`timed_view` with ``view`` run in a worker thread, for a view whose build
-    reads only what its service hands out under its own lock (the verbs share this loop)."""
-    started = time.perf_counter()
-    body = await run_in_threadpool(view)
-    metrics_of(request).request.labels(verb).observe(time.perf_counter() - started)
-    return Response(body, media_type="application/json")
+    """:func:`timed_view` run in a worker thread, for a view whose build reads only what
+    its service hands out under its own lock (the verbs share this loop)."""
+    return await run_in_threadpool(timed_view, request, verb, view)
 
 
 def engine_of(request: Request) -> Engine:

@@ -111,11 +111,12 @@ def load_settings(annotations_path: Path, environ: Mapping[str, str]) -> LaunchS
     if annotations_path.is_file():
         try:
             text = read_bounded(annotations_path, MAX_ANNOTATIONS_FILE_BYTES).decode("utf-8")
-        except UnicodeDecodeError as exc:
-            why = f"not UTF-8 text ({exc.reason})"
-            raise AnnotationError([(str(annotations_path), f"cannot be read: {why}")]) from exc
-        except OSError as exc:
-            why = exc.strerror or str(exc)
+        except (OSError, UnicodeDecodeError) as exc:
+            why = (
+                f"not UTF-8 text ({exc.reason})"
+                if isinstance(exc, UnicodeDecodeError)
+                else exc.strerror or str(exc)
+            )
             raise AnnotationError([(str(annotations_path), f"cannot be read: {why}")]) from exc
         annotations, problems = parse_annotations(text)
         bad = [(k, m) for k, m in problems if k.startswith("elastico.io/")]
