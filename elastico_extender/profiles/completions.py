@@ -11,7 +11,6 @@ thousands of rows too: :meth:`CompletionStore.add_many`).
 
 from __future__ import annotations
 
-import logging
 import sqlite3
 import threading
 from collections.abc import Iterable
@@ -19,11 +18,9 @@ from pathlib import Path
 
 from elastico_extender.core.duration import MAX_COMPLETIONS, CompletedJob
 from elastico_extender.errors import ProfileStoreError
-from elastico_extender.profiles.store import keep_newest, open_database
+from elastico_extender.profiles.store import keep_newest, keep_newest_at_open, open_database
 
 __all__ = ["CompletionRow", "CompletionStore"]
-
-log = logging.getLogger(__name__)
 
 CompletionRow = tuple[str, CompletedJob, float]
 """(the pod's uid, its completion, when it finished in epoch seconds)."""
@@ -54,11 +51,10 @@ class CompletionStore:
         self._db = open_database(self.path, _SCHEMA, "completion store")
         self._lock = threading.Lock()
         self._since_prune = 0
-        try:  # also at open: a store restarted before PRUNE_EVERY inserts still shrinks
-            with self._db:
-                self._prune()
-        except sqlite3.Error as exc:  # a read-only file: read as it is
-            log.warning("completions.not_pruned", extra={"path": self.path, "error": str(exc)})
+        keep_newest_at_open(
+            self._db, "job_completions", "finished_at", self.capacity, "completions.not_pruned",
+            self.path,
+        )  # fmt: skip
 
     def close(self) -> None:
         with self._lock:

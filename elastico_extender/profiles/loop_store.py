@@ -31,7 +31,6 @@ Writes are batched per call (one transaction); the store is thread-safe.
 
 from __future__ import annotations
 
-import logging
 import math
 import sqlite3
 import threading
@@ -45,11 +44,9 @@ import numpy as np
 from elastico_extender.core.interference.features import NUM_FEATURES
 from elastico_extender.core.interference.online import OnlineCorrection
 from elastico_extender.core.observations import ObservationBook
-from elastico_extender.profiles.store import keep_newest, open_database
+from elastico_extender.profiles.store import keep_newest, keep_newest_at_open, open_database
 
 __all__ = ["LoopStore", "PairRecord", "ReferenceRow"]
-
-log = logging.getLogger(__name__)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS loop_correction (
@@ -142,11 +139,10 @@ class LoopStore:
         self._refs_since_prune = 0
         self._db = open_database(self.path, _SCHEMA, "loop store", _migrate)
         self._lock = threading.Lock()
-        try:  # also at open: a store restarted before a tenth of the bound was written
-            with self._db:
-                keep_newest(self._db, "loop_references", "updated_at", self.max_references)
-        except sqlite3.Error as exc:  # a read-only file: read as it is
-            log.warning("loop_store.not_pruned", extra={"path": self.path, "error": str(exc)})
+        keep_newest_at_open(
+            self._db, "loop_references", "updated_at", self.max_references,
+            "loop_store.not_pruned", self.path,
+        )  # fmt: skip
 
     def close(self) -> None:
         with self._lock:

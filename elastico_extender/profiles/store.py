@@ -30,7 +30,7 @@ from elastico_extender.core.resources import NUM_RESOURCES
 from elastico_extender.core.shapes.estimate import nearest_measured
 from elastico_extender.errors import InvalidProfileError, ProfileStoreError
 
-__all__ = ["MAX_PROFILES", "ProfileRecord", "ProfileStore"]
+__all__ = ["MAX_PROFILES", "ProfileRecord", "ProfileStore", "keep_newest", "keep_newest_at_open"]
 
 log = logging.getLogger(__name__)
 
@@ -97,6 +97,19 @@ def keep_newest(db: sqlite3.Connection, table: str, newest: str, capacity: int) 
     ).rowcount
 
 
+def keep_newest_at_open(
+    db: sqlite3.Connection, table: str, newest: str, capacity: int, event: str, path: str
+) -> None:
+    """:func:`keep_newest` when a store opens, committed: a store restarted more often than
+    it prunes while writing still shrinks.  A file it cannot write (read-only) is read as
+    it is; the failure is logged as ``event``."""
+    try:
+        with db:
+            keep_newest(db, table, newest, capacity)
+    except sqlite3.Error as exc:
+        log.warning(event, extra={"path": path, "error": str(exc)})
+
+
 def _check_layout(db: sqlite3.Connection, schema: str) -> None:
     """Raise if a table ``schema`` creates has other columns in ``db`` than in ``schema``."""
     expected = sqlite3.connect(":memory:")
@@ -147,11 +160,9 @@ class ProfileStore:
         self._db = open_database(self.path, _SCHEMA, "profile store")
         self._lock = threading.Lock()
         self._since_prune = 0
-        try:  # also at open: a store restarted more often than it prunes still shrinks
-            with self._db:
-                self._prune()
-        except sqlite3.Error as exc:  # a read-only file: read as it is
-            log.warning("profiles.not_pruned", extra={"path": self.path, "error": str(exc)})
+        keep_newest_at_open(
+            self._db, "profiles", "measured_at", capacity, "profiles.not_pruned", self.path
+        )
 
     def close(self) -> None:
         with self._lock:
