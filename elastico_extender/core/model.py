@@ -100,9 +100,12 @@ class Node:
         return ",".join(sorted({g.product for g in self.gpus})) or "none"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class Configuration:
-    """One point of a job's knob space, e.g. ``batch_size=64, checkpointing=True, amp=False``."""
+    """One point of a job's knob space, e.g. ``batch_size=64, checkpointing=True, amp=False``.
+
+    No ``__slots__``: :attr:`label` is computed once and kept on the instance (the REST
+    views show one per job on every read)."""
 
     knobs: tuple[tuple[str, KnobValue], ...]
 
@@ -121,7 +124,7 @@ class Configuration:
     def as_dict(self) -> dict[str, KnobValue]:
         return dict(self.knobs)
 
-    @property
+    @cached_property
     def label(self) -> str:
         """Compact stable text form, used in annotations and logs: ``batch_size=64,amp=on``."""
         parts = []

@@ -11,7 +11,6 @@ booking is made or dropped, so their bytes are kept and served again until then.
 
 from __future__ import annotations
 
-import functools
 import itertools
 import math
 from collections.abc import Callable, Mapping, Sequence
@@ -20,7 +19,7 @@ from typing import Any
 import orjson
 
 from elastico_extender.cluster.objects import pod_key
-from elastico_extender.core.model import Configuration, DeviceRef
+from elastico_extender.core.model import DeviceRef
 from elastico_extender.core.resources import GPU_SM, RESOURCE_NAMES
 from elastico_extender.core.settings import PlannerSettings
 from elastico_extender.service.bookings import Bookings, Published
@@ -31,13 +30,6 @@ __all__ = ["RestViews", "to_json"]
 def to_json(content: Any) -> bytes:
     """A reply's JSON (numpy numbers and arrays as JSON numbers and lists)."""
     return orjson.dumps(content, option=orjson.OPT_SERIALIZE_NUMPY)
-
-
-@functools.lru_cache(maxsize=4096)
-def _label(configuration: Configuration) -> str:
-    """``configuration.label``, built once: a family has a few dozen configurations and
-    /jobs and /plan show one per job."""
-    return configuration.label
 
 
 class RestViews:
@@ -138,7 +130,7 @@ class RestViews:
                 row.update(
                     {
                         "action": a.action.value,
-                        "configuration": _label(a.configuration),
+                        "configuration": a.configuration.label,
                         "config_index": a.config_index,
                         "devices": [f"{n}/{d}" for n, d in a.devices],
                         "memory_budget_mib": a.memory_budget_mib,
@@ -219,7 +211,7 @@ class RestViews:
             "assignments": {
                 job_id: {
                     "pod": pub.pods[job_id].key if job_id in pub.pods else job_id,
-                    "configuration": _label(a.configuration),
+                    "configuration": a.configuration.label,
                     "devices": [f"{n}/{d}" for n, d in a.devices],
                     "action": a.action.value,
                     "memory_budget_mib": a.memory_budget_mib,
