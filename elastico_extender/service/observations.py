@@ -42,7 +42,7 @@ import threading
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -158,18 +158,6 @@ class PairStat:
     windows: int
     last_end: float
     separated: bool = False
-
-    def copy(self) -> PairStat:
-        """A copy to read outside the service's lock (ingest changes the stat in place)."""
-        return PairStat(
-            self.observed,
-            self.last,
-            self.predicted,
-            self.tolerance,
-            self.windows,
-            self.last_end,
-            self.separated,
-        )
 
 
 CORRECTION_SAVE_SECONDS = 30.0
@@ -870,14 +858,15 @@ class ObservationService:
 
         # The ingest threads change all of this, and the event loop waits for the lock:
         # under it, a shallow copy (reports and the book's entries are replaced, never
-        # changed; pair stats are copied); the rows are built after it is released.
+        # changed; pair stats, which ingest changes in place, are copied); the rows are
+        # built after it is released.
         with self._lock:
             reports = [
                 (job_id, r, self.book.reference(job_id, r.config, r.unit))
                 for job_id, r in self._reports.items()
             ]
             observed = self.book.observed()
-            stats = [(v, p, s.copy()) for (v, p), s in self._pairs.items()]
+            stats = [(v, p, replace(s)) for (v, p), s in self._pairs.items()]
             error_sum, error_count = self._error_sum, self._error_count
             errors = list(self._errors)
             separations = list(self._separations)
