@@ -63,6 +63,8 @@ class TiresiasPolicy:
         """Live job -> (time, attained GPU-s, executed s) at its last promotion."""
         self._place: dict[str, tuple[int, int]] = {}  # live job -> (queue, position in it)
         self._tick = 0
+        self._running: dict[str, int] = {}  # last plan's running jobs -> GPUs
+        self._waiting: tuple[str, ...] = ()  # last plan's queued and preempted jobs
 
     def _service(self, job_id: str) -> float:
         """GPU-seconds run since the job last started over (arrival or promotion)."""
@@ -120,8 +122,7 @@ class TiresiasPolicy:
     def wake_at(self) -> float | None:
         """When the next running job crosses a threshold or a waiting one is due for
         promotion, if a job waits (else None)."""
-        waiting: tuple[str, ...] = getattr(self, "_waiting", ())
-        if not waiting:
+        if not self._waiting:
             return None
         now = self.ledger.now
         times = []
@@ -130,7 +131,7 @@ class TiresiasPolicy:
             nxt = bisect.bisect_right(self.thresholds, service)
             if nxt < len(self.thresholds):
                 times.append(now + (self.thresholds[nxt] - service) / gpus)
-        for job_id in waiting:
+        for job_id in self._waiting:
             due = self._promotion_due(job_id)
             if due is not None:
                 times.append(now + max(due, 0.0))
