@@ -22,6 +22,7 @@ from elastico_extender.profiling.ring import (
     KernelKey,
     RingFormatError,
     RingReader,
+    ShimSummary,
     find_rings,
     summarize,
 )
@@ -110,6 +111,15 @@ def expected_collectives(threads: int, iterations: int) -> tuple[Counter[str], i
     per_round = 500 * 2 + 250 * 2 + 100 + 64 * 8 * 2
     size = threads * (4 + sum((1000 + i) * 4 + per_round for i in rounds))
     return calls, size
+
+
+def program_ring(built, ring_dir: Path, program: Path) -> tuple[dict[str, int], ShimSummary]:
+    """Run a test program (it prints ``OK <pid>``) under the shim; its ring's header and
+    decoded records."""
+    out = run_workload(built, ring_dir, preload=str(built.shim), program=program)
+    with RingReader(find_rings(ring_dir)[int(out.stdout.split()[-1])]) as ring:
+        header = ring.header()
+        return header, summarize(ring.peek(), header)
 
 
 def only_ring(ring_dir: Path) -> Path:
@@ -248,11 +258,8 @@ def test_launches_through_runtime_driver_entry_points_are_counted(built, tmp_pat
     use cuLaunchKernelEx), Transformer Engine and PyTorch launch through them.  Those
     launches count, and the per-thread variants and the CUDA 12 cuGetProcAddress_v2 come
     back as what was asked for."""
-    out = run_workload(built, tmp_path, preload=str(built.shim), program=built.entry_points)
+    header, got = program_ring(built, tmp_path, built.entry_points)
     calls = 100
-    with RingReader(find_rings(tmp_path)[int(out.stdout.split()[-1])]) as ring:
-        header = ring.header()
-        got = summarize(ring.peek(), header)
     shape = ((3, 1, 1), (96, 1, 1), 0, 0x300, False)
     assert got.kernels == {
         KernelKey("cuLaunchKernel", 0x7100, *shape): calls,
@@ -271,11 +278,8 @@ def test_cuda_graph_replays_are_counted_as_launches(built, tmp_path: Path) -> No
     runtime, the driver, their per-thread variants or an entry point fetched by name, so
     the agent's launch rate still follows the step rate.  A refused replay counts as an
     error, as a refused launch does."""
-    out = run_workload(built, tmp_path, preload=str(built.shim), program=built.graphs)
+    header, got = program_ring(built, tmp_path, built.graphs)
     calls = 100
-    with RingReader(find_rings(tmp_path)[int(out.stdout.split()[-1])]) as ring:
-        header = ring.header()
-        got = summarize(ring.peek(), header)
     shape = ((0, 0, 0), (0, 0, 0), 0, 0x400)
     assert got.kernels == {
         KernelKey("cudaGraphLaunch", 0x8100, *shape, False): calls,
@@ -295,11 +299,8 @@ def test_every_runtime_and_cooperative_launch_entry_point_is_counted(built, tmp_
     cudaLaunchKernelExC carries large parameter buffers and PDL; cooperative launches
     have entry points of their own in both APIs.  Each call is one launch with its own
     dimensions, whichever way it arrives."""
-    out = run_workload(built, tmp_path, preload=str(built.shim), program=built.launches)
+    header, got = program_ring(built, tmp_path, built.launches)
     calls = 100
-    with RingReader(find_rings(tmp_path)[int(out.stdout.split()[-1])]) as ring:
-        header = ring.header()
-        got = summarize(ring.peek(), header)
     shape = ((4, 2, 1), (32, 4, 1), 256, 0x500, False)
     assert got.kernels == {
         KernelKey("__cudaLaunchKernel", 0x9100, *shape): calls,
