@@ -45,7 +45,6 @@ import multiprocessing
 import os
 import statistics
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -53,6 +52,7 @@ from pathlib import Path
 from typing import Any
 
 from _args import non_negative_float, positive_float, positive_int
+from _trees import run_in_tree
 from extender_latency import percentile
 from observation_ingest import FAMILIES, PER_NODE, cluster_objects
 
@@ -252,26 +252,10 @@ def measure(
 
 def in_tree(tree: Path, args: argparse.Namespace) -> dict[str, list[float]]:
     """:func:`measure` with the code of ``tree``, in a fresh interpreter."""
-    env = {**os.environ, "PYTHONPATH": str(tree.resolve())}
-    command = [
-        sys.executable,
-        __file__,
-        "--one",
-        "--pods",
-        str(args.pods),
-        "--seconds",
-        str(args.seconds),
-        "--agents",
-        str(args.agents),
-        "--pause",
-        str(args.pause),
-        "--dir",
-        str(args.dir.resolve()),
-    ]
-    done = subprocess.run(command, env=env, capture_output=True, text=True, check=False, cwd=tree)
-    if done.returncode != 0:
-        raise RuntimeError(f"{tree}: {done.stderr[-2000:]}")
-    result: dict[str, list[float]] = json.loads(done.stdout.splitlines()[-1])
+    argv = ["--one", "--pods", str(args.pods), "--seconds", str(args.seconds),
+            "--agents", str(args.agents), "--pause", str(args.pause),
+            "--dir", str(args.dir.resolve())]  # fmt: skip
+    result: dict[str, list[float]] = run_in_tree(__file__, tree, argv)
     return result
 
 

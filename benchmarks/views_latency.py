@@ -37,13 +37,12 @@ import http.client
 import json
 import os
 import statistics
-import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 from _args import comma_list, positive_int
+from _trees import run_in_tree
 from extender_latency import cluster
 
 VIEWS = ("nodes", "jobs", "plan", "prices", "observations")
@@ -125,12 +124,9 @@ def measure(n: int, reps: int) -> dict[str, dict[str, float]]:
 
 def in_tree(tree: Path, n: int, reps: int) -> dict[str, dict[str, float]]:
     """:func:`measure` with the code of ``tree``, in a fresh interpreter."""
-    env = {**os.environ, "PYTHONPATH": str(tree.resolve())}
-    args = [sys.executable, __file__, "--one", str(n), "--reps", str(reps)]
-    done = subprocess.run(args, env=env, capture_output=True, text=True, check=False, cwd=tree)
-    if done.returncode != 0:
-        raise RuntimeError(f"{tree}: {done.stderr[-2000:]}")
-    result: dict[str, dict[str, float]] = json.loads(done.stdout.splitlines()[-1])
+    result: dict[str, dict[str, float]] = run_in_tree(
+        __file__, tree, ["--one", str(n), "--reps", str(reps)]
+    )
     return result
 
 
