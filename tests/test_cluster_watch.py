@@ -84,11 +84,18 @@ def test_bookmark_advances_the_resource_version(server, cluster):
     assert wait_for(lambda: cluster.state.resource_version["pods"] == str(server.rv))
 
 
+def watching(server: FakeApiServer, kind: str) -> int:
+    """Wait until a watch of ``kind`` is open; returns how many were opened.
+
+    A stream must be open before it is cut or its version compacted: on a loaded machine
+    the client may still be between its first list and its first watch, and a watch then
+    opened from the listed (current) version is neither dropped nor too old."""
+    assert wait_for(lambda: server.watch_count[kind] >= 1)
+    return server.watch_count[kind]
+
+
 def test_dropped_stream_relists_without_losing_a_pod(server, cluster):
-    # The stream must be open before it is cut: on a loaded machine the client may still
-    # be between its first list and its first watch, and then nothing would be dropped.
-    assert wait_for(lambda: server.watch_count["pods"] >= 1)
-    watches = server.watch_count["pods"]
+    watches = watching(server, "pods")
     server.drop_watches()
     # Changes while no watch is open are only visible through the relist.
     server.put("pods", pod("during-outage"))
@@ -101,6 +108,7 @@ def test_dropped_stream_relists_without_losing_a_pod(server, cluster):
 
 
 def test_410_gone_relists_and_resumes(server, cluster):
+    watching(server, "pods")
     relists = cluster.relists["pods"]
     server.drop_watches()  # the client reconnects ...
     server.compact()  # ... but its version is gone by then: ERROR 410 on the watch
@@ -112,6 +120,7 @@ def test_410_gone_relists_and_resumes(server, cluster):
 
 
 def test_410_on_a_live_watch_is_recovered(server, cluster):
+    watching(server, "nodes")
     relists = cluster.relists["nodes"]
     server.compact()
     server.drop_watches()

@@ -90,7 +90,7 @@ class FakeApiServer:
         # Writes as the real API server attributes them: method, resource kind (the
         # last path segment of a collection or subresource), field manager, User-Agent.
         self.writes: list[dict[str, str]] = []
-        self.watch_count = {"nodes": 0, "pods": 0}
+        self.watch_count = {"nodes": 0, "pods": 0}  # watches opened (and droppable)
         self.store = ObjectStore(self._next_rv)
         self.services: dict[tuple[str, str], str] = {}  # (namespace, name) -> base URL
         self.write_delay = 0.0  # seconds each write takes (a real server's etcd commit)
@@ -301,13 +301,14 @@ class FakeApiServer:
         since = int(query.get("resourceVersion") or 0)
         timeout = float(query.get("timeoutSeconds") or 30)
         deadline = time.monotonic() + timeout
-        self.watch_count[kind] += 1
         handler.send_response(200)
         handler.send_header("Content-Type", "application/json")
         handler.send_header("Transfer-Encoding", "chunked")
         handler.end_headers()
         with self.cond:
             drops = self.drops
+            # Counted only now: a test that sees the count knows a drop will reach this watch.
+            self.watch_count[kind] += 1
         try:
             if since < self.compacted:
                 self._chunk(handler, {"type": "ERROR", "object": {
