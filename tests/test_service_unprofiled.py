@@ -175,3 +175,64 @@ def test_a_profile_store_that_fails_to_read_leaves_the_catalog_family_not_a_fail
     assert str(path) in said.error  # type: ignore[attr-defined]
     assert "resnet50" not in resolver.known()
     store.close()
+
+
+def measure(store: ProfileStore, family, uid: str) -> None:
+    """The observation owner's step: a solo window written as the family's profile."""
+    from elastico_extender.core.observations import Observation
+    from elastico_extender.profiles.observed import record_solo_profile
+
+    window = Observation(uid, 0, time.time(), 5.0, 400.0, peak_mem_mib=8000.0, sm_activity=0.3)
+    assert record_solo_profile(store, family, window, measured_at=time.time())
+
+
+def test_a_family_measured_while_it_is_being_built_is_not_hidden_by_the_old_build(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A filter thread reads the store (no measured row yet); the observation thread then
+    writes the solo profile and forgets the family; the filter thread's build lands after
+    the forget.  Before, that build was cached and hid the measured profile until the LRU
+    dropped it; now a build that a forget overtook is used once and not cached."""
+    store = ProfileStore(tmp_path / "profiles.db")
+    resolver = FamilyResolver(40960.0, store=store)
+    read = store.family
+
+    def read_then_measured_meanwhile(base, hardware):
+        family = read(base, hardware)
+        monkeypatch.setattr(store, "family", read)  # once
+        measure(store, family, "uid-u")
+        resolver.forget(FAMILY)
+        return family
+
+    monkeypatch.setattr(store, "family", read_then_measured_meanwhile)
+    assert resolver.unprofiled(FAMILY, JobKind.TRAINING).estimated.all()  # the old build
+    family = resolver.unprofiled(FAMILY, JobKind.TRAINING)
+    assert family.estimated is not None and not family.estimated.any()
+
+
+def test_a_pod_job_built_from_a_family_forgotten_meanwhile_is_not_cached(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same race one cache up: a pod's job is built from the old family while the
+    family is measured and forgotten (``Engine.forget_family``); the job must not stay
+    cached under the pod's resourceVersion, which the measurement does not change."""
+    from elastico_extender.service.pods import PodJobs
+
+    store = ProfileStore(tmp_path / "profiles.db")
+    resolver = FamilyResolver(40960.0, store=store)
+    jobs = PodJobs(resolver)
+    build = jobs._build
+
+    def build_then_measured_meanwhile(pod, uid):
+        built = build(pod, uid)
+        monkeypatch.setattr(jobs, "_build", build)  # once
+        measure(store, built.family, uid)
+        resolver.forget(FAMILY)
+        jobs.forget_family(FAMILY)
+        return built
+
+    monkeypatch.setattr(jobs, "_build", build_then_measured_meanwhile)
+    pod = unprofiled_pod("u")
+    assert jobs.get(pod).family.estimated.all()  # the old build, answered once
+    family = jobs.get(pod).family
+    assert family.estimated is not None and not family.estimated.any()

@@ -82,6 +82,9 @@ class FamilyResolver:
         self.store = store
         self._cache: OrderedDict[str, ProfileFamily] = OrderedDict()
         self._lock = threading.Lock()
+        # Counts forgets: a build that one overtook (read the store before a measured
+        # profile was written) is answered once and not cached.
+        self._forgets = 0
 
     def __call__(self, name: str) -> ProfileFamily:
         """The catalog family ``name`` with measured rows; UnknownWorkloadError if none."""
@@ -132,6 +135,7 @@ class FamilyResolver:
         """Drop ``name``'s built family (its profile changed): the next call rebuilds it."""
         with self._lock:
             self._cache.pop(name, None)
+            self._forgets += 1
 
     def known(self) -> dict[str, ProfileFamily]:
         with self._lock:
@@ -145,12 +149,16 @@ class FamilyResolver:
             return cached
 
     def _build(self, name: str, base: ProfileFamily) -> ProfileFamily:
+        with self._lock:
+            forgets = self._forgets
         try:
             family = base if self.store is None else self.store.family(base, self.hardware)
         except ProfileStoreError as exc:  # the catalog's rows this time; not cached
             log.warning("families.store_unreadable", extra={"family": name, "error": str(exc)})
             return base
         with self._lock:
+            if self._forgets != forgets:
+                return family
             self._cache[name] = family
             while len(self._cache) > FAMILY_CACHE:
                 self._cache.popitem(last=False)

@@ -136,6 +136,9 @@ class PodJobs:
         self._cache: OrderedDict[tuple[str, str], PodJob | tuple[tuple[str, str], ...] | None] = (
             OrderedDict()
         )
+        # Counts forget_family calls: a job built from a family forgotten meanwhile is
+        # answered once and not cached (the pod's resourceVersion does not change with it).
+        self._forgets = 0
 
     def __len__(self) -> int:
         return len(self._cache)
@@ -153,15 +156,17 @@ class PodJobs:
             cached = self._cache.get(key)
             if found:
                 self._cache.move_to_end(key)
+            forgets = self._forgets
         if not found:
             try:
                 cached = self._build(pod, uid)
             except AnnotationError as exc:
                 cached = bounded_problems(exc.problems)
             with self._lock:
-                self._cache[key] = cached
-                while len(self._cache) > self.capacity:
-                    self._cache.popitem(last=False)
+                if self._forgets == forgets:
+                    self._cache[key] = cached
+                    while len(self._cache) > self.capacity:
+                        self._cache.popitem(last=False)
         if isinstance(cached, tuple):
             raise AnnotationError(list(cached))  # a fresh exception: no traceback chain
         return cached
@@ -176,6 +181,7 @@ class PodJobs:
             ]
             for key in stale:
                 del self._cache[key]
+            self._forgets += 1
         return len(stale)
 
     def _build(self, pod: Mapping[str, Any], uid: str) -> PodJob | None:
