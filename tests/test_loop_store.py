@@ -250,3 +250,25 @@ def test_a_file_of_another_layout_is_refused_when_opened_not_when_written(
     # has 5 columns but 4 values were supplied"), so nothing learned was kept
     with pytest.raises(ProfileStoreError, match=r"loop\.db.*table loop_correction"):
         LoopStore(path)
+
+
+def test_samples_of_another_feature_layout_are_skipped_not_fatal(tmp_path: Path) -> None:
+    """A file whose sample rows hold another number of features (written by a version with
+    another feature layout before a rollback, or edited by hand): before, reading the samples
+    raised ValueError (the service's start and ``train-iac --from-store`` failed); now those
+    rows are skipped, the others read in order."""
+    path = tmp_path / "loop.db"
+    store = LoopStore(path)
+    x = np.arange(2 * 36, dtype=np.float32).reshape(2, 36)
+    store.add_samples(x[:1], np.array([1.5]), 10.0)
+    with sqlite3.connect(path) as db:
+        db.execute(
+            "INSERT INTO loop_samples (features, slowdown, observed_at) VALUES (?,?,?)",
+            (np.zeros(40, dtype="<f4").tobytes(), 2.0, 11.0),
+        )
+    store.add_samples(x[1:], np.array([1.8]), 12.0)
+    features, slowdown = store.samples()
+    assert features.shape == (2, 36) and slowdown.tolist() == [1.5, 1.8]
+    assert (features == x).all()
+    features, slowdown, at = store.recent_samples(3)
+    assert (features == x).all() and slowdown.tolist() == [1.5, 1.8] and at.tolist() == [10, 12]

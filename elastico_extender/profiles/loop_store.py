@@ -31,6 +31,7 @@ Writes are batched per call (one transaction); the store is thread-safe.
 
 from __future__ import annotations
 
+import logging
 import math
 import sqlite3
 import threading
@@ -47,6 +48,8 @@ from elastico_extender.core.observations import ObservationBook
 from elastico_extender.profiles.store import keep_newest, keep_newest_at_open, open_database
 
 __all__ = ["LoopStore", "PairRecord", "ReferenceRow"]
+
+log = logging.getLogger(__name__)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS loop_correction (
@@ -119,6 +122,23 @@ def _migrate(db: sqlite3.Connection) -> None:
                 "FROM observation_refs"
             )
             db.execute("DROP TABLE observation_refs")
+
+
+def _decoded(
+    rows: Sequence[tuple[bytes, float, float]],
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Sample rows as arrays: features (n, 36) float32, slowdowns, when recorded.  A row
+    whose features are not 36 float32 (another version's layout, a hand-edited file) is
+    skipped: one foreign row must not cost every sample."""
+    kept = [r for r in rows if isinstance(r[0], bytes) and len(r[0]) == 4 * NUM_FEATURES]
+    if len(kept) < len(rows):
+        log.warning("loop_store.foreign_samples", extra={"skipped": len(rows) - len(kept)})
+    x = np.frombuffer(b"".join(r[0] for r in kept), dtype="<f4").reshape(-1, NUM_FEATURES)
+    return (
+        x.astype(np.float32),
+        np.array([r[1] for r in kept], dtype=np.float64),
+        np.array([r[2] for r in kept], dtype=np.float64),
+    )
 
 
 class LoopStore:
@@ -217,13 +237,9 @@ class LoopStore:
         """Every stored sample: features (n, 36) float32 and slowdowns (n,)."""
         with self._lock:
             rows = self._db.execute(
-                "SELECT features, slowdown FROM loop_samples ORDER BY id"
+                "SELECT features, slowdown, observed_at FROM loop_samples ORDER BY id"
             ).fetchall()
-        x = np.zeros((len(rows), NUM_FEATURES), dtype=np.float32)
-        y = np.zeros(len(rows))
-        for k, (blob, s) in enumerate(rows):
-            x[k] = np.frombuffer(blob, dtype="<f4")
-            y[k] = s
+        x, y, _ = _decoded(rows)
         return x, y
 
     def recent_samples(self, limit: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -234,10 +250,7 @@ class LoopStore:
                 (max(0, limit),),
             ).fetchall()
         rows.reverse()
-        x = np.zeros((len(rows), NUM_FEATURES), dtype=np.float32)
-        for k, (blob, _, _) in enumerate(rows):
-            x[k] = np.frombuffer(blob, dtype="<f4")
-        return x, np.array([r[1] for r in rows]), np.array([r[2] for r in rows])
+        return _decoded(rows)
 
     def merge_history(
         self, samples: tuple[np.ndarray, np.ndarray, np.ndarray], records: Sequence[PairRecord]
