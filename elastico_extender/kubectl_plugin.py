@@ -168,18 +168,33 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("command", choices=["jobs", "nodes", "prices", "why"])
     p.add_argument("pod", nargs="?", help="for why: NAMESPACE/NAME (or NAME with --pod-namespace)")
-    p.add_argument("-n", "--namespace", default="elastico-system", help="ElastiCo's namespace")
+    p.add_argument(
+        "-n",
+        "--namespace",
+        default="elastico-system",
+        help="ElastiCo's namespace (default: %(default)s)",
+    )
     p.add_argument(
         "--service",
         default="elastico-webhook",
-        help="the Service every extender replica answers on (chart: RELEASE-webhook)",
+        help="the Service every extender replica answers on (chart: RELEASE-webhook; "
+        "default: %(default)s)",
     )
-    p.add_argument("--port", type=int, default=8444, help="the Service port serving the views")
-    p.add_argument("--pod-namespace", default="default", help="namespace of POD for why")
+    p.add_argument(
+        "--port",
+        type=int,
+        default=8444,
+        help="the Service port serving the views (default: %(default)s)",
+    )
+    p.add_argument(
+        "--pod-namespace", default="default", help="namespace of POD for why (default: %(default)s)"
+    )
     p.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG, ~/.kube/config)")
     p.add_argument("--context", help="kubeconfig context")
     p.add_argument("--server", help="talk to this extender URL directly (no API server)")
-    p.add_argument("-o", "--output", choices=["table", "json"], default="table")
+    p.add_argument(
+        "-o", "--output", choices=["table", "json"], default="table", help="(default: %(default)s)"
+    )
     return p
 
 

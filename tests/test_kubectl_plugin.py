@@ -64,6 +64,18 @@ def test_a_port_no_service_can_have_is_a_usage_error(capsys):
     assert "--port must be 1..65535" in capsys.readouterr().err
 
 
+def test_help_says_where_it_looks_by_default(capsys):
+    """A user whose release or namespace differs must see what the defaults are to know
+    which flag to change; --help named the flags but not their defaults."""
+    with pytest.raises(SystemExit) as done:
+        main(["--help"])
+    assert done.value.code == 0
+    said = " ".join(capsys.readouterr().out.split())
+    for default in ("elastico-system", "elastico-webhook", "8444", "table"):
+        assert f"default: {default}" in said, default
+    assert "(default: default)" in said  # --pod-namespace
+
+
 def test_why_of_an_invalid_pod_says_what_is_known():
     """An invalid pod's /jobs row has no family, kind or mode: why prints none of them."""
     row = {"id": "uid-z", "pod": "ml/z", "state": "invalid", "reason": "elastico.io/family: bad"}
