@@ -54,7 +54,12 @@ def parser() -> argparse.ArgumentParser:
         default=env.get("ELASTICO_EXTENDER_URL"),
         help="extender URL (default $ELASTICO_EXTENDER_URL)",
     )
-    p.add_argument("--token-file", help="bearer token of the extender")
+    p.add_argument(
+        "--token-file",
+        help="bearer token sent to the extender, re-read when the file changes: the agent's "
+        "projected ServiceAccount token (the extender's agent_auth: serviceaccount) or the "
+        "extender's own token (shared)",
+    )
     p.add_argument("--ca-file", help="CA that signed the extender's certificate")
     p.add_argument("--client-cert", help="client certificate (mTLS listener)")
     p.add_argument("--client-key", help="client key (mTLS listener)")

@@ -35,6 +35,7 @@ from elastico_extender.core.interference.predictor import ContentionPredictor, S
 from elastico_extender.core.settings import PlannerSettings
 from elastico_extender.profiles.completions import CompletionStore
 from elastico_extender.profiles.store import ProfileStore
+from elastico_extender.service.agent_auth import AgentAuthenticator
 from elastico_extender.service.checkpoint import CheckpointCollector, LearnedCheckpoint
 from elastico_extender.service.completions import CompletionRecorder
 from elastico_extender.service.engine import Engine
@@ -66,6 +67,26 @@ def _token(settings: ServiceSettings) -> tuple[BearerToken, bool]:
         except ValueError as exc:
             raise ValueError(f"token_file: {exc}") from exc
     return BearerToken(secrets.token_urlsafe(32)), True
+
+
+def _agent_auth(settings: ServiceSettings, cluster: Cluster) -> AgentAuthenticator | None:
+    """Per-node agent identity (``agent_auth: serviceaccount``): the API server reviews
+    each agent's token, so it needs one (ValueError on an embedded cluster); None: the
+    shared credential."""
+    if settings.agent_auth != "serviceaccount":
+        return None
+    inner = getattr(cluster, "inner", cluster)
+    if not isinstance(inner, KubeCluster):
+        raise ValueError(
+            "agent_auth: serviceaccount needs a Kubernetes API server to review the agents' "
+            f"tokens; this extender serves the {cluster.description} (use agent_auth: shared)"
+        )
+    return AgentAuthenticator(
+        inner.review_token,
+        inner.state,
+        audience=settings.agent_token_audience,
+        service_account=settings.agent_service_account,
+    )
 
 
 def _leadership(cluster: Cluster) -> Callable[[], bool]:
@@ -194,6 +215,7 @@ def create_app(
     if checkpoint is not None:
         metrics.registry.register(CheckpointCollector(checkpoint))
     bearer, generated = _token(settings)
+    agent_auth = _agent_auth(settings, cluster)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -238,6 +260,7 @@ def create_app(
     app.state.bearer = bearer  # what requests are checked against
     app.state.token = bearer.current()  # the token at start (printed when generated)
     app.state.token_generated = generated
+    app.state.agent_auth = agent_auth  # None: agents use the shared credential
     app.state.largest_node = LargestNode()
 
     @app.exception_handler(ApiError)

@@ -14,6 +14,11 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import ClientDisconnect
 
 from elastico_extender.bearer import BearerToken
+from elastico_extender.service.agent_auth import (
+    RETRY_AFTER_SECONDS,
+    AgentAuthenticator,
+    AgentRefused,
+)
 from elastico_extender.service.engine import Engine
 from elastico_extender.service.metrics import PrometheusMetrics
 from elastico_extender.service.settings import ServiceSettings
@@ -145,12 +150,40 @@ def require_auth(request: Request) -> None:
     _authenticate(request, settings.allowed_client_names)
 
 
-def require_agent_auth(request: Request) -> None:
-    """Observation reports: a verified client certificate named in ``agent_cert_names``
-    (the node agents'), else the bearer token; 401 otherwise.  An agent's certificate
-    does not open bind, nor the scheduler's this endpoint."""
-    settings = settings_of(request)
-    _authenticate(request, settings.allowed_agent_names)
+def require_agent_auth(request: Request) -> str | None:
+    """Observation reports; returns the node the caller may report for, or None for any.
+
+    ``agent_auth: shared``: a verified client certificate named in ``agent_cert_names``
+    (the node agents'), else the bearer token (None: one credential for every node).  An
+    agent's certificate does not open bind, nor the scheduler's this endpoint.
+    ``serviceaccount``: the agent's projected ServiceAccount token, whose node the API
+    server vouches for (``service.agent_auth``); 401, 403, or 503 with Retry-After."""
+    agents: AgentAuthenticator | None = request.app.state.agent_auth
+    if agents is None:
+        _authenticate(request, settings_of(request).allowed_agent_names)
+        return None
+    token = _bearer_token(request)
+    if token is None:
+        raise _unauthenticated("authentication required: Authorization: Bearer <the agent's "
+                               "projected ServiceAccount token>")  # fmt: skip
+    try:
+        return agents.node_of(token)
+    except AgentRefused as exc:
+        if exc.status == 401:
+            raise _unauthenticated(exc.message) from None
+        retry = {"Retry-After": str(RETRY_AFTER_SECONDS)} if exc.status == 503 else None
+        raise ApiError(exc.status, exc.message, retry) from None
+
+
+def _bearer_token(request: Request) -> str | None:
+    """The token of ``Authorization: Bearer <token>``, None without one."""
+    scheme, _, given = request.headers.get("authorization", "").partition(" ")
+    given = given.strip()
+    return given if scheme.lower() == "bearer" and given else None
+
+
+def _unauthenticated(message: str) -> ApiError:
+    return ApiError(401, message, {"WWW-Authenticate": "Bearer"})
 
 
 def _authenticate(request: Request, names: tuple[str, ...]) -> None:
@@ -163,14 +196,11 @@ def _authenticate(request: Request, names: tuple[str, ...]) -> None:
         if set(tls.get("client_cert_names", ())) & set(names):
             return
     bearer: BearerToken = request.app.state.bearer
-    header = request.headers.get("authorization", "")
-    scheme, _, given = header.partition(" ")
+    given = _bearer_token(request)
     # Bytes, not str: compare_digest refuses non-ASCII text (a TypeError, i.e. a 500).
     # Starlette decoded the header's bytes as latin-1: encoding back gives those bytes.
-    if scheme.lower() == "bearer" and given and bearer.accepts(given.strip().encode("latin-1")):
+    if given is not None and bearer.accepts(given.encode("latin-1")):
         return
-    raise ApiError(
-        401,
-        "authentication required: Authorization: Bearer <token> or a client certificate",
-        {"WWW-Authenticate": "Bearer"},
+    raise _unauthenticated(
+        "authentication required: Authorization: Bearer <token> or a client certificate"
     )

@@ -21,6 +21,10 @@ It serves, over real HTTP/1.1 on 127.0.0.1:
   deleted, or ``429`` while :attr:`disruptions_allowed` is 0 (a PodDisruptionBudget
   says no).
 
+* ``POST /apis/authentication.k8s.io/v1/tokenreviews``: a ``TokenReview`` answered as
+  kube-apiserver answers it (201; ``status.authenticated``, ``user`` with ``extra``, the
+  audiences in common), for the tokens :meth:`issue_token` made (a ServiceAccount token
+  with its audiences, expiry and bound-object claims; :meth:`revoke_token` ends one);
 * ``GET .../services/[SCHEME:]NAME[:PORT]/proxy/PATH``: the service proxy, relayed to the
   URL registered in :attr:`services` (``kubectl elastico`` reaches the extender this way);
 * every other kind (Leases, Events, the Helm chart's objects): create, read, list,
@@ -36,9 +40,11 @@ The official ``kubernetes`` client talks to it unchanged.
 
 from __future__ import annotations
 
+import base64
 import copy
 import json
 import re
+import secrets
 import socket
 import sys
 import threading
@@ -60,6 +66,9 @@ _PROXY = re.compile(r"^/api/v1/namespaces/([^/]+)/services/([^/]+)/proxy(/.*)?$"
 _CM = re.compile(r"^/api/v1/namespaces/([^/]+)/configmaps(?:/([^/]+))?$")
 _NODE = re.compile(r"^/api/v1/nodes/([^/]+)$")
 _KINDS = {"pods": "Pod", "nodes": "Node"}
+TOKEN_REVIEWS = "/apis/authentication.k8s.io/v1/tokenreviews"
+API_AUDIENCE = "https://kubernetes.default.svc.cluster.local"
+"""The API server's own audience: a TokenReview without ``spec.audiences`` checks this."""
 
 
 class _Server(ThreadingHTTPServer):
@@ -93,6 +102,9 @@ class FakeApiServer:
         self.watch_count = {"nodes": 0, "pods": 0}  # watches opened (and droppable)
         self.store = ObjectStore(self._next_rv)
         self.services: dict[tuple[str, str], str] = {}  # (namespace, name) -> base URL
+        # token -> (its audiences, its expiry (wall clock), the UserInfo a review returns)
+        self.tokens: dict[str, tuple[list[str], float, dict[str, Any]]] = {}
+        self.token_reviews = 0
         self.write_delay = 0.0  # seconds each write takes (a real server's etcd commit)
         # Called with (method, path) once a write was applied, before it is answered: a
         # test acts in that gap (another client reads, the writer's clock moves on) as
@@ -200,6 +212,38 @@ class FakeApiServer:
         with self.cond:
             self.drops += 1
             self.cond.notify_all()
+
+    def issue_token(
+        self,
+        username: str,
+        audiences: list[str],
+        extra: dict[str, list[str]] | None = None,
+        expires_in: float = 600.0,
+    ) -> str:
+        """A token as the TokenRequest API makes for a projected volume: a JWT whose claims
+        carry ``aud`` and ``exp`` (unsigned here: only this server's reviews trust it),
+        authenticated as ``username`` with ``extra`` (the bound-object claims) until it
+        expires or :meth:`revoke_token`."""
+        now = time.time()
+
+        def part(doc: dict[str, Any]) -> str:
+            return base64.urlsafe_b64encode(json.dumps(doc).encode()).rstrip(b"=").decode()
+
+        claims = {"aud": audiences, "exp": int(now + expires_in), "iat": int(now),
+                  "sub": username, "jti": secrets.token_hex(8)}  # fmt: skip
+        token = f"{part({'alg': 'RS256'})}.{part(claims)}.{secrets.token_urlsafe(32)}"
+        groups = ["system:serviceaccounts", "system:authenticated"]
+        user: dict[str, Any] = {"username": username, "uid": f"uid-{username}", "groups": groups}
+        if extra:
+            user["extra"] = {k: list(v) for k, v in extra.items()}
+        with self.cond:
+            self.tokens[token] = (list(audiences), now + expires_in, user)
+        return token
+
+    def revoke_token(self, token: str) -> None:
+        """The token no longer authenticates (its pod was deleted, say)."""
+        with self.cond:
+            self.tokens.pop(token, None)
 
     # -- HTTP ------------------------------------------------------------------------
     def _send_json(self, handler: BaseHTTPRequestHandler, status: int, body: Any) -> None:
@@ -387,6 +431,9 @@ class FakeApiServer:
         url = urlparse(handler.path)
         path = url.path
         self.requests.append(f"{method} {path}")
+        if path == TOKEN_REVIEWS and method == "POST":
+            self._token_review(handler, body)
+            return
         if self.write_delay:
             time.sleep(self.write_delay)
         agent = handler.headers.get("User-Agent") or ""
@@ -474,6 +521,44 @@ class FakeApiServer:
         answer = self.store.handle(method, path, body)
         status, reply = answer or (404, {"kind": "Status", "code": 404, "message": "not found"})
         self._send_json(handler, status, reply)
+
+    def _token_review(self, handler: BaseHTTPRequestHandler, body: Any) -> None:
+        """Authenticate ``spec.token`` for ``spec.audiences`` (default: the API server's
+        own); the reply is the review with its ``status``, 201 either way."""
+        spec = body.get("spec") if isinstance(body, dict) else None
+        spec = spec if isinstance(spec, dict) else {}
+        token = spec.get("token")
+        if not isinstance(token, str) or not token:
+            message = "token is required for TokenReview in authentication"
+            self._send_json(handler, 400, _status(400, "BadRequest", message))
+            return
+        wanted = spec.get("audiences") or [API_AUDIENCE]
+        with self.cond:
+            self.token_reviews += 1
+            known = self.tokens.get(token)
+        status: dict[str, Any] = {"user": {}}  # authenticated: false is omitted, as there
+        if known is None:
+            status["error"] = "[invalid bearer token, token lookup failed]"
+        else:
+            audiences, expiry, user = known
+            common = [a for a in wanted if a in audiences]
+            if time.time() >= expiry:
+                status["error"] = "[invalid bearer token, token has expired]"
+            elif not common:
+                status["error"] = (
+                    f"[invalid bearer token, token audiences {json.dumps(audiences)} is "
+                    f"invalid for the target audiences {json.dumps(wanted)}]"
+                )
+            else:
+                status = {"authenticated": True, "user": copy.deepcopy(user), "audiences": common}
+        review = {
+            "kind": "TokenReview",
+            "apiVersion": "authentication.k8s.io/v1",
+            "metadata": {"creationTimestamp": None},
+            "spec": spec,
+            "status": status,
+        }
+        self._send_json(handler, 201, review)
 
 
 def _status(code: int, reason: str, message: str) -> dict[str, Any]:

@@ -44,6 +44,9 @@ WRITE_TIMEOUT_SECONDS = 30.0
 """Longest wait for the API server's answer to one write (bind, reconfigure, evict): one
 that accepts and never answers fails the write as "outcome unknown" instead of holding
 the caller (a verb's handler, the booking's write lock) for ever."""
+REVIEW_TIMEOUT_SECONDS = 5.0
+"""Longest wait for a TokenReview: a node agent's report waits on it (its own timeout is
+10 s) and is answered 503, to be retried, when the API server does not answer in time."""
 
 FIELD_MANAGER = "elastico-extender"
 """Every write passes it as ``fieldManager``: managedFields and audit logs name ElastiCo."""
@@ -270,6 +273,22 @@ class KubeCluster:
 
     def reconfigure(self, request: BindRequest) -> None:
         self._write_decision(request)
+
+    def review_token(self, token: str, audiences: list[str]) -> dict[str, Any]:
+        """The API server's ``TokenReview`` status of ``token`` for ``audiences`` (who it
+        authenticates, ``authentication.k8s.io/v1``); ClusterError when it cannot answer."""
+        review: Any = {
+            "apiVersion": "authentication.k8s.io/v1",
+            "kind": "TokenReview",
+            "spec": {"token": token, "audiences": audiences},
+        }
+        with _as_cluster_error():
+            reply: Any = client.AuthenticationV1Api(self.api.api_client).create_token_review(
+                review, _preload_content=False, _request_timeout=REVIEW_TIMEOUT_SECONDS
+            )
+            doc = json.loads(reply.data)
+        status = doc.get("status") if isinstance(doc, dict) else None
+        return status if isinstance(status, dict) else {}
 
     def evict(self, namespace: str, name: str, uid: str) -> None:
         eviction: Any = {

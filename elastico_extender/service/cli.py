@@ -78,6 +78,22 @@ def parser() -> argparse.ArgumentParser:
         help="comma-separated CN/SAN names of client certificates that may post "
         "observations without a token (default elastico-agent)",
     )
+    p.add_argument(
+        "--agent-auth",
+        choices=["shared", "serviceaccount"],
+        help="how node agents authenticate POST /observations: shared (the token or an "
+        "--agent-cert-names certificate, for any node; default) or serviceaccount (each "
+        "agent's projected ServiceAccount token, reviewed by the API server: its own node only)",
+    )
+    p.add_argument(
+        "--agent-token-audience",
+        help="audience of the agents' projected tokens (default elastico-extender)",
+    )
+    p.add_argument(
+        "--agent-service-account",
+        help="NAMESPACE:NAME of the agents' ServiceAccount "
+        "(default elastico-system:elastico-agent)",
+    )
     p.add_argument("--token-file", help="bearer token for state-changing endpoints")
     p.add_argument("--scheduler-name", help="schedulerName of pods to plan for")
     p.add_argument(

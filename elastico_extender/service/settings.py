@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
@@ -70,6 +71,18 @@ class ServiceSettings:
     """Comma-separated names (CN or DNS/URI subjectAltName) of client certificates that
     may post observations without the token on the mTLS port: the node agents'.  They may
     not bind: each identity gets only its own endpoints (least privilege)."""
+    agent_auth: str = "shared"
+    """How node agents authenticate ``POST /observations``.  ``shared``: the bearer token
+    (``token_file``) or a certificate named in ``agent_cert_names``, one credential for
+    every node, so it speaks for any node.  ``serviceaccount``: each agent's projected
+    ServiceAccount token, reviewed by the API server (TokenReview), which binds it to the
+    agent's node: an agent may report only the pods of its own node (needs a Kubernetes
+    cluster; docs/observability.md).  The chart uses ``serviceaccount``."""
+    agent_token_audience: str = "elastico-extender"
+    """The audience the agents' projected tokens are issued for (``serviceaccount``)."""
+    agent_service_account: str = "elastico-system:elastico-agent"
+    """``NAMESPACE:NAME`` of the agents' ServiceAccount (``serviceaccount``): a token of any
+    other account is refused."""
     token_file: str | None = None
     """File holding the bearer token for state-changing endpoints (bind, POST /epoch).
     None: a random token is generated at start-up and logged once."""
@@ -313,11 +326,27 @@ class ServiceSettings:
         if self.log_level.lower() not in ("debug", "info", "warning", "error"):
             found.append("log_level: must be debug, info, warning or error")
         found.extend(self._rings_problems())
+        found.extend(self._agent_problems())
         found.extend(f"{PLANNER}.{problem}" for problem in self.planner.problems())
         if self.log_format not in ("text", "json"):
             found.append(f"log_format: must be text or json, got {self.log_format!r}")
         if not self.host.strip():
             found.append("host: must not be empty (0.0.0.0 listens on every interface)")
+        return found
+
+    def _agent_problems(self) -> list[str]:
+        if self.agent_auth not in ("shared", "serviceaccount"):
+            return [f"agent_auth: must be shared or serviceaccount, got {self.agent_auth!r}"]
+        if self.agent_auth != "serviceaccount":
+            return []
+        found = []
+        if not self.agent_token_audience.strip():
+            found.append("agent_token_audience: must not be empty")
+        if not re.fullmatch(r"[a-z0-9.-]{1,253}:[a-z0-9.-]{1,253}", self.agent_service_account):
+            found.append(
+                "agent_service_account: must be NAMESPACE:NAME of the agents' ServiceAccount, "
+                f"got {self.agent_service_account[:100]!r}"
+            )
         return found
 
     def _rings_problems(self) -> list[str]:

@@ -13,6 +13,10 @@ every window against the published plan (:mod:`elastico_extender.service.observa
 Any problem refuses the whole batch with a 4xx whose ``Error`` names each field (and
 ``refused`` lists the item indices, so an agent can resend the rest); nothing changes.
 
+With ``agent_auth: serviceaccount`` the caller's token names its node
+(``service/agent_auth.py``): a body whose ``node`` is another is refused with 403, so each
+window is checked against the pods of the caller's own node.
+
 Every answer of ``POST /observations`` past authentication, taken or refused, carries
 :data:`MAX_AGE_HEADER`: the ``observation_max_age_seconds`` this replica refuses windows
 beyond, so the agent holds and resends refused windows exactly as long as they can still
@@ -84,16 +88,20 @@ def service_of(request: Request) -> ObservationService:
 
 @router.post(
     "/observations",
-    dependencies=[Depends(require_agent_auth)],
     summary="A node agent's windows: progress rate, peak memory, SM activity per pod",
 )
-async def post_observations(request: Request) -> Response:
+async def post_observations(
+    request: Request, caller: Annotated[str | None, Depends(require_agent_auth)]
+) -> Response:
     service = service_of(request)
     bound = {MAX_AGE_HEADER: f"{service.settings.observation_max_age_seconds:.15g}"}
     try:
         batch = await read_model(request, ObservationBatch, MAX_BODY_BYTES)
     except ApiError as exc:
         raise ApiError(exc.status, exc.message, {**exc.headers, **bound}) from None
+    if caller is not None and batch.node != caller:  # its token proves another node
+        mine = f"its token is bound to {caller!r}"
+        raise ApiError(403, f"node: {batch.node!r} is not this agent's node ({mine})", bound)
     windows = [AgentWindow(**item.model_dump()) for item in batch.observations]
     try:
         result = await run_in_threadpool(service.ingest, batch.node, windows)
