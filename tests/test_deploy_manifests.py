@@ -12,7 +12,7 @@ from kubernetes.client import ApiClient
 
 from elastico_extender.annotations import parse_intent
 from elastico_extender.core.shapes.catalog import build_family
-from elastico_extender.service.cli import parser
+from elastico_extender.service.cli import parser, settings_from
 
 DEPLOY = Path(__file__).resolve().parents[1] / "deploy"
 MODELS = {
@@ -206,9 +206,17 @@ def test_agent_daemonset_reads_what_the_webhook_mounts_and_reports_to_the_extend
     caps = container["securityContext"]["capabilities"]
     assert caps == {"drop": ["ALL"], "add": ["DAC_READ_SEARCH"]}  # reads, writes nothing
     mounts = {path: m["name"] for path, m in mounts.items()}
-    # authenticated with the extender's own token Secret, verifying its CA
-    token_dir = str(Path(args.token_file).parent)
-    assert volumes[mounts[token_dir]]["secret"]["secretName"] == "elastico-extender-token"
+    # authenticated with its own projected ServiceAccount token, of the audience and account
+    # the extender has the API server review it for (its node only), verifying its CA
+    served = settings_from(parser().parse_args(extender["containers"][0]["args"][1:]))
+    assert served.agent_auth == "serviceaccount"
+    token = Path(args.token_file)
+    (source,) = volumes[mounts[str(token.parent)]]["projected"]["sources"]
+    projected = source["serviceAccountToken"]
+    assert projected["path"] == token.name
+    assert projected["audience"] == served.agent_token_audience
+    account = by_kind("ServiceAccount")[agent["serviceAccountName"]]["metadata"]
+    assert served.agent_service_account == f"{account['namespace']}:{account['name']}"
     assert str(Path(args.ca_file).parent) in mounts
     url = urlparse(args.extender)
     service = by_kind("Service")["elastico-extender"]

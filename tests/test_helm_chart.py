@@ -445,13 +445,16 @@ def test_extender_rbac_covers_every_request_the_code_makes(tmp_path):
         assert checkpoint.restore()
         service.learned_version += 1
         assert checkpoint.save() == "written"
+        # which node an agent's token is bound to (agent.authentication serviceaccount)
+        kube.review_token("an-agents-token", [learned.agent_token_audience])
     finally:
         cluster.stop()
         server.stop()
     needs = rbac_needs(server.requests)
     for need in [("", "pods/binding", "create"), ("coordination.k8s.io", "leases", "update"),
                  ("", "events", "create"), ("", "pods/eviction", "create"),
-                 ("", "configmaps", "get"), ("", "configmaps", "update")]:  # fmt: skip
+                 ("", "configmaps", "get"), ("", "configmaps", "update"),
+                 ("authentication.k8s.io", "tokenreviews", "create")]:  # fmt: skip
         assert need in needs  # the scenario exercised it
     missing = sorted(n for n in needs if not allowed(roles, *n))
     assert missing == []
@@ -547,6 +550,43 @@ def test_default_rings_are_an_emptydir_the_agent_reads_through_the_kubelet(varia
     ]
     container = pod_templates(docs)["elastico-agent"]["spec"]["containers"][0]
     assert container["securityContext"]["capabilities"]["add"] == ["DAC_READ_SEARCH"]
+
+
+def test_agents_send_a_projected_token_of_the_audience_and_account_the_extender_reviews(
+    variant, tmp_path
+):
+    """Per-node agent identity by default: the agent's token file is a projected
+    ServiceAccount token for the audience the extender asks the API server about, of the
+    account the extender expects; no GPU node holds the extender's own token Secret."""
+    _, docs = variant
+    settings = chart_settings(docs, tmp_path)
+    assert settings.agent_auth == "serviceaccount"
+    args, mounts, volumes = agent_view(docs)
+    token = Path(args.token_file)
+    (source,) = volumes[mounts[str(token.parent)]["name"]]["projected"]["sources"]
+    projected = source["serviceAccountToken"]
+    assert projected["path"] == token.name
+    assert projected["audience"] == settings.agent_token_audience
+    assert 600 <= projected["expirationSeconds"] <= 3600
+    account = pod_templates(docs)["elastico-agent"]["spec"]["serviceAccountName"]
+    assert settings.agent_service_account == f"{NAMESPACE}:{account}"
+    assert not any("secret" in v for v in volumes.values() if v["name"] != "tls")
+    grants = cluster_grants(named(docs, "ClusterRole")["elastico-extender"])
+    assert ("authentication.k8s.io", "tokenreviews", "create") in grants
+
+
+def test_shared_agent_authentication_mounts_the_token_secret_and_reviews_nothing(tmp_path):
+    docs = render({"agent": {"authentication": "shared"}})
+    assert chart_settings(docs, tmp_path).agent_auth == "shared"
+    args, mounts, volumes = agent_view(docs)
+    volume = volumes[mounts[str(Path(args.token_file).parent)]["name"]]
+    assert volume["secret"]["secretName"] == "elastico-token"
+    grants = cluster_grants(named(docs, "ClusterRole")["elastico-extender"])
+    assert not any(group == "authentication.k8s.io" for group, _, _ in grants)
+    with pytest.raises(Exception, match=r"agent\.authentication must be serviceaccount"):
+        render({"agent": {"authentication": "token"}})
+    with pytest.raises(Exception, match=r"tokenExpirationSeconds must be at least 600"):
+        render({"agent": {"tokenExpirationSeconds": 60}})
 
 
 def test_legacy_hostpath_rings_and_a_moved_kubelet_root(tmp_path):

@@ -22,6 +22,12 @@ ConfigMaps and hashed into their pod templates, so that a change rolls the pods.
 {{- $_ := set $settings "rings_medium" (.Values.rings.medium | default "") }}
 {{- $_ := set $settings "rings_size_limit" (.Values.rings.sizeLimit | default "" | toString) }}
 {{- $_ := set $settings "rings_host_path" .Values.rings.hostPath }}
+{{- if not (has .Values.agent.authentication (list "serviceaccount" "shared")) }}
+{{- fail (printf "agent.authentication must be serviceaccount or shared, got %q" .Values.agent.authentication) }}
+{{- end }}
+{{- $_ := set $settings "agent_auth" .Values.agent.authentication }}
+{{- $_ := set $settings "agent_token_audience" .Values.agent.tokenAudience }}
+{{- $_ := set $settings "agent_service_account" (printf "%s:%s" $ns (include "elastico.agent" .)) }}
 {{- if .Values.predictor.configMap }}
 {{- $_ := set $settings "predictor_model" (printf "/etc/elastico/model/%s" .Values.predictor.key) }}
 {{- end }}
