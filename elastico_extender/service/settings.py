@@ -69,8 +69,9 @@ class ServiceSettings:
     kube-scheduler's.  Other certificates of ``client_ca_file`` need the token."""
     agent_cert_names: str = "elastico-agent"
     """Comma-separated names (CN or DNS/URI subjectAltName) of client certificates that
-    may post observations without the token on the mTLS port: the node agents'.  They may
-    not bind: each identity gets only its own endpoints (least privilege)."""
+    may post observations without the token on the mTLS port: the node agents' (with
+    ``agent_auth: shared`` only).  They may not bind: each identity gets only its own
+    endpoints (least privilege)."""
     agent_auth: str = "shared"
     """How node agents authenticate ``POST /observations``.  ``shared``: the bearer token
     (``token_file``) or a certificate named in ``agent_cert_names``, one credential for
