@@ -1123,7 +1123,10 @@ static void es_fork_parent(void) {
 }
 
 /* The child starts a ring of its own on its first call; nothing of the parent's pending
- * counts or allocations is attributed to it. */
+ * counts or allocations is attributed to it.  The forking thread's launch cache goes too:
+ * only a thread without one attaches, and attaching is what starts the child's ring (a
+ * cache kept here would aggregate the child's launches for no ring, and publish the
+ * first one a slot evicts through the parent's unmapped header). */
 static void es_fork_child(void) {
     pthread_mutex_init(&es_g.lock, NULL);
     pthread_mutex_init(&es_g.alloc_lock, NULL);
@@ -1136,9 +1139,12 @@ static void es_fork_child(void) {
     if (es_g.allocs) munmap(es_g.allocs, es_g.alloc_slots * sizeof(es_alloc_entry));
     es_g.allocs = NULL;
     es_g.alloc_slots = es_g.alloc_used = es_g.alloc_live = 0;
-    if (es_tls) memset(es_tls->slot, 0, sizeof es_tls->slot);
     es_g.epoch = 0;
-    if (es_tls) es_tls->epoch = 0;
+    if (es_tls) {
+        munmap(es_tls, sizeof *es_tls);
+        es_tls = NULL;
+        if (es_g.key_ok) pthread_setspecific(es_g.thread_key, NULL);
+    }
 }
 
 __attribute__((constructor)) static void es_constructor(void) {

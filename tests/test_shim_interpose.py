@@ -215,6 +215,30 @@ def test_fork_child_gets_a_ring_of_its_own(built, tmp_path: Path) -> None:
     assert c.allocs == 1 + 3 and c.frees == 3
 
 
+EXIT_LAUNCHES = 3000  # the forked children launch as many keys: more than the cache has slots
+
+
+@pytest.mark.parametrize("how", ["fork"])
+def test_a_child_forked_by_a_launching_thread_profiles_its_own_launches(
+    built, tmp_path: Path, how: str
+) -> None:
+    """The thread that forks has launched kernels, so the child inherits its cache: the
+    child's own launches from that thread (of many keys, which meet in the cache's slots)
+    go to a ring of its own: before, they were aggregated for no ring, and the first key
+    a slot evicted crashed the child (SIGSEGV) through the parent's unmapped header."""
+    out = run_workload(built, tmp_path, str(EXIT_LAUNCHES), how, program=built.exits)
+    parent = int(out.stdout.split()[1])
+    rings = find_rings(tmp_path)
+    assert len(rings) == 2 and parent in rings
+    for pid, path in rings.items():
+        with RingReader(path) as ring:
+            header, records = ring.header(), ring.peek()
+        assert header["pid"] == pid
+        assert header["launches"] == summarize(records).launches == EXIT_LAUNCHES
+        functions = {k.function for k in summarize(records).kernels}
+        assert len(functions) == (1 if pid == parent else EXIT_LAUNCHES)
+
+
 @pytest.mark.parametrize("order", ["shim-first", "other-first"])
 def test_coexists_with_another_preload_hook(built, tmp_path: Path, order: str) -> None:
     libs = [str(built.shim), str(built.other_hook)]

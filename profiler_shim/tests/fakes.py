@@ -4,7 +4,7 @@ Stdlib only; loaded by path from tests/test_shim_*.py and benchmarks/shim_overhe
 Everything lands in one directory: libcuda.so, libcudart.so, libnccl.so,
 libotherhook.so, workload, bench_launch, libworkload.so (the workload as a library),
 local_loader (which dlopens it RTLD_LOCAL), entry_points, allocs, graphs,
-launches, vmm and libelastico_shim.so.
+launches, vmm, exits and libelastico_shim.so.
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ class Built(NamedTuple):
     graphs: Path
     launches: Path
     vmm: Path
+    exits: Path
 
 
 def _cc(*args: str | Path) -> None:
@@ -79,6 +80,7 @@ def build_all(directory: Path, *, opt: str = "-O2", shim_flags: tuple[str, ...] 
     _cc(*common, "-o", d / "graphs", HERE / "graphs.c", "-Wl,--no-as-needed", *libs)
     _cc(*common, "-o", d / "launches", HERE / "launches.c", "-Wl,--no-as-needed", *libs)
     _cc(*common, "-o", d / "vmm", HERE / "vmm.c", "-Wl,--no-as-needed", *libs)
+    _cc(*common, "-o", d / "exits", HERE / "exits.c", "-Wl,--no-as-needed", *libs)
     shim = build.compile_shim(
         d / build.LIBRARY_NAME, extra_cflags=(*build.STRICT_CFLAGS, *shim_flags)
     )
@@ -95,4 +97,5 @@ def build_all(directory: Path, *, opt: str = "-O2", shim_flags: tuple[str, ...] 
         d / "graphs",
         d / "launches",
         d / "vmm",
+        d / "exits",
     )
