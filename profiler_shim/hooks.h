@@ -225,6 +225,36 @@ typedef struct ncclComm *ncclComm_t;
     X(cuMemRelease, CUresult, (CUmemGenericAllocationHandle handle), (handle),                \
       CUDA_ERROR_NOT_FOUND)
 
+/* ---- process lifecycle -------------------------------------------------------------
+ * ES_PROCESS_HOOKS(X) expands X(name, return type, (parameters), (arguments)) once per C
+ * library call that ends the process (ES_EXIT_HOOKS) or replaces its image
+ * (ES_EXEC_HOOKS) without exit()'s handlers or the shim's destructor: the shim publishes
+ * the calling thread's pending counts and a tick before handing on to the real call,
+ * resolved when the shim loads.  Inside these the C library reaches its own execve and
+ * _exit without the dynamic linker, so each is hooked by name.  ES_EXEC_LIST_FORMS(X)
+ * names the variadic execl, execle and execlp, X(name, the vector form it hands on to):
+ * shim.c builds the vector and calls that form, as the C library does itself.  The
+ * types are those of <unistd.h> and <stdlib.h>. */
+#define ES_EXIT_HOOKS(X)                   \
+    X(_exit, void, (int status), (status)) \
+    X(_Exit, void, (int status), (status))
+
+#define ES_EXEC_HOOKS(X)                                                                    \
+    X(execve, int, (const char *path, char *const argv[], char *const envp[]),              \
+      (path, argv, envp))                                                                   \
+    X(execv, int, (const char *path, char *const argv[]), (path, argv))                     \
+    X(execvp, int, (const char *file, char *const argv[]), (file, argv))                    \
+    X(execvpe, int, (const char *file, char *const argv[], char *const envp[]),             \
+      (file, argv, envp))                                                                   \
+    X(fexecve, int, (int fd, char *const argv[], char *const envp[]), (fd, argv, envp))     \
+    X(execveat, int,                                                                        \
+      (int dirfd, const char *path, char *const argv[], char *const envp[], int flags),     \
+      (dirfd, path, argv, envp, flags))
+
+#define ES_PROCESS_HOOKS(X) ES_EXIT_HOOKS(X) ES_EXEC_HOOKS(X)
+
+#define ES_EXEC_LIST_FORMS(X) X(execl, execv) X(execle, execve) X(execlp, execvp)
+
 /* Plain prototypes of the listed API, for the fake libraries and test programs (which
  * thereby fail to compile if their signatures drift from the list). */
 #ifdef ES_DECLARE_PROTOTYPES

@@ -40,7 +40,8 @@
 #define ES_FLAGS(X)                                                                          \
     X(ERROR, 1)        /* the wrapped call returned an error (its result is kept as is) */   \
     X(SIZE_UNKNOWN, 2) /* a free of a pointer the shim did not see allocated */              \
-    X(FINAL, 4)        /* the tick written at process exit */
+    X(FINAL, 4)        /* the tick written at process exit */                            \
+    X(EXEC, 8)         /* the tick written before an exec: the process goes on */
 
 /* X(c type, name, numpy type code) */
 #define ES_RECORD_FIELDS(X)  \

@@ -32,6 +32,12 @@
  * 2000; 10 to 3600000), ELASTICO_SHIM_DISABLE=1 (pure pass-through); a value out of range
  * or not a decimal integer is reported on stderr and the default used.  fork() gives the
  * child a ring of its own.
+ *
+ * A process publishes the calling thread's pending launches and a final tick at exit()
+ * (the destructor), and also when it ends with _exit()/_Exit() or replaces its image with
+ * an exec call (hooks.h's ES_PROCESS_HOOKS): os._exit, multiprocessing and DataLoader
+ * workers, launchers.  Other threads' caches, and a process killed by a signal, keep
+ * what they launched since the last flush they noticed.
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -40,11 +46,13 @@
 #include <limits.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -176,6 +184,7 @@ static struct {
     uint32_t alloc_slots, alloc_used, alloc_live; /* used: live entries and tombstones */
     pthread_key_t thread_key;
     int key_ok;
+    int ended; /* the final tick is written */
     char path[PATH_MAX];
 } es_g = {.lock = PTHREAD_MUTEX_INITIALIZER, .alloc_lock = PTHREAD_MUTEX_INITIALIZER};
 
@@ -255,16 +264,21 @@ static void es_emit_tick(uint16_t flags) {
 }
 
 /* ---- per-thread launch aggregation ----------------------------------------------- */
+/* The count is taken before it is published: _exit() in a signal handler that interrupted
+ * this publishes the rest of the cache (es_flush_at_end) and never this slot twice.  The
+ * signal fences order only the compiler (no instruction). */
 static void es_publish(es_slot *s) {
+    uint64_t count = s->count;
+    s->count = 0;
+    __atomic_signal_fence(__ATOMIC_SEQ_CST);
     uint16_t flags = (uint16_t)(s->w[5] >> 40);
     uint32_t grid[3] = {(uint32_t)s->w[2], (uint32_t)(s->w[2] >> 32), (uint32_t)s->w[3]};
     uint32_t block[3] = {(uint32_t)(s->w[3] >> 32), (uint32_t)s->w[4],
                          (uint32_t)(s->w[4] >> 32)};
-    es_add(&es_g.hdr->launches, s->count);
-    if (flags & ES_FLAG_ERROR) es_add(&es_g.hdr->launch_errors, s->count);
+    es_add(&es_g.hdr->launches, count);
+    if (flags & ES_FLAG_ERROR) es_add(&es_g.hdr->launch_errors, count);
     es_emit(ES_KIND_LAUNCH, (uint8_t)(s->w[5] >> 32), flags, (uint32_t)s->w[5], s->w[0],
-            s->w[1], s->count, grid, block);
-    s->count = 0;
+            s->w[1], count, grid, block);
 }
 
 static void es_thread_flush(es_thread *t) {
@@ -460,6 +474,7 @@ ES_INLINE void es_note_launch(uint8_t api, const void *func, uint32_t gx, uint32
     s->w[3] = w3;
     s->w[4] = w4;
     s->w[5] = w5;
+    __atomic_signal_fence(__ATOMIC_RELEASE); /* a slot with a count has its whole key */
     s->count = 1;
 }
 
@@ -1111,7 +1126,7 @@ ES_ENTRY_WRAP(cudaGetDriverEntryPointByVersion_ptsz, ES_ENTRY_BY_VERSION_PARAMS,
 ES_HOOKED_SYMBOLS(ES_CHECK)
 #undef ES_CHECK
 
-/* ---- lifecycle: fork, thread exit, process exit ----------------------------------- */
+/* ---- lifecycle: fork, thread exit, process exit, exec ----------------------------- */
 static void es_fork_prepare(void) {
     pthread_mutex_lock(&es_g.lock);
     pthread_mutex_lock(&es_g.alloc_lock);
@@ -1140,6 +1155,7 @@ static void es_fork_child(void) {
     es_g.allocs = NULL;
     es_g.alloc_slots = es_g.alloc_used = es_g.alloc_live = 0;
     es_g.epoch = 0;
+    es_g.ended = 0;
     if (es_tls) {
         munmap(es_tls, sizeof *es_tls);
         es_tls = NULL;
@@ -1147,20 +1163,140 @@ static void es_fork_child(void) {
     }
 }
 
+/* Publish what the calling thread still aggregates, then a tick marked `flags`: at the
+ * destructor, and before the process ends or replaces its image without it.  Only what a
+ * forked child or a signal handler may do (atomics on the ring, clock_gettime, getpid):
+ * no lock, which a fork may have left held, and no allocation.  The final tick is written
+ * once (an atexit handler or a destructor may still call _exit); an exec's at each try,
+ * since an exec that fails leaves the process running. */
+static void es_flush_at_end(uint16_t flags) {
+    if (__atomic_load_n(&es_g.state, __ATOMIC_ACQUIRE) != ES_ACTIVE) return;
+    /* A vfork child (subprocess, posix_spawn's fallback) runs on in the parent's memory
+     * until it execs or exits: the ring, the cache and the thread are the parent's. */
+    if (es_g.hdr->pid != (uint64_t)getpid()) return;
+    if ((flags & ES_FLAG_FINAL) && __atomic_exchange_n(&es_g.ended, 1, __ATOMIC_ACQ_REL))
+        return;
+    es_depth++;
+    if (es_tls) es_thread_flush(es_tls);
+    es_emit_tick(flags);
+    es_depth--;
+}
+
+/* The real exit and exec calls, resolved in the constructor: a forked child that execs
+ * or exits must not call dlsym, which may lock and allocate. */
+enum {
+#define ES_PROC_ENUM(name, ret, params, args) ES_PROC_##name,
+    ES_PROCESS_HOOKS(ES_PROC_ENUM)
+#undef ES_PROC_ENUM
+    ES_PROC_COUNT
+};
+static const char *const es_proc_names[ES_PROC_COUNT] = {
+#define ES_PROC_NAME(name, ret, params, args) #name,
+    ES_PROCESS_HOOKS(ES_PROC_NAME)
+#undef ES_PROC_NAME
+};
+static void *es_proc_real[ES_PROC_COUNT];
+
+#define ES_PROC_TYPEDEF(name, ret, params, args) typedef ret es_fn_##name params;
+ES_PROCESS_HOOKS(ES_PROC_TYPEDEF)
+#undef ES_PROC_TYPEDEF
+#define ES_PROC_DECLARE(name, ret, params, args) ES_EXPORT ret name params;
+ES_PROCESS_HOOKS(ES_PROC_DECLARE)
+#undef ES_PROC_DECLARE
+
+static void es_proc_resolve(void) {
+    for (int i = 0; i < ES_PROC_COUNT; i++)
+        if (!es_proc_real[i]) es_proc_real[i] = dlsym(RTLD_NEXT, es_proc_names[i]);
+}
+
+/* The real call; looked up here only when the constructor has not run yet (a constructor
+ * of another library that ends the process). */
+static void *es_proc_next(int i) {
+    if (ES_UNLIKELY(!es_proc_real[i])) es_proc_resolve();
+    return es_proc_real[i];
+}
+
+/* Without a real _exit (none can be found only in a broken process) the process still
+ * ends, by the system call.  Both calls take `int status`. */
+#define ES_EXIT_WRAP(name, ret, params, args)                            \
+    ES_EXPORT void name params {                                         \
+        es_flush_at_end(ES_FLAG_FINAL);                                  \
+        es_fn_##name *next = es_proc_next(ES_PROC_##name);               \
+        if (ES_LIKELY(next != NULL)) next args;                          \
+        syscall(SYS_exit_group, status);                                 \
+        __builtin_unreachable();                                         \
+    }
+ES_EXIT_HOOKS(ES_EXIT_WRAP)
+#undef ES_EXIT_WRAP
+
+#define ES_EXEC_WRAP(name, ret, params, args)                            \
+    ES_EXPORT int name params {                                          \
+        es_fn_##name *next = es_proc_next(ES_PROC_##name);               \
+        if (ES_UNLIKELY(!next)) {                                        \
+            errno = ENOSYS;                                              \
+            return -1;                                                   \
+        }                                                                \
+        es_flush_at_end(ES_FLAG_EXEC);                                   \
+        return next args;                                                \
+    }
+ES_EXEC_HOOKS(ES_EXEC_WRAP)
+#undef ES_EXEC_WRAP
+
+/* The list forms: their arguments up to the NULL become the vector the vector form takes
+ * (on the stack, as the C library does), and that form's wrapper publishes. */
+static size_t es_list_size(const char *arg, va_list ap) {
+    size_t n = 1;
+    for (; arg; arg = va_arg(ap, const char *)) n++;
+    return n;
+}
+
+/* Leaves `ap` after the NULL, where execle's environment follows. */
+static void es_list_fill(char **argv, const char *arg, va_list *ap) {
+    size_t i = 0;
+    for (; arg; arg = va_arg(*ap, const char *)) argv[i++] = (char *)arg;
+    argv[i] = NULL;
+}
+
+#define ES_LIST_DECLARE(name, vector) ES_EXPORT int name(const char *, const char *, ...);
+ES_EXEC_LIST_FORMS(ES_LIST_DECLARE)
+#undef ES_LIST_DECLARE
+
+#define ES_LIST_VECTOR(argv, arg, ap)        \
+    va_list ap, ap_size_;                    \
+    va_start(ap, arg);                       \
+    va_copy(ap_size_, ap);                   \
+    char *argv[es_list_size(arg, ap_size_)]; \
+    va_end(ap_size_);                        \
+    es_list_fill(argv, arg, &ap)
+
+ES_EXPORT int execl(const char *path, const char *arg, ...) {
+    ES_LIST_VECTOR(argv, arg, ap);
+    va_end(ap);
+    return execv(path, argv);
+}
+
+ES_EXPORT int execle(const char *path, const char *arg, ...) {
+    ES_LIST_VECTOR(argv, arg, ap);
+    char *const *envp = va_arg(ap, char *const *);
+    va_end(ap);
+    return execve(path, argv, envp);
+}
+
+ES_EXPORT int execlp(const char *file, const char *arg, ...) {
+    ES_LIST_VECTOR(argv, arg, ap);
+    va_end(ap);
+    return execvp(file, argv);
+}
+
 __attribute__((constructor)) static void es_constructor(void) {
     es_g.key_ok = pthread_key_create(&es_g.thread_key, es_thread_exit) == 0;
     pthread_atfork(es_fork_prepare, es_fork_parent, es_fork_child);
+    es_proc_resolve();
 }
 
 /* Threads still running at exit keep whatever their caches hold; joined threads and the
  * exiting thread have published everything. */
-__attribute__((destructor)) static void es_destructor(void) {
-    if (__atomic_load_n(&es_g.state, __ATOMIC_ACQUIRE) != ES_ACTIVE) return;
-    es_depth++;
-    if (es_tls) es_thread_flush(es_tls);
-    es_emit_tick(ES_FLAG_FINAL);
-    es_depth--;
-}
+__attribute__((destructor)) static void es_destructor(void) { es_flush_at_end(ES_FLAG_FINAL); }
 
 /* ---- introspection for the decoder twin and the tests ---------------------------- */
 ES_EXPORT const char *elastico_shim_layout(void) {

@@ -9,7 +9,9 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import os
+import shutil
 import subprocess
+import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -17,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from elastico_extender.profiling.layout import API_NAMES, Kind
+from elastico_extender.profiling.layout import API_NAMES, Flag, Kind
 from elastico_extender.profiling.ring import (
     KernelKey,
     RingFormatError,
@@ -216,16 +218,72 @@ def test_fork_child_gets_a_ring_of_its_own(built, tmp_path: Path) -> None:
 
 
 EXIT_LAUNCHES = 3000  # the forked children launch as many keys: more than the cache has slots
+TRUE = shutil.which("true") or "/bin/true"
 
 
-@pytest.mark.parametrize("how", ["fork"])
+def exits_ring(built, ring_dir: Path, *args: str) -> tuple[dict[str, int], np.ndarray]:
+    """Run profiler_shim/tests/exits.c (EXIT_LAUNCHES launches of one key, then ARGS say
+    how it ends) under the shim; its ring's header and records, all of them committed."""
+    out = run_workload(built, ring_dir, str(EXIT_LAUNCHES), *args, program=built.exits)
+    with RingReader(find_rings(ring_dir)[int(out.stdout.split()[1])]) as ring:
+        header, records = ring.header(), ring.peek()
+        assert ring.incomplete == 0
+    return header, records
+
+
+def ticks(records: np.ndarray) -> np.ndarray:
+    return records[records["kind"] == Kind.TICK]
+
+
+@pytest.mark.parametrize("how", ["return", "_exit", "_Exit"])
+def test_launches_before_an_exit_that_skips_exit_handlers_reach_the_ring(
+    built, tmp_path: Path, how: str
+) -> None:
+    """os._exit, multiprocessing and DataLoader workers, forked children end with _exit():
+    no atexit handler or destructor runs, and the launches still aggregated in the
+    thread's cache (all of them, for a process shorter than one flush) must still reach
+    the header the agent reads, closed by a final tick."""
+    header, records = exits_ring(built, tmp_path, how)
+    assert header["launches"] == summarize(records).launches == EXIT_LAUNCHES
+    assert ticks(records)["flags"][-1] & Flag.FINAL
+    assert header["flushes"] == len(ticks(records))
+    assert header["live_bytes"] == header["peak_bytes"] == 1 << 20
+
+
+@pytest.mark.parametrize(
+    ("how", "program"),
+    [
+        ("execv", TRUE),
+        ("execve", TRUE),
+        ("execvp", "true"),
+        ("execvpe", "true"),
+        ("fexecve", TRUE),
+        ("execveat", TRUE),
+        ("execl", TRUE),
+        ("execle", TRUE),
+        ("execlp", "true"),
+    ],
+)
+def test_launches_before_an_exec_reach_the_ring(
+    built, tmp_path: Path, how: str, program: str
+) -> None:
+    """An exec replaces the image without exit()'s handlers: what the thread aggregated is
+    published first, closed by a tick marked EXEC (not FINAL: the process goes on)."""
+    header, records = exits_ring(built, tmp_path, how, program)
+    assert header["launches"] == summarize(records).launches == EXIT_LAUNCHES
+    flags = ticks(records)["flags"]
+    assert flags[-1] & Flag.EXEC and not flags[-1] & Flag.FINAL
+
+
+@pytest.mark.parametrize("how", ["fork", "fork_exit"])
 def test_a_child_forked_by_a_launching_thread_profiles_its_own_launches(
     built, tmp_path: Path, how: str
 ) -> None:
     """The thread that forks has launched kernels, so the child inherits its cache: the
     child's own launches from that thread (of many keys, which meet in the cache's slots)
     go to a ring of its own: before, they were aggregated for no ring, and the first key
-    a slot evicted crashed the child (SIGSEGV) through the parent's unmapped header."""
+    a slot evicted crashed the child (SIGSEGV) through the parent's unmapped header.
+    Ended by _exit(), the child publishes them all the same."""
     out = run_workload(built, tmp_path, str(EXIT_LAUNCHES), how, program=built.exits)
     parent = int(out.stdout.split()[1])
     rings = find_rings(tmp_path)
@@ -237,6 +295,32 @@ def test_a_child_forked_by_a_launching_thread_profiles_its_own_launches(
         assert header["launches"] == summarize(records).launches == EXIT_LAUNCHES
         functions = {k.function for k in summarize(records).kernels}
         assert len(functions) == (1 if pid == parent else EXIT_LAUNCHES)
+
+
+def test_a_python_process_ending_with_os_exit_keeps_its_launches(built, tmp_path: Path) -> None:
+    """Python's os._exit (multiprocessing and DataLoader workers end with it) after a
+    subprocess: the vfork child that execs the subprocess shares the parent's memory, and
+    must neither flush the parent's ring nor mark it with a tick of its own."""
+    code = f"""
+import ctypes, os, subprocess
+ctypes.CDLL({str(built.directory / "libcuda.so")!r}, mode=ctypes.RTLD_GLOBAL)
+launch = ctypes.CDLL(None).cuLaunchKernel  # the preloaded shim's wrapper
+launch.argtypes = [ctypes.c_void_p, *[ctypes.c_uint] * 7, *[ctypes.c_void_p] * 3]
+def run(n):
+    for _ in range(n):
+        assert launch(0xe000, 2, 1, 1, 64, 1, 1, 0, 0x700, None, None) == 0
+run(100)
+subprocess.run([{TRUE!r}], check=True)
+run(200)
+print("OK", os.getpid(), flush=True)
+os._exit(0)
+"""
+    out = run_workload(built, tmp_path, "-c", code, program=Path(sys.executable))
+    with RingReader(find_rings(tmp_path)[int(out.stdout.split()[1])]) as ring:
+        header, records = ring.header(), ring.peek()
+    assert header["launches"] == summarize(records).launches == 300
+    assert [int(f) for f in ticks(records)["flags"]][-1:] == [Flag.FINAL]
+    assert not any(f & Flag.EXEC for f in ticks(records)["flags"])
 
 
 @pytest.mark.parametrize("order", ["shim-first", "other-first"])

@@ -38,11 +38,15 @@ def test_python_twin_matches_the_layout_compiled_into_the_library(shim: Path) ->
     assert c_side.splitlines() == layout.describe().splitlines()
 
 
-def test_hook_list_in_the_header_is_the_python_api_table() -> None:
+def _listed(macro: str) -> list[str]:
+    """The names a hooks.h list expands X(...) for."""
     text = (ROOT / "profiler_shim/hooks.h").read_text()
-    body = text[text.index("#define ES_HOOKED_SYMBOLS(X)") :]
-    names = re.findall(r"^\s*X\((\w+),", body, flags=re.MULTILINE)
-    assert tuple(names) == layout.API_NAMES
+    body = text[text.index(f"#define {macro}(X)") :].split("\n\n", 1)[0]
+    return re.findall(r"X\((\w+),", body)
+
+
+def test_hook_list_in_the_header_is_the_python_api_table() -> None:
+    assert tuple(_listed("ES_HOOKED_SYMBOLS")) == layout.API_NAMES
 
 
 def test_library_exports_exactly_the_hooked_symbols(shim: Path) -> None:
@@ -51,7 +55,9 @@ def test_library_exports_exactly_the_hooked_symbols(shim: Path) -> None:
     ).stdout
     exported = {line.split()[-1] for line in out.splitlines() if line.split()[1] == "T"}
     introspection = {"elastico_shim_layout", "elastico_shim_ring_path"}
-    assert exported == set(layout.API_NAMES) | introspection
+    process = {*_listed("ES_EXIT_HOOKS"), *_listed("ES_EXEC_HOOKS"), *_listed("ES_EXEC_LIST_FORMS")}
+    assert process >= {"_exit", "_Exit", "execve", "execv", "execvp", "execl", "fexecve"}
+    assert exported == set(layout.API_NAMES) | introspection | process
 
 
 def test_record_dtype_is_one_cache_line() -> None:

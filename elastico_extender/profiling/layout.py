@@ -154,6 +154,7 @@ class Flag(IntFlag):
     ERROR = 1
     SIZE_UNKNOWN = 2
     FINAL = 4
+    EXEC = 8
 
 
 def _offsets(fields: tuple[tuple[str, str], ...]) -> list[int]:
