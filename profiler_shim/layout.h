@@ -14,6 +14,8 @@
  *   consumer  for p from tail: the slot is complete iff seq == p + 1; copy it, then
  *             store tail = p + 1.  A slot whose seq is not p + 1 (writer pre-empted or
  *             killed mid-write) is never decoded as data.
+ * An exec keeps the pid: the new image continues the ring its process left (same pid and
+ * process_start_ticks, every reserved slot committed), else truncates it.
  * All integers are little-endian, naturally aligned.
  */
 #ifndef ELASTICO_SHIM_LAYOUT_H
@@ -74,7 +76,7 @@
     X(uint64_t, start_monotonic_ns, "<u8")    \
     X(uint64_t, last_flush_monotonic_ns, "<u8") \
     X(uint64_t, head, "<u8")                  \
-    X(uint64_t, reserved2, "<u8")             \
+    X(uint64_t, process_start_ticks, "<u8")   \
     X(uint64_t, reserved3, "<u8")             \
     X(uint64_t, reserved4, "<u8")             \
     X(uint64_t, reserved5, "<u8")             \

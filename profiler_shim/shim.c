@@ -339,6 +339,61 @@ static const char *es_dir(void) {
     return "/tmp";
 }
 
+/* This process's start time in clock ticks after boot (/proc/self/stat, field 22): an
+ * exec keeps it, a later process given the same pid has another.  0 when unknown. */
+static uint64_t es_process_start_ticks(void) {
+    char buf[1024];
+    int fd = open("/proc/self/stat", O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return 0;
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0) return 0;
+    buf[n] = '\0';
+    char *p = strrchr(buf, ')'); /* the end of field 2, the command, which may hold ") " */
+    for (int field = 2; p && field < 22; field++) p = strchr(p + 1, ' ');
+    if (!p) return 0;
+    int saved = errno;
+    uint64_t ticks = strtoull(p + 1, NULL, 10);
+    errno = saved;
+    return ticks;
+}
+
+/* Whether the ring file open at `fd` is one an earlier image of this same process left
+ * (it exec'd): of this layout and size, this pid and this process's start time. */
+static int es_ring_is_ours(int fd, uint64_t bytes, uint64_t capacity, uint64_t started) {
+    es_header h;
+    struct stat st;
+    if (!started || fstat(fd, &st) != 0 || (uint64_t)st.st_size != bytes ||
+        pread(fd, &h, sizeof h, 0) != (ssize_t)sizeof h)
+        return 0;
+    return h.magic == ES_MAGIC && h.version == ES_LAYOUT_VERSION &&
+           h.record_size == ES_RECORD_SIZE && h.header_size == ES_HEADER_SIZE &&
+           h.capacity == capacity && h.buffer_bytes == bytes && h.pid == (uint64_t)getpid() &&
+           h.process_start_ticks == started && h.tail <= h.head && h.head - h.tail <= capacity;
+}
+
+/* Whether every record between tail and head was committed: a writer the exec ended
+ * between reserving a slot and committing it leaves a gap no reader would ever pass. */
+static int es_ring_committed(const es_header *h, const es_record *ring, uint64_t capacity) {
+    for (uint64_t p = h->tail; p != h->head; p++)
+        if (ring[p % capacity].seq != p + 1) return 0;
+    return 1;
+}
+
+/* The header of a new ring, whose file is all zeros. */
+static void es_ring_start(es_header *h, uint64_t bytes, uint64_t started) {
+    h->version = ES_LAYOUT_VERSION;
+    h->record_size = ES_RECORD_SIZE;
+    h->header_size = ES_HEADER_SIZE;
+    h->capacity = es_g.capacity;
+    h->pid = (uint64_t)getpid();
+    h->process_start_ticks = started;
+    h->start_realtime_ns = es_realtime_ns();
+    h->start_monotonic_ns = es_monotonic_ns();
+    h->buffer_bytes = bytes;
+    __atomic_store_n(&h->magic, ES_MAGIC, __ATOMIC_RELEASE); /* readers wait for this */
+}
+
 /* Called with es_g.lock held. */
 static void es_init_locked(void) {
     const char *off = getenv("ELASTICO_SHIM_DISABLE");
@@ -362,9 +417,20 @@ static void es_init_locked(void) {
         es_g.state = ES_DISABLED;
         return;
     }
-    /* O_NOFOLLOW: in a directory other users share (/dev/shm, /tmp), a link planted under
-     * the ring's name must not make O_TRUNC wipe the file it points to. */
-    int fd = open(es_g.path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
+    /* An exec keeps the pid, so the ring an earlier image of this process left is here:
+     * it is continued (counters, records and flush numbers go on, the agent sees one
+     * process), any other file under the name is truncated.  O_NOFOLLOW: in a directory
+     * other users share (/dev/shm, /tmp), a link planted under the ring's name must not
+     * make the truncation wipe the file it points to. */
+    uint64_t started = es_process_start_ticks();
+    int fd = open(es_g.path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
+    int continued = fd >= 0 && es_ring_is_ours(fd, bytes, capacity, started);
+    if (fd >= 0 && !continued && ftruncate(fd, 0) != 0) {
+        int truncate_errno = errno;
+        close(fd);
+        fd = -1;
+        errno = truncate_errno;
+    }
     void *map = MAP_FAILED;
     int err = errno;
     /* Reserve every page now: a ring on a full tmpfs (a memory emptyDir at its
@@ -387,16 +453,15 @@ static void es_init_locked(void) {
     es_g.capacity = (uint32_t)capacity;
     es_g.flush_ns = flush_ms * 1000000ull;
     es_header *h = es_g.hdr;
-    h->version = ES_LAYOUT_VERSION;
-    h->record_size = ES_RECORD_SIZE;
-    h->header_size = ES_HEADER_SIZE;
-    h->capacity = es_g.capacity;
-    h->pid = (uint64_t)getpid();
+    if (continued && !es_ring_committed(h, es_g.ring, capacity)) {
+        memset(map, 0, bytes); /* as if truncated */
+        continued = 0;
+    }
     h->flush_interval_ns = es_g.flush_ns;
-    h->start_realtime_ns = es_realtime_ns();
-    h->start_monotonic_ns = es_monotonic_ns();
-    h->buffer_bytes = bytes;
-    __atomic_store_n(&h->magic, ES_MAGIC, __ATOMIC_RELEASE); /* readers wait for this */
+    if (continued) /* the earlier image's device memory went with it; the peak stays */
+        __atomic_store_n(&h->live_bytes, 0, __ATOMIC_RELAXED);
+    else
+        es_ring_start(h, bytes, started);
 
     __atomic_store_n(&es_g.state, ES_ACTIVE, __ATOMIC_RELEASE);
     sigset_t all, old;

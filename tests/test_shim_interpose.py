@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from elastico_extender.profiling.layout import API_NAMES, Flag, Kind
+from elastico_extender.profiling.layout import API_NAMES, HEADER_DTYPE, Flag, Kind
 from elastico_extender.profiling.ring import (
     KernelKey,
     RingFormatError,
@@ -295,6 +295,80 @@ def test_a_child_forked_by_a_launching_thread_profiles_its_own_launches(
         assert header["launches"] == summarize(records).launches == EXIT_LAUNCHES
         functions = {k.function for k in summarize(records).kernels}
         assert len(functions) == (1 if pid == parent else EXIT_LAUNCHES)
+
+
+def test_the_image_an_exec_starts_continues_its_process_ring(built, tmp_path: Path) -> None:
+    """Launchers and torchrun re-exec themselves: the pid stays, so the ring file does.
+    The new image continues it (counters, records and flush numbers go on) instead of
+    truncating what the earlier image published; the agent sees one process throughout."""
+    out = run_workload(
+        built,
+        tmp_path,
+        str(EXIT_LAUNCHES),
+        "execv",
+        str(built.exits),
+        "200",
+        "_exit",
+        program=built.exits,
+    )
+    pids = {int(line.split()[1]) for line in out.stdout.splitlines()}
+    assert len(pids) == 1 and set(find_rings(tmp_path)) == pids
+    with RingReader(only_ring(tmp_path)) as ring:
+        header, records = ring.header(), ring.peek()
+        assert ring.incomplete == 0
+    got = summarize(records, header)
+    assert header["launches"] == got.launches == EXIT_LAUNCHES + 200
+    flushes = ticks(records)
+    assert [f & (Flag.EXEC | Flag.FINAL) for f in flushes["flags"]][-2:] == [Flag.EXEC, Flag.FINAL]
+    assert list(flushes["grid_x"]) == list(range(1, header["flushes"] + 1))
+    assert header["start_realtime_ns"] <= int(flushes["value"][0])  # started with image one
+    # the first image's device memory went with it: only the second one's is live
+    assert (header["allocs"], header["live_bytes"], header["peak_bytes"]) == (2, 1 << 20, 1 << 20)
+
+
+_PLANT = """
+import sys
+from pathlib import Path
+source, target, pid, how, pid_at, start_at = sys.argv[1:]
+data = bytearray(Path(source).read_bytes())
+pid = int(pid)
+start = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+data[int(pid_at) : int(pid_at) + 8] = pid.to_bytes(8, "little")
+start += how == "other"  # a process that got the pid later started later
+data[int(start_at) : int(start_at) + 8] = start.to_bytes(8, "little")
+if how == "torn":  # a writer killed by the exec between reserving slot 0 and committing it
+    data[512:520] = bytes(8)
+Path(target).write_bytes(data)
+"""
+
+
+@pytest.mark.parametrize(("how", "continued"), [("same", True), ("other", False), ("torn", False)])
+def test_a_ring_is_continued_only_from_an_earlier_image_of_the_same_process(
+    built, tmp_path: Path, how: str, continued: bool
+) -> None:
+    """A ring under the process's name is continued only when its header names this pid
+    and this process's start time (which an exec keeps; a later process that got the
+    same pid, say a restarted container's, has another) and every slot it reserved was
+    committed (a slot a writer left torn would stall a draining reader for good)."""
+    first = tmp_path / "first"
+    first.mkdir()
+    run_workload(built, first, "100", "_exit", program=built.exits)
+    rings = tmp_path / "rings"
+    rings.mkdir()
+    offsets = {name: HEADER_DTYPE.fields[name][1] for name in ("pid", "process_start_ticks")}
+    script = (
+        f"{sys.executable} -c '{_PLANT}' {only_ring(first)} {rings}/elastico-shim-$$.ring $$ "
+        f"{how} {offsets['pid']} {offsets['process_start_ticks']} && "
+        f"LD_PRELOAD={built.shim} ELASTICO_SHIM_DIR={rings} exec {built.exits} 300 return"
+    )
+    done = subprocess.run(["sh", "-c", script], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    with RingReader(only_ring(rings)) as ring:
+        header, records = ring.header(), ring.peek()
+        assert ring.incomplete == 0
+    want = 400 if continued else 300
+    assert header["launches"] == summarize(records).launches == want
+    assert header["pid"] == int(done.stdout.split()[1])
 
 
 def test_a_python_process_ending_with_os_exit_keeps_its_launches(built, tmp_path: Path) -> None:

@@ -43,7 +43,9 @@ A pod's rate is the sum over its processes.  A process first seen after the pod'
 scan started at ``start_monotonic_ns`` with zero launches, so short-lived processes
 (data-loader workers, restarts) are counted from their start; processes already running
 when the agent starts give a rate from their second reading on.  A counter that goes
-backwards (a new process reusing the pid's file) restarts that process's baseline.
+backwards (a new process reusing the pid's file) restarts that process's baseline.  An
+exec keeps the pid and the ring: the new image continues the counters (the shim), so
+a launcher or torchrun that re-execs itself reads as one process.
 
 See docs/observability.md for why launches per second measure progress and its limits.
 """

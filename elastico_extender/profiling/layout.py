@@ -78,7 +78,10 @@ HEADER_FIELDS: tuple[tuple[str, str], ...] = (
     ("start_monotonic_ns", "<u8"),
     ("last_flush_monotonic_ns", "<u8"),
     ("head", "<u8"),  # offset 64: a cache line of its own
-    *_PAD[0:7],
+    # /proc/<pid>/stat's start time (clock ticks after boot): an exec keeps it, so the
+    # new image continues the ring; zero in rings of older shims and when unknown
+    ("process_start_ticks", "<u8"),
+    *_PAD[1:7],
     ("tail", "<u8"),  # offset 128
     *_PAD[7:14],
     ("dropped_records", "<u8"),
