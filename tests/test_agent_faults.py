@@ -119,17 +119,21 @@ def write_ring(
     flushed_ns: int,
     capacity: int = 16,
     monotonic_ns: int = 0,
+    started_ns: int = 0,
+    started_monotonic_ns: int = 0,
 ) -> None:
     """A ring file as the shim lays it out (layout.py's dtypes, checked against the built
     library's own description in test_shim_layout): a header and ``capacity`` slots.
-    ``monotonic_ns`` 0 is a shim from before the monotonic stamps (those bytes were zero)."""
+    ``monotonic_ns`` 0 is a shim from before the monotonic stamps (those bytes were zero).
+    The process started at ``started_ns`` (and ``started_monotonic_ns``); 0: at time 0,
+    so that every write of one file is of one process unless a test says otherwise."""
     head = np.zeros(1, dtype=HEADER_DTYPE)
     head["magic"], head["version"] = MAGIC, LAYOUT_VERSION
     head["record_size"], head["header_size"], head["capacity"] = RECORD_SIZE, HEADER_SIZE, capacity
-    head["start_realtime_ns"] = flushed_ns - 10**9
+    head["start_realtime_ns"] = started_ns
     head["launches"], head["last_flush_realtime_ns"] = launches, flushed_ns
     if monotonic_ns:
-        head["start_monotonic_ns"] = monotonic_ns - 10**9
+        head["start_monotonic_ns"] = started_monotonic_ns
         head["last_flush_monotonic_ns"] = monotonic_ns
     path.write_bytes(head.tobytes() + bytes(capacity * RECORD_SIZE))
 
@@ -193,6 +197,26 @@ def test_a_wall_clock_step_between_flushes_does_not_change_the_rate(tmp_path: Pa
     write_ring(ring, launches=2_000, flushed_ns=10_020 * 10**9)
     got = rings.sample("uid-a")
     assert got is not None and got.rate == pytest.approx(50.0)
+
+
+def test_a_later_process_with_the_same_pid_is_not_diffed_against_the_earlier_one(
+    tmp_path: Path,
+) -> None:
+    """A container restarted in its pod gets the same pid, and its volume keeps the ring's
+    name: the new process starts the ring afresh.  Once it has launched more than the old
+    one had, the counter no longer goes back; before, the agent then took the difference
+    of two processes' counters (1,500 - 1,000 over 5 s: 100/s, a 3.3x slowdown fed to the
+    closed loop).  The start time tells them apart: 1,500 since it started 4.5 s ago."""
+    ring = tmp_path / "uid-a" / "elastico-shim-1.ring"
+    ring.parent.mkdir()
+    rings = PodRings(tmp_path)
+    write_ring(ring, launches=1_000, flushed_ns=10_000 * 10**9, monotonic_ns=50 * 10**9,
+               started_ns=9_000 * 10**9, started_monotonic_ns=40 * 10**9)  # fmt: skip
+    rings.sample("uid-a")
+    write_ring(ring, launches=1_500, flushed_ns=10_005 * 10**9, monotonic_ns=55 * 10**9,
+               started_ns=10_000_500_000_000, started_monotonic_ns=50_500_000_000)  # fmt: skip
+    got = rings.sample("uid-a")
+    assert got is not None and got.rate == pytest.approx(1_500 / 4.5)
 
 
 def test_the_agent_forgets_pods_that_left_the_node(tmp_path: Path) -> None:

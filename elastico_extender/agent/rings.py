@@ -153,6 +153,15 @@ class ProcessCounters:
     flushed_mono: float = 0.0  # the shim's CLOCK_MONOTONIC, s; 0: a shim without it
     started_mono: float = 0.0
 
+    def same_process(self, before: ProcessCounters) -> bool:
+        """Whether ``before`` was read from the process this reading is of.  A ring's name
+        holds only the pid: a later process given the same pid (a restarted container whose
+        volume stayed) starts it afresh, with its own start time.  An exec continues it."""
+        started = (self.started_at, self.started_mono)
+        return started == (before.started_at, before.started_mono) and (
+            self.launches >= before.launches
+        )
+
     def seconds_since(self, before: ProcessCounters) -> float:
         """Time between two flushes: on the monotonic clock where both readings have it,
         so that a step of the wall clock between them changes no rate."""
@@ -264,7 +273,7 @@ class PodRings:
         measured = False
         for process, c in now.items():
             before = self._last.get((uid, process))
-            if before is not None and c.launches < before.launches:
+            if before is not None and not c.same_process(before):
                 before = None  # the file now belongs to a new process
             new = previous_scan is not None and c.started_at >= previous_scan - 1.0
             if before is None and new:
