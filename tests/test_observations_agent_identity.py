@@ -27,6 +27,7 @@ from test_service_observations import (
     window,
 )
 
+from elastico_extender.agent import MAX_AGE_HEADER
 from elastico_extender.agent.reporter import Reporter
 from elastico_extender.api.app import create_app
 from elastico_extender.bearer import BearerToken
@@ -185,6 +186,9 @@ def test_an_api_server_that_cannot_answer_is_a_503_the_agent_retries(cluster) ->
     assert reply.status_code == 503, reply.text
     assert reply.headers["Retry-After"] == "5"
     assert "retry" in reply.json()["Error"] and "Traceback" not in reply.text
+    # how long the agent may hold its windows meanwhile (an outage can outlast its default)
+    max_age = svc.app.state.observations.settings.observation_max_age_seconds  # type: ignore[attr-defined]
+    assert float(reply.headers[MAX_AGE_HEADER]) == max_age
 
 
 def test_a_rotated_projected_token_is_read_and_reviewed_afresh(cluster, tmp_path: Path) -> None:

@@ -17,10 +17,11 @@ With ``agent_auth: serviceaccount`` the caller's token names its node
 (``service/agent_auth.py``): a body whose ``node`` is another is refused with 403, so each
 window is checked against the pods of the caller's own node.
 
-Every answer of ``POST /observations`` past authentication, taken or refused, carries
-:data:`MAX_AGE_HEADER`: the ``observation_max_age_seconds`` this replica refuses windows
-beyond, so the agent holds and resends refused windows exactly as long as they can still
-be taken (``agent/reporter.py``).
+Every answer of ``POST /observations`` past authentication, taken or refused, and a 503
+of the agent's token review, carries :data:`MAX_AGE_HEADER`: the
+``observation_max_age_seconds`` this replica refuses windows beyond, so the agent holds
+and resends refused windows exactly as long as they can still be taken
+(``agent/reporter.py``).
 """
 
 from __future__ import annotations
@@ -86,15 +87,32 @@ def service_of(request: Request) -> ObservationService:
     return service
 
 
+def max_age(request: Request) -> dict[str, str]:
+    """The header that tells the agent how long a refused window can still be taken."""
+    return {MAX_AGE_HEADER: f"{service_of(request).settings.observation_max_age_seconds:.15g}"}
+
+
+def agent_caller(request: Request) -> str | None:
+    """``require_agent_auth``, whose 503 (the API server cannot review the agent's token
+    now) also says how long the agent may hold its windows: such an outage can outlast
+    the agent's default hold."""
+    try:
+        return require_agent_auth(request)
+    except ApiError as exc:
+        if exc.status != 503:
+            raise
+        raise ApiError(exc.status, exc.message, {**exc.headers, **max_age(request)}) from None
+
+
 @router.post(
     "/observations",
     summary="A node agent's windows: progress rate, peak memory, SM activity per pod",
 )
 async def post_observations(
-    request: Request, caller: Annotated[str | None, Depends(require_agent_auth)]
+    request: Request, caller: Annotated[str | None, Depends(agent_caller)]
 ) -> Response:
     service = service_of(request)
-    bound = {MAX_AGE_HEADER: f"{service.settings.observation_max_age_seconds:.15g}"}
+    bound = max_age(request)
     try:
         batch = await read_model(request, ObservationBatch, MAX_BODY_BYTES)
     except ApiError as exc:
