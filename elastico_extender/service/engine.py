@@ -240,3 +240,8 @@ class Engine:
         """GET /jobs, /nodes or /plan (``name``) as JSON, kept until what it shows changes."""
         build = {"jobs": self.jobs, "nodes": self.nodes, "plan": self.plan_summary}[name]
         return self.views.kept(name, build)
+
+    def view_page(self, name: str, limit: int | None, token: str | None) -> bytes:
+        """One page of GET /jobs or /nodes (``name``): :meth:`RestViews.page`."""
+        build = {"jobs": self.jobs, "nodes": self.nodes}[name]
+        return self.views.page(name, build, limit, token)

@@ -7,13 +7,26 @@ The views are built on the event loop that also answers kube-scheduler's verbs, 
 large one holds every scheduling request up while it builds (about 0.2 s for /nodes at
 5,000 nodes).  /jobs, /nodes and /plan change only when a plan is published or a
 booking is made or dropped, so their bytes are kept and served again until then.
+
+/jobs and /nodes are lists that grow with the cluster (about 5 MB at 5,000 nodes), so
+they are also served in pages, as the API server serves lists: ``?limit=N`` and then
+``?continue=TOKEN``.  Each page is cut from one kept :class:`Listing` (the rows of one
+state of the view), so the pages of one walk make up one consistent list even when a
+plan is published in between.  The current listing and the newest older ones that tokens
+name are kept (:data:`SNAPSHOTS_KEPT` per view); a token of one no longer kept is a 410
+Gone, as the API server's expired continue token is.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import itertools
 import math
+import secrets
+from array import array
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -24,7 +37,61 @@ from elastico_extender.core.resources import GPU_SM, RESOURCE_NAMES
 from elastico_extender.core.settings import PlannerSettings
 from elastico_extender.service.bookings import Bookings, Published
 
-__all__ = ["RestViews", "to_json"]
+__all__ = [
+    "MAX_CONTINUE_CHARS",
+    "MAX_LIMIT",
+    "PAGED_VIEWS",
+    "SNAPSHOTS_KEPT",
+    "PageRefused",
+    "RestViews",
+    "to_json",
+]
+
+PAGED_VIEWS = ("jobs", "nodes")
+"""The views that are lists of rows, served in pages when asked (``limit``/``continue``)."""
+MAX_LIMIT = 1000
+"""Largest ``limit``: about 0.5 MB of /jobs or 0.6 MB of /nodes per page (kubectl's own
+lists use 500)."""
+SNAPSHOTS_KEPT = 3
+"""Listings kept per paged view, the current one included (each the size of the whole
+view): a walk survives two newer paged listings started by other readers after the view
+changed.  A listing no token names is dropped once it is not current, so readers of the
+whole list alone keep one, as before paging."""
+MAX_CONTINUE_CHARS = 100
+"""Longest continue token read (the tokens given out are about 40 characters)."""
+
+
+class PageRefused(Exception):
+    """A page that cannot be served: 400 (a bad token) or 410 (its listing is gone);
+    ``message`` names the parameter."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+@dataclass(eq=False)
+class Listing:
+    """One state of a paged view: ``whole``, the JSON list of its rows (the unpaged
+    reply), and ``bounds``, where each row starts in it (row ``i`` is
+    ``whole[bounds[i]:bounds[i + 1] - 1]``; the last bound is ``len(whole)``), so a page
+    is one slice and the rows are not kept twice.  ``inputs``: what it was built from
+    (:meth:`RestViews._inputs`; None when they changed while it was built, so it is never
+    served as current again); ``paged``: a continue token names it."""
+
+    serial: int
+    inputs: tuple[Any, ...] | None
+    whole: bytes
+    bounds: array[int]
+    paged: bool = False
+
+    def __len__(self) -> int:
+        return len(self.bounds) - 1
+
+    def items(self, start: int, end: int) -> bytes:
+        """Rows ``start`` to ``end`` (excluded), comma-separated, as in ``whole``."""
+        return self.whole[self.bounds[start] : self.bounds[end] - 1] if start < end else b""
 
 
 def to_json(content: Any) -> bytes:
@@ -54,17 +121,28 @@ class RestViews:
         """The planner settings that differ from the defaults, shown on GET /plan."""
         self.pod = pod
         self._replies: dict[str, tuple[tuple[Any, ...], bytes]] = {}
-        """One kept reply per view name (/jobs, /nodes, /plan: three at most)."""
+        """One kept reply per unpaged view name (/plan)."""
+        self._listings: dict[str, list[Listing]] = {}
+        """Per paged view, the current listing and the newest older ones that continue
+        tokens name: :data:`SNAPSHOTS_KEPT` at most, oldest first."""
+        self._serial = 0
+        """The serial of the last listing built (the tokens name listings by it)."""
+        self._replica = secrets.token_hex(4)
+        """This process's mark in its tokens: another replica behind the same Service (or
+        this one before a restart) numbers its own listings, so its tokens are refused."""
 
     def kept(self, name: str, build: Callable[[], Any]) -> bytes:
         """View ``name`` as JSON: the kept reply while what the view reads is unchanged,
-        else ``build()``'s, kept if nothing changed while it was built.
+        else ``build()``'s, kept if nothing changed while it was built (for a paged view,
+        that of its current :class:`Listing`).
 
         What such a view reads that can change: the published plan and the bookings
         (:attr:`Bookings.version` moves at every publish, booking and release; the
         epoch drops confirmed and expired bookings without moving it, so the bookings
         themselves count too) and, for /jobs, the invalid pods' names (the cluster
         view).  A published plan is never changed after the publish."""
+        if name in PAGED_VIEWS:
+            return self._current(name, build).whole
         key = self._inputs(name)
         kept = self._replies.get(name)
         if kept is not None and kept[0] == key:
@@ -73,6 +151,78 @@ class RestViews:
         if self._inputs(name) == key:  # else built on newer inputs than ``key`` says
             self._replies[name] = (key, reply)
         return reply
+
+    def page(
+        self, name: str, build: Callable[[], list[Any]], limit: int | None, token: str | None
+    ) -> bytes:
+        """One page of paged view ``name``, as a Kubernetes list:
+        ``{"metadata": {"continue", "remainingItemCount"}, "items": [...]}``, both
+        metadata fields only while rows remain.  Without ``token``, the first ``limit``
+        rows of the current listing; with it, the next ``limit`` of the token's listing
+        (all the rest when ``limit`` is None).  :class:`PageRefused` for a bad token."""
+        if token is None:
+            listing, start = self._current(name, build), 0
+        else:
+            listing, start = self._resume(name, token)
+        rows = len(listing)
+        end = rows if limit is None else min(rows, start + limit)
+        meta: dict[str, Any] = {}
+        if end < rows:
+            listing.paged = True
+            text = f"{self._replica}:{name}:{listing.serial}:{end}"
+            meta["continue"] = base64.urlsafe_b64encode(text.encode()).decode().rstrip("=")
+            meta["remainingItemCount"] = rows - end
+        return b'{"metadata":%b,"items":[%b]}' % (to_json(meta), listing.items(start, end))
+
+    def _current(self, name: str, build: Callable[[], list[Any]]) -> Listing:
+        """The listing of view ``name`` as it is now: the newest kept while what the view
+        reads is unchanged, else one built now.  Of the older ones, those a continue token
+        names are kept (the newest :data:`SNAPSHOTS_KEPT` in all), the rest dropped."""
+        key = self._inputs(name)
+        kept = self._listings.get(name)
+        if kept and kept[-1].inputs == key:
+            return kept[-1]
+        rows = [to_json(row) for row in build()]
+        bounds = array("q", itertools.accumulate((len(r) + 1 for r in rows), initial=1))
+        self._serial += 1
+        # built on newer inputs than ``key`` says: a list all the same, never current
+        inputs = key if self._inputs(name) == key else None
+        listing = Listing(self._serial, inputs, b"[" + b",".join(rows) + b"]", bounds)
+        paged = [x for x in kept or () if x.paged]
+        self._listings[name] = [*paged[max(0, len(paged) + 1 - SNAPSHOTS_KEPT) :], listing]
+        return listing
+
+    def _resume(self, name: str, token: str) -> tuple[Listing, int]:
+        """The listing and row a continue ``token`` of view ``name`` names."""
+        if len(token) > MAX_CONTINUE_CHARS:
+            raise PageRefused(400, f"continue: longer than {MAX_CONTINUE_CHARS} characters")
+        fields = _token_fields(token)
+        if fields is None:
+            raise PageRefused(
+                400, "continue: not a token this server gave; pass metadata.continue unchanged"
+            )
+        replica, view, serial, start = fields
+        if view != name:
+            raise PageRefused(400, f"continue: the token continues /{view[:20]}, not /{name}")
+        if replica != self._replica:
+            raise PageRefused(
+                410,
+                "continue: the token was given by another extender replica, or by this one "
+                "before it restarted; start the list again without continue",
+            )
+        if serial > self._serial:
+            raise PageRefused(400, "continue: not a token this server gave")
+        listing = next((x for x in self._listings.get(name, ()) if x.serial == serial), None)
+        if listing is None:
+            raise PageRefused(
+                410,
+                f"continue: the list it continues is no longer kept (/{name} changed and "
+                f"{SNAPSHOTS_KEPT - 1} newer lists were paged since); start the list again "
+                "without continue",
+            )
+        if not 0 < start < len(listing):
+            raise PageRefused(400, "continue: not a token this server gave (no such row)")
+        return listing, start
 
     def _inputs(self, name: str) -> tuple[Any, ...]:
         pub, booked, version = self.bookings.current()
@@ -229,6 +379,21 @@ class RestViews:
             "predictor_degraded": self.predictor_degraded,
             "planner_settings": dict(self.planner_changed),
         }
+
+
+def _token_fields(token: str) -> tuple[str, str, int, int] | None:
+    """A continue token's (replica, view, listing serial, row); None when it is not one
+    this module could have given (checked for length before anything is decoded)."""
+    if len(token) > MAX_CONTINUE_CHARS or not token.isascii():
+        return None
+    try:
+        text = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)).decode("ascii")
+    except (binascii.Error, ValueError):  # UnicodeDecodeError is a ValueError
+        return None
+    parts = text.split(":")
+    if len(parts) != 4 or not all(p.isdigit() and len(p) <= 18 for p in parts[2:]):
+        return None
+    return parts[0], parts[1], int(parts[2]), int(parts[3])
 
 
 def _reason(why: str | None, note: str) -> str | None:

@@ -1,17 +1,75 @@
-"""REST views of the scheduler: prices, jobs, nodes, plan; POST /epoch to replan now."""
+"""REST views of the scheduler: prices, jobs, nodes, plan; POST /epoch to replan now.
+
+/jobs and /nodes answer the whole list (a JSON array) unless ``limit`` or ``continue``
+is given; then one page of it, shaped as a Kubernetes list (``metadata.continue``,
+``metadata.remainingItemCount``, ``items``: :meth:`RestViews.page`).  No default limit:
+the clients written for the bare array (curl, dashboards, older ``kubectl elastico``)
+keep getting it.
+"""
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends, Request
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import Response
 from starlette.concurrency import run_in_threadpool
 
-from elastico_extender.api.deps import engine_of, require_auth, timed_view
-from elastico_extender.service.views import to_json
+from elastico_extender.api.deps import ApiError, engine_of, require_auth, timed_view
+from elastico_extender.service.views import MAX_LIMIT, PageRefused, to_json
 
 __all__ = ["router"]
 
 router = APIRouter(tags=["scheduler state"])
+
+Limit = Annotated[
+    str | None,
+    Query(
+        description=f"Rows per page, 1 to {MAX_LIMIT}; the answer is then a list object "
+        "whose metadata.continue (absent on the last page) fetches the next page. "
+        "Without limit or continue: the whole list as a JSON array."
+    ),
+]
+Continue = Annotated[
+    str | None,
+    Query(
+        alias="continue",
+        description="metadata.continue of the previous page, unchanged: the next page of "
+        "the same list (410 Gone once that list is no longer kept: start again without it)",
+    ),
+]
+
+
+def page_query(request: Request) -> tuple[int | None, str | None]:
+    """``limit`` and ``continue`` of a paged view's request (None: not given); a 400
+    naming the parameter when one is given twice or ``limit`` is not 1..MAX_LIMIT."""
+    query = request.query_params
+    for name in ("limit", "continue"):
+        if len(query.getlist(name)) > 1:
+            raise ApiError(400, f"{name}: given more than once")
+    raw = query.get("limit")
+    limit = None
+    if raw is not None:
+        if not (raw.isascii() and raw.isdigit() and len(raw) <= 6 and 0 < int(raw) <= MAX_LIMIT):
+            raise ApiError(
+                400,
+                f"limit: must be a whole number from 1 to {MAX_LIMIT} (leave it out for the "
+                f"whole list), got {raw[:20]!r}",
+            )
+        limit = int(raw)
+    return limit, query.get("continue") or None  # continue= (empty): the first page
+
+
+def paged_view(request: Request, name: str) -> Response:
+    """GET /jobs or /nodes (``name``): whole, or the page ``limit``/``continue`` ask for."""
+    engine = engine_of(request)
+    limit, token = page_query(request)
+    if limit is None and token is None:
+        return timed_view(request, name, lambda: engine.view_json(name))
+    try:
+        return timed_view(request, name, lambda: engine.view_page(name, limit, token))
+    except PageRefused as exc:
+        raise ApiError(exc.status, exc.message) from None
 
 
 @router.get("/prices", summary="Current shadow price per resource and recent history")
@@ -20,16 +78,21 @@ async def prices(request: Request) -> Response:
     return timed_view(request, "prices", lambda: to_json(engine.prices()))
 
 
-@router.get("/jobs", summary="Jobs: chosen configuration, predicted slowdown, floor, state")
-async def jobs(request: Request) -> Response:
-    engine = engine_of(request)
-    return timed_view(request, "jobs", lambda: engine.view_json("jobs"))
+@router.get(
+    "/jobs",
+    summary="Jobs: chosen configuration, predicted slowdown, floor, state "
+    "(in pages with limit and continue)",
+)
+async def jobs(request: Request, limit: Limit = None, continue_: Continue = None) -> Response:
+    return paged_view(request, "jobs")
 
 
-@router.get("/nodes", summary="Per-GPU occupancy and co-located pairs")
-async def nodes(request: Request) -> Response:
-    engine = engine_of(request)
-    return timed_view(request, "nodes", lambda: engine.view_json("nodes"))
+@router.get(
+    "/nodes",
+    summary="Per-GPU occupancy and co-located pairs (in pages with limit and continue)",
+)
+async def nodes(request: Request, limit: Limit = None, continue_: Continue = None) -> Response:
+    return paged_view(request, "nodes")
 
 
 @router.get("/plan", summary="The latest published plan")
