@@ -7,22 +7,31 @@ kubeconfig and RBAC, so no port-forward and no extra credentials are needed: rea
 views needs ``get`` on ``services/proxy`` in ElastiCo's namespace.
 
 ``--server URL`` talks to an extender directly instead (``elastico serve`` on a laptop).
+
+/jobs and /nodes are read in pages of :data:`PAGE_ROWS` (``limit`` and ``continue``, as
+kubectl reads lists), so no one answer grows with the cluster; what is printed is what one
+read of the whole list would print.  An extender from before paging answers the whole
+list at once, which is taken as it is.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import time
-from collections.abc import Callable, Sequence
+import urllib.error
+import urllib.parse
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from elastico_extender.profiling.hardware import http_get, read_reply
 
-__all__ = ["MAX_ANSWER_BYTES", "TIMEOUT_S", "main"]
+__all__ = ["MAX_ANSWER_BYTES", "PAGE_ROWS", "PAGE_TRIES", "TIMEOUT_S", "main"]
 
-Fetch = Callable[[str], Any]
+Fetch = Callable[[str, Mapping[str, str]], bytes | str]
+"""GET a view's path with a query: the answer's body (:class:`Gone` for a 410)."""
 
 TIMEOUT_S = 30.0
 """How long one view may take to come, connection included (then: one line, exit 1)."""
@@ -30,7 +39,21 @@ MAX_ANSWER_BYTES = 256 << 20
 """Largest view read: /jobs of tens of thousands of pods is tens of MiB."""
 
 VIEWS: dict[str, type] = {"/jobs": list, "/nodes": list, "/prices": dict}
-"""What each view the plugin shows is: a list of objects, or one object."""
+"""What each view the plugin shows is: a list of objects (read in pages), or one object."""
+PAGE_ROWS = 500
+"""Rows asked per page of a list view (kubectl's own chunk size)."""
+PAGE_TRIES = 8
+"""Times one page is asked for while the answer is 410 Gone, before the whole list is
+read in one answer instead.  Through the Service each request reaches any replica, and
+only the one that gave a continue token holds its list (from the others: 410), so with
+two replicas about every other continue is asked twice; a list dropped because the view
+changed is 410 from all of them."""
+DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+"""A namespace's or Service's name (RFC 1123 label), checked before it goes into a path."""
+
+
+class Gone(Exception):
+    """The answer was 410 Gone: the list a continue token names is not held there."""
 
 
 class NotTheView(Exception):
@@ -49,32 +72,85 @@ def _view(path: str, body: bytes | str) -> Any:
         raise NotTheView(path, "not JSON") from None
     if VIEWS[path] is dict and not isinstance(data, dict):
         raise NotTheView(path, "not an object")
-    if VIEWS[path] is list and not (
-        isinstance(data, list) and all(isinstance(row, dict) for row in data)
-    ):
-        raise NotTheView(path, "not a list of objects")
+    if VIEWS[path] is list and not _rows(data):
+        if not (isinstance(data, dict) and _rows(data.get("items"))):
+            raise NotTheView(path, "not a list of objects")
+        meta = data.get("metadata", {})
+        if not isinstance(meta, dict) or not isinstance(meta.get("continue", ""), str):
+            raise NotTheView(path, "metadata.continue is not text")
+        if meta.get("continue") and not data["items"]:  # would be asked for ever
+            raise NotTheView(path, "a page of no rows that is not the last")
     return data
+
+
+def _rows(data: Any) -> bool:
+    return isinstance(data, list) and all(isinstance(row, dict) for row in data)
+
+
+def _read(fetch: Fetch, path: str) -> Any:
+    """View ``path``: a list view's rows page by page (the whole list in one answer when
+    pages keep going away, :data:`PAGE_TRIES`), another view in one answer.  The pages
+    together are bounded as one answer is: :data:`MAX_ANSWER_BYTES`."""
+    if VIEWS[path] is not list:
+        return _view(path, fetch(path, {}))
+    rows: list[dict[str, Any]] = []
+    query = {"limit": str(PAGE_ROWS)}
+    size = 0
+    while True:
+        for _ in range(PAGE_TRIES):
+            try:
+                body = fetch(path, query)
+                size += len(body)
+                if size > MAX_ANSWER_BYTES:
+                    raise ValueError(f"{path}: answer larger than {MAX_ANSWER_BYTES} bytes")
+                page = _view(path, body)
+                break
+            except Gone:
+                if "continue" not in query:  # a first page is never gone: not the view
+                    raise
+        else:
+            return _view(path, fetch(path, {}))
+        if isinstance(page, list):  # an extender that does not page: the whole list
+            return page
+        rows += page["items"]
+        token = page.get("metadata", {}).get("continue")
+        if not token:
+            return rows
+        query = {"limit": str(PAGE_ROWS), "continue": token}
+
+
+def _with_query(path: str, query: Mapping[str, str]) -> str:
+    return f"{path}?{urllib.parse.urlencode(query)}" if query else path
 
 
 def _proxy_fetcher(args: argparse.Namespace) -> Fetch:
     from kubernetes import client, config
+    from kubernetes.client.exceptions import ApiException
 
     settings = client.Configuration()
     settings.retries = 0  # one try: each would wait TIMEOUT_S again
+    # The path parameter carries the query too (the client has no query for a proxied
+    # path), encoded by _with_query; namespace and Service are DNS labels (_main).
+    settings.safe_chars_for_path_param = "/?=&%"
     api_client = config.new_client_from_config(
         config_file=args.kubeconfig, context=args.context, client_configuration=settings
     )
     core = client.CoreV1Api(api_client)
     service = f"https:{args.service}:{args.port}"
 
-    def fetch(path: str) -> Any:
+    def fetch(path: str, query: Mapping[str, str]) -> bytes:
         started = time.monotonic()
-        resp = core.connect_get_namespaced_service_proxy_with_path(
-            service, args.namespace, path.lstrip("/"),
-            _preload_content=False, _request_timeout=TIMEOUT_S,
-        )  # fmt: skip
         try:
-            return _view(path, read_reply(resp, path, started, TIMEOUT_S, MAX_ANSWER_BYTES))
+            resp = core.connect_get_namespaced_service_proxy_with_path(
+                service, args.namespace, _with_query(path, query).lstrip("/"),
+                _preload_content=False, _request_timeout=TIMEOUT_S,
+            )  # fmt: skip
+        except ApiException as exc:
+            if exc.status == 410:
+                raise Gone(f"{path}: 410 Gone") from None
+            raise
+        try:
+            return read_reply(resp, path, started, TIMEOUT_S, MAX_ANSWER_BYTES)
         finally:
             resp.release_conn()  # type: ignore[attr-defined]  # urllib3's, _preload_content
 
@@ -82,8 +158,14 @@ def _proxy_fetcher(args: argparse.Namespace) -> Fetch:
 
 
 def _direct_fetcher(base: str) -> Fetch:
-    def fetch(path: str) -> Any:
-        return _view(path, http_get(base.rstrip("/") + path, TIMEOUT_S, max_bytes=MAX_ANSWER_BYTES))
+    def fetch(path: str, query: Mapping[str, str]) -> str:
+        url = base.rstrip("/") + _with_query(path, query)
+        try:
+            return http_get(url, TIMEOUT_S, max_bytes=MAX_ANSWER_BYTES)
+        except urllib.error.HTTPError as exc:
+            if exc.code == 410:
+                raise Gone(f"{path}: 410 Gone") from None
+            raise
 
     return fetch
 
@@ -216,13 +298,16 @@ def _main(argv: Sequence[str] | None) -> int:
         p.error(f"{args.command} takes no POD")
     if not 0 < args.port < 65536:
         p.error(f"--port must be 1..65535, got {args.port}")
+    for flag, name in (("--namespace", args.namespace), ("--service", args.service)):
+        if not DNS_LABEL.match(name):
+            p.error(f"{flag} must be a Kubernetes name (a DNS label), got {name[:70]!r}")
     pod = args.pod if not args.pod or "/" in args.pod else f"{args.pod_namespace}/{args.pod}"
     try:
         fetch = _direct_fetcher(args.server) if args.server else _proxy_fetcher(args)
         if args.command == "why":
-            data: Any = {"jobs": fetch("/jobs"), "prices": fetch("/prices")}
+            data: Any = {"jobs": _read(fetch, "/jobs"), "prices": _read(fetch, "/prices")}
         else:
-            data = fetch(f"/{args.command}")
+            data = _read(fetch, f"/{args.command}")
     except NotTheView as exc:
         print(f"kubectl elastico: {exc}", file=sys.stderr)
         return 1

@@ -150,6 +150,13 @@ NOT_THE_VIEW = [
         "not ElastiCo's",
         id="text-for-a-number",
     ),
+    pytest.param(200, b'{"metadata": [1], "items": [{}]}', "not ElastiCo's", id="page-meta"),
+    pytest.param(
+        200, b'{"metadata": {"continue": 5}, "items": [{}]}', "not ElastiCo's", id="page-token"
+    ),
+    pytest.param(
+        200, b'{"metadata": {"continue": "x"}, "items": []}', "not ElastiCo's", id="empty-page"
+    ),
 ]
 
 
@@ -210,6 +217,27 @@ def test_an_answer_past_the_bound_is_refused_not_read_whole(capsys, monkeypatch)
     assert "larger than 65536 bytes" in capsys.readouterr().err
 
 
+def test_pages_that_never_end_are_refused_past_the_bound(capsys, monkeypatch):
+    """A server whose every page has a continue: the pages together are bounded as one
+    answer is, so the plugin stops with one line instead of reading for ever."""
+    from elastico_extender import kubectl_plugin
+
+    monkeypatch.setattr(kubectl_plugin, "MAX_ANSWER_BYTES", 1 << 12)
+    endless = b'{"metadata": {"continue": "x"}, "items": [{"pod": "ml/a"}]}'
+    with Answering(body=endless) as server:
+        assert main(["jobs", "--server", server.url]) == 1
+    assert "larger than 4096 bytes" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flag", ["--namespace", "--service"])
+def test_a_name_that_is_no_kubernetes_name_is_a_usage_error(flag, capsys):
+    """Namespace and Service go into the proxy path unescaped but for the query."""
+    with pytest.raises(SystemExit) as done:
+        main(["jobs", flag, "a/../b?x=1", "--server", "http://127.0.0.1:9"])
+    assert done.value.code == 2
+    assert f"{flag} must be a Kubernetes name" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("output", ["table", "json"])
 def test_output_into_a_closed_pipe_ends_quietly(output):
     """`kubectl elastico jobs | head -1`: no BrokenPipeError traceback."""
@@ -229,3 +257,94 @@ def test_output_into_a_closed_pipe_ends_quietly(output):
         err = proc.stderr.read().decode()
         assert proc.wait(timeout=60) in (0, 141)
     assert "Traceback" not in err and "BrokenPipe" not in err, err
+
+
+def demo_extender() -> ServerThread:
+    return ServerThread(
+        create_app(ServiceSettings(epoch_seconds=3600), EmbeddedCluster.from_file(None))
+    ).start()
+
+
+@pytest.mark.parametrize("view", ["jobs", "nodes"])
+def test_lists_are_read_in_pages_across_replicas_and_shown_as_before(
+    view, tmp_path, capsys, monkeypatch
+):
+    """Through the Service the API server sends each request to any replica, and only the
+    one that gave a continue token holds its list (the other answers 410): the plugin
+    asks that page again, and prints what one read of the whole list would."""
+    import json
+
+    import httpx
+
+    from elastico_extender import kubectl_plugin
+
+    monkeypatch.setattr(kubectl_plugin, "PAGE_ROWS", 1)
+    first, second = demo_extender(), demo_extender()
+    api = FakeApiServer().start()
+    try:
+        whole = httpx.get(f"{first.url}/{view}").json()
+        assert whole == httpx.get(f"{second.url}/{view}").json() and len(whole) == 4
+        api.services[("elastico-system", "elastico-webhook")] = [first.url, second.url]
+        common = [view, "--kubeconfig", kubeconfig(tmp_path, api)]
+        show = kubectl_plugin.show_jobs if view == "jobs" else kubectl_plugin.show_nodes
+        assert main(common) == 0
+        assert capsys.readouterr().out == show(whole) + "\n"
+        assert main([*common, "-o", "json"]) == 0
+        assert capsys.readouterr().out == json.dumps(whole, indent=2) + "\n"
+        asked = [unquote(r) for r in api.requests if f"proxy/{view}" in r]
+        assert sum("limit=1" in r and "continue=" not in r for r in asked) == 2
+        assert sum("continue=" in r for r in asked) >= 6  # 3 pages more each, some twice
+        assert main([view, "--server", first.url]) == 0
+        assert capsys.readouterr().out == show(whole) + "\n"
+    finally:
+        api.stop()
+        first.stop()
+        second.stop()
+
+
+def test_pages_that_keep_going_away_are_read_whole_instead(capsys, monkeypatch):
+    """A continue that is always 410 (the list changes faster than it is read, or the
+    replica that gave it restarted): the plugin reads the whole list in one answer."""
+    import http.client
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    import httpx
+
+    from elastico_extender import kubectl_plugin
+
+    monkeypatch.setattr(kubectl_plugin, "PAGE_ROWS", 1)
+    extender = demo_extender()
+    asked: list[str] = []
+
+    class Forgetful(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            asked.append(self.path)
+            if "continue=" in self.path:
+                status, body = 410, b'{"Error": "continue: no longer kept"}'
+            else:
+                conn = http.client.HTTPConnection("127.0.0.1", extender.port, timeout=30)
+                conn.request("GET", self.path)
+                answer = conn.getresponse()
+                status, body = answer.status, answer.read()
+                conn.close()
+            self.send_response(status)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            return None
+
+    front = ThreadingHTTPServer(("127.0.0.1", 0), Forgetful)
+    threading.Thread(target=front.serve_forever, daemon=True).start()
+    try:
+        whole = httpx.get(f"{extender.url}/jobs").json()
+        assert main(["jobs", "--server", f"http://127.0.0.1:{front.server_address[1]}"]) == 0
+        assert capsys.readouterr().out == kubectl_plugin.show_jobs(whole) + "\n"
+        assert asked[-1] == "/jobs"  # after the continues that went away
+        assert sum("continue=" in p for p in asked) == kubectl_plugin.PAGE_TRIES
+    finally:
+        front.shutdown()
+        front.server_close()
+        extender.stop()

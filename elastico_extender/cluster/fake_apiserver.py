@@ -25,8 +25,10 @@ It serves, over real HTTP/1.1 on 127.0.0.1:
   kube-apiserver answers it (201; ``status.authenticated``, ``user`` with ``extra``, the
   audiences in common), for the tokens :meth:`issue_token` made (a ServiceAccount token
   with its audiences, expiry and bound-object claims; :meth:`revoke_token` ends one);
-* ``GET .../services/[SCHEME:]NAME[:PORT]/proxy/PATH``: the service proxy, relayed to the
-  URL registered in :attr:`services` (``kubectl elastico`` reaches the extender this way);
+* ``GET .../services/[SCHEME:]NAME[:PORT]/proxy/PATH[?QUERY]``: the service proxy,
+  relayed with its query to the URL registered in :attr:`services`, or to each of a list
+  of URLs in turn (the endpoints of a Service: the API server picks one per request);
+  ``kubectl elastico`` reaches the extender this way;
 * every other kind (Leases, Events, the Helm chart's objects): create, read, list,
   replace with ``resourceVersion`` preconditions, merge patch and delete, from
   :class:`~.fake_objects.ObjectStore` (``self.store``).
@@ -101,7 +103,9 @@ class FakeApiServer:
         self.writes: list[dict[str, str]] = []
         self.watch_count = {"nodes": 0, "pods": 0}  # watches opened (and droppable)
         self.store = ObjectStore(self._next_rv)
-        self.services: dict[tuple[str, str], str] = {}  # (namespace, name) -> base URL
+        # (namespace, name) -> base URL, or the base URLs of its endpoints
+        self.services: dict[tuple[str, str], str | list[str]] = {}
+        self._proxied = 0  # requests relayed: the next endpoint of a list
         # token -> (its audiences, its expiry (wall clock), the UserInfo a review returns)
         self.tokens: dict[str, tuple[list[str], float, dict[str, Any]]] = {}
         self.token_reviews = 0
@@ -262,7 +266,8 @@ class FakeApiServer:
         self.requests.append(handler.path)
         proxied = _PROXY.match(unquote(url.path))
         if proxied:
-            self._proxy(handler, *proxied.groups())
+            ns, service, path = proxied.groups()
+            self._proxy(handler, ns, service, path, url.query)
             return
         cm = _CM.match(url.path)
         if cm and cm.group(2):
@@ -317,16 +322,20 @@ class FakeApiServer:
         self._send_json(handler, 200, {"kind": _KINDS[kind], "apiVersion": "v1", **found})
 
     def _proxy(
-        self, handler: BaseHTTPRequestHandler, ns: str, service: str, path: str | None
+        self, handler: BaseHTTPRequestHandler, ns: str, service: str, path: str | None, query: str
     ) -> None:
         name = service.split(":")[1] if service.count(":") >= 1 else service
         base = self.services.get((ns, name))
+        if isinstance(base, list):
+            with self.cond:
+                base, self._proxied = base[self._proxied % len(base)], self._proxied + 1
         if base is None:
             self._send_json(handler, 404, {"kind": "Status", "code": 404,
                                            "message": f'services "{name}" not found'})  # fmt: skip
             return
         try:
-            with urllib.request.urlopen(base + (path or "/"), timeout=30) as resp:
+            target = base + (path or "/") + (f"?{query}" if query else "")
+            with urllib.request.urlopen(target, timeout=30) as resp:
                 status, data = resp.status, resp.read()
         except urllib.error.HTTPError as exc:
             status, data = exc.code, exc.read()
