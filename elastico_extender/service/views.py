@@ -182,12 +182,11 @@ class RestViews:
         kept = self._listings.get(name)
         if kept and kept[-1].inputs == key:
             return kept[-1]
-        rows = [to_json(row) for row in build()]
-        bounds = array("q", itertools.accumulate((len(r) + 1 for r in rows), initial=1))
+        whole, bounds = _joined(build())
         self._serial += 1
         # built on newer inputs than ``key`` says: a list all the same, never current
         inputs = key if self._inputs(name) == key else None
-        listing = Listing(self._serial, inputs, b"[" + b",".join(rows) + b"]", bounds)
+        listing = Listing(self._serial, inputs, whole, bounds)
         paged = [x for x in kept or () if x.paged]
         self._listings[name] = [*paged[max(0, len(paged) + 1 - SNAPSHOTS_KEPT) :], listing]
         return listing
@@ -379,6 +378,23 @@ class RestViews:
             "predictor_degraded": self.predictor_degraded,
             "planner_settings": dict(self.planner_changed),
         }
+
+
+def _joined(rows: list[Any]) -> tuple[bytes, array[int]]:
+    """``to_json(rows)``, and where each row starts in it (:class:`Listing`).  Each row is
+    appended as soon as it is serialised: a bytes object kept per row made the build of
+    /jobs at 10,000 pods several times slower (fresh memory for each)."""
+    whole = bytearray(b"[")
+    bounds = array("q", [1])
+    for row in rows:
+        whole += to_json(row)
+        whole += b","
+        bounds.append(len(whole))
+    if rows:
+        whole[-1:] = b"]"  # in place of the last comma
+    else:
+        whole += b"]"
+    return bytes(whole), bounds
 
 
 def _token_fields(token: str) -> tuple[str, str, int, int] | None:
