@@ -25,7 +25,8 @@
  * calling the driver inside cudaMalloc, ...) are passed straight through by a per-thread
  * reentrancy depth, so one user call is one record.  cuGetProcAddress and the runtime's
  * cudaGetDriverEntryPoint* are wrapped so that driver entry points fetched by name still
- * go through the wrappers.
+ * go through the wrappers; so is dlsym, for hooked functions a program looks up on its
+ * own handle of the library (Triton's launcher).
  *
  * Environment: ELASTICO_SHIM_DIR (default /dev/shm, else /tmp), ELASTICO_SHIM_BUFFER_BYTES
  * (default 4 MiB, the whole mapping; 1536 B to 1 GiB), ELASTICO_SHIM_FLUSH_MS (default
@@ -101,6 +102,56 @@ enum {
 /* ---- real symbols: resolved once each, lazily (libnccl may be loaded late) -------- */
 static void *es_real[ES_API_COUNT];
 
+/* The shim's dlsym (below) is compiled where the C library's can be found by version:
+ * glibc on the architectures CUDA runs on. */
+#if defined(__GLIBC__) && defined(__x86_64__)
+#define ES_DLSYM_FIRST_VERSION "GLIBC_2.2.5"
+#elif defined(__GLIBC__) && defined(__aarch64__)
+#define ES_DLSYM_FIRST_VERSION "GLIBC_2.17"
+#endif
+
+typedef void *es_fn_dlsym(void *handle, const char *name);
+
+#ifdef ES_DLSYM_FIRST_VERSION
+static es_fn_dlsym *es_dlsym_real;
+
+/* The next dlsym past the shim: the C library's, found with dlvsym (which the shim leaves
+ * alone) called from here, so that the search starts past the shim.  The architecture's
+ * first version first: libdl's before glibc 2.34, an alias of libc's GLIBC_2.34 one
+ * since, so the first try finds it and no error message is allocated (with a malloc
+ * that a preloaded allocator looking its own malloc up with dlsym would re-enter). */
+__attribute__((noinline)) static es_fn_dlsym *es_dlsym_resolve(void) {
+    static const char *const versions[] = {ES_DLSYM_FIRST_VERSION, "GLIBC_2.34"};
+    static int reported;
+    int saved = errno;
+    es_fn_dlsym *p = NULL;
+    for (size_t i = 0; !p && i < sizeof versions / sizeof *versions; i++)
+        p = (es_fn_dlsym *)dlvsym(RTLD_NEXT, "dlsym", versions[i]);
+    if (p)
+        __atomic_store_n(&es_dlsym_real, p, __ATOMIC_RELEASE);
+    else if (!__atomic_exchange_n(&reported, 1, __ATOMIC_RELAXED))
+        fprintf(stderr, "elastico-shim: the C library's dlsym cannot be found\n");
+    errno = saved;
+    return p;
+}
+
+static inline es_fn_dlsym *es_dlsym_next(void) {
+    es_fn_dlsym *p = __atomic_load_n(&es_dlsym_real, __ATOMIC_ACQUIRE);
+    return ES_LIKELY(p != NULL) ? p : es_dlsym_resolve();
+}
+#endif
+
+/* dlsym for the shim's own lookups, never the shim's wrapper of it (whose answer for a
+ * hooked name would call back here).  Called from the shim, so RTLD_NEXT means past it. */
+static void *es_sym(void *handle, const char *name) {
+#ifdef ES_DLSYM_FIRST_VERSION
+    es_fn_dlsym *real = es_dlsym_next();
+    return real ? real(handle, name) : NULL;
+#else
+    return dlsym(handle, name);
+#endif
+}
+
 /* The real `name` as the dynamic linker would have bound it for the code at `caller`
  * without the shim, when dlsym(RTLD_NEXT) (which searches only the global scope) finds
  * nothing: a library loaded with dlopen(RTLD_LOCAL), such as a Python extension module or
@@ -112,7 +163,7 @@ static void *es_resolve_local(const char *name, const void *caller) {
     if (!caller || !dladdr(caller, &at) || !at.dli_fname || !*at.dli_fname) return NULL;
     void *handle = dlopen(at.dli_fname, RTLD_LAZY | RTLD_NOLOAD);
     if (!handle) return NULL;
-    void *p = dlsym(handle, name);
+    void *p = es_sym(handle, name);
     if (p && dladdr(p, &found) && dladdr((void *)es_resolve_local, &self) &&
         found.dli_fbase == self.dli_fbase)
         p = NULL; /* never our own wrapper */
@@ -121,7 +172,7 @@ static void *es_resolve_local(const char *name, const void *caller) {
 }
 
 static void *es_lookup(const char *name, const void *caller) {
-    void *p = dlsym(RTLD_NEXT, name);
+    void *p = es_sym(RTLD_NEXT, name);
     return p ? p : es_resolve_local(name, caller);
 }
 
@@ -1145,10 +1196,12 @@ ES_EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaV
 
 /* ---- cudaGetDriverEntryPoint* -------------------------------------------------------
  * The runtime answers these from the cuGetProcAddress it looked up in its own handle of
- * libcuda, which no preloaded library interposes, so the pointer it hands out gets the
- * treatment cuGetProcAddress's answers get.  The plain variants look up at the runtime's
- * own version (cudaRuntimeGetVersion); when that cannot be asked, 12000, the version of
- * the signatures hooked here (CUDA 11's had no driverStatus). */
+ * libcuda: the shim's wrapper when that lookup went through the shim's dlsym, else the
+ * driver's own, so the pointer it hands out gets the treatment cuGetProcAddress's answers
+ * get (one that is already a trampoline is handed back as it is).  The plain variants
+ * look up at the runtime's own version (cudaRuntimeGetVersion); when that cannot be
+ * asked, 12000, the version of the signatures hooked here (CUDA 11's had no
+ * driverStatus). */
 typedef cudaError_t es_fn_cudaRuntimeGetVersion(int *runtimeVersion);
 
 static int es_runtime_version(const void *caller) {
@@ -1190,6 +1243,72 @@ ES_ENTRY_WRAP(cudaGetDriverEntryPointByVersion_ptsz, ES_ENTRY_BY_VERSION_PARAMS,
     __attribute__((unused)) static es_fn_##name *const es_check_##name = name;
 ES_HOOKED_SYMBOLS(ES_CHECK)
 #undef ES_CHECK
+
+/* ---- dlsym ---------------------------------------------------------------------------
+ * Triton's kernel launcher (torch.compile's kernels, many of vLLM's), ctypes (vLLM's
+ * pynccl and cudart wrappers, Numba) and cuda-python fetch driver, runtime and NCCL
+ * functions themselves with dlsym on a handle of the library they opened, which answers
+ * with the library's own function, past any preload.  The shim's dlsym answers such a
+ * lookup with the shim's wrapper when the name is one the shim hooks and the handle's
+ * answer is the very function that wrapper calls for this caller (a hook library's or
+ * another copy's function of the same name is handed back as it is).  RTLD_DEFAULT and
+ * RTLD_NEXT, whose answer depends on the caller's address, and every other name go on to
+ * the real dlsym as a sibling call, so it sees the caller's own return address: no lock,
+ * no allocation, one strcmp loop only for names starting like a hooked one.  dlvsym is
+ * left alone: it is how the real dlsym is found, and nothing known fetches CUDA or NCCL
+ * entry points with it. */
+#ifdef ES_DLSYM_FIRST_VERSION
+#if defined(__has_attribute)
+#if __has_attribute(musttail)
+#define ES_MUSTTAIL __attribute__((musttail))
+#endif
+#endif
+#ifndef ES_MUSTTAIL
+#define ES_MUSTTAIL /* -O2 makes it a sibling call (tests/test_shim_interpose.py checks) */
+#endif
+
+/* The shim's own wrappers, by hidden aliases: `&name` would be whichever definition the
+ * dynamic linker binds first. */
+#define ES_OWN(name, ret, params, args, fail) \
+    extern es_fn_##name es_own_##name __attribute__((alias(#name), visibility("hidden")));
+ES_HOOKED_SYMBOLS(ES_OWN)
+#undef ES_OWN
+static void *const es_own[ES_API_COUNT] = {
+#define ES_OWN_ADDRESS(name, ret, params, args, fail) (void *)es_own_##name,
+    ES_HOOKED_SYMBOLS(ES_OWN_ADDRESS)
+#undef ES_OWN_ADDRESS
+};
+
+/* The index of a hooked name, else -1.  Every hooked name starts with cu, nc or __
+ * (tests/test_shim_layout.py checks), which most names looked up at start-up do not. */
+static inline int es_api_index(const char *name) {
+    uint16_t start = name && name[0] ? (uint16_t)(name[0] | name[1] << 8) : 0;
+    if (start != ('c' | 'u' << 8) && start != ('n' | 'c' << 8) && start != ('_' | '_' << 8))
+        return -1;
+    for (int i = 0; i < ES_API_COUNT; i++)
+        if (strcmp(name, es_api_names[i]) == 0) return i;
+    return -1;
+}
+
+/* What a handle's lookup of the hooked `api` gave (`found`) becomes: the shim's wrapper
+ * when `found` is the real function the wrapper calls for `caller`.  The lookups resolving
+ * that may leave an error that dlerror() would report for a lookup that succeeded. */
+__attribute__((noinline)) static void *es_dlsym_answer(void *found, int api,
+                                                       const void *caller) {
+    if (!found || !es_ready()) return found; /* disabled: the C library's answer */
+    void *real = es_next(api, caller);
+    dlerror();
+    return real == found ? es_own[api] : found;
+}
+
+ES_EXPORT void *dlsym(void *handle, const char *name) {
+    es_fn_dlsym *real = es_dlsym_next();
+    if (ES_UNLIKELY(!real)) return NULL;
+    int api = handle == RTLD_DEFAULT || handle == RTLD_NEXT ? -1 : es_api_index(name);
+    if (ES_LIKELY(api < 0)) ES_MUSTTAIL return real(handle, name);
+    return es_dlsym_answer(real(handle, name), api, __builtin_return_address(0));
+}
+#endif
 
 /* ---- lifecycle: fork, thread exit, process exit, exec ----------------------------- */
 static void es_fork_prepare(void) {
@@ -1271,7 +1390,7 @@ ES_PROCESS_HOOKS(ES_PROC_DECLARE)
 
 static void es_proc_resolve(void) {
     for (int i = 0; i < ES_PROC_COUNT; i++)
-        if (!es_proc_real[i]) es_proc_real[i] = dlsym(RTLD_NEXT, es_proc_names[i]);
+        if (!es_proc_real[i]) es_proc_real[i] = es_sym(RTLD_NEXT, es_proc_names[i]);
 }
 
 /* The real call; looked up here only when the constructor has not run yet (a constructor

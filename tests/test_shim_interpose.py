@@ -115,10 +115,12 @@ def expected_collectives(threads: int, iterations: int) -> tuple[Counter[str], i
     return calls, size
 
 
-def program_ring(built, ring_dir: Path, program: Path) -> tuple[dict[str, int], ShimSummary]:
+def program_ring(
+    built, ring_dir: Path, program: Path, **env: str
+) -> tuple[dict[str, int], ShimSummary]:
     """Run a test program (it prints ``OK <pid>``) under the shim; its ring's header and
     decoded records."""
-    out = run_workload(built, ring_dir, preload=str(built.shim), program=program)
+    out = run_workload(built, ring_dir, preload=str(built.shim), program=program, **env)
     with RingReader(find_rings(ring_dir)[int(out.stdout.split()[-1])]) as ring:
         header = ring.header()
         return header, summarize(ring.peek(), header)
@@ -434,13 +436,17 @@ def test_libraries_loaded_rtld_local_still_reach_the_real_functions(built, tmp_p
     assert got.collectives == expected_collectives(2, 50)[0]
 
 
-def test_launches_through_runtime_driver_entry_points_are_counted(built, tmp_path: Path) -> None:
-    """cudaGetDriverEntryPoint* hand out driver functions the runtime looked up in its own
-    handle of libcuda, past any preloaded cuGetProcAddress; CUTLASS (its cluster launches
-    use cuLaunchKernelEx), Transformer Engine and PyTorch launch through them.  Those
-    launches count, and the per-thread variants and the CUDA 12 cuGetProcAddress_v2 come
-    back as what was asked for."""
-    header, got = program_ring(built, tmp_path, built.entry_points)
+@pytest.mark.parametrize("driver", ["dlsym", "private"])
+def test_launches_through_runtime_driver_entry_points_are_counted(
+    built, tmp_path: Path, driver: str
+) -> None:
+    """cudaGetDriverEntryPoint* hand out driver functions the runtime looked up with the
+    cuGetProcAddress_v2 it fetched with dlsym on its own handle of libcuda (which the
+    shim's dlsym answers) or reached privately, past any preload; CUTLASS (its cluster
+    launches use cuLaunchKernelEx), Transformer Engine and PyTorch launch through them.
+    Those launches count, and the per-thread variants and the CUDA 12 cuGetProcAddress_v2
+    come back as what was asked for."""
+    header, got = program_ring(built, tmp_path, built.entry_points, FAKE_CUDART_DRIVER=driver)
     calls = 100
     shape = ((3, 1, 1), (96, 1, 1), 0, 0x300, False)
     assert got.kernels == {
@@ -452,6 +458,62 @@ def test_launches_through_runtime_driver_entry_points_are_counted(built, tmp_pat
     }
     assert (got.allocs, got.alloc_bytes, got.frees, got.freed_bytes) == (1, 4096, 1, 4096)
     assert header["live_bytes"] == 0
+
+
+def run_dlsym_launch(built, ring_dir: Path, loaded: str, **env: str):
+    """dlsym_launch as a program linked to libcuda, or not, or as a library that
+    local_loader loads RTLD_LOCAL (libcuda then in its own scope only, as for a Python
+    extension such as Triton's launcher)."""
+    args = ("100", str(built.other_hook))
+    if loaded in ("program", "unlinked"):
+        program = built.dlsym_launch if loaded == "program" else built.dlsym_launch_unlinked
+        return run_workload(built, ring_dir, *args, program=program, **env)
+    return run_workload(
+        built, ring_dir, str(built.dlsym_launch_library), *args, program=built.local_loader, **env
+    )
+
+
+@pytest.mark.parametrize("loaded", ["program", "rtld-local"])
+def test_driver_functions_looked_up_with_dlsym_on_a_handle_are_counted(
+    built, tmp_path: Path, loaded: str
+) -> None:
+    """Triton's launcher (torch.compile's kernels, many of vLLM's) looks cuLaunchKernelEx up
+    with dlsym on its own dlopen("libcuda.so.1") handle, ctypes and cuda-python likewise
+    (cuda-python through cuGetProcAddress_v2): none of 201 Triton launches was seen on an
+    H200.  Those launches count; each lookup still succeeds with dlerror() clear, another
+    library's own cuLaunchKernel comes back as itself, and RTLD_DEFAULT / RTLD_NEXT still
+    answer from the caller's scope (the program checks these and exits 1 otherwise)."""
+    out = run_dlsym_launch(built, tmp_path, loaded)
+    assert out.stdout.splitlines()[0].endswith("/" + fakes.build.LIBRARY_NAME)
+    with RingReader(find_rings(tmp_path)[int(out.stdout.split()[-1])]) as ring:
+        header = ring.header()
+        got = summarize(ring.peek(), header)
+    shape = ((5, 1, 1), (64, 1, 1), 0, 0x600, False)
+    assert got.kernels == {
+        KernelKey("cuLaunchKernel", 0xA100, *shape): 100,
+        KernelKey("cuLaunchKernelEx", 0xA200, *shape): 100,
+        KernelKey("cuLaunchKernel", 0xA300, *shape): 100,
+    }
+    assert header["launches"] == 300
+
+
+def test_a_lookup_by_code_that_cannot_reach_the_driver_is_handed_back_untouched(
+    built, tmp_path: Path
+) -> None:
+    """A program that neither links libcuda nor finds it in the global scope (ctypes,
+    cuda-python when nothing loaded the driver RTLD_GLOBAL) gives the shim no real
+    function to compare the handle's answer with: it gets libcuda's own, and no error
+    the shim's own failed lookups left behind (Triton fails on a dlerror() after dlsym)."""
+    out = run_dlsym_launch(built, tmp_path, "unlinked")
+    assert out.stdout.splitlines()[0].endswith("/libcuda.so.1")
+    with RingReader(only_ring(tmp_path)) as ring:
+        assert ring.header()["launches"] == 0
+
+
+def test_disabled_shim_hands_dlsym_the_drivers_own_functions(built, tmp_path: Path) -> None:
+    out = run_dlsym_launch(built, tmp_path, "program", ELASTICO_SHIM_DISABLE="1")
+    assert out.stdout.splitlines()[0].endswith("/libcuda.so")
+    assert find_rings(tmp_path) == {}
 
 
 def test_cuda_graph_replays_are_counted_as_launches(built, tmp_path: Path) -> None:

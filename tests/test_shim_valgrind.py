@@ -56,3 +56,32 @@ def test_workload_under_valgrind_memcheck(tmp_path: Path) -> None:
     with RingReader(found[parent]) as ring:
         got = summarize(ring.peek(), ring.header())
     assert got.launches == 3 * (4 * 200 + 1)
+
+
+def test_dlsym_lookups_under_valgrind_memcheck(tmp_path: Path) -> None:
+    """The shim's dlsym on the path Triton's launcher takes: a library loaded RTLD_LOCAL
+    looks the driver's launch functions up on its own handle of libcuda.so.1."""
+    built = fakes.build_all(tmp_path / "build", opt="-O1")
+    rings = tmp_path / "rings"
+    rings.mkdir()
+    env = {**os.environ, "LD_PRELOAD": str(built.shim), "ELASTICO_SHIM_DIR": str(rings)}
+    done = subprocess.run(
+        [
+            "valgrind",
+            "--error-exitcode=99",
+            "--leak-check=full",
+            "--errors-for-leak-kinds=definite",
+            str(built.local_loader),
+            str(built.dlsym_launch_library),
+            "50",
+            str(built.other_hook),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert "ERROR SUMMARY: 0 errors" in done.stderr
+    with RingReader(find_rings(rings)[int(done.stdout.split()[-1])]) as ring:
+        assert summarize(ring.peek(), ring.header()).launches == 3 * 50

@@ -107,3 +107,7 @@ CUresult cuGetProcAddress_v2(const char *s, void **pfn, int v, cuuint64_t f,
     return impl_gpa2(s, pfn, v, f, st);
 }
 void fake_cuda_get_stats(struct fake_cuda_stats *out) { *out = stats; }
+/* The fake runtime's private way to the driver's lookup (FAKE_CUDART_DRIVER=private),
+ * standing in for cuGetExportTable's tables: a name no preload hooks. */
+void *fake_cuda_private_gpa(void);
+void *fake_cuda_private_gpa(void) { return (void *)impl_gpa2; }

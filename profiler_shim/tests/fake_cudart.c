@@ -1,7 +1,9 @@
 /* Fake libcudart: reaches the driver the way CUDA 12 and 13 runtimes do.  Launches and
  * graph replays go through driver entry points it fetched with the cuGetProcAddress_v2 it
- * looked up in its own handle of libcuda (dlopen + dlsym, as libcudart does), which a
- * preloaded library does not interpose: only the runtime's exported launch functions can
+ * looked up in its own handle of libcuda (dlopen + dlsym, as libcudart does), which the
+ * shim's dlsym answers with the shim's wrapper; with FAKE_CUDART_DRIVER=private, through
+ * a private export of the fake driver instead (standing in for cuGetExportTable's tables),
+ * which no preloaded library sees: then only the runtime's exported launch functions can
  * be seen (on a real H200 with CUDA 13, not one of PyTorch's launches reached an
  * interposed cuLaunchKernel).  cudaMalloc / cudaFree call the driver directly, so the
  * shim's reentrancy guard is exercised.  cudaGetDriverEntryPoint* answer from that same
@@ -9,6 +11,8 @@
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
 #include "hooks.h"
 
 #define FAKE_CUDART_VERSION 12040
@@ -19,7 +23,14 @@ static pthread_once_t driver_once = PTHREAD_ONCE_INIT;
 
 static void open_driver(void) {
     void *driver = dlopen("libcuda.so", RTLD_NOW | RTLD_NOLOAD);
-    if (driver) driver_gpa = (gpa_fn *)dlsym(driver, "cuGetProcAddress_v2");
+    const char *way = getenv("FAKE_CUDART_DRIVER");
+    if (driver && way && !strcmp(way, "private")) {
+        typedef gpa_fn *private_gpa_fn(void);
+        private_gpa_fn *private_gpa = (private_gpa_fn *)dlsym(driver, "fake_cuda_private_gpa");
+        driver_gpa = private_gpa ? private_gpa() : NULL;
+    } else if (driver) {
+        driver_gpa = (gpa_fn *)dlsym(driver, "cuGetProcAddress_v2");
+    }
 }
 
 /* The runtime's private table entry for `symbol` (per-thread variant when `ptsz`). */

@@ -4,7 +4,10 @@ Stdlib only; loaded by path from tests/test_shim_*.py and benchmarks/shim_overhe
 Everything lands in one directory: libcuda.so, libcudart.so, libnccl.so,
 libotherhook.so, workload, bench_launch, libworkload.so (the workload as a library),
 local_loader (which dlopens it RTLD_LOCAL), entry_points, allocs, graphs,
-launches, vmm, exits and libelastico_shim.so.
+launches, vmm, exits, dlsym_launch, libdlsym_launch.so (it as a library),
+dlsym_launch_unlinked (it without libcuda) and libelastico_shim.so; libcuda.so.1
+links to libcuda.so, the name programs that load the driver themselves (Triton) ask
+dlopen for.
 """
 
 from __future__ import annotations
@@ -44,6 +47,9 @@ class Built(NamedTuple):
     launches: Path
     vmm: Path
     exits: Path
+    dlsym_launch: Path
+    dlsym_launch_library: Path
+    dlsym_launch_unlinked: Path
 
 
 def _cc(*args: str | Path) -> None:
@@ -56,6 +62,8 @@ def build_all(directory: Path, *, opt: str = "-O2", shim_flags: tuple[str, ...] 
     common = (opt, "-g", *WARN, "-I", str(SHIM_DIR))
     lib = (*common, "-fPIC", "-shared")
     _cc(*lib, "-o", d / "libcuda.so", HERE / "fake_cuda.c")
+    (d / "libcuda.so.1").unlink(missing_ok=True)
+    (d / "libcuda.so.1").symlink_to("libcuda.so")
     _cc(
         *lib,
         "-o",
@@ -81,6 +89,18 @@ def build_all(directory: Path, *, opt: str = "-O2", shim_flags: tuple[str, ...] 
     _cc(*common, "-o", d / "launches", HERE / "launches.c", "-Wl,--no-as-needed", *libs)
     _cc(*common, "-o", d / "vmm", HERE / "vmm.c", "-Wl,--no-as-needed", *libs)
     _cc(*common, "-o", d / "exits", HERE / "exits.c", "-Wl,--no-as-needed", *libs)
+    # libcuda NEEDED but never called by name, as Triton's launcher module has it
+    driver = ("-Wl,--no-as-needed", f"-L{d}", "-lcuda", "-ldl", rpath)
+    _cc(*common, "-o", d / "dlsym_launch", HERE / "dlsym_launch.c", *driver)
+    _cc(
+        *lib,
+        "-Dmain=workload_main",
+        "-o",
+        d / "libdlsym_launch.so",
+        HERE / "dlsym_launch.c",
+        *driver,
+    )
+    _cc(*common, "-o", d / "dlsym_launch_unlinked", HERE / "dlsym_launch.c", "-ldl", rpath)
     shim = build.compile_shim(
         d / build.LIBRARY_NAME, extra_cflags=(*build.STRICT_CFLAGS, *shim_flags)
     )
@@ -98,4 +118,7 @@ def build_all(directory: Path, *, opt: str = "-O2", shim_flags: tuple[str, ...] 
         d / "launches",
         d / "vmm",
         d / "exits",
+        d / "dlsym_launch",
+        d / "libdlsym_launch.so",
+        d / "dlsym_launch_unlinked",
     )
