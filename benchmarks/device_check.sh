@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The checks that need a real CUDA GPU (never in CI), in one run of about four minutes:
 #   1. benchmarks/shim_real_cuda.py: what the shim records of eager PyTorch, a replayed CUDA
-#      graph, a Triton kernel and expandable-segment memory;
+#      graph, a Triton kernel (its "Triton launches seen: N of M" line checks the shim's
+#      dlsym, untested on a GPU so far) and expandable-segment memory;
 #   2. benchmarks/launch_rate_signal.py --torch: the launch rate against the achieved step
 #      rate of a real training step, launched kernel by kernel and replayed as a graph;
 #   3. benchmarks/mps_handoff_check.py: the MPS settings the hand-off writes, as a client
@@ -17,6 +18,9 @@ python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.versio
 # Which launch and memory entry points PyTorch's CUDA library binds by name.
 lib=$(python3 -c 'import os, torch; print(os.path.join(os.path.dirname(torch.__file__), "lib"))')
 nm -D --undefined-only "$lib/libtorch_cuda.so" 2>&1 | grep -E 'Launch|cuMem|cudaMalloc' | tee "$out/torch_symbols.txt"
+# How this image's Triton reaches the driver's launch: the dlopen/dlsym the shim answers.
+triton_dir=$(python3 -c 'import os, triton; print(os.path.dirname(triton.__file__))' 2>/dev/null)
+grep -n -E 'dlopen\(|dlsym\(' "$triton_dir/backends/nvidia/driver.c" "$triton_dir/backends/nvidia/driver.py" 2>&1 | tee "$out/triton_dlsym.txt"
 
 timeout 200 python3 benchmarks/shim_real_cuda.py 2>&1 | tee "$out/shim_real_cuda.txt"
 timeout 150 python3 benchmarks/launch_rate_signal.py --torch --phase 6 2>&1 | tee "$out/launch_rate_torch.txt"

@@ -13,8 +13,10 @@ program says it did:
   them, and the ring's live and peak bytes against PyTorch's reserved memory (its caching
   allocator takes device memory with ``cudaMalloc``);
 - ``graph``: the same step captured once in a CUDA graph and replayed STEPS times;
-- ``triton``: a Triton kernel called STEPS times (Triton's launcher looks ``cuLaunchKernelEx``
-  up with ``dlsym`` on its own handle of libcuda, so the shim is expected to miss it);
+- ``triton``: a Triton kernel called STEPS + 1 times (Triton's launcher looks
+  ``cuLaunchKernelEx`` up with ``dlsym`` on its own handle of libcuda, which the shim's
+  ``dlsym`` answers with its wrapper): a second line says how many of those launches the
+  ring holds (its driver-API launches; PyTorch's own go through the runtime);
 - ``expandable``: PyTorch with ``expandable_segments`` (physical memory from
   ``cuMemCreate``, mapped with ``cuMemMap``), 1 GiB held.
 
@@ -118,6 +120,9 @@ print(json.dumps({"steps": steps, "reserved": torch.cuda.memory_reserved(),
                   "peak_reserved": torch.cuda.max_memory_reserved()}), flush=True)
 """
 ENV = {"expandable": {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}}
+# The APIs a Triton launcher reaches: every other launch in that program is PyTorch's.
+DRIVER_LAUNCHES = ("cuLaunchKernel", "cuLaunchKernel_ptsz", "cuLaunchKernelEx",
+                   "cuLaunchKernelEx_ptsz")  # fmt: skip
 
 
 def build_shim(directory: Path) -> Path:
@@ -229,6 +234,9 @@ def main() -> None:
                 f"{seen.reserved / mib:>19.1f} {seen.peak / mib:>14.1f} "
                 f"{seen.peak_reserved / mib:>15.1f}  {seen.per_api}"
             )
+            if name == "triton":
+                triton = sum(seen.per_api.get(api, 0) for api in DRIVER_LAUNCHES)
+                print(f"{'':<11} Triton launches seen: {triton} of {args.steps + 1}")
         overhead(shim, Path(tmp), args.launches, args.repeat)
 
 
