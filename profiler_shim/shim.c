@@ -445,10 +445,15 @@ static void es_ring_start(es_header *h, uint64_t bytes, uint64_t started) {
     __atomic_store_n(&h->magic, ES_MAGIC, __ATOMIC_RELEASE); /* readers wait for this */
 }
 
+/* Whether ELASTICO_SHIM_DISABLE makes the shim a pure pass-through. */
+static int es_env_disabled(void) {
+    const char *off = getenv("ELASTICO_SHIM_DISABLE");
+    return off && *off && strcmp(off, "0") != 0;
+}
+
 /* Called with es_g.lock held. */
 static void es_init_locked(void) {
-    const char *off = getenv("ELASTICO_SHIM_DISABLE");
-    if (off && *off && strcmp(off, "0") != 0) {
+    if (es_env_disabled()) {
         es_g.state = ES_DISABLED;
         return;
     }
@@ -1291,11 +1296,15 @@ static inline int es_api_index(const char *name) {
 }
 
 /* What a handle's lookup of the hooked `api` gave (`found`) becomes: the shim's wrapper
- * when `found` is the real function the wrapper calls for `caller`.  The lookups resolving
- * that may leave an error that dlerror() would report for a lookup that succeeded. */
+ * when `found` is the real function the wrapper calls for `caller`.  Disabled, the shim
+ * looks nothing up; a lookup is no launch, so no ring is started.  The lookups resolving
+ * the real function may leave an error that dlerror() would report for a lookup that
+ * succeeded. */
 __attribute__((noinline)) static void *es_dlsym_answer(void *found, int api,
                                                        const void *caller) {
-    if (!found || !es_ready()) return found; /* disabled: the C library's answer */
+    if (!found || __atomic_load_n(&es_g.state, __ATOMIC_ACQUIRE) == ES_DISABLED ||
+        es_env_disabled())
+        return found;
     void *real = es_next(api, caller);
     dlerror();
     return real == found ? es_own[api] : found;
