@@ -80,6 +80,14 @@ class PlannerSettings:
     patience_horizon_s: float = 1800.0
     """Longest expected wait for a GPU of its own for which a queued job declines to share
     (planner.patience): estimates are rough, so the rule only holds a job back briefly."""
+    band_preemption: bool = False
+    """Preempt a running job of a worse band for a queued job of a better one that fits
+    nowhere else (planner.preempt, Tiresias' preemption on ElastiCo's bands).  Off: the
+    measured gain is not uniform (benchmarks/results/issue14/band_preemption.md)."""
+    preemption_min_run_s: float = 1800.0
+    """Seconds a job runs after it (re)starts before band preemption may stop it again:
+    every preemption costs a checkpoint and a restart, and a job that has just resumed
+    must be allowed to make progress (anti-thrash)."""
     # --- ablation switches (spec 5.2); all True is full ElastiCo --------
     reshape: bool = True
     """RST: False pins every job to its default (fastest) configuration."""

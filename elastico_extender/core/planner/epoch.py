@@ -27,6 +27,8 @@ for one of its own (``planner.patience``).  One packing pass (``pack``) then run
 3. squeeze: co-tenants step down to admit a queued job when the primal
    objective gains (closes the duality gap of lumpy configurations);
 4. residual admission: "admit jobs from Q if residual capacity permits";
+   then, only with ``band_preemption`` (off by default), a queued job that still
+   fits nowhere may preempt running jobs of a worse length band (``planner.preempt``);
 5. spread: co-located jobs move to GPUs still idle (migrations);
 6. undo idle shrinks: a sharing job shrunk where nobody joined keeps the
    configuration it runs (no reconfiguration that frees room nobody takes);
@@ -63,6 +65,7 @@ from elastico_extender.core.planner.devices import (
 from elastico_extender.core.planner.observed_sm import charge_observed_sm
 from elastico_extender.core.planner.patience import Patience
 from elastico_extender.core.planner.placement import Placer, device_slowdown
+from elastico_extender.core.planner.preempt import preempt_for_queue
 from elastico_extender.core.planner.protect import (
     Protection,
     admit_margin,
@@ -218,6 +221,7 @@ class _Epoch:
         self.utilization, self.utilization_history_s = self._smoothed_utilization()
         self.fastest = np.zeros(len(tables.jobs))
         self.residual_admits = 0  # admissions by Algorithm 1's last step, last packing pass
+        self.band_preempted = 0  # running jobs preempted for the queue, last packing pass
         self.recharged = 0  # running jobs charged their observed SM share (observed_sm)
         self.patience: Patience | None = None  # share-or-wait rule, fresh per packing pass
         self.why_waiting: dict[int, str] = {}  # row -> why it is not placed, per packing pass
@@ -457,6 +461,11 @@ class _Epoch:
         self.residual_admits = 0
         if queued:
             queued = self._admit_residual(placer, problem, prices, penalty, queued)
+        self.band_preempted = 0
+        if queued and s.band_preemption:  # off by default (planner.preempt)
+            queued, bumped = preempt_for_queue(self, placer, queued, s)
+            self.band_preempted = len(bumped)
+            preempted += bumped
         if s.coordination and self.predictor is not None:
             self._spread(placer)
         if s.reshape:
@@ -889,6 +898,8 @@ class _Epoch:
         separated, stepped, protections = self._loop_output(placer)
         if protections:
             stats["separations"] = float(len(protections))
+        if self.band_preempted:
+            stats["band_preemptions"] = float(self.band_preempted)
         return Plan(
             utilization=self.utilization,
             planned_at=self.snapshot.now,

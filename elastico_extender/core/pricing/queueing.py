@@ -38,13 +38,18 @@ import numpy as np
 from elastico_extender.core.model import Snapshot
 from elastico_extender.core.settings import PlannerSettings
 
-__all__ = ["band_thresholds", "length_aware", "queue_weights", "service_keys"]
+__all__ = ["band_thresholds", "bands", "length_aware", "queue_weights", "service_keys"]
 
 
 def band_thresholds(settings: PlannerSettings) -> np.ndarray:
     """Band boundaries in GPU-seconds, ascending (``bands - 1`` of them)."""
     k = np.arange(int(settings.bands) - 1, dtype=np.float64)
     return settings.band_base_gpu_s * settings.band_ratio**k
+
+
+def bands(key: np.ndarray, settings: PlannerSettings) -> np.ndarray:
+    """Band b_j per service key (0 is the first): the thresholds at or below the key."""
+    return np.searchsorted(band_thresholds(settings), key, side="right")
 
 
 def service_keys(snapshot: Snapshot) -> tuple[np.ndarray, np.ndarray]:
@@ -79,7 +84,7 @@ def queue_weights(
     if not length_aware(settings) or weight.size == 0:
         return weight
     key, remaining = keys if keys is not None else service_keys(snapshot)
-    band = np.searchsorted(band_thresholds(settings), key, side="right")
+    band = bands(key, settings)
     factor = np.maximum(settings.band_decay ** band.astype(np.float64), settings.weight_floor)
     cols = snapshot.columns
     waited = snapshot.now - cols.arrival

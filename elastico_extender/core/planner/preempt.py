@@ -1,0 +1,136 @@
+"""Band preemption: a queued job of a better band may stop a running job of a worse one.
+
+Off by default (``PlannerSettings.band_preemption``; measured in
+``benchmarks/results/issue14/band_preemption.md``).  Tiresias wins on some
+Philly weeks because a short job that arrives at a full cluster preempts a
+long one that has run for hours; ElastiCo's bands (``pricing.queueing``) order
+the queue the same way but, without this pass, never stop a running job for it.
+
+After every admission pass of the epoch (ordered packing, squeeze, residual
+admission), a queued job still unplaced may free room by preempting running
+jobs (``Plan.preempted``: checkpointed and requeued, as protect's requeues are;
+the driver charges the restart when the job resumes).  Anti-thrash rules:
+
+* **across bands only**: a victim's band (``queueing.bands`` of its service key,
+  without starvation promotion: waiting is counted from arrival, so a job just
+  preempted would count as starved at once and preempt its preemptor back) is
+  strictly worse than the queued job's, and its user weight is not higher;
+* **minimum run**: a job runs ``preemption_min_run_s`` since it last (re)started
+  before it can be preempted (a resumed job makes progress first);
+* **last resort**: only for a job that fits nowhere now, sharing included, and
+  only where idle devices plus devices held by eligible victims alone could hold
+  its gang; if releasing victims still does not place it, they all stay;
+* **bounded**: at most ``PREEMPTIONS_PER_EPOCH`` victims and
+  ``CANDIDATES_PER_EPOCH`` queued jobs tried per packing pass.
+
+Victims go worst band first, then fewest GPUs (a one-GPU job does not stop a
+gang where a one-GPU victim will do), then the largest service key.  A gang is
+released whole; its GPUs the queued job leaves idle go to the next candidates.
+
+In the extender a preempted job is a pod to evict, the path protect's requeues
+already take (``service.actuator``: Eviction API, only pods that allow
+migration and have a controller, at most ``max_migrations_per_epoch``; the
+replacement keeps the job's arrival and attained service, ``service.succession``).
+The queued job then binds once the evicted pod has left its GPUs.
+"""
+
+from __future__ import annotations
+
+from itertools import chain
+
+import numpy as np
+
+from elastico_extender.core.planner.context import EpochRows
+from elastico_extender.core.planner.placement import Placer
+from elastico_extender.core.pricing.queueing import bands
+from elastico_extender.core.settings import PlannerSettings
+
+__all__ = ["preempt_for_queue"]
+
+PREEMPTIONS_PER_EPOCH = 8
+"""Running jobs band preemption may stop per packing pass (bounds churn after a burst)."""
+CANDIDATES_PER_EPOCH = 16
+"""Queued jobs, in queue order, that may preempt per packing pass (bounds epoch cost)."""
+
+
+def preempt_for_queue(
+    epoch: EpochRows, placer: Placer, queued: list[int], settings: PlannerSettings
+) -> tuple[list[int], list[int]]:
+    """(rows still queued, running rows preempted for them); module docstring."""
+    t, snapshot = epoch.t, epoch.snapshot
+    if not queued or t.service_key is None:
+        return queued, []
+    band = bands(t.service_key, settings)
+    ran = snapshot.now - snapshot.columns.started  # NaN for jobs not running
+    placed = np.zeros(len(t.jobs), dtype=bool)
+    placed[list(placer.devices_of)] = True  # protect's requeues are no longer placed
+    with np.errstate(invalid="ignore"):
+        movable = t.running & placed & (ran >= settings.preemption_min_run_s)
+    if not movable.any():
+        return queued, []
+    worst = int(band[movable].max())
+    candidates = [r for r in t.in_queue_order(queued) if r not in t.reasons and band[r] < worst]
+    still = set(queued)
+    preempted: list[int] = []
+    for row in candidates[:CANDIDATES_PER_EPOCH]:
+        if len(preempted) >= PREEMPTIONS_PER_EPOCH:
+            break
+        options = _fastest_first(epoch, row)
+        if epoch.try_row(placer, row, options):  # room an earlier preemption left idle
+            still.discard(row)
+            continue
+        victims = movable & (band > band[row]) & (t.weight <= t.weight[row])
+        if not _could_hold(placer, victims, int(t.gpus[row])):
+            continue
+        # Worst band first, then fewest GPUs, then the largest service key.
+        rows = np.flatnonzero(victims)
+        rows = rows[np.lexsort((-t.service_key[rows], t.gpus[rows], -band[rows]))]
+        budget = PREEMPTIONS_PER_EPOCH - len(preempted)
+        freed = _release_until_placed(epoch, placer, row, options, rows[:budget].tolist())
+        if freed:
+            preempted += freed
+            movable[freed] = False
+            still.discard(row)
+    return sorted(still), preempted
+
+
+def _fastest_first(epoch: EpochRows, row: int) -> list[int]:
+    """The row's valid configurations, fastest first (it is given devices of its own)."""
+    t = epoch.t
+    valid = np.flatnonzero(t.valid[row])
+    return valid[np.argsort(-t.throughput[row, valid], kind="stable")].tolist()
+
+
+def _could_hold(placer: Placer, victims: np.ndarray, gpus: int) -> bool:
+    """Whether idle devices and devices whose every occupant is a victim number ``gpus``."""
+    held = placer.devices_of
+    rows = np.fromiter(held, dtype=np.intp, count=len(held))
+    width = np.fromiter(map(len, held.values()), dtype=np.intp, count=rows.size)
+    devices = np.fromiter(chain.from_iterable(held.values()), np.intp, int(width.sum()))
+    keeps = ~victims[np.repeat(rows, width)]
+    blocked = np.bincount(devices, keeps, placer.table.size) > 0
+    return int(np.count_nonzero(~blocked)) >= gpus
+
+
+def _release_until_placed(
+    epoch: EpochRows,
+    placer: Placer,
+    row: int,
+    options: list[int],
+    victims: list[int],
+) -> list[int]:
+    """Release ``victims`` in order until ``row`` is placed; the victims released, or
+    none (every victim back where it was) if all of them did not make room."""
+    t = epoch.t
+    released: list[tuple[int, int, tuple[int, ...], bool]] = []
+    for victim in victims:
+        config = int(placer.config[victim])
+        released.append((victim, config, placer.devices_of[victim], victim in placer.kept_in_place))
+        placer.release(victim, t.per_gpu[victim, config])
+        if epoch.try_row(placer, row, options):
+            return [v for v, *_ in released]
+    for victim, config, devices, kept in reversed(released):
+        epoch.commit_row(placer, victim, config, devices)
+        if kept:
+            placer.kept_in_place.add(victim)
+    return []
