@@ -209,6 +209,12 @@ def philly(
                 _run(f"philly_{vc}_{gpus}_{world}", exp, policies, meta, resume)
 
 
+def scale_experiment(gpus: int, hours: float, world: str, seed: int) -> Experiment:
+    """One scale row's experiment: the synthetic mix at load 1.5 over ``hours``."""
+    jobs = synthetic(gpus, 1.5, hours * 3600.0, seed)
+    return Experiment(trace=tuple(jobs), cluster=ClusterSpec(gpus=gpus), seed=seed, world=world)
+
+
 def scale(
     worlds: tuple[str, ...],
     sizes: list[int],
@@ -225,10 +231,8 @@ def scale(
             tag = f"scale_{gpus}_{world}"
             if hours != SCALE.get(gpus, 2.0):
                 tag += f"_{hours:g}h"
-            jobs = synthetic(gpus, 1.5, hours * 3600.0, seed)
-            exp = Experiment(
-                trace=tuple(jobs), cluster=ClusterSpec(gpus=gpus), seed=seed, world=world
-            )
+            exp = scale_experiment(gpus, hours, world, seed)
+            jobs = list(exp.trace)
             meta = {
                 "section": "scale",
                 "gpus": gpus,
