@@ -40,17 +40,23 @@ def test_a_queued_first_band_job_preempts_one_last_band_job(families):
     assert kept in result.assignments  # one victim is enough
 
 
-def test_expected_remaining_time_sets_the_bands_where_history_gives_one(families):
-    """With estimates, a short job preempts a job expected to run 20 h more; a job about
-    to finish (its expected remaining time in the first band) is left alone."""
-    long = replace(
-        _full_cluster(families, expected_duration_s=30 * HOUR, attained_gpu_seconds=0.0),
+def _with_estimates(families, remaining_h, fresh_h):
+    """Two jobs that ran 9 h (band 2 of attained service) expected to run ``remaining_h``
+    more, and a fresh job expected to run ``fresh_h``."""
+    snap = _full_cluster(
+        families, expected_duration_s=(9 + remaining_h) * HOUR, attained_gpu_seconds=0.0
     )
-    jobs = (*long.jobs[:-1], replace(long.jobs[-1], expected_duration_s=0.5 * HOUR))
-    assert len(plan(replace(long, jobs=jobs), settings=ON).preempted) == 1
-    ending = _full_cluster(families, expected_duration_s=9.5 * HOUR, attained_gpu_seconds=0.0)
-    jobs = (*ending.jobs[:-1], replace(ending.jobs[-1], expected_duration_s=0.5 * HOUR))
-    assert plan(replace(ending, jobs=jobs), settings=ON).preempted == ()
+    fresh = replace(snap.jobs[-1], expected_duration_s=fresh_h * HOUR)
+    return replace(snap, jobs=(*snap.jobs[:-1], fresh))
+
+
+def test_attained_service_decides_and_the_estimate_may_veto(families):
+    """A fresh job preempts a job that has run for hours even where both are expected to
+    run long (one band of expected remaining time: the bursts of 4-GPU jobs on Philly VC
+    11cb48 waited a day behind such jobs); but a job expected to finish in half an hour
+    is not stopped for one expected to run 5 h."""
+    assert len(plan(_with_estimates(families, 20.0, 20.0), settings=ON).preempted) == 1
+    assert plan(_with_estimates(families, 0.5, 5.0), settings=ON).preempted == ()
 
 
 def test_no_preemption_within_a_band(families):

@@ -38,7 +38,14 @@ import numpy as np
 from elastico_extender.core.model import Snapshot
 from elastico_extender.core.settings import PlannerSettings
 
-__all__ = ["band_thresholds", "bands", "length_aware", "queue_weights", "service_keys"]
+__all__ = [
+    "attained_service",
+    "band_thresholds",
+    "bands",
+    "length_aware",
+    "queue_weights",
+    "service_keys",
+]
 
 
 def band_thresholds(settings: PlannerSettings) -> np.ndarray:
@@ -52,14 +59,20 @@ def bands(key: np.ndarray, settings: PlannerSettings) -> np.ndarray:
     return np.searchsorted(band_thresholds(settings), key, side="right")
 
 
+def attained_service(snapshot: Snapshot) -> np.ndarray:
+    """Per job row: Tiresias' 2D attained service A_j in GPU-seconds (module docstring)."""
+    cols = snapshot.columns
+    running = cols.held > 0
+    started = cols.started
+    since = np.where(running & np.isfinite(started), np.maximum(snapshot.now - started, 0.0), 0.0)
+    return cols.attained + cols.gpus * since
+
+
 def service_keys(snapshot: Snapshot) -> tuple[np.ndarray, np.ndarray]:
     """Per job row: (service key in GPU-seconds, expected remaining seconds or the age)."""
     cols = snapshot.columns
     gpus = cols.gpus
-    running = cols.held > 0
-    started = cols.started
-    since = np.where(running & np.isfinite(started), np.maximum(snapshot.now - started, 0.0), 0.0)
-    attained = cols.attained + gpus * since
+    attained = attained_service(snapshot)
     age = attained / np.maximum(gpus, 1.0)
     expected = cols.expected
     known = expected > 0
