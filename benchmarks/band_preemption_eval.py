@@ -155,6 +155,13 @@ def row_name(text: str) -> str:
     return text
 
 
+def setting_name(text: str) -> str:
+    """A ``--settings`` item: one of SETTINGS."""
+    if text not in SETTINGS:
+        raise argparse.ArgumentTypeError(f"no setting {text!r}; known: {', '.join(SETTINGS)}")
+    return text
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", type=Path, required=True, help="folder for the runs and table")
@@ -162,6 +169,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--worlds", type=comma_list(world_name), default=",".join(WORLDS))
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--jobs", type=positive_int, default=1, help="runs in parallel")
+    ap.add_argument(
+        "--settings",
+        type=comma_list(setting_name),
+        default=",".join(SETTINGS),
+        help="which runs (off: a saved 'off' is reused after a change of the rule)",
+    )
     args = ap.parse_args(argv)
     out: Path = args.out
     if out.exists() and not out.is_dir():
@@ -171,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
         (row, world, setting, args.seed, out)
         for world in args.worlds
         for row in args.rows
-        for setting in SETTINGS
+        for setting in args.settings
         if not (out / f"{saved_key(row, world)}_{setting}.json").exists()
     ]
     tasks.sort(key=lambda task: saved_wall_s(task[0], task[1]))  # cheapest rows first

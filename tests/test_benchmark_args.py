@@ -52,6 +52,7 @@ CASES = [
     ("band_preemption_eval.py", ["--out", ".", "--worlds", "moon"], "--worlds"),
     ("band_preemption_eval.py", ["--out", ".", "--jobs", "0"], "--jobs"),
     ("band_preemption_eval.py", ["--out", "README.md"], "--out"),
+    ("band_preemption_eval.py", ["--out", ".", "--settings", "maybe"], "--settings"),
     ("peers_eval.py", ["--only", "scale", "--policy-timeout", "0"], "--policy-timeout"),
     ("extender_latency.py", ["--sizes", "x"], "--sizes"),
     ("shim_overhead.py", ["--repeat", "0"], "--repeat"),
