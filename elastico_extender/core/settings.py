@@ -81,9 +81,10 @@ class PlannerSettings:
     """Longest expected wait for a GPU of its own for which a queued job declines to share
     (planner.patience): estimates are rough, so the rule only holds a job back briefly."""
     band_preemption: bool = False
-    """Preempt a running job of a worse band for a queued job of a better one that fits
-    nowhere else (planner.preempt, Tiresias' preemption on ElastiCo's bands).  Off: the
-    measured gain is not uniform (benchmarks/results/issue14/band_preemption.md)."""
+    """Preempt a running job of a worse band of attained service for a queued job of a
+    better one that fits nowhere else (planner.preempt: Tiresias' preemption, with the
+    estimate's veto).  Off: Philly at load 0.9 gains 1-11%, the synthetic mix at load
+    1.5 loses 2.9%, p99 JCT rises (benchmarks/results/issue14/band_preemption.md)."""
     preemption_min_run_s: float = 1800.0
     """Seconds a job runs after it (re)starts before band preemption may stop it again:
     every preemption costs a checkpoint and a restart, and a job that has just resumed
