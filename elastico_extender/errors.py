@@ -13,6 +13,8 @@ so a caller can catch one type at the edge (the HTTP service turns these into
     ├── ProfileStoreError          the SQLite profile store cannot be read or written
     ├── ClusterError               a write to the cluster (ConfigMap, annotations, Binding) failed
     │   └── NotLeader              a write this replica refused itself, not being the leader
+    ├── RequestRefused             a service request refused with an HTTP status (agent
+    │                              token, REST page), its message naming what to change
     ├── PredictorError             the interference model is missing, corrupt or got bad features
     ├── ProfilingError             a profiling run could not produce a profile
     ├── RingFormatError            the profiler shim's ring buffer is not in the expected layout
@@ -32,6 +34,7 @@ __all__ = [
     "PredictorError",
     "ProfileStoreError",
     "ProfilingError",
+    "RequestRefused",
     "RingFormatError",
     "ShimNotFoundError",
     "UnknownWorkloadError",
@@ -91,6 +94,16 @@ class ClusterError(ElasticoError):
     def __init__(self, message: str, status: int | None = None) -> None:
         super().__init__(message)
         self.status = status
+
+
+class RequestRefused(ElasticoError):
+    """A service request refused with an HTTP ``status`` (4xx, or 503: retry) and a
+    ``message`` naming what to change; the REST layer answers with both."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
 
 
 class NotLeader(ClusterError):

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from elastico_extender.cluster.state import ClusterState
-from elastico_extender.errors import ClusterError
+from elastico_extender.errors import ClusterError, RequestRefused
 
 __all__ = [
     "NODE_NAME_KEY",
@@ -58,14 +58,9 @@ _TOKEN = re.compile(r"[A-Za-z0-9_.\-]{1,8192}")
 """What a ServiceAccount token (a JWT) can be: anything else is refused unreviewed."""
 
 
-class AgentRefused(Exception):
+class AgentRefused(RequestRefused):
     """The caller may not report: ``status`` 401 (not authenticated), 403 (not an agent,
     or not bound to a node) or 503 (cannot tell now: retry)."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
 
 
 @dataclass(frozen=True, slots=True)

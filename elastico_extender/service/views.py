@@ -35,6 +35,7 @@ from elastico_extender.cluster.objects import pod_key
 from elastico_extender.core.model import DeviceRef
 from elastico_extender.core.resources import GPU_SM, RESOURCE_NAMES
 from elastico_extender.core.settings import PlannerSettings
+from elastico_extender.errors import RequestRefused
 from elastico_extender.service.bookings import Bookings, Published
 
 __all__ = [
@@ -61,14 +62,9 @@ MAX_CONTINUE_CHARS = 100
 """Longest continue token read (the tokens given out are about 40 characters)."""
 
 
-class PageRefused(Exception):
+class PageRefused(RequestRefused):
     """A page that cannot be served: 400 (a bad token) or 410 (its listing is gone);
     ``message`` names the parameter."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
 
 
 @dataclass(eq=False)
