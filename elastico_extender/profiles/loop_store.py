@@ -124,13 +124,19 @@ def _migrate(db: sqlite3.Connection) -> None:
             db.execute("DROP TABLE observation_refs")
 
 
+def _is_features(blob: object) -> bool:
+    """Whether a stored blob is one row of 36 float32 features (another version's layout,
+    or a hand-edited file, is not read)."""
+    return isinstance(blob, bytes) and len(blob) == 4 * NUM_FEATURES
+
+
 def _decoded(
     rows: Sequence[tuple[bytes, float, float]],
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Sample rows as arrays: features (n, 36) float32, slowdowns, when recorded.  A row
     whose features are not 36 float32 (another version's layout, a hand-edited file) is
     skipped: one foreign row must not cost every sample."""
-    kept = [r for r in rows if isinstance(r[0], bytes) and len(r[0]) == 4 * NUM_FEATURES]
+    kept = [r for r in rows if _is_features(r[0])]
     if len(kept) < len(rows):
         log.warning("loop_store.foreign_samples", extra={"skipped": len(rows) - len(kept)})
     x = np.frombuffer(b"".join(r[0] for r in kept), dtype="<f4").reshape(-1, NUM_FEATURES)
@@ -208,7 +214,7 @@ class LoopStore:
         correction.restore_neighbours(
             (int(k), np.frombuffer(blob, dtype="<f4"), float(m), float(n))
             for k, blob, m, n in ring
-            if len(blob) == 4 * NUM_FEATURES
+            if _is_features(blob)
         )
         return len(rows)
 
