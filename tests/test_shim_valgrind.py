@@ -21,6 +21,28 @@ _spec.loader.exec_module(fakes)
 pytestmark = pytest.mark.skipif(shutil.which("valgrind") is None, reason="valgrind not installed")
 
 
+def memcheck(command: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """``command`` under valgrind memcheck (forked children too), asserted clean: no error
+    and no definite leak."""
+    done = subprocess.run(
+        [
+            "valgrind",
+            "--error-exitcode=99",
+            "--leak-check=full",
+            "--errors-for-leak-kinds=definite",
+            "--child-silent-after-fork=no",
+            *command,
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert "ERROR SUMMARY: 0 errors" in done.stderr
+    return done
+
+
 def test_workload_under_valgrind_memcheck(tmp_path: Path) -> None:
     built = fakes.build_all(tmp_path / "build", opt="-O1")
     rings = tmp_path / "rings"
@@ -31,25 +53,7 @@ def test_workload_under_valgrind_memcheck(tmp_path: Path) -> None:
         "ELASTICO_SHIM_DIR": str(rings),
         "ELASTICO_SHIM_FLUSH_MS": "20",
     }
-    done = subprocess.run(
-        [
-            "valgrind",
-            "--error-exitcode=99",
-            "--leak-check=full",
-            "--errors-for-leak-kinds=definite",
-            "--child-silent-after-fork=no",
-            str(built.workload),
-            "3",
-            "200",
-            "fork",
-        ],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
-    assert done.returncode == 0, done.stderr[-4000:]
-    assert "ERROR SUMMARY: 0 errors" in done.stderr
+    done = memcheck([str(built.workload), "3", "200", "fork"], env)
     found = find_rings(rings)
     assert len(found) == 2  # parent and forked child
     parent = int(done.stdout.split()[-1])
@@ -65,23 +69,12 @@ def test_dlsym_lookups_under_valgrind_memcheck(tmp_path: Path) -> None:
     rings = tmp_path / "rings"
     rings.mkdir()
     env = {**os.environ, "LD_PRELOAD": str(built.shim), "ELASTICO_SHIM_DIR": str(rings)}
-    done = subprocess.run(
-        [
-            "valgrind",
-            "--error-exitcode=99",
-            "--leak-check=full",
-            "--errors-for-leak-kinds=definite",
-            str(built.local_loader),
-            str(built.dlsym_launch_library),
-            "50",
-            str(built.other_hook),
-        ],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
-    assert done.returncode == 0, done.stderr[-4000:]
-    assert "ERROR SUMMARY: 0 errors" in done.stderr
+    command = [
+        str(built.local_loader),
+        str(built.dlsym_launch_library),
+        "50",
+        str(built.other_hook),
+    ]
+    done = memcheck(command, env)
     with RingReader(find_rings(rings)[int(done.stdout.split()[-1])]) as ring:
         assert summarize(ring.peek(), ring.header()).launches == 3 * 50
