@@ -37,6 +37,7 @@ from peers_eval import (
     SHIPPED,
     WORLDS,
     philly_experiment,
+    row_stem,
     scale_experiment,
     world_name,
 )
@@ -63,7 +64,7 @@ BREAKDOWN = (
 def saved_key(row: str, world: str) -> str:
     """The row's file stem in ``benchmarks/results/peers``."""
     name, gpus = row.split(":")
-    return f"scale_{gpus}_{world}" if name == "scale" else f"philly_{name}_{gpus}_{world}"
+    return row_stem(None if name == "scale" else name, int(gpus), world)
 
 
 def saved_wall_s(row: str, world: str) -> float:

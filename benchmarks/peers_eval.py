@@ -206,7 +206,13 @@ def philly(
                     "load": offered_load(jobs, gpus, span),
                     "notes": list(loaded.notes),
                 }
-                _run(f"philly_{vc}_{gpus}_{world}", exp, policies, meta, resume)
+                _run(row_stem(vc, gpus, world), exp, policies, meta, resume)
+
+
+def row_stem(vc: str | None, gpus: int, world: str) -> str:
+    """A row's file stem under ``OUT``: a Philly VC's (``vc``) or, for None, a scale row's
+    (before any ``--hours`` suffix)."""
+    return f"scale_{gpus}_{world}" if vc is None else f"philly_{vc}_{gpus}_{world}"
 
 
 def scale_experiment(gpus: int, hours: float, world: str, seed: int) -> Experiment:
@@ -228,7 +234,7 @@ def scale(
     for world in worlds:
         for gpus in sizes:
             hours = hours_override or SCALE.get(gpus, 2.0)
-            tag = f"scale_{gpus}_{world}"
+            tag = row_stem(None, gpus, world)
             if hours != SCALE.get(gpus, 2.0):
                 tag += f"_{hours:g}h"
             exp = scale_experiment(gpus, hours, world, seed)
