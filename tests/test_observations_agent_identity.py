@@ -246,3 +246,29 @@ def test_serviceaccount_agents_need_a_cluster_and_valid_settings() -> None:
             env={}, overrides={"agent_auth": "serviceaccount", "agent_service_account": "agent"}
         )
     assert "agent_service_account: must be NAMESPACE:NAME" in str(err.value)
+
+
+def test_windows_refused_401_are_held_until_the_agent_has_a_token_it_takes(
+    cluster, tmp_path: Path
+) -> None:
+    """Mid-rollout (one ``helm upgrade`` rolls agents and extender in any order) or while
+    the kubelet swaps a projected token, an agent's token is not yet one the extender
+    accepts: a 401 says nothing about the windows, so they are held (bounded, aged out
+    like any held window) and resent once a token is taken, not dropped."""
+    svc, api = cluster
+    path = tmp_path / "token"
+    path.write_text("not-yet-a-token-the-extender-knows")
+    now = [0.0]
+    reporter = Reporter(svc.url, token=BearerToken.from_file(path, clock=lambda: now[0]))
+    try:
+        refused = reporter.send("g0", [window("uid-a", SOLO)])
+        assert refused["status"] == 401 and refused["held"] == 1, refused
+        fresh = tmp_path / "token.new"
+        fresh.write_text(api.issue_token(AGENT, [AUDIENCE], bound_to("g0")))
+        os.replace(fresh, path)
+        now[0] += 2
+        taken = reporter.send("g0", [])  # the next report: a heartbeat, and what was held
+        assert taken.get("resent") == 1 and taken.get("accepted") == 1, taken
+        assert "uid-a" in recorded(svc)
+    finally:
+        reporter.close()

@@ -6,7 +6,8 @@ client certificate for the mTLS listener; the server certificate is checked agai
 sent once more, so one pod that just left does not cost the node's other windows.
 
 A batch refused for a passing reason (a follower's 503 during a leader hand-over, 409
-before the first plan, 429, another 5xx, or no answer at all) is held, not dropped, and
+before the first plan, 429, a 401 while credentials roll out, another 5xx, or no answer
+at all) is held, not dropped, and
 resent with the next report, oldest first and one POST per held batch (a batch names a
 pod once), after the server's ``Retry-After`` (capped at
 :data:`RETRY_AFTER_CAP_SECONDS`; until then a report is held without posting).  What
@@ -66,8 +67,11 @@ MARGIN_SECONDS = 10.0
 """Transit and clock skew between the agent's and the extender's clocks."""
 MAX_HELD_WINDOWS = 4096
 """Windows held for resending (two batches of a node's every pod, with a wide margin)."""
-TRANSIENT = frozenset({409, 429})
-"""4xx answers that say "not now" rather than "bad input"."""
+TRANSIENT = frozenset({401, 409, 429})
+"""4xx answers that say "not now" rather than "bad input".  401 is one: it judges the
+credential, not the windows, and a credential comes right without the agent's help (a
+``helm upgrade`` that rolls agents before the extender, a projected token the kubelet
+is swapping, a Secret rotated on one side first)."""
 
 
 def hold_bound(stated: str | None, default: float) -> float:
