@@ -22,6 +22,8 @@ without it most of a cold /nodes at 5,000 nodes is full collections).  Per view:
 * ``jobs?limit=500``, ``nodes?limit=500``: the first page of each (what ``kubectl
   elastico`` asks for), measured after epochs of their own, so that their ``cold`` is
   the listing built for that page and not one the whole list's read had built;
+  ``observations?limit=500``, its first page (with the summary; every first page builds
+  the whole view, cold or warm, off the event loop);
 
 ``ms`` is the server's own time for the view (the ``elastico_extender_request_seconds``
 histogram the handler records: build and serialise, the time the loop is held), ``rtt``
@@ -49,7 +51,7 @@ from _trees import run_in_tree
 from extender_latency import cluster
 
 VIEWS = ("nodes", "jobs", "plan", "prices", "observations")
-PAGES = ("nodes?limit=500", "jobs?limit=500")
+PAGES = ("nodes?limit=500", "jobs?limit=500", "observations?limit=500")
 """First pages, measured after their own epochs (see the module docstring)."""
 
 
@@ -157,14 +159,14 @@ def main() -> None:
         ("warm rtt", lambda r: f"{r['rtt']:.2f}"),
     ]
     head = " ".join(f"{f'{name} {c}':>15}" for c, _ in columns for name in trees)
-    print(f"{'nodes':>6} {'view':<15} {head} {'bytes':>9}")
+    print(f"{'nodes':>6} {'view':<22} {head} {'bytes':>9}")
     for n in args.sizes:
         results = {name: in_tree(tree, n, args.reps) for name, tree in reversed(trees.items())}
         for view in VIEWS + PAGES:
             cells = " ".join(
                 f"{fmt(results[name][view]):>15}" for _, fmt in columns for name in trees
             )
-            print(f"{n:>6} {view:<15} {cells} {int(results['this'][view]['bytes']):>9}")
+            print(f"{n:>6} {view:<22} {cells} {int(results['this'][view]['bytes']):>9}")
 
 
 if __name__ == "__main__":

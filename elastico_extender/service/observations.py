@@ -20,7 +20,8 @@ pod uid, as the engine keys jobs).  It
 * persists what the closed loop learns in the one
   :class:`~elastico_extender.profiles.loop_store.LoopStore` (reference rates, labelled
   pairs, the online correction; restored at start);
-* serves ``GET /observations`` (:meth:`view`) and Prometheus series
+* serves ``GET /observations`` (:meth:`view`, or :meth:`sections` for its pages) and
+  Prometheus series
   (:class:`ObservationCollector`): observed vs predicted slowdown per co-located pair,
   prediction error over time, report age and staleness per pod and per agent node, pairs
   separated and why.
@@ -74,8 +75,10 @@ from elastico_extender.profiles.store import ProfileStore
 from elastico_extender.service.engine import Published
 from elastico_extender.service.predictor import GuardedPredictor
 from elastico_extender.service.settings import ServiceSettings
+from elastico_extender.service.views import Sections
 
 __all__ = [
+    "ROW_LISTS",
     "AgentWindow",
     "ObservationCollector",
     "ObservationRefused",
@@ -93,6 +96,11 @@ ERROR_HISTORY = 1_440
 """Batches of prediction-error history kept for GET /observations (2 h of 5 s windows)."""
 SEPARATIONS_KEPT = 512
 """Recent separations listed by GET /observations."""
+ROW_LISTS = ("pods", "unreported", "stale", "pairs")
+"""The members of GET /observations with a row per pod or pair, which grow with the
+cluster: paged with ``limit`` and ``continue``.  The others are summaries of a bounded
+length (at most one entry per node, :data:`ERROR_HISTORY`, :data:`SEPARATIONS_KEPT`),
+sent once, on the first page."""
 
 
 def open_store(settings: ServiceSettings) -> LoopStore | None:
@@ -938,6 +946,11 @@ class ObservationService:
             },
             "windows_total": windows_total,
         }
+
+    def sections(self) -> Sections:
+        """:meth:`view` split for its pages: the :data:`ROW_LISTS`, and the summary."""
+        view = self.view()
+        return Sections({name: view.pop(name) for name in ROW_LISTS}, view)
 
     def pair_stats(self) -> Iterable[tuple[str, str, PairStat]]:
         with self._lock:

@@ -1,4 +1,5 @@
-"""Read-only REST views of what is published: prices, jobs, nodes, the plan.
+"""Read-only REST views of what is published: prices, jobs, nodes, the plan; and the
+paging of every view that is served in pages, /observations included.
 
 They read the published plan and view and the bookings; they own nothing but the
 serialised replies they keep (:meth:`RestViews.kept`).
@@ -15,6 +16,14 @@ state of the view), so the pages of one walk make up one consistent list even wh
 plan is published in between.  The current listing and the newest older ones that tokens
 name are kept (:data:`SNAPSHOTS_KEPT` per view); a token of one no longer kept is a 410
 Gone, as the API server's expired continue token is.
+
+GET /observations (``service/observations.py``) is an object, not a list: its lists of a
+row per pod or pair are paged as one run of rows (a :class:`Sections` build), each page
+carrying every such list with its rows in that page, and its summary members come on the
+first page.  It changes with the clock (``now``, every age), so each first page builds it
+afresh (:meth:`RestViews._inputs` is None) and the later pages read that build.  It is
+built in a worker thread, not on the event loop: the listings' bookkeeping is under one
+lock (:attr:`RestViews._lock`), held only to look a listing up or register one.
 """
 
 from __future__ import annotations
@@ -24,10 +33,11 @@ import binascii
 import itertools
 import math
 import secrets
+import threading
 from array import array
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 
@@ -39,20 +49,25 @@ from elastico_extender.errors import RequestRefused
 from elastico_extender.service.bookings import Bookings, Published
 
 __all__ = [
+    "BUILT_AT_EACH_READ",
     "MAX_CONTINUE_CHARS",
     "MAX_LIMIT",
     "PAGED_VIEWS",
     "SNAPSHOTS_KEPT",
     "PageRefused",
     "RestViews",
+    "Sections",
     "to_json",
 ]
 
 PAGED_VIEWS = ("jobs", "nodes")
-"""The views that are lists of rows, served in pages when asked (``limit``/``continue``)."""
+"""The views that are lists of rows, served in pages when asked (``limit``/``continue``);
+their whole reply is their current listing's."""
+BUILT_AT_EACH_READ = ("observations",)
+"""Paged views that change with the clock: each first page builds a listing of its own."""
 MAX_LIMIT = 1000
-"""Largest ``limit``: about 0.5 MB of /jobs or 0.6 MB of /nodes per page (kubectl's own
-lists use 500)."""
+"""Largest ``limit``: about 0.5 MB of /jobs, 0.6 MB of /nodes or 0.35 MB of
+/observations' rows per page (kubectl's own lists use 500)."""
 SNAPSHOTS_KEPT = 3
 """Listings kept per paged view, the current one included (each the size of the whole
 view): a walk survives two newer paged listings started by other readers after the view
@@ -67,23 +82,43 @@ class PageRefused(RequestRefused):
     ``message`` names the parameter."""
 
 
+class Sections(NamedTuple):
+    """What a paged view that is an object builds: ``lists``, its members that are lists
+    of rows, paged as one run of rows in this order (a page carries every one of them,
+    with those of its rows that fall in the page); ``head``, its other members, on the
+    first page only."""
+
+    lists: dict[str, list[Any]]
+    head: dict[str, Any]
+
+
 @dataclass(eq=False)
 class Listing:
-    """One state of a paged view: ``whole``, the JSON list of its rows (the unpaged
-    reply), and ``bounds``, where each row starts in it (row ``i`` is
+    """One state of a paged view: ``whole``, the JSON list of its rows (for /jobs and
+    /nodes, the unpaged reply), and ``bounds``, where each row starts in it (row ``i`` is
     ``whole[bounds[i]:bounds[i + 1] - 1]``; the last bound is ``len(whole)``), so a page
     is one slice and the rows are not kept twice.  ``inputs``: what it was built from
-    (:meth:`RestViews._inputs`; None when they changed while it was built, so it is never
-    served as current again); ``paged``: a continue token names it."""
+    (:meth:`RestViews._inputs`; None when they changed while it was built, or when the
+    view is built at each read, so it is never served as current again); ``paged``: a
+    continue token names it.  ``sections``: the member each run of rows is listed under
+    in a page, with its first row; ``head``: the members of the first page but those
+    (JSON object members, without the braces)."""
 
     serial: int
     inputs: tuple[Any, ...] | None
     whole: bytes
     bounds: array[int]
     paged: bool = False
+    sections: tuple[tuple[str, int], ...] = (("items", 0),)
+    head: bytes = b""
 
     def __len__(self) -> int:
         return len(self.bounds) - 1
+
+    def spans(self) -> list[tuple[str, int, int]]:
+        """Each section's member name, first row and end (excluded)."""
+        ends = [first for _, first in self.sections[1:]] + [len(self)]
+        return [(name, first, end) for (name, first), end in zip(self.sections, ends, strict=True)]
 
     def items(self, start: int, end: int) -> bytes:
         """Rows ``start`` to ``end`` (excluded), comma-separated, as in ``whole``."""
@@ -126,6 +161,9 @@ class RestViews:
         self._replica = secrets.token_hex(4)
         """This process's mark in its tokens: another replica behind the same Service (or
         this one before a restart) numbers its own listings, so its tokens are refused."""
+        self._lock = threading.Lock()
+        """Held to read or change :attr:`_listings` and :attr:`_serial` (never to build):
+        /observations is paged from worker threads, /jobs and /nodes on the event loop."""
 
     def kept(self, name: str, build: Callable[[], Any]) -> bytes:
         """View ``name`` as JSON: the kept reply while what the view reads is unchanged,
@@ -144,47 +182,73 @@ class RestViews:
         if kept is not None and kept[0] == key:
             return kept[1]
         reply = to_json(build())
-        if self._inputs(name) == key:  # else built on newer inputs than ``key`` says
+        # else built on newer inputs than ``key`` says, or never the same twice
+        if key is not None and self._inputs(name) == key:
             self._replies[name] = (key, reply)
         return reply
 
     def page(
-        self, name: str, build: Callable[[], list[Any]], limit: int | None, token: str | None
+        self,
+        name: str,
+        build: Callable[[], list[Any] | Sections],
+        limit: int | None,
+        token: str | None,
     ) -> bytes:
         """One page of paged view ``name``, as a Kubernetes list:
         ``{"metadata": {"continue", "remainingItemCount"}, "items": [...]}``, both
-        metadata fields only while rows remain.  Without ``token``, the first ``limit``
-        rows of the current listing; with it, the next ``limit`` of the token's listing
-        (all the rest when ``limit`` is None).  :class:`PageRefused` for a bad token."""
+        metadata fields only while rows remain (for a :class:`Sections` view, its lists
+        in place of ``items``, and its head on the first page).  Without ``token``, the
+        first ``limit`` rows of the current listing; with it, the next ``limit`` of the
+        token's listing (all the rest when ``limit`` is None).  :class:`PageRefused` for
+        a bad token."""
         if token is None:
-            listing, start = self._current(name, build), 0
+            listing, start = self._current(name, build, limit), 0
         else:
             listing, start = self._resume(name, token)
         rows = len(listing)
         end = rows if limit is None else min(rows, start + limit)
         meta: dict[str, Any] = {}
         if end < rows:
-            listing.paged = True
             text = f"{self._replica}:{name}:{listing.serial}:{end}"
             meta["continue"] = base64.urlsafe_b64encode(text.encode()).decode().rstrip("=")
             meta["remainingItemCount"] = rows - end
-        return b'{"metadata":%b,"items":[%b]}' % (to_json(meta), listing.items(start, end))
+        members = [b'"metadata":' + to_json(meta)]
+        if start == 0 and listing.head:
+            members.append(listing.head)
+        for section, first, last in listing.spans():
+            rows_here = listing.items(max(start, first), min(end, last))
+            members.append(b"%b:[%b]" % (to_json(section), rows_here))
+        return b"{%b}" % b",".join(members)
 
-    def _current(self, name: str, build: Callable[[], list[Any]]) -> Listing:
+    def _current(
+        self, name: str, build: Callable[[], list[Any] | Sections], limit: int | None = None
+    ) -> Listing:
         """The listing of view ``name`` as it is now: the newest kept while what the view
-        reads is unchanged, else one built now.  Of the older ones, those a continue token
-        names are kept (the newest :data:`SNAPSHOTS_KEPT` in all), the rest dropped."""
+        reads is unchanged, else one built now; marked paged when its first ``limit``
+        rows leave some.  Of the older ones, those a continue token names are kept (the
+        newest :data:`SNAPSHOTS_KEPT` in all), the rest dropped."""
         key = self._inputs(name)
-        kept = self._listings.get(name)
-        if kept and kept[-1].inputs == key:
-            return kept[-1]
-        whole, bounds = _joined(build())
-        self._serial += 1
+        with self._lock:
+            kept = self._listings.get(name)
+            if key is not None and kept and kept[-1].inputs == key:
+                kept[-1].paged |= limit is not None and limit < len(kept[-1])
+                return kept[-1]
+        built = build()
+        parts = built if isinstance(built, Sections) else Sections({"items": built}, {})
+        whole, bounds = _joined([row for rows in parts.lists.values() for row in rows])
+        sections, first = [], 0
+        for section, rows in parts.lists.items():
+            sections.append((section, first))
+            first += len(rows)
+        head = to_json(parts.head)[1:-1]  # the members, without the object's braces
         # built on newer inputs than ``key`` says: a list all the same, never current
-        inputs = key if self._inputs(name) == key else None
-        listing = Listing(self._serial, inputs, whole, bounds)
-        paged = [x for x in kept or () if x.paged]
-        self._listings[name] = [*paged[max(0, len(paged) + 1 - SNAPSHOTS_KEPT) :], listing]
+        inputs = key if key is not None and self._inputs(name) == key else None
+        paged = limit is not None and limit < len(bounds) - 1
+        with self._lock:
+            self._serial += 1
+            listing = Listing(self._serial, inputs, whole, bounds, paged, tuple(sections), head)
+            older = [x for x in self._listings.get(name, ()) if x.paged]
+            self._listings[name] = [*older[max(0, len(older) + 1 - SNAPSHOTS_KEPT) :], listing]
         return listing
 
     def _resume(self, name: str, token: str) -> tuple[Listing, int]:
@@ -205,9 +269,11 @@ class RestViews:
                 "continue: the token was given by another extender replica, or by this one "
                 "before it restarted; start the list again without continue",
             )
-        if serial > self._serial:
-            raise PageRefused(400, "continue: not a token this server gave")
-        listing = next((x for x in self._listings.get(name, ()) if x.serial == serial), None)
+        with self._lock:
+            if serial > self._serial:
+                raise PageRefused(400, "continue: not a token this server gave")
+            kept = list(self._listings.get(name, ()))
+        listing = next((x for x in kept if x.serial == serial), None)
         if listing is None:
             raise PageRefused(
                 410,
@@ -219,7 +285,11 @@ class RestViews:
             raise PageRefused(400, "continue: not a token this server gave (no such row)")
         return listing, start
 
-    def _inputs(self, name: str) -> tuple[Any, ...]:
+    def _inputs(self, name: str) -> tuple[Any, ...] | None:
+        """What view ``name`` reads that can change (:meth:`kept`); None for a view built
+        at each read (/observations: it carries ``now`` and every age)."""
+        if name in BUILT_AT_EACH_READ:
+            return None
         pub, booked, version = self.bookings.current()
         names = self._invalid_names(pub) if name == "jobs" else ()
         return (version, tuple(booked.values()), names)

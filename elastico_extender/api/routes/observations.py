@@ -17,6 +17,12 @@ With ``agent_auth: serviceaccount`` the caller's token names its node
 (``service/agent_auth.py``): a body whose ``node`` is another is refused with 403, so each
 window is checked against the pods of the caller's own node.
 
+``GET /observations`` is the whole report unless ``limit`` or ``continue`` is given; then
+one page of it, as /jobs is paged (:func:`~elastico_extender.api.routes.rest.whole_or_page`,
+:meth:`RestViews.page`): the members with a row per pod or pair
+(:data:`~elastico_extender.service.observations.ROW_LISTS`) are cut into pages, each page
+carrying all four with its rows of them, and the summary comes on the first page.
+
 Every answer of ``POST /observations`` past authentication, taken or refused, and a 503
 of the agent's token review, carries :data:`MAX_AGE_HEADER`: the
 ``observation_max_age_seconds`` this replica refuses windows beyond, so the agent holds
@@ -26,6 +32,7 @@ and resends refused windows exactly as long as they can still be taken
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Request
@@ -36,11 +43,13 @@ from starlette.concurrency import run_in_threadpool
 from elastico_extender.agent import MAX_AGE_HEADER
 from elastico_extender.api.deps import (
     ApiError,
+    engine_of,
     json_response,
     read_model,
     require_agent_auth,
     timed_view_off_loop,
 )
+from elastico_extender.api.routes.rest import Continue, Limit, whole_or_page
 from elastico_extender.core.observations import MAX_RATE
 from elastico_extender.service.observations import (
     AgentWindow,
@@ -135,10 +144,18 @@ async def post_observations(
 @router.get(
     "/observations",
     summary="Observed vs predicted slowdown per pod and pair, prediction error, staleness, "
-    "pairs separated and why",
+    "pairs separated and why (pods and pairs in pages with limit and continue)",
 )
-async def get_observations(request: Request) -> Response:
-    if not request.app.state.engine.has_plan:
+async def get_observations(
+    request: Request, limit: Limit = None, continue_: Continue = None
+) -> Response:
+    engine = engine_of(request)
+    if not engine.has_plan:
         raise ApiError(409, "no plan published yet")
     service = service_of(request)  # its view copies under the service's lock, then builds
-    return await timed_view_off_loop(request, "observations", lambda: to_json(service.view()))
+    read = whole_or_page(
+        request,
+        lambda: to_json(service.view()),
+        partial(engine.views.page, "observations", service.sections),
+    )
+    return await timed_view_off_loop(request, "observations", read)

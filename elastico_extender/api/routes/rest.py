@@ -4,11 +4,14 @@
 is given; then one page of it, shaped as a Kubernetes list (``metadata.continue``,
 ``metadata.remainingItemCount``, ``items``: :meth:`RestViews.page`).  No default limit:
 the clients written for the bare array (curl, dashboards, older ``kubectl elastico``)
-keep getting it.
+keep getting it.  GET /observations (``routes/observations.py``) is read the same way
+(:func:`whole_or_page`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query, Request
@@ -18,7 +21,7 @@ from starlette.concurrency import run_in_threadpool
 from elastico_extender.api.deps import ApiError, engine_of, require_auth, timed_view
 from elastico_extender.service.views import MAX_LIMIT, PageRefused, to_json
 
-__all__ = ["router"]
+__all__ = ["Continue", "Limit", "router", "whole_or_page"]
 
 router = APIRouter(tags=["scheduler state"])
 
@@ -27,7 +30,8 @@ Limit = Annotated[
     Query(
         description=f"Rows per page, 1 to {MAX_LIMIT}; the answer is then a list object "
         "whose metadata.continue (absent on the last page) fetches the next page. "
-        "Without limit or continue: the whole list as a JSON array."
+        "Without limit or continue: the whole view as before paging (for /jobs and /nodes "
+        "a JSON array)."
     ),
 ]
 Continue = Annotated[
@@ -60,16 +64,31 @@ def page_query(request: Request) -> tuple[int | None, str | None]:
     return limit, query.get("continue") or None  # continue= (empty): the first page
 
 
+def whole_or_page(
+    request: Request,
+    whole: Callable[[], bytes],
+    page: Callable[[int | None, str | None], bytes],
+) -> Callable[[], bytes]:
+    """What a paged view's request reads: ``whole`` without ``limit`` and ``continue``,
+    else the page they ask for (a refused one: its 4xx naming the parameter)."""
+    limit, token = page_query(request)
+    if limit is None and token is None:
+        return whole
+
+    def one_page() -> bytes:
+        try:
+            return page(limit, token)
+        except PageRefused as exc:
+            raise ApiError(exc.status, exc.message) from None
+
+    return one_page
+
+
 def paged_view(request: Request, name: str) -> Response:
     """GET /jobs or /nodes (``name``): whole, or the page ``limit``/``continue`` ask for."""
     engine = engine_of(request)
-    limit, token = page_query(request)
-    if limit is None and token is None:
-        return timed_view(request, name, lambda: engine.view_json(name))
-    try:
-        return timed_view(request, name, lambda: engine.view_page(name, limit, token))
-    except PageRefused as exc:
-        raise ApiError(exc.status, exc.message) from None
+    read = whole_or_page(request, lambda: engine.view_json(name), partial(engine.view_page, name))
+    return timed_view(request, name, read)
 
 
 @router.get("/prices", summary="Current shadow price per resource and recent history")
