@@ -7,15 +7,15 @@ Command (from the repository root; what produced
 
 Each row of ``benchmarks/peers_eval.py`` (a Philly week at one cluster size, or the
 synthetic mix at load 1.5 on 64 GPUs over 24 h) runs ``elastico+online``, what the
-extender runs, twice on the same trace and seed: with ``PlannerSettings()`` and with
-``band_preemption=True``, in each world.  Average JCT is normalised to volcano's of the
-same row as saved in ``benchmarks/results/peers/`` (the baselines are not re-run);
-beside it the row's saved tiresias and best baseline, p99 JCT, the worst queueing
-delay, preemptions (every requeue; in brackets those band preemption made) and where
-the time beyond a job's solo run goes (``sim.metrics``).  One JSON per run is saved
-under ``--out`` as it finishes, and runs already there are not repeated, so an
-interrupted command resumes; the table is written there too (never into
-``benchmarks/results``).
+extender runs, twice on the same trace and seed: with ``band_preemption=False`` and
+with ``PlannerSettings()`` (band preemption on, the default), in each world.  Average
+JCT is normalised to volcano's of the same row as saved in ``benchmarks/results/peers/``
+(the baselines are not re-run); beside it the row's saved tiresias and best baseline,
+p99 JCT, the worst queueing delay, preemptions (every requeue; in brackets those band
+preemption made) and where the time beyond a job's solo run goes (``sim.metrics``).
+One JSON per run is saved under ``--out`` as it finishes, and runs already there are
+not repeated, so an interrupted command resumes; the table is written there too (never
+into ``benchmarks/results``).
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ from elastico_extender.sim.metrics import summarise
 from elastico_extender.sim.runner import Experiment, run_one
 from elastico_extender.sim.traces import philly_trace
 
-SETTINGS = {"off": PlannerSettings(), "on": PlannerSettings(band_preemption=True)}
+SETTINGS = {"off": PlannerSettings(band_preemption=False), "on": PlannerSettings()}
 ROWS = (*(f"{vc}:{g}" for vc, _, sizes in PHILLY for g in sizes), "scale:64")
 """Every Philly row of PEERS.md and the 64-GPU scale row (24 h at load 1.5)."""
 BREAKDOWN = (
@@ -111,7 +111,7 @@ def table(rows: list[str], worlds: list[str], out: Path, command: str) -> str:
         f"Command: `{command}`",
         "",
         f"`{SHIPPED}`, avg JCT normalised to the row's saved volcano (benchmarks/results/"
-        "peers); off = PlannerSettings(), on = band_preemption=True.",
+        "peers); off = band_preemption=False, on = PlannerSettings() (the default).",
         "",
         "| " + " | ".join(head) + " |",
         "|" + "---|" * len(head),

@@ -204,12 +204,14 @@ def test_the_simulated_elastico_starts_from_the_history_lucid_gets(monkeypatch) 
 
 def test_a_job_queued_for_want_of_room_is_told_so(families):
     """Every queued job carries why it waits (``Plan.queue_reasons``): here no GPU has
-    room for any allowed configuration beside the tenants already there."""
+    room for any allowed configuration beside the tenants already there (and the
+    tenants started 10 minutes ago: band preemption may not stop them yet)."""
     node = "node-0"
     big = [
-        Job(f"big{g}", "mistral-7b", current_config=0, started_at=0.0, devices=((node, g),))
+        Job(f"big{g}", "mistral-7b", current_config=0, started_at=HOUR - 600.0,
+            devices=((node, g),))
         for g in range(2)
-    ]
+    ]  # fmt: skip
     pending = Job("late", "mistral-7b", arrival_time=HOUR)
     result = plan(Snapshot(a100_nodes(1, 2), (*big, pending), families, now=HOUR))
     assert "late" in result.queued

@@ -1,6 +1,6 @@
 """Band preemption: a queued job of a better band may stop a running job of a worse one.
 
-Off by default (``PlannerSettings.band_preemption``; measured in
+On by default (``PlannerSettings.band_preemption``; measured in
 ``benchmarks/results/issue14/band_preemption.md``).  Tiresias wins on some
 Philly weeks because a short job that arrives at a full cluster preempts a
 long one that has run for hours; ElastiCo's bands (``pricing.queueing``) order
@@ -15,14 +15,23 @@ the driver charges the restart when the job resumes).  Anti-thrash rules:
   2D-LAS: ``queueing.attained_service`` through the queue's thresholds) is
   strictly worse than the queued job's, so a job that has run for hours yields
   to one that has not, and jobs of one band never preempt each other;
-* **the estimate may veto**: the victim's band in the queue (expected remaining
-  GPU-time where history gives it, ``JobTables.service_key``) is not better than
-  the queued job's, so a job about to finish is not stopped for one expected to
-  run longer; neither band has starvation promotion (waiting counts from
-  arrival, so a job just preempted would count as starved at once and preempt
-  its preemptor back); and the victim's user weight is not higher;
+* **the estimate may veto**: the victim's service key in the queue (expected
+  remaining GPU-time where history gives it, else attained service:
+  ``JobTables.service_key``) exceeds ``preemption_remaining_ratio`` times the
+  queued job's, SRPT's rule with a margin for rough estimates, so a job about to
+  finish is not stopped for one expected to run longer, nor a long job for one
+  about as long; without history the queued job's key is its attained service
+  (0 for a newcomer), and plain LAS decides.  No starvation promotion here
+  (waiting counts from arrival, so a job just preempted would count as starved
+  at once and preempt its preemptor back); and the victim's user weight is not
+  higher;
 * **minimum run**: a job runs ``preemption_min_run_s`` since it last (re)started
   before it can be preempted (a resumed job makes progress first);
+* **once per job**: a job that was stopped before (preempted, or requeued by the
+  closed loop: it has service from an earlier run) is not preempted again.  A victim
+  waits behind the whole queue it made room for; a second preemption is what made
+  the tail (a 48-hour job stopped three times in 90 minutes on Philly 6c71a0, p99
+  JCT 48 -> 58 h); with the cap p99 stays within about 3 h of no preemption;
 * **last resort**: only for a job that fits nowhere now, sharing included, and
   only where idle devices plus devices held by eligible victims alone could hold
   its gang; if releasing victims still does not place it, they all stay;
@@ -34,7 +43,12 @@ bands was measured first and left 11cb48 at 96 GPUs where it was (0.941 ->
 0.944 of FIFO's average JCT): the bursts of 4-GPU jobs that wait there are
 expected to need 16 GPU-hours or more, the last band, where the long runners
 are too, so none of them could preempt; Tiresias serves every newcomer's first
-GPU-hours at once.
+GPU-hours at once.  Why the ratio veto and not a band veto (session 25's rule):
+bands let a 48-hour job that had run for days be stopped for a newcomer of the
+same band; it then waited out the whole burst, and p99 JCT rose 8-10 h on Philly
+rows with no gain in the average (0e4a51 at 256 GPUs); with a ratio of 4 such
+preemptions stop and the average gains more where preemption pays
+(``benchmarks/results/issue14/band_preemption.md``).
 
 Victims go worst band first, then fewest GPUs (a one-GPU job does not stop a
 gang where a one-GPU victim will do), then the largest service key.  A gang is
@@ -74,12 +88,13 @@ def preempt_for_queue(
     if not queued or t.service_key is None:
         return queued, []
     las = bands(attained_service(snapshot), settings)  # who preempts whom
-    band = bands(t.service_key, settings)  # the queue's bands: the estimate's veto
+    key = t.service_key  # expected remaining GPU-time (else attained): the veto
     ran = snapshot.now - snapshot.columns.started  # NaN for jobs not running
     placed = np.zeros(len(t.jobs), dtype=bool)
     placed[list(placer.devices_of)] = True  # protect's requeues are no longer placed
+    never_stopped = snapshot.columns.attained <= 0  # no service from an earlier run
     with np.errstate(invalid="ignore"):
-        movable = t.running & placed & (ran >= settings.preemption_min_run_s)
+        movable = t.running & placed & never_stopped & (ran >= settings.preemption_min_run_s)
     if not movable.any():
         return queued, []
     worst = int(las[movable].max())
@@ -93,12 +108,13 @@ def preempt_for_queue(
         if epoch.try_row(placer, row, options):  # room an earlier preemption left idle
             still.discard(row)
             continue
-        victims = movable & (las > las[row]) & (band >= band[row]) & (t.weight <= t.weight[row])
+        longer = key > settings.preemption_remaining_ratio * key[row]
+        victims = movable & (las > las[row]) & longer & (t.weight <= t.weight[row])
         if not _could_hold(placer, victims, int(t.gpus[row])):
             continue
         # Worst band first, then fewest GPUs, then the largest service key.
         rows = np.flatnonzero(victims)
-        rows = rows[np.lexsort((-t.service_key[rows], t.gpus[rows], -las[rows]))]
+        rows = rows[np.lexsort((-key[rows], t.gpus[rows], -las[rows]))]
         budget = PREEMPTIONS_PER_EPOCH - len(preempted)
         freed = _release_until_placed(epoch, placer, row, options, rows[:budget].tolist())
         if freed:
