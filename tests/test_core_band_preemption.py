@@ -141,3 +141,15 @@ def test_a_job_stopped_before_is_not_preempted_again(families):
     assert plan(replace(snap, jobs=(stopped, *snap.jobs[1:]))).preempted == ("long-1",)
     twice = replace(snap.jobs[1], attained_gpu_seconds=2 * HOUR)
     assert plan(replace(snap, jobs=(stopped, twice, snap.jobs[-1]))).preempted == ()
+
+
+def test_a_job_that_may_not_be_stopped_is_never_a_victim(families):
+    """``Job.preemptible`` False (in a cluster: a pod nothing would evict) takes the job
+    out of the victims: the preemptible one is stopped instead, or none at all."""
+    snap = _full_cluster(families)
+    pinned = replace(snap.jobs[0], preemptible=False)
+    assert plan(replace(snap, jobs=(pinned, *snap.jobs[1:]))).preempted == ("long-1",)
+    both = (pinned, replace(snap.jobs[1], preemptible=False), snap.jobs[-1])
+    result = plan(replace(snap, jobs=both))
+    assert result.preempted == () and "fresh" in result.queued
+    assert set(result.assignments) == {"long-0", "long-1"}

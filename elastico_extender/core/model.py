@@ -277,6 +277,13 @@ class Job:
     expected_duration_s: float = 0.0
     """The driver's estimate of the whole run time, learned from completed jobs
     (:mod:`.duration`); 0 when there is no history.  Never the true duration."""
+    preemptible: bool = True
+    """Whether the driver can stop this job and start it again elsewhere: preempt or
+    requeue it, or move it to other devices.  The simulator can always; the extender
+    only for a pod that allows migration and has a controller to recreate it
+    (``service.pods.unmovable``).  The planner picks no such job as a band-preemption
+    victim, nor to leave a harmful pair or to spread, so it never counts on devices
+    that would not free."""
 
     @property
     def running(self) -> bool:
@@ -325,6 +332,7 @@ class JobColumns:
     attained: np.ndarray  # float: GPU-seconds served before the current run
     started: np.ndarray  # float: start of the current run, NaN when none
     expected: np.ndarray  # float: estimated whole run time (s), 0 when unknown
+    preemptible: np.ndarray  # bool: the driver can stop, requeue or move the job
 
 
 def _floats(values: list[float] | list[int]) -> np.ndarray:
@@ -352,6 +360,12 @@ def job_columns(jobs: tuple[Job, ...]) -> JobColumns:
         if allowed.count(None) != n
         else np.zeros(0, dtype=np.intp)
     )
+    stoppable = [j.preemptible for j in jobs]
+    preemptible = (
+        np.array(stoppable, dtype=bool).reshape(n)
+        if stoppable.count(False)
+        else np.ones(n, dtype=bool)
+    )
     return JobColumns(
         gpus=_floats([j.gpus for j in jobs]),
         weight=_floats([j.weight for j in jobs]),
@@ -369,6 +383,7 @@ def job_columns(jobs: tuple[Job, ...]) -> JobColumns:
         attained=_floats([j.attained_gpu_seconds for j in jobs]),
         started=_floats([math.nan if j.started_at is None else j.started_at for j in jobs]),
         expected=_floats([j.expected_duration_s for j in jobs]),
+        preemptible=preemptible,
     )
 
 

@@ -56,7 +56,7 @@ from elastico_extender.service.events import (
     rejected_configurations_message,
 )
 from elastico_extender.service.logs import decision_fields
-from elastico_extender.service.pods import PodJob
+from elastico_extender.service.pods import PodJob, unmovable
 from elastico_extender.service.settings import ServiceSettings
 from elastico_extender.service.succession import Succession
 
@@ -288,11 +288,9 @@ class Actuator:
         """Why the pod of job ``job_id`` may not be moved or requeued ('' when it may)."""
         if pj is None or pod is None:
             return "pod no longer known"
-        if pj.intent is None or not pj.intent.migration_allowed:
-            return "pod does not allow migration (elastico.io/migration: allowed)"
-        owners = (pod.get("metadata") or {}).get("ownerReferences") or ()
-        if not any(o.get("controller") for o in owners):
-            return "no controller owns the pod, so nothing would recreate it"
+        why = unmovable(pod, pj.intent)  # the planner's Job.preemptible, by the same rule
+        if why:
+            return why
         if job_id in self._evicted:
             return "eviction already requested"
         return ""

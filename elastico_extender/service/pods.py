@@ -33,7 +33,9 @@ __all__ = [
     "PodJob",
     "PodJobs",
     "bounded_problems",
+    "controller_of",
     "exclusive_job",
+    "unmovable",
     "webhook_applied",
 ]
 
@@ -106,8 +108,36 @@ def webhook_applied(pod: Mapping[str, Any]) -> bool:
     return any(isinstance(v, Mapping) and v.get("name") == DECISION_VOLUME for v in volumes)
 
 
+def unmovable(pod: Mapping[str, Any], intent: PodIntent | None) -> str:
+    """Why ElastiCo may never evict ``pod`` to move or requeue it ('' when it may).
+
+    The one rule for both sides: the actuator evicts only such pods, and the planner
+    is told (``Job.preemptible``) so it does not count on devices that would not free.
+    An eviction needs the pod's opt-in, and a controller to create the replacement."""
+    if intent is None or not intent.migration_allowed:
+        return "pod does not allow migration (elastico.io/migration: allowed)"
+    if controller_of(pod) is None:
+        return "no controller owns the pod, so nothing would recreate it"
+    return ""
+
+
+def controller_of(pod: Mapping[str, Any]) -> tuple[str, str] | None:
+    """(namespace, controller owner uid) of ``pod``; None without a controller."""
+    meta = pod.get("metadata")
+    if not isinstance(meta, Mapping):
+        return None
+    owners = meta.get("ownerReferences")
+    if not isinstance(owners, list):
+        return None
+    for owner in owners:
+        if isinstance(owner, Mapping) and owner.get("controller") and owner.get("uid"):
+            return str(meta.get("namespace") or "default"), str(owner["uid"])
+    return None
+
+
 def exclusive_job(pod: Mapping[str, Any], uid: str, gpus: int, note: str = "") -> PodJob:
-    """A pod held as whole GPUs (the :data:`EXCLUSIVE_FAMILY`), never shared."""
+    """A pod held as whole GPUs (the :data:`EXCLUSIVE_FAMILY`), never shared, and never
+    evicted (no intent: :func:`unmovable`)."""
     job = Job(
         id=uid,
         family=EXCLUSIVE_FAMILY.workload,
@@ -115,6 +145,7 @@ def exclusive_job(pod: Mapping[str, Any], uid: str, gpus: int, note: str = "") -
         mode=Mode.FIXED,
         arrival_time=created_at(pod),
         started_at=started_at(pod),
+        preemptible=False,
     )
     return PodJob(job, EXCLUSIVE_FAMILY, None, pod_key(pod), note)
 
@@ -205,6 +236,7 @@ class PodJobs:
             allowed=intent.allowed,
             arrival_time=created_at(pod),
             started_at=started_at(pod),
+            preemptible=not unmovable(pod, intent),
         )
         return PodJob(job, intent.family, intent, pod_key(pod))
 

@@ -44,7 +44,7 @@ from typing import Any, NamedTuple
 
 from elastico_extender.core.model import Job
 from elastico_extender.profiles.loop_snapshot import SuccessionRow
-from elastico_extender.service.pods import created_at, started_at
+from elastico_extender.service.pods import controller_of, created_at, started_at
 
 __all__ = ["SUCCESSION_CAPACITY", "SUCCESSION_EXPIRY_S", "Carried", "Succession", "controller_of"]
 
@@ -71,20 +71,6 @@ class Carried(NamedTuple):
     """Wall-clock seconds the job ran in earlier pods (its completion adds them)."""
     evicted_at: float
     """When the last of them was evicted (the extender's wall clock)."""
-
-
-def controller_of(pod: Mapping[str, Any]) -> tuple[str, str] | None:
-    """(namespace, controller owner uid) of ``pod``; None without a controller."""
-    meta = pod.get("metadata")
-    if not isinstance(meta, Mapping):
-        return None
-    owners = meta.get("ownerReferences")
-    if not isinstance(owners, list):
-        return None
-    for owner in owners:
-        if isinstance(owner, Mapping) and owner.get("controller") and owner.get("uid"):
-            return str(meta.get("namespace") or "default"), str(owner["uid"])
-    return None
 
 
 class Succession:

@@ -32,6 +32,9 @@ the driver charges the restart when the job resumes).  Anti-thrash rules:
   waits behind the whole queue it made room for; a second preemption is what made
   the tail (a 48-hour job stopped three times in 90 minutes on Philly 6c71a0, p99
   JCT 48 -> 58 h); with the cap p99 stays within about 3 h of no preemption;
+* **only jobs the driver can stop** (``Job.preemptible``): a victim that would not
+  leave frees no device, and the queued job would wait for GPUs promised to it in
+  vain, where another victim, or none, was the right choice;
 * **last resort**: only for a job that fits nowhere now, sharing included, and
   only where idle devices plus devices held by eligible victims alone could hold
   its gang; if releasing victims still does not place it, they all stay;
@@ -55,10 +58,12 @@ gang where a one-GPU victim will do), then the largest service key.  A gang is
 released whole; its GPUs the queued job leaves idle go to the next candidates.
 
 In the extender a preempted job is a pod to evict, the path protect's requeues
-already take (``service.actuator``: Eviction API, only pods that allow
-migration and have a controller, at most ``max_migrations_per_epoch``; the
-replacement keeps the job's arrival and attained service, ``service.succession``).
-The queued job then binds once the evicted pod has left its GPUs.
+already take (``service.actuator``: Eviction API, at most
+``max_migrations_per_epoch``; the replacement keeps the job's arrival and attained
+service, ``service.succession``).  Only pods that allow migration and have a
+controller can be evicted; the snapshot marks every other pod not preemptible
+(``service.pods.unmovable``), so it is never a victim.  The queued job then binds
+once the evicted pod has left its GPUs.  In the simulator every job is preemptible.
 """
 
 from __future__ import annotations
@@ -93,8 +98,10 @@ def preempt_for_queue(
     placed = np.zeros(len(t.jobs), dtype=bool)
     placed[list(placer.devices_of)] = True  # protect's requeues are no longer placed
     never_stopped = snapshot.columns.attained <= 0  # no service from an earlier run
+    stoppable = snapshot.columns.preemptible  # the driver can stop it (Job.preemptible)
     with np.errstate(invalid="ignore"):
-        movable = t.running & placed & never_stopped & (ran >= settings.preemption_min_run_s)
+        movable = t.running & placed & stoppable & never_stopped
+        movable &= ran >= settings.preemption_min_run_s
     if not movable.any():
         return queued, []
     worst = int(las[movable].max())
