@@ -6,6 +6,8 @@ import numpy as np
 from conftest import a100_nodes
 
 from elastico_extender.core.interference.predictor import ContentionPredictor
+from elastico_extender.core.model import GpuDevice, Job, Node, Snapshot
+from elastico_extender.core.planner import plan
 from elastico_extender.core.planner.devices import DeviceTable
 from elastico_extender.core.planner.placement import Placer
 from elastico_extender.core.planner.screening import OptionScreen
@@ -314,3 +316,17 @@ def test_a_kept_placer_forgets_a_refusal_once_the_correction_learned_the_pair(fa
     assert correction.predict(row)[0] < 1.1
     assert ask(_full_placer(families, correction)[0]) is not None  # a fresh placer places
     assert ask(placer) is not None  # and so does the one kept since
+
+
+def test_a_job_too_big_for_the_idle_gpu_is_screened_next_to_others(families):
+    """A one-GPU job whose configuration no idle GPU holds (only a 24 GB one is idle)
+    but which fits next to a lean job on an 80 GB GPU is screened there and placed;
+    the search reused its idle-device mask for the idle-GPU pick and raised TypeError,
+    so the whole plan failed (every epoch, in the extender) in such a mixed cluster."""
+    nodes = (
+        Node("small", (GpuDevice(0, 24576.0, "gpu-24"),)),
+        Node("big", (GpuDevice(0, 81920.0, "gpu-80"),)),
+    )
+    jobs = (Job("lean", "lstm", current_config=0, devices=(("big", 0),)), Job("bert", "bert"))
+    result = plan(Snapshot(nodes, jobs, families), predictor=ContentionPredictor())
+    assert set(result.assignments) == {"lean", "bert"}

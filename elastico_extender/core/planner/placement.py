@@ -449,13 +449,13 @@ class Placer:
             ):
                 continue
             if any_idle:
-                idle = table.choose_idle(demand, best_fit)
-                if idle is not None and idle is not False:  # an idle GPU: no co-location to check
+                spot = table.choose_idle(demand, best_fit)
+                if spot is not None and spot is not False:  # an idle GPU: no co-location to check
                     if commit:
                         self.commit(
-                            row, config, [idle], demand, features[config], float(tolerance[config])
+                            row, config, [spot], demand, features[config], float(tolerance[config])
                         )
-                    return Placed(config, (idle,), 1.0)
+                    return Placed(config, (spot,), 1.0)
             if largest is None:  # cheap rejection of configurations no device can hold
                 largest = (
                     float(table.mem_free.max()) if table.size else 0.0,
