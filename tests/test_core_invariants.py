@@ -256,3 +256,34 @@ def test_closed_loop_keeps_separated_pairs_apart_and_states_every_move(families,
         for _ in range(2):  # two windows per epoch, as the simulator reports
             now += 30.0
             observe_epoch(loop, snapshot, truth, rng, now)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_a_job_the_driver_cannot_stop_is_never_moved_or_preempted(families, seed):
+    """``Job.preemptible`` False (in a cluster, a pod nothing would evict): whatever the
+    closed loop observes, the plan keeps such a running job on its devices and never
+    preempts or requeues it; band preemption, protect, spread and the interference rounds
+    choose among the jobs that can leave.  Epochs 20 minutes apart, so jobs run long
+    enough to be band-preemption victims."""
+    rng = np.random.default_rng(2000 + seed)
+    names = sorted(families)
+    truth = {(a, b): float(rng.choice([1.0, 1.2, 1.6, 2.5])) for a in names for b in names}
+    jobs = random_jobs(families, rng, int(rng.integers(4, 16)))
+    jobs = tuple(replace(j, preemptible=bool(rng.random() < 0.5)) for j in jobs)
+    snapshot = Snapshot(random_cluster(rng), jobs, families)
+    loop = ClosedLoop(OnlineCorrection(ContentionPredictor()))
+    previous: Plan | None = None
+    now = 0.0
+    for epoch in range(6):
+        snapshot = replace(snapshot, observed=loop.observed(), now=now)
+        result = plan(snapshot, previous, predictor=loop.correction)
+        for job in snapshot.jobs:
+            if job.running and not job.preemptible:
+                assert job.id not in result.preempted, (epoch, job.id, result.protections)
+                kept = result.assignments[job.id].devices
+                assert set(kept) == set(job.devices), (epoch, job.id, result.protections)
+        previous = result
+        snapshot = applied(snapshot, result, now)
+        for _ in range(2):
+            now += 600.0
+            observe_epoch(loop, snapshot, truth, rng, now)

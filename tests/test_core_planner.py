@@ -324,3 +324,36 @@ def test_a_shrink_that_admits_nobody_is_undone_not_flapped():
     )
     assert result.counters["reconfigurations"] > 20  # the premise: this run reshapes
     assert back <= 5  # 29 when every shrink stood whether or not anyone used the room
+
+
+class _Flat:
+    """Every pair predicted 10% slower: within tolerance, but worth an idle GPU (spread)."""
+
+    name = "flat"
+
+    def predict(self, x: np.ndarray) -> np.ndarray:
+        return np.full(x.shape[0], 1.1)
+
+
+def test_spread_moves_only_a_job_the_driver_can_move(families):
+    """Two jobs share GPU 0 while GPU 1 is idle: spread moves one of them.  A job the
+    driver cannot move (``Job.preemptible`` False: a pod nothing would evict) stays and
+    its partner moves; when neither can, both stay (a MIGRATE nobody carries out leaves
+    the idle GPU counted as taken in the plan)."""
+    jobs = (
+        Job("old", "lstm", current_config=0, devices=(("node-0", 0),)),
+        Job("new", "ncf", current_config=0, devices=(("node-0", 0),), arrival_time=5.0),
+    )
+
+    def moved(*pinned: str) -> set[str]:
+        snap = Snapshot(
+            a100_nodes(1, 2),
+            tuple(replace(j, preemptible=j.id not in pinned) for j in jobs),
+            families,
+        )
+        result = plan(snap, predictor=_Flat())
+        return {j for j, a in result.assignments.items() if a.action is Action.MIGRATE}
+
+    assert moved() == {"old"}
+    assert moved("old") == {"new"}
+    assert moved("old", "new") == set()

@@ -589,3 +589,30 @@ def test_a_first_plan_on_an_empty_view_does_not_hold_tau_down(families):
     after = plan(snapshot, empty)
     assert after.assignments["bert"].tolerance == pytest.approx(alone)
     assert after.utilization_history_s == 1.0
+
+
+def harmed(families, gpus: int, pinned: tuple[str, ...]) -> Plan:
+    """The plan after bert and resnet were seen at 3x for k windows on one GPU of a node
+    with ``gpus``, the ``pinned`` jobs marked not preemptible (the driver cannot stop them)."""
+    snapshot = shared_pair(families, gpus=gpus)
+    jobs = tuple(replace(j, preemptible=j.id not in pinned) for j in snapshot.jobs)
+    snapshot = replace(snapshot, jobs=jobs)
+    book = ObservationBook(smoothing=1.0)
+    for k in range(1, HARM_WINDOWS + 1):
+        observe(book, snapshot, slowdown=3.0, end=k * WINDOW_S)
+    return plan(replace(snapshot, observed=book.observed(), now=HARM_WINDOWS * WINDOW_S))
+
+
+def test_the_tenant_that_leaves_a_harmful_pair_is_one_the_driver_can_stop(families):
+    """Moving or requeueing a job the driver cannot stop (a pod that does not allow
+    migration) separates nothing: the other tenant leaves instead, and when neither can,
+    the pair stays together rather than being planned apart in vain."""
+    assert harmed(families, 1, ()).preempted == ("resnet",)  # the newer, by default
+    requeued = harmed(families, 1, ("resnet",))
+    assert requeued.preempted == ("bert",) and set(requeued.assignments) == {"resnet"}
+    moved = harmed(families, 2, ("resnet",))
+    assert moved.assignments["resnet"].devices == (("node-0", 0),)
+    assert moved.assignments["bert"].devices == (("node-0", 1),)
+    stuck = harmed(families, 1, ("bert", "resnet"))
+    assert stuck.preempted == () and stuck.separated == ()
+    assert devices_of(stuck)["bert"] == devices_of(stuck)["resnet"] == (("node-0", 0),)

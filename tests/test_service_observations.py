@@ -470,7 +470,14 @@ def test_what_was_learned_survives_a_restart(tmp_path: Path) -> None:
 
 def test_a_separation_by_the_plan_is_reported_with_its_reason(service: Service) -> None:
     """a and b share GPU 0 and are observed; when c leaves GPU 1 the plan moves one of them
-    there (never co-locate while a fitting GPU is idle): REST and metrics say so, once."""
+    there (never co-locate while a fitting GPU is idle): REST and metrics say so, once.
+    Only a pod that allows migration is moved (a plan that moves a pod nothing would evict
+    reported a separation that never happened)."""
+    for name in ("a", "b"):
+        service.api.put("pods", running_pod(name, "g0", 0, migration="allowed"))
+    assert wait_for(lambda: all(service.engine.cluster.state.pod_by_name("ml", n)["metadata"]
+                                ["annotations"].get("elastico.io/migration") == "allowed"
+                                for n in ("a", "b")))  # fmt: skip
     reply = service.post(batch(window("uid-a", SOLO / 1.4), window("uid-b", SOLO / 1.4)))
     assert reply.json() == {"accepted": 2, "pair_samples": 2}
     service.epoch()

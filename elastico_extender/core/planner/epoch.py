@@ -27,7 +27,7 @@ for one of its own (``planner.patience``).  One packing pass (``pack``) then run
 3. squeeze: co-tenants step down to admit a queued job when the primal
    objective gains (closes the duality gap of lumpy configurations);
 4. residual admission: "admit jobs from Q if residual capacity permits";
-   then, only with ``band_preemption`` (off by default), a queued job that still
+   then, with ``band_preemption`` (on by default), a queued job that still
    fits nowhere may preempt running jobs of a worse length band (``planner.preempt``);
 5. spread: co-located jobs move to GPUs still idle (migrations);
 6. undo idle shrinks: a sharing job shrunk where nobody joined keeps the
@@ -462,7 +462,7 @@ class _Epoch:
         if queued:
             queued = self._admit_residual(placer, problem, prices, penalty, queued)
         self.band_preempted = 0
-        if queued and s.band_preemption:  # off by default (planner.preempt)
+        if queued and s.band_preemption:  # planner.preempt
             queued, bumped = preempt_for_queue(self, placer, queued, s)
             self.band_preempted = len(bumped)
             preempted += bumped
@@ -534,18 +534,23 @@ class _Epoch:
         idle GPU that fits it (worst slowdown first, at most ``SPREAD_LIMIT`` per
         epoch).  A job admitted this epoch just starts there instead; a running
         one migrates (the plan says MIGRATE; in-place reconfiguration stays
-        preferred everywhere else).
+        preferred everywhere else); a running job the driver cannot move
+        (``Job.preemptible``) stays, and its partner may move instead.
         """
         table = placer.table
         if not np.any(table.count == 0) or not np.any(table.count >= 2):
             return
         t = self.t
         _, slowdown = self.check(placer)
+        stays = t.running & ~self.snapshot.columns.preemptible  # the driver cannot move it
         movers = sorted(
             (
                 r
                 for r, sd in slowdown.items()
-                if sd > SPREAD_MIN_SLOWDOWN and t.gpus[r] == 1 and r in placer.devices_of
+                if sd > SPREAD_MIN_SLOWDOWN
+                and t.gpus[r] == 1
+                and r in placer.devices_of
+                and not stays[r]
             ),
             key=lambda r: -slowdown[r],
         )

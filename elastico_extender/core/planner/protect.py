@@ -59,7 +59,12 @@ Rules
   either, a one-GPU tenant moves next to other jobs where the ordinary IAC
   screen (the corrected predictor) admits it; failing that too, the newer
   tenant goes back to the queue (never worse than not sharing: it would have
-  waited without sharing).
+  waited without sharing).  Only a tenant the driver can stop moves or goes back
+  (``Job.preemptible``; in a cluster, a pod that allows migration and has a
+  controller): the other one leaves instead, and when neither can, only a
+  step-down in place answers the harm and otherwise the pair stays (a move or
+  requeue nobody carries out would leave the harm where it is, and the plan
+  would report a separation that never happened).
 * **Hysteresis.** A pair steps down at most once (``Plan.stepped``): harm
   observed again after its step-down separates it.  When both tenants are
   harmed, a step-down must clear each one's own evidence (each direction
@@ -299,6 +304,9 @@ def separate(
                 stepped_now.update(((victim, partner), (partner, victim)))
                 done.append(Protection(victim, partner, "step-down", row, seen.slowdown, tau))
                 continue
+            leaving = _leavers(epoch, victim, partner)
+            if not leaving:
+                continue  # neither can leave (Job.preemptible): planning it apart is in vain
             placer.keep_apart(victim, partner)
             if move is not None:
                 row, device = move
@@ -313,7 +321,7 @@ def separate(
                 leave(moved)
                 done.append(Protection(victim, partner, "move", moved, seen.slowdown, tau))
                 continue
-            newer = max((victim, partner), key=lambda r: (t.jobs[r].arrival_time, r))
+            newer = leaving[0]
             placer.release(newer, t.per_gpu[newer, placer.config[newer]])
             leave(newer)
             requeued.append(newer)
@@ -348,6 +356,14 @@ def _implicated(placer: Placer, harmed: Mapping[int, float]) -> dict[int, set[in
     return out
 
 
+def _leavers(epoch: EpochRows, victim: int, partner: int) -> list[int]:
+    """The tenants that may move away, the newer first: those the driver can stop and
+    start elsewhere (``Job.preemptible``; a pod nothing would evict stays put)."""
+    t, stoppable = epoch.t, epoch.snapshot.columns.preemptible
+    rows = [r for r in (victim, partner) if stoppable[r]]
+    return sorted(rows, key=lambda r: (-t.jobs[r].arrival_time, -r))
+
+
 def _move_target(
     epoch: EpochRows, placer: Placer, victim: int, partner: int
 ) -> tuple[int, int] | None:
@@ -355,7 +371,7 @@ def _move_target(
     t, table = epoch.t, placer.table
     if not np.any(table.count == 0):
         return None
-    for row in sorted((victim, partner), key=lambda r: (-t.jobs[r].arrival_time, -r)):
+    for row in _leavers(epoch, victim, partner):
         if len(placer.devices_of[row]) != 1:
             continue
         need = t.per_gpu[row, int(placer.config[row])]
@@ -383,7 +399,7 @@ def _move_next_to_others(
     None (nothing moved) when no device accepts either tenant.
     """
     t, table = epoch.t, placer.table
-    for row in sorted((victim, partner), key=lambda r: (-t.jobs[r].arrival_time, -r)):
+    for row in _leavers(epoch, victim, partner):
         devices = placer.devices_of[row]
         if len(devices) != 1:
             continue

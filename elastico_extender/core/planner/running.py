@@ -83,11 +83,14 @@ def _place_conflicted(
        growth.  SM is not checked here: an observed SM share may have risen since
        (``planner.observed_sm``); tenants already together stay together unless
        their observed slowdown says otherwise (protect).
-    2. Jobs next to a forbidden partner try to migrate (chosen, then current).
+    2. Jobs next to a forbidden partner try to migrate (chosen, then current); of a
+       forbidden pair the one flagged is one the driver can move (``Job.preemptible``)
+       where there is one, and a job it cannot move stays put (violation reported).
     3. Jobs that wanted to grow try their chosen configuration in place.
     Only a job that fits nowhere, not even where it ran, is preempted.
     """
     t = epoch.t
+    stoppable = epoch.snapshot.columns.preemptible  # only these can migrate (Job.preemptible)
     preempted: list[int] = []
     lower: dict[int, int] = {}
     epoch.tolerance_rows(np.array(rows, dtype=np.intp))  # every row's tau in one pass
@@ -107,7 +110,7 @@ def _place_conflicted(
             continue
         chosen, current = int(cfg[row]), int(t.current[row])
         devs = list(devices_of[row])
-        if placer.is_forbidden(row, lower[row], devs):
+        if placer.is_forbidden(row, lower[row], devs) and stoppable[row]:
             placer.release(row, t.per_gpu[row, lower[row]])
             configs = [chosen] if chosen == current else [chosen, current]
             if not epoch.try_row(placer, row, configs):  # stay put; violation reported
@@ -143,9 +146,11 @@ def _forbidden_running(
         for d in devs:
             where.setdefault(d, []).append(row)
     hit: set[int] = set()
+    stoppable = epoch.snapshot.columns.preemptible
     for members in where.values():
         for a in members:
             for b in members:
                 if a != b and (a, int(cfg[a]), b, int(cfg[b])) in placer.forbidden:
-                    hit.add(max(a, b, key=lambda r: (-epoch.t.weight[r], r)))
+                    # The one that can migrate, then the lighter, then the later row.
+                    hit.add(max(a, b, key=lambda r: (stoppable[r], -epoch.t.weight[r], r)))
     return hit
