@@ -95,8 +95,8 @@ def exported() -> Iterator[dict[str, Family]]:
     separated), and a degraded one's predictor gauge."""
     api = FakeApiServer().start()
     api.put("nodes", gpu_node("g0", 2))
-    for name, device in (("a", 0), ("b", 0), ("c", 1)):
-        api.put("pods", running_pod(name, "g0", device))
+    for name, device in (("a", 0), ("b", 0), ("c", 1)):  # a or b may move (evictable)
+        api.put("pods", running_pod(name, "g0", device, migration="allowed"))
     server, kube, svc = start_service(
         api,
         learned_checkpoint_seconds=0.2,
