@@ -31,7 +31,8 @@ the driver charges the restart when the job resumes).  Anti-thrash rules:
   closed loop: it has service from an earlier run) is not preempted again.  A victim
   waits behind the whole queue it made room for; a second preemption is what made
   the tail (a 48-hour job stopped three times in 90 minutes on Philly 6c71a0, p99
-  JCT 48 -> 58 h); with the cap p99 stays within about 3 h of no preemption;
+  JCT 48 -> 58 h); with the cap p99 stays within 4 h of no preemption on every
+  Philly row (5.3 h on one);
 * **only jobs the driver can stop** (``Job.preemptible``): a victim that would not
   leave frees no device, and the queued job would wait for GPUs promised to it in
   vain, where another victim, or none, was the right choice;
@@ -50,8 +51,8 @@ GPU-hours at once.  Why the ratio veto and not a band veto (session 25's rule):
 bands let a 48-hour job that had run for days be stopped for a newcomer of the
 same band; it then waited out the whole burst, and p99 JCT rose 8-10 h on Philly
 rows with no gain in the average (0e4a51 at 256 GPUs); with a ratio of 4 such
-preemptions stop and the average gains more where preemption pays
-(``benchmarks/results/issue14/band_preemption.md``).
+preemptions stop (p99 back to 48.4 h there) and the rows where preemption pays keep
+most of their gain (``benchmarks/results/issue14/band_preemption.md``).
 
 Victims go worst band first, then fewest GPUs (a one-GPU job does not stop a
 gang where a one-GPU victim will do), then the largest service key.  A gang is
