@@ -33,6 +33,14 @@ produced in passes, cheap policies first, on a 2-core machine shared with 6 jobs
     $P --only scale --worlds production --sizes 64,128,256 --resume --policy-timeout 180
     $P --only philly --resume --policy-timeout 300          # adds elastico+learned
     $P --only philly --vcs 6c71a0,ee9e8c --no-learned --resume --policy-timeout 2400
+
+Session 26 (band preemption on by default) re-ran the two ElastiCo columns of every row::
+
+    E="--policies elastico+online,elastico"
+    $P --only philly $E
+    $P --only scale --worlds production --sizes 64,128,256 $E
+    $P --only scale --worlds benchmark $E --policy-timeout 1500
+    $P --only scale --worlds benchmark --sizes 512,1024 --hours 24 $E --policy-timeout 2400
 """
 
 from __future__ import annotations
