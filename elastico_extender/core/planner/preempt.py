@@ -27,8 +27,9 @@ the driver charges the restart when the job resumes).  Anti-thrash rules:
   higher;
 * **minimum run**: a job runs ``preemption_min_run_s`` since it last (re)started
   before it can be preempted (a resumed job makes progress first);
-* **once per job**: a job that was stopped before (preempted, or requeued by the
-  closed loop: it has service from an earlier run) is not preempted again.  A victim
+* **once per job**: a job that was stopped before (preempted, requeued by the
+  closed loop, or in a cluster moved by eviction: it has service from an earlier
+  run) is not preempted again; a reconfiguration in place does not count.  A victim
   waits behind the whole queue it made room for; a second preemption is what made
   the tail (a 48-hour job stopped three times in 90 minutes on Philly 6c71a0, p99
   JCT 48 -> 58 h); with the cap p99 stays within 4 h of no preemption on every
