@@ -46,7 +46,7 @@ from elastico_extender.core.model import Job
 from elastico_extender.profiles.loop_snapshot import SuccessionRow
 from elastico_extender.service.pods import controller_of, created_at, started_at
 
-__all__ = ["SUCCESSION_CAPACITY", "SUCCESSION_EXPIRY_S", "Carried", "Succession", "controller_of"]
+__all__ = ["SUCCESSION_CAPACITY", "SUCCESSION_EXPIRY_S", "Carried", "Succession"]
 
 log = logging.getLogger(__name__)
 
