@@ -48,6 +48,13 @@ def api() -> Iterator[FakeApiServer]:
     server.stop()
 
 
+def jobs_of(service: Service) -> dict[str, dict]:
+    """GET /jobs, by pod name."""
+    reply = httpx.get(f"{service.url}/jobs", timeout=30)
+    assert reply.status_code == 200, reply.text
+    return {row["pod"].split("/")[-1]: row for row in reply.json()}
+
+
 def plan_of(service: Service) -> dict:
     """GET /plan after one more epoch."""
     service.epoch()
@@ -81,14 +88,20 @@ def test_a_pod_that_cannot_be_evicted_is_no_victim_and_nobody_is_promised_its_gp
     assert plan["preempted"] == []
     assert "uid-fresh" in plan["queued"] and "uid-fresh" not in plan["assignments"]
     assert service.api.evictions == []
+    # GET /jobs says why: neither runner may be stopped or moved
+    assert not jobs_of(service)["long-0"]["preemptible"]
+    assert not jobs_of(service)["long-1"]["preemptible"]
 
 
 @pytest.mark.parametrize("service", [{"migration": "allowed"}], indirect=True)
 def test_the_evictable_pod_is_the_victim(service: Service) -> None:
     """``long-1`` allows migration: it is the pod preempted and evicted, and the
     newcomer takes its GPU once it has left."""
+    assert wait_for(lambda: "long-1" in jobs_of(service))
+    assert jobs_of(service)["long-1"]["preemptible"]
     assert wait_for(lambda: bool(plan_of(service) and service.api.evictions))
     assert [e["metadata"]["name"] for e in service.api.evictions] == ["long-1"]
+    assert jobs_of(service)["fresh"]["preemptible"] is False  # its migration is "never"
     pods = service.engine.cluster.state
     assert wait_for(lambda: pods.pod_by_name("ml", "long-1") is None)
     assert plan_of(service)["assignments"]["uid-fresh"]["devices"] == ["g0/1"]

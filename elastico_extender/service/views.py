@@ -340,6 +340,8 @@ class RestViews:
                 ),
                 # learned from finished pods (service.completions); None: not enough yet
                 "expected_duration_s": job.expected_duration_s or None,
+                # whether the plan may stop, requeue or move it (service.pods.unmovable)
+                "preemptible": job.preemptible,
             }
             if a is not None:
                 row.update(
