@@ -65,6 +65,51 @@ def test_other_partners_start_a_new_case():
     assert book.observed()["a"].recent == pytest.approx((100.0 / 95.0,))
 
 
+def test_one_slow_solo_window_moves_the_reference_by_its_share_of_the_mean():
+    """A job's solo rate at a fixed configuration is constant: its reference is the mean
+    of its solo windows (past about ten, a moving average weighing the newest a fifth),
+    so one window 7% slow (noise) leaves it 1.4% low, where the newest window weighing a
+    half set it 3.5% low, and every shared window read that much low."""
+    book = ObservationBook()
+    for k in range(9):
+        book.record(window(100.0, 5.0 * (k + 1)))
+    book.record(window(93.0, 50.0))
+    assert book.reference("a", 0, "launches/s") == pytest.approx(98.6)
+    book.record(window(100.0 / 1.5, 55.0, ("b",)))
+    assert book.observed()["a"].recent[-1] == pytest.approx(1.5 * 0.986)
+    fresh = ObservationBook()
+    for k, rate in enumerate((96.0, 100.0, 104.0)):
+        fresh.record(window(rate, 5.0 * (k + 1)))
+    assert fresh.reference("a", 0, "launches/s") == pytest.approx(100.0)  # a plain mean
+
+
+def test_a_few_windows_alone_do_not_end_a_case():
+    """A partner that pauses to restart at another configuration leaves the job alone
+    for a window; when it is back the case goes on, so k windows above tau still count
+    (restarting it let a harmful pair share a third epoch)."""
+    from elastico_extender.core.planner.protect import harm_evidence
+
+    book = ObservationBook(smoothing=1.0)
+    book.record(window(100.0, 5.0))
+    book.record(window(62.5, 10.0, ("b",)))  # 1.6
+    book.record(window(100.0, 15.0))  # b restarts: a alone
+    seen = book.observed()["a"]
+    assert seen.partners == () and harm_evidence(seen, 15.0) is None
+    book.record(window(62.5, 20.0, ("b",)))  # b is back
+    seen = book.observed()["a"]
+    assert seen.recent == pytest.approx((1.6, 1.6))
+    assert harm_evidence(seen, 20.0) == pytest.approx(1.6)
+    # another partner after the gap is another case
+    book.record(window(100.0, 25.0))
+    book.record(window(62.5, 30.0, ("c",)))
+    assert book.observed()["a"].recent == pytest.approx((1.6,))
+    # more than ``history`` windows alone end it
+    for k in range(book.history + 1):
+        book.record(window(100.0, 35.0 + 5 * k))
+    book.record(window(62.5, 70.0, ("c",)))
+    assert book.observed()["a"].recent == pytest.approx((1.6,))
+
+
 def test_the_evidence_is_the_windows_own_and_staleness_is_the_planners():
     """The harm evidence is computed once per window, with the window (the planner
     reads it every epoch for every sharing job): it must follow the windows and the

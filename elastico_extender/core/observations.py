@@ -16,7 +16,9 @@ the same job at the same configuration:
 where ``rate_ref`` is, best first:
 
 1. *solo*: learned from the windows in which the job ran alone on its devices
-   (an exponentially weighted mean);
+   (their mean: a job's solo rate at a fixed configuration is constant, so each
+   window is one more sample of it; the newest weighs at least
+   ``SOLO_SMOOTHING``, so a slow drift is followed);
 2. *family*: learned from the solo windows of other jobs of the same family at
    the same configuration, in the same unit (a family's configuration fixes the
    kernels of a step and its batch, so its solo rate is the family's, not the
@@ -77,6 +79,7 @@ __all__ = [
     "SLOW_WINDOWS",
     "SM_BUCKETS",
     "SM_HORIZON_S",
+    "SOLO_SMOOTHING",
     "Observation",
     "ObservationBook",
     "ObservedSlowdown",
@@ -97,9 +100,14 @@ SM_BUCKETS = 6
 FAMILY_SMOOTHING = 0.2
 """Weight of the newest solo window in a family's reference (module doc): about ten
 windows, of several jobs, make it, so one job's quirk or one noisy window moves it little."""
+SOLO_SMOOTHING = FAMILY_SMOOTHING
+"""Least weight of the newest solo window in a job's own reference (module doc): the
+plain mean of its first windows, then a moving average of about the last ten, so one
+noisy window moves it little (at weight 0.5 one window 7% slow set a job's reference 4%
+low, and a pair 3% above tau read within it for 22 epochs on Philly ed69ec)."""
 RESTORED_WINDOWS = 10
-"""Most solo windows a family reference counts as resting on: its average weighs the
-newest by ``FAMILY_SMOOTHING``, so it never rests on more than about 10; a restored
+"""Most solo windows a reference counts as resting on: its average weighs the newest by
+at least ``FAMILY_SMOOTHING``, so it never rests on more than about 10; a restored
 reference (counts are not persisted) counts as that many."""
 REFERENCES = ("solo", "family", "profile")
 """What a slowdown can rest on, best first (module doc)."""
@@ -215,7 +223,8 @@ class ObservedSlowdown:
     """The newest window slowdowns, oldest first (at most ``ObservationBook.history``),
     across configuration switches (each relative to the solo rate at its configuration)
     but only with the newest window's partners: a window next to other tenants is
-    evidence about other tenants, so a change of partners starts the list afresh."""
+    evidence about other tenants, so a change of partners starts the list afresh
+    (a few windows alone in between do not: ``ObservationBook._recent``)."""
     partners: tuple[str, ...] = ()
     """Who shared its devices in the newest window."""
     reference: str = "solo"
@@ -260,6 +269,20 @@ class PairSample:
     end: float
 
 
+@dataclass(frozen=True, slots=True)
+class _Case:
+    """A job's newest windows next to one set of partners, kept through a few windows
+    alone (``ObservationBook._recent``)."""
+
+    partners: frozenset[str]
+    recent: tuple[float, ...]
+    gap: int  # windows alone since the newest of ``recent``
+
+
+_JobEntry = tuple[int, ObservedSlowdown, _Case | None]
+"""Per job in the book: its configuration, what the planner reads, its shared case."""
+
+
 class ObservationBook:
     """Turns per-window progress rates into per-job observed slowdowns (see module doc)."""
 
@@ -282,7 +305,7 @@ class ObservationBook:
         # solo windows behind each family reference (kept with the reference, not stored:
         # a restored one counts RESTORED_WINDOWS)
         self._windows: dict[tuple[str, int, str], int] = {}
-        self._jobs: OrderedDict[str, tuple[int, ObservedSlowdown]] = OrderedDict()
+        self._jobs: OrderedDict[str, _JobEntry] = OrderedDict()
         self._unmeasured: OrderedDict[str, float] = OrderedDict()  # job -> newest window end
 
     def reference(self, job_id: str, config: int, unit: str) -> float | None:
@@ -322,13 +345,12 @@ class ObservationBook:
         fkey = family_key(family, obs.config, obs.unit) if family else None
         ref, kind = self._reference_of(key, fkey)
         if not obs.partners and obs.rate > 0:
-            # The first solo window starts from the family's rate when there is one (a
-            # measured rate of the same kernels), never from a profile's biased T(c).
-            start = ref if kind in ("solo", "family") else None
-            ref = obs.rate if start is None else start + self.smoothing * (obs.rate - start)
+            # The job's own mean starts from the family's rate, counted as one window,
+            # when there is one (a measured rate of the same kernels), never from a
+            # profile's biased T(c).
+            start = {"solo": None, "family": (ref, 1)}.get(kind, (None, 0))
+            ref = self._average(key, obs.rate, start)
             kind = "solo"
-            self._put_ref(key, ref)
-            self._measured.add(key)
             if fkey is not None:
                 known = self._refs.get(fkey)
                 mean = obs.rate if known is None else known + FAMILY_SMOOTHING * (obs.rate - known)
@@ -348,13 +370,7 @@ class ObservationBook:
         slowdown = max(1.0, min(slowdown, 100.0))
         prior = self._jobs.get(obs.job_id)
         sm = _sm_peaks(prior[1] if prior is not None else None, obs)
-        # Harm is judged on windows with the same partners: after a move or a partner's
-        # departure the old windows speak of other tenants (a job moved away from the
-        # partner that hurt it would be separated again from its new one on them).
-        if prior is None or set(prior[1].partners) != set(obs.partners):
-            recent: tuple[float, ...] = (slowdown,)
-        else:
-            recent = (*prior[1].recent, slowdown)[-self.history :]
+        recent, case = self._recent(prior, obs.partners, slowdown)
         if prior is None or prior[0] != obs.config:
             # A slowdown is relative to the job's own solo rate at each configuration,
             # so window slowdowns stay comparable across a switch: the recent windows
@@ -368,15 +384,62 @@ class ObservationBook:
         self._jobs[obs.job_id] = (
             obs.config,
             ObservedSlowdown(smoothed, samples, obs.end, recent, obs.partners, kind, *sm),
+            case,
         )
         self._jobs.move_to_end(obs.job_id)
         while len(self._jobs) > self.max_jobs:
             self._jobs.popitem(last=False)
         return [PairSample(obs.job_id, obs.config, p, slowdown, obs.end) for p in obs.partners]
 
+    def _recent(
+        self, prior: _JobEntry | None, partners: tuple[str, ...], slowdown: float
+    ) -> tuple[tuple[float, ...], _Case | None]:
+        """(the job's recent windows after this one, its shared case after it).
+
+        Harm is judged on windows with the same partners: after a move or a partner's
+        departure the old windows speak of other tenants (a job moved away from the
+        partner that hurt it would be separated again from its new one on them).  A
+        few windows alone do not end a case: a partner that pauses to restart at
+        another configuration leaves the job alone for a window or two, and the case
+        resumes when it is back (restarting the count let a pair above tau share a
+        third epoch on Philly ed69ec).
+        """
+        case = prior[2] if prior is not None else None
+        if partners:
+            if case is not None and case.partners == frozenset(partners):
+                recent = (*case.recent, slowdown)[-self.history :]
+            else:
+                recent = (slowdown,)
+            return recent, _Case(frozenset(partners), recent, 0)
+        if prior is not None and not prior[1].partners:
+            recent = (*prior[1].recent, slowdown)[-self.history :]
+        else:
+            recent = (slowdown,)
+        if case is None or case.gap >= self.history:
+            return recent, None
+        return recent, _Case(case.partners, case.recent, case.gap + 1)
+
+    def _average(
+        self, key: tuple[str, int, str], rate: float, start: tuple[float | None, int] | None
+    ) -> float:
+        """Take one solo window into a job's own reference, the mean of its solo windows
+        (module doc); ``start`` is (rate, windows) to begin from when the job has none
+        of its own (None: its own mean).  Returns the new reference."""
+        if start is None:
+            known = self._refs.get(key)
+            behind = self._windows.get(key, 0 if known is None else RESTORED_WINDOWS)
+        else:
+            known, behind = start
+        weight = max(1.0 / (behind + 1), SOLO_SMOOTHING)
+        mean = rate if known is None else known + weight * (rate - known)
+        self._put_ref(key, mean)
+        self._measured.add(key)
+        self._windows[key] = min(behind + 1, RESTORED_WINDOWS)
+        return mean
+
     def observed(self) -> dict[str, ObservedSlowdown]:
         """Per job id, what the planner reads (a copy)."""
-        return {job: entry for job, (_, entry) in self._jobs.items()}
+        return {job: entry for job, (_, entry, _) in self._jobs.items()}
 
     def unmeasured(self) -> dict[str, float]:
         """Jobs whose newest window had no reference (never seen alone, nor their family,
