@@ -302,8 +302,8 @@ class ObservationBook:
         self.max_refs = max_refs
         self._refs: OrderedDict[tuple[str, int, str], float] = OrderedDict()
         self._measured: set[tuple[str, int, str]] = set()  # refs learned from solo windows
-        # solo windows behind each family reference (kept with the reference, not stored:
-        # a restored one counts RESTORED_WINDOWS)
+        # solo windows behind each measured reference, a job's or a family's (kept with
+        # the reference, not stored: a restored one counts RESTORED_WINDOWS)
         self._windows: dict[tuple[str, int, str], int] = {}
         self._jobs: OrderedDict[str, _JobEntry] = OrderedDict()
         self._unmeasured: OrderedDict[str, float] = OrderedDict()  # job -> newest window end
