@@ -348,17 +348,18 @@ class ObservationBook:
             # The job's own mean starts from the family's rate, counted as one window,
             # when there is one (a measured rate of the same kernels), never from a
             # profile's biased T(c).
-            start = {"solo": None, "family": (ref, 1)}.get(kind, (None, 0))
-            ref = self._average(key, obs.rate, start)
+            if kind == "solo":
+                own = self._windows.get(key, RESTORED_WINDOWS)
+            else:
+                ref, own = (ref, 1) if kind == "family" else (None, 0)
+            weight = max(1.0 / (own + 1), SOLO_SMOOTHING)
+            ref = self._average(key, obs.rate, ref, own, weight)
             kind = "solo"
             if fkey is not None:
                 known = self._refs.get(fkey)
-                mean = obs.rate if known is None else known + FAMILY_SMOOTHING * (obs.rate - known)
-                self._put_ref(fkey, mean)
-                self._measured.add(fkey)
                 # an average of ~10 windows weighs as ~10 (a restored one had as many)
                 behind = self._windows.get(fkey, 0 if known is None else RESTORED_WINDOWS)
-                self._windows[fkey] = min(behind + 1, RESTORED_WINDOWS)
+                self._average(fkey, obs.rate, known, behind, FAMILY_SMOOTHING)
         if ref is None:
             self._unmeasured[obs.job_id] = obs.end
             self._unmeasured.move_to_end(obs.job_id)
@@ -420,17 +421,16 @@ class ObservationBook:
         return recent, _Case(case.partners, case.recent, case.gap + 1)
 
     def _average(
-        self, key: tuple[str, int, str], rate: float, start: tuple[float | None, int] | None
+        self,
+        key: tuple[str, int, str],
+        rate: float,
+        known: float | None,
+        behind: int,
+        weight: float,
     ) -> float:
-        """Take one solo window into a job's own reference, the mean of its solo windows
-        (module doc); ``start`` is (rate, windows) to begin from when the job has none
-        of its own (None: its own mean).  Returns the new reference."""
-        if start is None:
-            known = self._refs.get(key)
-            behind = self._windows.get(key, 0 if known is None else RESTORED_WINDOWS)
-        else:
-            known, behind = start
-        weight = max(1.0 / (behind + 1), SOLO_SMOOTHING)
+        """Take one solo window into ``key``'s reference (module doc): the ``known`` mean
+        of ``behind`` windows (None: none yet) moves by ``weight`` toward ``rate``.
+        Returns the new reference."""
         mean = rate if known is None else known + weight * (rate - known)
         self._put_ref(key, mean)
         self._measured.add(key)

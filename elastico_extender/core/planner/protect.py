@@ -295,7 +295,8 @@ def separate(
                 theirs = observed.get(t.jobs[partner].id) if partner in harmed else None
                 both = (evidence, _step_evidence(theirs, epoch.snapshot.now) if theirs else 0.0)
                 step = _cheapest_step_down(epoch, placer, victim, partner, both, switch_cost)
-            move = _move_target(epoch, placer, victim, partner)
+            leaving = _leavers(epoch, victim, partner)
+            move = _move_target(epoch, placer, leaving)
             move_cost = MOVE_COST_SWITCHES * switch_cost
             if step is not None and (move is None or step[0] <= move_cost):
                 _, row, config = step
@@ -304,7 +305,6 @@ def separate(
                 stepped_now.update(((victim, partner), (partner, victim)))
                 done.append(Protection(victim, partner, "step-down", row, seen.slowdown, tau))
                 continue
-            leaving = _leavers(epoch, victim, partner)
             if not leaving:
                 continue  # neither can leave (Job.preemptible): planning it apart is in vain
             placer.keep_apart(victim, partner)
@@ -316,7 +316,7 @@ def separate(
                 leave(row)
                 done.append(Protection(victim, partner, "move", row, seen.slowdown, tau))
                 continue
-            moved = _move_next_to_others(epoch, placer, victim, partner, implicated)
+            moved = _move_next_to_others(epoch, placer, leaving, implicated)
             if moved is not None:
                 leave(moved)
                 done.append(Protection(victim, partner, "move", moved, seen.slowdown, tau))
@@ -364,14 +364,13 @@ def _leavers(epoch: EpochRows, victim: int, partner: int) -> list[int]:
     return sorted(rows, key=lambda r: (-t.jobs[r].arrival_time, -r))
 
 
-def _move_target(
-    epoch: EpochRows, placer: Placer, victim: int, partner: int
-) -> tuple[int, int] | None:
-    """(row, idle device) for moving one one-GPU tenant, the newer first; None if neither can."""
+def _move_target(epoch: EpochRows, placer: Placer, leaving: list[int]) -> tuple[int, int] | None:
+    """(row, idle device) for moving one one-GPU tenant of ``leaving`` (``_leavers``: the
+    newer first); None if neither can."""
     t, table = epoch.t, placer.table
     if not np.any(table.count == 0):
         return None
-    for row in _leavers(epoch, victim, partner):
+    for row in leaving:
         if len(placer.devices_of[row]) != 1:
             continue
         need = t.per_gpu[row, int(placer.config[row])]
@@ -386,11 +385,11 @@ def _move_target(
 def _move_next_to_others(
     epoch: EpochRows,
     placer: Placer,
-    victim: int,
-    partner: int,
+    leaving: list[int],
     implicated: Mapping[int, set[int]],
 ) -> int | None:
-    """Move one one-GPU tenant (the newer first) to another device where IAC admits it.
+    """Move one one-GPU tenant of ``leaving`` (``_leavers``: the newer first) to another
+    device where IAC admits it.
 
     No idle GPU fits: the tenant goes wherever the ordinary screen (corrected
     prediction within every tolerance, held-apart pairs refused) accepts it,
@@ -399,7 +398,7 @@ def _move_next_to_others(
     None (nothing moved) when no device accepts either tenant.
     """
     t, table = epoch.t, placer.table
-    for row in _leavers(epoch, victim, partner):
+    for row in leaving:
         devices = placer.devices_of[row]
         if len(devices) != 1:
             continue
