@@ -9,6 +9,7 @@ accounting of every job, prices, determinism.
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Iterator
 from dataclasses import replace
 
 import numpy as np
@@ -198,6 +199,26 @@ def observe_epoch(
     loop.record(windows, configs, families)
 
 
+def closed_loop_epochs(
+    snapshot: Snapshot, truth: dict, rng: np.random.Generator, epochs: int, window_s: float
+) -> Iterator[tuple[int, Snapshot, Plan | None, Plan]]:
+    """Drive ``snapshot`` as the simulator does: each epoch plans on what ``ClosedLoop``
+    observed, yields (epoch, the snapshot planned, the previous plan, the plan), applies
+    the plan, then reports two windows of ``window_s`` each over the true slowdowns."""
+    loop = ClosedLoop(OnlineCorrection(ContentionPredictor()))
+    previous: Plan | None = None
+    now = 0.0
+    for epoch in range(epochs):
+        snapshot = replace(snapshot, observed=loop.observed(), now=now)
+        result = plan(snapshot, previous, predictor=loop.correction)
+        yield epoch, snapshot, previous, result
+        previous = result
+        snapshot = applied(snapshot, result, now)
+        for _ in range(2):
+            now += window_s
+            observe_epoch(loop, snapshot, truth, rng, now)
+
+
 @pytest.mark.parametrize("seed", range(8))
 def test_closed_loop_keeps_separated_pairs_apart_and_states_every_move(families, seed):
     """Driven as the simulator drives it (``ClosedLoop`` over true pair slowdowns): a pair
@@ -222,13 +243,9 @@ def test_closed_loop_keeps_separated_pairs_apart_and_states_every_move(families,
         else j
         for j in random_jobs(families, rng, int(rng.integers(4, 16)))
     ]
-    snapshot = Snapshot(random_cluster(rng), tuple(jobs), families)
-    loop = ClosedLoop(OnlineCorrection(ContentionPredictor()))
-    previous: Plan | None = None
-    now = 0.0
-    for epoch in range(5):
-        snapshot = replace(snapshot, observed=loop.observed(), now=now)
-        result = plan(snapshot, previous, predictor=loop.correction)
+    start = Snapshot(random_cluster(rng), tuple(jobs), families)
+    # two windows per epoch, as the simulator reports
+    for epoch, snapshot, previous, result in closed_loop_epochs(start, truth, rng, 5, 30.0):
         check_plan(snapshot, result)
         for a, b in result.separated + (previous.separated if previous else ()):
             assert not co_located(result, a, b), (epoch, a, b)
@@ -251,11 +268,6 @@ def test_closed_loop_keeps_separated_pairs_apart_and_states_every_move(families,
                 was = before[job_id]
                 shared = any(o != job_id and was & d for o, d in before.items())
                 assert shared, (epoch, job_id, was, a.devices)
-        previous = result
-        snapshot = applied(snapshot, result, now)
-        for _ in range(2):  # two windows per epoch, as the simulator reports
-            now += 30.0
-            observe_epoch(loop, snapshot, truth, rng, now)
 
 
 @pytest.mark.parametrize("seed", range(40))
@@ -270,20 +282,10 @@ def test_a_job_the_driver_cannot_stop_is_never_moved_or_preempted(families, seed
     truth = {(a, b): float(rng.choice([1.0, 1.2, 1.6, 2.5])) for a in names for b in names}
     jobs = random_jobs(families, rng, int(rng.integers(4, 16)))
     jobs = tuple(replace(j, preemptible=bool(rng.random() < 0.5)) for j in jobs)
-    snapshot = Snapshot(random_cluster(rng), jobs, families)
-    loop = ClosedLoop(OnlineCorrection(ContentionPredictor()))
-    previous: Plan | None = None
-    now = 0.0
-    for epoch in range(6):
-        snapshot = replace(snapshot, observed=loop.observed(), now=now)
-        result = plan(snapshot, previous, predictor=loop.correction)
+    start = Snapshot(random_cluster(rng), jobs, families)
+    for epoch, snapshot, _, result in closed_loop_epochs(start, truth, rng, 6, 600.0):
         for job in snapshot.jobs:
             if job.running and not job.preemptible:
                 assert job.id not in result.preempted, (epoch, job.id, result.protections)
                 kept = result.assignments[job.id].devices
                 assert set(kept) == set(job.devices), (epoch, job.id, result.protections)
-        previous = result
-        snapshot = applied(snapshot, result, now)
-        for _ in range(2):
-            now += 600.0
-            observe_epoch(loop, snapshot, truth, rng, now)
