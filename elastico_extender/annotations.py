@@ -61,6 +61,7 @@ __all__ = [
     "DECISION_KEYS",
     "DECISION_VOLUME",
     "INPUT_KEYS",
+    "LAUNCHED_CONFIGURATION_FILE",
     "PREFIX",
     "PROGRESS_METRICS",
     "RINGS_DIR",
@@ -99,6 +100,10 @@ USER_SETTINGS_ENV = "ELASTICO_USER_SETTINGS"
 # emptyDir named RINGS_VOLUME (or, in the legacy hostPath mode, under the host path).
 RINGS_VOLUME = "elastico-rings"
 RINGS_DIR = "/run/elastico/rings"
+# Beside a container's rings elastico-run keeps, in this file, the assigned configuration
+# (the ASSIGNED_CONFIGURATION annotation) its workload runs under, so the node agent can
+# tell a window measured before a new decision reached the workload (agent/daemon.py).
+LAUNCHED_CONFIGURATION_FILE = "elastico-configuration"
 
 FAMILY = "family"
 MODE = "mode"

@@ -21,12 +21,15 @@ def _too_large(path: str | Path, max_bytes: int) -> OSError:
     return OSError(errno.EFBIG, f"larger than {max_bytes:,} bytes", str(path))
 
 
-def open_regular(path: str | Path, max_bytes: int) -> BinaryIO:
+def open_regular(path: str | Path, max_bytes: int, *, follow: bool = True) -> BinaryIO:
     """``path`` opened for binary reading if it is a regular file of at most ``max_bytes``.
 
     The open does not block (``O_NONBLOCK``), so a FIFO is refused at once instead of
-    waiting for a writer; a directory, FIFO, socket or device is an OSError."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    waiting for a writer; a directory, FIFO, socket or device is an OSError.  With
+    ``follow`` False a link as the last component is an OSError too (a file someone else
+    controls must not point the reader at one of its own)."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW)
+    fd = os.open(path, flags)
     try:
         mode = os.fstat(fd)
         if stat.S_ISDIR(mode.st_mode):
@@ -43,10 +46,11 @@ def open_regular(path: str | Path, max_bytes: int) -> BinaryIO:
         raise
 
 
-def read_bounded(path: str | Path, max_bytes: int) -> bytes:
+def read_bounded(path: str | Path, max_bytes: int, *, follow: bool = True) -> bytes:
     """The bytes of the regular file ``path``; OSError when it is not one or holds more
-    than ``max_bytes`` (also when it grew past them while being read)."""
-    with open_regular(path, max_bytes) as handle:
+    than ``max_bytes`` (also when it grew past them while being read).  ``follow``: as
+    :func:`open_regular`."""
+    with open_regular(path, max_bytes, follow=follow) as handle:
         data = handle.read(max_bytes + 1)
     if len(data) > max_bytes:
         raise _too_large(path, max_bytes)

@@ -121,17 +121,20 @@ def write_ring(
     monotonic_ns: int = 0,
     started_ns: int = 0,
     started_monotonic_ns: int = 0,
+    flush_interval_ns: int = 0,
 ) -> None:
     """A ring file as the shim lays it out (layout.py's dtypes, checked against the built
     library's own description in test_shim_layout): a header and ``capacity`` slots.
     ``monotonic_ns`` 0 is a shim from before the monotonic stamps (those bytes were zero).
     The process started at ``started_ns`` (and ``started_monotonic_ns``); 0: at time 0,
-    so that every write of one file is of one process unless a test says otherwise."""
+    so that every write of one file is of one process unless a test says otherwise.
+    ``flush_interval_ns`` 0: a header that does not state its flush interval."""
     head = np.zeros(1, dtype=HEADER_DTYPE)
     head["magic"], head["version"] = MAGIC, LAYOUT_VERSION
     head["record_size"], head["header_size"], head["capacity"] = RECORD_SIZE, HEADER_SIZE, capacity
     head["start_realtime_ns"] = started_ns
     head["launches"], head["last_flush_realtime_ns"] = launches, flushed_ns
+    head["flush_interval_ns"] = flush_interval_ns
     if monotonic_ns:
         head["start_monotonic_ns"] = started_monotonic_ns
         head["last_flush_monotonic_ns"] = monotonic_ns

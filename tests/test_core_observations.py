@@ -22,6 +22,24 @@ def test_shared_rate_below_solo_rate_is_a_slowdown():
     assert book.observed()["a"].slowdown == pytest.approx(2.0)
 
 
+def test_a_window_without_progress_is_a_pause_not_a_slowdown():
+    """A restarted workload loading its model, a checkpoint, an inference server with no
+    requests: a window of no progress at all.  It once read as a hundredfold slowdown
+    (one such window is harm enough for the planner to separate the pair); it changes
+    nothing, and the next window with progress is measured as usual."""
+    book = ObservationBook(smoothing=1.0)
+    book.record(window(100.0, 5.0))
+    book.record(window(80.0, 10.0, ("b",)))
+    before = book.observed()["a"]
+    assert book.record(window(0.0, 15.0, ("b",))) == []
+    assert book.observed()["a"] == before
+    assert book.record(window(0.0, 20.0)) == []
+    assert book.reference("a", 0, "launches/s") == pytest.approx(100.0)
+    (sample,) = book.record(window(50.0, 25.0, ("b",)))
+    assert sample.slowdown == pytest.approx(2.0)
+    assert book.observed()["a"].recent == pytest.approx((1.25, 2.0))
+
+
 def test_no_reference_means_no_slowdown():
     book = ObservationBook()
     assert book.record(window(50.0, 5.0, ("b",))) == []

@@ -12,6 +12,27 @@ Per pod (running on this node, uid from the API server):
 * configuration: the pod's ``elastico.io/assigned-configuration``, so the extender refuses
   a window measured under a configuration the pod no longer runs.
 
+Restarts: a window is reported only when it measures one run of the pod next to the
+tenants the extender will name as its partners.  The pod's own window is not reported when
+its rings show a CUDA process starting or stopping in it, or none alive
+(:attr:`~.rings.PodLaunches.steady`: ``elastico-run`` restarting the workload under a new
+configuration, a container restart, the gap before the first CUDA call): such a window
+mixes two runs, or a pause, and its rate is no slowdown.  A pod sharing a GPU with such a
+pod does not report that window either: it ran alone for part of it, while the extender
+would label it as shared with that pod (a falsely mild pair sample, and a dip that breaks
+a harm case); nor does one sharing a GPU with a pod that left the node since the last
+window (it shared part of the window, which the extender, no longer listing that pod,
+would label as alone: a slow window taken into its solo reference).  At most
+:data:`MAX_HELD_BACK` windows in a row are held back so; then the window is reported.
+Nor is a window reported while ``elastico-run`` says the workload still runs another
+configuration than the pod's ``elastico.io/assigned-configuration``
+(:attr:`~.rings.PodLaunches.configurations`): the kubelet brings a new decision into the
+pod's annotations file a minute or so after the extender wrote it, and until the workload
+restarts under it, its rate is the old configuration's, which measured against the new
+one's solo rate reads as a false slowdown (a step up) or a false relief (a step down), and
+alone, would teach the new configuration's reference the old one's rate.  Its co-tenants
+still report: the slowdown they observe is real.
+
 Windows refused for a passing reason (a follower's 503 while the leader changes) are held
 by the :class:`~.reporter.Reporter` and resent with the next window, bounded and only
 while the extender would still take them.  A window whose pod listing fails (the API
@@ -33,7 +54,7 @@ from typing import Any
 
 from elastico_extender.agent.framework import Fetch, read_counter, scrape
 from elastico_extender.agent.reporter import Reporter
-from elastico_extender.agent.rings import PodRings
+from elastico_extender.agent.rings import PodLaunches, PodRings
 from elastico_extender.agent.window import CounterRates
 from elastico_extender.annotations import (
     PREFIX,
@@ -50,6 +71,10 @@ log = logging.getLogger(__name__)
 
 ORPHAN_SECONDS = 120.0
 """A ring directory whose pod is gone from the node for this long is deleted, seconds."""
+MAX_HELD_BACK = 3
+"""Windows in a row a pod's window is held back because a co-tenant restarted or left
+(module doc, "Restarts"); then it is reported anyway: a co-tenant that restarts without end
+must not hide the harm it does."""
 MAX_SCRAPES_AT_ONCE = 16
 """Framework metrics endpoints read at the same time in one window (a node runs a few
 dozen pods at most; each scrape is bounded in bytes and time)."""
@@ -90,6 +115,25 @@ def pod_info(pod: Mapping[str, Any]) -> PodInfo | None:
     )
 
 
+def _unsteady_devices(
+    pods: list[PodInfo],
+    launches: Mapping[str, PodLaunches | None],
+    departed: Mapping[str, tuple[int, ...]],
+) -> dict[int, set[str]]:
+    """GPU index -> the pods on it whose CUDA processes started or stopped in the window,
+    and those that left it since the last window (``departed``: uid -> its GPUs)."""
+    out: dict[int, set[str]] = {}
+    for pod in pods:
+        got = launches.get(pod.uid)
+        if got is not None and not got.steady:
+            for device in pod.devices:
+                out.setdefault(device, set()).add(pod.uid)
+    for uid, devices in departed.items():
+        for device in devices:
+            out.setdefault(device, set()).add(uid)
+    return out
+
+
 class Agent:
     def __init__(
         self,
@@ -112,6 +156,8 @@ class Agent:
         self._counters = CounterRates()
         self._ends: dict[str, float] = {}
         self._orphans: dict[str, float] = {}
+        self._held_back: dict[str, int] = {}  # pod -> windows in a row held for co-tenants
+        self._devices: dict[str, tuple[int, ...]] = {}  # pod -> its GPUs at the last window
         self.listing_error: str | None = None
         """Why the newest window could not list the node's pods (None: it could)."""
 
@@ -128,9 +174,14 @@ class Agent:
         now = self.clock()
         device_samples: dict[int, HardwareSample | None] = {}
         counters = self._read_counters(pods)
+        launch_samples = {pod.uid: self.rings.sample(pod.uid) for pod in pods}
+        listed = {pod.uid: pod.devices for pod in pods if pod.devices}
+        departed = {u: d for u, d in self._devices.items() if u not in listed}
+        self._devices = listed
+        unsteady = _unsteady_devices(pods, launch_samples, departed)
         items = []
         for pod in pods:
-            launches = self.rings.sample(pod.uid)
+            launches = launch_samples[pod.uid]
             rate: float | None = None
             unit = "launches/s"
             end = now
@@ -146,7 +197,7 @@ class Agent:
                 seconds = end - self._ends.get(pod.uid, end)
             if launches is not None:
                 self._ends[pod.uid] = launches.end
-            if rate is None or seconds <= 0:
+            if rate is None or seconds <= 0 or not self._steady(pod, launches, unsteady):
                 continue
             item: dict[str, Any] = {
                 "pod_uid": pod.uid,
@@ -172,6 +223,27 @@ class Agent:
         self._collect_orphans({p.uid for p in pods}, now)
         return items
 
+    def _steady(
+        self, pod: PodInfo, launches: PodLaunches | None, unsteady: Mapping[int, set[str]]
+    ) -> bool:
+        """Whether the pod's window measures one run next to the tenants the extender
+        lists (module doc, "Restarts"); a window held back for a co-tenant counts toward
+        :data:`MAX_HELD_BACK`."""
+        if launches is not None and not launches.steady:
+            log.debug("window.unsteady", extra={"pod": pod.key})
+            return False
+        launched = launches.configurations if launches is not None else frozenset()
+        if pod.configuration is not None and launched - {pod.configuration}:
+            log.debug("window.decision_not_yet_applied", extra={"pod": pod.key})
+            return False
+        others = {uid for d in pod.devices for uid in unsteady.get(d, ()) if uid != pod.uid}
+        held = self._held_back.pop(pod.uid, 0)
+        if not others or held >= MAX_HELD_BACK:
+            return True
+        self._held_back[pod.uid] = held + 1
+        log.debug("window.held_back", extra={"pod": pod.key, "co_tenants": sorted(others)})
+        return False
+
     def _read_counters(self, pods: list[PodInfo]) -> dict[str, float | None]:
         """Every framework counter of this window, read at once: a pod whose endpoint
         hangs costs the window one scrape's time limit, not one per such pod."""
@@ -187,6 +259,8 @@ class Agent:
             return dict(zip((p.uid for p in asked), pool.map(read, asked), strict=True))
 
     def _collect_orphans(self, present: set[str], now: float) -> None:
+        for uid in [u for u in self._held_back if u not in present]:
+            del self._held_back[uid]
         for uid in list(self._ends):
             if uid not in present:
                 del self._ends[uid]

@@ -47,6 +47,14 @@ backwards (a new process reusing the pid's file) restarts that process's baselin
 exec keeps the pid and the ring: the new image continues the counters (the shim), so
 a launcher or torchrun that re-execs itself reads as one process.
 
+Restarts: the shim's flusher stamps the header every ``flush_interval_ns`` whether or not
+the process launched anything, so a process is alive while its last flush is at most
+:data:`LIVE_FLUSHES` intervals old (:meth:`ProcessCounters.alive`).  A pod's window is
+:attr:`~PodLaunches.steady` when the same processes were alive at both its ends and none
+started in it; the agent reports no other (``agent/daemon.py``, "Restarts").  Beside its
+rings, ``elastico-run`` says which assigned configuration the workload runs under
+(:func:`launched_configurations`).
+
 See docs/observability.md for why launches per second measure progress and its limits.
 """
 
@@ -57,13 +65,16 @@ import itertools
 import logging
 import os
 import shutil
+import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from elastico_extender.annotations import RINGS_VOLUME
+from elastico_extender.annotations import LAUNCHED_CONFIGURATION_FILE, RINGS_VOLUME
 from elastico_extender.errors import RingFormatError
 from elastico_extender.profiling.ring import read_header, ring_pid
+from elastico_extender.userfiles import read_bounded
 
 __all__ = [
     "EMPTY_DIR_PLUGIN",
@@ -73,6 +84,7 @@ __all__ = [
     "ProcessCounters",
     "ProcessKey",
     "kubelet_ring_directory",
+    "launched_configurations",
     "pod_rings",
 ]
 
@@ -86,6 +98,14 @@ MAX_DIRECTORY_ENTRIES = 16384
 """Entries of one ring directory looked at per window (a pod's processes leave a ring
 each, so thousands are possible; a pod that makes millions must not cost the agent
 seconds and hundreds of MiB every window)."""
+LIVE_FLUSHES = 2.5
+"""A process whose last flush is older than this many of its flush intervals has stopped
+(the shim's flusher stamps the header every interval, launches or not)."""
+LIVE_SLACK_S = 0.5
+"""Seconds added to that bound: a flusher thread of a busy node wakes late."""
+MAX_CONFIGURATION_BYTES = 64 * 1024
+"""Largest launched-configuration file read (a label is the assigned-configuration
+annotation, far smaller; the pod writes the file and may make it any size)."""
 MAX_UNUSABLE_REMEMBERED = 4096
 """Unreadable rings remembered, so that each is reported once (not every window)."""
 KUBELET_ROOT = "/var/lib/kubelet"
@@ -136,6 +156,28 @@ def pod_rings(directory: Path) -> dict[tuple[str, int], Path]:
     return dict(itertools.islice(sorted(found.items()), MAX_PROCESSES_PER_POD))
 
 
+def launched_configurations(directory: Path) -> frozenset[str]:
+    """The configurations ``elastico-run`` says the pod's workloads run under: its
+    ``LAUNCHED_CONFIGURATION_FILE`` in the pod's ring directory and in each container's
+    (at most :data:`MAX_CONFIGURATION_BYTES` each, never through a link, never blocking;
+    a file that cannot be read as such is left out)."""
+    found = set()
+    places = [directory]
+    for entry in _listing(directory):
+        if len(places) > MAX_CONTAINER_DIRECTORIES:
+            break
+        if ring_pid(entry.name) is None and entry.is_dir(follow_symlinks=False):
+            places.append(Path(entry.path))
+    for place in places:
+        try:
+            raw = read_bounded(place / LAUNCHED_CONFIGURATION_FILE, MAX_CONFIGURATION_BYTES,
+                               follow=False)  # fmt: skip
+            found.add(raw.decode("utf-8"))
+        except (OSError, UnicodeDecodeError):
+            continue
+    return frozenset(found)
+
+
 def kubelet_ring_directory(kubelet_root: str | Path, uid: str, volume: str = RINGS_VOLUME) -> Path:
     """Where a pod's rings lie on the node when its rings volume is an emptyDir."""
     return Path(kubelet_root) / "pods" / uid / "volumes" / EMPTY_DIR_PLUGIN / volume / uid
@@ -152,6 +194,7 @@ class ProcessCounters:
     live_bytes: int
     flushed_mono: float = 0.0  # the shim's CLOCK_MONOTONIC, s; 0: a shim without it
     started_mono: float = 0.0
+    flush_interval: float = 0.0  # s between the shim's flushes; 0: not stated
 
     def same_process(self, before: ProcessCounters) -> bool:
         """Whether ``before`` was read from the process this reading is of.  A ring's name
@@ -169,6 +212,14 @@ class ProcessCounters:
             return self.flushed_mono - before.flushed_mono
         return self.flushed_at - before.flushed_at
 
+    def alive(self, before: ProcessCounters | None, now: float) -> bool:
+        """Whether the process runs at ``now`` (node wall clock): its last flush is within
+        :data:`LIVE_FLUSHES` of its flush intervals (plus :data:`LIVE_SLACK_S`); a ring
+        that does not state its interval must have flushed since ``before``."""
+        if self.flush_interval > 0:
+            return now - self.flushed_at <= LIVE_FLUSHES * self.flush_interval + LIVE_SLACK_S
+        return before is not None and self.seconds_since(before) > 0
+
 
 @dataclass(frozen=True, slots=True)
 class PodLaunches:
@@ -182,6 +233,12 @@ class PodLaunches:
     live_mem_mib: float
     end: float
     """Newest flush time among its processes (the window's end, seconds since the epoch)."""
+    steady: bool = True
+    """Whether the same CUDA processes ran all through the window: none started, none
+    stopped, at least one alive (module doc, "Restarts").  False for a pod's first window."""
+    configurations: frozenset[str] = frozenset()
+    """The configurations ``elastico-run`` says the workload runs under
+    (:func:`launched_configurations`; empty: not said)."""
 
 
 class PodRings:
@@ -192,11 +249,17 @@ class PodRings:
     emptyDir volumes (default mode), None for none.  Rings are opened read-only."""
 
     def __init__(
-        self, root: str | Path | None = None, *, kubelet_root: str | Path | None = None
+        self,
+        root: str | Path | None = None,
+        *,
+        kubelet_root: str | Path | None = None,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self.root = Path(root) if root else None
         self.kubelet_root = Path(kubelet_root) if kubelet_root else None
+        self.clock = clock  # the node's wall clock, the shim's realtime stamps' clock
         self._last: dict[tuple[str, ProcessKey], ProcessCounters] = {}
+        self._live: dict[str, frozenset[ProcessKey]] = {}  # pod -> alive in its last window
         self._scanned: dict[str, float] = {}  # pod uid -> newest flush time at last scan
         # rings unreadable at the last scan -> whether that was told (bounded, oldest out)
         self._unusable: OrderedDict[Path, bool] = OrderedDict()
@@ -227,10 +290,12 @@ class PodRings:
                 return path
         return None
 
-    def _read(self, uid: str) -> dict[ProcessKey, ProcessCounters]:
+    def _read(self, uid: str) -> tuple[dict[ProcessKey, ProcessCounters], frozenset[str]]:
+        """The pod's processes' counters, and the configurations it says they run."""
         found = {}
         directory = self.directory(uid)
         rings = pod_rings(directory) if directory is not None else {}
+        launched = launched_configurations(directory) if rings and directory else frozenset()
         for process, path in rings.items():
             try:
                 h = read_header(path)
@@ -246,10 +311,11 @@ class PodRings:
                 live_bytes=h["live_bytes"],
                 flushed_mono=h["last_flush_monotonic_ns"] / 1e9,
                 started_mono=h["start_monotonic_ns"] / 1e9,
+                flush_interval=h["flush_interval_ns"] / 1e9,
             )
         for key in [k for k in self._last if k[0] == uid and k[1] not in rings]:
             del self._last[key]
-        return found
+        return found, launched
 
     def _unreadable(self, path: Path, exc: Exception) -> None:
         """A ring being created is short for an instant: one unreadable at two scans in a
@@ -265,18 +331,24 @@ class PodRings:
 
     def sample(self, uid: str) -> PodLaunches | None:
         """The pod's launch rate since the previous call for it; None without rings."""
-        now = self._read(uid)
+        now, launched = self._read(uid)
         if not now:
             return None
         previous_scan = self._scanned.get(uid)
         rate = 0.0
         measured = False
+        started = False
+        live: set[ProcessKey] = set()
+        at = self.clock()
         for process, c in now.items():
             before = self._last.get((uid, process))
             if before is not None and not c.same_process(before):
                 before = None  # the file now belongs to a new process
             new = previous_scan is not None and c.started_at >= previous_scan - 1.0
+            if c.alive(before, at):
+                live.add(process)
             if before is None and new:
+                started = True
                 before = ProcessCounters(
                     0, c.started_at, c.started_at, 0, 0, c.started_mono, c.started_mono
                 )
@@ -291,12 +363,16 @@ class PodRings:
                 measured = measured or previous_scan is not None  # idle: counts as 0
         end = max(c.flushed_at for c in now.values())
         self._scanned[uid] = end
+        stopped = bool(self._live.get(uid, frozenset()) - live)
+        self._live[uid] = frozenset(live)
         return PodLaunches(
             rate=rate if measured else None,
             processes=len(now),
             peak_mem_mib=sum(c.peak_bytes for c in now.values()) / 2**20,
             live_mem_mib=sum(c.live_bytes for c in now.values()) / 2**20,
             end=end,
+            steady=previous_scan is not None and bool(live) and not (started or stopped),
+            configurations=launched,
         )
 
     def forget(self, uid: str) -> None:
@@ -304,6 +380,7 @@ class PodRings:
         for key in [k for k in self._last if k[0] == uid]:
             del self._last[key]
         self._scanned.pop(uid, None)
+        self._live.pop(uid, None)
 
     def remove_directory(self, uid: str) -> None:
         """Delete a departed pod's directory under the host root (hostPath mode; the

@@ -31,6 +31,11 @@ where ``rate_ref`` is, best first:
    profile's T(c) passed by the driver (its error, a few percent, biases every
    window).
 
+A window with no progress at all (rate 0) changes nothing: the job paused
+(a restarted workload loading its model, a checkpoint, an inference server
+with no requests); no partner stops a job outright, and reading a pause as a
+hundredfold slowdown would separate a harmless pair.
+
 ``ObservedSlowdown.reference`` says which one a job's slowdown rests on, so the
 planner can allow for its error.  A job with no reference yields no slowdown:
 the book lists it in ``unmeasured()`` (with its newest window's end) until one
@@ -341,6 +346,8 @@ class ObservationBook:
         problems = obs.problems()
         if problems:
             raise ValueError("; ".join(problems))
+        if obs.rate == 0:  # no progress at all: a pause, not a slowdown (module doc)
+            return []
         key = (obs.job_id, obs.config, obs.unit)
         fkey = family_key(family, obs.config, obs.unit) if family else None
         ref, kind = self._reference_of(key, fkey)
@@ -367,8 +374,7 @@ class ObservationBook:
                 self._unmeasured.popitem(last=False)
             return []
         self._unmeasured.pop(obs.job_id, None)
-        slowdown = ref / obs.rate if obs.rate > 0 else math.inf
-        slowdown = max(1.0, min(slowdown, 100.0))
+        slowdown = max(1.0, min(ref / obs.rate, 100.0))
         prior = self._jobs.get(obs.job_id)
         sm = _sm_peaks(prior[1] if prior is not None else None, obs)
         recent, case = self._recent(prior, obs.partners, slowdown)

@@ -36,6 +36,9 @@ from pathlib import Path
 from elastico_extender.annotations import (
     ANNOTATIONS_FILE,
     ANNOTATIONS_FILE_ENV,
+    ASSIGNED_CONFIGURATION,
+    LAUNCHED_CONFIGURATION_FILE,
+    PREFIX,
     RINGS_DIR,
     USER_SETTINGS_ENV,
 )
@@ -49,6 +52,7 @@ __all__ = [
     "Supervisor",
     "build_launch",
     "compose_preload",
+    "load_assignment",
     "load_settings",
     "main",
     "ring_directory",
@@ -107,6 +111,14 @@ def ring_directory(environ: Mapping[str, str]) -> Path | None:
 def load_settings(annotations_path: Path, environ: Mapping[str, str]) -> LaunchSettings:
     """Settings from the annotations file (if present) and the environment; a file that
     cannot be read as UTF-8 text is an AnnotationError naming it."""
+    return load_assignment(annotations_path, environ)[0]
+
+
+def load_assignment(
+    annotations_path: Path, environ: Mapping[str, str]
+) -> tuple[LaunchSettings, str | None]:
+    """:func:`load_settings`, and the assigned configuration's label (the
+    ``assigned-configuration`` annotation, None without one) they come from."""
     annotations: dict[str, str] = {}
     if annotations_path.is_file():
         try:
@@ -122,7 +134,8 @@ def load_settings(annotations_path: Path, environ: Mapping[str, str]) -> LaunchS
         bad = [(k, m) for k, m in problems if k.startswith("elastico.io/")]
         if bad:
             raise AnnotationError(bad)
-    return read_assignment(annotations, environ).settings()
+    label = annotations.get(PREFIX + ASSIGNED_CONFIGURATION)
+    return read_assignment(annotations, environ).settings(), label
 
 
 def _is_vllm(command: Sequence[str]) -> bool:
@@ -175,15 +188,37 @@ class Supervisor:
         self._stop = threading.Event()
         self._stop_signal = signal.SIGTERM
         self._proc: subprocess.Popen[bytes] | None = None
+        self._shim_dir: Path | None = None  # the workload's ring directory, if profiled
 
     def request_stop(self, signum: int = signal.SIGTERM) -> None:
         self._stop_signal = signal.Signals(signum)
         self._stop.set()
 
-    def _start(self, settings: LaunchSettings) -> subprocess.Popen[bytes]:
+    def _start(self, settings: LaunchSettings, label: str | None) -> subprocess.Popen[bytes]:
         argv, env = build_launch(self.command, settings, self.environ)
         log.info("starting workload: %s (restarts=%d)", " ".join(argv), self.restarts)
-        return subprocess.Popen(argv, env=env, start_new_session=True)
+        proc = subprocess.Popen(argv, env=env, start_new_session=True)
+        shim_dir = env.get("ELASTICO_SHIM_DIR")
+        self._shim_dir = Path(shim_dir) if settings.profiling and shim_dir else None
+        self._mark(label)
+        return proc
+
+    def _mark(self, label: str | None) -> None:
+        """Say beside the workload's rings which configuration it runs under
+        (``LAUNCHED_CONFIGURATION_FILE``): the node agent reports no window measured
+        before a new decision reached the workload.  Never fatal to the workload."""
+        if self._shim_dir is None:
+            return
+        path = self._shim_dir / LAUNCHED_CONFIGURATION_FILE
+        try:
+            if label is None:
+                path.unlink(missing_ok=True)  # an earlier container's, now untrue
+                return
+            tmp = path.with_name(f".{path.name}.{os.getpid()}")
+            tmp.write_text(label, encoding="utf-8")
+            tmp.replace(path)  # the agent reads the old label or the new, never half
+        except OSError as exc:
+            log.warning("cannot record the launched configuration in %s: %s", path, exc)
 
     def _terminate(self, proc: subprocess.Popen[bytes], signum: int) -> int:
         """Signal the group, wait the grace period, then SIGKILL; returns the status."""
@@ -203,8 +238,8 @@ class Supervisor:
             os.killpg(proc.pid, signum)
 
     def run(self) -> int:
-        settings = load_settings(self.annotations_path, self.environ)
-        proc = self._proc = self._start(settings)
+        settings, label = load_assignment(self.annotations_path, self.environ)
+        proc = self._proc = self._start(settings, label)
         seen = self._file_bytes()
         next_poll = time.monotonic() + self.poll
         while True:
@@ -222,19 +257,22 @@ class Supervisor:
                 continue
             seen = raw
             try:
-                new = load_settings(self.annotations_path, self.environ)
+                new, new_label = load_assignment(self.annotations_path, self.environ)
             except ElasticoError as exc:
                 log.error("ignoring invalid new assignment: %s", exc)
                 continue
-            if new == settings:
+            if new == settings:  # the workload already runs these settings
+                if new_label != label:
+                    label = new_label
+                    self._mark(label)
                 continue
             log.info("assignment changed, restarting workload (pid %d)", proc.pid)
             status = self._terminate(proc, signal.SIGTERM)
             if self._stop.is_set():  # stopped meanwhile (the pod is going): no new workload
                 return _status(status)
             self.restarts += 1
-            settings = new
-            proc = self._proc = self._start(settings)
+            settings, label = new, new_label
+            proc = self._proc = self._start(settings, label)
 
     def _file_bytes(self) -> bytes | None:
         """The file as it is now (bytes: whether it changed, not whether it is valid)."""

@@ -1,0 +1,332 @@
+"""Windows around a workload restart (agent/daemon.py, "Restarts").
+
+When ``elastico-run`` restarts a pod's workload under a new configuration, the pod's
+window mixes two processes (or a pause), and a pod sharing its GPU ran alone for part of
+its window while the extender labels that window as shared.  Neither window may reach the
+extender: the first is no slowdown at all, the second a falsely mild pair sample.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from elastico_extender.agent.daemon import MAX_HELD_BACK, Agent, PodInfo
+from elastico_extender.agent.reporter import Reporter
+from elastico_extender.agent.rings import PodRings, launched_configurations
+from elastico_extender.annotations import LAUNCHED_CONFIGURATION_FILE
+from elastico_extender.launcher.run import Supervisor, build_launch, load_settings
+from tests.test_agent_faults import write_ring
+
+ROOT = Path(__file__).resolve().parents[1]
+_spec = importlib.util.spec_from_file_location("shim_fakes", ROOT / "profiler_shim/tests/fakes.py")
+assert _spec and _spec.loader
+fakes = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(fakes)
+
+S = 10**9  # ns per second
+INTERVAL = 2 * S  # the shim's default flush interval
+NOWHERE = "http://127.0.0.1:9"
+
+
+def pod(uid: str, *devices: int) -> PodInfo:
+    return PodInfo(uid, f"ml/{uid}", None, devices, None, None)
+
+
+class Node:
+    """Ring files of a node's pods, written as the shim writes them, and an agent over them."""
+
+    def __init__(self, root: Path, pods: list[PodInfo]) -> None:
+        self.root = root
+        self.clock = [1_000.0]
+        self.agent = Agent(
+            "n0",
+            lambda: pods,
+            PodRings(root, clock=lambda: self.clock[0]),
+            Reporter(NOWHERE),
+            clock=lambda: self.clock[0],
+        )
+
+    def ring(self, uid: str, pid: int, *, launches: int, started: float = 0.0) -> None:
+        """Process ``pid`` of pod ``uid`` flushed now, ``launches`` since it started."""
+        path = self.root / uid / f"elastico-shim-{pid}.ring"
+        path.parent.mkdir(exist_ok=True)
+        now = self.clock[0]
+        write_ring(path, launches=launches, flushed_ns=int(now * S), started_ns=int(started * S),
+                   monotonic_ns=int(now * S), started_monotonic_ns=int(started * S),
+                   flush_interval_ns=INTERVAL)  # fmt: skip
+
+    def window(self, seconds: float = 10.0) -> None:
+        self.clock[0] += seconds
+
+    def observe(self) -> dict[str, float]:
+        """The agent's items for the window now ending, as ``uid -> rate``."""
+        return {item["pod_uid"]: item["rate"] for item in self.agent.observe()}
+
+
+def test_a_restart_holds_back_the_window_of_the_pod_and_of_its_co_tenants(
+    tmp_path: Path,
+) -> None:
+    """Pods a and b share GPU 0, c runs on GPU 1.  a's process 7 is replaced by process 8
+    half-way through a window: a and b report nothing for that window (a's rate there
+    would add two processes' rates: 150/s for a job running at 100/s), c is unaffected,
+    and the next window, one steady run again, is reported by all three."""
+    node = Node(tmp_path, [pod("a", 0), pod("b", 0), pod("c", 1)])
+    launches = {"a": 0, "b": 0, "c": 0}
+
+    def steady_window(skip: str = "") -> dict[str, float]:
+        node.window()
+        for uid, pid in (("a", 7), ("b", 1), ("c", 1)):
+            if uid != skip:
+                launches[uid] += 1_000
+                node.ring(uid, pid, launches=launches[uid])
+        return node.observe()
+
+    steady_window()  # first readings: no window yet
+    assert steady_window() == {"a": 100.0, "b": 100.0, "c": 100.0}
+    launches["a"] = 2_000
+    # a's old process ran 3 s more (its last flush), the new one started 5 s in
+    node.window()
+    node.clock[0] -= 7.0
+    node.ring("a", 7, launches=launches["a"] + 300)
+    node.clock[0] += 7.0
+    node.ring("a", 8, launches=500, started=node.clock[0] - 5.0)
+    for uid in ("b", "c"):
+        launches[uid] += 1_000
+        node.ring(uid, 1, launches=launches[uid])
+    assert node.observe() == {"c": 100.0}
+    # one steady window later: process 8 alone on a's side, everybody reported
+    node.window()
+    node.ring("a", 8, launches=1_500, started=node.clock[0] - 15.0)
+    for uid in ("b", "c"):
+        launches[uid] += 1_000
+        node.ring(uid, 1, launches=launches[uid])
+    got = node.observe()
+    assert got == {"a": pytest.approx(100.0), "b": 100.0, "c": 100.0}
+
+
+def test_a_pod_with_no_live_process_reports_nothing_not_a_hundredfold_slowdown(
+    tmp_path: Path,
+) -> None:
+    """Between the old process's end and the new one's first CUDA call the pod's ring stops
+    flushing.  The window measured zero launches; before, that was reported as a rate of
+    0 (a slowdown of 100 to the extender, which separates a pair over it)."""
+    node = Node(tmp_path, [pod("a", 0)])
+    node.ring("a", 7, launches=0)
+    node.observe()
+    node.window()
+    node.ring("a", 7, launches=1_000)
+    assert node.observe() == {"a": 100.0}
+    node.window()  # the process is gone: its last flush is 10 s (5 intervals) old
+    assert node.observe() == {}
+    node.window()
+    assert node.observe() == {}
+
+
+def test_a_co_tenant_that_never_settles_holds_a_window_back_a_bounded_number_of_times(
+    tmp_path: Path,
+) -> None:
+    """A pod whose processes come and go every window must not hide, for ever, the windows
+    of the pod it shares a GPU with (that would hide the harm it does): after
+    MAX_HELD_BACK windows in a row held back, the co-tenant's window is reported."""
+    node = Node(tmp_path, [pod("a", 0), pod("b", 0)])
+    node.ring("a", 1, launches=0)
+    node.ring("b", 1, launches=0)
+    node.observe()
+    reported = []
+    for n in range(2 * (MAX_HELD_BACK + 1)):
+        node.window()
+        node.ring("a", 1, launches=1_000 * (n + 1))
+        node.ring("b", 100 + n, launches=800, started=node.clock[0] - 8.0)  # a new one each
+        reported.append(sorted(node.observe()))
+    # a: held back MAX_HELD_BACK windows, then reported, and so on; b never (each of its
+    # windows mixes two processes)
+    cycle = [[]] * MAX_HELD_BACK + [["a"]]
+    assert reported == cycle * 2
+
+
+# -- for real: elastico-run restarting a shim-profiled workload over the fake libcuda ------
+
+LAUNCHES_PER_STEP = 12
+STEPS_PER_S = 100.0
+WINDOW_S = 0.4
+ASSIGNED = {"elastico.io/workload-kind": "training", "elastico.io/memory-budget-mib": "8000",
+            "elastico.io/device-memory-mib": "40960", "elastico.io/profiling": "true",
+            "elastico.io/assigned-configuration": '{"batch_size":32}'}  # fmt: skip
+REASSIGNED = {**ASSIGNED, "elastico.io/memory-budget-mib": "6000",
+              "elastico.io/assigned-configuration": '{"batch_size":16}'}  # fmt: skip
+
+
+def write_annotations(path: Path, annotations: dict[str, str]) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text("".join(f"{k}={json.dumps(v)}\n" for k, v in sorted(annotations.items())))
+    tmp.replace(path)  # the kubelet swaps the downward-API file atomically
+
+
+@pytest.fixture(scope="module")
+def stepper(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """(program, shim): the stepper linked against the fake libcuda, and the real shim."""
+    built = fakes.build_all(tmp_path_factory.mktemp("fakes"))
+    program = built.directory / "stepper"
+    subprocess.run(
+        [*fakes.build.compiler(), "-O2", *fakes.WARN, "-I", str(ROOT / "profiler_shim"),
+         "-o", str(program), str(ROOT / "tests/agent_programs/stepper.c"),
+         f"-L{built.directory}", "-lcuda", f"-Wl,-rpath,{built.directory}"],
+        check=True,
+    )  # fmt: skip
+    return program, built.shim
+
+
+def test_elastico_run_restarting_a_workload_leaves_no_mixed_window(
+    tmp_path: Path, stepper: tuple[Path, Path]
+) -> None:
+    """Two stepping workloads on GPU 0 under the real shim: v started directly, p under
+    ``elastico-run``.  The extender reassigns p: its pod's annotation changes at once,
+    the kubelet's annotations file two windows later, and only then does elastico-run
+    restart p's workload.  Every window the agent reports of p measures one process
+    under the configuration the pod is assigned (while the old one still runs, or a
+    window spans the restart, p reports nothing: such a window once added both
+    processes' rates up); v keeps reporting while p waits for its file, and reports
+    nothing only in windows p's restart fell in."""
+    program, shim = stepper
+    root = tmp_path / "rings"
+    root.mkdir()
+    base = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+    base.update(ELASTICO_SHIM_PATH=str(shim), ELASTICO_RING_ROOT=str(root),
+                ELASTICO_SHIM_FLUSH_MS="50", PYTHONPATH=str(ROOT))  # fmt: skip
+    step = [str(program), str(LAUNCHES_PER_STEP), str(STEPS_PER_S), "60", "1", "1"]
+    annotations = tmp_path / "annotations"
+    write_annotations(annotations, ASSIGNED)
+    v_env = {**base, "ELASTICO_POD_UID": "uid-v"}
+    argv, env = build_launch(step, load_settings(annotations, v_env), v_env)
+    v = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL)
+    p = subprocess.Popen(
+        [sys.executable, "-m", "elastico_extender.launcher.run", "--annotations",
+         str(annotations), "--poll-interval", "0.05", "--grace-period", "5", "--", *step],
+        env={**base, "ELASTICO_POD_UID": "uid-p"},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )  # fmt: skip
+    label = ASSIGNED["elastico.io/assigned-configuration"]
+    listed = [pod("uid-v", 0), PodInfo("uid-p", "ml/uid-p", None, (0,), label, None)]
+    agent = Agent("n0", lambda: listed, PodRings(root), Reporter(NOWHERE))
+    windows: list[dict[str, float]] = []
+    try:
+        started = time.monotonic()
+        for n in range(18):
+            time.sleep(max(0.0, started + 1.0 + n * WINDOW_S - time.monotonic()))
+            if n == 7:  # the extender's decision: the pod's annotation, at once
+                new = REASSIGNED["elastico.io/assigned-configuration"]
+                listed[1] = PodInfo("uid-p", "ml/uid-p", None, (0,), new, None)
+            if n == 9:  # the kubelet brings it into the pod's annotations file
+                write_annotations(annotations, REASSIGNED)
+            windows.append({i["pod_uid"]: i["rate"] for i in agent.observe()})
+    finally:
+        for proc in (v, p):
+            proc.terminate()
+        for proc in (v, p):
+            proc.wait(timeout=30)
+    _, err = p.communicate()
+    assert b"restarting workload" in err, err
+    expected = LAUNCHES_PER_STEP * STEPS_PER_S
+    assert all(set(w) == {"uid-v", "uid-p"} for w in windows[2:7]), windows
+    assert all(set(w) == {"uid-v"} for w in windows[7:9]), windows  # p: the old one runs
+    for w in windows:
+        if "uid-p" in w:  # one process at its step rate, never two added up
+            assert w["uid-p"] == pytest.approx(expected, rel=0.2), windows
+        if "uid-v" not in w:
+            assert "uid-p" not in w, windows  # v held back only while p was unsteady
+    after = windows[9:]
+    assert any(not w for w in after), windows  # the restart's window: neither reported
+    assert set(after[-1]) == {"uid-v", "uid-p"}, windows  # and both again once it settled
+    marker = root / "uid-p" / "elastico-configuration"
+    assert marker.read_text() == REASSIGNED["elastico.io/assigned-configuration"]
+
+
+def test_launched_configurations_are_read_bounded_and_never_through_a_link(
+    tmp_path: Path,
+) -> None:
+    """The pod owns its ring directory: its launched-configuration files are read from the
+    pod's directory and each container's, but a link (to a file of the node's), a FIFO
+    (which would block the agent) or an oversized file is left out."""
+    pod_dir = tmp_path / "uid-a"
+    (pod_dir / "main").mkdir(parents=True)
+    (pod_dir / "side").mkdir()
+    (pod_dir / "fifo").mkdir()
+    (pod_dir / "big").mkdir()
+    (pod_dir / "main" / LAUNCHED_CONFIGURATION_FILE).write_text('{"batch_size":32}')
+    secret = tmp_path / "node-secret"
+    secret.write_text("do not read")
+    (pod_dir / "side" / LAUNCHED_CONFIGURATION_FILE).symlink_to(secret)
+    os.mkfifo(pod_dir / "fifo" / LAUNCHED_CONFIGURATION_FILE)
+    (pod_dir / "big" / LAUNCHED_CONFIGURATION_FILE).write_bytes(b"x" * (1 << 20))
+    assert launched_configurations(pod_dir) == {'{"batch_size":32}'}
+
+
+def test_elastico_run_records_the_configuration_its_workload_runs_under(
+    tmp_path: Path, stepper: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Written when the workload starts; a new label whose settings are the same ones
+    (no restart needed) is recorded at once; a new assignment, after the restart."""
+    monkeypatch.setenv("ELASTICO_SHIM_PATH", str(stepper[1]))
+    root = tmp_path / "rings"
+    root.mkdir()
+    annotations = tmp_path / "annotations"
+    write_annotations(annotations, ASSIGNED)
+    environ = {**os.environ, "ELASTICO_POD_UID": "uid-p", "ELASTICO_RING_ROOT": str(root)}
+    supervisor = Supervisor(["sleep", "60"], annotations, environ, grace_seconds=5,
+                            poll_seconds=0.05)  # fmt: skip
+    marker = root / "uid-p" / LAUNCHED_CONFIGURATION_FILE
+    thread = threading.Thread(target=supervisor.run)
+    thread.start()
+    try:
+        wait_for(lambda: marker.is_file() and marker.read_text() == '{"batch_size":32}')
+        same = {**ASSIGNED, "elastico.io/assigned-configuration": '{"batch_size":32,"x":1}'}
+        write_annotations(annotations, same)
+        wait_for(lambda: marker.read_text() == same["elastico.io/assigned-configuration"])
+        assert supervisor.restarts == 0
+        write_annotations(annotations, REASSIGNED)
+        wait_for(lambda: marker.read_text() == REASSIGNED["elastico.io/assigned-configuration"])
+        assert supervisor.restarts == 1
+    finally:
+        supervisor.request_stop()
+        thread.join(timeout=30)
+    assert not thread.is_alive()
+
+
+def wait_for(condition: Callable[[], bool], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+def test_a_partner_that_left_holds_back_the_window_it_shared_part_of(tmp_path: Path) -> None:
+    """b finished and left the node during a's window: a shared part of that window, which
+    the extender (no longer listing b) would take as a window alone, a slow one, into a's
+    solo reference.  It is held back; the next one, alone all through, is reported."""
+    pods = [pod("a", 0), pod("b", 0)]
+    node = Node(tmp_path, pods)
+    for n in range(3):
+        if n:
+            node.window()
+        node.ring("a", 1, launches=1_000 * n)
+        node.ring("b", 1, launches=1_000 * n)
+        got = node.observe()
+    assert got == {"a": 100.0, "b": 100.0}
+    del pods[1]
+    node.window()
+    node.ring("a", 1, launches=3_000)
+    assert node.observe() == {}
+    node.window()
+    node.ring("a", 1, launches=4_000)
+    assert node.observe() == {"a": 100.0}
