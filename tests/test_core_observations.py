@@ -40,6 +40,22 @@ def test_a_window_without_progress_is_a_pause_not_a_slowdown():
     assert book.observed()["a"].recent == pytest.approx((1.25, 2.0))
 
 
+def test_a_mixed_window_counts_as_a_slowdown_and_teaches_nothing():
+    """A partner came, went or restarted part-way through the window: its slowdown goes
+    on in the harm case (it understates the partner's harm), but it labels no pair and,
+    labelled alone (the partner left), moves no solo reference."""
+    book = ObservationBook(smoothing=1.0)
+    book.record(window(100.0, 5.0))
+    mixed = Observation("a", 0, 10.0, 5.0, 50.0, "launches/s", ("b",), mixed=True)
+    assert book.record(mixed) == []
+    assert book.observed()["a"].recent == pytest.approx((2.0,))
+    (sample,) = book.record(window(40.0, 15.0, ("b",)))
+    assert sample.slowdown == pytest.approx(2.5)
+    assert book.observed()["a"].recent == pytest.approx((2.0, 2.5))  # one case
+    book.record(Observation("a", 0, 20.0, 5.0, 80.0, "launches/s", (), mixed=True))
+    assert book.reference("a", 0, "launches/s") == pytest.approx(100.0)
+
+
 def test_no_reference_means_no_slowdown():
     book = ObservationBook()
     assert book.record(window(50.0, 5.0, ("b",))) == []

@@ -194,6 +194,31 @@ def test_rest_and_metrics_show_observed_against_predicted(service: Service) -> N
     assert 'elastico_observation_windows_total{result="accepted"} 1.0' in metrics
 
 
+def test_a_mixed_window_counts_as_a_slowdown_and_teaches_nothing(service: Service) -> None:
+    """The agent marks a window ``mixed`` when a co-tenant of the pod came, went or
+    restarted in it.  a's (shared with b) is its slowdown, but labels no pair: no
+    pairs row, no sample in SQLite.  c's (alone in the plan) moves no solo reference."""
+    now = time.time()
+    reply = service.post(
+        batch(window("uid-a", SOLO / 1.5, end=now, mixed=True),
+              window("uid-c", SOLO / 2, end=now, mixed=True))
+    )  # fmt: skip
+    assert reply.status_code == 200, reply.text
+    book = service.app.state.observations.book  # type: ignore[attr-defined]
+    assert book.observed()["uid-a"].slowdown == pytest.approx(1.5)
+    assert book.observed()["uid-c"].slowdown == pytest.approx(2.0)  # against the profile
+    assert not [r for r in book.state()["refs"] if r[0] == "uid-c" and r[4]]  # none measured
+    view = httpx.get(f"{service.url}/observations").json()
+    assert view["pairs"] == []
+    assert service.app.state.observations.store.pair_records() == []  # type: ignore[attr-defined]
+    pod = next(p for p in view["pods"] if p["pod"] == "ml/a")
+    assert pod["window_mixed"] is True and pod["window_slowdown"] == pytest.approx(1.5)
+    # the next window, one run all through, teaches as before
+    assert service.post(batch(window("uid-a", SOLO / 1.5, end=now + 1))).status_code == 200
+    view = httpx.get(f"{service.url}/observations").json()
+    assert [p["partner"] for p in view["pairs"]] == ["ml/b"]
+
+
 def _state(service: Service) -> tuple:
     """Everything a refused batch must leave alone (ages and staleness move on by themselves)."""
     view = httpx.get(f"{service.url}/observations").json()
@@ -222,6 +247,7 @@ BAD = [
     ("sm above 1", batch(window("uid-a", 1.0, sm_activity=1.5)), 400, "sm_activity"),
     ("negative memory", batch(window("uid-a", 1.0, peak_mem_mib=-5)), 400, "peak_mem_mib"),
     ("odd unit", batch(window("uid-a", 1.0, unit="launches")), 400, "unit"),
+    ("mixed as text", batch(window("uid-a", 1.0, mixed="yes")), 400, "mixed"),
     ("unknown pod", batch(window("uid-zz", 1.0)), 422, "pod_uid"),
     ("stale", batch(window("uid-a", 1.0, end=time.time() - 3600)), 422, "stale"),
     ("future", batch(window("uid-a", 1.0, end=time.time() + 3600)), 422, "future"),

@@ -161,9 +161,12 @@ def test_the_loop_plans_when_observed_harm_or_a_waiting_queue_could_change_the_p
     assert sim._loop_news(now, epochs_since_plan=1.0)
 
 
-def test_a_window_shared_for_part_of_its_span_is_not_a_solo_window():
-    """The agent's partners are everyone who shared the devices during the window; a window
-    whose partner left half-way is diluted harm, not the job's solo rate."""
+def test_a_window_shared_for_part_of_its_span_is_mixed():
+    """A window whose partner left half-way is neither the job's solo rate nor its rate
+    next to that partner all through (diluted harm): as the node agent does, the
+    simulator marks it mixed.  It counts as the job's slowdown, labelled with the
+    partner, but teaches nothing (once it taught mild pair samples).  The next window,
+    alone all through, is the job's solo rate."""
     from elastico_extender.sim import engine
 
     sim, loop, gid = _looped_simulator(2, noise=0.0)
@@ -179,8 +182,14 @@ def test_a_window_shared_for_part_of_its_span_is_not_a_solo_window():
     sim._record(15.0, 30.0)
     sim._observe(30.0)
     seen = loop.observed()["j0"]
-    assert seen.partners == ("j1",)
-    assert not seen.solo_reference  # the profile still; the diluted rate taught nothing
+    assert seen.partners == ("j1",) and not seen.solo_reference
+    assert sim.counters["mixed_windows"] == 1
+    assert sim._observed_pairs == set()  # no pair labelled
+    sim._record(30.0, 60.0)
+    sim._observe(60.0)
+    seen = loop.observed()["j0"]
+    assert seen.partners == () and seen.solo_reference
+    assert seen.recent[-1] == pytest.approx(1.0)
 
 
 def test_every_plan_records_the_cases_of_harm_of_its_own_epoch():

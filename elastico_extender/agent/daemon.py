@@ -12,26 +12,22 @@ Per pod (running on this node, uid from the API server):
 * configuration: the pod's ``elastico.io/assigned-configuration``, so the extender refuses
   a window measured under a configuration the pod no longer runs.
 
-Restarts: a window is reported only when it measures one run of the pod next to the
-tenants the extender will name as its partners.  The pod's own window is not reported when
-its rings show a CUDA process starting or stopping in it, or none alive
-(:attr:`~.rings.PodLaunches.steady`: ``elastico-run`` restarting the workload under a new
-configuration, a container restart, the gap before the first CUDA call): such a window
-mixes two runs, or a pause, and its rate is no slowdown.  A pod sharing a GPU with such a
-pod does not report that window either: it ran alone for part of it, while the extender
-would label it as shared with that pod (a falsely mild pair sample, and a dip that breaks
-a harm case); nor does one sharing a GPU with a pod that left the node since the last
-window (it shared part of the window, which the extender, no longer listing that pod,
-would label as alone: a slow window taken into its solo reference).  At most
-:data:`MAX_HELD_BACK` windows in a row are held back so; then the window is reported.
-Nor is a window reported while ``elastico-run`` says the workload still runs another
-configuration than the pod's ``elastico.io/assigned-configuration``
-(:attr:`~.rings.PodLaunches.configurations`): the kubelet brings a new decision into the
-pod's annotations file a minute or so after the extender wrote it, and until the workload
-restarts under it, its rate is the old configuration's, which measured against the new
-one's solo rate reads as a false slowdown (a step up) or a false relief (a step down), and
-alone, would teach the new configuration's reference the old one's rate.  Its co-tenants
-still report: the slowdown they observe is real.
+Restarts: a pod's window is not reported when its rings show a CUDA process starting or
+stopping in it, or none alive (:attr:`~.rings.PodLaunches.steady`: ``elastico-run``
+restarting the workload under a new configuration, a container restart, the gap before the
+first CUDA call): such a window adds up two runs' rates, or a pause, and is no slowdown.
+Nor while ``elastico-run`` says the workload still runs another configuration than the
+pod's ``elastico.io/assigned-configuration`` (:attr:`~.rings.PodLaunches.configurations`):
+the kubelet brings a new decision into the pod's annotations file a minute or so after the
+extender wrote it, and until the workload restarts under it, its rate is the old
+configuration's, which measured against the new one's solo rate reads as a false slowdown
+(a step up) or a false relief (a step down), and alone, would teach the new
+configuration's reference the old one's rate.  A pod sharing a GPU with a pod whose
+processes started or stopped in the window, or with a pod that left the node since the
+last window, reports its window marked ``mixed``: it ran alone for part of it, so it is
+neither a window alone nor one next to the partners the extender lists; the extender
+counts its slowdown (which understates the partner's harm, never overstates it) and
+learns nothing from it (``core/observations.py``).
 
 Windows refused for a passing reason (a follower's 503 while the leader changes) are held
 by the :class:`~.reporter.Reporter` and resent with the next window, bounded and only
@@ -71,10 +67,6 @@ log = logging.getLogger(__name__)
 
 ORPHAN_SECONDS = 120.0
 """A ring directory whose pod is gone from the node for this long is deleted, seconds."""
-MAX_HELD_BACK = 3
-"""Windows in a row a pod's window is held back because a co-tenant restarted or left
-(module doc, "Restarts"); then it is reported anyway: a co-tenant that restarts without end
-must not hide the harm it does."""
 MAX_SCRAPES_AT_ONCE = 16
 """Framework metrics endpoints read at the same time in one window (a node runs a few
 dozen pods at most; each scrape is bounded in bytes and time)."""
@@ -134,6 +126,19 @@ def _unsteady_devices(
     return out
 
 
+def _one_run(pod: PodInfo, launches: PodLaunches | None) -> bool:
+    """Whether the pod's window measures one run of its workload under the configuration
+    it is assigned (module doc, "Restarts")."""
+    if launches is not None and not launches.steady:
+        log.debug("window.unsteady", extra={"pod": pod.key})
+        return False
+    launched = launches.configurations if launches is not None else frozenset()
+    if pod.configuration is not None and launched - {pod.configuration}:
+        log.debug("window.decision_not_yet_applied", extra={"pod": pod.key})
+        return False
+    return True
+
+
 class Agent:
     def __init__(
         self,
@@ -156,7 +161,6 @@ class Agent:
         self._counters = CounterRates()
         self._ends: dict[str, float] = {}
         self._orphans: dict[str, float] = {}
-        self._held_back: dict[str, int] = {}  # pod -> windows in a row held for co-tenants
         self._devices: dict[str, tuple[int, ...]] = {}  # pod -> its GPUs at the last window
         self.listing_error: str | None = None
         """Why the newest window could not list the node's pods (None: it could)."""
@@ -197,7 +201,7 @@ class Agent:
                 seconds = end - self._ends.get(pod.uid, end)
             if launches is not None:
                 self._ends[pod.uid] = launches.end
-            if rate is None or seconds <= 0 or not self._steady(pod, launches, unsteady):
+            if rate is None or seconds <= 0 or not _one_run(pod, launches):
                 continue
             item: dict[str, Any] = {
                 "pod_uid": pod.uid,
@@ -206,6 +210,8 @@ class Agent:
                 "rate": rate,
                 "unit": unit,
             }
+            if any(uid != pod.uid for d in pod.devices for uid in unsteady.get(d, ())):
+                item["mixed"] = True  # a co-tenant came, went or restarted (module doc)
             if pod.configuration:
                 item["configuration"] = pod.configuration
             if launches is not None and launches.peak_mem_mib > 0:
@@ -223,27 +229,6 @@ class Agent:
         self._collect_orphans({p.uid for p in pods}, now)
         return items
 
-    def _steady(
-        self, pod: PodInfo, launches: PodLaunches | None, unsteady: Mapping[int, set[str]]
-    ) -> bool:
-        """Whether the pod's window measures one run next to the tenants the extender
-        lists (module doc, "Restarts"); a window held back for a co-tenant counts toward
-        :data:`MAX_HELD_BACK`."""
-        if launches is not None and not launches.steady:
-            log.debug("window.unsteady", extra={"pod": pod.key})
-            return False
-        launched = launches.configurations if launches is not None else frozenset()
-        if pod.configuration is not None and launched - {pod.configuration}:
-            log.debug("window.decision_not_yet_applied", extra={"pod": pod.key})
-            return False
-        others = {uid for d in pod.devices for uid in unsteady.get(d, ()) if uid != pod.uid}
-        held = self._held_back.pop(pod.uid, 0)
-        if not others or held >= MAX_HELD_BACK:
-            return True
-        self._held_back[pod.uid] = held + 1
-        log.debug("window.held_back", extra={"pod": pod.key, "co_tenants": sorted(others)})
-        return False
-
     def _read_counters(self, pods: list[PodInfo]) -> dict[str, float | None]:
         """Every framework counter of this window, read at once: a pod whose endpoint
         hangs costs the window one scrape's time limit, not one per such pod."""
@@ -259,8 +244,6 @@ class Agent:
             return dict(zip((p.uid for p in asked), pool.map(read, asked), strict=True))
 
     def _collect_orphans(self, present: set[str], now: float) -> None:
-        for uid in [u for u in self._held_back if u not in present]:
-            del self._held_back[uid]
         for uid in list(self._ends):
             if uid not in present:
                 del self._ends[uid]

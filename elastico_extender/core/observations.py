@@ -31,6 +31,14 @@ where ``rate_ref`` is, best first:
    profile's T(c) passed by the driver (its error, a few percent, biases every
    window).
 
+A *mixed* window (``Observation.mixed``: a tenant of the job's devices
+joined, left or paused to restart part-way through it) is neither: its rate
+is partly alone and partly shared.  It counts as the job's slowdown (a harm
+case goes on with it: the slowdown it shows understates the partners', never
+overstates it), but it teaches nothing: no reference moves on it and it labels
+no pair sample (labelled as shared it taught mild samples; taken as alone, a
+slow solo rate).
+
 A window with no progress at all (rate 0) changes nothing: the job paused
 (a restarted workload loading its model, a checkpoint, an inference server
 with no requests); no partner stops a job outright, and reading a pause as a
@@ -179,7 +187,10 @@ class Observation:
 
     ``partners`` are the job ids sharing any of its devices during the window
     (empty: it ran alone).  ``unit`` names what ``rate`` counts ("launches/s",
-    "tokens/s", ...); rates of different units are never compared.
+    "tokens/s", ...); rates of different units are never compared.  ``mixed``: the
+    job's tenants changed part-way through the window (one joined, left, or paused to
+    restart), so it is neither a window alone nor one next to ``partners`` all through
+    (module doc).
     """
 
     job_id: str
@@ -191,6 +202,7 @@ class Observation:
     partners: tuple[str, ...] = ()
     peak_mem_mib: float | None = None
     sm_activity: float | None = None
+    mixed: bool = False
 
     def problems(self) -> list[str]:
         """Every reason this report cannot be used, each naming the field."""
@@ -351,7 +363,7 @@ class ObservationBook:
         key = (obs.job_id, obs.config, obs.unit)
         fkey = family_key(family, obs.config, obs.unit) if family else None
         ref, kind = self._reference_of(key, fkey)
-        if not obs.partners and obs.rate > 0:
+        if not obs.partners and obs.rate > 0 and not obs.mixed:
             # The job's own mean starts from the family's rate, counted as one window,
             # when there is one (a measured rate of the same kernels), never from a
             # profile's biased T(c).
@@ -396,6 +408,8 @@ class ObservationBook:
         self._jobs.move_to_end(obs.job_id)
         while len(self._jobs) > self.max_jobs:
             self._jobs.popitem(last=False)
+        if obs.mixed:
+            return []
         return [PairSample(obs.job_id, obs.config, p, slowdown, obs.end) for p in obs.partners]
 
     def _recent(

@@ -127,6 +127,7 @@ class AgentWindow:
     configuration: str | None = None
     peak_mem_mib: float | None = None
     sm_activity: float | None = None
+    mixed: bool = False  # a co-tenant came, went or restarted in it (agent/daemon.py)
 
 
 class ObservationRefused(Exception):
@@ -152,6 +153,7 @@ class PodReport:
     window_slowdown: float | None
     peak_mem_mib: float | None
     sm_activity: float | None
+    mixed: bool = False
 
 
 @dataclass(slots=True)
@@ -326,6 +328,7 @@ class ObservationService:
                     partners=partners_of.get(job.id, ()),
                     peak_mem_mib=w.peak_mem_mib,
                     sm_activity=w.sm_activity,
+                    mixed=w.mixed,
                 )
                 invalid = obs.problems()
                 if invalid:
@@ -390,8 +393,8 @@ class ObservationService:
         measured: set[str] = set()
         for obs in windows:
             pj = pub.pods.get(obs.job_id)
-            if pj is None or obs.partners or pj.family.workload in measured:
-                continue
+            if pj is None or obs.partners or obs.mixed or pj.family.workload in measured:
+                continue  # a mixed window ran shared for part of it: no solo profile
             flags = pj.family.estimated
             if flags is None or not bool(np.all(flags)):
                 continue  # profiled (catalog or measured rows): nothing to learn here
@@ -513,14 +516,14 @@ class ObservationService:
             after = self.book.reference(*key)
             if after is not None and after != before:
                 # the book moves a reference on a solo window only (then measured alone)
-                refs.append((*key, after, not obs.partners and obs.rate > 0))
+                refs.append((*key, after, not obs.partners and obs.rate > 0 and not obs.mixed))
             family_after = (
                 self.book.family_reference(family, obs.config, obs.unit) if family else None
             )
             if family and family_after is not None and family_after != family_before:
                 refs.append((*family_key(family, obs.config, obs.unit), family_after, True))
             window = pair_samples[0].slowdown if pair_samples else None
-            if window is None and not obs.partners and after is not None and obs.rate > 0:
+            if window is None and after is not None and obs.rate > 0:  # alone, or mixed
                 window = max(1.0, after / obs.rate)
             self._reports[obs.job_id] = PodReport(
                 node,
@@ -534,6 +537,7 @@ class ObservationService:
                 window,
                 obs.peak_mem_mib,
                 obs.sm_activity,
+                obs.mixed,
             )
             self._reports.move_to_end(obs.job_id)
             for s in pair_samples:
@@ -899,6 +903,7 @@ class ObservationService:
                     "rate": r.rate,
                     "window_seconds": r.seconds,
                     "window_slowdown": r.window_slowdown,
+                    "window_mixed": r.mixed,
                     "observed_slowdown": o.slowdown if o else None,
                     "samples": o.samples if o else 0,
                     "recent": list(o.recent) if o else [],

@@ -44,7 +44,12 @@ node agent fills from NVML/DCGM): the world's true activity averaged over the
 window's unpaused seconds (the production world's a_i(t); in the benchmark
 world the configuration's profiled SM share), times its own log-normal error
 of the same sigma, clipped to [0, 1].  A
-job paused for more than two thirds of a window reports nothing for it.
+job paused for more than two thirds of a window reports nothing for it.  A
+window in which a partner ran next to the job for part of its unpaused
+seconds only (the partner joined, left, or paused to restart) is reported as
+*mixed* (``Observation.mixed``, as the node agent marks it: ``agent/daemon.py``,
+"Restarts"; counted in ``counters["mixed_windows"]``): it counts as the job's
+slowdown but teaches nothing.
 The book's reference for a job is its profiled ``T(c)`` until the
 job is seen alone, then its own solo rate (profile error fades out).  The
 snapshot carries the book's per-job observed slowdowns and the clock.  While
@@ -289,6 +294,7 @@ class Simulator:
         self.separated_truth: list[float] = []
         self.counters["above_tolerance_s"] = 0.0
         self.counters["observations"] = 0.0
+        self.counters["mixed_windows"] = 0.0
         self._observed_pairs: set[tuple[int, int]] = set()
         self.mape: list[tuple[float, int, float, float]] = []
         self._next_mape = 3600.0
@@ -297,7 +303,8 @@ class Simulator:
         self.win_work = np.zeros(n)  # work done in the current observation window
         self.win_active = np.zeros(n)  # seconds not paused in it
         self.win_sm = np.zeros(n)  # integral of its SM activity over it
-        self.win_partners: dict[int, set[int]] = {}  # who shared its devices in it, unpaused
+        # who shared its devices in it, unpaused, and for how many of its seconds
+        self.win_partners: dict[int, dict[int, float]] = {}
         self._sharing: dict[int, list[int]] = {}  # job -> its unpaused co-tenants now
         self.counters["sm_oversubscribed_s"] = 0.0
         self._window_start = 0.0
@@ -339,13 +346,17 @@ class Simulator:
                 book.set_reference(
                     t.job_id, config, unit, float(fams[t.workload].throughput[config])
                 )
-            partners = sorted(shared.get(i, ()))
+            with_whom = shared.get(i, {})
+            partners = sorted(with_whom)
             default = self.c.default_gid[int(self.c.workload[self.gid[i]])]
             rate = float(rate_now[k] * self.c.t_true[default])
             if noise is not None:
                 rate *= float(noise[k])
             crowded = any(len(self.tenants[d]) > 2 for d in self.devices[i])
             running[t.job_id] = RunningConfig(t.workload, config, memory, crowded)
+            # a partner for part of its seconds only: neither alone nor shared (module doc)
+            mixed = any(v < seconds[k] * (1.0 - 1e-6) for v in with_whom.values())
+            self.counters["mixed_windows"] += mixed
             observations.append(
                 Observation(
                     t.job_id,
@@ -356,9 +367,10 @@ class Simulator:
                     unit,
                     tuple(self.trace[o].job_id for o in partners),
                     sm_activity=float(sm_now[k]),
+                    mixed=mixed,
                 )
             )
-            if len(partners) == 1:
+            if len(partners) == 1 and not mixed:
                 self._observed_pairs.add((int(self.gid[i]), int(self.gid[partners[0]])))
         loop.record(observations, running, fams)
         self.counters["observations"] += len(observations)
@@ -669,7 +681,9 @@ class Simulator:
                 self.win_work[run] += self.rate[run] * dt
                 self.win_active[run] += dt * (self.rate[run] > 0)
                 for i, others in self._sharing.items():
-                    self.win_partners.setdefault(i, set()).update(others)
+                    shared = self.win_partners.setdefault(i, {})
+                    for o in others:
+                        shared[o] = shared.get(o, 0.0) + dt
             self.remaining[run] -= self.rate[run] * dt
             self.held_time[run] += dt
             on = (self.rate[run] > 0) * dt  # seconds each ran unpaused

@@ -6,7 +6,8 @@ The body names the agent's node and one window per pod::
      "observations": [{"pod_uid": "0b6c...", "end": 1763845200.0, "seconds": 10.0,
                        "rate": 4210.5, "unit": "launches/s",
                        "configuration": "batch_size=64,amp=on",      # optional
-                       "peak_mem_mib": 18432.0, "sm_activity": 0.62}]}  # optional
+                       "peak_mem_mib": 18432.0, "sm_activity": 0.62,  # optional
+                       "mixed": false}]}  # optional: a co-tenant came, went or restarted
 
 Every field is checked (types, finite, non-negative, lengths, unknown fields) and so is
 every window against the published plan (:mod:`elastico_extender.service.observations`).
@@ -82,6 +83,7 @@ class WindowItem(BaseModel):
     configuration: Annotated[str | None, Field(strict=True, max_length=512)] = None
     peak_mem_mib: NonNegative | None = None
     sm_activity: Annotated[float | None, Field(strict=True, ge=0, le=1, allow_inf_nan=False)] = None
+    mixed: Annotated[bool, Field(strict=True)] = False
 
 
 class ObservationBatch(BaseModel):
