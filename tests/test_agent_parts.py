@@ -24,6 +24,7 @@ from elastico_extender.annotations import (
 from elastico_extender.core.shapes.catalog import build_family
 from elastico_extender.errors import AnnotationError
 from elastico_extender.profiling.hardware import HardwareSample
+from tests.test_agent_faults import write_ring
 
 
 @pytest.mark.parametrize(
@@ -149,6 +150,31 @@ def test_agent_window_from_a_framework_counter_with_sm_activity_of_its_gpus(
                     "unit": "tokens/s", "configuration": "max_num_seqs=64",
                     "sm_activity": pytest.approx(0.7)}  # fmt: skip
     rings.close()
+
+
+def test_a_framework_counter_that_began_again_marks_its_co_tenants_windows_mixed(
+    exposition: Exposition, tmp_path: Path
+) -> None:
+    """A vLLM server without rings restarted (its token counter went back): the pod on the
+    same GPU ran alone for part of that window, so its window is marked mixed."""
+    endpoint = parse_progress_metrics(f"{exposition.port}#vllm:generation_tokens_total")
+    server = PodInfo("uid-v", "ml/v", "127.0.0.1", (0,), None, endpoint)
+    trainer = PodInfo("uid-t", "ml/t", None, (0,), None, None)
+    clock = Clock(1000.0)
+    ring = tmp_path / "uid-t" / "elastico-shim-1.ring"
+    ring.parent.mkdir()
+    agent = Agent("g0", lambda: [server, trainer], PodRings(tmp_path, clock=clock),
+                  Reporter("http://127.0.0.1:9"), clock=clock)  # fmt: skip
+    mixed = []
+    for n, tokens in enumerate((10_000.0, 12_000.0, 500.0, 2_500.0)):
+        clock.t = 1000.0 + 5.0 * n
+        exposition.tokens = {"llama": tokens}
+        write_ring(ring, launches=1_000 * n, flushed_ns=int(clock.t * 1e9))
+        items = {i["pod_uid"]: i for i in agent.observe()}
+        mixed.append(bool(items.get("uid-t", {}).get("mixed")))
+        if n == 2:
+            assert "uid-v" not in items  # the counter's new baseline
+    assert mixed == [False, False, True, False]
 
 
 def test_pod_info_reads_decision_and_progress_annotations() -> None:

@@ -23,11 +23,11 @@ extender wrote it, and until the workload restarts under it, its rate is the old
 configuration's, which measured against the new one's solo rate reads as a false slowdown
 (a step up) or a false relief (a step down), and alone, would teach the new
 configuration's reference the old one's rate.  A pod sharing a GPU with a pod whose
-processes started or stopped in the window, or with a pod that left the node since the
-last window, reports its window marked ``mixed``: it ran alone for part of it, so it is
-neither a window alone nor one next to the partners the extender lists; the extender
-counts its slowdown (which understates the partner's harm, never overstates it) and
-learns nothing from it (``core/observations.py``).
+processes started or stopped in the window (or whose framework counter began again), or
+with a pod that left the node since the last window, reports its window marked
+``mixed``: it ran alone for part of it, so it is neither a window alone nor one next to
+the partners the extender lists; the extender counts its slowdown (which understates the
+partner's harm, never overstates it) and learns nothing from it (``core/observations.py``).
 
 Windows refused for a passing reason (a follower's 503 while the leader changes) are held
 by the :class:`~.reporter.Reporter` and resent with the next window, bounded and only
@@ -108,16 +108,13 @@ def pod_info(pod: Mapping[str, Any]) -> PodInfo | None:
 
 
 def _unsteady_devices(
-    pods: list[PodInfo],
-    launches: Mapping[str, PodLaunches | None],
-    departed: Mapping[str, tuple[int, ...]],
+    pods: list[PodInfo], unsteady: set[str], departed: Mapping[str, tuple[int, ...]]
 ) -> dict[int, set[str]]:
-    """GPU index -> the pods on it whose CUDA processes started or stopped in the window,
-    and those that left it since the last window (``departed``: uid -> its GPUs)."""
+    """GPU index -> the pods on it that restarted in the window (``unsteady``) and those
+    that left it since the last window (``departed``: uid -> its GPUs)."""
     out: dict[int, set[str]] = {}
     for pod in pods:
-        got = launches.get(pod.uid)
-        if got is not None and not got.steady:
+        if pod.uid in unsteady:
             for device in pod.devices:
                 out.setdefault(device, set()).add(pod.uid)
     for uid, devices in departed.items():
@@ -178,11 +175,21 @@ class Agent:
         now = self.clock()
         device_samples: dict[int, HardwareSample | None] = {}
         counters = self._read_counters(pods)
+        counted: dict[str, tuple[float, float] | None] = {}
+        restarted = set()  # pods whose processes started or stopped in the window
+        for pod in pods:
+            value = counters.get(pod.uid)
+            if value is not None:
+                before = self._counters.last(pod.uid)
+                if before is not None and value < before[0]:
+                    restarted.add(pod.uid)  # the framework's counter began again
+                counted[pod.uid] = self._counters.update(pod.uid, value, now)
         launch_samples = {pod.uid: self.rings.sample(pod.uid) for pod in pods}
+        restarted.update(u for u, got in launch_samples.items() if got and not got.steady)
         listed = {pod.uid: pod.devices for pod in pods if pod.devices}
         departed = {u: d for u, d in self._devices.items() if u not in listed}
         self._devices = listed
-        unsteady = _unsteady_devices(pods, launch_samples, departed)
+        unsteady = _unsteady_devices(pods, restarted, departed)
         items = []
         for pod in pods:
             launches = launch_samples[pod.uid]
@@ -191,8 +198,7 @@ class Agent:
             end = now
             seconds = 0.0
             if pod.progress is not None and pod.ip:
-                value = counters.get(pod.uid)
-                got = None if value is None else self._counters.update(pod.uid, value, now)
+                got = counted.get(pod.uid)
                 if got is not None:
                     rate, seconds = got
                     unit = pod.progress.unit

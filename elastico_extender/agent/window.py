@@ -31,5 +31,9 @@ class CounterRates:
         seconds = at - previous[1]
         return (value - previous[0]) / seconds, seconds
 
+    def last(self, source: Hashable) -> tuple[float, float] | None:
+        """The source's newest reading ``(value, time)``, if any."""
+        return self._last.get(source)
+
     def forget(self, source: Hashable) -> None:
         self._last.pop(source, None)
