@@ -192,6 +192,28 @@ def test_a_window_shared_for_part_of_its_span_is_mixed():
     assert seen.recent[-1] == pytest.approx(1.0)
 
 
+def test_a_partner_for_most_of_the_window_labels_it_as_shared():
+    """A partner that left with a sixth of the window to go was there for more than
+    MIN_SHARED_SHARE of it: the window is a sample of the pair, diluted by under a third."""
+    from elastico_extender.sim import engine
+
+    sim, loop, gid = _looped_simulator(2, noise=0.0)
+    sim.status[:] = engine.RUNNING
+    sim.gid[:] = gid
+    sim.tenants[0] = [0, 1]
+    sim.devices[0] = sim.devices[1] = (0,)
+    sim._update_rates(0.0)
+    sim._record(0.0, 25.0)
+    sim.status[1] = engine.DONE
+    sim.tenants[0] = [0]
+    sim._update_rates(25.0)
+    sim._record(25.0, 30.0)
+    sim._observe(30.0)
+    assert loop.observed()["j0"].partners == ("j1",)
+    assert sim.counters["mixed_windows"] == 0
+    assert sim._observed_pairs == {(int(gid), int(gid))}  # labelled
+
+
 def test_every_plan_records_the_cases_of_harm_of_its_own_epoch():
     """The harm flags a plan is taken to have answered (``_saw``) are judged at that plan's
     own epoch, even when a plan was due anyway (an arrival, a waiting queue): flags left

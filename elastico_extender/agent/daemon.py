@@ -22,12 +22,17 @@ the kubelet brings a new decision into the pod's annotations file a minute or so
 extender wrote it, and until the workload restarts under it, its rate is the old
 configuration's, which measured against the new one's solo rate reads as a false slowdown
 (a step up) or a false relief (a step down), and alone, would teach the new
-configuration's reference the old one's rate.  A pod sharing a GPU with a pod whose
-processes started or stopped in the window (or whose framework counter began again), or
-with a pod that left the node since the last window, reports its window marked
-``mixed``: it ran alone for part of it, so it is neither a window alone nor one next to
-the partners the extender lists; the extender counts its slowdown (which understates the
-partner's harm, never overstates it) and learns nothing from it (``core/observations.py``).
+configuration's reference the old one's rate.
+
+A pod's window is marked ``mixed`` when a pod on one of its GPUs ran its current run,
+under the configuration it is assigned, for less than two thirds of the window
+(``MIN_SHARED_SHARE``; :func:`_run_share`): it started its processes late in the window
+(from :attr:`~.rings.PodLaunches.running_since`), has none alive, still runs its previous
+configuration, restarted its framework counter, or left the node since the last window.
+The pod ran largely alone while the extender labels the window as shared with that pod
+(a falsely mild pair sample) or, once it is gone, as alone (a slow solo window); the
+extender counts a mixed window's slowdown (which understates the partner's harm, never
+overstates it) and learns nothing from it (``core/observations.py``).
 
 Windows refused for a passing reason (a follower's 503 while the leader changes) are held
 by the :class:`~.reporter.Reporter` and resent with the next window, bounded and only
@@ -59,6 +64,7 @@ from elastico_extender.annotations import (
     parse_progress_metrics,
     read_decision,
 )
+from elastico_extender.core.observations import MIN_SHARED_SHARE
 from elastico_extender.profiling.hardware import HardwareSample
 
 __all__ = ["Agent", "PodInfo", "pod_info"]
@@ -107,20 +113,25 @@ def pod_info(pod: Mapping[str, Any]) -> PodInfo | None:
     )
 
 
-def _unsteady_devices(
-    pods: list[PodInfo], unsteady: set[str], departed: Mapping[str, tuple[int, ...]]
-) -> dict[int, set[str]]:
-    """GPU index -> the pods on it that restarted in the window (``unsteady``) and those
-    that left it since the last window (``departed``: uid -> its GPUs)."""
-    out: dict[int, set[str]] = {}
-    for pod in pods:
-        if pod.uid in unsteady:
-            for device in pod.devices:
-                out.setdefault(device, set()).add(pod.uid)
-    for uid, devices in departed.items():
-        for device in devices:
-            out.setdefault(device, set()).add(uid)
-    return out
+def _run_share(
+    pod: PodInfo, launches: PodLaunches | None, began_again: bool, start: float | None, now: float
+) -> float:
+    """The share of the window ``[start, now]`` in which the pod ran its current run under
+    the configuration it is assigned (module doc, "Restarts"); 1.0 where nothing says
+    otherwise (no rings, the agent's first window)."""
+    if began_again:
+        return 0.0  # a framework counter that went back: when it restarted is unknown
+    if launches is None or start is None or now <= start:
+        return 1.0
+    if launches.running_since is None or _lags(pod, launches):
+        return 0.0
+    return min(1.0, max(0.0, (now - max(launches.running_since, start)) / (now - start)))
+
+
+def _lags(pod: PodInfo, launches: PodLaunches) -> bool:
+    """Whether ``elastico-run`` says the workload runs another configuration than the one
+    the pod is assigned (the decision has not reached it yet)."""
+    return pod.configuration is not None and bool(launches.configurations - {pod.configuration})
 
 
 def _one_run(pod: PodInfo, launches: PodLaunches | None) -> bool:
@@ -129,8 +140,7 @@ def _one_run(pod: PodInfo, launches: PodLaunches | None) -> bool:
     if launches is not None and not launches.steady:
         log.debug("window.unsteady", extra={"pod": pod.key})
         return False
-    launched = launches.configurations if launches is not None else frozenset()
-    if pod.configuration is not None and launched - {pod.configuration}:
+    if launches is not None and _lags(pod, launches):
         log.debug("window.decision_not_yet_applied", extra={"pod": pod.key})
         return False
     return True
@@ -159,6 +169,7 @@ class Agent:
         self._ends: dict[str, float] = {}
         self._orphans: dict[str, float] = {}
         self._devices: dict[str, tuple[int, ...]] = {}  # pod -> its GPUs at the last window
+        self._observed_at: float | None = None  # when the last window ended (``clock``)
         self.listing_error: str | None = None
         """Why the newest window could not list the node's pods (None: it could)."""
 
@@ -176,20 +187,28 @@ class Agent:
         device_samples: dict[int, HardwareSample | None] = {}
         counters = self._read_counters(pods)
         counted: dict[str, tuple[float, float] | None] = {}
-        restarted = set()  # pods whose processes started or stopped in the window
+        began_again = set()  # framework counters that went back: the server restarted
         for pod in pods:
             value = counters.get(pod.uid)
             if value is not None:
                 before = self._counters.last(pod.uid)
                 if before is not None and value < before[0]:
-                    restarted.add(pod.uid)  # the framework's counter began again
+                    began_again.add(pod.uid)
                 counted[pod.uid] = self._counters.update(pod.uid, value, now)
         launch_samples = {pod.uid: self.rings.sample(pod.uid) for pod in pods}
-        restarted.update(u for u, got in launch_samples.items() if got and not got.steady)
+        start, self._observed_at = self._observed_at, now
+        # per GPU, the share of this window each tenant ran there (module doc, "Restarts")
+        shares: dict[int, dict[str, float]] = {}
+        for pod in pods:
+            share = _run_share(pod, launch_samples[pod.uid], pod.uid in began_again, start, now)
+            for device in pod.devices:
+                shares.setdefault(device, {})[pod.uid] = share
         listed = {pod.uid: pod.devices for pod in pods if pod.devices}
-        departed = {u: d for u, d in self._devices.items() if u not in listed}
+        for uid, devices in self._devices.items():
+            if uid not in listed:  # left the node since the last window
+                for device in devices:
+                    shares.setdefault(device, {})[uid] = 0.0
         self._devices = listed
-        unsteady = _unsteady_devices(pods, restarted, departed)
         items = []
         for pod in pods:
             launches = launch_samples[pod.uid]
@@ -216,7 +235,12 @@ class Agent:
                 "rate": rate,
                 "unit": unit,
             }
-            if any(uid != pod.uid for d in pod.devices for uid in unsteady.get(d, ())):
+            if any(
+                share < MIN_SHARED_SHARE
+                for d in pod.devices
+                for uid, share in shares.get(d, {}).items()
+                if uid != pod.uid
+            ):
                 item["mixed"] = True  # a co-tenant came, went or restarted (module doc)
             if pod.configuration:
                 item["configuration"] = pod.configuration

@@ -239,6 +239,9 @@ class PodLaunches:
     configurations: frozenset[str] = frozenset()
     """The configurations ``elastico-run`` says the workload runs under
     (:func:`launched_configurations`; empty: not said)."""
+    running_since: float | None = None
+    """When the earliest of its processes alive now started (its current run began; the
+    shim's clock, seconds since the epoch); None when none is alive."""
 
 
 class PodRings:
@@ -373,6 +376,7 @@ class PodRings:
             end=end,
             steady=previous_scan is not None and bool(live) and not (started or stopped),
             configurations=launched,
+            running_since=min((now[p].started_at for p in live), default=None),
         )
 
     def forget(self, uid: str) -> None:

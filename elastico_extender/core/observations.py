@@ -31,9 +31,10 @@ where ``rate_ref`` is, best first:
    profile's T(c) passed by the driver (its error, a few percent, biases every
    window).
 
-A *mixed* window (``Observation.mixed``: a tenant of the job's devices
-joined, left or paused to restart part-way through it) is neither: its rate
-is partly alone and partly shared.  It counts as the job's slowdown (a harm
+A *mixed* window (``Observation.mixed``: a tenant of the job's devices ran
+next to it for less than ``MIN_SHARED_SHARE`` of the window: it joined, left
+or paused to restart part-way through) is neither: its rate is largely alone
+and partly shared.  It counts as the job's slowdown (a harm
 case goes on with it: the slowdown it shows understates the partners', never
 overstates it), but it teaches nothing: no reference moves on it and it labels
 no pair sample (labelled as shared it taught mild samples; taken as alone, a
@@ -84,6 +85,7 @@ __all__ = [
     "FAMILY_SMOOTHING",
     "HARM_WINDOWS",
     "MAX_RATE",
+    "MIN_SHARED_SHARE",
     "ONE_WINDOW_MARGIN",
     "PROFILE_MARGIN",
     "REFERENCES",
@@ -124,6 +126,14 @@ at least ``FAMILY_SMOOTHING``, so it never rests on more than about 10; a restor
 reference (counts are not persisted) counts as that many."""
 REFERENCES = ("solo", "family", "profile")
 """What a slowdown can rest on, best first (module doc)."""
+MIN_SHARED_SHARE = 2.0 / 3.0
+"""A window is labelled as shared with a partner only if that partner ran next to the job
+for at least this share of it (the same two thirds below which a job paused for part
+of a window reports nothing, sim/engine.py); one that joined, left or paused to restart
+for longer makes the window *mixed* (module doc).  Below a third alone, a window
+understates the pair's slowdown by at most a third of its excess and is still a sample of
+it: Philly ed69ec's loop lost 3-5% of JCT when every such window was mixed
+(``benchmarks/results/loop/README.md``, "Session 28")."""
 HARM_WINDOWS = 2
 """k: consecutive observation windows above tolerance before a pair is separated."""
 SLOW_WINDOWS = 4
@@ -187,10 +197,10 @@ class Observation:
 
     ``partners`` are the job ids sharing any of its devices during the window
     (empty: it ran alone).  ``unit`` names what ``rate`` counts ("launches/s",
-    "tokens/s", ...); rates of different units are never compared.  ``mixed``: the
-    job's tenants changed part-way through the window (one joined, left, or paused to
-    restart), so it is neither a window alone nor one next to ``partners`` all through
-    (module doc).
+    "tokens/s", ...); rates of different units are never compared.  ``mixed``: a
+    tenant of its devices ran next to it for less than ``MIN_SHARED_SHARE`` of the window
+    (it joined, left, or paused to restart), so it is neither a window alone nor one next
+    to ``partners`` (module doc).
     """
 
     job_id: str

@@ -45,11 +45,12 @@ window's unpaused seconds (the production world's a_i(t); in the benchmark
 world the configuration's profiled SM share), times its own log-normal error
 of the same sigma, clipped to [0, 1].  A
 job paused for more than two thirds of a window reports nothing for it.  A
-window in which a partner ran next to the job for part of its unpaused
-seconds only (the partner joined, left, or paused to restart) is reported as
-*mixed* (``Observation.mixed``, as the node agent marks it: ``agent/daemon.py``,
-"Restarts"; counted in ``counters["mixed_windows"]``): it counts as the job's
-slowdown but teaches nothing.
+window in which a partner ran next to the job for less than two thirds of its
+unpaused seconds (``MIN_SHARED_SHARE``: the partner joined, left, or paused to
+restart) is reported as *mixed* (``Observation.mixed``, as the node agent
+marks it: ``agent/daemon.py``, "Restarts"; counted in
+``counters["mixed_windows"]``): it counts as the job's slowdown but teaches
+nothing.
 The book's reference for a job is its profiled ``T(c)`` until the
 job is seen alone, then its own solo rate (profile error fades out).  The
 snapshot carries the book's per-job observed slowdowns and the clock.  While
@@ -104,7 +105,7 @@ from elastico_extender.core.closed_loop import ClosedLoop, RunningConfig
 from elastico_extender.core.duration import CompletedJob, DurationBook
 from elastico_extender.core.interference.features import pair_features
 from elastico_extender.core.model import GpuDevice, Job, Node, Plan, Snapshot
-from elastico_extender.core.observations import Observation
+from elastico_extender.core.observations import MIN_SHARED_SHARE, Observation
 from elastico_extender.core.planner.observed_throughput import solo_rates
 from elastico_extender.core.planner.protect import harm_evidence
 from elastico_extender.policies.base import Policy
@@ -354,8 +355,8 @@ class Simulator:
                 rate *= float(noise[k])
             crowded = any(len(self.tenants[d]) > 2 for d in self.devices[i])
             running[t.job_id] = RunningConfig(t.workload, config, memory, crowded)
-            # a partner for part of its seconds only: neither alone nor shared (module doc)
-            mixed = any(v < seconds[k] * (1.0 - 1e-6) for v in with_whom.values())
+            # a partner for less than two thirds of its seconds: neither alone nor shared
+            mixed = any(v < seconds[k] * MIN_SHARED_SHARE for v in with_whom.values())
             self.counters["mixed_windows"] += mixed
             observations.append(
                 Observation(
