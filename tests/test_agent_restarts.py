@@ -9,7 +9,6 @@ it (as labelled, a falsely mild pair sample).
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -27,12 +26,7 @@ from elastico_extender.agent.rings import PodRings, launched_configurations
 from elastico_extender.annotations import LAUNCHED_CONFIGURATION_FILE
 from elastico_extender.launcher.run import Supervisor, build_launch, load_settings
 from tests.test_agent_faults import write_ring
-
-ROOT = Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location("shim_fakes", ROOT / "profiler_shim/tests/fakes.py")
-assert _spec and _spec.loader
-fakes = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(fakes)
+from tests.test_agent_launch_rate import ROOT, stepper  # noqa: F401 (a fixture)
 
 S = 10**9  # ns per second
 INTERVAL = 2 * S  # the shim's default flush interval
@@ -180,22 +174,9 @@ def write_annotations(path: Path, annotations: dict[str, str]) -> None:
     tmp.replace(path)  # the kubelet swaps the downward-API file atomically
 
 
-@pytest.fixture(scope="module")
-def stepper(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """(program, shim): the stepper linked against the fake libcuda, and the real shim."""
-    built = fakes.build_all(tmp_path_factory.mktemp("fakes"))
-    program = built.directory / "stepper"
-    subprocess.run(
-        [*fakes.build.compiler(), "-O2", *fakes.WARN, "-I", str(ROOT / "profiler_shim"),
-         "-o", str(program), str(ROOT / "tests/agent_programs/stepper.c"),
-         f"-L{built.directory}", "-lcuda", f"-Wl,-rpath,{built.directory}"],
-        check=True,
-    )  # fmt: skip
-    return program, built.shim
-
-
 def test_elastico_run_restarting_a_workload_leaves_no_window_of_two_runs(
-    tmp_path: Path, stepper: tuple[Path, Path]
+    tmp_path: Path,
+    stepper: tuple[Path, Path],  # noqa: F811 (the fixture)
 ) -> None:
     """Two stepping workloads on GPU 0 under the real shim: v started directly, p under
     ``elastico-run``.  The extender reassigns p: its pod's annotation changes at once,
@@ -284,7 +265,9 @@ def test_launched_configurations_are_read_bounded_and_never_through_a_link(
 
 
 def test_elastico_run_records_the_configuration_its_workload_runs_under(
-    tmp_path: Path, stepper: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path,
+    stepper: tuple[Path, Path],  # noqa: F811 (the fixture)
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Written when the workload starts; a new label whose settings are the same ones
     (no restart needed) is recorded at once; a new assignment, after the restart."""
