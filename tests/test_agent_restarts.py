@@ -121,6 +121,29 @@ def test_a_restart_is_not_a_window_and_marks_its_co_tenants_windows_mixed(
     assert node.mixed == set()
 
 
+def test_a_restart_late_in_the_window_marks_it_mixed_while_the_old_process_looks_alive(
+    tmp_path: Path,
+) -> None:
+    """a's new process started 4 s before the window's end; the old one flushed 3 s
+    before it, recent enough to count as alive still.  a's current run is the new one:
+    b shared 4 s of 10 with it, so b's window is mixed."""
+    node = Node(tmp_path, [pod("a", 0), pod("b", 0)])
+    for n in range(2):
+        if n:
+            node.window()
+        node.ring("a", 7, launches=1_000 * n)
+        node.ring("b", 1, launches=1_000 * n)
+        node.observe()
+    node.window()
+    node.clock[0] -= 3.0
+    node.ring("a", 7, launches=1_700)
+    node.clock[0] += 3.0
+    node.ring("a", 8, launches=400, started=node.clock[0] - 4.0)
+    node.ring("b", 1, launches=2_000)
+    assert node.observe() == {"b": 100.0}
+    assert node.mixed == {"b"}
+
+
 def test_a_pod_with_no_live_process_reports_nothing_not_a_hundredfold_slowdown(
     tmp_path: Path,
 ) -> None:

@@ -240,8 +240,9 @@ class PodLaunches:
     """The configurations ``elastico-run`` says the workload runs under
     (:func:`launched_configurations`; empty: not said)."""
     running_since: float | None = None
-    """When the earliest of its processes alive now started (its current run began; the
-    shim's clock, seconds since the epoch); None when none is alive."""
+    """When its current run began (the shim's clock, seconds since the epoch): the start of
+    the earliest of its live processes that started in this window (a restart's), else of
+    the earliest live one; None when none is alive."""
 
 
 class PodRings:
@@ -342,6 +343,7 @@ class PodRings:
         measured = False
         started = False
         live: set[ProcessKey] = set()
+        fresh: set[ProcessKey] = set()  # alive, and started in this window
         at = self.clock()
         for process, c in now.items():
             before = self._last.get((uid, process))
@@ -352,6 +354,8 @@ class PodRings:
                 live.add(process)
             if before is None and new:
                 started = True
+                if process in live:
+                    fresh.add(process)
                 before = ProcessCounters(
                     0, c.started_at, c.started_at, 0, 0, c.started_mono, c.started_mono
                 )
@@ -376,7 +380,7 @@ class PodRings:
             end=end,
             steady=previous_scan is not None and bool(live) and not (started or stopped),
             configurations=launched,
-            running_since=min((now[p].started_at for p in live), default=None),
+            running_since=min((now[p].started_at for p in fresh or live), default=None),
         )
 
     def forget(self, uid: str) -> None:
