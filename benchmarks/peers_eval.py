@@ -43,13 +43,15 @@ Session 26 (band preemption on by default) re-ran the two ElastiCo columns of ev
     $P --only scale --worlds benchmark --sizes 512,1024 --hours 24 $E --policy-timeout 2400
 
 Session 27 (the observation book's mean reference, harm cases kept through a partner's
-restart) re-ran the one column that reads observations::
+restart) and session 28 (mixed windows teach nothing) re-ran the one column that reads
+observations::
 
     E="--policies elastico+online"
     $P --only philly $E
     $P --only scale --worlds production --sizes 64,128,256 $E
     $P --only scale --worlds benchmark $E --policy-timeout 1500
     $P --only scale --worlds benchmark --sizes 512,1024 --hours 24 $E --policy-timeout 2400
+    $P --only collect
 """
 
 from __future__ import annotations
