@@ -9,13 +9,11 @@ it (as labelled, a falsely mild pair sample).
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -27,6 +25,7 @@ from elastico_extender.annotations import LAUNCHED_CONFIGURATION_FILE
 from elastico_extender.launcher.run import Supervisor, build_launch, load_settings
 from tests.test_agent_faults import write_ring
 from tests.test_agent_launch_rate import ROOT, stepper  # noqa: F401 (a fixture)
+from tests.test_launcher_run import wait_for, write_annotations
 
 S = 10**9  # ns per second
 INTERVAL = 2 * S  # the shim's default flush interval
@@ -191,12 +190,6 @@ REASSIGNED = {**ASSIGNED, "elastico.io/memory-budget-mib": "6000",
               "elastico.io/assigned-configuration": '{"batch_size":16}'}  # fmt: skip
 
 
-def write_annotations(path: Path, annotations: dict[str, str]) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text("".join(f"{k}={json.dumps(v)}\n" for k, v in sorted(annotations.items())))
-    tmp.replace(path)  # the kubelet swaps the downward-API file atomically
-
-
 def test_elastico_run_restarting_a_workload_leaves_no_window_of_two_runs(
     tmp_path: Path,
     stepper: tuple[Path, Path],  # noqa: F811 (the fixture)
@@ -318,13 +311,6 @@ def test_elastico_run_records_the_configuration_its_workload_runs_under(
         supervisor.request_stop()
         thread.join(timeout=30)
     assert not thread.is_alive()
-
-
-def wait_for(condition: Callable[[], bool], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.02)
 
 
 def test_a_window_shared_with_a_pod_that_left_is_marked_mixed(tmp_path: Path) -> None:

@@ -128,9 +128,8 @@ REFERENCES = ("solo", "family", "profile")
 """What a slowdown can rest on, best first (module doc)."""
 MIN_SHARED_SHARE = 2.0 / 3.0
 """A window is labelled as shared with a partner only if that partner ran next to the job
-for at least this share of it (the same two thirds below which a job paused for part
-of a window reports nothing, sim/engine.py); one that joined, left or paused to restart
-for longer makes the window *mixed* (module doc).  Below a third alone, a window
+for at least this share of it; one that joined, left or paused to restart for longer
+makes the window *mixed* (module doc).  Below a third alone, a window
 understates the pair's slowdown by at most a third of its excess and is still a sample of
 it: Philly ed69ec's loop lost 3-5% of JCT when every such window was mixed
 (``benchmarks/results/loop/README.md``, "Session 28")."""
@@ -373,7 +372,7 @@ class ObservationBook:
         key = (obs.job_id, obs.config, obs.unit)
         fkey = family_key(family, obs.config, obs.unit) if family else None
         ref, kind = self._reference_of(key, fkey)
-        if not obs.partners and obs.rate > 0 and not obs.mixed:
+        if not obs.partners and not obs.mixed:
             # The job's own mean starts from the family's rate, counted as one window,
             # when there is one (a measured rate of the same kernels), never from a
             # profile's biased T(c).

@@ -515,8 +515,8 @@ class ObservationService:
             windows.append(pair_samples)
             after = self.book.reference(*key)
             if after is not None and after != before:
-                # the book moves a reference on a solo window only (then measured alone)
-                refs.append((*key, after, not obs.partners and obs.rate > 0 and not obs.mixed))
+                # the book moves a reference on a window alone only: measured alone
+                refs.append((*key, after, True))
             family_after = (
                 self.book.family_reference(family, obs.config, obs.unit) if family else None
             )
