@@ -29,9 +29,14 @@ Sections (results under ``benchmarks/results/<section>/``, tables collected in
 * ``philly``: a real Philly VC (ed69ec, its own 64 GPUs), all jobs, arrivals compressed
   to load 1.0 (the VC's native load over its 3-month trace is 0.09).
 
-Every policy runs with the same trace and seed; ``elastico`` plans with the core
-ContentionPredictor, ``elastico+learned`` with a k-NN learned from a stratified 25%
-of the workload pairs, ``elastico+iac`` with a predictor of the spec's accuracy.
+Every policy runs with the same trace and seed.  Peers: ``lucid`` (Lucid's published
+policy), ``tiresias`` (2D-LAS) and ``srtf`` (shortest remaining time first given the
+true durations: an ORACLE no scheduler has); ``docs/baselines.md`` states each.
+``elastico`` plans with the core ContentionPredictor and no observations (the open
+loop: no node agents), ``elastico+online`` is the same with the closed loop (node
+agents reporting, the online correction; what the Helm chart installs),
+``elastico+learned`` plans with a k-NN learned from a stratified 25% of the workload
+pairs, ``elastico+iac`` with a predictor of the spec's accuracy.
 The 128-GPU, load-1.0, 24 h point is shared by the load and scale sections and run
 once when both are asked for.
 """
@@ -73,7 +78,10 @@ OUT = Path(__file__).with_name("results")
 MAIN_POLICIES = (
     "volcano",
     "lucid",
+    "tiresias",
+    "srtf",
     "elastico",
+    "elastico+online",
     "elastico+learned",
     "elastico+iac",
     "elastico-no-rst",
@@ -81,7 +89,16 @@ MAIN_POLICIES = (
     "elastico-no-iac",
     "elastico-no-pds",
 )
-COMPARE = ("volcano", "lucid", "elastico", "elastico+learned", "elastico+iac")
+COMPARE = (
+    "volcano",
+    "lucid",
+    "tiresias",
+    "srtf",
+    "elastico",
+    "elastico+online",
+    "elastico+learned",
+    "elastico+iac",
+)
 PARTS = ("main", "load", "scale", "instances", "philly", "analysis")
 """Parts of RESULTS.md, in order: one per section, then the hand-written analysis."""
 SCALE = {64: 24.0, 128: 24.0, 256: 12.0, 512: 6.0, 2048: 2.0}
@@ -274,8 +291,7 @@ def main(argv: list[str] | None = None) -> int:
         native = offered_load(raw, gpus)
         trace = scale_arrivals(raw, 1.0 / native)
         exp = Experiment(tuple(trace), ClusterSpec(gpus=gpus), seed, ep)
-        # The k-NN "+learned" predictor is too slow for this trace's length; left out.
-        res = _run(f"philly {vc}", exp, tuple(p for p in COMPARE if "+learned" not in p), args.jobs)
+        res = _run(f"philly {vc}", exp, COMPARE, args.jobs)
         summ = summaries(res)
         write_run_files(res, out / "philly")
         plot_all(res, out / "philly", title=f"(Philly {vc}, {gpus} GPUs)")
