@@ -19,9 +19,9 @@ Sections (results under ``benchmarks/results/<section>/``, tables collected in
 ``benchmarks/results/RESULTS.md``):
 
 * ``main``: 64 GPUs, synthetic 24 h mix at load 1.0, every policy on one seed:
-  the main-results table (normalised to Volcano) and the ablation table
-  (normalised to full ElastiCo), plots (CDF of JCT, utilisation over time,
-  queueing delay by arrival order).
+  the main-results table (normalised to Volcano) and the ablation tables
+  (normalised to full ElastiCo, without and with the closed loop), plots (CDF of
+  JCT, utilisation over time, queueing delay by arrival order).
 * ``load``: 128 GPUs at 50/100/150% load, every compared system side by side.
 * ``scale``: 64, 128, 256, 512 and 2,048 GPUs, arrivals scaled with the cluster
   to keep the load factor; shorter windows at the large sizes (see SCALE).
@@ -88,6 +88,11 @@ MAIN_POLICIES = (
     "elastico-no-esp",
     "elastico-no-iac",
     "elastico-no-pds",
+    # the same ablations with the closed loop: what each mechanism adds to what is shipped
+    "elastico-no-rst+online",
+    "elastico-no-esp+online",
+    "elastico-no-iac+online",
+    "elastico-no-pds+online",
 )
 COMPARE = (
     "volcano",
@@ -206,6 +211,11 @@ def main(argv: list[str] | None = None) -> int:
             main_table(summ),
             "\n## Ablation (normalised to full elastico)\n",
             ablation_table({k: v for k, v in summ.items() if "+" not in k}),
+            "\n## Ablation with the closed loop (normalised to elastico+online)\n",
+            ablation_table(
+                {k: v for k, v in summ.items() if k.endswith("+online") and k.count("+") == 1},
+                full="elastico+online",
+            ),
             "\nWith the spec-accuracy predictor:\n",
             ablation_table({"elastico": summ["elastico+iac"]}),
             "\nWith the predictor learned from a stratified 25% of the workload pairs:\n",
