@@ -39,7 +39,15 @@ from elastico_extender.sim.traces import TraceJob, offered_load, synthetic
 from elastico_extender.sim.truth import GroundTruth
 from elastico_extender.sim.workloads import ConfigTable
 
-SYSTEMS = ("volcano", "lucid", "elastico", "elastico+learned", "elastico+iac")
+SYSTEMS = (
+    "volcano",
+    "lucid",
+    "tiresias",
+    "elastico",
+    "elastico+online",
+    "elastico+learned",
+    "elastico+iac",
+)
 
 
 def demand_ceiling(trace: list[TraceJob], window_s: float) -> float:
