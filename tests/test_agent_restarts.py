@@ -150,10 +150,10 @@ def test_a_pod_with_no_live_process_reports_nothing_not_a_hundredfold_slowdown(
     flushing.  The window measured zero launches; before, that was reported as a rate of
     0 (a slowdown of 100 to the extender, which separates a pair over it)."""
     node = Node(tmp_path, [pod("a", 0)])
-    node.ring("a", 7, launches=0)
+    node.ring("a", 7, launches=1_000)
     node.observe()
     node.window()
-    node.ring("a", 7, launches=1_000)
+    node.ring("a", 7, launches=2_000)
     assert node.observe() == {"a": 100.0}
     node.window()  # the process is gone: its last flush is 10 s (5 intervals) old
     assert node.observe() == {}
@@ -167,15 +167,84 @@ def test_a_co_tenant_that_never_settles_hides_nothing(tmp_path: Path) -> None:
     marked mixed (b's run covers half of each); b's own windows, each mixing two
     processes, never are."""
     node = Node(tmp_path, [pod("a", 0), pod("b", 0)])
-    node.ring("a", 1, launches=0)
-    node.ring("b", 1, launches=0)
+    node.ring("a", 1, launches=1_000)
+    node.ring("b", 1, launches=1_000)
     node.observe()
     for n in range(4):
         node.window()
-        node.ring("a", 1, launches=1_000 * (n + 1))
+        node.ring("a", 1, launches=1_000 * (n + 2))
         node.ring("b", 100 + n, launches=500, started=node.clock[0] - 5.0)  # a new one each
         assert node.observe() == {"a": 100.0}
         assert node.mixed == {"a"}
+
+
+def steady_pair(tmp_path: Path) -> tuple[Node, dict[str, int]]:
+    """Pods a (process 7) and b (process 1) sharing GPU 0, each at 100 launches/s, read
+    twice: the next window is an ordinary one."""
+    node = Node(tmp_path, [pod("a", 0), pod("b", 0)])
+    launches = {"a": 1_000, "b": 1_000}
+    for n in range(2):
+        if n:
+            node.window()
+            launches = {uid: count + 1_000 for uid, count in launches.items()}
+        node.ring("a", 7, launches=launches["a"])
+        node.ring("b", 1, launches=launches["b"])
+        node.observe()
+    return node, launches
+
+
+def test_a_restarted_workload_that_loads_before_launching_begins_its_run_at_its_first_launch(
+    tmp_path: Path,
+) -> None:
+    """A restarted workload's process creates its ring at its first allocation and may load
+    its model for minutes before launching a kernel.  Before, the window in which it began
+    launching, 4 s before the end, read 40 launches/s: a 2.5x slowdown reported against a
+    job running at full speed, which the extender separates on one window.  b's window
+    was a falsely mild sample of the pair.  Now a reports nothing until a window of its
+    run, and b's windows are mixed while a loads and in the window a begins."""
+    node, launches = steady_pair(tmp_path)
+    # a restarts: process 7 is gone (last flush 10 s old), 8 allocated 5 s ago, loading
+    node.window()
+    node.ring("a", 8, launches=0, started=node.clock[0] - 5.0)
+    launches["b"] += 1_000
+    node.ring("b", 1, launches=launches["b"])
+    assert node.observe() == {"b": 100.0} and node.mixed == {"b"}
+    # a window of loading: a runs nothing on the GPU, b's window is no sample of the pair
+    node.window()
+    node.ring("a", 8, launches=0, started=node.clock[0] - 15.0)
+    launches["b"] += 1_000
+    node.ring("b", 1, launches=launches["b"])
+    assert node.observe() == {"b": 100.0} and node.mixed == {"b"}
+    # a begins launching 4 s before the window's end
+    node.window()
+    node.ring("a", 8, launches=400, started=node.clock[0] - 25.0)
+    launches["b"] += 1_000
+    node.ring("b", 1, launches=launches["b"])
+    assert node.observe() == {"b": 100.0}
+    assert node.mixed == {"b"}
+    # a whole window of the new run: both reported, shared
+    node.window()
+    node.ring("a", 8, launches=1_400, started=node.clock[0] - 35.0)
+    launches["b"] += 1_000
+    node.ring("b", 1, launches=launches["b"])
+    assert node.observe() == {"a": 100.0, "b": 100.0} and node.mixed == set()
+
+
+def test_a_helper_process_that_never_launches_changes_no_window(tmp_path: Path) -> None:
+    """A helper process that allocates on the GPU but launches nothing (a health probe, a
+    memory holder) starts and stops: it adds nothing to any rate, so neither a's window
+    nor b's changes.  Before, its start and its end each cost a a window and marked b's
+    window mixed."""
+    node, launches = steady_pair(tmp_path)
+    for helper_alive in (True, False):
+        node.window()
+        launches = {uid: count + 1_000 for uid, count in launches.items()}
+        node.ring("a", 7, launches=launches["a"])
+        if helper_alive:
+            node.ring("a", 50, launches=0, started=node.clock[0] - 5.0)
+        node.ring("b", 1, launches=launches["b"])
+        assert node.observe() == {"a": 100.0, "b": 100.0}
+        assert node.mixed == set()
 
 
 # -- for real: elastico-run restarting a shim-profiled workload over the fake libcuda ------
@@ -258,6 +327,41 @@ def test_elastico_run_restarting_a_workload_leaves_no_window_of_two_runs(
     assert set(windows[-1]) == {"uid-v", "uid-p"} and not mixed[-1], (windows, mixed)
     marker = root / "uid-p" / "elastico-configuration"
     assert marker.read_text() == REASSIGNED["elastico.io/assigned-configuration"]
+
+
+def test_a_workload_loading_before_its_first_launch_reports_only_whole_windows_of_its_run(
+    tmp_path: Path,
+    stepper: tuple[Path, Path],  # noqa: F811 (the fixture)
+) -> None:
+    """The real shim over the fake libcuda: the workload allocates (its ring starts), loads
+    for 1.2 s without launching, then steps at 1,200 launches/s.  Every window the agent
+    reports is one of 1,200/s; before, the window in which it began launching read a
+    fraction of that: a false slowdown."""
+    program, shim = stepper
+    root = tmp_path / "rings"
+    root.mkdir()
+    environ = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+    environ.update(ELASTICO_SHIM_PATH=str(shim), ELASTICO_RING_ROOT=str(root),
+                   ELASTICO_SHIM_FLUSH_MS="50", ELASTICO_POD_UID="uid-l")  # fmt: skip
+    annotations = tmp_path / "annotations"
+    write_annotations(annotations, ASSIGNED)
+    step = [str(program), str(LAUNCHES_PER_STEP), str(STEPS_PER_S), "3", "1", "0.1", "1.2"]
+    argv, env = build_launch(step, load_settings(annotations, environ), environ)
+    agent = Agent("n0", lambda: [pod("uid-l", 0)], PodRings(root), Reporter(NOWHERE))
+    windows: list[float | None] = []
+    workload = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL)
+    try:
+        started = time.monotonic()
+        for n in range(10):
+            time.sleep(max(0.0, started + 0.3 + n * 0.35 - time.monotonic()))
+            windows.append(next((i["rate"] for i in agent.observe()), None))
+    finally:
+        workload.terminate()
+        workload.wait(timeout=30)
+    expected = LAUNCHES_PER_STEP * STEPS_PER_S
+    reported = [w for w in windows if w is not None]
+    assert len(reported) >= 3, windows  # whole windows of the run are reported
+    assert all(w == pytest.approx(expected, rel=0.1) for w in reported), windows
 
 
 def test_launched_configurations_are_read_bounded_and_never_through_a_link(

@@ -12,10 +12,12 @@ Per pod (running on this node, uid from the API server):
 * configuration: the pod's ``elastico.io/assigned-configuration``, so the extender refuses
   a window measured under a configuration the pod no longer runs.
 
-Restarts: a pod's window is not reported when its rings show a CUDA process starting or
-stopping in it, or none alive (:attr:`~.rings.PodLaunches.steady`: ``elastico-run``
-restarting the workload under a new configuration, a container restart, the gap before the
-first CUDA call): such a window adds up two runs' rates, or a pause, and is no slowdown.
+Restarts: a pod's window is not reported when its rings show a CUDA process starting,
+beginning to launch kernels or stopping in it, or none alive that has launched one
+(:attr:`~.rings.PodLaunches.steady`: ``elastico-run`` restarting the workload under a new
+configuration, a container restart, the gap before the first CUDA call, a model loading
+before the first launch): such a window adds up two runs' rates, or a pause, and is no
+slowdown.  A process that never launched a kernel (a helper) changes no window.
 Nor while ``elastico-run`` says the workload still runs another configuration than the
 pod's ``elastico.io/assigned-configuration`` (:attr:`~.rings.PodLaunches.configurations`):
 the kubelet brings a new decision into the pod's annotations file a minute or so after the
@@ -26,8 +28,9 @@ configuration's reference the old one's rate.
 
 A pod's window is marked ``mixed`` when a pod on one of its GPUs ran its current run,
 under the configuration it is assigned, for less than two thirds of the window
-(``MIN_SHARED_SHARE``; :func:`_run_share`): it started its processes late in the window
-(from :attr:`~.rings.PodLaunches.running_since`), has none alive, still runs its previous
+(``MIN_SHARED_SHARE``; :func:`_run_share`): it started its processes, or began
+launching, late in the window (from :attr:`~.rings.PodLaunches.running_since`), has none
+alive that launched, still runs its previous
 configuration, restarted its framework counter, or left the node since the last window.
 The pod ran largely alone while the extender labels the window as shared with that pod
 (a falsely mild pair sample) or, once it is gone, as alone (a slow solo window); the

@@ -49,9 +49,14 @@ a launcher or torchrun that re-execs itself reads as one process.
 
 Restarts: the shim's flusher stamps the header every ``flush_interval_ns`` whether or not
 the process launched anything, so a process is alive while its last flush is at most
-:data:`LIVE_FLUSHES` intervals old (:meth:`ProcessCounters.alive`).  A pod's window is
-:attr:`~PodLaunches.steady` when the same processes were alive at both its ends and none
-started in it; the agent reports no other (``agent/daemon.py``, "Restarts").  Beside its
+:data:`LIVE_FLUSHES` intervals old (:meth:`ProcessCounters.alive`).  Only processes that
+have launched a kernel count: a restarted workload's process creates its ring at its
+first allocation and may load a model for minutes before its first launch, and a
+helper that never launches adds nothing to any rate.  A pod's window is
+:attr:`~PodLaunches.steady` when the same launching processes were alive at both its
+ends and none started, or began launching, in it (a window in which the new process
+began launching part-way holds a fraction of its rate: a false slowdown); the agent
+reports no other (``agent/daemon.py``, "Restarts").  Beside its
 rings, ``elastico-run`` says which assigned configuration the workload runs under
 (:func:`launched_configurations`).
 
@@ -234,15 +239,18 @@ class PodLaunches:
     end: float
     """Newest flush time among its processes (the window's end, seconds since the epoch)."""
     steady: bool = True
-    """Whether the same CUDA processes ran all through the window: none started, none
-    stopped, at least one alive (module doc, "Restarts").  False for a pod's first window."""
+    """Whether the same CUDA processes ran all through the window: none started or began
+    launching kernels, none stopped, at least one alive (module doc, "Restarts").  False
+    for a pod's first window."""
     configurations: frozenset[str] = frozenset()
     """The configurations ``elastico-run`` says the workload runs under
     (:func:`launched_configurations`; empty: not said)."""
     running_since: float | None = None
-    """When its current run began (the shim's clock, seconds since the epoch): the start of
-    the earliest of its live processes that started in this window (a restart's), else of
-    the earliest live one; None when none is alive."""
+    """When its current run began (the shim's clock, seconds since the epoch): for a live
+    process that began launching in this window (a restart's), its start, or the window's
+    end when it was already running at the previous reading without having launched
+    (when in the window it began is unknown); else the start of the earliest live one;
+    None when none is alive."""
 
 
 class PodRings:
@@ -342,23 +350,32 @@ class PodRings:
         rate = 0.0
         measured = False
         started = False
-        live: set[ProcessKey] = set()
-        fresh: set[ProcessKey] = set()  # alive, and started in this window
+        live: set[ProcessKey] = set()  # alive, and has launched a kernel
+        fresh: dict[ProcessKey, float] = {}  # live, began launching in this window -> from
         at = self.clock()
         for process, c in now.items():
             before = self._last.get((uid, process))
             if before is not None and not c.same_process(before):
                 before = None  # the file now belongs to a new process
             new = previous_scan is not None and c.started_at >= previous_scan - 1.0
-            if c.alive(before, at):
+            launching = c.launches > 0  # a process that never launched adds to no rate
+            if launching and c.alive(before, at):
                 live.add(process)
             if before is None and new:
-                started = True
-                if process in live:
-                    fresh.add(process)
+                if launching:
+                    started = True
+                    if process in live:
+                        fresh[process] = c.started_at
                 before = ProcessCounters(
                     0, c.started_at, c.started_at, 0, 0, c.started_mono, c.started_mono
                 )
+            elif before is not None and before.launches == 0 and launching:
+                # It ran without launching (loading a model, a helper) and began
+                # launching some time in this window: when is unknown, so its run is
+                # taken to begin at the window's end (its co-tenants' windows are mixed).
+                started = True
+                if process in live:
+                    fresh[process] = c.flushed_at
             self._last[(uid, process)] = c
             if before is None:
                 continue
@@ -380,7 +397,9 @@ class PodRings:
             end=end,
             steady=previous_scan is not None and bool(live) and not (started or stopped),
             configurations=launched,
-            running_since=min((now[p].started_at for p in fresh or live), default=None),
+            running_since=min(fresh.values())
+            if fresh
+            else min((now[p].started_at for p in live), default=None),
         )
 
     def forget(self, uid: str) -> None:

@@ -2,9 +2,11 @@
  * launches (cuLaunchKernel over three functions, as a fixed model would), then waits for
  * the next step time.  Steps are paced on absolute CLOCK_MONOTONIC deadlines, so a late
  * step is caught up, not lost.  Usage:
- *     stepper LAUNCHES RATE1 SECONDS1 RATE2 SECONDS2
+ *     stepper LAUNCHES RATE1 SECONDS1 RATE2 SECONDS2 [LOAD]
  * runs RATE1 steps/s for SECONDS1, then RATE2 steps/s for SECONDS2, and prints
- * "phase <n> <steps> <seconds>" per phase (what it really achieved). */
+ * "phase <n> <steps> <seconds>" per phase (what it really achieved).  With LOAD, it
+ * first allocates device memory and launches nothing for LOAD seconds, as a workload
+ * loading its model does (the allocation starts the shim's ring). */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -43,9 +45,14 @@ static int phase(int n, int launches, double rate, double seconds) {
 }
 
 int main(int argc, char **argv) {
-    if (argc != 6) {
-        fprintf(stderr, "usage: stepper LAUNCHES RATE1 SECONDS1 RATE2 SECONDS2\n");
+    if (argc != 6 && argc != 7) {
+        fprintf(stderr, "usage: stepper LAUNCHES RATE1 SECONDS1 RATE2 SECONDS2 [LOAD]\n");
         return 2;
+    }
+    if (argc == 7) {
+        CUdeviceptr weights;
+        if (cuMemAlloc_v2(&weights, 1 << 20) != CUDA_SUCCESS) return 1;
+        sleep_until(now_s() + atof(argv[6]));
     }
     int launches = atoi(argv[1]);
     if (phase(1, launches, atof(argv[2]), atof(argv[3]))) return 1;
