@@ -361,7 +361,7 @@ def test_a_workload_loading_before_its_first_launch_reports_only_whole_windows_o
     expected = LAUNCHES_PER_STEP * STEPS_PER_S
     reported = [w for w in windows if w is not None]
     assert len(reported) >= 3, windows  # whole windows of the run are reported
-    assert all(w == pytest.approx(expected, rel=0.1) for w in reported), windows
+    assert all(w == pytest.approx(expected, rel=0.2) for w in reported), windows
 
 
 def test_launched_configurations_are_read_bounded_and_never_through_a_link(
