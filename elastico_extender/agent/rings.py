@@ -351,7 +351,7 @@ class PodRings:
         measured = False
         started = False
         live: set[ProcessKey] = set()  # alive, and has launched a kernel
-        fresh: dict[ProcessKey, float] = {}  # live, began launching in this window -> from
+        fresh: dict[ProcessKey, float] = {}  # live, began launching in this window -> run start
         at = self.clock()
         for process, c in now.items():
             before = self._last.get((uid, process))
