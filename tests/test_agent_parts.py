@@ -177,6 +177,36 @@ def test_a_framework_counter_that_began_again_marks_its_co_tenants_windows_mixed
     assert mixed == [False, False, True, False]
 
 
+def test_the_window_after_one_without_progress_is_not_reported(
+    exposition: Exposition, tmp_path: Path
+) -> None:
+    """A vLLM server restarts (its token counter begins again), loads its model for a
+    window (no tokens: reported as rate 0, a pause to the extender) and begins serving
+    half-way through the next: that window read 200 tokens/s for a server that serves
+    400, a 2x false slowdown.  The trainer beside it pauses for a checkpoint the same
+    way.  Neither pod reports the window in which its progress began again."""
+    endpoint = parse_progress_metrics(f"{exposition.port}#vllm:generation_tokens_total")
+    server = PodInfo("uid-v", "ml/v", "127.0.0.1", (0,), None, endpoint)
+    trainer = PodInfo("uid-t", "ml/t", None, (1,), None, None)
+    clock = Clock(1000.0)
+    ring = tmp_path / "uid-t" / "elastico-shim-1.ring"
+    ring.parent.mkdir()
+    agent = Agent("g0", lambda: [server, trainer], PodRings(tmp_path, clock=clock),
+                  Reporter("http://127.0.0.1:9"), clock=clock)  # fmt: skip
+    tokens = (10_000, 12_000, 500, 500, 1_500, 3_500)
+    launches = (1_000, 2_000, 3_000, 3_000, 3_500, 4_500)
+    seen = []
+    for n, (served, launched) in enumerate(zip(tokens, launches, strict=True)):
+        clock.t = 1000.0 + 5.0 * n
+        exposition.tokens = {"llama": float(served)}
+        write_ring(ring, launches=launched, flushed_ns=int(clock.t * 1e9))
+        seen.append({i["pod_uid"]: i["rate"] for i in agent.observe()})
+    assert seen[1] == {"uid-v": 400.0, "uid-t": 200.0}
+    assert seen[3] == {"uid-v": 0.0, "uid-t": 0.0}  # no progress: a pause
+    assert seen[4] == {}  # each began again part-way: 200/s and 100/s, false slowdowns
+    assert seen[5] == {"uid-v": 400.0, "uid-t": 200.0}
+
+
 def test_pod_info_reads_decision_and_progress_annotations() -> None:
     pod = {"metadata": {"uid": "u1", "name": "v", "namespace": "ml", "annotations": {
                "elastico.io/assigned-node": "g0", "elastico.io/assigned-devices": "2,3",

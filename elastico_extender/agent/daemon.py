@@ -17,7 +17,11 @@ beginning to launch kernels or stopping in it, or none alive that has launched o
 (:attr:`~.rings.PodLaunches.steady`: ``elastico-run`` restarting the workload under a new
 configuration, a container restart, the gap before the first CUDA call, a model loading
 before the first launch): such a window adds up two runs' rates, or a pause, and is no
-slowdown.  A process that never launched a kernel (a helper) changes no window.
+slowdown.  A process that never launched a kernel (a helper) changes no window.  Nor is
+the window after one with no progress at all (a model loading, a checkpoint write, an
+idle server): progress began again part-way through it, so it holds part of the pause
+and would read as a slowdown; the window of no progress itself is reported (rate 0, a
+pause to the extender).
 Nor while ``elastico-run`` says the workload still runs another configuration than the
 pod's ``elastico.io/assigned-configuration`` (:attr:`~.rings.PodLaunches.configurations`):
 the kubelet brings a new decision into the pod's annotations file a minute or so after the
@@ -172,6 +176,7 @@ class Agent:
         self._ends: dict[str, float] = {}
         self._orphans: dict[str, float] = {}
         self._devices: dict[str, tuple[int, ...]] = {}  # pod -> its GPUs at the last window
+        self._paused: set[str] = set()  # pods whose last window made no progress
         self._observed_at: float | None = None  # when the last window ended (``clock``)
         self.listing_error: str | None = None
         """Why the newest window could not list the node's pods (None: it could)."""
@@ -229,6 +234,14 @@ class Agent:
                 seconds = end - self._ends.get(pod.uid, end)
             if launches is not None:
                 self._ends[pod.uid] = launches.end
+            resumed = rate is not None and rate > 0 and pod.uid in self._paused
+            if rate == 0:
+                self._paused.add(pod.uid)
+            elif rate is not None:
+                self._paused.discard(pod.uid)
+            if resumed:  # progress began again part-way through the window (module doc)
+                log.debug("window.resumed", extra={"pod": pod.key})
+                continue
             if rate is None or seconds <= 0 or not _one_run(pod, launches):
                 continue
             item: dict[str, Any] = {
@@ -277,6 +290,7 @@ class Agent:
             return dict(zip((p.uid for p in asked), pool.map(read, asked), strict=True))
 
     def _collect_orphans(self, present: set[str], now: float) -> None:
+        self._paused &= present
         for uid in list(self._ends):
             if uid not in present:
                 del self._ends[uid]
