@@ -152,19 +152,28 @@ def test_agent_window_from_a_framework_counter_with_sm_activity_of_its_gpus(
     rings.close()
 
 
-def test_a_framework_counter_that_began_again_marks_its_co_tenants_windows_mixed(
-    exposition: Exposition, tmp_path: Path
-) -> None:
-    """A vLLM server without rings restarted (its token counter went back): the pod on the
-    same GPU ran alone for part of that window, so its window is marked mixed."""
+def server_and_trainer(
+    exposition: Exposition, tmp_path: Path, trainer_gpu: int
+) -> tuple[Agent, Clock, Path]:
+    """A vLLM server without rings (uid-v, GPU 0, its token counter on ``exposition``) and
+    a trainer with one ring (uid-t): the agent over both, its clock and the trainer's ring."""
     endpoint = parse_progress_metrics(f"{exposition.port}#vllm:generation_tokens_total")
     server = PodInfo("uid-v", "ml/v", "127.0.0.1", (0,), None, endpoint)
-    trainer = PodInfo("uid-t", "ml/t", None, (0,), None, None)
+    trainer = PodInfo("uid-t", "ml/t", None, (trainer_gpu,), None, None)
     clock = Clock(1000.0)
     ring = tmp_path / "uid-t" / "elastico-shim-1.ring"
     ring.parent.mkdir()
     agent = Agent("g0", lambda: [server, trainer], PodRings(tmp_path, clock=clock),
                   Reporter("http://127.0.0.1:9"), clock=clock)  # fmt: skip
+    return agent, clock, ring
+
+
+def test_a_framework_counter_that_began_again_marks_its_co_tenants_windows_mixed(
+    exposition: Exposition, tmp_path: Path
+) -> None:
+    """A vLLM server without rings restarted (its token counter went back): the pod on the
+    same GPU ran alone for part of that window, so its window is marked mixed."""
+    agent, clock, ring = server_and_trainer(exposition, tmp_path, trainer_gpu=0)
     mixed = []
     for n, tokens in enumerate((10_000.0, 12_000.0, 500.0, 2_500.0)):
         clock.t = 1000.0 + 5.0 * n
@@ -185,14 +194,7 @@ def test_the_window_after_one_without_progress_is_not_reported(
     half-way through the next: that window read 200 tokens/s for a server that serves
     400, a 2x false slowdown.  The trainer beside it pauses for a checkpoint the same
     way.  Neither pod reports the window in which its progress began again."""
-    endpoint = parse_progress_metrics(f"{exposition.port}#vllm:generation_tokens_total")
-    server = PodInfo("uid-v", "ml/v", "127.0.0.1", (0,), None, endpoint)
-    trainer = PodInfo("uid-t", "ml/t", None, (1,), None, None)
-    clock = Clock(1000.0)
-    ring = tmp_path / "uid-t" / "elastico-shim-1.ring"
-    ring.parent.mkdir()
-    agent = Agent("g0", lambda: [server, trainer], PodRings(tmp_path, clock=clock),
-                  Reporter("http://127.0.0.1:9"), clock=clock)  # fmt: skip
+    agent, clock, ring = server_and_trainer(exposition, tmp_path, trainer_gpu=1)
     tokens = (10_000, 12_000, 500, 500, 1_500, 3_500)
     launches = (1_000, 2_000, 3_000, 3_000, 3_500, 4_500)
     seen = []
