@@ -199,8 +199,7 @@ class Agent:
         for pod in pods:
             value = counters.get(pod.uid)
             if value is not None:
-                before = self._counters.last(pod.uid)
-                if before is not None and value < before[0]:
+                if self._counters.went_back(pod.uid, value):
                     began_again.add(pod.uid)
                 counted[pod.uid] = self._counters.update(pod.uid, value, now)
         launch_samples = {pod.uid: self.rings.sample(pod.uid) for pod in pods}

@@ -21,19 +21,22 @@ class CounterRates:
 
     def update(self, source: Hashable, value: float, at: float) -> tuple[float, float] | None:
         """``(rate, seconds)`` since the previous reading of ``source``, or None."""
+        reset = self.went_back(source, value)
         previous = self._last.get(source)
         self._last[source] = (value, at)
         self._last.move_to_end(source)
         while len(self._last) > self.max_sources:
             self._last.popitem(last=False)
-        if previous is None or value < previous[0] or at <= previous[1]:
+        if previous is None or reset or at <= previous[1]:
             return None
         seconds = at - previous[1]
         return (value - previous[0]) / seconds, seconds
 
-    def last(self, source: Hashable) -> tuple[float, float] | None:
-        """The source's newest reading ``(value, time)``, if any."""
-        return self._last.get(source)
+    def went_back(self, source: Hashable, value: float) -> bool:
+        """Whether ``value`` is below the source's newest reading: the counter was reset
+        (the process restarted), and :meth:`update` would take it as a new baseline."""
+        previous = self._last.get(source)
+        return previous is not None and value < previous[0]
 
     def forget(self, source: Hashable) -> None:
         self._last.pop(source, None)
