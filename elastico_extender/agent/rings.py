@@ -361,11 +361,9 @@ class PodRings:
             launching = c.launches > 0  # a process that never launched adds to no rate
             if launching and c.alive(before, at):
                 live.add(process)
+            begun: float | None = None  # when a run that began in this window began
             if before is None and new:
-                if launching:
-                    started = True
-                    if process in live:
-                        fresh[process] = c.started_at
+                begun = c.started_at if launching else None
                 before = ProcessCounters(
                     0, c.started_at, c.started_at, 0, 0, c.started_mono, c.started_mono
                 )
@@ -373,9 +371,11 @@ class PodRings:
                 # It ran without launching (loading a model, a helper) and began
                 # launching some time in this window: when is unknown, so its run is
                 # taken to begin at the window's end (its co-tenants' windows are mixed).
+                begun = c.flushed_at
+            if begun is not None:
                 started = True
                 if process in live:
-                    fresh[process] = c.flushed_at
+                    fresh[process] = begun
             self._last[(uid, process)] = c
             if before is None:
                 continue
