@@ -62,11 +62,13 @@ __all__ = [
     "DECISION_VOLUME",
     "INPUT_KEYS",
     "LAUNCHED_CONFIGURATION_FILE",
+    "MAX_WARMUP_SECONDS",
     "PREFIX",
     "PROGRESS_METRICS",
     "RINGS_DIR",
     "RINGS_VOLUME",
     "USER_SETTINGS_ENV",
+    "WARMUP",
     "Decision",
     "PodIntent",
     "ProgressEndpoint",
@@ -75,6 +77,7 @@ __all__ = [
     "is_opted_in",
     "parse_intent",
     "parse_progress_metrics",
+    "parse_warmup_seconds",
     "read_decision",
 ]
 
@@ -115,6 +118,7 @@ CONFIGURATION = "configuration"
 MIGRATION = "migration"
 PROFILING = "profiling"  # read by elastico-run in the container (launcher.assignment)
 PROGRESS_METRICS = "progress-metrics"  # read by elastico agent: PORT/PATH#COUNTER[@UNIT]
+WARMUP = "warmup-seconds"  # read by elastico agent: seconds of a run not measured
 INPUT_KEYS = (
     FAMILY,
     MODE,
@@ -125,6 +129,7 @@ INPUT_KEYS = (
     CONFIGURATION,
     MIGRATION,
     PROGRESS_METRICS,
+    WARMUP,
 )
 # Accepted on a pod without being an opt-in: the container's own switches.
 CONTAINER_KEYS = (PROFILING,)
@@ -193,6 +198,23 @@ def parse_progress_metrics(text: str) -> ProgressEndpoint:
     if not _UNIT.match(unit):
         raise ValueError(f"unit must look like tokens/s (at most 32 characters), got {unit!r}")
     return ProgressEndpoint(int(port_text), "/" + path if slash else "/metrics", counter, unit)
+
+
+MAX_WARMUP_SECONDS = 3600.0
+"""Longest warm-up a pod may declare: an hour covers a compiled model's first steps; a
+longer one would leave the pod unmeasured, and so unprotected, for longer."""
+
+
+def parse_warmup_seconds(text: str) -> float:
+    """Parse ``elastico.io/warmup-seconds`` (seconds after a run's first kernel launch that
+    are not measured: compilation, autotuning); ValueError saying what is wrong."""
+    try:
+        value = float(text.strip())
+    except ValueError:
+        raise ValueError(f"must be a number of seconds, got {text!r}") from None
+    if not 0 <= value <= MAX_WARMUP_SECONDS:  # NaN fails both
+        raise ValueError(f"must be between 0 and {MAX_WARMUP_SECONDS:g} seconds, got {text!r}")
+    return value
 
 
 FamilyResolver = Callable[[str], ProfileFamily]
@@ -428,6 +450,12 @@ def parse_intent(
             parse_progress_metrics(raw_progress)
         except ValueError as exc:
             problems.append((_key(PROGRESS_METRICS), str(exc)))
+    raw_warmup = get(WARMUP)
+    if raw_warmup is not None:
+        try:
+            parse_warmup_seconds(raw_warmup)
+        except ValueError as exc:
+            problems.append((_key(WARMUP), str(exc)))
 
     migration_allowed = False
     raw_migration = get(MIGRATION)

@@ -45,7 +45,7 @@ def test_agent_reports_a_slowdown_the_extender_sees(
     core = client.CoreV1Api(client.ApiClient(client.Configuration(host=api.url)))
     reporter = Reporter(server.url, token=svc.token)
     rings = PodRings(root)
-    agent = Agent("g0", lambda: kube_pods(core, "g0"), rings, reporter)
+    agent = Agent("g0", lambda: kube_pods(core, "g0"), rings, reporter, warmup_seconds=0.0)
     environ = {**os.environ, **ASSIGNED, "ELASTICO_POD_UID": "uid-a",
                "ELASTICO_RING_ROOT": str(root), "ELASTICO_PROFILING": "true",
                "ELASTICO_SHIM_FLUSH_MS": "50"}  # fmt: skip
@@ -146,7 +146,7 @@ def test_the_agent_command_reports_a_window_from_a_kubeconfig(
         code = main(["agent", "--once", "--node", "g0", "--extender", server.url,
                      "--token-file", str(token), "--kubeconfig", str(kubeconfig),
                      "--kubelet-root", str(kubelet), "--ring-root", "",
-                     "--window-seconds", "1.5"])  # fmt: skip
+                     "--window-seconds", "1.5", "--warmup-seconds", "0"])  # fmt: skip
         assert code == 0
         assert '"accepted": 1' in capsys.readouterr().out
         proc.communicate(timeout=30)

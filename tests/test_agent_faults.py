@@ -487,7 +487,7 @@ def test_a_windows_metrics_endpoints_are_read_at_once_not_one_after_another(
         ]  # fmt: skip
         now = [1000.0]
         agent = Agent("n1", lambda: pods, PodRings(str(tmp_path)), Reporter("http://127.0.0.1:9"),
-                      clock=lambda: now[0])  # fmt: skip
+                      clock=lambda: now[0], warmup_seconds=0.0)  # fmt: skip
         try:
             assert agent.observe() == []  # the first reading of each counter is its baseline
             now[0] += 10.0

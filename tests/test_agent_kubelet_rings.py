@@ -77,7 +77,8 @@ def test_agent_attributes_emptydir_rings_to_their_pod(
     spoofer = PodInfo("uid-spoof", "ml/spoof", None, (), None, None)
     bare = PodInfo("uid-without-rings", "ml/bare", None, (), None, None)
     rings = PodRings(None, kubelet_root=kubelet)
-    agent = Agent("g0", lambda: [here, spoofer, bare], rings, Reporter("http://127.0.0.1:9"))
+    agent = Agent("g0", lambda: [here, spoofer, bare], rings, Reporter("http://127.0.0.1:9"),
+                  warmup_seconds=0.0)  # fmt: skip
     proc = run_stepper(program, volume, UID, tmp_path, 3.0)
     liar = run_stepper(program, spoof, UID, tmp_path, 3.0)
     try:

@@ -164,7 +164,7 @@ def server_and_trainer(
     ring = tmp_path / "uid-t" / "elastico-shim-1.ring"
     ring.parent.mkdir()
     agent = Agent("g0", lambda: [server, trainer], PodRings(tmp_path, clock=clock),
-                  Reporter("http://127.0.0.1:9"), clock=clock)  # fmt: skip
+                  Reporter("http://127.0.0.1:9"), clock=clock, warmup_seconds=0.0)  # fmt: skip
     return agent, clock, ring
 
 

@@ -39,7 +39,8 @@ def pod(uid: str, *devices: int) -> PodInfo:
 class Node:
     """Ring files of a node's pods, written as the shim writes them, and an agent over them."""
 
-    def __init__(self, root: Path, pods: list[PodInfo]) -> None:
+    def __init__(self, root: Path, pods: list[PodInfo], warmup_seconds: float = 0.0) -> None:
+        """``warmup_seconds``: 0 unless a test is about warm-up (test_agent_warmup.py)."""
         self.root = root
         self.clock = [1_000.0]
         self.agent = Agent(
@@ -48,6 +49,7 @@ class Node:
             PodRings(root, clock=lambda: self.clock[0]),
             Reporter(NOWHERE),
             clock=lambda: self.clock[0],
+            warmup_seconds=warmup_seconds,
         )
 
     def ring(self, uid: str, pid: int, *, launches: int, started: float = 0.0) -> None:
@@ -292,7 +294,7 @@ def test_elastico_run_restarting_a_workload_leaves_no_window_of_two_runs(
     )  # fmt: skip
     label = ASSIGNED["elastico.io/assigned-configuration"]
     listed = [pod("uid-v", 0), PodInfo("uid-p", "ml/uid-p", None, (0,), label, None)]
-    agent = Agent("n0", lambda: listed, PodRings(root), Reporter(NOWHERE))
+    agent = Agent("n0", lambda: listed, PodRings(root), Reporter(NOWHERE), warmup_seconds=0.0)
     windows: list[dict[str, float]] = []
     mixed: list[bool] = []
     try:
@@ -347,7 +349,8 @@ def test_a_workload_loading_before_its_first_launch_reports_only_whole_windows_o
     write_annotations(annotations, ASSIGNED)
     step = [str(program), str(LAUNCHES_PER_STEP), str(STEPS_PER_S), "3", "1", "0.1", "1.2"]
     argv, env = build_launch(step, load_settings(annotations, environ), environ)
-    agent = Agent("n0", lambda: [pod("uid-l", 0)], PodRings(root), Reporter(NOWHERE))
+    agent = Agent("n0", lambda: [pod("uid-l", 0)], PodRings(root), Reporter(NOWHERE),
+                  warmup_seconds=0.0)  # fmt: skip
     windows: list[float | None] = []
     workload = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL)
     try:

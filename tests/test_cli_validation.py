@@ -180,6 +180,8 @@ current-context: x
         (["--client-cert", "{empty}", "--client-key", "{empty}"], "--client-cert", 2),
         (["--extender", "extender:8444"], "--extender", 2),
         (["--window-seconds", "inf"], "--window-seconds", 2),
+        (["--warmup-seconds", "-1"], "--warmup-seconds", 2),
+        (["--warmup-seconds", "nan"], "--warmup-seconds", 2),
         (["--kubeconfig", "{missing}"], "--kubeconfig", 1),
         (["--kubeconfig", "{empty}"], "--kubeconfig", 1),
         ([], "in-cluster config", 1),  # no --kubeconfig, and not in a pod

@@ -27,9 +27,10 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from elastico_extender.agent.daemon import Agent, PodInfo, pod_info
+from elastico_extender.agent.daemon import WARMUP_SECONDS, Agent, PodInfo, pod_info
 from elastico_extender.agent.reporter import Reporter
 from elastico_extender.agent.rings import KUBELET_ROOT, PodRings
+from elastico_extender.annotations import MAX_WARMUP_SECONDS
 from elastico_extender.bearer import BearerToken
 from elastico_extender.launcher.run import DEFAULT_RING_ROOT
 from elastico_extender.profiling.hardware import HardwareSample, HardwareSource, detect_source
@@ -76,6 +77,13 @@ def parser() -> argparse.ArgumentParser:
         f"(default $ELASTICO_RING_ROOT, else {DEFAULT_RING_ROOT}; '' to not look there)",
     )
     p.add_argument("--window-seconds", type=float, default=10.0, help="default %(default)s")
+    p.add_argument(
+        "--warmup-seconds",
+        type=float,
+        default=WARMUP_SECONDS,
+        help="seconds after a run's first kernel launch that are not measured, for pods "
+        "without elastico.io/warmup-seconds (default %(default)s)",
+    )
     p.add_argument("--kubeconfig", help="kubeconfig (default: in-cluster config)")
     p.add_argument("--once", action="store_true", help="report two windows and exit")
     return p
@@ -158,6 +166,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"--window-seconds must be >= {MIN_WINDOW_SECONDS:g} for the daemon (a report "
             "per window to the extender; --once may wait less)"
         )
+    if not 0 <= args.warmup_seconds <= MAX_WARMUP_SECONDS:  # NaN fails both
+        problems.append(f"--warmup-seconds must be between 0 and {MAX_WARMUP_SECONDS:g}")
     if not args.kubelet_root and not args.ring_root:
         problems.append("--kubelet-root and --ring-root are both empty: no rings to read")
     for option in ("--token-file", "--ca-file", "--client-cert", "--client-key"):
@@ -206,7 +216,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     rings = PodRings(args.ring_root or None, kubelet_root=args.kubelet_root or None)
     agent = Agent(
-        args.node, lambda: kube_pods(core, args.node), rings, reporter, hardware=DeviceMetrics()
+        args.node,
+        lambda: kube_pods(core, args.node),
+        rings,
+        reporter,
+        hardware=DeviceMetrics(),
+        warmup_seconds=args.warmup_seconds,
     )
     try:
         if args.once:

@@ -41,6 +41,16 @@ The pod ran largely alone while the extender labels the window as shared with th
 extender counts a mixed window's slowdown (which understates the partner's harm, never
 overstates it) and learns nothing from it (``core/observations.py``).
 
+Warm-up: a run's first ``WARMUP_SECONDS`` (30 s) after it began launching kernels
+(:attr:`~.rings.PodLaunches.running_since`), or the pod's ``elastico.io/warmup-seconds``,
+are not measured.  Its first steps autotune kernels, fill the allocator's cache and wait
+for the data loader, so their rate is not its rate: taken alone, they would set the job's
+solo reference (and its family's) low, and a partner's harm measured against it would
+hide; taken shared, they read as a slowdown.  While a pod warms up, its own windows are
+not reported and its co-tenants' are marked ``mixed`` as for a run that began late in the
+window (the warm-up counts as no part of its run).  A job that compiles for minutes
+(``torch.compile``) says so in its annotation.
+
 Windows refused for a passing reason (a follower's 503 while the leader changes) are held
 by the :class:`~.reporter.Reporter` and resent with the next window, bounded and only
 while the extender would still take them.  A window whose pod listing fails (the API
@@ -67,19 +77,26 @@ from elastico_extender.agent.window import CounterRates
 from elastico_extender.annotations import (
     PREFIX,
     PROGRESS_METRICS,
+    WARMUP,
     ProgressEndpoint,
     parse_progress_metrics,
+    parse_warmup_seconds,
     read_decision,
 )
 from elastico_extender.core.observations import MIN_SHARED_SHARE
 from elastico_extender.profiling.hardware import HardwareSample
 
-__all__ = ["Agent", "PodInfo", "pod_info"]
+__all__ = ["WARMUP_SECONDS", "Agent", "PodInfo", "pod_info"]
 
 log = logging.getLogger(__name__)
 
 ORPHAN_SECONDS = 120.0
 """A ring directory whose pod is gone from the node for this long is deleted, seconds."""
+WARMUP_SECONDS = 30.0
+"""Seconds after a run's first kernel launch that are not measured, unless the pod says
+otherwise (``elastico.io/warmup-seconds``; module doc, "Warm-up"): a first step that
+autotunes kernels (cuDNN's benchmark mode), fills the allocator's cache or waits for the
+data loader's first batches runs at another rate than the steps after it."""
 MAX_SCRAPES_AT_ONCE = 16
 """Framework metrics endpoints read at the same time in one window (a node runs a few
 dozen pods at most; each scrape is bounded in bytes and time)."""
@@ -93,6 +110,8 @@ class PodInfo:
     devices: tuple[int, ...]
     configuration: str | None
     progress: ProgressEndpoint | None
+    warmup_seconds: float | None = None
+    """Its ``elastico.io/warmup-seconds`` (None: the agent's default)."""
 
 
 def pod_info(pod: Mapping[str, Any]) -> PodInfo | None:
@@ -110,6 +129,13 @@ def pod_info(pod: Mapping[str, Any]) -> PodInfo | None:
             progress = parse_progress_metrics(str(raw))
         except ValueError as exc:
             log.info("pod.progress_annotation_invalid", extra={"pod": uid, "error": str(exc)})
+    warmup = None
+    raw = annotations.get(PREFIX + WARMUP)
+    if raw is not None:
+        try:
+            warmup = parse_warmup_seconds(str(raw))
+        except ValueError as exc:  # admission refuses it; a pod admitted before may carry it
+            log.info("pod.warmup_annotation_invalid", extra={"pod": uid, "error": str(exc)})
     return PodInfo(
         uid=uid,
         key=f"{meta.get('namespace') or 'default'}/{meta.get('name', '')}",
@@ -117,22 +143,30 @@ def pod_info(pod: Mapping[str, Any]) -> PodInfo | None:
         devices=decision.devices if decision else (),
         configuration=(decision.configuration or None) if decision else None,
         progress=progress,
+        warmup_seconds=warmup,
     )
 
 
 def _run_share(
-    pod: PodInfo, launches: PodLaunches | None, began_again: bool, start: float | None, now: float
+    pod: PodInfo,
+    launches: PodLaunches | None,
+    began_again: bool,
+    start: float | None,
+    now: float,
+    warmup: float,
 ) -> float:
-    """The share of the window ``[start, now]`` in which the pod ran its current run under
-    the configuration it is assigned (module doc, "Restarts"); 1.0 where nothing says
-    otherwise (no rings, the agent's first window)."""
+    """The share of the window ``[start, now]`` in which the pod ran its current run, warmed
+    up (``warmup`` seconds after it began launching), under the configuration it is
+    assigned (module doc, "Restarts", "Warm-up"); 1.0 where nothing says otherwise (no
+    rings, the agent's first window)."""
     if began_again:
         return 0.0  # a framework counter that went back: when it restarted is unknown
     if launches is None or start is None or now <= start:
         return 1.0
     if launches.running_since is None or _lags(pod, launches):
         return 0.0
-    return min(1.0, max(0.0, (now - max(launches.running_since, start)) / (now - start)))
+    warm = launches.running_since + warmup
+    return min(1.0, max(0.0, (now - max(warm, start)) / (now - start)))
 
 
 def _lags(pod: PodInfo, launches: PodLaunches) -> bool:
@@ -141,14 +175,18 @@ def _lags(pod: PodInfo, launches: PodLaunches) -> bool:
     return pod.configuration is not None and bool(launches.configurations - {pod.configuration})
 
 
-def _one_run(pod: PodInfo, launches: PodLaunches | None) -> bool:
-    """Whether the pod's window measures one run of its workload under the configuration
-    it is assigned (module doc, "Restarts")."""
+def _one_run(pod: PodInfo, launches: PodLaunches | None, share: float) -> bool:
+    """Whether the pod's window measures one run of its workload, warmed up, under the
+    configuration it is assigned (module doc, "Restarts", "Warm-up"); ``share``: its
+    :func:`_run_share`."""
     if launches is not None and not launches.steady:
         log.debug("window.unsteady", extra={"pod": pod.key})
         return False
     if launches is not None and _lags(pod, launches):
         log.debug("window.decision_not_yet_applied", extra={"pod": pod.key})
+        return False
+    if share < 1.0:
+        log.debug("window.warming_up", extra={"pod": pod.key})
         return False
     return True
 
@@ -164,8 +202,11 @@ class Agent:
         hardware: Callable[[int], HardwareSample | None] = lambda _: None,
         fetch: Fetch = scrape,
         clock: Callable[[], float] = time.time,
+        warmup_seconds: float = WARMUP_SECONDS,
     ) -> None:
         self.node = node
+        self.warmup_seconds = warmup_seconds
+        """Seconds of a run's warm-up not measured, for a pod that does not say (module doc)."""
         self.pods = pods
         self.rings = rings
         self.reporter = reporter
@@ -206,8 +247,13 @@ class Agent:
         start, self._observed_at = self._observed_at, now
         # per GPU, the share of this window each tenant ran there (module doc, "Restarts")
         shares: dict[int, dict[str, float]] = {}
+        own_share: dict[str, float] = {}
         for pod in pods:
-            share = _run_share(pod, launch_samples[pod.uid], pod.uid in began_again, start, now)
+            warmup = self.warmup_seconds if pod.warmup_seconds is None else pod.warmup_seconds
+            share = _run_share(
+                pod, launch_samples[pod.uid], pod.uid in began_again, start, now, warmup
+            )
+            own_share[pod.uid] = share
             for device in pod.devices:
                 shares.setdefault(device, {})[pod.uid] = share
         listed = {pod.uid: pod.devices for pod in pods if pod.devices}
@@ -241,7 +287,7 @@ class Agent:
             if resumed:  # progress began again part-way through the window (module doc)
                 log.debug("window.resumed", extra={"pod": pod.key})
                 continue
-            if rate is None or seconds <= 0 or not _one_run(pod, launches):
+            if rate is None or seconds <= 0 or not _one_run(pod, launches, own_share[pod.uid]):
                 continue
             item: dict[str, Any] = {
                 "pod_uid": pod.uid,

@@ -246,11 +246,12 @@ class PodLaunches:
     """The configurations ``elastico-run`` says the workload runs under
     (:func:`launched_configurations`; empty: not said)."""
     running_since: float | None = None
-    """When its current run began (the shim's clock, seconds since the epoch): for a live
-    process that began launching in this window (a restart's), its start, or the window's
-    end when it was already running at the previous reading without having launched
-    (when in the window it began is unknown); else the start of the earliest live one;
-    None when none is alive."""
+    """When its current run began (the shim's clock, seconds since the epoch): the latest
+    time one of its live processes began launching kernels, which is the process's start
+    for one that launched from its first reading (or was launching when the agent first
+    saw it), and the end of the window in which it began for one that ran without
+    launching first (loading a model: when in the window it began is unknown); None when
+    none is alive.  The agent counts a run's warm-up from it (``agent/daemon.py``)."""
 
 
 class PodRings:
@@ -271,6 +272,8 @@ class PodRings:
         self.kubelet_root = Path(kubelet_root) if kubelet_root else None
         self.clock = clock  # the node's wall clock, the shim's realtime stamps' clock
         self._last: dict[tuple[str, ProcessKey], ProcessCounters] = {}
+        # (pod, process) -> when the process began launching kernels (its run's start)
+        self._began: dict[tuple[str, ProcessKey], float] = {}
         self._live: dict[str, frozenset[ProcessKey]] = {}  # pod -> alive in its last window
         self._scanned: dict[str, float] = {}  # pod uid -> newest flush time at last scan
         # rings unreadable at the last scan -> whether that was told (bounded, oldest out)
@@ -351,12 +354,12 @@ class PodRings:
         measured = False
         started = False
         live: set[ProcessKey] = set()  # alive, and has launched a kernel
-        fresh: dict[ProcessKey, float] = {}  # live, began launching in this window -> run start
         at = self.clock()
         for process, c in now.items():
             before = self._last.get((uid, process))
             if before is not None and not c.same_process(before):
                 before = None  # the file now belongs to a new process
+                self._began.pop((uid, process), None)
             new = previous_scan is not None and c.started_at >= previous_scan - 1.0
             launching = c.launches > 0  # a process that never launched adds to no rate
             if launching and c.alive(before, at):
@@ -374,8 +377,9 @@ class PodRings:
                 begun = c.flushed_at
             if begun is not None:
                 started = True
-                if process in live:
-                    fresh[process] = begun
+                self._began[(uid, process)] = begun
+            elif launching:  # launching when first seen (the agent started later): since
+                self._began.setdefault((uid, process), c.started_at)  # its start at most
             self._last[(uid, process)] = c
             if before is None:
                 continue
@@ -397,15 +401,14 @@ class PodRings:
             end=end,
             steady=previous_scan is not None and bool(live) and not (started or stopped),
             configurations=launched,
-            running_since=min(fresh.values())
-            if fresh
-            else min((now[p].started_at for p in live), default=None),
+            running_since=max((self._began[(uid, p)] for p in live), default=None),
         )
 
     def forget(self, uid: str) -> None:
         """Stop following a pod that left the node."""
         for key in [k for k in self._last if k[0] == uid]:
             del self._last[key]
+            self._began.pop(key, None)
         self._scanned.pop(uid, None)
         self._live.pop(uid, None)
 
