@@ -444,18 +444,14 @@ def parse_intent(
         elif value is not None:
             floor = value
 
-    raw_progress = get(PROGRESS_METRICS)
-    if raw_progress is not None:
-        try:
-            parse_progress_metrics(raw_progress)
-        except ValueError as exc:
-            problems.append((_key(PROGRESS_METRICS), str(exc)))
-    raw_warmup = get(WARMUP)
-    if raw_warmup is not None:
-        try:
-            parse_warmup_seconds(raw_warmup)
-        except ValueError as exc:
-            problems.append((_key(WARMUP), str(exc)))
+    # read by the node agent, checked here so a bad value is refused at admission
+    for name, parse in ((PROGRESS_METRICS, parse_progress_metrics), (WARMUP, parse_warmup_seconds)):
+        raw_agent = get(name)
+        if raw_agent is not None:
+            try:
+                parse(raw_agent)
+            except ValueError as exc:
+                problems.append((_key(name), str(exc)))
 
     migration_allowed = False
     raw_migration = get(MIGRATION)

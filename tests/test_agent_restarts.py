@@ -180,10 +180,10 @@ def test_a_co_tenant_that_never_settles_hides_nothing(tmp_path: Path) -> None:
         assert node.mixed == {"a"}
 
 
-def steady_pair(tmp_path: Path) -> tuple[Node, dict[str, int]]:
+def steady_pair(tmp_path: Path, warmup_seconds: float = 0.0) -> tuple[Node, dict[str, int]]:
     """Pods a (process 7) and b (process 1) sharing GPU 0, each at 100 launches/s, read
     twice: the next window is an ordinary one."""
-    node = Node(tmp_path, [pod("a", 0), pod("b", 0)])
+    node = Node(tmp_path, [pod("a", 0), pod("b", 0)], warmup_seconds)
     launches = {"a": 1_000, "b": 1_000}
     for n in range(2):
         if n:

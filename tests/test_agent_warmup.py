@@ -30,6 +30,7 @@ from tests.test_agent_restarts import (
     STEPS_PER_S,
     Node,
     pod,
+    steady_pair,
 )
 from tests.test_launcher_run import write_annotations
 
@@ -37,13 +38,9 @@ WARMUP_S = 30.0
 
 
 def restarted_pair(tmp_path: Path, warmup: float = WARMUP_S) -> tuple[Node, dict[str, int]]:
-    """Pods a and b on GPU 0 at 100 launches/s for a window; then a restarts: its new
+    """Pods a and b on GPU 0 at 100 launches/s (``steady_pair``); then a restarts: its new
     process 8 starts, and launches, 5 s before the end of the next window (20/s)."""
-    node = Node(tmp_path, [pod("a", 0), pod("b", 0)], warmup_seconds=warmup)
-    launches = {"a": 1_000, "b": 1_000}
-    node.ring("a", 7, launches=1_000)
-    node.ring("b", 1, launches=1_000)
-    node.observe()
+    node, launches = steady_pair(tmp_path, warmup)
     node.window()
     node.ring("a", 8, launches=100, started=node.clock[0] - 5.0)
     launches["b"] += 1_000
