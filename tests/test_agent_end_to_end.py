@@ -18,22 +18,23 @@ import httpx
 import pytest
 from kubernetes import client
 from test_agent_launch_rate import ASSIGNED, LAUNCHES_PER_STEP, stepper  # noqa: F401
-from test_service_observations import gpu_node, running_pod, start_service, wait_for
+from test_service_observations import Service, gpu_node, running_pod, start_service, wait_for
 
 from elastico_extender.agent.cli import kube_pods
 from elastico_extender.agent.daemon import Agent
 from elastico_extender.agent.reporter import Reporter
 from elastico_extender.agent.rings import PodRings
 from elastico_extender.cluster.fake_apiserver import FakeApiServer
+from elastico_extender.cluster.kube import KubeCluster
 from elastico_extender.launcher.run import build_launch, load_settings
+from elastico_extender.service.server import ServerThread
 
 
-def test_agent_reports_a_slowdown_the_extender_sees(
-    tmp_path: Path,
-    stepper: tuple[Path, Path],  # noqa: F811
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    program, shim = stepper
+def node_of_two_gpus(
+    tmp_path: Path, shim: Path, monkeypatch: pytest.MonkeyPatch, warmup_seconds: float
+) -> tuple[FakeApiServer, KubeCluster, Service, ServerThread, Agent, Path]:
+    """Pods a (GPU 0) and c (GPU 1) on node g0 of the fake API server, the extender under
+    uvicorn, and an agent of g0 reading the rings under the returned directory."""
     monkeypatch.setenv("ELASTICO_SHIM_PATH", str(shim))
     root = tmp_path / "rings"
     root.mkdir()
@@ -44,22 +45,37 @@ def test_agent_reports_a_slowdown_the_extender_sees(
     server, kube, svc = start_service(api)
     core = client.CoreV1Api(client.ApiClient(client.Configuration(host=api.url)))
     reporter = Reporter(server.url, token=svc.token)
-    rings = PodRings(root)
-    agent = Agent("g0", lambda: kube_pods(core, "g0"), rings, reporter, warmup_seconds=0.0)
+    agent = Agent("g0", lambda: kube_pods(core, "g0"), PodRings(root), reporter,
+                  warmup_seconds=warmup_seconds)  # fmt: skip
+    return api, kube, svc, server, agent, root
+
+
+def step_loop(program: Path, root: Path, tmp_path: Path, phases: list[str]) -> subprocess.Popen:
+    """Pod a's workload under ``elastico-run``'s launch: the stepper's two phases."""
     environ = {**os.environ, **ASSIGNED, "ELASTICO_POD_UID": "uid-a",
                "ELASTICO_RING_ROOT": str(root), "ELASTICO_PROFILING": "true",
                "ELASTICO_SHIM_FLUSH_MS": "50"}  # fmt: skip
     argv, env = build_launch(
-        [str(program), str(LAUNCHES_PER_STEP), "80", "3", "20", "3"],
+        [str(program), str(LAUNCHES_PER_STEP), *phases],
         load_settings(tmp_path / "absent", environ),
         environ,
     )
+    return subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, text=True)
+
+
+def test_agent_reports_a_slowdown_the_extender_sees(
+    tmp_path: Path,
+    stepper: tuple[Path, Path],  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    program, shim = stepper
+    api, kube, svc, server, agent, root = node_of_two_gpus(tmp_path, shim, monkeypatch, 0.0)
     proc = None
     try:
         assert wait_for(lambda: len(kube.state.pods()) == 2)
         svc.epoch()
         started = time.monotonic()
-        proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, text=True)
+        proc = step_loop(program, root, tmp_path, ["80", "3", "20", "3"])
 
         def at(t: float) -> None:
             time.sleep(max(0.0, started + t - time.monotonic()))
@@ -92,8 +108,48 @@ def test_agent_reports_a_slowdown_the_extender_sees(
     finally:
         if proc is not None and proc.poll() is None:
             proc.kill()
-        rings.close()
-        reporter.close()
+        agent.reporter.close()
+        server.stop()
+        api.stop()
+
+
+@pytest.mark.parametrize("warmup", [0.0, 1.8])
+def test_a_slow_warm_up_does_not_become_the_jobs_reference_in_the_extender(
+    tmp_path: Path,
+    stepper: tuple[Path, Path],  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+    warmup: float,
+) -> None:
+    """The job steps at a quarter of its rate for its first 1.5 s (autotuning, say), then
+    at 80 steps/s, alone.  With no warm-up the extender's solo reference takes in the slow
+    start and rests 15% or more below the job's rate, so a partner that slowed it by less
+    than that would read as harmless; with the agent leaving out a 1.8 s warm-up, the
+    reference is the job's rate."""
+    program, shim = stepper
+    api, kube, svc, server, agent, root = node_of_two_gpus(tmp_path, shim, monkeypatch, warmup)
+    proc = None
+    try:
+        assert wait_for(lambda: len(kube.state.pods()) == 2)
+        svc.epoch()
+        started = time.monotonic()
+        proc = step_loop(program, root, tmp_path, ["20", "1.5", "80", "3"])
+        time.sleep(0.4)
+        agent.observe()  # baseline
+        for t in (1.2, 2.0, 2.8, 3.6, 4.4):
+            time.sleep(max(0.0, started + t - time.monotonic()))
+            agent.run_once()
+        proc.communicate(timeout=30)
+        view = httpx.get(f"{server.url}/observations").json()
+        pod = next(p for p in view["pods"] if p["pod"] == "ml/a")
+        steady = LAUNCHES_PER_STEP * 80
+        if warmup:
+            assert pod["reference_rate"] == pytest.approx(steady, rel=0.1)
+        else:
+            assert pod["reference_rate"] < 0.85 * steady
+    finally:
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+        agent.reporter.close()
         server.stop()
         api.stop()
 
