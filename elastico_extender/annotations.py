@@ -72,6 +72,7 @@ __all__ = [
     "Decision",
     "PodIntent",
     "ProgressEndpoint",
+    "check_warmup_seconds",
     "decision_annotations",
     "family_knob_space",
     "is_opted_in",
@@ -205,6 +206,14 @@ MAX_WARMUP_SECONDS = 3600.0
 longer one would leave the pod unmeasured, and so unprotected, for longer."""
 
 
+def check_warmup_seconds(value: float) -> float:
+    """``value`` if it is a warm-up a pod or the agent may have (0 to
+    ``MAX_WARMUP_SECONDS``); ValueError saying what is wrong."""
+    if not 0 <= value <= MAX_WARMUP_SECONDS:  # NaN fails both
+        raise ValueError(f"must be between 0 and {MAX_WARMUP_SECONDS:g} seconds, got {value:g}")
+    return value
+
+
 def parse_warmup_seconds(text: str) -> float:
     """Parse ``elastico.io/warmup-seconds`` (seconds after a run's first kernel launch that
     are not measured: compilation, autotuning); ValueError saying what is wrong."""
@@ -212,9 +221,7 @@ def parse_warmup_seconds(text: str) -> float:
         value = float(text.strip())
     except ValueError:
         raise ValueError(f"must be a number of seconds, got {text!r}") from None
-    if not 0 <= value <= MAX_WARMUP_SECONDS:  # NaN fails both
-        raise ValueError(f"must be between 0 and {MAX_WARMUP_SECONDS:g} seconds, got {text!r}")
-    return value
+    return check_warmup_seconds(value)
 
 
 FamilyResolver = Callable[[str], ProfileFamily]

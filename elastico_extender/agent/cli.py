@@ -30,7 +30,7 @@ from urllib.parse import urlsplit
 from elastico_extender.agent.daemon import WARMUP_SECONDS, Agent, PodInfo, pod_info
 from elastico_extender.agent.reporter import Reporter
 from elastico_extender.agent.rings import KUBELET_ROOT, PodRings
-from elastico_extender.annotations import MAX_WARMUP_SECONDS
+from elastico_extender.annotations import check_warmup_seconds
 from elastico_extender.bearer import BearerToken
 from elastico_extender.launcher.run import DEFAULT_RING_ROOT
 from elastico_extender.profiling.hardware import HardwareSample, HardwareSource, detect_source
@@ -166,8 +166,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"--window-seconds must be >= {MIN_WINDOW_SECONDS:g} for the daemon (a report "
             "per window to the extender; --once may wait less)"
         )
-    if not 0 <= args.warmup_seconds <= MAX_WARMUP_SECONDS:  # NaN fails both
-        problems.append(f"--warmup-seconds must be between 0 and {MAX_WARMUP_SECONDS:g}")
+    try:
+        check_warmup_seconds(args.warmup_seconds)
+    except ValueError as exc:
+        problems.append(f"--warmup-seconds {exc}")
     if not args.kubelet_root and not args.ring_root:
         problems.append("--kubelet-root and --ring-root are both empty: no rings to read")
     for option in ("--token-file", "--ca-file", "--client-cert", "--client-key"):
