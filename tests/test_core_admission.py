@@ -95,9 +95,9 @@ def test_only_gpus_the_job_could_take_are_screened_for_interference(families):
     screened: list[int] = []
     predict = view.placer.predict_against
 
-    def recording(devices, features, tolerance):
+    def recording(devices, features, tolerance, gpus=1):
         screened.append(len(devices))
-        return predict(devices, features, tolerance)
+        return predict(devices, features, tolerance, gpus)
 
     view.placer.predict_against = recording  # type: ignore[method-assign]
     job = Job("small", "lstm")

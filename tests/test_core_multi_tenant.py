@@ -54,7 +54,7 @@ def test_a_third_tenant_every_pair_tolerates_is_refused(families):
     assert np.allclose(worst, [1.3, 1.6])
     # The batched screen answers the same.
     screen = OptionScreen(placer, devices, [0, 1], fam.features)
-    got_safe, got_worst = screen.verdict(0, devices, 1.5)
+    got_safe, got_worst = screen.verdict(0, devices, 1.5, placer.margin_for(1))
     assert got_safe.tolist() == [True, False] and np.allclose(got_worst, [1.3, 1.6])
     # A newcomer who could take it (tau 2) is still refused: the occupants could not.
     safe, _ = placer.predict_against(devices, fam.features[0], 2.0)

@@ -307,6 +307,61 @@ def test_the_extender_view_applies_the_same_band(families):
     assert "admission band" in verdict.reason
 
 
+def gang_case(families, gpus: int) -> tuple[Snapshot, float, dict]:
+    """Two one-GPU ncf jobs, one on each GPU of a two-GPU node, both observed alone, and
+    a queued resnet job of ``gpus`` GPUs, which can only start next to them; the
+    prediction between the one-GPU band and the gang's band of the tighter tolerance."""
+    from elastico_extender.core.observations import ObservedSlowdown
+    from elastico_extender.core.planner.protect import ADMIT_BAND, WIDE_JOB_BAND
+
+    nodes = a100_nodes(1, 2)
+    running = tuple(
+        Job(f"ncf-{g}", "ncf", current_config=0, devices=(("node-0", g),)) for g in (0, 1)
+    )
+    newcomer = Job("new", "resnet50", gpus=gpus, arrival_time=10.0)
+    snap = Snapshot(nodes, (*running, newcomer), families, epoch=2, now=5.0)
+    open_loop = core_plan(snap, None, predictor=Constant(1.0))
+    assert "new" in open_loop.assignments and len(open_loop.assignments["new"].devices) == gpus
+    tau = min(a.tolerance for a in open_loop.assignments.values())
+    level = tau / (1.0 + ADMIT_BAND + WIDE_JOB_BAND / 2)  # clears the narrow band only
+    seen = {j.id: ObservedSlowdown(1.0, 4, 5.0, (1.0,) * 4) for j in running}
+    return snap, level, seen
+
+
+def test_a_gang_must_clear_a_wider_band_than_a_one_gpu_job(families):
+    """A requeued gang waits for all its GPUs to free at once, so while the loop is engaged
+    a job of two GPUs is not co-located on a prediction a one-GPU job may start on."""
+    verdicts = {}
+    for gpus in (1, 2):
+        snap, level, seen = gang_case(families, gpus)
+        predictor = Constant(level)
+        assert "new" in core_plan(snap, None, predictor=predictor).assignments  # open loop
+        engaged = core_plan(replace(snap, observed=seen), None, predictor=predictor)
+        verdicts[gpus] = "new" in engaged.assignments
+    assert verdicts == {1: True, 2: False}
+
+
+def test_the_extender_view_applies_the_gangs_band(families):
+    """Filter between epochs (PlacementView) refuses the gang the epoch refuses, naming
+    the admission band, and admits the one-GPU job on the same prediction."""
+    from elastico_extender.core.planner import PlacementView
+
+    feasible = {}
+    for gpus in (1, 2):
+        snap, level, seen = gang_case(families, gpus)
+        running = tuple(j for j in snap.jobs if j.id != "new")
+        newcomer = next(j for j in snap.jobs if j.id == "new")
+        previous = core_plan(replace(snap, jobs=running), None, predictor=Constant(1.0))
+        for observed in ({}, seen):
+            view = PlacementView(
+                replace(snap, jobs=running, observed=observed), previous, predictor=Constant(level)
+            )
+            verdict = view.evaluate(newcomer, families["resnet50"])["node-0"]
+            feasible[gpus, bool(observed)] = verdict.feasible
+    assert feasible == {(1, False): True, (1, True): True, (2, False): True, (2, True): False}
+    assert "admission band" in verdict.reason
+
+
 def test_a_borrowed_reference_widens_the_evidence_by_its_own_error():
     """Harm evidence: a solo reference as measured, a family's by 5%, a profile's by 10%."""
     from elastico_extender.core.observations import ObservedSlowdown

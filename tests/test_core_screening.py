@@ -35,16 +35,20 @@ def test_option_screen_matches_predict_against_for_every_configuration(families)
     busy = np.flatnonzero(placer.table.count > 0)
     configs = list(range(fam.size))
     screen = OptionScreen(placer, busy, configs, fam.features)
-    for config in configs:
-        for tau in (1.05, 1.3, 2.0):
-            want = placer.predict_against(busy, fam.features[config], tau)
-            got = screen.verdict(config, busy, tau)
-            assert np.array_equal(got[0], want[0])
-            assert np.allclose(got[1], want[1])
+    # Open loop, and the closed loop's admission bands of a one-GPU job and of a gang.
+    for banded, gpus in ((False, 1), (True, 1), (True, 2)):
+        placer.banded = banded
+        margin = placer.margin_for(gpus)
+        for config in configs:
+            for tau in (1.05, 1.3, 2.0):
+                want = placer.predict_against(busy, fam.features[config], tau, gpus)
+                got = screen.verdict(config, busy, tau, margin)
+                assert np.array_equal(got[0], want[0])
+                assert np.allclose(got[1], want[1])
     # A subset of the devices (best-fit top-k) is answered for that subset only.
     some = busy[::2]
     want = placer.predict_against(some, fam.features[0], 1.2)
-    got = screen.verdict(0, some, 1.2)
+    got = screen.verdict(0, some, 1.2, placer.margin_for(1))
     assert np.array_equal(got[0], want[0]) and np.allclose(got[1], want[1])
 
 

@@ -47,7 +47,6 @@ from elastico_extender.core.planner.devices import DeviceTable, device_tuples, g
 from elastico_extender.core.planner.observed_sm import charged_sm, observed_ratios
 from elastico_extender.core.planner.observed_throughput import corrected
 from elastico_extender.core.planner.placement import Placer
-from elastico_extender.core.planner.protect import admit_margin
 from elastico_extender.core.planner.tables import build_tables, stack_families
 from elastico_extender.core.resources import GPU_MEM, GPU_SM, NUM_RESOURCES
 from elastico_extender.core.settings import PlannerSettings
@@ -221,7 +220,7 @@ class PlacementView:
                 plan.stats.get("sm_allocated", 0.0), plan.stats.get("memory_allocated", 0.0)
             )
         self.utilization = float(utilization)
-        self.placer.margin = admit_margin(snapshot.observed)  # closed loop: admission band
+        self.placer.banded = bool(snapshot.observed)  # closed loop: admission band
         self._commit_plan(snapshot, plan)
 
     # -- bookkeeping ----------------------------------------------------------
@@ -578,7 +577,7 @@ class PlacementView:
                 np.where(first, np.arange(busy.size), 0)
             )
             busy = busy[rank < SCREENED_PER_NODE][:MAX_SCREENED_DEVICES]
-            safe, worst = self.placer.predict_against(busy, features, tolerance)
+            safe, worst = self.placer.predict_against(busy, features, tolerance, gpus)
             screened[busy[safe]] = True
             slowdown[busy] = worst
             rejected = (busy[~safe], worst[~safe])
@@ -639,7 +638,7 @@ class PlacementView:
             texts.extend(text(v) for v in distinct.tolist())
 
         explain(devices[rest] < gpus, devices, lambda v: f"node has {v} GPU(s), job needs {gpus}")
-        banded = self.placer.margin > 1.0
+        banded = self.placer.banded
         band = " less the closed loop's admission band for new pairs" if banded else ""
         explain(
             ~np.isnan(worst_seen[rest]),

@@ -68,7 +68,6 @@ from elastico_extender.core.planner.placement import Placer, device_slowdown
 from elastico_extender.core.planner.preempt import preempt_for_queue
 from elastico_extender.core.planner.protect import (
     Protection,
-    admit_margin,
     harmed_rows,
     held_apart,
     separate,
@@ -427,7 +426,7 @@ class _Epoch:
             )
         if self.apart or self.solo:
             placer.set_loop(self.apart, self.solo)
-        placer.margin = admit_margin(self.snapshot.observed)  # closed loop: admission band
+        placer.banded = bool(self.snapshot.observed)  # closed loop: admission band
         choice = selection.choice
         preempted: list[int] = []
         run_rows = np.flatnonzero(t.running)

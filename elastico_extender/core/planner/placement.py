@@ -40,6 +40,7 @@ import numpy as np
 
 from elastico_extender.core.interference.features import NUM_JOB_FEATURES, pair_features
 from elastico_extender.core.interference.predictor import SlowdownPredictor, predictor_generation
+from elastico_extender.core.planner.band import admit_margin
 from elastico_extender.core.planner.devices import DeviceTable, tenant_pairs
 from elastico_extender.core.planner.screening import OptionScreen
 from elastico_extender.core.resources import GPU_MEM, GPU_SM
@@ -109,8 +110,8 @@ class Placer:
         self.solo: set[int] = set()
         self.config = np.full(rows, -1, dtype=np.intp)
         self.tolerance = np.zeros(rows)
-        # Closed loop: the factor on S_hat in the admission screen (protect's admission band).
-        self.margin = 1.0
+        # Closed loop engaged: new co-locations clear the admission band (``band``).
+        self.banded = False
         self.features = np.zeros((rows, NUM_JOB_FEATURES), dtype=np.float32)
         self.devices_of: dict[int, tuple[int, ...]] = {}
         self.kept_in_place: set[int] = set()  # rows committed in bulk on their own devices
@@ -238,18 +239,23 @@ class Placer:
             self._refused.clear()
 
     def predict_against(
-        self, devices: np.ndarray, features: np.ndarray, tolerance: float
+        self, devices: np.ndarray, features: np.ndarray, tolerance: float, gpus: int = 1
     ) -> tuple[np.ndarray, np.ndarray]:
         """For each device: (safe?, newcomer's worst S_hat) next to that device's occupants.
 
         Empty devices are safe with S_hat 1.  One predictor call covers all pairs.
-        Both sides' S_hat times ``margin`` (the admission band) are compared with tau.
+        Both sides' S_hat times the admission band of a job of ``gpus`` GPUs
+        (``margin_for``) are compared with tau.
         """
         self.follow_predictor()
-        return self._predict_against(devices, features, tolerance)
+        return self._predict_against(devices, features, tolerance, self.margin_for(gpus))
+
+    def margin_for(self, gpus: int) -> float:
+        """The factor on S_hat in the admission screen of a job of ``gpus`` GPUs."""
+        return admit_margin(self.banded, gpus)
 
     def _predict_against(
-        self, devices: np.ndarray, features: np.ndarray, tolerance: float
+        self, devices: np.ndarray, features: np.ndarray, tolerance: float, margin: float
     ) -> tuple[np.ndarray, np.ndarray]:
         """``predict_against`` inside a search, which followed the predictor already."""
         safe = np.ones(len(devices), dtype=bool)
@@ -292,7 +298,9 @@ class Placer:
         half = first.size
         s_new, s_old = s[:half][inverse], s[half:][inverse]
         idx = np.array(pair_dev, dtype=np.intp)
-        return self.verdict(idx, len(devices), s_new, s_old, tolerance, partners, devices[idx])
+        return self.verdict(
+            idx, len(devices), s_new, s_old, tolerance, partners, devices[idx], margin
+        )
 
     def verdict(
         self,
@@ -303,6 +311,7 @@ class Placer:
         tolerance: float,
         partners: np.ndarray,
         pair_devices: np.ndarray,
+        margin: float,
     ) -> tuple[np.ndarray, np.ndarray]:
         """(safe?, newcomer's composed S_hat) of ``count`` candidate devices.
 
@@ -310,9 +319,9 @@ class Placer:
         ``pair_devices``: its device) the newcomer's S_hat next to the occupant and the
         occupant's next to the newcomer.  A device is refused when the newcomer's
         composed slowdown there, or an occupant's (its excess from the others already
-        there plus the newcomer's), times the closed loop's admission band, exceeds tau.
+        there plus the newcomer's), times ``margin`` (the closed loop's admission band
+        for the newcomer, which is the tenant a separation sends back), exceeds tau.
         """
-        margin = self.margin
         worst = device_slowdown(s_new - 1.0, at, count)
         before = self.occupant_excess(pair_devices, partners)
         occupant = 1.0 + before + np.maximum(s_old - 1.0, 0.0)
@@ -481,7 +490,7 @@ class Placer:
                     continue
                 screens += 1
                 if shape is not None and allowed_devices is None:
-                    refusal = (shape, config, best_fit, self.margin)
+                    refusal = (shape, config, best_fit, self.margin_for(gpus))
                     if self._refusal(refusal, tau, gpus, mask, features[config]):
                         continue
                 if screens >= 2 and batch is None and self.predictor is not None:
@@ -547,7 +556,7 @@ class Placer:
         if changed.size:
             if self.predictor is None:
                 return False
-            safe, _ = self._predict_against(changed, features, recorded)
+            safe, _ = self._predict_against(changed, features, recorded, self.margin_for(gpus))
             if safe.any():
                 return False
         self._refused[key] = (recorded, placed)
@@ -594,10 +603,11 @@ class Placer:
                     [not self.is_forbidden(row, config, [int(d)]) for d in checked], dtype=bool
                 )
                 checked = checked[keep]
+            margin = self.margin_for(gpus)
             if batch is not None and batch.covers(config):
-                safe, worst = batch.verdict(config, checked, tolerance)
+                safe, worst = batch.verdict(config, checked, tolerance, margin)
             else:
-                safe, worst = self._predict_against(checked, features, tolerance)
+                safe, worst = self._predict_against(checked, features, tolerance, margin)
             screened[checked[safe]] = True
             slowdown_of[checked] = worst
         return screened, slowdown_of

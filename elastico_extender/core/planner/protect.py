@@ -85,9 +85,12 @@ Rules
   same windows, so other jobs of the same pair are refused by the ordinary
   IAC screen, and that memory persists across restarts.
 * **Admission band.**  While the loop is engaged a new co-location (an
-  admission, a move next to others, a step-down) must clear every tenant's
-  tolerance by ``ADMIT_BAND``: the IAC screen compares ``S_hat * (1 +
-  ADMIT_BAND)`` with tau.  A running pair stays while its observations are
+  admission, a move next to others) must clear every tenant's tolerance by
+  ``ADMIT_BAND``: the IAC screen compares ``S_hat * (1 + ADMIT_BAND)`` with
+  tau, and for a job of more than one GPU by ``WIDE_JOB_BAND`` more (a
+  requeued gang waits for as many GPUs to free at once; :mod:`.band`).  A
+  step-down keeps the one-GPU band: it is what spares a tenant its requeue.
+  A running pair stays while its observations are
   within tau, so admission and separation thresholds form a hysteresis band.
   Without it the planner admitted pairs predicted just under tau which the
   harm test, on noisy and profile-referenced windows, separated two windows
@@ -130,6 +133,7 @@ from elastico_extender.core.observations import (
     SLOW_WINDOWS,
     ObservedSlowdown,
 )
+from elastico_extender.core.planner.band import ADMIT_BAND, WIDE_JOB_BAND, admit_margin
 from elastico_extender.core.planner.context import EpochRows
 from elastico_extender.core.planner.placement import Placer
 
@@ -142,6 +146,7 @@ __all__ = [
     "PROFILE_MARGIN",
     "SLOW_WINDOWS",
     "STALE_S",
+    "WIDE_JOB_BAND",
     "Protection",
     "admit_margin",
     "harm_evidence",
@@ -155,15 +160,6 @@ STALE_S = 300.0
 """Observations older than this (seconds of the driver's clock) are not acted on."""
 MOVE_COST_SWITCHES = 2.0
 """A move (checkpoint, restart elsewhere, warm-up) costs this many in-place switches."""
-ADMIT_BAND = 0.05
-"""Relative margin below tau a new co-location's prediction must clear while the loop is
-engaged (module doc, "Admission band"): over three times the 1.5% scatter of a four-window
-mean at the simulator's 3% window noise, so noise alone does not separate what was admitted."""
-
-
-def admit_margin(observed: Mapping[str, ObservedSlowdown]) -> float:
-    """The factor on S_hat in the admission screen: 1 + ADMIT_BAND once anything is observed."""
-    return 1.0 + ADMIT_BAND if observed else 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -474,8 +470,10 @@ def _cheapest_step_down(
         s_row, s_other = s[: options.size] * excess[row], s[options.size :] * excess[other]
         tau_row = epoch.tolerance_rows(np.array([row]))[0][options]
         tau_other = float(placer.tolerance[other])
-        # A step-down is a new co-location of the pair: it clears the admission band.
-        safe = (s_row * placer.margin <= tau_row) & (s_other * placer.margin <= tau_other)
+        # A step-down is a new co-location of the pair: it clears the admission band, the
+        # one-GPU band even for a gang, as it is what spares the tenant its requeue.
+        margin = placer.margin_for(1)
+        safe = (s_row * margin <= tau_row) & (s_other * margin <= tau_other)
         safe &= seen
         if not safe.any():
             continue

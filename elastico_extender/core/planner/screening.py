@@ -80,10 +80,10 @@ class OptionScreen:
         return config in self.slot
 
     def verdict(
-        self, config: int, checked: np.ndarray, tolerance: float
+        self, config: int, checked: np.ndarray, tolerance: float, margin: float
     ) -> tuple[np.ndarray, np.ndarray]:
         """For each of ``checked`` (devices): (safe?, newcomer's worst S_hat), as
-        ``Placer.predict_against`` answers for ``config``."""
+        ``Placer.predict_against`` answers for ``config`` at the admission band ``margin``."""
         safe = np.ones(len(checked), dtype=bool)
         worst = np.ones(len(checked))
         if self.placer.predictor is None or self.pair_device.size == 0 or len(checked) == 0:
@@ -104,4 +104,5 @@ class OptionScreen:
             tolerance,
             self.partners[sel],
             self.pair_device[sel],
+            margin,
         )
