@@ -43,6 +43,9 @@ CASES = [
     ("queueing_eval.py", ["--seeds", "x"], "--seeds"),
     ("queueing_eval.py", ["--seeds", "3-1"], "--seeds"),  # an empty range ran nothing
     ("queueing_eval.py", ["--seeds", "-1"], "--seeds"),
+    ("gang_band.py", ["--seeds", "x"], "--seeds"),
+    ("gang_band.py", ["--gpus", "0"], "--gpus"),
+    ("observed_throughput.py", ["--load", "0"], "--load"),
     ("throughput_gap.py", ["--loads", "x"], "--loads"),
     ("peers_eval.py", ["--only", "scale", "--sizes", "x"], "--sizes"),
     ("peers_eval.py", ["--only", "scale", "--worlds", "moon"], "--worlds"),

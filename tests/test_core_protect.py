@@ -14,6 +14,7 @@ from elastico_extender.core.model import Job, Plan, Snapshot
 from elastico_extender.core.observations import Observation, ObservationBook
 from elastico_extender.core.planner import plan as core_plan
 from elastico_extender.core.planner.protect import HARM_WINDOWS
+from elastico_extender.core.settings import PlannerSettings
 
 WINDOW_S = 5.0
 BLIND = ContentionPredictor(sm_weight=0.0, dram_weight=0.0, pressure_weight=0.0)
@@ -339,6 +340,10 @@ def test_a_gang_must_clear_a_wider_band_than_a_one_gpu_job(families):
         engaged = core_plan(replace(snap, observed=seen), None, predictor=predictor)
         verdicts[gpus] = "new" in engaged.assignments
     assert verdicts == {1: True, 2: False}
+    # The ablation switch gives the gang the one-GPU band.
+    narrow = PlannerSettings(gang_band=False)
+    engaged = core_plan(replace(snap, observed=seen), None, predictor=predictor, settings=narrow)
+    assert "new" in engaged.assignments
 
 
 def test_the_extender_view_applies_the_gangs_band(families):

@@ -113,6 +113,9 @@ class PlannerSettings:
     observed_throughput: bool = True
     """Closed loop: rank a family's configurations by the solo rates measured there
     (planner.observed_throughput) instead of the profile's T(c); False: profiles always."""
+    gang_band: bool = True
+    """Closed loop: a job of more than one GPU clears a wider admission band than a one-GPU
+    job (planner.band, ``WIDE_JOB_BAND``); False: every job the one-GPU band."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.step_schedule, StepSchedule):

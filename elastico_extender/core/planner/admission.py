@@ -221,6 +221,7 @@ class PlacementView:
             )
         self.utilization = float(utilization)
         self.placer.banded = bool(snapshot.observed)  # closed loop: admission band
+        self.placer.gang_band = self.settings.gang_band
         self._commit_plan(snapshot, plan)
 
     # -- bookkeeping ----------------------------------------------------------

@@ -32,12 +32,13 @@ WIDE_JOB_BAND = PROFILE_MARGIN
 """Added to ``ADMIT_BAND`` for a job of more than one GPU (module doc)."""
 
 
-def admit_margin(engaged: bool, gpus: int = 1) -> float:
+def admit_margin(engaged: bool, gpus: int = 1, gang_band: bool = True) -> float:
     """The factor on S_hat in the admission screen of a job of ``gpus`` GPUs.
 
     1 with the loop disengaged; 1 + ``ADMIT_BAND`` for one GPU, and
-    ``WIDE_JOB_BAND`` more for a gang, once anything is observed.
+    ``WIDE_JOB_BAND`` more for a gang (unless ``gang_band`` is off: the
+    ``PlannerSettings.gang_band`` ablation), once anything is observed.
     """
     if not engaged:
         return 1.0
-    return 1.0 + ADMIT_BAND + (WIDE_JOB_BAND if gpus > 1 else 0.0)
+    return 1.0 + ADMIT_BAND + (WIDE_JOB_BAND if gpus > 1 and gang_band else 0.0)

@@ -427,6 +427,7 @@ class _Epoch:
         if self.apart or self.solo:
             placer.set_loop(self.apart, self.solo)
         placer.banded = bool(self.snapshot.observed)  # closed loop: admission band
+        placer.gang_band = s.gang_band
         choice = selection.choice
         preempted: list[int] = []
         run_rows = np.flatnonzero(t.running)

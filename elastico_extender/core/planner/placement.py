@@ -110,8 +110,10 @@ class Placer:
         self.solo: set[int] = set()
         self.config = np.full(rows, -1, dtype=np.intp)
         self.tolerance = np.zeros(rows)
-        # Closed loop engaged: new co-locations clear the admission band (``band``).
+        # Closed loop engaged: new co-locations clear the admission band (``band``), a
+        # gang's the wider one unless ``gang_band`` is off (``PlannerSettings.gang_band``).
         self.banded = False
+        self.gang_band = True
         self.features = np.zeros((rows, NUM_JOB_FEATURES), dtype=np.float32)
         self.devices_of: dict[int, tuple[int, ...]] = {}
         self.kept_in_place: set[int] = set()  # rows committed in bulk on their own devices
@@ -252,7 +254,7 @@ class Placer:
 
     def margin_for(self, gpus: int) -> float:
         """The factor on S_hat in the admission screen of a job of ``gpus`` GPUs."""
-        return admit_margin(self.banded, gpus)
+        return admit_margin(self.banded, gpus, self.gang_band)
 
     def _predict_against(
         self, devices: np.ndarray, features: np.ndarray, tolerance: float, margin: float
