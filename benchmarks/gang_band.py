@@ -1,11 +1,11 @@
-"""The gang's admission band on and off: ``elastico+online`` side by side.
+"""The gang's admission band (planner.gang_band) off and on: ``elastico+online`` side by side.
 
 While the closed loop is engaged, a job of more than one GPU is co-located only
 where its predicted slowdown clears tau by ``ADMIT_BAND + WIDE_JOB_BAND`` instead
 of ``ADMIT_BAND`` (``core/planner/band.py``): a separated gang goes back to the
 queue and waits for all its GPUs at once, and most separations at load 1.5 were
 false alarms.  This runs the synthetic rows with ``planner.gang_band`` off (every
-job the one-GPU band, the tree before) and on, same trace and seed, and prints
+job the one-GPU band, the default) and on, same trace and seed, and prints
 average JCT against Volcano, attainment, the jobs separated for observed harm (in
 brackets those the truth had within tau), the harmful pairs (true slowdown above
 tau while together) and how many of them stayed together over two epochs,

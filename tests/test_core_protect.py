@@ -329,21 +329,24 @@ def gang_case(families, gpus: int) -> tuple[Snapshot, float, dict]:
     return snap, level, seen
 
 
-def test_a_gang_must_clear_a_wider_band_than_a_one_gpu_job(families):
-    """A requeued gang waits for all its GPUs to free at once, so while the loop is engaged
-    a job of two GPUs is not co-located on a prediction a one-GPU job may start on."""
+GANG_BAND = PlannerSettings(gang_band=True)
+
+
+def test_with_the_gang_band_a_gang_must_clear_a_wider_band_than_a_one_gpu_job(families):
+    """``planner.gang_band``: a requeued gang waits for all its GPUs to free at once, so
+    while the loop is engaged a job of two GPUs is not co-located on a prediction a
+    one-GPU job may start on.  Off (the default), both start on it."""
     verdicts = {}
     for gpus in (1, 2):
         snap, level, seen = gang_case(families, gpus)
         predictor = Constant(level)
-        assert "new" in core_plan(snap, None, predictor=predictor).assignments  # open loop
-        engaged = core_plan(replace(snap, observed=seen), None, predictor=predictor)
-        verdicts[gpus] = "new" in engaged.assignments
-    assert verdicts == {1: True, 2: False}
-    # The ablation switch gives the gang the one-GPU band.
-    narrow = PlannerSettings(gang_band=False)
-    engaged = core_plan(replace(snap, observed=seen), None, predictor=predictor, settings=narrow)
-    assert "new" in engaged.assignments
+        engaged = replace(snap, observed=seen)
+        assert "new" in core_plan(snap, None, predictor=predictor, settings=GANG_BAND).assignments
+        verdicts[gpus] = (
+            "new" in core_plan(engaged, None, predictor=predictor, settings=GANG_BAND).assignments,
+            "new" in core_plan(engaged, None, predictor=predictor).assignments,
+        )
+    assert verdicts == {1: (True, True), 2: (False, True)}
 
 
 def test_the_extender_view_applies_the_gangs_band(families):
@@ -359,7 +362,10 @@ def test_the_extender_view_applies_the_gangs_band(families):
         previous = core_plan(replace(snap, jobs=running), None, predictor=Constant(1.0))
         for observed in ({}, seen):
             view = PlacementView(
-                replace(snap, jobs=running, observed=observed), previous, predictor=Constant(level)
+                replace(snap, jobs=running, observed=observed),
+                previous,
+                settings=GANG_BAND,
+                predictor=Constant(level),
             )
             verdict = view.evaluate(newcomer, families["resnet50"])["node-0"]
             feasible[gpus, bool(observed)] = verdict.feasible

@@ -113,9 +113,11 @@ class PlannerSettings:
     observed_throughput: bool = True
     """Closed loop: rank a family's configurations by the solo rates measured there
     (planner.observed_throughput) instead of the profile's T(c); False: profiles always."""
-    gang_band: bool = True
-    """Closed loop: a job of more than one GPU clears a wider admission band than a one-GPU
-    job (planner.band, ``WIDE_JOB_BAND``); False: every job the one-GPU band."""
+    gang_band: bool = False
+    """Closed loop: True makes a job of more than one GPU clear a wider admission band than
+    a one-GPU job (planner.band, ``WIDE_JOB_BAND``).  Off by default: it gains on wide
+    gangs of saturating jobs at high load and loses on real Philly weeks
+    (benchmarks/results/loop/README.md, "Session 31")."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.step_schedule, StepSchedule):

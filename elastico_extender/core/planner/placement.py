@@ -111,9 +111,9 @@ class Placer:
         self.config = np.full(rows, -1, dtype=np.intp)
         self.tolerance = np.zeros(rows)
         # Closed loop engaged: new co-locations clear the admission band (``band``), a
-        # gang's the wider one unless ``gang_band`` is off (``PlannerSettings.gang_band``).
+        # gang's the wider one where ``gang_band`` is on (``PlannerSettings.gang_band``).
         self.banded = False
-        self.gang_band = True
+        self.gang_band = False
         self.features = np.zeros((rows, NUM_JOB_FEATURES), dtype=np.float32)
         self.devices_of: dict[int, tuple[int, ...]] = {}
         self.kept_in_place: set[int] = set()  # rows committed in bulk on their own devices

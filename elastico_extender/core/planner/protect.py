@@ -87,9 +87,10 @@ Rules
 * **Admission band.**  While the loop is engaged a new co-location (an
   admission, a move next to others) must clear every tenant's tolerance by
   ``ADMIT_BAND``: the IAC screen compares ``S_hat * (1 + ADMIT_BAND)`` with
-  tau, and for a job of more than one GPU by ``WIDE_JOB_BAND`` more (a
-  requeued gang waits for as many GPUs to free at once; :mod:`.band`).  A
-  step-down keeps the one-GPU band: it is what spares a tenant its requeue.
+  tau; with ``PlannerSettings.gang_band`` on, a job of more than one GPU by
+  ``WIDE_JOB_BAND`` more (a requeued gang waits for as many GPUs to free at
+  once; :mod:`.band`), and a step-down keeps the one-GPU band: it is what
+  spares a tenant its requeue.
   A running pair stays while its observations are
   within tau, so admission and separation thresholds form a hysteresis band.
   Without it the planner admitted pairs predicted just under tau which the
