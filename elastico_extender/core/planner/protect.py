@@ -85,15 +85,14 @@ Rules
   same windows, so other jobs of the same pair are refused by the ordinary
   IAC screen, and that memory persists across restarts.
 * **Admission band.**  While the loop is engaged a new co-location (an
-  admission, a move next to others) must clear every tenant's tolerance by
-  ``ADMIT_BAND``: the IAC screen compares ``S_hat * (1 + ADMIT_BAND)`` with
-  tau; with ``PlannerSettings.gang_band`` on, a job of more than one GPU by
-  ``WIDE_JOB_BAND`` more (a requeued gang waits for as many GPUs to free at
-  once; :mod:`.band`), and a step-down keeps the one-GPU band: it is what
-  spares a tenant its requeue.
-  A running pair stays while its observations are
-  within tau, so admission and separation thresholds form a hysteresis band.
-  Without it the planner admitted pairs predicted just under tau which the
+  admission, a move next to others, a step-down) must clear every tenant's
+  tolerance by ``ADMIT_BAND``: the IAC screen compares ``S_hat * (1 +
+  ADMIT_BAND)`` with tau.  With ``PlannerSettings.gang_band`` on, a job of
+  more than one GPU clears ``WIDE_JOB_BAND`` more (a requeued gang waits for
+  as many GPUs to free at once; :mod:`.band`), except in a step-down, which
+  is what spares a tenant its requeue.  A running pair stays while its
+  observations are within tau, so admission and separation thresholds form a
+  hysteresis band.  Without it the planner admitted pairs predicted just under tau which the
   harm test, on noisy and profile-referenced windows, separated two windows
   later, and the next job of the same pair took the freed place: on Philly
   at load 1.5 (600 h) 60% of separations were of pairs whose smoothed
