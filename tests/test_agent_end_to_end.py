@@ -12,6 +12,9 @@ from __future__ import annotations
 import os
 import subprocess
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -30,11 +33,55 @@ from elastico_extender.launcher.run import build_launch, load_settings
 from elastico_extender.service.server import ServerThread
 
 
-def node_of_two_gpus(
-    tmp_path: Path, shim: Path, monkeypatch: pytest.MonkeyPatch, warmup_seconds: float
-) -> tuple[FakeApiServer, KubeCluster, Service, ServerThread, Agent, Path]:
+@dataclass
+class TwoGpuNode:
     """Pods a (GPU 0) and c (GPU 1) on node g0 of the fake API server, the extender under
-    uvicorn, and an agent of g0 reading the rings under the returned directory."""
+    uvicorn, and an agent of g0 reading the rings under ``root``; pod a's workload once
+    started (:meth:`start`)."""
+
+    api: FakeApiServer
+    kube: KubeCluster
+    svc: Service
+    server: ServerThread
+    agent: Agent
+    root: Path
+    program: Path
+    settings_dir: Path
+    workload: subprocess.Popen | None = None
+    started: float = 0.0
+
+    def start(self, phases: list[str]) -> subprocess.Popen:
+        """Once both pods are listed and planned: pod a's workload under ``elastico-run``'s
+        launch, the stepper's two phases; :meth:`at` counts from now."""
+        assert wait_for(lambda: len(self.kube.state.pods()) == 2)
+        self.svc.epoch()
+        environ = {**os.environ, **ASSIGNED, "ELASTICO_POD_UID": "uid-a",
+                   "ELASTICO_RING_ROOT": str(self.root), "ELASTICO_PROFILING": "true",
+                   "ELASTICO_SHIM_FLUSH_MS": "50"}  # fmt: skip
+        argv, env = build_launch(
+            [str(self.program), str(LAUNCHES_PER_STEP), *phases],
+            load_settings(self.settings_dir / "absent", environ),
+            environ,
+        )
+        self.started = time.monotonic()
+        self.workload = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, text=True)
+        return self.workload
+
+    def at(self, t: float) -> None:
+        """Sleep until ``t`` seconds after the workload started."""
+        time.sleep(max(0.0, self.started + t - time.monotonic()))
+
+
+@contextmanager
+def two_gpu_node(
+    tmp_path: Path,
+    built: tuple[Path, Path],
+    monkeypatch: pytest.MonkeyPatch,
+    warmup_seconds: float,
+) -> Iterator[TwoGpuNode]:
+    """A :class:`TwoGpuNode` for the stepper program and shim ``built``, stopped (its
+    workload killed) on the way out."""
+    program, shim = built
     monkeypatch.setenv("ELASTICO_SHIM_PATH", str(shim))
     root = tmp_path / "rings"
     root.mkdir()
@@ -47,20 +94,15 @@ def node_of_two_gpus(
     reporter = Reporter(server.url, token=svc.token)
     agent = Agent("g0", lambda: kube_pods(core, "g0"), PodRings(root), reporter,
                   warmup_seconds=warmup_seconds)  # fmt: skip
-    return api, kube, svc, server, agent, root
-
-
-def step_loop(program: Path, root: Path, tmp_path: Path, phases: list[str]) -> subprocess.Popen:
-    """Pod a's workload under ``elastico-run``'s launch: the stepper's two phases."""
-    environ = {**os.environ, **ASSIGNED, "ELASTICO_POD_UID": "uid-a",
-               "ELASTICO_RING_ROOT": str(root), "ELASTICO_PROFILING": "true",
-               "ELASTICO_SHIM_FLUSH_MS": "50"}  # fmt: skip
-    argv, env = build_launch(
-        [str(program), str(LAUNCHES_PER_STEP), *phases],
-        load_settings(tmp_path / "absent", environ),
-        environ,
-    )
-    return subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, text=True)
+    node = TwoGpuNode(api, kube, svc, server, agent, root, program, tmp_path)
+    try:
+        yield node
+    finally:
+        if node.workload is not None and node.workload.poll() is None:
+            node.workload.kill()
+        reporter.close()
+        server.stop()
+        api.stop()
 
 
 def test_agent_reports_a_slowdown_the_extender_sees(
@@ -68,49 +110,34 @@ def test_agent_reports_a_slowdown_the_extender_sees(
     stepper: tuple[Path, Path],  # noqa: F811
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    program, shim = stepper
-    api, kube, svc, server, agent, root = node_of_two_gpus(tmp_path, shim, monkeypatch, 0.0)
-    proc = None
-    try:
-        assert wait_for(lambda: len(kube.state.pods()) == 2)
-        svc.epoch()
-        started = time.monotonic()
-        proc = step_loop(program, root, tmp_path, ["80", "3", "20", "3"])
-
-        def at(t: float) -> None:
-            time.sleep(max(0.0, started + t - time.monotonic()))
-
-        at(0.5)
+    with two_gpu_node(tmp_path, stepper, monkeypatch, 0.0) as node:
+        api, kube, svc, agent = node.api, node.kube, node.svc, node.agent
+        proc = node.start(["80", "3", "20", "3"])
+        node.at(0.5)
         agent.observe()  # baseline
         for t in (1.5, 2.5):  # alone, fast: the reference
-            at(t)
+            node.at(t)
             assert agent.run_once() == {"accepted": 1, "pair_samples": 0}
-        at(3.0)
+        node.at(3.0)
         api.put("pods", running_pod("b", "g0", 0))  # a partner on a's GPU
         assert wait_for(lambda: len(kube.state.pods()) == 3)
         svc.epoch()
-        at(3.5)
+        node.at(3.5)
         agent.observe()  # the window that straddles the change is not reported
         for t in (4.5, 5.5):  # shared, slow
-            at(t)
+            node.at(t)
             assert agent.run_once() == {"accepted": 1, "pair_samples": 1}
         proc.communicate(timeout=30)
         svc.epoch()
         observed = svc.observed()["uid-a"]
         assert observed.partners == ("uid-b",)
         assert observed.recent[-1] == pytest.approx(4.0, rel=0.25)
-        view = httpx.get(f"{server.url}/observations").json()
+        view = httpx.get(f"{node.server.url}/observations").json()
         pod = next(p for p in view["pods"] if p["pod"] == "ml/a")
         assert pod["unit"] == "launches/s"
         assert pod["reference_rate"] == pytest.approx(LAUNCHES_PER_STEP * 80, rel=0.15)
         pair = next(p for p in view["pairs"] if p["victim"] == "ml/a")
         assert pair["partner"] == "ml/b" and pair["windows"] == 2
-    finally:
-        if proc is not None and proc.poll() is None:
-            proc.kill()
-        agent.reporter.close()
-        server.stop()
-        api.stop()
 
 
 @pytest.mark.parametrize("warmup", [0.0, 1.8])
@@ -125,33 +152,21 @@ def test_a_slow_warm_up_does_not_become_the_jobs_reference_in_the_extender(
     start and rests 15% or more below the job's rate, so a partner that slowed it by less
     than that would read as harmless; with the agent leaving out a 1.8 s warm-up, the
     reference is the job's rate."""
-    program, shim = stepper
-    api, kube, svc, server, agent, root = node_of_two_gpus(tmp_path, shim, monkeypatch, warmup)
-    proc = None
-    try:
-        assert wait_for(lambda: len(kube.state.pods()) == 2)
-        svc.epoch()
-        started = time.monotonic()
-        proc = step_loop(program, root, tmp_path, ["20", "1.5", "80", "3"])
+    with two_gpu_node(tmp_path, stepper, monkeypatch, warmup) as node:
+        proc = node.start(["20", "1.5", "80", "3"])
         time.sleep(0.4)
-        agent.observe()  # baseline
+        node.agent.observe()  # baseline
         for t in (1.2, 2.0, 2.8, 3.6, 4.4):
-            time.sleep(max(0.0, started + t - time.monotonic()))
-            agent.run_once()
+            node.at(t)
+            node.agent.run_once()
         proc.communicate(timeout=30)
-        view = httpx.get(f"{server.url}/observations").json()
+        view = httpx.get(f"{node.server.url}/observations").json()
         pod = next(p for p in view["pods"] if p["pod"] == "ml/a")
         steady = LAUNCHES_PER_STEP * 80
         if warmup:
             assert pod["reference_rate"] == pytest.approx(steady, rel=0.1)
         else:
             assert pod["reference_rate"] < 0.85 * steady
-    finally:
-        if proc is not None and proc.poll() is None:
-            proc.kill()
-        agent.reporter.close()
-        server.stop()
-        api.stop()
 
 
 def test_the_agent_command_reports_a_window_from_a_kubeconfig(
