@@ -244,7 +244,7 @@ def band_case(families) -> tuple[Snapshot, float, dict]:
     """bert running alone on a one-GPU node, resnet queued; a prediction just inside
     both tolerances (3% below the tighter one, inside the admission band)."""
     from elastico_extender.core.observations import ObservedSlowdown
-    from elastico_extender.core.planner.protect import ADMIT_BAND
+    from elastico_extender.core.planner.band import ADMIT_BAND
 
     shared = shared_pair(families, gpus=1)
     bert = next(j for j in shared.jobs if j.id == "bert")
@@ -313,7 +313,7 @@ def gang_case(families, gpus: int) -> tuple[Snapshot, float, dict]:
     a queued resnet job of ``gpus`` GPUs, which can only start next to them; the
     prediction between the one-GPU band and the gang's band of the tighter tolerance."""
     from elastico_extender.core.observations import ObservedSlowdown
-    from elastico_extender.core.planner.protect import ADMIT_BAND, WIDE_JOB_BAND
+    from elastico_extender.core.planner.band import ADMIT_BAND, WIDE_JOB_BAND
 
     nodes = a100_nodes(1, 2)
     running = tuple(

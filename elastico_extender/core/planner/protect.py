@@ -133,12 +133,10 @@ from elastico_extender.core.observations import (
     SLOW_WINDOWS,
     ObservedSlowdown,
 )
-from elastico_extender.core.planner.band import ADMIT_BAND, WIDE_JOB_BAND, admit_margin
 from elastico_extender.core.planner.context import EpochRows
 from elastico_extender.core.planner.placement import Placer
 
 __all__ = [
-    "ADMIT_BAND",
     "FAMILY_MARGIN",
     "HARM_WINDOWS",
     "MOVE_COST_SWITCHES",
@@ -146,9 +144,7 @@ __all__ = [
     "PROFILE_MARGIN",
     "SLOW_WINDOWS",
     "STALE_S",
-    "WIDE_JOB_BAND",
     "Protection",
-    "admit_margin",
     "harm_evidence",
     "harmed_rows",
     "held_apart",
