@@ -64,6 +64,13 @@ CASES = [
     ("observations_lock.py", ["--agents", "0"], "--agents"),
     ("observations_lock.py", ["--dir", "/nonexistent"], "--dir"),
     ("observations_lock.py", ["--compare", "/nonexistent"], "--compare"),
+    ("online_transfer.py", ["--pairs", "/nonexistent.csv"], "--pairs"),
+    ("online_transfer.py", ["--pairs", "README.md"], "--pairs"),
+    ("online_transfer.py", ["--gpu", "tpu"], "--gpu"),
+    ("online_transfer.py", ["--steps", "10,x"], "--steps"),
+    ("online_transfer.py", ["--windows", "0"], "--windows"),
+    ("online_transfer.py", ["--noise", "-1"], "--noise"),
+    ("online_transfer.py", ["--model", "/nonexistent.onnx"], "--model"),
 ]
 
 
