@@ -200,6 +200,27 @@ def test_mixed_windows_are_not_attributed_without_a_correction_or_with_an_unknow
     assert blind.label([blind.book.record(GANG_WINDOW, "bert")], loop_running(), families) == []
 
 
+def test_a_new_configuration_of_a_seen_family_pair_follows_its_nearest_observed_one(families):
+    """Configurations of one family pair can differ widely (a batch size doubles the
+    harm): a configuration pair never observed answers with the observed one beside it
+    rather than with the family pair's mean alone."""
+    base = ContentionPredictor()
+    correction = OnlineCorrection(base)
+    harmed = rows(families, "bert", 0, "resnet50", 0)
+    spared = rows(families, "bert", 2, "resnet50", 2)
+    for _ in range(20):
+        correction.learn(harmed, base.predict(harmed) * 2.0)
+        correction.learn(spared, base.predict(spared))
+    beside = harmed.copy()
+    beside[:, 8] += 0.01  # another micro-batch, same families: a new configuration pair
+    ratio = float(correction.predict(beside)[0] / base.predict(beside)[0])
+    assert ratio > 1.8  # the family pair's mean alone reads about 1.41 (sqrt 2)
+    far = harmed.copy()
+    far[:, 8] += 30.0  # same family pair, far from both: the family pair's mean
+    mean = float(correction.predict(far)[0] / base.predict(far)[0])
+    assert 1.3 < mean < 1.5
+
+
 def nudged(x: np.ndarray, step: float) -> np.ndarray:
     """``x`` with both jobs' log10_params moved by ``step``: a new family pair (new keys)."""
     y = x.copy()

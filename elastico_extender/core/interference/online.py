@@ -17,14 +17,18 @@ Residuals are pooled at two levels:
   mean residual r_c over n_c samples;
 * the *family pair* (victim and partner ``is_inference`` and ``log10_params``,
   columns 5, 6, 19, 20, constant over a family's configurations): mean
-  residual r_f over n_f samples.  This is the neighbourhood estimate for
-  configuration pairs of a known family pair that were never observed.
+  residual r_f over n_f samples: what a configuration pair of a known
+  family pair that was never observed falls back on.
 
-Nearest neighbours (the third level) cover what neither pool knows: a
-configuration pair never observed *and* whose family pair has no evidence.
+Nearest neighbours (the third level) answer for every configuration pair never
+observed.  Where its family pair has evidence they refine the family mean: the
+configurations of one family pair can differ widely (a larger batch can double
+the harm), and on real pair measurements the observed configuration beside a
+new one predicts it better than the family's mean (``benchmarks/online_transfer.py``).
+Where the family pair has none, they are all there is.
 The correction keeps a capped ring (``neighbours`` slots, oldest new pair
 overwritten first) of the observed configuration pairs: each pair's feature
-row with its level-1 mean residual and count.  For such a row x the
+row with its level-1 mean residual and count.  For a row x never observed the
 ``NEIGHBOURS`` = 8 stored rows nearest in standardised feature space
 (per-column scale: the ring's standard deviation, at least ``MIN_SCALE``;
 distance d: root mean square over the 36 columns) give::
@@ -33,31 +37,31 @@ distance d: root mean square over the 36 columns) give::
     n_nn = sum k_i n_i,  r_nn = sum k_i n_i r_i / n_nn
     w_nn = n_nn / (n_nn + n0) * max_i k_i
 
-so the borrowed shift shrinks toward the base prediction with distance (even
+so the borrowed shift shrinks toward the level below it with distance (even
 unlimited evidence counts only as much as its nearest row's kernel) and with
 little evidence, and a row farther than ``RADIUS`` from every observed pair
-keeps the base answer exactly.
+gets no share of it.
 
-The answer for a row is, level by level (configuration pair, then family
-pair, then nearest neighbours, then the base model)::
+The answer for a row is, level by level (configuration pair, then nearest
+neighbours, then family pair, then the base model)::
 
-    log S = log base(x) + w_c * r_c + (1 - w_c) * w_f * r_f      (n_c + n_f > 0)
-    log S = log base(x) + w_nn * r_nn                            (n_c = n_f = 0)
-    w = n / (n + n0)
+    log S = log base(x) + w_c * r_c + (1 - w_c) * w_f * r_f             (n_c > 0)
+    log S = log base(x) + w_nn * r_nn + (1 - w_nn) * w_f * r_f          (n_c = 0)
+    w = n / (n + n0)   (w_f = 0 when n_f = 0)
 
 so a seen configuration pair converges to its observed (mean log) slowdown as
-evidence accumulates, a new configuration of a seen family pair is shifted by
-its family pair's shrunk residual, an unseen family pair near observed pairs
-borrows their residual, and an unseen family pair far from all of them gets
-the base answer unchanged.  n0 (``prior_samples``) is how many observations
-the base prediction is worth.  Counts are capped at ``memory`` samples, after
-which a mean becomes an exponentially weighted one (a drifting workload is
-followed).
+evidence accumulates, a new configuration of a seen family pair follows the
+observed configurations beside it and, away from them, its family pair's shrunk
+residual, an unseen family pair near observed pairs borrows their residual, and
+an unseen family pair far from all of them gets the base answer unchanged.
+n0 (``prior_samples``) is how many observations the base prediction is worth.
+Counts are capped at ``memory`` samples, after which a mean becomes an
+exponentially weighted one (a drifting workload is followed).
 
 Rows are keyed by a 64-bit hash of their float32 bytes computed in numpy, and
 looked up with ``searchsorted``: one vectorised call per batch, and the base
 answer untouched (zero overhead) while nothing has been learned.  The
-neighbour search runs only on the batch's distinct unseen rows, as one
+neighbour search runs only on the batch's distinct rows never observed, as one
 matrix product against the ring (at most ``neighbours`` x 36), in chunks of
 bounded memory.  The state is bounded (``max_pairs`` configuration pairs,
 least recently updated dropped; ``neighbours`` ring slots, 0 turning the level off) and plain rows
@@ -265,7 +269,8 @@ class OnlineCorrection:
         self._config = _Level(memory, max_pairs)
         self._family = _Level(memory, max(1, max_pairs // 10))
         self._ring = _Ring(neighbours)  # 0: no neighbour level
-        self._borrowed: dict[int, float] = {}  # key -> neighbour shift, until the ring changes
+        # key -> the neighbour level's (shift, weight), kept until the ring changes
+        self._borrowed: dict[int, tuple[float, float]] = {}
         self.samples_seen = 0
         self._changes = 0  # bumped after every change to what it answers (``generation``)
 
@@ -294,26 +299,32 @@ class OnlineCorrection:
         r_f, n_f = self._family.lookup(family_key)
         n0 = self.prior_samples
         w_c = n_c / (n_c + n0)
-        w_f = n_f / (n_f + n0)
-        shift = w_c * r_c + (1.0 - w_c) * w_f * r_f
-        unseen = (n_c == 0) & (n_f == 0)
+        family = n_f / (n_f + n0) * r_f
+        shift = w_c * r_c + (1.0 - w_c) * family
+        unseen = n_c == 0
         if self._ring.size and unseen.any():
-            shift[unseen] = self._borrow(x[unseen], config_key[unseen])
+            borrowed, weight = self._borrow(x[unseen], config_key[unseen])
+            shift[unseen] = borrowed + (1.0 - weight) * family[unseen]
         return np.maximum(base * np.exp(shift), 1.0)
 
-    def _borrow(self, x: np.ndarray, keys: np.ndarray) -> np.ndarray:
-        """The neighbour level's shift w_nn * r_nn, computed once per distinct row."""
+    def _borrow(self, x: np.ndarray, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The neighbour level's (w_nn * r_nn, w_nn), computed once per distinct row."""
         distinct, first, back = np.unique(keys, return_index=True, return_inverse=True)
         cache = self._borrowed
-        shift = np.array([cache.get(k, math.nan) for k in distinct.tolist()])
+        known = [cache.get(k, (math.nan, math.nan)) for k in distinct.tolist()]
+        shift = np.array([s for s, _ in known])
+        weight = np.array([w for _, w in known])
         todo = np.isnan(shift)
         if todo.any():
             r_nn, n_nn, nearest = self._ring.query(x[first[todo]])
-            shift[todo] = n_nn / (n_nn + self.prior_samples) * nearest * r_nn
+            weight[todo] = n_nn / (n_nn + self.prior_samples) * nearest
+            shift[todo] = weight[todo] * r_nn
             if len(cache) > BORROWED_KEPT:
                 cache.clear()
-            cache.update(zip(distinct[todo].tolist(), shift[todo].tolist(), strict=True))
-        return shift[back.reshape(-1)]
+            answers = zip(shift[todo].tolist(), weight[todo].tolist(), strict=True)
+            cache.update(zip(distinct[todo].tolist(), answers, strict=True))
+        back = back.reshape(-1)
+        return shift[back], weight[back]
 
     # -- learning ----------------------------------------------------------------
     def learn(self, features: np.ndarray, observed: Sequence[float] | np.ndarray) -> np.ndarray:
