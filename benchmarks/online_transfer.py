@@ -5,9 +5,8 @@ truth, the very table the shipped ONNX model was trained on.  A user's cluster i
 not that table.  This benchmark asks the question on real measurements instead: a
 pair CSV (the trainer's format, ``interference/dataset.py``) plays the user's
 cluster, by default Gavel's 2019 campaign (``gavel_colocation_pairs_2019.csv``):
-the same 26 job types measured independently, with other software, whose slowdowns
-differ from the training table's by 12% (K80) to 43% (V100) on average
-(``/work/shared/data/README.md``).  Point ``--pairs`` at your own measurements.
+the same 26 job types measured independently, with other software, on which the
+shipped model's MAPE is about 33%.  Point ``--pairs`` at your own measurements.
 
 Protocol, per seed: the measured pairs (one unit = an unordered job pair on one GPU
 type, both directions) are observed in a random order, each for ``--windows``
