@@ -1,0 +1,61 @@
+"""benchmarks/online_transfer.py: the online correction on a pair CSV the shipped model was
+not trained on (Gavel's 2019 campaign, real measurements).  Its three kinds of rows cover
+every row once, and what it reports moves as the loop should: pairs observed converge,
+a family far from every observed pair keeps the base answer."""
+
+from __future__ import annotations
+
+import argparse
+
+import numpy as np
+import pytest
+from conftest import load_benchmark
+
+from elastico_extender.core.interference.predictor import ContentionPredictor
+from elastico_extender.interference.dataset import load_pairs, shipped_csv
+
+NOISY = argparse.Namespace(windows=4, noise=0.03)
+
+
+@pytest.fixture()
+def online_transfer(monkeypatch):
+    return load_benchmark("online_transfer", monkeypatch)
+
+
+@pytest.fixture(scope="module")
+def v100_2019():
+    data = load_pairs(shipped_csv("gavel_colocation_pairs_2019.csv"))
+    return data.subset(data.gpu == "v100")
+
+
+def test_observed_pairs_converge_and_the_kinds_cover_every_row(online_transfer, v100_2019):
+    everything = 10**6
+    curve = online_transfer.learning_curve(
+        v100_2019, ContentionPredictor(), [10, everything], NOISY, seed=0
+    )
+    early = curve[10]
+    assert sum(r.rows for r in early.values()) == len(v100_2019)
+    assert early["observed"].rows == 20  # ten pairs, both directions
+    assert early["observed"].corrected < 6.0 < early["observed"].base
+    last = curve[max(curve)]
+    assert last["observed"].rows == len(v100_2019)
+    assert last["family seen"].rows == last["family unseen"].rows == 0
+
+
+def test_a_held_out_family_far_from_every_observed_pair_keeps_the_base(online_transfer, v100_2019):
+    """A3C shares no neighbour with the other families (module doc of the correction):
+    every other pair observed, its rows still read exactly the base model's MAPE."""
+    readings = online_transfer.held_out(v100_2019, ContentionPredictor(), NOISY, seed=0)
+    a3c = readings["A3C"]
+    assert a3c.rows > 0 and a3c.corrected == pytest.approx(a3c.base)
+    moved = [r for r in readings.values() if not np.isclose(r.corrected, r.base)]
+    assert moved and all(r.corrected < r.base for r in moved)
+
+
+def test_main_prints_the_curve_and_the_held_out_table(online_transfer, capsys):
+    assert online_transfer.main(["--gpu", "v100", "--seeds", "0", "--steps", "10"]) == 0
+    out = capsys.readouterr().out
+    assert "328 measured pairs" in out
+    for heading in ("## shipped ONNX", "## heuristic", "one family held out"):
+        assert heading in out
+    assert "nan" not in out
