@@ -30,6 +30,7 @@ from sklearn.ensemble import HistGradientBoostingRegressor
 from sklearn.linear_model import LinearRegression
 from sklearn.model_selection import GroupKFold
 
+from elastico_extender.core.interference.predictor import mape_percent
 from elastico_extender.interference.dataset import PairDataset, load_pairs, shipped_csv
 
 Split = tuple[str, np.ndarray, np.ndarray]
@@ -71,10 +72,6 @@ def dnn(epochs: int) -> Model:
     return run
 
 
-def mape(pred: np.ndarray, true: np.ndarray) -> float:
-    return float(np.mean(np.abs(pred - true) / true) * 100.0)
-
-
 def r2(pred: np.ndarray, true: np.ndarray) -> float:
     total = float(np.sum((true - true.mean()) ** 2))
     return 1.0 - float(np.sum((pred - true) ** 2)) / total if total > 0 else float("nan")
@@ -109,7 +106,7 @@ def print_table(title: str, data: PairDataset, preds: dict[str, np.ndarray]) -> 
             print(f"{name:<14}{0:>6}   no measurements in the data")
             continue
         cells = "".join(
-            f"{mape(p[mask], data.y[mask]):>16.1f}{r2(p[mask], data.y[mask]):>7.2f}"
+            f"{mape_percent(p[mask], data.y[mask]):>16.1f}{r2(p[mask], data.y[mask]):>7.2f}"
             for p in preds.values()
         )
         print(f"{name:<14}{int(mask.sum()):>6}{cells}")
@@ -138,7 +135,7 @@ def noise_floor(current: PairDataset, older: PairDataset) -> None:
             continue
         r = float(np.corrcoef(np.log(other[mask]), np.log(sub.y[mask]))[0, 1])
         print(
-            f"{name:<14}{int(mask.sum()):>6}{mape(other[mask], sub.y[mask]):>9.1f}"
+            f"{name:<14}{int(mask.sum()):>6}{mape_percent(other[mask], sub.y[mask]):>9.1f}"
             f"{r2(other[mask], sub.y[mask]):>7.2f}{r:>8.2f}"
         )
 

@@ -43,7 +43,11 @@ from _args import comma_list, non_negative_float, positive_int
 from synthetic_rows import seeds
 
 from elastico_extender.core.interference.online import OnlineCorrection
-from elastico_extender.core.interference.predictor import ContentionPredictor, SlowdownPredictor
+from elastico_extender.core.interference.predictor import (
+    ContentionPredictor,
+    SlowdownPredictor,
+    mape_percent,
+)
 from elastico_extender.errors import PredictorError
 from elastico_extender.interference.dataset import PairDataset, load_pairs, shipped_csv
 from elastico_extender.interference.onnx_predictor import load_predictor
@@ -59,12 +63,6 @@ class Reading:
     rows: int
     base: float
     corrected: float
-
-
-def mape(pred: np.ndarray, truth: np.ndarray) -> float:
-    if truth.size == 0:
-        return float("nan")
-    return float(np.mean(np.abs(pred - truth) / truth) * 100.0)
 
 
 def units(data: PairDataset) -> np.ndarray:
@@ -101,7 +99,9 @@ def observe(
 
 def read(base: np.ndarray, corrected: np.ndarray, truth: np.ndarray, mask: np.ndarray) -> Reading:
     return Reading(
-        int(mask.sum()), mape(base[mask], truth[mask]), mape(corrected[mask], truth[mask])
+        int(mask.sum()),
+        mape_percent(base[mask], truth[mask]),
+        mape_percent(corrected[mask], truth[mask]),
     )
 
 

@@ -47,6 +47,7 @@ from onnx import TensorProto, helper, numpy_helper
 from torch import nn
 
 from elastico_extender.core.interference.features import FEATURE_NAMES, NUM_FEATURES
+from elastico_extender.core.interference.predictor import mape_percent
 from elastico_extender.errors import PredictorError
 from elastico_extender.interference.dataset import load_pairs, shipped_csv
 
@@ -263,7 +264,7 @@ def run(csv: Sequence[Path] | None, out: Path, config: TrainConfig) -> int:
         data = load_pairs(csvs)
         net = fit(data.x, data.y, config)
         fitted = predict_torch(net, data.x)
-        mape = float(np.mean(np.abs(fitted - data.y) / data.y) * 100)
+        mape = mape_percent(fitted, data.y)
         metadata = {
             "trained_colocation_types": ",".join(str(t) for t in np.unique(data.colocation_type)),
             "training_rows": str(len(data)),
@@ -310,7 +311,7 @@ def run_from_store(store_path: Path, out: Path, config: TrainConfig) -> int:
     try:
         net = fit(x, y, config)
         fitted = predict_torch(net, x)
-        mape = float(np.mean(np.abs(fitted - y) / y) * 100)
+        mape = mape_percent(fitted, y)
         metadata = {
             "trained_colocation_types": ",".join(str(int(t)) for t in np.unique(x[:, 32].round())),
             "training_rows": str(len(y)),

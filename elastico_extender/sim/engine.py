@@ -104,6 +104,7 @@ import numpy as np
 from elastico_extender.core.closed_loop import ClosedLoop, RunningConfig
 from elastico_extender.core.duration import CompletedJob, DurationBook
 from elastico_extender.core.interference.features import pair_features
+from elastico_extender.core.interference.predictor import mape_percent
 from elastico_extender.core.model import GpuDevice, Job, Node, Plan, Snapshot
 from elastico_extender.core.observations import MIN_SHARED_SHARE, Observation
 from elastico_extender.core.planner.observed_throughput import solo_rates
@@ -441,8 +442,7 @@ class Simulator:
             truth = self.truth.slowdown[pairs[:, 0], pairs[:, 1]]
             fixed = loop.correction.predict(x)
             base = np.asarray(loop.correction.base.predict(x), dtype=np.float64)
-            err = float(np.mean(np.abs(fixed - truth) / truth)) * 100.0
-            err_base = float(np.mean(np.abs(base - truth) / truth)) * 100.0
+            err, err_base = mape_percent(fixed, truth), mape_percent(base, truth)
             self.mape.append((hour, int(pairs.shape[0]), err, err_base))
 
     @property

@@ -19,6 +19,7 @@ __all__ = [
     "ContentionPredictor",
     "SlowdownPredictor",
     "check_feature_batch",
+    "mape_percent",
     "predictor_generation",
 ]
 
@@ -98,3 +99,14 @@ class ContentionPredictor:
             + self.pressure_weight * np.maximum(0.0, pressure - 0.97)
         )
         return np.maximum(slowdown, 1.0)
+
+
+def mape_percent(predicted: np.ndarray, measured: np.ndarray) -> float:
+    """Mean absolute percentage error of slowdown predictions against measured ones, in %:
+    the one figure every report of a predictor's accuracy quotes (training, the
+    simulator's learning curve, the accuracy benchmarks).  NaN when there is nothing
+    to compare."""
+    measured = np.asarray(measured, dtype=np.float64)
+    if measured.size == 0:
+        return float("nan")
+    return float(np.mean(np.abs(np.asarray(predicted) - measured) / measured) * 100.0)
