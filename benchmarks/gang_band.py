@@ -20,7 +20,7 @@ Command (from the repository root)::
 from __future__ import annotations
 
 import numpy as np
-from synthetic_rows import HARM_COLUMNS, on_off, row_parser
+from synthetic_rows import ATTAINMENT_COLUMN, HARM_COLUMNS, on_off, row_parser
 
 from elastico_extender.sim.engine import RunResult
 from elastico_extender.sim.runner import Experiment
@@ -39,7 +39,7 @@ def harmful(result: RunResult, exp: Experiment) -> str:
 
 
 COLUMNS = (
-    ("attainment %", lambda s, r, e: f"{s['attainment']:.1f}"),
+    ATTAINMENT_COLUMN,
     ("separated (truly within tau)", lambda s, r, e: separated(r)),
     ("harmful pairs / over 2 epochs", lambda s, r, e: harmful(r, e)),
     *HARM_COLUMNS,

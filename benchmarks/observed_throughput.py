@@ -17,10 +17,10 @@ Command (from the repository root)::
 
 from __future__ import annotations
 
-from synthetic_rows import HARM_COLUMNS, on_off, row_parser
+from synthetic_rows import ATTAINMENT_COLUMN, HARM_COLUMNS, on_off, row_parser
 
 COLUMNS = (
-    ("attainment %", lambda s, r, e: f"{s['attainment']:.1f}"),
+    ATTAINMENT_COLUMN,
     ("reconfigurations", lambda s, r, e: f"{s['reconfigurations']:.0f}"),
     ("config efficiency", lambda s, r, e: f"{s['config_efficiency']:.3f}"),
     *HARM_COLUMNS,

@@ -59,6 +59,8 @@ def harm(result: RunResult, exp: Experiment) -> tuple[float, float]:
 Column = tuple[str, Callable[[dict, RunResult, Experiment], str]]
 """A table column: its header, and its cell from (summary, run, experiment)."""
 
+ATTAINMENT_COLUMN: Column = ("attainment %", lambda s, r, e: f"{s['attainment']:.1f}")
+
 HARM_COLUMNS: tuple[Column, ...] = (
     ("job-h above tau", lambda s, r, e: f"{harm(r, e)[0]:.1f}"),
     ("harm p95 epochs", lambda s, r, e: f"{harm(r, e)[1]:.1f}"),
