@@ -7,7 +7,12 @@ import csv
 import numpy as np
 import pytest
 
-from elastico_extender.core.interference.features import FEATURE_NAMES
+from elastico_extender.core.interference.features import (
+    FEATURE_NAMES,
+    UNKNOWN_PARAMS_SPREAD,
+    unknown_family_log10_params,
+)
+from elastico_extender.core.interference.online import pair_keys
 from elastico_extender.errors import PredictorError
 from elastico_extender.interference.dataset import gpu_bound_share, load_pairs, shipped_csv
 
@@ -86,6 +91,38 @@ def test_explicit_feature_columns_override_the_fills(tmp_path):
     assert d.x[0, 0] == pytest.approx(0.9) and d.x[1, 14] == pytest.approx(0.9)
     assert d.colocation_type.tolist() == [1, 1]
     assert d.x[0, 33] == 0.0 and d.x[0, 7] == pytest.approx(1.0)
+
+
+def test_families_the_loader_does_not_know_stay_apart_in_the_correction(tmp_path):
+    """A user's pair table names its own models (no parameter counts).  Before, every such
+    family got log10_params 7 exactly, so the online correction's family key took them for
+    one family, pooling their residuals.  Now each keeps a value of its own, near 7;
+    a known family and a given log10_params are as before."""
+    path = tmp_path / "pairs.csv"
+    path.write_text(
+        "gpu,job_a,job_b,solo_tput_a,solo_tput_b,slowdown_a,slowdown_b,model_a,model_b,"
+        "log10_params_b\n"
+        "v100,m1,m2,10,20,1.5,1.5,vgg16,gpt2,\n"
+        "v100,m3,m4,10,20,1.5,1.5,lab-bert,ResNet-50,\n"
+        "v100,m5,m6,10,20,1.5,1.5,vgg16,lab-bert,8.5\n"
+    )
+    d = load_pairs(path)
+    vgg, gpt2, lab_bert, resnet = d.x[0, 6], d.x[0, 20], d.x[2, 6], d.x[2, 20]
+    assert len({float(vgg), float(gpt2), float(lab_bert)}) == 3
+    assert all(abs(v - 7.0) <= UNKNOWN_PARAMS_SPREAD + 1e-6 for v in (vgg, gpt2, lab_bert))
+    assert resnet == pytest.approx(np.log10(25.6e6))
+    assert d.x[4, 6] == vgg and d.x[4, 20] == pytest.approx(8.5)  # the same name, the given
+    families = pair_keys(d.x[[0, 2]])[1]
+    assert families[0] != families[1]
+
+
+def test_an_unknown_familys_params_are_fixed_by_its_name():
+    first = unknown_family_log10_params("team-a-trainer", 7.0)
+    assert first == unknown_family_log10_params("team-a-trainer", 7.0)  # no per-process salt
+    assert abs(first - 7.0) <= UNKNOWN_PARAMS_SPREAD
+    nudges = {unknown_family_log10_params(f"w{i}", 7.0) for i in range(1000)}
+    reach = 0.8 * UNKNOWN_PARAMS_SPREAD  # the nudges spread over most of the range
+    assert len(nudges) == 1000 and min(nudges) < 7.0 - reach and max(nudges) > 7.0 + reach
 
 
 def test_csv_without_required_columns_is_rejected(tmp_path):

@@ -14,11 +14,15 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
 from test_service_events import pending_pod
 from test_service_observations import batch, gpu_node, running_pod, start_service, wait_for
 
 from elastico_extender.cluster.fake_apiserver import FakeApiServer
+from elastico_extender.core.interference.features import PARAMS, pair_features
+from elastico_extender.core.interference.online import OnlineCorrection, pair_keys
+from elastico_extender.core.interference.predictor import ContentionPredictor
 from elastico_extender.core.model import JobKind
 from elastico_extender.profiles.store import ProfileStore
 from elastico_extender.service.families import UNPROFILED, FamilyResolver
@@ -184,6 +188,39 @@ def measure(store: ProfileStore, family, uid: str) -> None:
 
     window = Observation(uid, 0, time.time(), 5.0, 400.0, peak_mem_mib=8000.0, sm_activity=0.3)
     assert record_solo_profile(store, family, window, measured_at=time.time())
+
+
+def test_two_unprofiled_workloads_measured_alike_are_two_families_to_the_correction(
+    tmp_path: Path,
+) -> None:
+    """Two of a team's own workloads, both measured alone at the same memory and SM
+    activity.  Before, both had every feature of the typical workload of their kind, so
+    their rows next to bert were one configuration pair: a window of one next to bert
+    counted as an observation of the other (and every unprofiled pair was one family
+    pair).  Now each name keeps its own log10_params, also on a row stored before."""
+    store = ProfileStore(tmp_path / "profiles.db")
+    resolver = FamilyResolver(40960.0, store=store)
+    for name in ("team-a-trainer", "team-b-finetune"):
+        measure(store, resolver.unprofiled(name, JobKind.TRAINING), f"uid-{name}")
+        resolver.forget(name)
+    a, b = (resolver.unprofiled(n, JobKind.TRAINING) for n in ("team-a-trainer", "team-b-finetune"))
+    assert not a.estimated.any() and not b.estimated.any()  # type: ignore[union-attr]
+    bert = resolver("bert").features[0]
+    rows = pair_features(np.stack([a.features[0], b.features[0]]), np.stack([bert, bert]), 40.0)
+    config, family = pair_keys(rows)
+    assert config[0] != config[1] and family[0] != family[1]
+    correction = OnlineCorrection(ContentionPredictor())
+    correction.learn(rows[:1], [2.5])
+    assert correction.observed_windows(rows).tolist() == [1.0, 0.0]
+
+    # A row stored with the shared typical value (an older release): the name's wins.
+    old = a.features[0].copy()
+    old[PARAMS] = b.features[0, PARAMS]
+    store.put("team-a-trainer", HARDWARE, a.configs[0], a.resources[0], 1.0, old)
+    resolver.forget("team-a-trainer")
+    again = resolver.unprofiled("team-a-trainer", JobKind.TRAINING)
+    assert again.features[0, PARAMS] == a.features[0, PARAMS]
+    store.close()
 
 
 def test_a_family_measured_while_it_is_being_built_is_not_hidden_by_the_old_build(

@@ -53,7 +53,10 @@ co-located throughput, so a test pair's label cannot leak into features):
   Gavel pairs are FP32 training jobs without activation checkpointing.
 * ``log10_params`` := log10 of the family's approximate parameter count
   (``_FAMILY_PARAMS``, order-of-magnitude figures of the reference models);
-  it mainly tells families apart and orders them by size.
+  it mainly tells families apart and orders them by size.  A family the table
+  lacks gets 10^7 nudged by a fixed per-family amount
+  (``features.unknown_family_log10_params``), so two unknown families stay two
+  (give ``log10_params_a/_b`` where the count is known).
 * ``log10_throughput`` := log10(solo_tput) in the file's unit (steps/s for Gavel).
 * ``micro_batch_log2`` := log2(batch_size) where the job type names one, else 0.
 """
@@ -73,6 +76,7 @@ from elastico_extender.core.interference.features import (
     NUM_FEATURES,
     NUM_JOB_FEATURES,
     pair_features,
+    unknown_family_log10_params,
 )
 from elastico_extender.csv_row import CsvRow, csv_rows, open_csv
 from elastico_extender.errors import PredictorError
@@ -200,7 +204,12 @@ def _job_block(row: CsvRow, side: str, share: float) -> np.ndarray:
     block = np.zeros(NUM_JOB_FEATURES, dtype=np.float64)
     block[0] = block[1] = block[2] = share
     family = (row.text(f"model_{side}") or row.text(f"job_{side}")).lower()
-    block[6] = math.log10(_FAMILY_PARAMS.get(family, _DEFAULT_PARAMS))
+    known = _FAMILY_PARAMS.get(family)
+    block[6] = (
+        math.log10(known)
+        if known is not None
+        else unknown_family_log10_params(family, math.log10(_DEFAULT_PARAMS))
+    )
     block[7] = math.log10(_solo(row, side))
     batch = row.optional(f"batch_size_{side}")
     block[8] = math.log2(batch) if batch is not None and batch >= 1 else 0.0

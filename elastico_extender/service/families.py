@@ -10,7 +10,11 @@ catalog does not have *and* declares its kind (``elastico.io/kind``) gets an
 *unprofiled* family (:meth:`FamilyResolver.unprofiled`): one configuration,
 ``as-is``, flagged estimated, demanding a whole device (all SMs and all
 memory), so it runs alone; its IAC features are a typical catalog workload's
-of its kind (column medians) with a whole device's SM activity and memory.
+of its kind (column medians) with a whole device's SM activity and memory, and
+a ``log10_params`` nudged by its name (``features.unknown_family_log10_params``):
+two unprofiled workloads are two families to the online correction, also
+where their measured rows read alike, and also where a stored row was
+written before the nudge.
 When the node agent reports a solo window of it (peak memory and SM
 activity), the observation owner writes that window as the family's measured
 profile (``profiles/observed.record_solo_profile``) and the engine drops what
@@ -29,10 +33,17 @@ import logging
 import re
 import threading
 from collections import OrderedDict
+from dataclasses import replace
 
 import numpy as np
 
-from elastico_extender.core.interference.features import FB, NUM_JOB_FEATURES, SM
+from elastico_extender.core.interference.features import (
+    FB,
+    NUM_JOB_FEATURES,
+    PARAMS,
+    SM,
+    unknown_family_log10_params,
+)
 from elastico_extender.core.model import Configuration, JobKind, ProfileFamily
 from elastico_extender.core.shapes.catalog import CATALOG, build_family
 from elastico_extender.errors import ProfileStoreError, UnknownWorkloadError
@@ -109,6 +120,7 @@ class FamilyResolver:
         features = self._typical_features(kind)
         features[0, SM] = 1.0  # a whole device until measured
         features[0, FB] = self.device_mib / 1024.0
+        features[0, PARAMS] = unknown_family_log10_params(name, float(features[0, PARAMS]))
         base = ProfileFamily(
             workload=name,
             kind=kind,
@@ -120,7 +132,7 @@ class FamilyResolver:
             hardware=self.hardware,
             throughput_unit=UNPROFILED_UNIT,
         )
-        return self._build(name, base)
+        return self._build(name, base, keep_params=True)
 
     def _typical_features(self, kind: JobKind) -> np.ndarray:
         """The IAC job block of a typical catalog workload of ``kind`` (column medians of
@@ -148,7 +160,10 @@ class FamilyResolver:
                 self._cache.move_to_end(name)
             return cached
 
-    def _build(self, name: str, base: ProfileFamily) -> ProfileFamily:
+    def _build(self, name: str, base: ProfileFamily, keep_params: bool = False) -> ProfileFamily:
+        """``base`` with the store's measured rows; with ``keep_params`` every row keeps
+        the base's log10_params (an unprofiled family's identity: a row stored before the
+        nudge cannot take it back)."""
         with self._lock:
             forgets = self._forgets
         try:
@@ -156,6 +171,11 @@ class FamilyResolver:
         except ProfileStoreError as exc:  # the catalog's rows this time; not cached
             log.warning("families.store_unreadable", extra={"family": name, "error": str(exc)})
             return base
+        params = base.features[0, PARAMS]
+        if keep_params and (family.features[:, PARAMS] != params).any():
+            features = family.features.copy()
+            features[:, PARAMS] = params
+            family = replace(family, features=features)
         with self._lock:
             if self._forgets != forgets:
                 return family

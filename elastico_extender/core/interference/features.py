@@ -35,9 +35,20 @@ The spec lists "the mean of each hardware metric" among 8 pairwise terms; with
 already in the memory-pressure term) to keep the stated 36 dimensions.
 Logs and thousands keep every column within a few units of zero so one
 BatchNorm'd network serves all of them.
+
+A family whose parameter count nobody gave (a user's own workload, a pair
+table's unknown model) gets a typical ``log10_params`` nudged by a fixed
+per-name amount (:func:`unknown_family_log10_params`, at most
+``UNKNOWN_PARAMS_SPREAD`` decade either way).  The prior stays typical for the
+network, and the column still tells families apart: the online correction
+keys family pairs on ``is_inference`` and ``log10_params`` and configuration
+pairs on both job blocks, so with one shared value every unknown family would
+pass for one family, and two of its configurations could pass for one pair.
 """
 
 from __future__ import annotations
+
+import hashlib
 
 import numpy as np
 
@@ -47,8 +58,10 @@ __all__ = [
     "NUM_FEATURES",
     "NUM_JOB_FEATURES",
     "PAIR_FEATURES",
+    "UNKNOWN_PARAMS_SPREAD",
     "job_features",
     "pair_features",
+    "unknown_family_log10_params",
 ]
 
 JOB_FEATURES: tuple[str, ...] = (
@@ -86,8 +99,22 @@ NUM_JOB_FEATURES = len(JOB_FEATURES)
 NUM_FEATURES = len(FEATURE_NAMES)
 assert NUM_JOB_FEATURES == 14 and NUM_FEATURES == 36
 
-SM, OCC, DRAM, FB, TENSOR, IS_INF = 0, 1, 2, 3, 4, 5
+SM, OCC, DRAM, FB, TENSOR, IS_INF, PARAMS = 0, 1, 2, 3, 4, 5, 6
 _EPS = 1e-6
+UNKNOWN_PARAMS_SPREAD = 0.02
+"""Largest nudge (decades, about 5%) of an unknown family's typical log10_params: the
+shipped model's answers move by at most about 2% (next to every catalog configuration;
+a window's 3% error is larger), and 40,000 to 80,000 float32 values lie within it, so
+two names rarely meet."""
+
+
+def unknown_family_log10_params(name: str, typical: float) -> float:
+    """``log10_params`` of family ``name`` whose parameter count is unknown (module doc):
+    ``typical`` plus a nudge in [-UNKNOWN_PARAMS_SPREAD, UNKNOWN_PARAMS_SPREAD] fixed by
+    the name (a stable hash, so a restart or another process gives the same value)."""
+    digest = hashlib.blake2b(name.encode("utf-8"), digest_size=8).digest()
+    unit = int.from_bytes(digest, "big") / 2.0**64  # [0, 1)
+    return typical + (2.0 * unit - 1.0) * UNKNOWN_PARAMS_SPREAD
 
 
 def job_features(
