@@ -116,6 +116,44 @@ def test_families_the_loader_does_not_know_stay_apart_in_the_correction(tmp_path
     assert families[0] != families[1]
 
 
+@pytest.mark.parametrize(
+    ("gpu", "memory"),
+    [
+        ("A100-SXM4-80GB", 80.0),  # before: a100, 40
+        ("NVIDIA A100 80GB PCIe", 80.0),  # before: unknown, 16
+        ("a100-40gb", 40.0),
+        ("GeForce RTX 3090", 24.0),  # before: unknown, 16
+        ("V100-SXM2-32GB", 32.0),  # before: v100, 16
+        ("NVIDIA L40S", 48.0),
+        ("mi250x", 16.0),  # a model the tables lack: the default
+    ],
+)
+def test_another_labs_gpu_names_give_their_device_memory(tmp_path, gpu, memory):
+    """Memory pressure (column 33) divides both jobs' memory by the device's: a lab's own
+    spelling of its GPU must not halve or double it."""
+    path = tmp_path / "pairs.csv"
+    path.write_text(
+        "gpu,job_a,job_b,solo_tput_a,solo_tput_b,slowdown_a,slowdown_b,fb_used_gib_a,"
+        f"fb_used_gib_b\n{gpu},x,y,10,20,1.5,1.5,6,2\n"
+    )
+    assert load_pairs(path).x[0, 33] == pytest.approx(8.0 / memory)
+
+
+def test_a_job_measured_on_two_gpu_models_of_another_lab_gets_its_gpu_bound_share(tmp_path):
+    """The GPU-bound share needs two known peaks: a job 2.5 times faster on an RTX 3090
+    than on an RTX 2080 Ti (peaks 35.6 and 13.4 TFLOP/s) is mostly GPU-bound."""
+    path = tmp_path / "pairs.csv"
+    path.write_text(
+        "gpu,job_a,job_b,solo_tput_a,solo_tput_b,slowdown_a,slowdown_b\n"
+        "GeForce RTX 2080 Ti,x,y,10,20,1.5,1.5\n"
+        "GeForce RTX 3090,x,y,25,20,1.5,1.5\n"
+    )
+    d = load_pairs(path)
+    share_2080, share_3090 = d.x[0, 0], d.x[2, 0]
+    assert share_2080 > share_3090 > 0.5  # before: 0.5 (unknown) on both
+    assert d.x[1, 14] == share_2080  # the swapped row: x is the partner
+
+
 def test_an_unknown_familys_params_are_fixed_by_its_name():
     first = unknown_family_log10_params("team-a-trainer", 7.0)
     assert first == unknown_family_log10_params("team-a-trainer", 7.0)  # no per-process salt

@@ -7,7 +7,8 @@ One row per measured co-location of two jobs on one GPU, the format of
 Gavel's pair table (``elastico_extender/data/gavel_colocation_pairs.csv``)::
 
     column              required  meaning
-    gpu                 yes       device type (k80, p100, v100, a100-40gb, ...)
+    gpu                 yes       device type as the lab writes it (k80, v100-32gb,
+                                  A100-SXM4-80GB, GeForce RTX 3090, ...; ``_gpu_key``)
     job_a, job_b        yes       job identifiers (a workload + configuration)
     solo_tput_a/_b      yes       isolated throughput T(solo), any unit > 0
     slowdown_a/_b       yes*      T(solo) / T(co-located) of each job
@@ -15,7 +16,8 @@ Gavel's pair table (``elastico_extender/data/gavel_colocation_pairs.csv``)::
     model_a/_b          no        workload family (default: job id)
     batch_size_a/_b     no        micro-batch size (empty: unknown, 0 in features)
     measured            no        0 (or false) marks a pair that failed or was not run: skipped
-    gpu_memory_gib      no        device memory (default from the GPU name, else 16)
+    gpu_memory_gib      no        device memory (default: a size the GPU name gives,
+                                  ``a100-80gb``, else the model's usual one, else 16)
     <feature>_a/_b      no        any per-job feature of ``features.JOB_FEATURES``
                                   (``sm_active_a``, ``fb_used_gib_b``, ``is_inference_a``,
                                   ``log10_params_a`` ...): given values override the fills
@@ -65,6 +67,7 @@ from __future__ import annotations
 
 import csv
 import math
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -89,24 +92,45 @@ __all__ = [
     "shipped_csv",
 ]
 
-# Nominal FP32 peak (TFLOP/s) per device; only ratios between GPUs matter.
-# K80 is one GK210 die (the unit Gavel schedules).
+# Nominal FP32 peak (TFLOP/s) per device model; only ratios between GPUs matter.
+# K80 is one GK210 die (the unit Gavel schedules).  Datasheet figures.
 _PEAK_TFLOPS: Mapping[str, float] = {
     "k80": 4.37,
     "p100": 9.3,
     "v100": 15.7,
     "t4": 8.1,
+    "rtx2080ti": 13.4,
+    "rtx3090": 35.6,
+    "rtx4090": 82.6,
+    "a10": 31.2,
+    "a40": 37.4,
     "a100": 19.5,
+    "l4": 30.3,
+    "l40": 90.5,
+    "l40s": 91.6,
     "h100": 67.0,
+    "h200": 67.0,
 }
+# Device memory (GiB) of each model's common variant; a size in the name wins.
 _DEVICE_MEMORY_GIB: Mapping[str, float] = {
     "k80": 12.0,
     "p100": 16.0,
     "v100": 16.0,
     "t4": 16.0,
+    "rtx2080ti": 11.0,
+    "rtx3090": 24.0,
+    "rtx4090": 24.0,
+    "a10": 24.0,
+    "a40": 48.0,
     "a100": 40.0,
+    "l4": 24.0,
+    "l40": 48.0,
+    "l40s": 48.0,
     "h100": 80.0,
+    "h200": 141.0,
 }
+_VENDOR_WORDS = re.compile(r"^(nvidia|geforce|tesla|quadro)+")
+_MEMORY_IN_NAME = re.compile(r"(\d+)\s*gi?b\b")
 DEFAULT_DEVICE_MEMORY_GIB = 16.0
 _UNKNOWN_SHARE = 0.5
 # Approximate parameter counts of Gavel's reference models (order of magnitude).
@@ -181,7 +205,22 @@ def gpu_bound_share(solo: Mapping[str, float], gpu: str) -> float:
 
 
 def _gpu_key(gpu: str) -> str:
-    return gpu.strip().lower().split("-")[0]
+    """The device model a ``gpu`` cell names, as the tables above spell it: ``A100-SXM4-80GB``
+    and ``NVIDIA A100 80GB PCIe`` are ``a100``, ``GeForce RTX 3090`` is ``rtx3090``; a
+    model the tables lack stays itself (lower case, letters and digits only)."""
+    text = _VENDOR_WORDS.sub("", re.sub(r"[^a-z0-9]", "", gpu.lower()))
+    for model in sorted(_PEAK_TFLOPS, key=len, reverse=True):  # a100 before a10
+        if text.startswith(model):
+            return model
+    return text
+
+
+def _device_memory_gib(gpu: str) -> float:
+    """The memory a ``gpu`` cell names (``a100-80gb``: 80), else its model's, else 16."""
+    size = _MEMORY_IN_NAME.search(gpu.lower())
+    if size is not None and 0 < int(size.group(1)) <= 1024:
+        return float(size.group(1))
+    return _DEVICE_MEMORY_GIB.get(_gpu_key(gpu), DEFAULT_DEVICE_MEMORY_GIB)
 
 
 def _slowdown(row: CsvRow, side: str) -> float | None:
@@ -281,9 +320,7 @@ def _dataset(rows: list[CsvRow]) -> PairDataset:
         job_a, job_b = row.text("job_a"), row.text("job_b")
         block_a = _job_block(row, "a", gpu_bound_share(solo.get(job_a, {}), gpu))
         block_b = _job_block(row, "b", gpu_bound_share(solo.get(job_b, {}), gpu))
-        memory = row.optional("gpu_memory_gib") or _DEVICE_MEMORY_GIB.get(
-            gpu, DEFAULT_DEVICE_MEMORY_GIB
-        )
+        memory = row.optional("gpu_memory_gib") or _device_memory_gib(row.text("gpu"))
         key = (min(job_a, job_b), max(job_a, job_b))
         pid = pair_index.setdefault(key, len(pair_index))
         fam_a = row.text("model_a") or job_a
