@@ -205,26 +205,26 @@ def renamed(source: Path, folder: Path) -> Path:
     return target
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def cluster_arguments(ap: argparse.ArgumentParser) -> None:
+    """The options naming the user's cluster: its pair CSV and how it is observed."""
     ap.add_argument("--pairs", type=Path, default=DEFAULT_PAIRS, help="measured pair CSV")
     ap.add_argument("--gpu", help="only this GPU type's rows (the file's gpu column)")
     ap.add_argument("--seeds", type=seeds, default=list(range(5)))
     ap.add_argument("--windows", type=positive_int, default=4, help="windows per observed pair")
     ap.add_argument("--noise", type=non_negative_float, default=0.03, help="sigma of log error")
-    ap.add_argument(
-        "--steps",
-        type=comma_list(positive_int),
-        default=[10, 30, 100, 300, 1_000_000],
-        help="observed pairs at each reading (capped at the file's)",
-    )
     ap.add_argument("--model", type=Path, help="ONNX model (default: the shipped one)")
     ap.add_argument(
         "--rename-families",
         action="store_true",
         help="give every model a name the loader does not know (module doc)",
     )
-    args = ap.parse_args(argv)
+
+
+def cluster(
+    ap: argparse.ArgumentParser, args: argparse.Namespace
+) -> tuple[PairDataset, dict[str, SlowdownPredictor]]:
+    """The pair rows ``args`` name and the two base predictors; a bad option is an
+    ``ap.error`` naming it."""
     try:
         data = load_pairs(args.pairs)
         if args.rename_families:  # a file the loader took: the copy reads as well
@@ -240,17 +240,32 @@ def main(argv: Sequence[str] | None = None) -> int:
     onnx, why = load_predictor(args.model)
     if why is not None:
         ap.error(f"--model: {why}")
-    predictors: dict[str, SlowdownPredictor] = {
-        "shipped ONNX": onnx,
-        "heuristic": ContentionPredictor(),
-    }
+    return data, {"shipped ONNX": onnx, "heuristic": ContentionPredictor()}
+
+
+def describe(data: PairDataset, args: argparse.Namespace) -> str:
+    """The header line: which pairs, how many, how observed."""
     n_units = int(units(data).max()) + 1
-    print(
+    return (
         f"pairs: {args.pairs.name}{' (' + args.gpu + ')' if args.gpu else ''}"
         f"{', models renamed' if args.rename_families else ''}, "
         f"{n_units} measured pairs, {len(data)} rows; seeds {args.seeds[0]}-{args.seeds[-1]}, "
         f"{args.windows} windows per pair, noise {args.noise:g}\n"
     )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    cluster_arguments(ap)
+    ap.add_argument(
+        "--steps",
+        type=comma_list(positive_int),
+        default=[10, 30, 100, 300, 1_000_000],
+        help="observed pairs at each reading (capped at the file's)",
+    )
+    args = ap.parse_args(argv)
+    data, predictors = cluster(ap, args)
+    print(describe(data, args))
     for name, predictor in predictors.items():
         curves = [learning_curve(data, predictor, args.steps, args, s) for s in args.seeds]
         print(f"## {name}: MAPE % base -> corrected (rows), mean over seeds\n")

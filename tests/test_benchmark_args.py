@@ -71,6 +71,10 @@ CASES = [
     ("online_transfer.py", ["--windows", "0"], "--windows"),
     ("online_transfer.py", ["--noise", "-1"], "--noise"),
     ("online_transfer.py", ["--model", "/nonexistent.onnx"], "--model"),
+    ("refused_pairs.py", ["--tau", "0.5"], "--tau"),
+    ("refused_pairs.py", ["--margins", "1,0.9"], "--margins"),
+    ("refused_pairs.py", ["--margins", "x"], "--margins"),
+    ("refused_pairs.py", ["--gpu", "tpu"], "--gpu"),
 ]
 
 
