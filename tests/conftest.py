@@ -12,11 +12,20 @@ import pytest
 
 from elastico_extender.core.model import GpuDevice, Node
 from elastico_extender.core.shapes.catalog import A100_40GB, REFERENCE_DEVICE_MIB, catalog_families
+from elastico_extender.interference.dataset import PairDataset, load_pairs, shipped_csv
 
 
 @pytest.fixture(scope="session")
 def families():
     return catalog_families()
+
+
+@pytest.fixture(scope="session")
+def v100_2019() -> PairDataset:
+    """The V100 rows of Gavel's 2019 campaign: real measurements the shipped model was not
+    trained on (the benchmarks of the online correction play a user's cluster with them)."""
+    data = load_pairs(shipped_csv("gavel_colocation_pairs_2019.csv"))
+    return data.subset(data.gpu == "v100")
 
 
 def a100_nodes(count: int, gpus_per_node: int = 8) -> tuple[Node, ...]:

@@ -23,12 +23,6 @@ def online_transfer(monkeypatch):
     return load_benchmark("online_transfer", monkeypatch)
 
 
-@pytest.fixture(scope="module")
-def v100_2019():
-    data = load_pairs(shipped_csv("gavel_colocation_pairs_2019.csv"))
-    return data.subset(data.gpu == "v100")
-
-
 def test_observed_pairs_converge_and_the_kinds_cover_every_row(online_transfer, v100_2019):
     everything = 10**6
     curve = online_transfer.learning_curve(

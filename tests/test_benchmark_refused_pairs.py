@@ -10,8 +10,6 @@ import numpy as np
 import pytest
 from conftest import load_benchmark
 
-from elastico_extender.interference.dataset import load_pairs, shipped_csv
-
 NOISY = argparse.Namespace(windows=4, noise=0.03)
 
 
@@ -28,12 +26,6 @@ class Pessimist:
 @pytest.fixture()
 def refused_pairs(monkeypatch):
     return load_benchmark("refused_pairs", monkeypatch)
-
-
-@pytest.fixture(scope="module")
-def v100_2019():
-    data = load_pairs(shipped_csv("gavel_colocation_pairs_2019.csv"))
-    return data.subset(data.gpu == "v100")
 
 
 def test_a_pair_refused_everywhere_is_never_tried_so_never_learned(refused_pairs, v100_2019):
