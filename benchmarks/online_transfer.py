@@ -55,6 +55,7 @@ from elastico_extender.core.interference.predictor import (
     SlowdownPredictor,
     mape_percent,
 )
+from elastico_extender.csv_row import open_csv
 from elastico_extender.errors import PredictorError
 from elastico_extender.interference.dataset import PairDataset, load_pairs, shipped_csv
 from elastico_extender.interference.onnx_predictor import load_predictor
@@ -188,7 +189,7 @@ def renamed(source: Path, folder: Path) -> Path:
     """A copy of pair CSV ``source`` in ``folder`` whose models (the job id where a row
     names none) all carry a ``user-`` prefix: names the loader has no parameter count for."""
     target = folder / source.name
-    with open(source, newline="", encoding="utf-8") as handle:
+    with open_csv(source) as handle:  # as the loader read it (a BOM, size bound)
         reader = csv.DictReader(handle)
         fields = list(reader.fieldnames or ())
         rows = list(reader)

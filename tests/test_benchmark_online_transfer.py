@@ -68,3 +68,15 @@ def test_renamed_models_stay_as_many_families_as_named_ones(online_transfer, tmp
     args = ["--gpu", "v100", "--seeds", "0", "--steps", "100", "--rename-families"]
     assert online_transfer.main(args) == 0
     assert "models renamed, 328 measured pairs" in capsys.readouterr().out
+
+
+def test_renaming_reads_the_file_as_the_loader_does(online_transfer, tmp_path):
+    """A pair CSV saved with a byte-order mark loads; its renamed copy must too."""
+    source = tmp_path / "bom.csv"
+    source.write_bytes(
+        b"\xef\xbb\xbf" + shipped_csv("gavel_colocation_pairs_2019.csv").read_bytes()
+    )
+    folder = tmp_path / "copy"
+    folder.mkdir()
+    copy = load_pairs(online_transfer.renamed(source, folder))
+    assert len(copy) == len(load_pairs(source))
