@@ -121,6 +121,44 @@ def test_options_that_would_be_ignored_or_never_end_are_named_on_the_error_line(
     assert "no jobs for Philly VC" not in error
 
 
+def test_a_pair_table_that_names_no_simulated_workload_is_refused(tmp_path: Path) -> None:
+    """Another lab's pairs name their own models: none is a simulated workload, so every
+    slowdown would come from the contention model.  Before, the run went on as if the
+    file were its truth; now the error says what job_a/job_b must name."""
+    pairs = tmp_path / "lab.csv"
+    pairs.write_text(
+        "gpu,job_a,job_b,solo_tput_a,solo_tput_b,slowdown_a,slowdown_b\n"
+        "rtx3090,vgg16,gpt2,10,20,2.0,2.0\n"
+    )
+    proc = _simulate(
+        "--interference", str(pairs), "--gpu-type", "rtx3090", "--gpus", "4", "--out", str(tmp_path)
+    )
+    error = proc.stderr.strip().splitlines()[-1]
+    assert proc.returncode == 2, proc.stderr
+    assert error.startswith("elastico simulate: error: --interference: no pair of lab.csv")
+    assert "ResNet-50" in error and "--interference none" in error
+
+
+def test_the_run_says_how_much_of_its_world_the_pair_table_measures(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """One measured pair of two simulated workloads: accepted, and the share it covers is
+    stated beside the trace's notes."""
+    pairs = tmp_path / "one.csv"
+    pairs.write_text(
+        "gpu,job_a,job_b,solo_tput_a,solo_tput_b,slowdown_a,slowdown_b\n"
+        "v100,ResNet-50 (batch size 16),ResNet-50 (batch size 16),10,10,1.8,1.8\n"
+    )
+    argv = ["--interference", str(pairs), "--policy", "volcano", *FAST, "--out", str(tmp_path)]
+    assert cli.main(argv) == 0
+    out = capsys.readouterr().out
+    (line,) = [ln for ln in out.splitlines() if "one.csv measures" in ln]
+    assert "of the training pairs 0%" in line  # one pair of thousands rounds to 0%
+    default = tmp_path / "default"
+    assert cli.main(["--policy", "volcano", *FAST, "--out", str(default)]) == 0
+    assert "of the training pairs 98%" in capsys.readouterr().out
+
+
 def test_a_load_that_stretches_a_trace_past_a_year_is_refused(tmp_path: Path) -> None:
     trace = tmp_path / "trace.csv"
     trace.write_text("arrival_time_s,gpu_num,duration_s\n0,1,100\n50,2,300\n")

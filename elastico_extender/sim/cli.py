@@ -23,6 +23,8 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
+
 from elastico_extender.core.resources import MAX_CLUSTER_GPUS
 from elastico_extender.core.settings import PlannerSettings, assignments
 from elastico_extender.csv_row import open_csv
@@ -357,6 +359,28 @@ def _check_pairs(args: argparse.Namespace) -> str | None:
     return str(path)
 
 
+def _pair_coverage(args: argparse.Namespace, pairs: str) -> str:
+    """The note saying how much of the simulated world ``pairs`` measures; InputError when
+    nothing: no pair of the file names two simulated workloads, so every slowdown would
+    come from the contention model and the file would change nothing."""
+    configs = ConfigTable.build(args.seed, args.profile_noise)
+    measured = GroundTruth.build(configs, pairs, gpu=args.gpu_type).measured
+    name = Path(pairs).name
+    if not measured.any():
+        example = next(g for g in configs.gavel if g)
+        raise InputError(
+            f"--interference: no pair of {name} names two simulated workloads (job_a and "
+            f"job_b must be Gavel job types such as {example!r}, or catalog names such as "
+            f"{configs.names[0]!r}); --interference none uses the contention model alone"
+        )
+    training = ~configs.is_inference
+    shares = measured.mean(), measured[np.ix_(training, training)].mean()
+    return (
+        f"{name} measures {shares[0]:.0%} of the simulated configuration pairs (of the "
+        f"training pairs {shares[1]:.0%}); the others follow the contention model"
+    )
+
+
 def _check_out(out: Path) -> None:
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -406,6 +430,7 @@ def main(argv: list[str] | None = None) -> int:
             raise InputError("--gpu-type: only applies with a pair CSV (--interference none)")
         args.gpu_type = args.gpu_type or DEFAULT_GPU_TYPE
         pairs = _check_pairs(args)
+        coverage = None if pairs is None else _pair_coverage(args, pairs)
         out = Path(args.out)
         _check_out(out)
         if args.world_file is not None:
@@ -446,6 +471,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     for note in loaded.notes:
         print(f"  {note}")
+    if coverage is not None:
+        print(f"  {coverage}")
     if planner is not None:
         print(f"  planner settings changed: {planner.changed()}")
     if any(p.partition("+")[0] == "srtf" for p in policies):
