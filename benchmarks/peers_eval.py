@@ -52,6 +52,15 @@ observations::
     $P --only scale --worlds benchmark $E --policy-timeout 1500
     $P --only scale --worlds benchmark --sizes 512,1024 --hours 24 $E --policy-timeout 2400
     $P --only collect
+
+Session 33 re-ran that column on session 32's tree (the correction's neighbours first)::
+
+    $P --only philly --vcs 6214e9,ee9e8c $E --policy-timeout 2400
+    $P --only philly --vcs 0e4a51,11cb48,6c71a0 $E --policy-timeout 2400
+    $P --only scale --worlds production --sizes 64,128,256 $E
+    $P --only scale --worlds benchmark $E --policy-timeout 1500
+    $P --only scale --worlds benchmark --sizes 512,1024 --hours 24 $E --policy-timeout 2400
+    $P --only collect
 """
 
 from __future__ import annotations
