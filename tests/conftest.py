@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
+import numpy as np
 import pytest
 
 from elastico_extender.core.model import GpuDevice, Node
@@ -18,6 +19,20 @@ from elastico_extender.interference.dataset import PairDataset, load_pairs, ship
 @pytest.fixture(scope="session")
 def families():
     return catalog_families()
+
+
+class Constant:
+    """A slowdown predictor answering ``level`` for every pair; counts the rows asked."""
+
+    name = "constant"
+
+    def __init__(self, level: float) -> None:
+        self.level = level
+        self.asked = 0
+
+    def predict(self, features: np.ndarray) -> np.ndarray:
+        self.asked += len(features)
+        return np.full(len(features), self.level)
 
 
 @pytest.fixture(scope="session")

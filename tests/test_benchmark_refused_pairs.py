@@ -6,21 +6,10 @@ from __future__ import annotations
 
 import argparse
 
-import numpy as np
 import pytest
-from conftest import load_benchmark
+from conftest import Constant, load_benchmark
 
 NOISY = argparse.Namespace(windows=4, noise=0.03)
-
-
-class Pessimist:
-    """Predicts every pair at ``level``: above tau, everything is refused."""
-
-    def __init__(self, level: float) -> None:
-        self.level = level
-
-    def predict(self, x: np.ndarray) -> np.ndarray:
-        return np.full(len(x), self.level)
 
 
 @pytest.fixture()
@@ -29,7 +18,7 @@ def refused_pairs(monkeypatch):
 
 
 def test_a_pair_refused_everywhere_is_never_tried_so_never_learned(refused_pairs, v100_2019):
-    out = refused_pairs.rounds(v100_2019, Pessimist(2.0), 1.5, 1.0, NOISY, seed=0)
+    out = refused_pairs.rounds(v100_2019, Constant(2.0), 1.5, 1.0, NOISY, seed=0)
     assert out.harmless > 0
     assert out.base_admits == out.admitted == out.harmful_tried == out.harmful_admitted == 0
 
@@ -39,7 +28,7 @@ def test_trials_within_the_margin_find_the_harmless_pairs_at_a_counted_cost(
 ):
     """Predicted 2.0 and tried up to 1.5 * 1.4 = 2.1: every pair is co-located once, so
     the observed ones are learned; the harmful ones tried are every harmful pair."""
-    out = refused_pairs.rounds(v100_2019, Pessimist(2.0), 1.5, 1.4, NOISY, seed=0)
+    out = refused_pairs.rounds(v100_2019, Constant(2.0), 1.5, 1.4, NOISY, seed=0)
     units = int(refused_pairs.units(v100_2019).max()) + 1
     assert out.base_admits == 0
     assert out.admitted >= 0.9 * out.harmless  # near-tau pairs may read above it

@@ -8,25 +8,13 @@ third tenant that every pair tolerates must still be refused.
 from __future__ import annotations
 
 import numpy as np
-from conftest import a100_nodes
+from conftest import Constant, a100_nodes
 
 from elastico_extender.core.model import Job, Snapshot
 from elastico_extender.core.planner import plan
 from elastico_extender.core.planner.devices import DeviceTable
 from elastico_extender.core.planner.placement import Placer, device_slowdown
 from elastico_extender.core.planner.screening import OptionScreen
-
-
-class Constant:
-    """Every pair slows its victim by ``level``; counts the pairs asked."""
-
-    def __init__(self, level: float) -> None:
-        self.level = level
-        self.asked = 0
-
-    def predict(self, features: np.ndarray) -> np.ndarray:
-        self.asked += len(features)
-        return np.full(len(features), self.level)
 
 
 def test_excesses_of_one_victims_partners_add():

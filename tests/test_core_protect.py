@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-from conftest import a100_nodes
+from conftest import Constant, a100_nodes
 
 from elastico_extender.core.interference.features import JOB_FEATURES, NUM_JOB_FEATURES
 from elastico_extender.core.interference.predictor import ContentionPredictor
@@ -226,18 +226,6 @@ def test_an_unknown_workload_with_fewer_configurations_still_runs_alone(families
     )
     assert "new" in plan(replace(snap, observed={})).assignments  # without the loop: shares
     assert "new" not in plan(snap).assignments  # loop engaged: it waits for an idle GPU
-
-
-class Constant:
-    """A predictor answering the same slowdown for every pair."""
-
-    def __init__(self, level: float) -> None:
-        self.level = level
-
-    def predict(self, features):
-        import numpy as np
-
-        return np.full(len(features), self.level)
 
 
 def band_case(families) -> tuple[Snapshot, float, dict]:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
-from conftest import a100_nodes
+from conftest import Constant, a100_nodes
 
 from elastico_extender.core.interference.predictor import ContentionPredictor
 from elastico_extender.core.model import GpuDevice, Job, Node, Snapshot
@@ -113,20 +113,6 @@ def test_a_held_apart_row_is_refused_without_screening_once_its_question_failed(
     assert len(calls) == asked  # the second held-apart row asked the predictor nothing
 
 
-class _Constant:
-    """Every pair predicted at one slowdown; counts the rows it was asked."""
-
-    name = "constant"
-
-    def __init__(self, slowdown: float) -> None:
-        self.slowdown = slowdown
-        self.asked = 0
-
-    def predict(self, x: np.ndarray) -> np.ndarray:
-        self.asked += x.shape[0]
-        return np.full(x.shape[0], self.slowdown)
-
-
 def _full_placer(families, predictor, nodes: int = 2) -> tuple[Placer, object]:
     """Every device occupied once by a tolerant tenant: a newcomer must share."""
     table = DeviceTable(a100_nodes(nodes, 4), 512.0)
@@ -141,7 +127,7 @@ def _full_placer(families, predictor, nodes: int = 2) -> tuple[Placer, object]:
 def test_a_screen_refusal_answers_later_jobs_of_its_shape_at_no_higher_tolerance(families):
     """Issue 14: a queue of hundreds of one-GPU jobs of a few shapes re-screened every
     configuration per job (296k failed searches in three days of Philly 6214e9)."""
-    predictor = _Constant(1.4)
+    predictor = Constant(1.4)
     placer, fam = _full_placer(families, predictor)
     k = fam.size
     options = list(range(k))
@@ -176,7 +162,7 @@ def test_a_search_with_no_idle_gpu_stops_after_its_screened_options(families):
     queue, every epoch: a 500-job epoch on 256 GPUs went from ~50 to ~500 ms)."""
     from elastico_extender.core.planner.placement import MAX_SCREENED_OPTIONS
 
-    placer, fam = _full_placer(families, _Constant(1.4))
+    placer, fam = _full_placer(families, Constant(1.4))
     masks = []
     fits = placer.table.fits
     placer.table.fits = lambda demand: masks.append(1) or fits(demand)  # type: ignore[method-assign]
@@ -279,7 +265,7 @@ def test_the_refusal_log_of_a_placer_that_only_places_stays_bounded(families, mo
     from elastico_extender.core.planner import placement
 
     monkeypatch.setattr(placement, "REFUSAL_LOG_LIMIT", 8)
-    predictor = _Constant(1.4)
+    predictor = Constant(1.4)
     placer, fam = _full_placer(families, predictor)
     k = fam.size
     tolerance = np.full(k, 1.3)
@@ -299,7 +285,7 @@ def test_a_kept_placer_forgets_a_refusal_once_the_correction_learned_the_pair(fa
     from elastico_extender.core.interference.features import pair_features
     from elastico_extender.core.interference.online import OnlineCorrection
 
-    class Harsh(_Constant):
+    class Harsh(Constant):
         generation = 0  # fixed answers
 
     correction = OnlineCorrection(Harsh(1.4))
