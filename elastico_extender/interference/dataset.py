@@ -129,6 +129,7 @@ _DEVICE_MEMORY_GIB: Mapping[str, float] = {
     "h100": 80.0,
     "h200": 141.0,
 }
+_MODELS_LONGEST_FIRST = tuple(sorted(_PEAK_TFLOPS, key=len, reverse=True))  # a100 before a10
 _VENDOR_WORDS = re.compile(r"^(nvidia|geforce|tesla|quadro)+")
 _MEMORY_IN_NAME = re.compile(r"(\d+)\s*gi?b\b")
 DEFAULT_DEVICE_MEMORY_GIB = 16.0
@@ -209,18 +210,19 @@ def _gpu_key(gpu: str) -> str:
     and ``NVIDIA A100 80GB PCIe`` are ``a100``, ``GeForce RTX 3090`` is ``rtx3090``; a
     model the tables lack stays itself (lower case, letters and digits only)."""
     text = _VENDOR_WORDS.sub("", re.sub(r"[^a-z0-9]", "", gpu.lower()))
-    for model in sorted(_PEAK_TFLOPS, key=len, reverse=True):  # a100 before a10
+    for model in _MODELS_LONGEST_FIRST:
         if text.startswith(model):
             return model
     return text
 
 
-def _device_memory_gib(gpu: str) -> float:
-    """The memory a ``gpu`` cell names (``a100-80gb``: 80), else its model's, else 16."""
+def _device_memory_gib(gpu: str, model: str) -> float:
+    """The memory a ``gpu`` cell names (``a100-80gb``: 80), else that of its ``model``
+    (``_gpu_key``), else 16."""
     size = _MEMORY_IN_NAME.search(gpu.lower())
     if size is not None and 0 < int(size.group(1)) <= 1024:
         return float(size.group(1))
-    return _DEVICE_MEMORY_GIB.get(_gpu_key(gpu), DEFAULT_DEVICE_MEMORY_GIB)
+    return _DEVICE_MEMORY_GIB.get(model, DEFAULT_DEVICE_MEMORY_GIB)
 
 
 def _slowdown(row: CsvRow, side: str) -> float | None:
@@ -320,7 +322,7 @@ def _dataset(rows: list[CsvRow]) -> PairDataset:
         job_a, job_b = row.text("job_a"), row.text("job_b")
         block_a = _job_block(row, "a", gpu_bound_share(solo.get(job_a, {}), gpu))
         block_b = _job_block(row, "b", gpu_bound_share(solo.get(job_b, {}), gpu))
-        memory = row.optional("gpu_memory_gib") or _device_memory_gib(row.text("gpu"))
+        memory = row.optional("gpu_memory_gib") or _device_memory_gib(row.text("gpu"), gpu)
         key = (min(job_a, job_b), max(job_a, job_b))
         pid = pair_index.setdefault(key, len(pair_index))
         fam_a = row.text("model_a") or job_a
