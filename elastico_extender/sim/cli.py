@@ -65,7 +65,7 @@ from elastico_extender.sim.traces import (
     scale_arrivals,
     synthetic,
 )
-from elastico_extender.sim.truth import DEFAULT_PAIRS, GroundTruth, load_pair_table
+from elastico_extender.sim.truth import DEFAULT_PAIRS, GroundTruth
 from elastico_extender.sim.workloads import ConfigTable
 
 __all__ = [
@@ -340,12 +340,17 @@ def load_trace(args: argparse.Namespace) -> tuple[list[TraceJob], int, float, Tr
     return jobs, gpus, span, loaded
 
 
-def _check_pairs(args: argparse.Namespace) -> str | None:
+def _check_pairs(args: argparse.Namespace) -> tuple[str, str] | None:
+    """The pair CSV ``--interference`` names and a note of how much of the simulated world
+    it measures; None for ``none``.  InputError when it cannot be read, lacks the
+    ``--gpu-type``, or measures nothing: no pair names two simulated workloads, so every
+    slowdown would come from the contention model and the file would change nothing."""
     if args.interference.lower() == "none":
         return None
     path = Path(args.interference)
+    configs = ConfigTable.build(args.seed, args.profile_noise)
     try:
-        load_pair_table(path, args.gpu_type)
+        measured = GroundTruth.build(configs, path, gpu=args.gpu_type).measured
         with open_csv(path) as handle:
             types = {r.get("gpu") or "" for r in csv.DictReader(handle)}
     except (OSError, ValueError, KeyError, UnicodeDecodeError) as exc:
@@ -356,29 +361,20 @@ def _check_pairs(args: argparse.Namespace) -> str | None:
             f"--gpu-type: {args.gpu_type!r} has no rows in {path.name} "
             f"(types: {', '.join(sorted(types))})"
         )
-    return str(path)
-
-
-def _pair_coverage(args: argparse.Namespace, pairs: str) -> str:
-    """The note saying how much of the simulated world ``pairs`` measures; InputError when
-    nothing: no pair of the file names two simulated workloads, so every slowdown would
-    come from the contention model and the file would change nothing."""
-    configs = ConfigTable.build(args.seed, args.profile_noise)
-    measured = GroundTruth.build(configs, pairs, gpu=args.gpu_type).measured
-    name = Path(pairs).name
     if not measured.any():
         example = next(g for g in configs.gavel if g)
         raise InputError(
-            f"--interference: no pair of {name} names two simulated workloads (job_a and "
-            f"job_b must be Gavel job types such as {example!r}, or catalog names such as "
-            f"{configs.names[0]!r}); --interference none uses the contention model alone"
+            f"--interference: no pair of {path.name} names two simulated workloads (job_a "
+            f"and job_b must be Gavel job types such as {example!r}, or catalog names such "
+            f"as {configs.names[0]!r}); --interference none uses the contention model alone"
         )
     training = ~configs.is_inference
     shares = measured.mean(), measured[np.ix_(training, training)].mean()
-    return (
-        f"{name} measures {shares[0]:.0%} of the simulated configuration pairs (of the "
+    note = (
+        f"{path.name} measures {shares[0]:.0%} of the simulated configuration pairs (of the "
         f"training pairs {shares[1]:.0%}); the others follow the contention model"
     )
+    return str(path), note
 
 
 def _check_out(out: Path) -> None:
@@ -429,8 +425,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.gpu_type is not None and args.interference.lower() == "none":
             raise InputError("--gpu-type: only applies with a pair CSV (--interference none)")
         args.gpu_type = args.gpu_type or DEFAULT_GPU_TYPE
-        pairs = _check_pairs(args)
-        coverage = None if pairs is None else _pair_coverage(args, pairs)
+        checked = _check_pairs(args)
+        pairs, coverage = checked if checked is not None else (None, None)
         out = Path(args.out)
         _check_out(out)
         if args.world_file is not None:
