@@ -75,17 +75,19 @@ def rounds(
     unit = units(data)
     size = int(unit.max()) + 1
     harmless = worst_per_unit(data.y, unit, size) <= tau
-    base = worst_per_unit(np.asarray(predictor.predict(data.x)), unit, size) <= tau
+    base_worst = worst_per_unit(np.asarray(predictor.predict(data.x)), unit, size)
+    base = base_worst <= tau
     correction = OnlineCorrection(predictor)
     observed = np.zeros(size, dtype=bool)
+    predicted = base_worst
     for _ in range(MAX_ROUNDS):
-        predicted = worst_per_unit(np.asarray(correction.predict(data.x)), unit, size)
         admit = ~observed & (predicted <= tau * margin)
         if not admit.any():
             break
         observe(correction, data, np.flatnonzero(admit[unit]), args.windows, args.noise, rng)
         observed |= admit
-    final = worst_per_unit(np.asarray(correction.predict(data.x)), unit, size) <= tau
+        predicted = worst_per_unit(np.asarray(correction.predict(data.x)), unit, size)
+    final = predicted <= tau
     return Outcome(
         harmless=int(harmless.sum()),
         base_admits=int((base & harmless).sum()),
