@@ -15,7 +15,15 @@ floor is the disagreement between Gavel's two independent measurement
 campaigns (2019 oracle profile vs the current simulator table) on the pairs
 both measured: a predictor's error cannot be read as better than that.
 
+``--pairs`` (again for more files) runs the same study on another lab's measurements
+instead (the project's pair format, or Lucid's co-location and solo tables:
+``interference/lucid_tables.py``), with the shipped ONNX model and the contention
+heuristic *as served* (no fitting on the data) beside the fitted models, and Spearman's
+rank correlation (does the model order the pairs right?); the noise floor needs Gavel's
+two campaigns and is printed for the default data only.
+
 Run:  python benchmarks/iac_accuracy.py        (about 3-4 minutes on 2 CPU cores)
+      python benchmarks/iac_accuracy.py --pairs colocate_info.csv --pairs single_data.csv
 """
 
 from __future__ import annotations
@@ -24,14 +32,18 @@ import argparse
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 
 import numpy as np
+from scipy.stats import spearmanr
 from sklearn.ensemble import HistGradientBoostingRegressor
 from sklearn.linear_model import LinearRegression
 from sklearn.model_selection import GroupKFold
 
-from elastico_extender.core.interference.predictor import mape_percent
+from elastico_extender.core.interference.predictor import ContentionPredictor, mape_percent
+from elastico_extender.errors import PredictorError
 from elastico_extender.interference.dataset import PairDataset, load_pairs, shipped_csv
+from elastico_extender.interference.onnx_predictor import load_predictor
 
 Split = tuple[str, np.ndarray, np.ndarray]
 Model = Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]
@@ -96,6 +108,21 @@ def groups(data: PairDataset) -> list[tuple[str, np.ndarray]]:
     return out
 
 
+def as_served(data: PairDataset) -> None:
+    """The shipped ONNX model and the contention heuristic on every row, unfitted."""
+    onnx, why = load_predictor()
+    if why is not None:
+        print(f"shipped ONNX model unavailable: {why}")
+    preds = {
+        name: np.asarray(model.predict(data.x), dtype=np.float64)
+        for name, model in (("shipped ONNX", onnx), ("heuristic", ContentionPredictor()))
+    }
+    print_table("As served: no fitting on these measurements", data, preds)
+    for name, pred in preds.items():
+        rho = float(spearmanr(pred, data.y).statistic)
+        print(f"{name}: Spearman rank correlation with the measured slowdowns {rho:.2f}")
+
+
 def print_table(title: str, data: PairDataset, preds: dict[str, np.ndarray]) -> None:
     print(f"\n{title}")
     header = f"{'pairs':<14}{'rows':>6}" + "".join(f"{m + ' MAPE%':>16}{'R2':>7}" for m in preds)
@@ -144,16 +171,34 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--epochs", type=int, default=None, help="DNN epochs (default: train.py's)")
     parser.add_argument("--no-dnn", action="store_true", help="skip the DNN (no torch needed)")
+    parser.add_argument(
+        "--pairs",
+        type=Path,
+        action="append",
+        help="another lab's pair CSV (again for more files; module doc)",
+    )
     args = parser.parse_args(argv)
-    print("$ python " + " ".join(["benchmarks/iac_accuracy.py", *sys.argv[1:]]))
+    given = list(sys.argv[1:] if argv is None else argv)
+    print("$ python " + " ".join(["benchmarks/iac_accuracy.py", *given]))
     start = time.perf_counter()
 
-    current = load_pairs(shipped_csv("gavel_colocation_pairs.csv"))
-    older = load_pairs(shipped_csv("gavel_colocation_pairs_2019.csv"))
+    if args.pairs:
+        try:
+            current = load_pairs(args.pairs)
+        except PredictorError as exc:
+            parser.error(f"--pairs: {exc}")
+        older = None
+        source = ", ".join(p.name for p in args.pairs)
+    else:
+        current = load_pairs(shipped_csv("gavel_colocation_pairs.csv"))
+        older = load_pairs(shipped_csv("gavel_colocation_pairs_2019.csv"))
+        source = "Gavel simulation_throughputs.json (MIT), training+training only"
     print(
         f"data: {len(current)} rows = {len(set(current.pair_id))} job pairs x GPU types x 2 "
-        f"(both jobs), Gavel simulation_throughputs.json (MIT), training+training only"
+        f"(both jobs), {source}"
     )
+    if args.pairs:
+        as_served(current)
 
     models: dict[str, Model] = {}
     if not args.no_dnn:
@@ -174,7 +219,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             "Grouped 5-fold CV (no test pair seen in training, on any GPU)",
             list(grouped_kfold(current)),
         ),
-        ("Leave-one-workload-out (7 model families)", list(leave_one_workload_out(current))),
+        (
+            f"Leave-one-workload-out ({len(set(current.victim_family))} model families)",
+            list(leave_one_workload_out(current)),
+        ),
     ):
         preds = {name: out_of_fold(current, splits, m, current.x) for name, m in models.items()}
         print_table(title, current, preds)
@@ -193,7 +241,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         preds,
     )
 
-    noise_floor(current, older)
+    if older is not None:
+        noise_floor(current, older)
     print(f"\n(ran in {time.perf_counter() - start:.0f} s)")
     return 0
 

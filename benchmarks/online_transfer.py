@@ -6,7 +6,9 @@ not that table.  This benchmark asks the question on real measurements instead: 
 pair CSV (the trainer's format, ``interference/dataset.py``) plays the user's
 cluster, by default Gavel's 2019 campaign (``gavel_colocation_pairs_2019.csv``):
 the same 26 job types measured independently, with other software, on which the
-shipped model's MAPE is about 33%.  Point ``--pairs`` at your own measurements.
+shipped model's MAPE is about 33%.  Point ``--pairs`` at your own measurements (again
+for more files: Lucid's co-location and solo tables, the 1,388 pairs issue 11 names, go
+together; ``results/loop/lucid_transfer.md``).
 
 Protocol, per seed: the measured pairs (one unit = an unordered job pair on one GPU
 type, both directions) are observed in a random order, each for ``--windows``
@@ -30,7 +32,7 @@ rows touching it are read (what the correction does to a new kind of job).
 before it), as a user's own models would have, with no parameter count: the
 correction must still keep the families apart (``features.unknown_family_log10_params``).
 
-Run:  python benchmarks/online_transfer.py [--pairs CSV] [--gpu v100] [--seeds 0-4]
+Run:  python benchmarks/online_transfer.py [--pairs CSV ...] [--gpu v100] [--seeds 0-4]
       [--rename-families]
 (well under a minute on 2 cores).
 """
@@ -58,6 +60,7 @@ from elastico_extender.core.interference.predictor import (
 from elastico_extender.csv_row import open_csv
 from elastico_extender.errors import PredictorError
 from elastico_extender.interference.dataset import PairDataset, load_pairs, shipped_csv
+from elastico_extender.interference.lucid_tables import table_kind
 from elastico_extender.interference.onnx_predictor import load_predictor
 
 DEFAULT_PAIRS = shipped_csv("gavel_colocation_pairs_2019.csv")
@@ -187,18 +190,20 @@ def cell(r: Reading) -> str:
 
 def renamed(source: Path, folder: Path) -> Path:
     """A copy of pair CSV ``source`` in ``folder`` whose models (the job id where a row
-    names none) all carry a ``user-`` prefix: names the loader has no parameter count for."""
+    names none) all carry a ``user-`` prefix: names the loader has no parameter count for.
+    Lucid's tables (``interference/lucid_tables.py``) have their model columns renamed."""
     target = folder / source.name
     with open_csv(source) as handle:  # as the loader read it (a BOM, size bound)
         reader = csv.DictReader(handle)
         fields = list(reader.fieldnames or ())
         rows = list(reader)
-    for column in ("model_a", "model_b"):
+    columns = _MODEL_COLUMNS[table_kind(fields)]  # model column -> where it defaults from
+    for column in columns:
         if column not in fields:
             fields.append(column)
     for row in rows:
-        for side in "ab":
-            row[f"model_{side}"] = "user-" + (row.get(f"model_{side}") or row[f"job_{side}"])
+        for column, fallback in columns.items():
+            row[column] = "user-" + (row.get(column) or row[fallback])
     with open(target, "w", newline="", encoding="utf-8") as handle:
         writer = csv.DictWriter(handle, fieldnames=fields)
         writer.writeheader()
@@ -206,9 +211,22 @@ def renamed(source: Path, folder: Path) -> Path:
     return target
 
 
+_MODEL_COLUMNS = {
+    "pairs": {"model_a": "job_a", "model_b": "job_b"},
+    "lucid-pairs": {"model1": "model1", "model2": "model2"},
+    "lucid-solo": {"model": "model"},
+}
+
+
 def cluster_arguments(ap: argparse.ArgumentParser) -> None:
     """The options naming the user's cluster: its pair CSV and how it is observed."""
-    ap.add_argument("--pairs", type=Path, default=DEFAULT_PAIRS, help="measured pair CSV")
+    ap.add_argument(
+        "--pairs",
+        type=Path,
+        action="append",
+        help="measured pair CSV (again for more files: Lucid's co-location and solo tables "
+        f"together; default {DEFAULT_PAIRS.name})",
+    )
     ap.add_argument("--gpu", help="only this GPU type's rows (the file's gpu column)")
     ap.add_argument("--seeds", type=seeds, default=list(range(5)))
     ap.add_argument("--windows", type=positive_int, default=4, help="windows per observed pair")
@@ -226,11 +244,15 @@ def cluster(
 ) -> tuple[PairDataset, dict[str, SlowdownPredictor]]:
     """The pair rows ``args`` name and the two base predictors; a bad option is an
     ``ap.error`` naming it."""
+    args.pairs = args.pairs or [DEFAULT_PAIRS]
     try:
         data = load_pairs(args.pairs)
-        if args.rename_families:  # a file the loader took: the copy reads as well
+        if args.rename_families:  # files the loader took: the copies read as well
             with tempfile.TemporaryDirectory() as folder:
-                data = load_pairs(renamed(args.pairs, Path(folder)))
+                copies = [Path(folder) / str(i) for i in range(len(args.pairs))]
+                for copy in copies:
+                    copy.mkdir()
+                data = load_pairs([renamed(p, c) for p, c in zip(args.pairs, copies, strict=True)])
     except PredictorError as exc:  # unreadable, or not the pair CSV format
         ap.error(f"--pairs: {exc}")
     if args.gpu is not None:
@@ -247,8 +269,9 @@ def cluster(
 def describe(data: PairDataset, args: argparse.Namespace) -> str:
     """The header line: which pairs, how many, how observed."""
     n_units = int(units(data).max()) + 1
+    files = " + ".join(p.name for p in args.pairs)
     return (
-        f"pairs: {args.pairs.name}{' (' + args.gpu + ')' if args.gpu else ''}"
+        f"pairs: {files}{' (' + args.gpu + ')' if args.gpu else ''}"
         f"{', models renamed' if args.rename_families else ''}, "
         f"{n_units} measured pairs, {len(data)} rows; seeds {args.seeds[0]}-{args.seeds[-1]}, "
         f"{args.windows} windows per pair, noise {args.noise:g}\n"

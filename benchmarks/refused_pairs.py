@@ -5,7 +5,8 @@ only when the corrected prediction admits it (both jobs within tau).  A harmless
 the base predicts above tau is never co-located, so never observed, so never
 corrected, unless observed pairs near it (neighbours) or of its family pair move it.
 Issue 11 starts from a model that refuses 56% of another lab's harmless pairs; this
-benchmark asks how many of them the loop gets back.
+benchmark asks how many of them the loop gets back (on that lab's tables, Lucid's,
+``--pairs colocate_info.csv --pairs single_data.csv``: ``results/loop/lucid_transfer.md``).
 
 Protocol, per seed, on a pair CSV playing the user's cluster (``online_transfer.py``'s
 options, the 2019 campaign by default): in rounds, every unit (a job pair on one GPU
@@ -20,7 +21,7 @@ within tau.  Per margin the table gives the harmless pairs the base admits, thos
 corrected predictor admits at the end, the harmful pairs co-located on the way (the
 harm the learning cost) and the harmful pairs still admitted at the end.
 
-Run:  python benchmarks/refused_pairs.py [--pairs CSV] [--gpu v100] [--seeds 0-2]
+Run:  python benchmarks/refused_pairs.py [--pairs CSV ...] [--gpu v100] [--seeds 0-2]
       [--margins 1,1.1,1.25] [--tau 1.5]   (about a minute on 2 cores)
 """
 

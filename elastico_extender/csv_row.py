@@ -49,6 +49,13 @@ class CsvRow:
             raise ValueError(f"{self.where}: more cells than the header has columns")
         self.record = record
 
+    def derived(self, record: dict[str | None, object]) -> CsvRow:
+        """A record built from this one's cells in another format's columns, whose errors
+        still name this row's file and line."""
+        row = CsvRow("", 0, record)
+        row.where = self.where
+        return row
+
     def fail(self, column: str, why: str) -> ValueError:
         cell = str(self.record.get(column) or "")
         shown = cell if len(cell) <= 40 else cell[:40] + "..."

@@ -65,3 +65,32 @@ def load_benchmark(name: str, monkeypatch: pytest.MonkeyPatch) -> ModuleType:
     monkeypatch.syspath_prepend(str(benchmarks))
     spec.loader.exec_module(module)
     return module
+
+
+@pytest.fixture()
+def lucid_tables(tmp_path: Path) -> tuple[Path, Path]:
+    """Lucid's co-location and solo tables in its own layout, with numbers of our own
+    (``interference/lucid_tables.py``): three models, every pair of configurations of
+    ResNet18 with the others, and PointNet's self pairs."""
+    models = {"ResNet18": (0.8, 3000.0), "VGG": (0.45, 2500.0), "PointNet": (0.1, 140.0)}
+    pairs = [
+        ",model1,dataset1,gpu_num1,batchsize1,amp1,speed1,"
+        "model2,dataset2,gpu_num2,batchsize2,amp2,speed2,gpu_util,gmem_util,gmem"
+    ]
+    solo = ["model,dataset,batchsize,amp,speed,gpu_util,gmem_util,gmem,label"]
+    for model, (util, speed) in models.items():
+        for batch in (32, 64):
+            solo.append(f"{model},D,{batch},0,{speed * batch / 32},{util * 100},20,3000,0")
+    combos = [("ResNet18", "VGG"), ("ResNet18", "PointNet"), ("PointNet", "PointNet")]
+    for a, b in combos:
+        for batch_a in (32, 64):
+            for batch_b in (32, 64):
+                slow = 1 + models[a][0] * models[b][0] * batch_b / 64
+                pairs.append(
+                    f"{len(pairs) - 1},{a},D,1,{batch_a},0,{1 / slow:.4f},"
+                    f"{b},D,1,{batch_b},0,{1 / (slow + 0.1):.4f},50,20,6000"
+                )
+    pair_file, solo_file = tmp_path / "colocate_info.csv", tmp_path / "single_data.csv"
+    pair_file.write_text("\n".join(pairs) + "\n")
+    solo_file.write_text("\n".join(solo) + "\n")
+    return pair_file, solo_file

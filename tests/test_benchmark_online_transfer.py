@@ -80,3 +80,27 @@ def test_renaming_reads_the_file_as_the_loader_does(online_transfer, tmp_path):
     folder.mkdir()
     copy = load_pairs(online_transfer.renamed(source, folder))
     assert len(copy) == len(load_pairs(source))
+
+
+def test_lucids_two_tables_are_one_cluster_and_rename_as_one(
+    online_transfer, lucid_tables, tmp_path, capsys
+):
+    """``--pairs`` twice: Lucid's co-location and solo tables; renamed, the solo rows
+    still fill the renamed pair rows' counters (both files' model columns renamed)."""
+    pair_file, solo_file = lucid_tables
+    args = ["--pairs", str(pair_file), "--pairs", str(solo_file), "--seeds", "0", "--steps", "3"]
+    assert online_transfer.main([*args, "--rename-families"]) == 0
+    out = capsys.readouterr().out
+    # 11 pairs of configurations: PointNet's self pairs at batches 32/64 and 64/32 are one
+    assert "colocate_info.csv + single_data.csv, models renamed, 11 measured pairs" in out
+    assert "| user-ResNet18 |" in out and "nan" not in out
+    folder = tmp_path / "copies"
+    copies = [folder / "0", folder / "1"]
+    for copy in copies:
+        copy.mkdir(parents=True)
+    named = load_pairs([pair_file, solo_file])
+    renamed = load_pairs(
+        [online_transfer.renamed(p, c) for p, c in zip((pair_file, solo_file), copies, strict=True)]
+    )
+    assert set(renamed.victim_family.tolist()) == {f"user-{f}" for f in named.victim_family}
+    np.testing.assert_array_equal(renamed.x[:, :6], named.x[:, :6])  # counters still filled

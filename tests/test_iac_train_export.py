@@ -49,3 +49,15 @@ def test_cli_trains_and_writes_a_servable_model(tmp_path, capsys):
     assert main(["--csv", str(csv), "--out", str(out), "--epochs", "2", "--hidden", "8"]) == 0
     assert "export check" in capsys.readouterr().out
     assert OnnxSlowdownPredictor(out).predict(load_pairs(csv).x).min() >= 1.0
+
+
+def test_train_iac_reads_lucids_two_tables_together(lucid_tables, tmp_path, capsys):
+    """``elastico train-iac --csv colocate_info.csv --csv single_data.csv``: the model
+    trains on the pairs with the solo table's counters, and serves them."""
+    pair_file, solo_file = lucid_tables
+    out = tmp_path / "lucid.onnx"
+    argv = ["--csv", str(pair_file), "--csv", str(solo_file), "--out", str(out), "--epochs", "3"]
+    assert main(argv) == 0
+    assert "trained on 24 rows (11 job pairs)" in capsys.readouterr().out
+    served = OnnxSlowdownPredictor(out).predict(load_pairs([pair_file, solo_file]).x)
+    assert served.shape == (24,) and (served >= 1.0).all()

@@ -22,6 +22,9 @@ Gavel's pair table (``elastico_extender/data/gavel_colocation_pairs.csv``)::
                                   (``sm_active_a``, ``fb_used_gib_b``, ``is_inference_a``,
                                   ``log10_params_a`` ...): given values override the fills
 
+Lucid's published profile tables (a co-location table and a solo table, another layout)
+are read as they are, told apart by their header: :mod:`.lucid_tables`.
+
 An empty cell is absent; a given numeric cell must be a finite number (solo and
 co-located throughputs and slowdowns > 0), else a ``PredictorError`` names the file,
 line and column, so a user's measurements never feed a NaN into training.
@@ -83,6 +86,13 @@ from elastico_extender.core.interference.features import (
 )
 from elastico_extender.csv_row import CsvRow, csv_rows, open_csv
 from elastico_extender.errors import PredictorError
+from elastico_extender.interference.lucid_tables import (
+    LUCID_PAIR_COLUMNS,
+    LUCID_SOLO_COLUMNS,
+    lucid_pair_records,
+    lucid_solo_profiles,
+    table_kind,
+)
 
 __all__ = [
     "DEFAULT_DEVICE_MEMORY_GIB",
@@ -134,15 +144,27 @@ _VENDOR_WORDS = re.compile(r"^(nvidia|geforce|tesla|quadro)+")
 _MEMORY_IN_NAME = re.compile(r"(\d+)\s*gi?b\b")
 DEFAULT_DEVICE_MEMORY_GIB = 16.0
 _UNKNOWN_SHARE = 0.5
-# Approximate parameter counts of Gavel's reference models (order of magnitude).
+# Approximate parameter counts of the reference models of Gavel's and Lucid's tables
+# (order of magnitude), keyed by ``_plain`` names (case, dashes and spaces ignored).
 _FAMILY_PARAMS: Mapping[str, float] = {
     "a3c": 1.0e6,
+    "bert": 110e6,
     "cyclegan": 28e6,
+    "dcgan": 6.4e6,
+    "efficientnet": 5.3e6,
     "lm": 20e6,
+    "lstm": 20e6,
+    "mobilenetv2": 2.3e6,
+    "mobilenetv3": 5.4e6,
+    "neumf": 3.0e6,
+    "pointnet": 3.5e6,
+    "ppo": 1.0e4,
     "recommendation": 40e6,
-    "resnet-18": 11.2e6,
-    "resnet-50": 25.6e6,
+    "resnet18": 11.2e6,
+    "resnet50": 25.6e6,
+    "td3": 2.7e5,
     "transformer": 60e6,
+    "vgg": 15e6,
 }
 _DEFAULT_PARAMS = 1.0e7
 _FEATURE_INDEX = {name: i for i, name in enumerate(JOB_FEATURES)}
@@ -205,11 +227,16 @@ def gpu_bound_share(solo: Mapping[str, float], gpu: str) -> float:
     return float(gpu_time / total) if total > 0 else _UNKNOWN_SHARE
 
 
+def _plain(name: str) -> str:
+    """``name`` in lower case, letters and digits only: ``ResNet-18`` is ``resnet18``."""
+    return re.sub(r"[^a-z0-9]", "", name.lower())
+
+
 def _gpu_key(gpu: str) -> str:
     """The device model a ``gpu`` cell names, as the tables above spell it: ``A100-SXM4-80GB``
     and ``NVIDIA A100 80GB PCIe`` are ``a100``, ``GeForce RTX 3090`` is ``rtx3090``; a
     model the tables lack stays itself (lower case, letters and digits only)."""
-    text = _VENDOR_WORDS.sub("", re.sub(r"[^a-z0-9]", "", gpu.lower()))
+    text = _VENDOR_WORDS.sub("", _plain(gpu))
     for model in _MODELS_LONGEST_FIRST:
         if text.startswith(model):
             return model
@@ -245,7 +272,7 @@ def _job_block(row: CsvRow, side: str, share: float) -> np.ndarray:
     block = np.zeros(NUM_JOB_FEATURES, dtype=np.float64)
     block[0] = block[1] = block[2] = share
     family = (row.text(f"model_{side}") or row.text(f"job_{side}")).lower()
-    known = _FAMILY_PARAMS.get(family)
+    known = _FAMILY_PARAMS.get(_plain(family))
     block[6] = (
         math.log10(known)
         if known is not None
@@ -266,16 +293,27 @@ def _solo(row: CsvRow, side: str) -> float:
 
 
 _REQUIRED = {"gpu", "job_a", "job_b", "solo_tput_a", "solo_tput_b"}
+_REQUIRED_BY_KIND = {
+    "pairs": _REQUIRED,
+    "lucid-pairs": LUCID_PAIR_COLUMNS,
+    "lucid-solo": LUCID_SOLO_COLUMNS,
+}
 
 
-def _read_rows(path: Path) -> list[CsvRow]:
-    """The CSV's records; a short or long row, or a missing column, is a PredictorError."""
+def _read_table(path: Path) -> tuple[str, list[CsvRow]]:
+    """The CSV's format (``lucid_tables.table_kind``) and records; a short or long row, or
+    a missing column, is a PredictorError."""
     try:
         with open_csv(path) as handle:
             reader = csv.DictReader(handle)
-            missing = _REQUIRED - set(reader.fieldnames or ())
+            fields = reader.fieldnames or ()
+            kind = table_kind(fields)
+            missing = _REQUIRED - set(fields) if kind == "pairs" else set()
             if missing:
-                raise PredictorError(f"pair CSV {path} lacks columns {sorted(missing)}")
+                raise PredictorError(
+                    f"pair CSV {path} lacks columns {sorted(missing)} (nor is it one of "
+                    "Lucid's tables: model1, speed1, ... or model, speed, ...)"
+                )
             rows = list(csv_rows(path, reader))
     except OSError as exc:
         raise PredictorError(f"cannot read pair CSV {path}: {exc}") from exc
@@ -284,18 +322,25 @@ def _read_rows(path: Path) -> list[CsvRow]:
     except ValueError as exc:  # more cells than the header, a cell over the field limit
         raise PredictorError(str(exc)) from None
     for row in rows:
-        for column in sorted(_REQUIRED):
+        for column in sorted(_REQUIRED_BY_KIND[kind]):
             if row.record.get(column) is None:
                 raise PredictorError(f"{row.where}: fewer cells than the header has columns")
-    return rows
+    return kind, rows
 
 
 def load_pairs(paths: Path | str | Iterable[Path | str]) -> PairDataset:
-    """Read one or more pair CSVs (same format) into a :class:`PairDataset`."""
+    """Read one or more pair CSVs into a :class:`PairDataset`: the project's format, or
+    Lucid's co-location tables with its solo tables to fill their jobs' features
+    (:mod:`.lucid_tables`), mixed in any order."""
     if isinstance(paths, (str, Path)):
         paths = [paths]
-    rows = [row for p in paths for row in _read_rows(Path(p))]
+    tables: dict[str, list[CsvRow]] = {kind: [] for kind in _REQUIRED_BY_KIND}
+    for path in paths:
+        kind, rows = _read_table(Path(path))
+        tables[kind].extend(rows)
     try:
+        solo = lucid_solo_profiles(tables["lucid-solo"])
+        rows = tables["pairs"] + lucid_pair_records(tables["lucid-pairs"], solo)
         return _dataset(rows)
     except ValueError as exc:  # a bad cell, named by CsvRow
         raise PredictorError(str(exc)) from None

@@ -58,7 +58,8 @@ def parser() -> argparse.ArgumentParser:
         "--csv",
         action="append",
         type=Path,
-        help="pair CSV (repeatable; default: the shipped Gavel pairs)",
+        help="pair CSV (repeatable; the project's format, or Lucid's co-location and solo "
+        "tables together: interference/lucid_tables.py; default: the shipped Gavel pairs)",
     )
     p.add_argument(
         "--from-store",

@@ -66,6 +66,7 @@ from pathlib import Path
 import numpy as np
 
 from elastico_extender.csv_row import csv_rows, open_csv
+from elastico_extender.interference.lucid_tables import table_kind
 from elastico_extender.sim.workloads import ConfigTable
 
 __all__ = ["DEFAULT_PAIRS", "GroundTruth", "load_pair_table"]
@@ -79,6 +80,13 @@ MAX_PAIR_SLOWDOWN = 100.0
 stall, and a job that never progresses would keep a simulation running for ever."""
 
 
+_LUCID_HINT = (
+    "; this is one of Lucid's profile tables, whose jobs are not the simulator's workloads: "
+    "they train the interference model (elastico train-iac --csv) and measure the online "
+    "correction (benchmarks/online_transfer.py --pairs)"
+)
+
+
 def load_pair_table(path: Path | str, gpu: str = "v100") -> dict[tuple[str, str], float]:
     """{(victim name, partner name): slowdown} from a pair CSV (format in the module doc).
 
@@ -88,9 +96,13 @@ def load_pair_table(path: Path | str, gpu: str = "v100") -> dict[tuple[str, str]
     fallback: dict[tuple[str, str], float] = {}
     with open_csv(path) as handle:
         reader = csv.DictReader(handle)
-        missing = {"job_a", "job_b", "slowdown_a", "slowdown_b"} - set(reader.fieldnames or [])
+        fields = reader.fieldnames or []
+        missing = {"job_a", "job_b", "slowdown_a", "slowdown_b"} - set(fields)
         if missing:
-            raise ValueError(f"{path}: missing columns {sorted(missing)}")
+            lucid = table_kind(fields) != "pairs"
+            raise ValueError(
+                f"{path}: missing columns {sorted(missing)}" + (_LUCID_HINT if lucid else "")
+            )
         for row in csv_rows(path, reader):
             if not row.flag("measured", default=True):
                 continue
