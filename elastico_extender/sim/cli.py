@@ -58,9 +58,9 @@ from elastico_extender.sim.traces import (
     TraceLoad,
     arrival_span,
     fit_to_cluster,
-    load_csv,
     offered_load,
     philly_trace,
+    read_trace,
     rebase,
     scale_arrivals,
     synthetic,
@@ -159,7 +159,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--trace",
         default="synthetic",
         help="'synthetic', 'philly:VC' (e.g. philly:ed69ec; ships with the package) or a CSV "
-        "path (format: sim.traces)",
+        "path (format: sim.traces; a Helios cluster_log.csv, as Lucid's simulator reads, too)",
     )
     p.add_argument(
         "--gpus",
@@ -308,16 +308,17 @@ def load_trace(args: argparse.Namespace) -> tuple[list[TraceJob], int, float, Tr
         gpus = gpus or PHILLY_VC_GPUS.get(vc, 64)
     else:
         try:
-            jobs = load_csv(args.trace, args.seed)
+            loaded = read_trace(args.trace, args.seed)
         except (OSError, ValueError, KeyError) as exc:
             raise InputError(f"--trace: cannot read {args.trace}: {exc}") from None
-        if not jobs:
+        if not loaded.jobs:
             raise InputError(f"--trace: {args.trace} has no jobs")
         gpus = gpus or 64
-        jobs = rebase(jobs)
+        jobs = rebase(loaded.jobs)
         if hours:
             jobs = [j for j in jobs if j.arrival_s <= hours * 3600.0]
-        loaded = TraceLoad(jobs, notes=(f"{args.trace}: {len(jobs)} jobs, rebased to t=0",))
+        note = f"{args.trace}: {len(jobs)} jobs, rebased to t=0"
+        loaded = TraceLoad(jobs, notes=(*loaded.notes, note))
     jobs = fit_to_cluster(loaded.jobs, gpus)
     clipped = sum(j.gpus > gpus for j in loaded.jobs)
     if clipped:

@@ -17,11 +17,28 @@ Optional columns:
 * ``workload``             a catalog workload (``resnet50`` ... ``llama3-7b``) or a Gavel job
                            type (``'LM (batch size 20)'``, mapped by :mod:`.workloads`);
                            when absent, drawn from the synthetic mix with the run's seed
+                           (a job of several GPUs from the training workloads only: an
+                           inference engine, which serves from one GPU, is run on one)
 * ``min_throughput_frac``  throughput floor L_j as a fraction of the workload's peak
                            catalog throughput (0..1, 0 = none); drawn when absent
 
+* ``user``                 who submitted it: the duration estimator learns per user too
+                           (``core.duration``)
+
 What is drawn for a job depends on the seed and its ``job_id`` only, never on the
 order of the rows: the same jobs listed in another order load as the same trace.
+
+Helios cluster logs (``--trace cluster_log.csv``)
+-------------------------------------------------
+The layout of the Helios traces (Hu et al., SC'21; SenseTime's Venus, Earth, Saturn
+and Uranus clusters) and of the traces Lucid's simulator reads, Philly's included, is
+read as published, told apart by its columns: ``submit_time`` (a date-time such as
+``2020-04-01 00:00:09``, read as UTC, or seconds), ``gpu_num`` and ``duration``
+(seconds), with ``job_id`` (else ``jobname``, else the row), ``user`` and ``workload``
+read as above.  The other columns (``vc``, ``state``, ``cpu_num``, ...) are not used:
+a job that failed or was cancelled held its GPUs as long as it ran.  CPU-only jobs
+(``gpu_num`` 0) and jobs that never ran (``duration`` 0) are skipped, and the notes
+say how many (:func:`read_trace`).
 
 A bad cell (not a number, NaN, infinite, out of range, a repeated id, an unknown
 workload) is a ``ValueError`` naming the file, line and column.
@@ -74,6 +91,7 @@ import math
 import os
 import zlib
 from dataclasses import dataclass, replace
+from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
@@ -88,6 +106,7 @@ from elastico_extender.sim.workloads import (
 )
 
 __all__ = [
+    "HELIOS_COLUMNS",
     "MAX_TRACE_SECONDS",
     "PHILLY_CLIP_HOURS",
     "PHILLY_DATA",
@@ -102,6 +121,7 @@ __all__ = [
     "load_philly",
     "offered_load",
     "philly_trace",
+    "read_trace",
     "rebase",
     "synthetic",
 ]
@@ -233,53 +253,6 @@ def _resolve_workload(name: str, job_id: str) -> str:
     return workload_from_gavel(name, job_id)
 
 
-def load_csv(path: Path | str, seed: int = 0) -> list[TraceJob]:
-    """A user trace (format in the module docstring), sorted by arrival.
-
-    Every cell is checked (finite, in range, ids unique): a bad one raises
-    ValueError naming the line and column, never a run that cannot end.
-    """
-    jobs: list[TraceJob] = []
-    seen: set[str] = set()
-    first, last = math.inf, -math.inf
-    with open_csv(path) as handle:
-        reader = csv.DictReader(handle)
-        need = {"arrival_time_s", "gpu_num", "duration_s"}
-        missing = need - set(reader.fieldnames or [])
-        if missing:
-            raise ValueError(f"{path}: missing columns {sorted(missing)}")
-        for k, cells in enumerate(csv_rows(path, reader)):
-            job_id = cells.text("job_id") or f"row{k:06d}"
-            if job_id in seen:
-                raise cells.fail("job_id", "used by an earlier row (ids must be unique)")
-            seen.add(job_id)
-            arrival = cells.number("arrival_time_s", -math.inf, math.inf)
-            gpus = cells.count("gpu_num", MAX_CLUSTER_GPUS)
-            duration = cells.number("duration_s", 0.0, MAX_TRACE_SECONDS, above_low=True)
-            name = cells.text("workload")
-            # Draws keyed by the job, not by its row (module docstring).
-            rng = np.random.default_rng([seed, 0xC5F, zlib.crc32(job_id.encode())])
-            try:
-                workload = (
-                    _resolve_workload(name, job_id)
-                    if name
-                    else ALL_WORKLOADS[int(rng.integers(len(ALL_WORKLOADS)))]
-                )
-            except ValueError as exc:
-                raise cells.fail("workload", str(exc)) from None
-            has_floor = bool(cells.text("min_throughput_frac"))
-            floor = cells.number("min_throughput_frac", 0.0, 1.0) if has_floor else _floor(rng)
-            if workload in INFERENCE_WORKLOADS:
-                gpus = 1
-            first, last = min(first, arrival), max(last, arrival)
-            if last - first > MAX_TRACE_SECONDS:
-                why = f"arrivals span more than {MAX_TRACE_SECONDS / 86400:g} days"
-                raise cells.fail("arrival_time_s", why)
-            jobs.append(TraceJob(job_id, arrival, gpus, max(duration, 1.0), workload, floor))
-    jobs.sort(key=lambda j: (j.arrival_s, j.job_id))
-    return jobs
-
-
 @dataclass(frozen=True)
 class TraceLoad:
     """A loaded trace with what was done to it and what came before its window."""
@@ -287,6 +260,113 @@ class TraceLoad:
     jobs: list[TraceJob]
     history: tuple[CompletedJob, ...] = ()
     notes: tuple[str, ...] = ()
+
+
+HELIOS_COLUMNS = frozenset({"submit_time", "gpu_num", "duration"})
+"""Columns that make a trace a Helios cluster log (module doc)."""
+
+
+def load_csv(path: Path | str, seed: int = 0) -> list[TraceJob]:
+    """A user trace's jobs (:func:`read_trace` without its notes)."""
+    return read_trace(path, seed).jobs
+
+
+def read_trace(path: Path | str, seed: int = 0) -> TraceLoad:
+    """A user trace (either format of the module docstring), sorted by arrival, with notes
+    of what was skipped.
+
+    Every cell is checked (finite, in range, ids unique): a bad one raises
+    ValueError naming the line and column, never a run that cannot end.
+    """
+    jobs: list[TraceJob] = []
+    seen: set[str] = set()
+    first, last = math.inf, -math.inf
+    cpu_only = never_ran = drawn = narrowed = 0
+    with open_csv(path) as handle:
+        reader = csv.DictReader(handle)
+        columns = set(reader.fieldnames or [])
+        helios = columns >= HELIOS_COLUMNS and "arrival_time_s" not in columns
+        times = ("submit_time", "duration") if helios else ("arrival_time_s", "duration_s")
+        missing = {times[0], "gpu_num", times[1]} - columns
+        if missing:
+            raise ValueError(f"{path}: missing columns {sorted(missing)}")
+        for k, cells in enumerate(csv_rows(path, reader)):
+            if helios:
+                if cells.number("gpu_num", 0.0, MAX_CLUSTER_GPUS) == 0:
+                    cpu_only += 1
+                    continue
+                if cells.number(times[1], 0.0, MAX_TRACE_SECONDS) == 0:
+                    never_ran += 1
+                    continue
+            job_id = cells.text("job_id") or (helios and cells.text("jobname")) or f"row{k:06d}"
+            if job_id in seen:
+                raise cells.fail("job_id", "used by an earlier row (ids must be unique)")
+            seen.add(job_id)
+            arrival = _instant(cells, times[0])
+            gpus = cells.count("gpu_num", MAX_CLUSTER_GPUS)
+            duration = cells.number(times[1], 0.0, MAX_TRACE_SECONDS, above_low=True)
+            name = cells.text("workload")
+            # Draws keyed by the job, not by its row (module docstring).
+            rng = np.random.default_rng([seed, 0xC5F, zlib.crc32(job_id.encode())])
+            try:
+                workload = _resolve_workload(name, job_id) if name else _draw(rng, gpus)
+            except ValueError as exc:
+                raise cells.fail("workload", str(exc)) from None
+            drawn += not name
+            has_floor = bool(cells.text("min_throughput_frac"))
+            floor = cells.number("min_throughput_frac", 0.0, 1.0) if has_floor else _floor(rng)
+            if workload in INFERENCE_WORKLOADS and gpus > 1:
+                narrowed += 1
+                gpus = 1
+            first, last = min(first, arrival), max(last, arrival)
+            if last - first > MAX_TRACE_SECONDS:
+                why = f"arrivals span more than {MAX_TRACE_SECONDS / 86400:g} days"
+                raise cells.fail(times[0], why)
+            user = cells.text("user")
+            jobs.append(TraceJob(job_id, arrival, gpus, max(duration, 1.0), workload, floor, user))
+    jobs.sort(key=lambda j: (j.arrival_s, j.job_id))
+    name = Path(path).name
+    notes = []
+    if helios:
+        notes.append(
+            f"{name}: a Helios cluster log: {len(jobs)} GPU jobs; skipped {cpu_only} "
+            f"CPU-only jobs (gpu_num 0) and {never_ran} that never ran (duration 0)"
+        )
+    if drawn:
+        notes.append(
+            f"{name}: {drawn} jobs name no workload: drawn from the synthetic mix with the "
+            "seed (one-GPU jobs from all twelve, wider ones from the eight training workloads)"
+        )
+    if narrowed:
+        notes.append(
+            f"{name}: {narrowed} jobs name an inference workload on more than one GPU: "
+            "run on one (an engine serves from one GPU)"
+        )
+    return TraceLoad(jobs, notes=tuple(notes))
+
+
+def _draw(rng: np.random.Generator, gpus: int) -> str:
+    """A workload for a job that names none: a gang is training (an inference engine
+    serves from one GPU, so drawing one would shrink the job to one GPU)."""
+    pool = ALL_WORKLOADS if gpus == 1 else TRAINING_WORKLOADS
+    return pool[int(rng.integers(len(pool)))]
+
+
+def _instant(cells: CsvRow, column: str) -> float:
+    """Seconds of a time cell: a number of seconds, or a date-time (naive ones are UTC)."""
+    text = cells.text(column)
+    try:
+        float(text)
+    except ValueError:
+        try:
+            when = datetime.fromisoformat(text)
+        except ValueError:
+            why = "not seconds nor a date-time such as 2020-04-01 00:00:09"
+            raise cells.fail(column, why) from None
+        if when.tzinfo is None:
+            when = when.replace(tzinfo=UTC)
+        return when.timestamp()
+    return cells.number(column, -math.inf, math.inf)
 
 
 PHILLY_COLUMNS = ("job_id", "vc", "arrival_time_s", "gpu_num", "duration_s", "job_type_seed0")
