@@ -191,6 +191,16 @@ WEBHOOK_OBJECTS = [
         },
         "spec.containers[0].env[0].name",
     ),
+    *(
+        (
+            {
+                "metadata": {"name": "p", "annotations": {"elastico.io/family": "bert"}},
+                "spec": {"containers": [{"name": "c"}], "volumes": [{"name": name}]},
+            },
+            "spec.volumes[0].name",
+        )
+        for name in ([], {}, 7)  # a 500 before: the webhook matched volumes by name
+    ),
 ]
 
 
@@ -373,3 +383,104 @@ def test_a_compressed_body_is_a_415_naming_content_encoding(edge, path):
                         headers={**headers, "Content-Encoding": "identity"})  # fmt: skip
     assert plain.status_code == 200 and plain.json()["Error"] == ""
     still_serving(client)
+
+
+@pytest.mark.parametrize("verb", ["filter", "prioritize"])
+def test_a_list_of_millions_of_nodes_is_refused_naming_it(edge, verb):
+    """2,000,000 unknown NodeNames held the extender for 5 s and got a 186 MB reply."""
+    from elastico_extender.api.extender_v1 import MAX_NODES
+
+    client, _ = edge
+    names = [f"n{i}" for i in range(MAX_NODES + 1)]
+    reply = client.post(f"/scheduler/{verb}", json={"Pod": pod(), "NodeNames": names})
+    assert reply.status_code == 400
+    assert_clean(reply, "NodeNames")
+    items = [{"metadata": {"name": n}} for n in names]
+    reply = client.post(f"/scheduler/{verb}", json={"Pod": pod(), "Nodes": {"items": items}})
+    assert reply.status_code == 400
+    assert_clean(reply, "Nodes.items")
+    still_serving(client)
+
+
+def test_a_large_body_is_parsed_off_the_event_loop():
+    """A body of tens of MiB parsed for seconds on the event loop, and every other request
+    (the health probes among them) waited behind it."""
+    import asyncio
+    import threading
+    from types import SimpleNamespace
+
+    from pydantic import BaseModel, model_validator
+
+    from elastico_extender.api import deps
+
+    seen: list[int] = []
+
+    class Recorded(BaseModel):
+        x: list[int]
+
+        @model_validator(mode="after")
+        def where(self) -> Recorded:
+            seen.append(threading.get_ident())
+            return self
+
+    class Body:  # what read_model reads of a request
+        def __init__(self, data: bytes) -> None:
+            self.data = data
+            self.headers: dict[str, str] = {}
+            self.app = SimpleNamespace(state=SimpleNamespace(settings=ServiceSettings()))
+
+        async def stream(self):
+            yield self.data
+
+    async def parse(size: int) -> int:
+        body = json.dumps({"x": [1] * size}).encode()
+        await deps.read_model(Body(body), Recorded, limit=1 << 30)  # type: ignore[arg-type]
+        return threading.get_ident()
+
+    loop_thread = asyncio.run(parse(10))
+    assert seen[-1] == loop_thread  # a small body: no thread hop
+    loop_thread = asyncio.run(parse(deps.INLINE_PARSE_BYTES))
+    assert seen[-1] != loop_thread
+
+
+@pytest.mark.parametrize(
+    "media", ["text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x"]
+)
+@pytest.mark.parametrize("path", ["/scheduler/filter", "/scheduler/prioritize", "/mutate"])
+def test_a_body_that_says_it_is_not_json_is_refused(edge, path, media):
+    """A browser's cross-site POST (form or text) reached the unauthenticated verbs."""
+    client, _ = edge
+    body = json.dumps({"Pod": pod(), "NodeNames": ["g0"]})
+    reply = client.post(path, content=body, headers={"Content-Type": media})
+    assert reply.status_code == 415
+    assert_clean(reply, "Content-Type", "application/json")
+    for fine in ("application/json; charset=utf-8", "application/merge-patch+json"):
+        reply = client.post(path, content=body, headers={"Content-Type": fine})
+        assert reply.status_code != 415, reply.text
+    still_serving(client)
+
+
+def test_a_body_that_never_arrives_times_out():
+    """A client that declared 100 bytes and sent 7 held its connection and a handler for
+    as long as it liked (200 s and counting)."""
+    cluster = EmbeddedCluster([gpu_node("g0")], "test")
+    app = create_app(ServiceSettings(epoch_seconds=600, body_timeout_seconds=0.5), cluster)
+    with ServerThread(app) as server:
+        host, port = server.url.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port)), timeout=10) as conn:
+            head = (
+                "POST /scheduler/filter HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
+                "\r\nContent-Length: 100\r\n\r\n"
+            )
+            conn.sendall(head.encode() + b'{"Pod":')
+            reply = conn.recv(4096).decode()
+    assert reply.startswith("HTTP/1.1 408"), reply
+    assert "did not arrive within 0.5 s" in reply
+
+
+def test_a_webhook_object_that_is_no_object_is_named_as_such(edge):
+    client, _ = edge
+    review = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+              "request": {"uid": "r", "operation": "CREATE", "object": 5}}  # fmt: skip
+    text = assert_clean(client.post("/mutate", json=review), "request.object: must be an object")
+    assert "object.Pod" not in text

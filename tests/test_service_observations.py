@@ -301,6 +301,18 @@ def test_out_of_order_windows_are_refused(service: Service) -> None:
     assert reply.status_code == 422 and "out of order" in reply.json()["Error"]
 
 
+def test_a_window_resent_by_an_agent_whose_clock_is_ahead_is_refused(service: Service) -> None:
+    """The book keeps a window's end clamped to its arrival; the repeat check compared the
+    agent's own end with that, so a window from up to 30 s ahead was taken every time it
+    was sent, and two copies are the k = 2 windows a separation asks for."""
+    ahead = window("uid-a", SOLO / 2, end=time.time() + 20.0)
+    assert service.post(batch(ahead)).status_code == 200
+    for _ in range(2):
+        reply = service.post(batch(ahead))
+        assert reply.status_code == 422 and "out of order or repeated" in reply.json()["Error"]
+    assert service.app.state.observations._reports["uid-a"].end <= time.time()  # type: ignore[attr-defined]
+
+
 def test_an_agent_that_stops_reporting_leaves_decisions_and_shows_staleness(
     service: Service,
 ) -> None:

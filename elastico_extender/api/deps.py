@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -37,6 +38,10 @@ __all__ = [
 ]
 
 M = TypeVar("M", bound=BaseModel)
+INLINE_PARSE_BYTES = 256 << 10
+"""Largest body parsed on the event loop (a few ms); a larger one (a filter carrying
+thousands of Node objects, nodeCacheCapable off) is parsed in a worker thread, so other
+requests, the health probes among them, are not held behind it."""
 
 
 class ApiError(Exception):
@@ -89,12 +94,30 @@ def metrics_of(request: Request) -> PrometheusMetrics:
 
 async def read_body(request: Request, limit: int | None = None) -> bytes:
     """The request body, refusing more than ``limit`` (default ``max_body_bytes``; 413)
-    before reading it all, a compressed one (415) and one cut short by the client (400)."""
+    before reading it all, a compressed one or one that says it is not JSON (415), one
+    cut short by the client (400) and one that does not arrive within
+    ``body_timeout_seconds`` (408)."""
+    settings = settings_of(request)
     if limit is None:
-        limit = settings_of(request).max_body_bytes
+        limit = settings.max_body_bytes
     encoding = request.headers.get("content-encoding", "identity").strip().lower()
     if encoding not in ("", "identity"):
         raise ApiError(415, f"Content-Encoding {encoding[:40]} is not supported; send plain JSON")
+    media = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if media and media != "application/json" and not media.endswith("+json"):
+        # kube-scheduler, the API server and the agent send JSON; a form or text body is
+        # what a browser's cross-site POST sends without asking first
+        raise ApiError(415, f"Content-Type {media[:60]} is not JSON; send application/json")
+    try:
+        async with asyncio.timeout(settings.body_timeout_seconds):
+            return await _read_within(request, limit)
+    except TimeoutError:
+        raise ApiError(
+            408, f"the request body did not arrive within {settings.body_timeout_seconds:g} s"
+        ) from None
+
+
+async def _read_within(request: Request, limit: int) -> bytes:
     declared = request.headers.get("content-length")
     if declared is not None:
         try:
@@ -132,6 +155,12 @@ async def read_model(request: Request, model: type[M], limit: int | None = None)
     body = await read_body(request, limit)
     if not body.strip():
         raise ApiError(400, "empty request body; expected a JSON object")
+    if len(body) > INLINE_PARSE_BYTES:  # tens of MiB parse for seconds: not on the loop
+        return await run_in_threadpool(_parse, body, model)
+    return _parse(body, model)
+
+
+def _parse(body: bytes, model: type[M]) -> M:
     try:
         data = orjson.loads(body)
     except orjson.JSONDecodeError as err:

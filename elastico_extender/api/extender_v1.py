@@ -18,6 +18,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 __all__ = [
+    "MAX_NODES",
     "ExtenderArgs",
     "ExtenderBindingArgs",
     "ExtenderBindingResult",
@@ -39,6 +40,10 @@ KubeObject = dict[str, Any]
 FailedNodesMap = dict[str, str]
 """Node name -> reason the pod cannot run there."""
 
+MAX_NODES = 65_536
+"""Most nodes one request may name or carry: Kubernetes is tested to 5,000 nodes; a
+list of millions is no cluster's, and would hold the extender for seconds."""
+
 
 class _Wire(BaseModel):
     model_config = ConfigDict(populate_by_name=True, extra="ignore", frozen=False)
@@ -50,7 +55,7 @@ class NodeList(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     metadata: dict[str, Any] = Field(default_factory=dict)
-    items: list[KubeObject] = Field(default_factory=list)
+    items: list[KubeObject] = Field(default_factory=list, max_length=MAX_NODES)
 
 
 class ExtenderArgs(_Wire):
@@ -63,7 +68,7 @@ class ExtenderArgs(_Wire):
 
     pod: KubeObject = Field(alias="Pod")
     nodes: NodeList | None = Field(default=None, alias="Nodes")
-    node_names: list[str] | None = Field(default=None, alias="NodeNames")
+    node_names: list[str] | None = Field(default=None, alias="NodeNames", max_length=MAX_NODES)
 
 
 class ExtenderFilterResult(_Wire):

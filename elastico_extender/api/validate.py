@@ -29,6 +29,8 @@ def checked_pod(pod: Any, where: str = "Pod") -> int:
     try:
         return check_pod(pod)
     except PodFieldError as exc:
+        if exc.field == "Pod":  # the object itself: ``where`` names it
+            raise ApiError(400, f"{where}: {str(exc).removeprefix('Pod: ')}") from None
         raise ApiError(400, f"{where}.{exc}") from None
 
 

@@ -297,6 +297,17 @@ def _objects(value: Any, field: str) -> list[Mapping[str, Any]]:
     return value
 
 
+def _named_objects(value: Any, path: str) -> None:
+    """``value`` is absent or a list of objects whose ``name``, where given, is a string
+    (the webhook matches entries by name: a list or an object there is no name)."""
+    for j, entry in enumerate(_objects(value, path)):
+        name = entry.get("name")
+        if name is not None and not isinstance(name, str):
+            raise PodFieldError(
+                f"{path}[{j}].name", f"must be a string, got a JSON {_json_type(name)}"
+            )
+
+
 def check_pod(obj: Any) -> int:
     """Check the shape of every pod field ElastiCo reads; returns its GPU request.
 
@@ -331,14 +342,8 @@ def check_pod(obj: Any) -> int:
         for part in ("containers", "initContainers"):
             for i, c in enumerate(_objects(spec.get(part), f"spec.{part}")):
                 for key in _LIST_OF_OBJECTS:
-                    for j, entry in enumerate(_objects(c.get(key), f"spec.{part}[{i}].{key}")):
-                        name = entry.get("name")
-                        if name is not None and not isinstance(name, str):
-                            raise PodFieldError(
-                                f"spec.{part}[{i}].{key}[{j}].name",
-                                f"must be a string, got a JSON {_json_type(name)}",
-                            )
-        _objects(spec.get("volumes"), "spec.volumes")
+                    _named_objects(c.get(key), f"spec.{part}[{i}].{key}")
+        _named_objects(spec.get("volumes"), "spec.volumes")
     status = obj.get("status")
     if status is not None:
         if not isinstance(status, dict):

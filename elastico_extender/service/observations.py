@@ -154,6 +154,11 @@ class PodReport:
     peak_mem_mib: float | None
     sm_activity: float | None
     mixed: bool = False
+    agent_end: float = -math.inf
+    """The window's end as the agent's clock wrote it (``end`` is clamped to arrival):
+    the next window of the pod must end after it (a resent window is refused even when
+    the agent's clock runs ahead).  Windows may overlap: an agent may report a rate over
+    a sliding span."""
 
 
 @dataclass(slots=True)
@@ -433,12 +438,12 @@ class ObservationService:
         age = now - w.end
         if age > self.settings.observation_max_age_seconds:
             found.append(
-                f"{where}.end: window ended {age:.0f} s ago, older than the "
+                f"{where}.end: window ended {age:.4g} s ago, older than the "
                 f"{self.settings.observation_max_age_seconds:g} s bound (stale)"
             )
         elif -age > self.settings.observation_max_skew_seconds:
             found.append(
-                f"{where}.end: window ends {-age:.0f} s in the future (agent clock ahead by more "
+                f"{where}.end: window ends {-age:.4g} s in the future (agent clock ahead by more "
                 f"than {self.settings.observation_max_skew_seconds:g} s)"
             )
         if w.seconds > self.settings.observation_max_age_seconds:
@@ -447,11 +452,13 @@ class ObservationService:
                 f"{self.settings.observation_max_age_seconds:g} s bound"
             )
         last = self._reports.get(w.pod_uid)
-        if last is not None and w.end <= last.end:
-            found.append(
-                f"{where}.end: not after the pod's last window (ended {last.end:.3f}): "
-                "out of order or repeated"
-            )
+        if last is not None:
+            ended = max(last.end, last.agent_end)  # as the agent wrote it, not clamped
+            if w.end <= ended:
+                found.append(
+                    f"{where}.end: not after the pod's last window (ended {ended:.3f}): "
+                    "out of order or repeated"
+                )
         if job is not None and w.peak_mem_mib is not None:
             devices = pub.snapshot.devices
             at = [devices.index[d] for d in job.devices if d in devices.index]
@@ -489,7 +496,7 @@ class ObservationService:
         configs = self._loop_configs(
             pub.snapshot, {j for _, obs, _, _ in accepted for j in (obs.job_id, *obs.partners)}
         )
-        for _, obs, predicted, tolerance in accepted:
+        for w, obs, predicted, tolerance in accepted:
             pj = pub.pods.get(obs.job_id)
             key = (obs.job_id, obs.config, obs.unit)
             job = running.get(obs.job_id)
@@ -538,6 +545,7 @@ class ObservationService:
                 obs.peak_mem_mib,
                 obs.sm_activity,
                 obs.mixed,
+                w.end,
             )
             self._reports.move_to_end(obs.job_id)
             for s in pair_samples:

@@ -1,8 +1,12 @@
 """Pods as the planner sees them: one pod object -> one :class:`PodJob`.
 
 The translation (annotations -> :class:`PodIntent` -> core :class:`Job`) is
-cached per ``(uid, resourceVersion)`` because kube-scheduler asks about the same
-pod object many times (filter, prioritize, retries).  The cache is bounded in
+cached per ``(uid, resourceVersion, digest of the content)`` because kube-scheduler
+asks about the same pod object many times (filter, prioritize, retries).  The
+content digest is in the key because a filter or prioritize body is not
+authenticated: keyed by uid and resourceVersion alone (both public in ``/jobs``), a
+forged body of a real pod with other annotations was cached as that pod's job, and
+the planner and bind then read the forgery until the pod changed.  The cache is bounded in
 entries and in bytes: it keeps no pod body, only the small records built from
 it, and an invalid pod's problems as text (at most ``MAX_PROBLEM_CHARS``), so
 neither an unauthenticated caller inventing UIDs nor a pod with huge invalid
@@ -13,6 +17,8 @@ one exception object would chain a new traceback onto it per retry.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import threading
 from collections import OrderedDict
 from collections.abc import Mapping
@@ -150,6 +156,22 @@ def exclusive_job(pod: Mapping[str, Any], uid: str, gpus: int, note: str = "") -
     return PodJob(job, EXCLUSIVE_FAMILY, None, pod_key(pod), note)
 
 
+def _content_digest(pod: Mapping[str, Any]) -> bytes:
+    """A digest of what a pod's translation may read: its metadata (without the
+    server's field-manager bookkeeping), its spec and its start time."""
+    meta = pod.get("metadata")
+    if isinstance(meta, Mapping) and "managedFields" in meta:
+        meta = {k: v for k, v in meta.items() if k != "managedFields"}
+    status = pod.get("status")
+    content = {
+        "metadata": meta,
+        "spec": pod.get("spec"),
+        "startTime": status.get("startTime") if isinstance(status, Mapping) else None,
+    }
+    text = json.dumps(content, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.blake2b(text.encode(), digest_size=16).digest()
+
+
 class PodJobs:
     """``pod -> PodJob | None`` with a bounded cache (see the module docstring)."""
 
@@ -164,9 +186,9 @@ class PodJobs:
         self.require_webhook = require_webhook
         self.capacity = capacity
         self._lock = threading.Lock()
-        self._cache: OrderedDict[tuple[str, str], PodJob | tuple[tuple[str, str], ...] | None] = (
-            OrderedDict()
-        )
+        self._cache: OrderedDict[
+            tuple[str, str, bytes], PodJob | tuple[tuple[str, str], ...] | None
+        ] = OrderedDict()
         # Counts forget_family calls: a job built from a family forgotten meanwhile is
         # answered once and not cached (the pod's resourceVersion does not change with it).
         self._forgets = 0
@@ -181,7 +203,7 @@ class PodJobs:
         if not isinstance(meta, Mapping):
             raise ValueError("Pod has no metadata object")
         uid = str(meta.get("uid") or pod_key(pod))
-        key = (uid, str(meta.get("resourceVersion", "")))
+        key = (uid, str(meta.get("resourceVersion", "")), _content_digest(pod))
         with self._lock:
             found = key in self._cache
             cached = self._cache.get(key)

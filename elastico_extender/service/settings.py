@@ -90,6 +90,10 @@ class ServiceSettings:
     max_body_bytes: int = 64 * 2**20
     """Largest request body accepted, bytes. A filter body with nodeCacheCapable off
     carries every node (about 5 KiB each with managedFields): 64 MiB covers ~10k nodes."""
+    body_timeout_seconds: float = 30.0
+    """Longest a request body may take to arrive once its headers have (408 after): a
+    client that declares a length and sends less would otherwise hold a connection and
+    a handler for ever."""
     # --- cluster ---------------------------------------------------------
     kubeconfig: str | None = None
     """Path of a kubeconfig; None: in-cluster config when running in a pod."""
@@ -308,6 +312,8 @@ class ServiceSettings:
             )
         if self.max_body_bytes < 1024:
             found.append("max_body_bytes: must be >= 1024")
+        if not 0 < self.body_timeout_seconds < math.inf:
+            found.append("body_timeout_seconds: must be a finite number > 0 seconds")
         if not 0 < self.default_gpu_memory_mib < math.inf:
             found.append("default_gpu_memory_mib: must be > 0")
         if self.min_dwell_seconds < 0:
