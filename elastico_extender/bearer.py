@@ -45,6 +45,11 @@ def read_token(path: Path) -> str:
         raise ValueError(f"cannot read {path}: {getattr(exc, 'strerror', None) or exc}") from exc
     if not token:
         raise ValueError(f"{path} is empty")
+    if not all("!" <= c <= "~" for c in token):
+        raise ValueError(
+            f"{path}: a bearer token is one line of visible ASCII characters, no spaces or "
+            "line breaks inside (an Authorization header cannot carry the rest)"
+        )
     return token
 
 

@@ -80,3 +80,16 @@ def test_a_fixed_token_never_reads_a_file():
     bearer = BearerToken("fixed")
     assert bearer.accepts(b"fixed") and not bearer.accepts(b"fixe")
     assert bearer.current() == "fixed"
+
+
+def test_a_token_no_header_can_carry_is_refused_naming_the_file(tmp_path):
+    """``abc\\ndef`` was taken: no client could ever send it, so every agent was locked out."""
+    import pytest
+
+    for text in ("abc\ndef\n", "two words", "caf\u00e9"):
+        path = tmp_path / "token"
+        path.write_text(text, encoding="utf-8")
+        with pytest.raises(ValueError, match="one line of visible ASCII"):
+            BearerToken.from_file(path)
+    path.write_text("  s3cr3t-token_~+/=\n")  # surrounding whitespace is no part of it
+    assert BearerToken.from_file(path).current() == "s3cr3t-token_~+/="

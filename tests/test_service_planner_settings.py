@@ -89,3 +89,38 @@ def test_the_extender_plans_with_its_configured_planner_settings():
     assert tight["planner_settings"] == {"memory_margin_mib": 40_000.0}
     assert not tight["assignments"]
     assert "offers 960 MiB after the driver margin" in tight["rejected"]["uid-a"]
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "why"),
+    [
+        ("bands", 1_000_000_000, "bands must be a whole number in [1, 32]"),
+        ("max_rounds", 10**9, "max_rounds must be a whole number in [1, 100]"),
+        ("max_price_iterations", 10**7, "max_price_iterations must be a whole number in"),
+        ("memory_margin_mib", 1e20, "memory_margin_mib must be at most 1,048,576 MiB"),
+    ],
+)
+def test_counts_that_would_plan_for_ever_are_refused(name, value, why):
+    """bands=10**9 allocated 7.45 GiB in the first plan; serve took it from a config file."""
+    assert why in " ".join(PlannerSettings(**{name: value}).problems())
+
+
+@pytest.mark.parametrize(
+    ("document", "named"),
+    [
+        ('{"port": 1e400}', "port: expected an integer, got inf"),
+        ('{"port": 8888.5}', "port: expected an integer, got 8888.5"),
+        ('{"max_migrations_per_epoch": Infinity}', "max_migrations_per_epoch: expected an integer"),
+        ('{"planner": {"max_rounds": 1e400}}', "max_rounds: expected an integer"),
+        ('{"planner": {"bands": 2.9}}', "bands: expected an integer, got 2.9"),
+    ],
+)
+def test_an_integer_setting_is_whole_and_finite(tmp_path, document, named):
+    """An infinity raised OverflowError out of serve (a traceback); 8888.5 listened on 8888."""
+    path = tmp_path / "settings.json"
+    path.write_text(document)
+    with pytest.raises(ValueError, match=named.replace("(", r"\(")):
+        settings_from(parser().parse_args(["--config", str(path)]))
+    path.write_text('{"port": 9000.0, "planner": {"bands": "3"}}')  # whole numbers are fine
+    settings = settings_from(parser().parse_args(["--config", str(path)]))
+    assert settings.port == 9000 and settings.planner.bands == 3

@@ -33,6 +33,7 @@ from elastico_extender.core.closed_loop import ClosedLoop
 from elastico_extender.core.interference.online import OnlineCorrection
 from elastico_extender.core.interference.predictor import ContentionPredictor, SlowdownPredictor
 from elastico_extender.core.settings import PlannerSettings
+from elastico_extender.errors import ProfileStoreError
 from elastico_extender.profiles.completions import CompletionStore
 from elastico_extender.profiles.store import ProfileStore
 from elastico_extender.service.agent_auth import AgentAuthenticator
@@ -172,7 +173,15 @@ def create_app(
     if store is None and profile_path:
         # measured profiles (unprofiled workloads' solo windows) need a home that survives
         # a restart: the profile store's file, else the observation store's
-        store = ProfileStore(profile_path)
+        try:
+            store = ProfileStore(profile_path)
+        except ProfileStoreError as exc:
+            if settings.profile_store:
+                raise
+            raise ProfileStoreError(
+                f"observation_store: {exc} (with no profile_store set, measured profiles "
+                "are kept in the observation store's file)"
+            ) from None
     metrics = PrometheusMetrics()
     if predictor_degraded:
         metrics.set_degraded(predictor_degraded)

@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
+import yaml
 from kubernetes import client, config, watch
 from kubernetes.client.rest import ApiException
 
@@ -34,6 +35,7 @@ from elastico_extender import __version__
 from elastico_extender.cluster.base import BindRequest, ClusterError
 from elastico_extender.cluster.embedded import configmap_object
 from elastico_extender.cluster.state import ClusterState
+from elastico_extender.userfiles import read_bounded
 
 __all__ = ["FIELD_MANAGER", "USER_AGENT", "KubeCluster", "api_client_from"]
 
@@ -53,12 +55,49 @@ FIELD_MANAGER = "elastico-extender"
 USER_AGENT = f"{FIELD_MANAGER}/{__version__} (scheduler extender; python kubernetes client)"
 
 
+MAX_KUBECONFIG_BYTES = 4 << 20
+"""Largest kubeconfig read (a few KiB usually; embedded certificates add some)."""
+_KUBECONFIG_LISTS = ("clusters", "contexts", "users")
+
+
 def api_client_from(kubeconfig: str | None) -> client.ApiClient:
-    """In-cluster config when running in a pod and no kubeconfig is given."""
-    if kubeconfig:
+    """In-cluster config when running in a pod and no kubeconfig is given.
+
+    A kubeconfig is checked first (a regular file of at most ``MAX_KUBECONFIG_BYTES``,
+    YAML whose top level is a mapping and whose clusters, contexts and users are lists),
+    so a wrong file is a ValueError that says what is wrong with it: the client's own
+    loader hung on a FIFO and raised TypeError or a YAML parser's traceback for text
+    that is no kubeconfig."""
+    if not kubeconfig:
+        config.load_incluster_config()
+        return client.ApiClient()
+    check_kubeconfig(kubeconfig)
+    try:
         return config.new_client_from_config(config_file=kubeconfig)
-    config.load_incluster_config()
-    return client.ApiClient()
+    except config.ConfigException:
+        raise
+    except (TypeError, AttributeError, KeyError, IndexError) as exc:  # a shape it trusted
+        raise ValueError(f"{kubeconfig}: not a usable kubeconfig ({exc})") from None
+
+
+def check_kubeconfig(path: str) -> None:
+    """ValueError naming what is wrong when ``path`` is no kubeconfig (see above)."""
+    try:
+        text = read_bounded(path, MAX_KUBECONFIG_BYTES).decode("utf-8")
+        document = yaml.safe_load(text)
+    except OSError as exc:
+        raise ValueError(f"{path}: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"{path}: not UTF-8 text, so not a kubeconfig") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        raise ValueError(f"{path}: not YAML{where}, so not a kubeconfig") from None
+    if not isinstance(document, dict):
+        raise ValueError(f"{path}: a kubeconfig is a YAML mapping (apiVersion, clusters, ...)")
+    for name in _KUBECONFIG_LISTS:
+        if document.get(name) is not None and not isinstance(document[name], list):
+            raise ValueError(f"{path}: {name} must be a list")
 
 
 class _RawWatch(watch.Watch):

@@ -13,7 +13,24 @@ from dataclasses import dataclass, fields, replace
 from enum import StrEnum
 from typing import Any
 
-__all__ = ["PlannerSettings", "StepSchedule", "assignments", "coerce_fields", "coerce_setting"]
+__all__ = [
+    "COUNT_LIMITS",
+    "MAX_MEMORY_MARGIN_MIB",
+    "PlannerSettings",
+    "StepSchedule",
+    "assignments",
+    "coerce_fields",
+    "coerce_setting",
+]
+
+COUNT_LIMITS = {"max_rounds": 100, "max_price_iterations": 10_000, "bands": 32}
+"""Largest value of each count setting.  Each is a loop bound or an array length per
+epoch: bands=10**9 allocated gigabytes and max_rounds=10**9 would plan for ever; far
+beyond these nothing changes (the spec's 2-3 rounds, 3-5 price iterations; band
+thresholds grow geometrically, so 32 bands reach any job's service)."""
+MAX_MEMORY_MARGIN_MIB = 1024.0 * 1024.0
+"""Largest memory kept free per device (1 TiB): a margin no GPU holds would refuse
+every job."""
 
 
 class StepSchedule(StrEnum):
@@ -163,18 +180,21 @@ class PlannerSettings:
                 continue
             if not isinstance(value, int | float) or not 0 <= value < math.inf:
                 found.append(f"{f.name} must be a finite non-negative number, got {value!r}")
-        if self.max_rounds < 1:
-            found.append("max_rounds must be >= 1")
-        if self.max_price_iterations < 1:
-            found.append("max_price_iterations must be >= 1")
+        for name, most in COUNT_LIMITS.items():
+            value = getattr(self, name)
+            if not 1 <= value <= most or value != int(value):
+                found.append(f"{name} must be a whole number in [1, {most}], got {value!r}")
+        if self.memory_margin_mib > MAX_MEMORY_MARGIN_MIB:
+            found.append(
+                f"memory_margin_mib must be at most {MAX_MEMORY_MARGIN_MIB:,.0f} MiB (no GPU holds "
+                f"more), got {self.memory_margin_mib:g}"
+            )
         if not 0 <= self.reservation <= 1:
             found.append("reservation must lie in [0, 1]")
         if self.tau_default < 1:
             found.append("tau_default must be >= 1 (a slowdown ratio)")
         if self.utilization_target <= 0:
             found.append("utilization_target must be > 0")
-        if self.bands < 1 or self.bands != int(self.bands):
-            found.append("bands must be a whole number >= 1")
         if self.band_ratio <= 1:
             found.append("band_ratio must be > 1")
         if not 0 < self.band_decay <= 1:
@@ -224,18 +244,38 @@ def coerce_setting(raw: Any, declared: str) -> Any:
         raise ValueError(f"expected a boolean, got {raw!r}")
     if declared.startswith("int | None") and str(raw).strip().lower() in ("", "none", "null"):
         return None
-    for kind, convert, expected in (("int", int, "an integer"), ("float", float, "a number")):
+    for kind, convert, expected in (("int", _whole, "an integer"), ("float", float, "a number")):
         if kind not in declared:
             continue
         if isinstance(raw, bool | dict | list):
             raise TypeError(f"expected {expected}, got {raw!r}")
         try:
             return convert(raw)
-        except (TypeError, ValueError):
-            raise ValueError(f"expected {expected}, got {raw!r}") from None
+        except (TypeError, ValueError, OverflowError):
+            raise ValueError(f"expected {expected}, got {_shown(raw)}") from None
     if isinstance(raw, dict | list):
         raise TypeError(f"expected a string, got {type(raw).__name__}")
     return str(raw)
+
+
+def _whole(raw: Any) -> int:
+    """An integer setting: ``8``, ``"8"``, ``8.0`` or ``"8.0"``; never a truncated ``8.5``
+    (a port of 8888.5 listened on 8888) nor an infinity (OverflowError)."""
+    if isinstance(raw, int):
+        return raw
+    try:
+        return int(str(raw).strip())
+    except ValueError:
+        value = float(raw)
+    if not value.is_integer():  # nan and infinities are not either
+        raise ValueError(value)
+    return int(value)
+
+
+def _shown(raw: Any) -> str:
+    """``raw`` for a message, cut to 40 characters (a 400-digit number is not read)."""
+    text = repr(raw)
+    return text if len(text) <= 40 else text[:40] + "..."
 
 
 def assignments(texts: Iterable[str], option: str) -> dict[str, str]:
