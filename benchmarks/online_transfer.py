@@ -57,7 +57,7 @@ from elastico_extender.core.interference.predictor import (
     SlowdownPredictor,
     mape_percent,
 )
-from elastico_extender.csv_row import open_csv
+from elastico_extender.csv_row import csv_header, open_csv
 from elastico_extender.errors import PredictorError
 from elastico_extender.interference.dataset import PairDataset, load_pairs, shipped_csv
 from elastico_extender.interference.lucid_tables import table_kind
@@ -195,7 +195,7 @@ def renamed(source: Path, folder: Path) -> Path:
     target = folder / source.name
     with open_csv(source) as handle:  # as the loader read it (a BOM, size bound)
         reader = csv.DictReader(handle)
-        fields = list(reader.fieldnames or ())
+        fields = csv_header(source, reader)
         rows = list(reader)
     columns = _MODEL_COLUMNS[table_kind(fields)]  # model column -> where it defaults from
     for column in columns:

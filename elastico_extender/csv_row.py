@@ -4,35 +4,144 @@ Used by the simulator's trace and pair loaders and by the IAC trainer's pair rea
 
 Every loader of a user file reads its cells through :class:`CsvRow`, so a bad
 cell is a ``ValueError`` naming the file, the line and the column, with the cell
-shown (truncated), never Python's own conversion message or a later hang.
+shown (truncated), never Python's own conversion message or a later hang.  The file
+around the cells is checked as it is read too: a byte that is not UTF-8 is an error
+naming its line (:class:`CsvText`), a column named twice one naming the column
+(:func:`csv_header`).
 """
 
 from __future__ import annotations
 
 import csv
+import errno
+import gzip
 import io
 import math
+import re
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
+from typing import BinaryIO
 
 from elastico_extender.userfiles import open_regular
 
-__all__ = ["MAX_CSV_BYTES", "CsvRow", "csv_rows", "open_csv"]
+__all__ = ["MAX_CSV_BYTES", "CsvRow", "CsvText", "csv_header", "csv_rows", "open_csv"]
 
 MAX_CSV_BYTES = 256 << 20
 """Largest CSV read (a year of a large cluster's arrivals is tens of MiB)."""
 
+GZIP_MAGIC = b"\x1f\x8b"
+_NOT_UTF8 = re.compile("[\udc80-\udcff]")
+"""What ``surrogateescape`` decodes a byte that is not UTF-8 to."""
 
-def open_csv(path: Path | str) -> io.TextIOWrapper:
+
+def open_csv(path: Path | str, *, gzipped: bool = False) -> CsvText:
     """``path`` opened as the loaders read a CSV (UTF-8, BOM or not); OSError, without
-    waiting, when it is not a regular file of at most :data:`MAX_CSV_BYTES`."""
-    return io.TextIOWrapper(open_regular(path, MAX_CSV_BYTES), encoding="utf-8-sig", newline="")
+    waiting, when it is not a regular file of at most :data:`MAX_CSV_BYTES`.  With
+    ``gzipped``, a file that starts as gzip does is read as the text it holds (at most
+    :data:`MAX_CSV_BYTES` of it: a small file must not inflate without end)."""
+    raw = open_regular(path, MAX_CSV_BYTES)
+    try:
+        if gzipped and raw.read(2) == GZIP_MAGIC:
+            raw.seek(0)
+            return CsvText(path, io.BufferedReader(_Inflated(path, raw)))
+        raw.seek(0)
+        return CsvText(path, raw)
+    except BaseException:
+        raw.close()
+        raise
+
+
+class _Inflated(io.RawIOBase):
+    """The bytes a gzip file holds, at most :data:`MAX_CSV_BYTES`; a damaged or cut-off
+    file is a ValueError naming it, not the gzip module's EOFError or zlib's jargon."""
+
+    def __init__(self, path: Path | str, raw: BinaryIO) -> None:
+        self._path = path
+        self._raw = raw
+        self._gzip = gzip.GzipFile(fileobj=raw)
+        self._total = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: memoryview) -> int:  # type: ignore[override]
+        try:
+            count = self._gzip.readinto(buffer)
+        except (EOFError, zlib.error, gzip.BadGzipFile):
+            raise ValueError(f"{self._path}: a damaged or cut-off gzip file") from None
+        self._total += count
+        if self._total > MAX_CSV_BYTES:
+            why = f"holds more than {MAX_CSV_BYTES:,} bytes of text"
+            raise OSError(errno.EFBIG, why, str(self._path))
+        return count
+
+    def close(self) -> None:
+        if not self.closed:
+            self._gzip.close()
+            self._raw.close()
+        super().close()
+
+
+class CsvText:
+    """A CSV's lines for ``csv.reader``, each checked to be UTF-8 as it is read: a byte
+    that is not is a ValueError naming the file and its line (the codec would name
+    only a position in whichever 8 KiB chunk it was decoding)."""
+
+    def __init__(self, path: Path | str, binary: BinaryIO | io.BufferedReader) -> None:
+        self.path = path
+        self.line = 0
+        self._text = io.TextIOWrapper(
+            binary, encoding="utf-8-sig", errors="surrogateescape", newline=""
+        )
+
+    def __iter__(self) -> Iterator[str]:
+        return self
+
+    def __next__(self) -> str:
+        line = next(self._text)
+        self.line += 1
+        if not line.isascii() and (bad := _NOT_UTF8.search(line)):
+            byte = ord(bad.group()) - 0xDC00
+            raise ValueError(
+                f"{self.path}, line {self.line}: not UTF-8 text (byte 0x{byte:02x}); "
+                "save the file as UTF-8"
+            )
+        return line
+
+    def __enter__(self) -> CsvText:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._text.close()
+
+
+def csv_header(path: Path | str, reader: csv.DictReader[str]) -> list[str]:
+    """The columns of ``reader``'s header; a column named twice is a ValueError naming it
+    (a DictReader would silently read only the last copy's cells)."""
+    try:
+        fields = list(reader.fieldnames or ())
+    except csv.Error as exc:
+        raise ValueError(f"{path}, after line {reader.line_num}: {exc}") from None
+    seen: set[str] = set()
+    for name in fields:
+        if name and name in seen:
+            raise ValueError(
+                f"{path}, line {reader.line_num}: column {name!r} appears twice in the header"
+            )
+        seen.add(name)
+    return fields
 
 
 def csv_rows(path: Path | str, reader: csv.DictReader[str]) -> Iterator[CsvRow]:
-    """Each record of ``reader`` as a :class:`CsvRow`; what the csv module itself cannot
-    read (a cell over its field limit: a minified JSON or a binary file given by
-    mistake) is a ``ValueError`` naming the file and the line, like a bad cell."""
+    """Each record of ``reader`` as a :class:`CsvRow`, its header checked by
+    :func:`csv_header`; what the csv module itself cannot read (a cell over its field
+    limit: a minified JSON or a binary file given by mistake) is a ``ValueError``
+    naming the file and the line, like a bad cell."""
+    csv_header(path, reader)
     try:
         for record in reader:
             yield CsvRow(path, reader.line_num, dict(record))

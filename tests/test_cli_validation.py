@@ -273,7 +273,7 @@ def test_train_iac_names_a_pair_csv_that_is_not_text(tmp_path):
 
     binary = tmp_path / "pairs.csv"
     binary.write_bytes(b"\xff\xfe\x00")
-    with pytest.raises(PredictorError, match=r"pairs\.csv: not UTF-8"):
+    with pytest.raises(PredictorError, match=r"pairs\.csv, line 1: not UTF-8"):
         load_pairs(binary)
 
 

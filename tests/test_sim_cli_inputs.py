@@ -7,6 +7,7 @@ origin changes nothing; the report normalises to a policy that was run.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from dataclasses import replace
@@ -314,3 +315,45 @@ def test_a_trace_whose_jobs_arrive_at_once_has_no_load_to_set_or_state(
     assert cli.main([*argv, *FAST, "--out", str(tmp_path / "run")]) == 0
     header = capsys.readouterr().out.splitlines()[0]
     assert "offered load=n/a" in header, header
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "said"),
+    [
+        ("--trace", "missing.csv", "cannot read missing.csv: No such file or directory"),
+        ("--trace", "folder", "cannot read folder: Is a directory"),
+        ("--trace", "latin1.csv", "latin1.csv, line 2: not UTF-8 text (byte 0xe9)"),
+        ("--trace", "", "must not be empty"),
+        ("--interference", "folder", "cannot read folder: Is a directory"),
+        ("--interference", "latin1.csv", "latin1.csv, line 2: not UTF-8 text (byte 0xe9)"),
+        ("--interference", "", "must not be empty"),
+        ("--gpu-type", "", "must not be empty"),
+        ("--gpu-type", "  ", "must not be empty"),
+        ("--out", "", "must not be empty"),
+    ],
+)
+def test_unreadable_files_and_empty_values_are_named_in_plain_words(
+    tmp_path: Path, option: str, value: str, said: str
+) -> None:
+    """Before the fix: "[Errno 2] No such file or directory: 'x'", "cannot read .:
+    [Errno 21]" for ``--interference ''``, the codec's "invalid continuation byte"
+    with no line, and ``--gpu-type ''`` silently read as v100."""
+    (tmp_path / "folder").mkdir()
+    (tmp_path / "latin1.csv").write_bytes(
+        b"arrival_time_s,gpu_num,duration_s,user\n0,1,100,Jos\xe9\n"
+        if option == "--trace"
+        else b"gpu,job_a,job_b,slowdown_a,slowdown_b\nv100,Jos\xe9,A3C,1.5,1.5\n"
+    )
+    argv = ["--gpus", "4", "--out", str(tmp_path / "o"), option, value]
+    proc = subprocess.run(
+        [sys.executable, "-m", "elastico_extender.sim.cli", *argv, *FAST],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,  # the relative paths as given; the package from this tree
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])},
+    )
+    error = proc.stderr.strip().splitlines()[-1]
+    assert proc.returncode == 2, proc.stderr
+    assert option in error and said in error, error
+    assert "[Errno" not in error and "codec" not in error and "Traceback" not in proc.stderr

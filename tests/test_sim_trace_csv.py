@@ -247,3 +247,147 @@ def test_a_cell_over_the_csv_field_limit_is_an_error_naming_where(tmp_path: Path
         load()
     message = str(caught.value)
     assert str(path) in message and "line" in message and "field limit" in message, message
+
+
+USER_CSV_HEADERS = {
+    "trace": HEADER,
+    "pairs": PAIRS,
+    "philly": PHILLY.splitlines(keepends=True)[0],
+    "train": "gpu,job_a,job_b,solo_tput_a,solo_tput_b,slowdown_a,slowdown_b\n",
+}
+
+
+def _user_row(kind: str, name: str) -> str:
+    """A good row of ``kind`` whose job (or first job of the pair) is ``name``."""
+    return {
+        "trace": f"{name},0,1,600,resnet50,0.3\n",
+        "pairs": f"v100,{name},A3C,1.5,1.5,1\n",
+        "philly": f"{name},vc1,0,1,600,ResNet-18 (batch size 16)\n",
+        "train": f"v100,{name},A3C,10,10,1.5,1.5\n",
+    }[kind]
+
+
+def _user_csv(tmp_path: Path, kind: str, text: bytes) -> tuple[Path, Callable[[], object]]:
+    """A CSV of ``kind`` holding ``text``, and the loader that reads it."""
+    from elastico_extender.interference.dataset import load_pairs
+
+    path = tmp_path / f"{kind}.csv"
+    path.write_bytes(text)
+    loaders: dict[str, Callable[[], object]] = {
+        "trace": lambda: load_csv(path),
+        "pairs": lambda: load_pair_table(path),
+        "philly": lambda: philly_trace("vc1", path),
+        "train": lambda: load_pairs(path),
+    }
+    return path, loaders[kind]
+
+
+@pytest.mark.parametrize("kind", ["trace", "pairs", "philly", "train"])
+@pytest.mark.parametrize("good_rows", [1, 900])
+def test_a_byte_that_is_not_utf8_names_the_file_and_its_line(
+    tmp_path: Path, kind: str, good_rows: int
+) -> None:
+    """A Latin-1 'e acute' (0xe9) in a cell.  Before the fix the error was the codec's
+    "can't decode byte 0xe9 in position 62: invalid continuation byte": no line, and a
+    position counted in an 8 KiB chunk, not in the file."""
+    good = "".join(_user_row(kind, f"job{k}") for k in range(good_rows))
+    text = (USER_CSV_HEADERS[kind] + good).encode() + _user_row(kind, "Jos\xe9").encode("latin-1")
+    path, load = _user_csv(tmp_path, kind, text)
+    with pytest.raises(Exception) as caught:
+        load()
+    message = str(caught.value)
+    assert str(path) in message and f"line {good_rows + 2}:" in message, message
+    assert "not UTF-8 text" in message and "codec" not in message, message
+
+
+@pytest.mark.parametrize("kind", ["trace", "pairs", "philly", "train"])
+def test_a_column_named_twice_in_the_header_is_refused_naming_it(tmp_path: Path, kind: str) -> None:
+    """``csv.DictReader`` keeps the last copy of a repeated column: a trace with two
+    ``gpu_num`` columns ran on the second silently, a pair table on its second job_a."""
+    column = "gpu_num" if kind in ("trace", "philly") else "job_a"
+    header = USER_CSV_HEADERS[kind].rstrip("\n") + f",{column}\n"
+    row = _user_row(kind, "j1").rstrip("\n") + ",4\n"
+    path, load = _user_csv(tmp_path, kind, (header + row).encode())
+    with pytest.raises(Exception) as caught:
+        load()
+    message = str(caught.value)
+    assert str(path) in message and "line 1:" in message, message
+    assert f"column {column!r} appears twice" in message, message
+
+
+def _simulate_philly(data_dir: Path, tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    """`elastico simulate --trace philly:vc1` with ``ELASTICO_DATA_DIR=data_dir``, bounded
+    in time (a FIFO once blocked it for ever)."""
+    argv = ["--trace", "philly:vc1", "--gpus", "8", "--policy", "volcano", "--no-progress"]
+    argv += ["--no-plots", "--out", str(tmp_path / "o")]
+    return subprocess.run(
+        [sys.executable, "-m", "elastico_extender.sim.cli", *argv],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "ELASTICO_DATA_DIR": str(data_dir)},
+    )
+
+
+@pytest.mark.parametrize(
+    ("kind", "said"),
+    [
+        ("directory", "Is a directory"),
+        ("fifo", "not a regular file"),
+        ("gzip-garbage", "a damaged or cut-off gzip file"),
+        ("gzip-cut", "a damaged or cut-off gzip file"),
+        ("duplicate-ids", "line 3: column job_id: used by an earlier row"),
+    ],
+)
+def test_a_bad_philly_copy_under_the_data_dir_is_an_error_naming_it(
+    tmp_path: Path, kind: str, said: str
+) -> None:
+    """Before the fix: IsADirectoryError and EOFError tracebacks, a hang on a FIFO (the
+    file was read whole with read_bytes), and "trace job ids must be unique" from the
+    engine, naming no file or line."""
+    import gzip
+
+    path = tmp_path / "philly_gavel_vc_traces.csv"
+    if kind == "directory":
+        path.mkdir()
+    elif kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "gzip-garbage":
+        path.write_bytes(b"\x1f\x8bgarbage")
+    elif kind == "gzip-cut":
+        path.write_bytes(gzip.compress((PHILLY * 50).encode())[:-30])
+    else:
+        path.write_text(PHILLY + "j1,vc1,50,1,600,ResNet-18 (batch size 16)\n")
+    proc = _simulate_philly(tmp_path, tmp_path)
+    error = proc.stderr.strip().splitlines()[-1]
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr and "[Errno" not in error, proc.stderr[-2000:]
+    assert error.startswith("elastico simulate: error: --trace:"), error
+    assert str(path) in error and said in error, error
+
+
+def test_a_gzipped_philly_copy_under_the_data_dir_is_read_and_named(tmp_path: Path) -> None:
+    import gzip
+
+    path = tmp_path / "philly_gavel_vc_traces.csv"
+    path.write_bytes(gzip.compress((PHILLY + "j2,vc1,50,2,900,LM (batch size 20)\n").encode()))
+    proc = _simulate_philly(tmp_path, tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert f"Philly trace read from {path}" in proc.stdout, proc.stdout
+
+
+def test_a_data_dir_that_is_no_folder_is_refused_not_replaced_by_the_shipped_trace(
+    tmp_path: Path,
+) -> None:
+    """A mistyped ELASTICO_DATA_DIR used to run the shipped trace, unsaid; a folder that
+    holds no copy still does (the variable names a data folder for other files too),
+    and the notes now say which file was read."""
+    missing = tmp_path / "no-such-folder"
+    proc = _simulate_philly(missing, tmp_path)
+    error = proc.stderr.strip().splitlines()[-1]
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "ELASTICO_DATA_DIR" in error and str(missing) in error, error
+    from elastico_extender.sim.traces import PHILLY_DATA
+
+    shipped = philly_trace("ed69ec", days=(0.0, 1.0))
+    assert f"Philly trace read from {PHILLY_DATA} (shipped with the package)" in shipped.notes

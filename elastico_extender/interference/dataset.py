@@ -84,7 +84,7 @@ from elastico_extender.core.interference.features import (
     pair_features,
     unknown_family_log10_params,
 )
-from elastico_extender.csv_row import CsvRow, csv_rows, open_csv
+from elastico_extender.csv_row import CsvRow, csv_header, csv_rows, open_csv
 from elastico_extender.errors import PredictorError
 from elastico_extender.interference.lucid_tables import (
     LUCID_PAIR_COLUMNS,
@@ -306,7 +306,7 @@ def _read_table(path: Path) -> tuple[str, list[CsvRow]]:
     try:
         with open_csv(path) as handle:
             reader = csv.DictReader(handle)
-            fields = reader.fieldnames or ()
+            fields = csv_header(path, reader)
             kind = table_kind(fields)
             missing = _REQUIRED - set(fields) if kind == "pairs" else set()
             if missing:
@@ -316,10 +316,8 @@ def _read_table(path: Path) -> tuple[str, list[CsvRow]]:
                 )
             rows = list(csv_rows(path, reader))
     except OSError as exc:
-        raise PredictorError(f"cannot read pair CSV {path}: {exc}") from exc
-    except UnicodeDecodeError:
-        raise PredictorError(f"cannot read pair CSV {path}: not UTF-8 text") from None
-    except ValueError as exc:  # more cells than the header, a cell over the field limit
+        raise PredictorError(f"cannot read pair CSV {path}: {exc.strerror or exc}") from exc
+    except ValueError as exc:  # a repeated column, more cells than the header, not UTF-8
         raise PredictorError(str(exc)) from None
     for row in rows:
         for column in sorted(_REQUIRED_BY_KIND[kind]):

@@ -76,6 +76,7 @@ __all__ = [
     "finite_arg",
     "load_trace",
     "main",
+    "text_arg",
 ]
 
 WORLDS = ("benchmark", "production")
@@ -126,6 +127,19 @@ count_arg = _whole(1)
 """argparse ``type=``: a whole number >= 1."""
 
 
+def text_arg(text: str) -> str:
+    """argparse ``type=``: a value that is not blank (an empty path would read the working
+    folder, an empty GPU type silently mean the default)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("must not be empty")
+    return text
+
+
+def _reason(exc: Exception) -> str:
+    """Why a file could not be read, in the OS's words without Python's ("[Errno 2]")."""
+    return (exc.strerror if isinstance(exc, OSError) else None) or str(exc)
+
+
 def days_arg(text: str) -> tuple[float, float]:
     """'7' (the first 7 days) or '2:9' (from day 2 to day 9)."""
     parts = text.split(":")
@@ -157,6 +171,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--trace",
+        type=text_arg,
         default="synthetic",
         help="'synthetic', 'philly:VC' (e.g. philly:ed69ec; ships with the package) or a CSV "
         "path (format: sim.traces; a Helios cluster_log.csv, as Lucid's simulator reads, too)",
@@ -191,7 +206,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=60.0,
         help="scheduling epoch in simulated seconds (at most a day)",
     )
-    p.add_argument("--out", default="sim-results", help="output directory")
+    p.add_argument("--out", type=text_arg, default="sim-results", help="output directory")
     p.add_argument(
         "--quick", action="store_true", help="small loaded cluster, short trace (smoke test)"
     )
@@ -205,16 +220,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--world-file",
+        type=text_arg,
         help="JSON parameters of the production world (default: the shipped "
         "sim/data/production_world.json, each figure with its source)",
     )
     p.add_argument(
         "--interference",
+        type=text_arg,
         default=str(DEFAULT_PAIRS),
         help="measured pair CSV (format: sim.truth); 'none' uses the contention model only",
     )
     p.add_argument(
         "--gpu-type",
+        type=text_arg,
         help="GPU type whose rows of the pair CSV are used (others only fill missing pairs); "
         f"one of the file's gpu column values (shipped file: v100, p100; default "
         f"{DEFAULT_GPU_TYPE})",
@@ -310,7 +328,7 @@ def load_trace(args: argparse.Namespace) -> tuple[list[TraceJob], int, float, Tr
         try:
             loaded = read_trace(args.trace, args.seed)
         except (OSError, ValueError, KeyError) as exc:
-            raise InputError(f"--trace: cannot read {args.trace}: {exc}") from None
+            raise InputError(f"--trace: cannot read {args.trace}: {_reason(exc)}") from None
         if not loaded.jobs:
             raise InputError(f"--trace: {args.trace} has no jobs")
         gpus = gpus or 64
@@ -354,8 +372,8 @@ def _check_pairs(args: argparse.Namespace) -> tuple[str, str] | None:
         measured = GroundTruth.build(configs, path, gpu=args.gpu_type).measured
         with open_csv(path) as handle:
             types = {r.get("gpu") or "" for r in csv.DictReader(handle)}
-    except (OSError, ValueError, KeyError, UnicodeDecodeError) as exc:
-        raise InputError(f"--interference: cannot read {path}: {exc}") from None
+    except (OSError, ValueError, KeyError) as exc:
+        raise InputError(f"--interference: cannot read {path}: {_reason(exc)}") from None
     types.discard("")
     if types and args.gpu_type not in types:
         raise InputError(

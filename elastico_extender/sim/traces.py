@@ -41,7 +41,9 @@ a job that failed or was cancelled held its GPUs as long as it ran.  CPU-only jo
 say how many (:func:`read_trace`).
 
 A bad cell (not a number, NaN, infinite, out of range, a repeated id, an unknown
-workload) is a ``ValueError`` naming the file, line and column.
+workload) is a ``ValueError`` naming the file, line and column.  So is a bad file: a
+byte that is not UTF-8 names its line, and a column named twice in the header is
+refused, naming it (a CSV reader would keep the last copy's cells).
 
 Philly per-VC traces (``--trace philly:VC``)
 --------------------------------------------
@@ -50,9 +52,12 @@ Real arrival times, GPU counts and durations of one Philly virtual cluster
 al., OSDI'20, MIT): ``sim/data/philly_vc_traces.csv.gz`` ships with the
 package (the columns of ``philly_gavel_vc_traces.csv`` the simulator reads,
 ../shared/data/README.md section 4), so an installed user needs nothing else;
-``ELASTICO_DATA_DIR`` or ``path`` may point at the full CSV instead (its cells
-are checked like a user trace's; columns ``PHILLY_COLUMNS``).  Job
-types come from column ``job_type_seed0`` (Gavel's random assignment) mapped
+``path``, or ``philly_gavel_vc_traces.csv`` in the folder ``ELASTICO_DATA_DIR``
+names, may be the full CSV instead, plain or gzip-compressed (its cells are checked
+like a user trace's, job ids unique within a VC; columns ``PHILLY_COLUMNS``).  A set
+``ELASTICO_DATA_DIR`` that is not a folder is refused; a folder without that file
+falls back to the shipped copy.  The notes name the file read (:func:`philly_source`).
+Job types come from column ``job_type_seed0`` (Gavel's random assignment) mapped
 to catalog workloads.  Three transformations, each stated in
 :attr:`TraceLoad.notes` and printed by the CLI:
 
@@ -85,8 +90,6 @@ throughput (the spec's attainment metric needs a floor per job).
 from __future__ import annotations
 
 import csv
-import gzip
-import io
 import math
 import os
 import zlib
@@ -98,7 +101,7 @@ import numpy as np
 
 from elastico_extender.core.duration import CompletedJob
 from elastico_extender.core.resources import MAX_CLUSTER_GPUS
-from elastico_extender.csv_row import CsvRow, csv_rows, open_csv
+from elastico_extender.csv_row import CsvRow, csv_header, csv_rows, open_csv
 from elastico_extender.sim.workloads import (
     INFERENCE_WORKLOADS,
     TRAINING_WORKLOADS,
@@ -120,6 +123,7 @@ __all__ = [
     "load_csv",
     "load_philly",
     "offered_load",
+    "philly_source",
     "philly_trace",
     "read_trace",
     "rebase",
@@ -284,7 +288,7 @@ def read_trace(path: Path | str, seed: int = 0) -> TraceLoad:
     cpu_only = never_ran = drawn = narrowed = 0
     with open_csv(path) as handle:
         reader = csv.DictReader(handle)
-        columns = set(reader.fieldnames or [])
+        columns = set(csv_header(path, reader))
         helios = columns >= HELIOS_COLUMNS and "arrival_time_s" not in columns
         times = ("submit_time", "duration") if helios else ("arrival_time_s", "duration_s")
         missing = {times[0], "gpu_num", times[1]} - columns
@@ -372,26 +376,45 @@ def _instant(cells: CsvRow, column: str) -> float:
 PHILLY_COLUMNS = ("job_id", "vc", "arrival_time_s", "gpu_num", "duration_s", "job_type_seed0")
 
 
-def _philly_rows(path: Path | str | None) -> tuple[list[CsvRow], str]:
-    """Every record of the Philly file, each with its line (errors name it)."""
-    if path is None:
-        full = default_data_dir() / PHILLY_FULL_NAME
-        path = full if full.exists() else PHILLY_DATA
-    path = Path(path)
-    if not path.exists():
+def philly_source(path: Path | str | None = None) -> Path:
+    """The file ``--trace philly:VC`` reads: ``path``, else ``ELASTICO_DATA_DIR``'s copy,
+    else the package's.  A set ``ELASTICO_DATA_DIR`` that is no folder is a ValueError: a
+    mistyped folder must not run the shipped trace unnoticed.  A folder without a copy
+    falls back to the package's (the variable names a data folder for other files too);
+    the notes say which file was read."""
+    if path is not None:
+        return Path(path)
+    env = os.environ.get("ELASTICO_DATA_DIR")
+    if env and not Path(env).is_dir():
         raise ValueError(
-            f"Philly trace not found at {path}: it ships with the package as "
+            f"ELASTICO_DATA_DIR={env} is not a folder: set it to one holding "
+            f"{PHILLY_FULL_NAME}, or unset it to read the trace shipped with the package"
+        )
+    full = default_data_dir() / PHILLY_FULL_NAME
+    # lexists: a directory, FIFO or broken link of that name is read, and refused, not skipped
+    return full if env and os.path.lexists(full) else PHILLY_DATA
+
+
+def _philly_rows(path: Path | str | None) -> tuple[list[CsvRow], Path]:
+    """Every record of the Philly file (plain or gzip-compressed, read bounded), each with
+    its line (errors name it), and the file read."""
+    source = philly_source(path)
+    try:
+        with open_csv(source, gzipped=True) as handle:
+            reader = csv.DictReader(handle)
+            missing = set(PHILLY_COLUMNS) - set(csv_header(source, reader))
+            if missing:
+                raise ValueError(f"{source}: missing columns {sorted(missing)}")
+            return list(csv_rows(source, reader)), source
+    except FileNotFoundError:
+        raise ValueError(
+            f"Philly trace not found at {source}: it ships with the package as "
             f"{PHILLY_DATA.name}; reinstall elastico-extender, or download Gavel's per-VC "
             "traces (github.com/stanford-futuredata/gavel, scheduler/traces/msr) and set "
-            "ELASTICO_DATA_DIR to a folder holding philly_gavel_vc_traces.csv"
-        )
-    raw = path.read_bytes()
-    text = gzip.decompress(raw).decode() if raw[:2] == b"\x1f\x8b" else raw.decode()
-    reader = csv.DictReader(io.StringIO(text))
-    missing = set(PHILLY_COLUMNS) - set(reader.fieldnames or [])
-    if missing:
-        raise ValueError(f"{path}: missing columns {sorted(missing)}")
-    return list(csv_rows(path, reader)), str(path)
+            f"ELASTICO_DATA_DIR to a folder holding {PHILLY_FULL_NAME}"
+        ) from None
+    except OSError as exc:
+        raise ValueError(f"cannot read {source}: {exc.strerror or exc}") from None
 
 
 def philly_vcs(path: Path | str | None = None) -> list[str]:
@@ -415,11 +438,15 @@ def philly_trace(
     jobs: list[TraceJob] = []
     history: list[CompletedJob] = []
     one_gpu = converted = clipped = 0
+    seen: set[str] = set()
     for row in rows:
         if row.text("vc") != vc:
             continue
         arrival = row.number("arrival_time_s", 0.0, MAX_TRACE_SECONDS)
         job_id = row.text("job_id")
+        if job_id in seen:
+            raise row.fail("job_id", f"used by an earlier row of VC {vc} (ids must be unique)")
+        seen.add(job_id)
         gpus = row.count("gpu_num", MAX_CLUSTER_GPUS)
         try:
             workload = workload_from_gavel(row.text("job_type_seed0"), job_id)
@@ -457,7 +484,9 @@ def philly_trace(
     shift = jobs[0].arrival_s
     jobs = rebase(jobs)
     window = f"days {days[0]:g}-{days[1]:g}" if days else "whole trace"
+    shipped = " (shipped with the package)" if source == PHILLY_DATA else ""
     notes = [
+        f"Philly trace read from {source}{shipped}",
         f"Philly VC {vc} ({window}, first arrival rebased to t=0 from {shift / 86400:.2f} d): "
         f"{len(jobs)} jobs, {len(history)} earlier completions as history",
         f"converted {converted} of {one_gpu} one-GPU jobs to LLM inference "

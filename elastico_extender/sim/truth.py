@@ -49,7 +49,8 @@ optional ``gpu`` (rows are filtered to the requested GPU type, others used as
 fall-back) and ``measured`` (1 or 0, true or false, empty for 1; 0 rows are
 ignored, the trainer's rule: ``CsvRow.flag``).  A measured row's slowdowns
 must be numbers in (0, 100] (below 1 reads as 1); a bad cell is an error naming
-its line and column.  ``job_a``/``job_b`` are
+its line and column, a byte that is not UTF-8 one naming its line, a column named
+twice in the header one naming the column.  ``job_a``/``job_b`` are
 Gavel job types (``'ResNet-50 (batch size 64)'``) or catalog workload names
 (``'qwen-1.7b'``, applying to every configuration of that workload).  Both
 orders are filled from each row.  Gavel's ``gavel_colocation_pairs.csv`` is in
@@ -65,7 +66,7 @@ from pathlib import Path
 
 import numpy as np
 
-from elastico_extender.csv_row import csv_rows, open_csv
+from elastico_extender.csv_row import csv_header, csv_rows, open_csv
 from elastico_extender.interference.lucid_tables import table_kind
 from elastico_extender.sim.workloads import ConfigTable
 
@@ -96,7 +97,7 @@ def load_pair_table(path: Path | str, gpu: str = "v100") -> dict[tuple[str, str]
     fallback: dict[tuple[str, str], float] = {}
     with open_csv(path) as handle:
         reader = csv.DictReader(handle)
-        fields = reader.fieldnames or []
+        fields = csv_header(path, reader)
         missing = {"job_a", "job_b", "slowdown_a", "slowdown_b"} - set(fields)
         if missing:
             lucid = table_kind(fields) != "pairs"
