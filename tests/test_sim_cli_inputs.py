@@ -109,6 +109,8 @@ def _simulate(*argv: str) -> subprocess.CompletedProcess[str]:
         (["--profile-noise", "1e300"], "--profile-noise"),
         # a synthetic window too short for one arrival: the options that set it are named
         (["--duration", "0.01"], "--duration"),
+        # a load whose arrival rate underflows to 0 (a ZeroDivisionError traceback before)
+        (["--load", "5e-324"], "--load"),
     ],
 )
 def test_options_that_would_be_ignored_or_never_end_are_named_on_the_error_line(

@@ -236,6 +236,8 @@ def synthetic(
             f"more than {MAX_SYNTHETIC_JOBS:,}"
         )
     jobs: list[TraceJob] = []
+    if rate <= 0.0:  # a load so small that the rate underflows: no job ever arrives
+        return jobs
     t = 0.0
     k = 0
     while True:
