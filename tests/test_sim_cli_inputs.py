@@ -359,3 +359,19 @@ def test_unreadable_files_and_empty_values_are_named_in_plain_words(
     assert proc.returncode == 2, proc.stderr
     assert option in error and said in error, error
     assert "[Errno" not in error and "codec" not in error and "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("name", ["tables.md", "jobs.csv", "summary.csv", "timeline.csv"])
+def test_a_file_of_out_that_cannot_be_written_is_refused_before_simulating(
+    tmp_path: Path, name: str
+) -> None:
+    """A folder where a result file goes: the run simulated in full, then died with an
+    IsADirectoryError traceback.  Now the file is named, and nothing is simulated."""
+    (tmp_path / "o" / name).mkdir(parents=True)
+    proc = _simulate("--gpus", "4", "--duration", "1", "--policy", "volcano",
+                     "--out", str(tmp_path / "o"))  # fmt: skip
+    error = proc.stderr.strip().splitlines()[-1]
+    assert proc.returncode == 2, proc.stderr
+    assert error.startswith("elastico simulate: error: --out:"), error
+    assert f"{tmp_path / 'o' / name}: Is a directory" in error, error
+    assert "Traceback" not in proc.stderr and "trace=" not in proc.stdout

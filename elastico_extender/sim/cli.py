@@ -16,10 +16,13 @@ from __future__ import annotations
 
 import argparse
 import csv
+import errno
 import logging
 import math
+import os
+import stat
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -34,6 +37,8 @@ from elastico_extender.sim.instances import instances_needed
 from elastico_extender.sim.production import ProductionWorld
 from elastico_extender.sim.progress import ProgressBar
 from elastico_extender.sim.report import (
+    PLOT_FILES,
+    RUN_FILES,
     ablation_table,
     main_table,
     plot_all,
@@ -396,14 +401,39 @@ def _check_pairs(args: argparse.Namespace) -> tuple[str, str] | None:
     return str(path), note
 
 
-def _check_out(out: Path) -> None:
+TABLES_FILE = "tables.md"
+
+
+def _check_out(out: Path, names: Sequence[str]) -> None:
+    """``out`` is a folder the run can write, and none of the files ``names`` it writes
+    there is something else (a folder called jobs.csv, a FIFO): checked before the
+    simulation, not found when its results are written."""
     try:
         out.mkdir(parents=True, exist_ok=True)
         probe = out / ".elastico-write-test"
         probe.write_text("")
         probe.unlink()
     except OSError as exc:
-        raise InputError(f"--out: cannot write to {out}: {exc.strerror or exc}") from None
+        raise InputError(f"--out: cannot write to {out}: {_reason(exc)}") from None
+    for name in names:
+        target = out / name
+        try:
+            if os.path.lexists(target):
+                _check_writable_file(target)
+        except OSError as exc:
+            raise InputError(f"--out: cannot write {target}: {_reason(exc)}") from None
+
+
+def _check_writable_file(path: Path) -> None:
+    """OSError unless ``path`` is a regular file this process may overwrite (opening a
+    FIFO to write would wait for a reader)."""
+    mode = path.stat().st_mode
+    if stat.S_ISDIR(mode):
+        raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(path))
+    if not stat.S_ISREG(mode):
+        raise OSError(errno.EINVAL, "not a regular file (a FIFO, socket or device)", str(path))
+    if not os.access(path, os.W_OK):
+        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(path))
 
 
 def _planner(flags: list[str] | None) -> PlannerSettings | None:
@@ -447,7 +477,7 @@ def main(argv: list[str] | None = None) -> int:
         checked = _check_pairs(args)
         pairs, coverage = checked if checked is not None else (None, None)
         out = Path(args.out)
-        _check_out(out)
+        _check_out(out, [TABLES_FILE, *RUN_FILES, *(() if args.no_plots else PLOT_FILES)])
         if args.world_file is not None:
             if args.world != "production":
                 raise InputError("--world-file: only applies to --world production")
@@ -532,7 +562,7 @@ def main(argv: list[str] | None = None) -> int:
             )
     walls = ", ".join(f"{n} {r.wall_s:.1f}s" for n, r in results.items())
     print(f"simulation wall time: {walls}")
-    (out / "tables.md").write_text(text + "\n")
+    (out / TABLES_FILE).write_text(text + "\n")
     write_run_files(results, out)
     if not args.no_plots:
         plot_all(results, out, title=f"({gpus} GPUs, load {load})")

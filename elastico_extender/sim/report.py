@@ -19,6 +19,8 @@ from elastico_extender.sim.engine import DONE, RunResult
 from elastico_extender.sim.metrics import TIME_PARTS, job_time_parts, summarise
 
 __all__ = [
+    "PLOT_FILES",
+    "RUN_FILES",
     "ablation_table",
     "load_table",
     "main_table",
@@ -30,6 +32,11 @@ __all__ = [
 ]
 
 Summary = Mapping[str, float]
+
+RUN_FILES = ("summary.csv", "jobs.csv", "timeline.csv")
+"""What :func:`write_run_files` writes into the output folder."""
+PLOT_FILES = ("jct_cdf.png", "utilisation.png", "queueing.png")
+"""What :func:`plot_all` writes into the output folder."""
 
 
 def summaries(results: Mapping[str, RunResult]) -> dict[str, dict[str, float]]:
@@ -255,10 +262,11 @@ def write_run_files(results: Mapping[str, RunResult], out: Path) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     written = []
     summ = summaries(results)
-    p = out / "summary.csv"
+    summary, jobs, timeline = (out / name for name in RUN_FILES)
+    p = summary
     write_summary_csv(summ, p)
     written.append(p)
-    p = out / "jobs.csv"
+    p = jobs
     with open(p, "w", newline="") as handle:
         w = csv.writer(handle)
         w.writerow(
@@ -281,7 +289,7 @@ def write_run_files(results: Mapping[str, RunResult], out: Path) -> list[Path]:
                     ]
                 )  # fmt: skip
     written.append(p)
-    p = out / "timeline.csv"
+    p = timeline
     with open(p, "w", newline="") as handle:
         w = csv.writer(handle)
         w.writerow(["policy", "hour", "sm_util", "mem_util", "busy_gpus", "useful_gpu_eq"])
@@ -325,6 +333,7 @@ def plot_all(results: Mapping[str, RunResult], out: Path, title: str = "") -> li
         print("matplotlib not installed: plots skipped (CSV files written); pip install matplotlib")
         return []
     out.mkdir(parents=True, exist_ok=True)
+    cdf, utilisation, queueing = (out / name for name in PLOT_FILES)
     written = []
     fig, ax = plt.subplots(figsize=(6, 4))
     for name, r in results.items():
@@ -338,7 +347,7 @@ def plot_all(results: Mapping[str, RunResult], out: Path, title: str = "") -> li
     ax.set_title(f"CDF of JCT {title}".strip())
     ax.legend(fontsize=7)
     ax.grid(alpha=0.3)
-    p = out / "jct_cdf.png"
+    p = cdf
     fig.tight_layout()
     fig.savefig(p, dpi=120)
     plt.close(fig)
@@ -359,7 +368,7 @@ def plot_all(results: Mapping[str, RunResult], out: Path, title: str = "") -> li
         a.grid(alpha=0.3)
     axes[0].legend(fontsize=7, ncol=2)
     axes[0].set_title(f"Cluster utilisation over time {title}".strip())
-    p = out / "utilisation.png"
+    p = utilisation
     fig.tight_layout()
     fig.savefig(p, dpi=120)
     plt.close(fig)
@@ -377,7 +386,7 @@ def plot_all(results: Mapping[str, RunResult], out: Path, title: str = "") -> li
     ax.set_title(f"Queueing delay by arrival order {title}".strip())
     ax.legend(fontsize=7)
     ax.grid(alpha=0.3)
-    p = out / "queueing.png"
+    p = queueing
     fig.tight_layout()
     fig.savefig(p, dpi=120)
     plt.close(fig)
