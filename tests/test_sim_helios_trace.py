@@ -118,3 +118,28 @@ def test_the_simulator_runs_a_helios_log_and_says_what_it_skipped(tmp_path: Path
     out = proc.stdout + proc.stderr
     assert "a Helios cluster log: 3 GPU jobs; skipped 1 CPU-only jobs" in out
     assert "3 jobs, rebased to t=0" in out
+
+
+def test_a_helios_log_with_no_gpu_job_says_what_it_skipped(tmp_path: Path) -> None:
+    """Before the fix: "cpuonly.csv has no jobs", without the note that says why."""
+    rows = "".join(HELIOS_ROWS.splitlines(keepends=True)[2:4])  # one CPU-only, one never ran
+    argv = ["--trace", str(_log(tmp_path, rows=rows)), "--gpus", "8", "--policy", "volcano"]
+    argv += ["--no-progress", "--no-plots", "--out", str(tmp_path / "o")]
+    proc = subprocess.run(
+        [sys.executable, "-m", "elastico_extender.sim.cli", *argv],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    error = proc.stderr.strip().splitlines()[-1]
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert error.startswith("elastico simulate: error: --trace:") and "has no jobs" in error
+    assert "skipped 1 CPU-only jobs (gpu_num 0) and 1 that never ran" in error, error
+
+
+def test_a_repeated_id_names_the_column_it_came_from(tmp_path: Path) -> None:
+    """An empty job_id takes the jobname; a repeat blamed column job_id (got '')."""
+    rows = HELIOS_ROWS + ",u1,vcA,train,1,6,1,COMPLETED,2020-04-01 02:00:00,60\n"
+    rows += ",u1,vcA,train,1,6,1,COMPLETED,2020-04-01 03:00:00,60\n"
+    with pytest.raises(ValueError, match=r"line 8: column jobname: used by an earlier row"):
+        read_trace(_log(tmp_path, rows=rows))

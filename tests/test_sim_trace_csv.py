@@ -391,3 +391,15 @@ def test_a_data_dir_that_is_no_folder_is_refused_not_replaced_by_the_shipped_tra
 
     shipped = philly_trace("ed69ec", days=(0.0, 1.0))
     assert f"Philly trace read from {PHILLY_DATA} (shipped with the package)" in shipped.notes
+
+
+def test_durations_under_a_second_are_raised_to_one_and_said(tmp_path: Path) -> None:
+    """The simulator runs a job for at least a second; before the fix a 0.25 s job became
+    a 1 s job unsaid."""
+    from elastico_extender.sim.traces import read_trace
+
+    path = _trace(tmp_path, "b,10,1,0.25,resnet50,0.3\nc,20,1,0.5,resnet50,0.3\n")
+    loaded = read_trace(path)
+    assert [j.duration_s for j in loaded.jobs] == [600.0, 1.0, 1.0]
+    assert "trace.csv: raised 2 durations under 1 s to 1 s" in " ".join(loaded.notes)
+    assert not any("raised" in n for n in read_trace(_trace(tmp_path, "")).notes)

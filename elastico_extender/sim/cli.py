@@ -334,8 +334,9 @@ def load_trace(args: argparse.Namespace) -> tuple[list[TraceJob], int, float, Tr
             loaded = read_trace(args.trace, args.seed)
         except (OSError, ValueError, KeyError) as exc:
             raise InputError(f"--trace: cannot read {args.trace}: {_reason(exc)}") from None
-        if not loaded.jobs:
-            raise InputError(f"--trace: {args.trace} has no jobs")
+        if not loaded.jobs:  # the notes say why (a Helios log's skipped rows)
+            why = "".join(f"; {note}" for note in loaded.notes)
+            raise InputError(f"--trace: {args.trace} has no jobs{why}")
         gpus = gpus or 64
         jobs = rebase(loaded.jobs)
         if hours:

@@ -9,7 +9,8 @@ CSV with a header.  Required columns:
 * ``gpu_num``         GPUs the job asks for (whole GPUs, one worker per GPU, 1..65,536);
                       a gang wider than the cluster is clipped to it, and the CLI says so
 * ``duration_s``      run time at its default configuration alone on its GPUs (> 0, at
-                      most 366 days)
+                      most 366 days); one under a second is run for a second, and
+                      the notes say how many were
 
 Optional columns:
 
@@ -157,6 +158,9 @@ PHILLY_INFERENCE_SHARE = 0.3
 MAX_TRACE_SECONDS = 366 * 86400.0
 """Longest job and longest arrival span a trace may hold: the simulator steps every epoch
 up to the last completion, so a year bounds a run (Philly's longest job is 60 days)."""
+MIN_JOB_SECONDS = 1.0
+"""Shortest duration a user trace's job runs for: a shorter one is raised to it, and the
+notes say how many were, so the run never differs from the file unsaid."""
 MAX_SYNTHETIC_JOBS = 1_000_000
 """Most jobs the generator draws (load x GPUs x hours sets the count): memory stays bounded."""
 
@@ -287,7 +291,7 @@ def read_trace(path: Path | str, seed: int = 0) -> TraceLoad:
     jobs: list[TraceJob] = []
     seen: set[str] = set()
     first, last = math.inf, -math.inf
-    cpu_only = never_ran = drawn = narrowed = 0
+    cpu_only = never_ran = drawn = narrowed = raised = 0
     with open_csv(path) as handle:
         reader = csv.DictReader(handle)
         columns = set(csv_header(path, reader))
@@ -304,13 +308,16 @@ def read_trace(path: Path | str, seed: int = 0) -> TraceLoad:
                 if cells.number(times[1], 0.0, MAX_TRACE_SECONDS) == 0:
                     never_ran += 1
                     continue
-            job_id = cells.text("job_id") or (helios and cells.text("jobname")) or f"row{k:06d}"
+            # A Helios row without a job_id is named by its jobname: a repeat names that column.
+            id_column = "jobname" if helios and not cells.text("job_id") else "job_id"
+            job_id = cells.text(id_column) or f"row{k:06d}"
             if job_id in seen:
-                raise cells.fail("job_id", "used by an earlier row (ids must be unique)")
+                raise cells.fail(id_column, "used by an earlier row (ids must be unique)")
             seen.add(job_id)
             arrival = _instant(cells, times[0])
             gpus = cells.count("gpu_num", MAX_CLUSTER_GPUS)
             duration = cells.number(times[1], 0.0, MAX_TRACE_SECONDS, above_low=True)
+            raised += duration < MIN_JOB_SECONDS
             name = cells.text("workload")
             # Draws keyed by the job, not by its row (module docstring).
             rng = np.random.default_rng([seed, 0xC5F, zlib.crc32(job_id.encode())])
@@ -329,7 +336,8 @@ def read_trace(path: Path | str, seed: int = 0) -> TraceLoad:
                 why = f"arrivals span more than {MAX_TRACE_SECONDS / 86400:g} days"
                 raise cells.fail(times[0], why)
             user = cells.text("user")
-            jobs.append(TraceJob(job_id, arrival, gpus, max(duration, 1.0), workload, floor, user))
+            duration = max(duration, MIN_JOB_SECONDS)
+            jobs.append(TraceJob(job_id, arrival, gpus, duration, workload, floor, user))
     jobs.sort(key=lambda j: (j.arrival_s, j.job_id))
     name = Path(path).name
     notes = []
@@ -342,6 +350,11 @@ def read_trace(path: Path | str, seed: int = 0) -> TraceLoad:
         notes.append(
             f"{name}: {drawn} jobs name no workload: drawn from the synthetic mix with the "
             "seed (one-GPU jobs from all twelve, wider ones from the eight training workloads)"
+        )
+    if raised:
+        notes.append(
+            f"{name}: raised {raised} durations under {MIN_JOB_SECONDS:g} s to "
+            f"{MIN_JOB_SECONDS:g} s (the shortest job the simulator runs)"
         )
     if narrowed:
         notes.append(
