@@ -375,3 +375,66 @@ def test_a_file_of_out_that_cannot_be_written_is_refused_before_simulating(
     assert error.startswith("elastico simulate: error: --out:"), error
     assert f"{tmp_path / 'o' / name}: Is a directory" in error, error
     assert "Traceback" not in proc.stderr and "trace=" not in proc.stdout
+
+
+def _spaced_trace(tmp_path: Path) -> Path:
+    """40 one-hour jobs, one every 10 minutes (offered load 1.54 on 4 GPUs)."""
+    path = tmp_path / "spaced.csv"
+    rows = [f"{600 * k},1,3600,lstm" for k in range(40)]
+    path.write_text("arrival_time_s,gpu_num,duration_s,workload\n" + "\n".join(rows) + "\n")
+    return path
+
+
+def test_duration_and_load_on_a_file_trace_say_what_they_did(tmp_path: Path) -> None:
+    """Before the fix --duration 0.1 dropped 39 of 40 jobs and --load 3 rescaled every
+    arrival, neither said."""
+    trace = str(_spaced_trace(tmp_path))
+    args = cli.build_parser().parse_args(["--trace", trace, "--gpus", "4", "--duration", "0.1"])
+    jobs, _, _, loaded = cli.load_trace(args)
+    assert len(jobs) == 1
+    note = (
+        "--duration: kept the 1 of 40 jobs arriving in the first 0.1 h (dropped 39 arriving later)"
+    )
+    assert note in loaded.notes
+    args = cli.build_parser().parse_args(["--trace", trace, "--gpus", "4", "--load", "3"])
+    _, _, _, loaded = cli.load_trace(args)
+    note = "--load: every arrival time divided by 1.95 to offer 3 (the trace offers 1.54)"
+    assert note in loaded.notes
+
+
+def test_a_huge_load_is_stated_in_a_few_digits(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--load 1e308 printed an offered load of 309 digits."""
+    argv = ["--trace", str(_spaced_trace(tmp_path)), "--gpus", "4", "--load", "1e308"]
+    assert cli.main([*argv, "--policy", "volcano", *FAST, "--out", str(tmp_path / "o")]) == 0
+    out = capsys.readouterr().out
+    header = out.splitlines()[0]
+    assert "offered load=1e+308 " in header, header
+    assert "--load: every arrival time divided by 6.5e+307 to offer 1e+308" in out
+
+
+def test_max_job_hours_past_a_year_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    """1e308 hours is an infinite clip: "clipped 0 job durations to inf h"."""
+    parser = cli.build_parser()
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--trace", "philly:ed69ec", "--max-job-hours", "1e308"])
+    assert "--max-job-hours: must be at most 8784" in capsys.readouterr().err
+    assert parser.parse_args(["--max-job-hours", "8784"]).max_job_hours == 8784
+
+
+def test_quick_defaults_never_blame_an_option_the_user_did_not_give(tmp_path: Path) -> None:
+    """--quick filled --duration and --load before they were checked: with --days it
+    failed "--duration: --days sets the Philly window", on a trace whose jobs arrive at
+    once "--load: every job ... arrives at the same instant"."""
+    same = tmp_path / "same.csv"
+    same.write_text("arrival_time_s,gpu_num,duration_s\n0,1,100\n0,2,200\n")
+    proc = _simulate("--quick", "--trace", str(same), "--out", str(tmp_path / "a"))
+    error = proc.stderr.strip().splitlines()[-1]
+    assert proc.returncode == 2, proc.stderr
+    assert error.startswith("elastico simulate: error: --quick (its --load 1.6):"), error
+    assert "arrives at the same instant" in error
+    proc = _simulate("--quick", "--trace", "philly:ed69ec", "--days", "1", "--policy", "volcano",
+                     "--out", str(tmp_path / "b"))  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "Philly VC ed69ec (days 0-1," in proc.stdout  # --days sets the window, not --quick

@@ -213,7 +213,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--out", type=text_arg, default="sim-results", help="output directory")
     p.add_argument(
-        "--quick", action="store_true", help="small loaded cluster, short trace (smoke test)"
+        "--quick",
+        action="store_true",
+        help="small loaded cluster, short trace (smoke test): --gpus 16 --duration 6 --load "
+        "1.6 where not given (--duration not beside --days)",
     )
     p.add_argument("--jobs", type=count_arg, default=2, help="policies simulated in parallel")
     p.add_argument(
@@ -250,10 +253,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--max-job-hours",
-        type=finite_arg(0.0, strict=False),
+        type=finite_arg(0.0, strict=False, maximum=MAX_TRACE_SECONDS / 3600.0),
         default=None,
         help=f"clip Philly durations to this many hours (default {PHILLY_CLIP_HOURS:g}; "
-        "0: no clipping); the count is printed",
+        "0: no clipping; at most 8784, a trace's longest job); the count is printed",
     )
     p.add_argument(
         "--inference-share",
@@ -277,6 +280,38 @@ def build_parser() -> argparse.ArgumentParser:
 
 class InputError(ValueError):
     """A bad argument: the message names the option."""
+
+
+QUICK_DEFAULTS: dict[str, float] = {"gpus": 16, "duration": 6.0, "load": 1.6}
+"""What --quick fills in: a loaded cluster, so the quick run shows what sharing changes."""
+
+
+def _apply_quick(args: argparse.Namespace) -> None:
+    """--quick's defaults for the options the user left unset (not --duration beside
+    --days, which sets the Philly window itself), remembered in ``args.quick_filled``
+    so that an error about one names --quick, what the user gave."""
+    filled = []
+    for name, value in QUICK_DEFAULTS.items():
+        if getattr(args, name) is None and not (name == "duration" and args.days is not None):
+            setattr(args, name, int(value) if name == "gpus" else value)
+            filled.append(name)
+    args.quick_filled = tuple(filled)
+
+
+def _named(args: argparse.Namespace, *names: str) -> str:
+    """The options a message is about, as the user gave them: one that --quick filled in
+    is named as --quick with the value it chose (the user never typed that option)."""
+    filled = getattr(args, "quick_filled", ())
+    given = [f"--{n}" for n in names if n not in filled]
+    chosen = [f"--{n} {getattr(args, n):g}" for n in names if n in filled]
+    if chosen:
+        given.append(f"--quick (its {', '.join(chosen)})")
+    return "/".join(given)
+
+
+def _figure(value: float) -> str:
+    """A load or factor in a few digits, however large (1e308 has 309 in fixed point)."""
+    return f"{value:.2f}" if value < 1000 else f"{value:.3g}"
 
 
 def load_trace(args: argparse.Namespace) -> tuple[list[TraceJob], int, float, TraceLoad]:
@@ -304,11 +339,11 @@ def load_trace(args: argparse.Namespace) -> tuple[list[TraceJob], int, float, Tr
         try:
             jobs = synthetic(gpus, load, window, args.seed)
         except ValueError as exc:
-            raise InputError(f"--load/--gpus/--duration: {exc}") from None
+            raise InputError(f"{_named(args, 'load', 'gpus', 'duration')}: {exc}") from None
         if not jobs:
             raise InputError(
-                f"--duration/--load: no job arrives in {window / 3600:g} h at load {load:g} "
-                "(raise either)"
+                f"{_named(args, 'duration', 'load')}: no job arrives in {window / 3600:g} h "
+                f"at load {load:g} (raise either)"
             )
         return jobs, gpus, window, TraceLoad(jobs)
     if args.trace.startswith("philly:"):
@@ -325,7 +360,7 @@ def load_trace(args: argparse.Namespace) -> tuple[list[TraceJob], int, float, Tr
                 vc, seed=args.seed, max_duration_s=clip, days=days, inference_share=share
             )
         except EmptyWindowError as exc:
-            raise InputError(f"{'--duration' if hours else '--days'}: {exc}") from None
+            raise InputError(f"{_named(args, 'duration' if hours else 'days')}: {exc}") from None
         except ValueError as exc:
             raise InputError(f"--trace: {exc}") from None
         gpus = gpus or PHILLY_VC_GPUS.get(vc, 64)
@@ -339,10 +374,15 @@ def load_trace(args: argparse.Namespace) -> tuple[list[TraceJob], int, float, Tr
             raise InputError(f"--trace: {args.trace} has no jobs{why}")
         gpus = gpus or 64
         jobs = rebase(loaded.jobs)
+        notes = [*loaded.notes, f"{args.trace}: {len(jobs)} jobs, rebased to t=0"]
         if hours:
-            jobs = [j for j in jobs if j.arrival_s <= hours * 3600.0]
-        note = f"{args.trace}: {len(jobs)} jobs, rebased to t=0"
-        loaded = TraceLoad(jobs, notes=(*loaded.notes, note))
+            kept = [j for j in jobs if j.arrival_s <= hours * 3600.0]
+            notes.append(
+                f"{_named(args, 'duration')}: kept the {len(kept)} of {len(jobs)} jobs arriving "
+                f"in the first {hours:g} h (dropped {len(jobs) - len(kept)} arriving later)"
+            )
+            jobs = kept
+        loaded = TraceLoad(jobs, notes=tuple(notes))
     jobs = fit_to_cluster(loaded.jobs, gpus)
     clipped = sum(j.gpus > gpus for j in loaded.jobs)
     if clipped:
@@ -352,16 +392,23 @@ def load_trace(args: argparse.Namespace) -> tuple[list[TraceJob], int, float, Tr
     if args.load is not None:
         if span <= 0:
             raise InputError(
-                f"--load: every job of {args.trace} arrives at the same instant, so there is "
-                "no arrival spacing to scale to a load"
+                f"{_named(args, 'load')}: every job of {args.trace} arrives at the same "
+                "instant, so there is no arrival spacing to scale to a load"
             )
-        jobs = scale_arrivals(jobs, args.load / max(offered_load(jobs, gpus, span), 1e-9))
+        offered = offered_load(jobs, gpus, span)
+        factor = args.load / max(offered, 1e-9)
+        jobs = scale_arrivals(jobs, factor)
         span = arrival_span(jobs)
         if span > MAX_TRACE_SECONDS:
             raise InputError(
-                f"--load: {args.load:g} stretches the trace's arrivals over {span / 86400:.3g} "
-                f"days (at most {MAX_TRACE_SECONDS / 86400:g})"
+                f"{_named(args, 'load')}: {args.load:g} stretches the trace's arrivals over "
+                f"{span / 86400:.3g} days (at most {MAX_TRACE_SECONDS / 86400:g})"
             )
+        note = (
+            f"{_named(args, 'load')}: every arrival time divided by {factor:.3g} to offer "
+            f"{args.load:g} (the trace offers {_figure(offered)})"
+        )
+        loaded = replace(loaded, notes=(*loaded.notes, note))
     return jobs, gpus, span, loaded
 
 
@@ -462,10 +509,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.quick:
-        # A loaded cluster, so the quick run shows what sharing changes.
-        args.gpus = args.gpus or 16
-        args.duration = args.duration or 6.0
-        args.load = args.load if args.load is not None else 1.6
+        _apply_quick(args)
     # a policy named twice runs once, and is listed once
     policies = list(
         dict.fromkeys(args.policy or (QUICK_POLICIES if args.quick else DEFAULT_POLICIES))
@@ -509,7 +553,7 @@ def main(argv: list[str] | None = None) -> int:
         planner=planner,
     )
     # Work over the arrival span: none when every job arrives at once.
-    load = f"{offered_load(jobs, gpus, window):.2f}" if window > 0 else "n/a"
+    load = _figure(offered_load(jobs, gpus, window)) if window > 0 else "n/a"
     print(
         f"trace={args.trace} jobs={len(jobs)} gpus={gpus} window={window / 3600:.1f}h "
         f"offered load={load} epoch={args.epoch:g}s seed={args.seed} world={args.world} "
