@@ -438,3 +438,31 @@ def test_quick_defaults_never_blame_an_option_the_user_did_not_give(tmp_path: Pa
                      "--out", str(tmp_path / "b"))  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert "Philly VC ed69ec (days 0-1," in proc.stdout  # --days sets the window, not --quick
+
+
+def test_jobs_never_starts_more_processes_than_policies_or_cpus(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """--policy lucid --jobs 200 forked about 200 processes for 2 policy runs."""
+    import concurrent.futures
+
+    from elastico_extender.sim import runner
+
+    pools: list[int] = []
+
+    class Recorded(concurrent.futures.ProcessPoolExecutor):
+        def __init__(self, max_workers: int, **kwargs: object) -> None:
+            pools.append(max_workers)
+            super().__init__(max_workers, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(runner, "ProcessPoolExecutor", Recorded)
+    monkeypatch.setattr(runner.os, "cpu_count", lambda: 8)
+    exp = Experiment(trace=tuple(synthetic(4, 1.0, 1800.0, 0)), cluster=ClusterSpec(gpus=4))
+    assert set(run_experiment(exp, ["volcano", "lucid"], workers=200)) == {"volcano", "lucid"}
+    assert pools == [2]
+    monkeypatch.setattr(runner.os, "cpu_count", lambda: 1)
+    run_experiment(exp, ["volcano", "lucid"], workers=200)
+    assert pools == [2]  # one CPU: the policies run one after another, in this process
+    assert "one process per policy and per CPU" in " ".join(
+        cli.build_parser().format_help().split()
+    )

@@ -218,7 +218,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="small loaded cluster, short trace (smoke test): --gpus 16 --duration 6 --load "
         "1.6 where not given (--duration not beside --days)",
     )
-    p.add_argument("--jobs", type=count_arg, default=2, help="policies simulated in parallel")
+    p.add_argument(
+        "--jobs",
+        type=count_arg,
+        default=2,
+        help="policies simulated in parallel (at most one process per policy and per CPU)",
+    )
     p.add_argument(
         "--world",
         choices=WORLDS,

@@ -226,9 +226,13 @@ def run_experiment(
     workers: int | None = None,
     on_progress: Callable[[dict[str, tuple[int, int]]], None] | None = None,
 ) -> dict[str, RunResult]:
-    """Every policy on the same experiment; results keyed by policy name, in order."""
+    """Every policy on the same experiment; results keyed by policy name, in order.
+
+    ``workers`` (default: as many as there are policies) is capped at one process per
+    policy and per CPU: more would only fork processes with nothing to run, or share
+    the CPUs they have."""
     names = list(dict.fromkeys(policies))
-    workers = workers or min(len(names), max(1, (os.cpu_count() or 1)))
+    workers = min(workers or len(names), len(names), os.cpu_count() or 1)
     state = {n: (0, len(exp.trace)) for n in names}
     if workers <= 1 or len(names) == 1:
         out = {}
