@@ -153,6 +153,7 @@ class CsvRow:
     """One CSV record's cells, read with errors that name the file, line and column."""
 
     def __init__(self, path: Path | str, line: int, record: dict[str | None, object]) -> None:
+        self.line = line
         self.where = f"{path}, line {line}"
         if None in record:
             raise ValueError(f"{self.where}: more cells than the header has columns")
@@ -161,7 +162,7 @@ class CsvRow:
     def derived(self, record: dict[str | None, object]) -> CsvRow:
         """A record built from this one's cells in another format's columns, whose errors
         still name this row's file and line."""
-        row = CsvRow("", 0, record)
+        row = CsvRow("", self.line, record)
         row.where = self.where
         return row
 

@@ -403,3 +403,18 @@ def test_durations_under_a_second_are_raised_to_one_and_said(tmp_path: Path) -> 
     assert [j.duration_s for j in loaded.jobs] == [600.0, 1.0, 1.0]
     assert "trace.csv: raised 2 durations under 1 s to 1 s" in " ".join(loaded.notes)
     assert not any("raised" in n for n in read_trace(_trace(tmp_path, "")).notes)
+
+
+def test_rows_that_state_one_pair_differently_are_refused(tmp_path: Path) -> None:
+    """Before the fix the first of two conflicting rows was kept, unsaid.  Rows that
+    agree (in either order), and another GPU type's figure for the pair, are fine."""
+    path = tmp_path / "pairs.csv"
+    agreeing = "v100,A3C,CycleGAN,1.5,1.2,1\nv100,CycleGAN,A3C,1.2,1.5,1\np100,A3C,CycleGAN,2,2,1\n"
+    path.write_text(PAIRS + agreeing)
+    assert load_pair_table(path)[("A3C", "CycleGAN")] == 1.5
+    path.write_text(PAIRS + agreeing + "v100,CycleGAN,A3C,1.2,1.9,1\n")
+    with pytest.raises(ValueError) as caught:
+        load_pair_table(path)
+    message = str(caught.value)
+    assert f"{path}, line 5: column slowdown_b:" in message, message
+    assert "A3C next to CycleGAN on v100 is 1.5 on line 2" in message, message

@@ -53,7 +53,9 @@ its line and column, a byte that is not UTF-8 one naming its line, a column name
 twice in the header one naming the column.  ``job_a``/``job_b`` are
 Gavel job types (``'ResNet-50 (batch size 64)'``) or catalog workload names
 (``'qwen-1.7b'``, applying to every configuration of that workload).  Both
-orders are filled from each row.  Gavel's ``gavel_colocation_pairs.csv`` is in
+orders are filled from each row; rows that state a pair again on the same GPU type
+must agree (a different slowdown is an error naming both lines; in a row pairing a
+job with itself, ``slowdown_a`` counts).  Gavel's ``gavel_colocation_pairs.csv`` is in
 this format; a trimmed copy (V100 and P100 rows) ships in ``sim/data``.
 """
 
@@ -66,7 +68,7 @@ from pathlib import Path
 
 import numpy as np
 
-from elastico_extender.csv_row import csv_header, csv_rows, open_csv
+from elastico_extender.csv_row import CsvRow, csv_header, csv_rows, open_csv
 from elastico_extender.interference.lucid_tables import table_kind
 from elastico_extender.sim.workloads import ConfigTable
 
@@ -95,6 +97,7 @@ def load_pair_table(path: Path | str, gpu: str = "v100") -> dict[tuple[str, str]
     """
     primary: dict[tuple[str, str], float] = {}
     fallback: dict[tuple[str, str], float] = {}
+    stated: dict[tuple[str, str, str], tuple[float, int]] = {}
     with open_csv(path) as handle:
         reader = csv.DictReader(handle)
         fields = csv_header(path, reader)
@@ -113,10 +116,35 @@ def load_pair_table(path: Path | str, gpu: str = "v100") -> dict[tuple[str, str]
                     raise row.fail(column, "missing")
             s_a = row.number("slowdown_a", 0.0, MAX_PAIR_SLOWDOWN, above_low=True)
             s_b = row.number("slowdown_b", 0.0, MAX_PAIR_SLOWDOWN, above_low=True)
-            target = primary if (row.text("gpu") or gpu) == gpu else fallback
-            target.setdefault((a, b), max(s_a, 1.0))
-            target.setdefault((b, a), max(s_b, 1.0))
+            row_gpu = row.text("gpu") or gpu
+            target = primary if row_gpu == gpu else fallback
+            for column, victim, partner, slowdown in (
+                ("slowdown_a", a, b, max(s_a, 1.0)),
+                ("slowdown_b", b, a, max(s_b, 1.0)),
+            ):
+                _check_agrees(stated, row, column, (row_gpu, victim, partner), slowdown)
+                target.setdefault((victim, partner), slowdown)
     return {**fallback, **primary}
+
+
+def _check_agrees(
+    stated: dict[tuple[str, str, str], tuple[float, int]],
+    row: CsvRow,
+    column: str,
+    key: tuple[str, str, str],
+    slowdown: float,
+) -> None:
+    """Record ``key``'s (gpu, victim, partner) slowdown; one an earlier row states
+    differently is an error naming both lines (which to believe would be a guess).  A
+    pair of a job with itself states its slowdown twice in one row: the first counts."""
+    earlier, line = stated.setdefault(key, (slowdown, row.line))
+    if earlier != slowdown and line != row.line:
+        gpu, victim, partner = key
+        raise row.fail(
+            column,
+            f"{victim} next to {partner} on {gpu} is {earlier:g} on line {line} "
+            "(rows of one pair must agree)",
+        )
 
 
 @dataclass(eq=False)
