@@ -45,10 +45,10 @@ def read_token(path: Path) -> str:
         raise ValueError(f"cannot read {path}: {getattr(exc, 'strerror', None) or exc}") from exc
     if not token:
         raise ValueError(f"{path} is empty")
-    if not all("!" <= c <= "~" for c in token):
+    if any(c.isspace() or not c.isprintable() for c in token):
         raise ValueError(
-            f"{path}: a bearer token is one line of visible ASCII characters, no spaces or "
-            "line breaks inside (an Authorization header cannot carry the rest)"
+            f"{path}: a bearer token is one word on one line: no spaces, line breaks or "
+            "control characters inside (an Authorization header cannot carry them)"
         )
     return token
 
