@@ -26,6 +26,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+import orjson
+
 from elastico_extender.annotations import DECISION_VOLUME, PodIntent, parse_intent
 from elastico_extender.cluster.objects import pod_gpu_request, pod_key
 from elastico_extender.core.model import Job, Mode, ProfileFamily
@@ -168,8 +170,11 @@ def _content_digest(pod: Mapping[str, Any]) -> bytes:
         "spec": pod.get("spec"),
         "startTime": status.get("startTime") if isinstance(status, Mapping) else None,
     }
-    text = json.dumps(content, sort_keys=True, separators=(",", ":"), default=str)
-    return hashlib.blake2b(text.encode(), digest_size=16).digest()
+    try:  # orjson: about ten times faster than json on a pod (this runs per filter call)
+        data = orjson.dumps(content, option=orjson.OPT_SORT_KEYS)
+    except TypeError:  # what orjson refuses (a key that is no string): the slow, lenient way
+        data = json.dumps(content, sort_keys=True, separators=(",", ":"), default=str).encode()
+    return hashlib.blake2b(data, digest_size=16).digest()
 
 
 class PodJobs:
