@@ -4,6 +4,7 @@ benchmark scripts loaded as modules."""
 from __future__ import annotations
 
 import importlib.util
+import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -94,3 +95,17 @@ def lucid_tables(tmp_path: Path) -> tuple[Path, Path]:
     pair_file.write_text("\n".join(pairs) + "\n")
     solo_file.write_text("\n".join(solo) + "\n")
     return pair_file, solo_file
+
+
+def simulate(
+    *argv: str, env: dict[str, str] | None = None, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    """``elastico simulate *argv`` in a subprocess, bounded in time (a FIFO once blocked a
+    run for ever), its output captured."""
+    return subprocess.run(
+        [sys.executable, "-m", "elastico_extender.sim.cli", *argv],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+    )

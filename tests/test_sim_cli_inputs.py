@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import simulate
 
 from elastico_extender.core.settings import PlannerSettings
 from elastico_extender.sim import cli
@@ -86,12 +87,7 @@ def test_bad_arguments_fail_cleanly(argv: list[str], option: str, tmp_path: Path
 
 
 def _simulate(*argv: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "elastico_extender.sim.cli", *argv, *FAST],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    return simulate(*argv, *FAST, timeout=60)
 
 
 @pytest.mark.parametrize(

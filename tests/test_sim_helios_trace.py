@@ -4,11 +4,10 @@ cell named.  The rows are our own, in Helios' columns."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from test_sim_trace_csv import _simulate
 
 from elastico_extender.sim.traces import read_trace
 
@@ -106,14 +105,7 @@ def test_a_bad_cell_of_a_helios_log_names_its_line_and_column(
 
 
 def test_the_simulator_runs_a_helios_log_and_says_what_it_skipped(tmp_path: Path) -> None:
-    argv = ["--trace", str(_log(tmp_path)), "--gpus", "8", "--policy", "volcano"]
-    argv += ["--no-progress", "--no-plots", "--out", str(tmp_path / "o")]
-    proc = subprocess.run(
-        [sys.executable, "-m", "elastico_extender.sim.cli", *argv],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    proc = _simulate(_log(tmp_path), tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = proc.stdout + proc.stderr
     assert "a Helios cluster log: 3 GPU jobs; skipped 1 CPU-only jobs" in out
@@ -123,14 +115,7 @@ def test_the_simulator_runs_a_helios_log_and_says_what_it_skipped(tmp_path: Path
 def test_a_helios_log_with_no_gpu_job_says_what_it_skipped(tmp_path: Path) -> None:
     """Before the fix: "cpuonly.csv has no jobs", without the note that says why."""
     rows = "".join(HELIOS_ROWS.splitlines(keepends=True)[2:4])  # one CPU-only, one never ran
-    argv = ["--trace", str(_log(tmp_path, rows=rows)), "--gpus", "8", "--policy", "volcano"]
-    argv += ["--no-progress", "--no-plots", "--out", str(tmp_path / "o")]
-    proc = subprocess.run(
-        [sys.executable, "-m", "elastico_extender.sim.cli", *argv],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    proc = _simulate(_log(tmp_path, rows=rows), tmp_path)
     error = proc.stderr.strip().splitlines()[-1]
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert error.startswith("elastico simulate: error: --trace:") and "has no jobs" in error

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from conftest import simulate
 
 from elastico_extender.sim.traces import MAX_TRACE_SECONDS, load_csv, philly_trace
 from elastico_extender.sim.truth import load_pair_table
@@ -82,16 +83,12 @@ def test_good_rows_load_as_written(tmp_path: Path) -> None:
     assert jobs[0].floor_frac == pytest.approx(0.3) and jobs[1].floor_frac == 0.0
 
 
-def _simulate(trace: Path, tmp_path: Path) -> subprocess.CompletedProcess[str]:
+def _simulate(
+    trace: Path | str, tmp_path: Path, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     """`elastico simulate` of one FIFO policy on 8 GPUs, bounded in time."""
     argv = ["--trace", str(trace), "--gpus", "8", "--policy", "volcano", "--no-progress"]
-    argv += ["--no-plots", "--out", str(tmp_path / "o")]
-    return subprocess.run(
-        [sys.executable, "-m", "elastico_extender.sim.cli", *argv],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    return simulate(*argv, "--no-plots", "--out", str(tmp_path / "o"), env=env)
 
 
 @pytest.mark.parametrize("cell", ["nan", "inf", "1e300"])
@@ -316,17 +313,8 @@ def test_a_column_named_twice_in_the_header_is_refused_naming_it(tmp_path: Path,
 
 
 def _simulate_philly(data_dir: Path, tmp_path: Path) -> subprocess.CompletedProcess[str]:
-    """`elastico simulate --trace philly:vc1` with ``ELASTICO_DATA_DIR=data_dir``, bounded
-    in time (a FIFO once blocked it for ever)."""
-    argv = ["--trace", "philly:vc1", "--gpus", "8", "--policy", "volcano", "--no-progress"]
-    argv += ["--no-plots", "--out", str(tmp_path / "o")]
-    return subprocess.run(
-        [sys.executable, "-m", "elastico_extender.sim.cli", *argv],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env={**os.environ, "ELASTICO_DATA_DIR": str(data_dir)},
-    )
+    """`elastico simulate --trace philly:vc1` with ``ELASTICO_DATA_DIR=data_dir``."""
+    return _simulate("philly:vc1", tmp_path, {**os.environ, "ELASTICO_DATA_DIR": str(data_dir)})
 
 
 @pytest.mark.parametrize(
