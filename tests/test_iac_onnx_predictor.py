@@ -350,3 +350,30 @@ def test_the_service_given_a_batch_one_model_plans_on_the_heuristic_and_says_why
         assert published["assignments"], published
     finally:
         server.stop()
+
+
+def test_the_heuristic_chosen_as_the_base_is_healthy():
+    """``predictor_model: heuristic``: an operator whose pairs are unlike the shipped model's
+    training table chooses the heuristic (it transfers better to Lucid's pairs); that is
+    a choice, not a degradation, and the online correction still stands in front of it."""
+    import httpx
+
+    from elastico_extender.api.app import create_app
+    from elastico_extender.cluster.embedded import EmbeddedCluster
+    from elastico_extender.core.interference.predictor import ContentionPredictor
+    from elastico_extender.service.predictor import HEURISTIC, resolve_predictor
+    from elastico_extender.service.server import ServerThread
+    from elastico_extender.service.settings import ServiceSettings
+
+    predictor, reason = resolve_predictor(HEURISTIC)
+    assert isinstance(predictor, ContentionPredictor) and reason is None
+    settings = ServiceSettings(epoch_seconds=60, predictor_model=HEURISTIC)
+    server = ServerThread(create_app(settings, EmbeddedCluster.from_file())).start()
+    try:
+        health = httpx.get(f"{server.url}/healthz").json()
+        assert not health.get("degraded_predictor"), health
+        assert "heuristic" in str(health["predictor"]), health
+        published = httpx.get(f"{server.url}/plan").json()
+        assert published["epoch"] >= 1 and not published["predictor_degraded"]
+    finally:
+        server.stop()

@@ -98,8 +98,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--scheduler-name", help="schedulerName of pods to plan for")
     p.add_argument(
         "--predictor-model",
-        help="ONNX interference model (default: the one shipped with the package; one that "
-        "cannot be loaded leaves the contention heuristic, reported degraded in /healthz)",
+        help="ONNX interference model (default: the one shipped with the package; "
+        "'heuristic': the contention heuristic, chosen; a model that cannot be loaded leaves "
+        "the contention heuristic, reported degraded in /healthz)",
     )
     p.add_argument("--profile-store", help="SQLite profile store")
     p.add_argument(

@@ -20,13 +20,22 @@ from elastico_extender.core.interference.predictor import (
     predictor_generation,
 )
 
-__all__ = ["GuardedPredictor", "resolve_predictor"]
+__all__ = ["HEURISTIC", "GuardedPredictor", "resolve_predictor"]
 
 log = logging.getLogger(__name__)
 
 
+HEURISTIC = "heuristic"
+"""``predictor_model`` value that chooses the contention heuristic on purpose (not degraded):
+on measurements unlike the shipped model's training pairs it can transfer better (Lucid's
+RTX 3090 pairs: 15.7% MAPE against the shipped model's 24.0%;
+``benchmarks/results/loop/lucid_transfer.md``); the online correction learns either."""
+
+
 def resolve_predictor(model_path: str | None) -> tuple[SlowdownPredictor, str | None]:
     """The predictor to inject and the degradation reason (None when healthy)."""
+    if model_path == HEURISTIC:
+        return ContentionPredictor(), None
     try:
         module = importlib.import_module("elastico_extender.interference")
         loader = module.load_predictor

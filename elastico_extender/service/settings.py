@@ -150,7 +150,8 @@ class ServiceSettings:
     """A running pod whose last report is older than this shows as stale (REST, metric);
     its last observation and the plan's decisions stay as they are, seconds."""
     predictor_model: str | None = None
-    """ONNX interference model; None: the model shipped with the package.  A model that
+    """ONNX interference model; None: the model shipped with the package; ``heuristic``:
+    the contention heuristic, chosen (``service.predictor.HEURISTIC``).  A model that
     cannot be loaded leaves the service up on the contention heuristic, reported as
     degraded (``/healthz``, ``elastico_predictor_degraded``)."""
     mps: bool = True
