@@ -406,3 +406,12 @@ def test_rows_that_state_one_pair_differently_are_refused(tmp_path: Path) -> Non
     message = str(caught.value)
     assert f"{path}, line 5: column slowdown_b:" in message, message
     assert "A3C next to CycleGAN on v100 is 1.5 on line 2" in message, message
+
+
+def test_a_bad_cell_names_the_trace_once(tmp_path: Path) -> None:
+    """The CLI printed "--trace: cannot read X: X, line 3: column ..." (the path twice)."""
+    path = _trace(tmp_path, "b,10,x,600,resnet50,0.3\n")
+    proc = _simulate(path, tmp_path)
+    assert proc.returncode == 2
+    error = proc.stderr.strip().splitlines()[-1]
+    assert error.count(str(path)) == 1 and f"{path}, line 3: column gpu_num" in error, error

@@ -145,6 +145,15 @@ def _reason(exc: Exception) -> str:
     return (exc.strerror if isinstance(exc, OSError) else None) or str(exc)
 
 
+def _unreadable(option: str, path: object, exc: Exception) -> InputError:
+    """``option: cannot read PATH: why``, the path said once: a bad cell's message already
+    begins with the file (``PATH, line 2: column ...``)."""
+    why = _reason(exc)
+    if why.startswith(f"{path}, ") or why.startswith(f"{path}: "):
+        return InputError(f"{option}: {why}")
+    return InputError(f"{option}: cannot read {path}: {why}")
+
+
 def days_arg(text: str) -> tuple[float, float]:
     """'7' (the first 7 days) or '2:9' (from day 2 to day 9)."""
     parts = text.split(":")
@@ -373,7 +382,7 @@ def load_trace(args: argparse.Namespace) -> tuple[list[TraceJob], int, float, Tr
         try:
             loaded = read_trace(args.trace, args.seed)
         except (OSError, ValueError, KeyError) as exc:
-            raise InputError(f"--trace: cannot read {args.trace}: {_reason(exc)}") from None
+            raise _unreadable("--trace", args.trace, exc) from None
         if not loaded.jobs:  # the notes say why (a Helios log's skipped rows)
             why = "".join(f"; {note}" for note in loaded.notes)
             raise InputError(f"--trace: {args.trace} has no jobs{why}")
@@ -431,7 +440,7 @@ def _check_pairs(args: argparse.Namespace) -> tuple[str, str] | None:
         with open_csv(path) as handle:
             types = {r.get("gpu") or "" for r in csv.DictReader(handle)}
     except (OSError, ValueError, KeyError) as exc:
-        raise InputError(f"--interference: cannot read {path}: {_reason(exc)}") from None
+        raise _unreadable("--interference", path, exc) from None
     types.discard("")
     if types and args.gpu_type not in types:
         raise InputError(
