@@ -30,6 +30,8 @@ from __future__ import annotations
 
 import base64
 import binascii
+import hashlib
+import hmac
 import itertools
 import math
 import secrets
@@ -161,9 +163,17 @@ class RestViews:
         self._replica = secrets.token_hex(4)
         """This process's mark in its tokens: another replica behind the same Service (or
         this one before a restart) numbers its own listings, so its tokens are refused."""
+        self._key = secrets.token_bytes(16)
+        """Seals this process's tokens (:meth:`_seal`): a token is opaque to its reader, and
+        one it did not give is refused as such, not taken for a listing of another view
+        or one no longer kept."""
         self._lock = threading.Lock()
         """Held to read or change :attr:`_listings` and :attr:`_serial` (never to build):
         /observations is paged from worker threads, /jobs and /nodes on the event loop."""
+
+    def _seal(self, text: str) -> str:
+        """A short keyed digest of a token's fields (16 hex digits)."""
+        return hmac.new(self._key, text.encode(), hashlib.blake2b).hexdigest()[:16]
 
     def kept(self, name: str, build: Callable[[], Any]) -> bytes:
         """View ``name`` as JSON: the kept reply while what the view reads is unchanged,
@@ -210,6 +220,7 @@ class RestViews:
         meta: dict[str, Any] = {}
         if end < rows:
             text = f"{self._replica}:{name}:{listing.serial}:{end}"
+            text += ":" + self._seal(text)
             meta["continue"] = base64.urlsafe_b64encode(text.encode()).decode().rstrip("=")
             meta["remainingItemCount"] = rows - end
         members = [b'"metadata":' + to_json(meta)]
@@ -256,19 +267,22 @@ class RestViews:
         if len(token) > MAX_CONTINUE_CHARS:
             raise PageRefused(400, f"continue: longer than {MAX_CONTINUE_CHARS} characters")
         fields = _token_fields(token)
+        forged = PageRefused(
+            400, "continue: not a token this server gave; pass metadata.continue unchanged"
+        )
         if fields is None:
-            raise PageRefused(
-                400, "continue: not a token this server gave; pass metadata.continue unchanged"
-            )
-        replica, view, serial, start = fields
+            raise forged
+        replica, view, serial, start, seal = fields
         if view != name:
             raise PageRefused(400, f"continue: the token continues /{view[:20]}, not /{name}")
-        if replica != self._replica:
+        if replica != self._replica:  # its seal is another process's: it cannot be checked
             raise PageRefused(
                 410,
                 "continue: the token was given by another extender replica, or by this one "
                 "before it restarted; start the list again without continue",
             )
+        if not hmac.compare_digest(seal, self._seal(f"{replica}:{view}:{serial}:{start}")):
+            raise forged
         with self._lock:
             if serial > self._serial:
                 raise PageRefused(400, "continue: not a token this server gave")
@@ -465,9 +479,9 @@ def _joined(rows: list[Any]) -> tuple[bytes, array[int]]:
     return bytes(whole), bounds
 
 
-def _token_fields(token: str) -> tuple[str, str, int, int] | None:
-    """A continue token's (replica, view, listing serial, row); None when it is not one
-    this module could have given (checked for length before anything is decoded)."""
+def _token_fields(token: str) -> tuple[str, str, int, int, str] | None:
+    """A continue token's (replica, view, listing serial, row, seal); None when it is not
+    one this module could have given (checked for length before anything is decoded)."""
     if len(token) > MAX_CONTINUE_CHARS or not token.isascii():
         return None
     try:
@@ -475,9 +489,9 @@ def _token_fields(token: str) -> tuple[str, str, int, int] | None:
     except (binascii.Error, ValueError):  # UnicodeDecodeError is a ValueError
         return None
     parts = text.split(":")
-    if len(parts) != 4 or not all(p.isdigit() and len(p) <= 18 for p in parts[2:]):
+    if len(parts) != 5 or not all(p.isdigit() and len(p) <= 18 for p in parts[2:4]):
         return None
-    return parts[0], parts[1], int(parts[2]), int(parts[3])
+    return parts[0], parts[1], int(parts[2]), int(parts[3]), parts[4]
 
 
 def _reason(why: str | None, note: str) -> str | None:
