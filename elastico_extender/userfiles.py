@@ -12,9 +12,9 @@ import errno
 import os
 import stat
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
-__all__ = ["open_regular", "read_bounded"]
+__all__ = ["YamlError", "open_regular", "parse_yaml", "read_bounded"]
 
 
 def _too_large(path: str | Path, max_bytes: int) -> OSError:
@@ -55,3 +55,28 @@ def read_bounded(path: str | Path, max_bytes: int, *, follow: bool = True) -> by
     if len(data) > max_bytes:
         raise _too_large(path, max_bytes)
     return data
+
+
+class YamlError(ValueError):
+    """Text that is not YAML: ``line`` (1-based; None when the parser names none) and
+    ``problem`` (the parser's words, None when it has none) say where and why."""
+
+    def __init__(self, line: int | None, problem: str | None) -> None:
+        super().__init__(f"line {line}: {problem}" if line else problem or "not YAML")
+        self.line = line
+        self.problem = problem
+
+
+def parse_yaml(text: str) -> Any:
+    """The document ``text`` holds (``yaml.safe_load``: plain data, no object tags);
+    :class:`YamlError` when it is not YAML, for each reader of a user's YAML file to
+    word in its own terms.  PyYAML is imported here, by the readers that need it."""
+    import yaml
+
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        raise YamlError(
+            mark.line + 1 if mark is not None else None, getattr(exc, "problem", None)
+        ) from None

@@ -27,7 +27,6 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
-import yaml
 from kubernetes import client, config, watch
 from kubernetes.client.rest import ApiException
 
@@ -35,7 +34,7 @@ from elastico_extender import __version__
 from elastico_extender.cluster.base import BindRequest, ClusterError
 from elastico_extender.cluster.embedded import configmap_object
 from elastico_extender.cluster.state import ClusterState
-from elastico_extender.userfiles import read_bounded
+from elastico_extender.userfiles import YamlError, parse_yaml, read_bounded
 
 __all__ = ["FIELD_MANAGER", "USER_AGENT", "KubeCluster", "api_client_from"]
 
@@ -83,15 +82,13 @@ def api_client_from(kubeconfig: str | None) -> client.ApiClient:
 def check_kubeconfig(path: str) -> None:
     """ValueError naming what is wrong when ``path`` is no kubeconfig (see above)."""
     try:
-        text = read_bounded(path, MAX_KUBECONFIG_BYTES).decode("utf-8")
-        document = yaml.safe_load(text)
+        document = parse_yaml(read_bounded(path, MAX_KUBECONFIG_BYTES).decode("utf-8"))
     except OSError as exc:
         raise ValueError(f"{path}: {exc.strerror}") from None
     except UnicodeDecodeError:
         raise ValueError(f"{path}: not UTF-8 text, so not a kubeconfig") from None
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark is not None else ""
+    except YamlError as exc:
+        where = f" at line {exc.line}" if exc.line is not None else ""
         raise ValueError(f"{path}: not YAML{where}, so not a kubeconfig") from None
     if not isinstance(document, dict):
         raise ValueError(f"{path}: a kubeconfig is a YAML mapping (apiVersion, clusters, ...)")

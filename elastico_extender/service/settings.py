@@ -19,7 +19,7 @@ from typing import Any
 
 from elastico_extender.cluster.objects import quantity
 from elastico_extender.core.settings import PlannerSettings, coerce_fields
-from elastico_extender.userfiles import read_bounded
+from elastico_extender.userfiles import YamlError, parse_yaml, read_bounded
 
 __all__ = [
     "ENV_PREFIX",
@@ -237,14 +237,11 @@ class ServiceSettings:
             try:
                 doc = json.loads(text)
             except json.JSONDecodeError:
-                import yaml
-
                 try:
-                    doc = yaml.safe_load(text)
-                except yaml.YAMLError as exc:
-                    mark = getattr(exc, "problem_mark", None)
-                    where = f"line {mark.line + 1}: " if mark is not None else ""
-                    why = getattr(exc, "problem", None) or "unreadable"
+                    doc = parse_yaml(text)
+                except YamlError as exc:
+                    where = f"line {exc.line}: " if exc.line is not None else ""
+                    why = exc.problem or "unreadable"
                     raise ValueError(f"{file}: neither JSON nor YAML ({where}{why})") from None
             if not isinstance(doc, dict):
                 raise ValueError(f"{file}: settings file must hold a mapping")
