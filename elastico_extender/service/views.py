@@ -164,16 +164,18 @@ class RestViews:
         """This process's mark in its tokens: another replica behind the same Service (or
         this one before a restart) numbers its own listings, so its tokens are refused."""
         self._key = secrets.token_bytes(16)
-        """Seals this process's tokens (:meth:`_seal`): a token is opaque to its reader, and
+        """Seals this process's tokens (:meth:`_sealed`): a token is opaque to its reader, and
         one it did not give is refused as such, not taken for a listing of another view
         or one no longer kept."""
         self._lock = threading.Lock()
         """Held to read or change :attr:`_listings` and :attr:`_serial` (never to build):
         /observations is paged from worker threads, /jobs and /nodes on the event loop."""
 
-    def _seal(self, text: str) -> str:
-        """A short keyed digest of a token's fields (16 hex digits)."""
-        return hmac.new(self._key, text.encode(), hashlib.blake2b).hexdigest()[:16]
+    def _sealed(self, replica: str, view: str, serial: int, row: int) -> str:
+        """A continue token's text (before base64; :func:`_token_fields` reads it back):
+        its fields and a short keyed digest of them (16 hex digits)."""
+        text = f"{replica}:{view}:{serial}:{row}"
+        return text + ":" + hmac.new(self._key, text.encode(), hashlib.blake2b).hexdigest()[:16]
 
     def kept(self, name: str, build: Callable[[], Any]) -> bytes:
         """View ``name`` as JSON: the kept reply while what the view reads is unchanged,
@@ -219,8 +221,7 @@ class RestViews:
         end = rows if limit is None else min(rows, start + limit)
         meta: dict[str, Any] = {}
         if end < rows:
-            text = f"{self._replica}:{name}:{listing.serial}:{end}"
-            text += ":" + self._seal(text)
+            text = self._sealed(self._replica, name, listing.serial, end)
             meta["continue"] = base64.urlsafe_b64encode(text.encode()).decode().rstrip("=")
             meta["remainingItemCount"] = rows - end
         members = [b'"metadata":' + to_json(meta)]
@@ -281,7 +282,8 @@ class RestViews:
                 "continue: the token was given by another extender replica, or by this one "
                 "before it restarted; start the list again without continue",
             )
-        if not hmac.compare_digest(seal, self._seal(f"{replica}:{view}:{serial}:{start}")):
+        expected = self._sealed(replica, view, serial, start).rpartition(":")[2]
+        if not hmac.compare_digest(seal, expected):
             raise forged
         with self._lock:
             if serial > self._serial:
