@@ -308,7 +308,7 @@ def _read_table(path: Path) -> tuple[str, list[CsvRow]]:
             reader = csv.DictReader(handle)
             fields = csv_header(path, reader)
             kind = table_kind(fields)
-            missing = _REQUIRED - set(fields) if kind == "pairs" else set()
+            missing = _REQUIRED_BY_KIND[kind] - set(fields)  # Lucid's: none, by their kind
             if missing:
                 raise PredictorError(
                     f"pair CSV {path} lacks columns {sorted(missing)} (nor is it one of "

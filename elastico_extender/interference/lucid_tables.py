@@ -57,6 +57,7 @@ LUCID_PAIR_COLUMNS = frozenset(
 LUCID_SOLO_COLUMNS = frozenset({"model", "batchsize", "amp", "speed"})
 """Columns that make a CSV (without ``LUCID_PAIR_COLUMNS``) a Lucid solo table."""
 _MIB_PER_GIB = 1024.0
+_MAX_GMEM_MIB = 1024 * _MIB_PER_GIB  # a TiB: far above any GPU's memory
 _MAX_BATCH = 1 << 20
 
 JobKey = tuple[str, str, int, int]
@@ -103,8 +104,8 @@ def lucid_solo_profiles(rows: Iterable[CsvRow]) -> dict[JobKey, dict[str, float]
             values["dram_active"] = _share(row, "gmem_util", dram)
         memory = row.optional("gmem")
         if memory is not None:
-            if not 0.0 <= memory <= 1024 * _MIB_PER_GIB:
-                raise row.fail("gmem", "must be MiB in [0, 1048576]")
+            if not 0.0 <= memory <= _MAX_GMEM_MIB:
+                raise row.fail("gmem", f"must be MiB in [0, {_MAX_GMEM_MIB:.0f}]")
             values["fb_used_gib"] = memory / _MIB_PER_GIB
         profiles.setdefault(job, values)
     return profiles
