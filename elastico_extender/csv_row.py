@@ -25,10 +25,22 @@ from typing import BinaryIO
 
 from elastico_extender.userfiles import open_regular
 
-__all__ = ["MAX_CSV_BYTES", "CsvRow", "CsvText", "csv_header", "csv_rows", "open_csv"]
+__all__ = [
+    "MAX_CSV_BYTES",
+    "MAX_CSV_LINE",
+    "CsvRow",
+    "CsvText",
+    "csv_header",
+    "csv_rows",
+    "open_csv",
+]
 
 MAX_CSV_BYTES = 256 << 20
 """Largest CSV read (a year of a large cluster's arrivals is tens of MiB)."""
+
+MAX_CSV_LINE = 1 << 20
+"""Longest line read, in characters: a record is a few short cells (Python's CSV field
+limit is 131,072), and a file without newlines must not be held whole to find out."""
 
 GZIP_MAGIC = b"\x1f\x8b"
 _NOT_UTF8 = re.compile("[\udc80-\udcff]")
@@ -99,8 +111,15 @@ class CsvText:
         return self
 
     def __next__(self) -> str:
-        line = next(self._text)
+        line = self._text.readline(MAX_CSV_LINE + 1)
+        if not line:
+            raise StopIteration
         self.line += 1
+        if len(line) > MAX_CSV_LINE:
+            raise ValueError(
+                f"{self.path}, line {self.line}: longer than {MAX_CSV_LINE:,} characters "
+                "(not a CSV record: is it the right file?)"
+            )
         if not line.isascii() and (bad := _NOT_UTF8.search(line)):
             byte = ord(bad.group()) - 0xDC00
             raise ValueError(

@@ -415,3 +415,32 @@ def test_a_bad_cell_names_the_trace_once(tmp_path: Path) -> None:
     assert proc.returncode == 2
     error = proc.stderr.strip().splitlines()[-1]
     assert error.count(str(path)) == 1 and f"{path}, line 3: column gpu_num" in error, error
+
+
+def test_a_line_without_end_is_refused_without_reading_it_whole(tmp_path: Path) -> None:
+    """A gzip copy that inflates to 200 MiB without a newline (a binary dump, a
+    one-line export): the reader held the whole line, peaking near 460 MiB, before the
+    CSV field limit refused it.  A line is now cut off at MAX_CSV_LINE characters, named
+    with its number, and the reading process stays small."""
+    import gzip
+
+    path = tmp_path / "philly_gavel_vc_traces.csv"
+    with gzip.open(path, "wb", compresslevel=1) as handle:
+        handle.write(PHILLY.encode())
+        for _ in range(200):
+            handle.write(b"a" * (1 << 20))
+    probe = (
+        "import resource, sys\n"
+        "from elastico_extender.sim.traces import philly_trace\n"
+        "try:\n"
+        "    philly_trace('vc1', sys.argv[1])\n"
+        "except ValueError as exc:\n"
+        "    print(exc)\n"
+        "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024)\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", probe, str(path)], capture_output=True, text=True, timeout=120
+    )
+    error, peak_mib = proc.stdout.strip().splitlines()
+    assert error.startswith(f"{path}, line 3: longer than 1,048,576 characters"), error
+    assert int(peak_mib) < 160, peak_mib
