@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from elastico_extender.userfiles import read_bounded
+from elastico_extender.userfiles import read_text, reason
 
 __all__ = ["ROTATION_GRACE_S", "BearerToken"]
 
@@ -40,9 +40,9 @@ MAX_TOKEN_FILE_BYTES = 64 << 10
 def read_token(path: Path) -> str:
     """The token in ``path``; ValueError naming the file when it cannot be one."""
     try:
-        token = read_bounded(path, MAX_TOKEN_FILE_BYTES).decode("utf-8").strip()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ValueError(f"cannot read {path}: {getattr(exc, 'strerror', None) or exc}") from exc
+        token = read_text(path, MAX_TOKEN_FILE_BYTES).strip()
+    except OSError as exc:
+        raise ValueError(f"cannot read {path}: {reason(exc)}") from exc
     if not token:
         raise ValueError(f"{path} is empty")
     if any(c.isspace() or not c.isprintable() for c in token):

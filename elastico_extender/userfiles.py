@@ -14,7 +14,7 @@ import stat
 from pathlib import Path
 from typing import Any, BinaryIO
 
-__all__ = ["YamlError", "open_regular", "parse_yaml", "read_bounded"]
+__all__ = ["YamlError", "open_regular", "parse_yaml", "read_bounded", "read_text", "reason"]
 
 
 def _too_large(path: str | Path, max_bytes: int) -> OSError:
@@ -55,6 +55,23 @@ def read_bounded(path: str | Path, max_bytes: int, *, follow: bool = True) -> by
     if len(data) > max_bytes:
         raise _too_large(path, max_bytes)
     return data
+
+
+def read_text(path: str | Path, max_bytes: int, *, encoding: str = "utf-8") -> str:
+    """:func:`read_bounded`, decoded; bytes that are not UTF-8 are an OSError too, whose
+    ``strerror`` names the first bad byte and its offset in plain words (the codec's own
+    message talks of codecs and positions)."""
+    data = read_bounded(path, max_bytes)
+    try:
+        return data.decode(encoding)
+    except UnicodeDecodeError as exc:
+        why = f"not UTF-8 text (byte 0x{data[exc.start]:02x} at offset {exc.start})"
+        raise OSError(errno.EILSEQ, why, str(path)) from None
+
+
+def reason(exc: OSError) -> str:
+    """Why a file operation failed, in the OS's words without Python's ("[Errno 2]")."""
+    return exc.strerror or str(exc)
 
 
 class YamlError(ValueError):

@@ -59,6 +59,19 @@ def test_serve_refuses_a_file_it_cannot_read_whole(option, code, huge, kind, tmp
     assert "extender at" not in done.stderr
 
 
+@pytest.mark.parametrize("option", ["--config", "--embedded", "--token-file"])
+def test_serve_names_a_file_that_is_not_utf8_in_plain_words(option: str, tmp_path: Path) -> None:
+    """A settings or token file saved in Latin-1: serve answered with the codec's own
+    words ("'utf-8' codec can't decode byte 0xff in position 3: invalid start byte")."""
+    path = tmp_path / "given"
+    path.write_bytes(b"tok\xff\n")
+    done = run("serve", "--port", free_port(), option, str(path))
+    assert done.returncode in (1, 2), done.stderr
+    error = done.stderr.strip().splitlines()[-1]
+    assert str(path) in error and "not UTF-8 text (byte 0xff at offset 3)" in error, error
+    assert "codec" not in done.stderr and "position" not in error, done.stderr
+
+
 @pytest.mark.parametrize(
     ("option", "extra"),
     [

@@ -29,7 +29,7 @@ from typing import Any
 
 from elastico_extender.cluster.base import BindRequest, ClusterError
 from elastico_extender.cluster.state import ClusterState, KubeObject
-from elastico_extender.userfiles import read_bounded
+from elastico_extender.userfiles import read_text, reason
 
 __all__ = ["DEFAULT_EMBEDDED", "MAX_EMBEDDED_FILE_BYTES", "EmbeddedCluster", "load_objects"]
 
@@ -48,11 +48,9 @@ def load_objects(path: str | Path | None = None) -> list[KubeObject]:
         text = resources.files("elastico_extender").joinpath("data", DEFAULT_EMBEDDED).read_text()
     else:
         try:
-            text = read_bounded(path, MAX_EMBEDDED_FILE_BYTES).decode("utf-8")
+            text = read_text(path, MAX_EMBEDDED_FILE_BYTES)
         except OSError as exc:
-            raise ValueError(f"{path}: cannot read: {exc.strerror or exc}") from None
-        except UnicodeDecodeError:
-            raise ValueError(f"{path}: not UTF-8 text") from None
+            raise ValueError(f"{path}: cannot read: {reason(exc)}") from None
     try:
         doc = json.loads(text)
     except json.JSONDecodeError as exc:

@@ -34,7 +34,7 @@ from elastico_extender import __version__
 from elastico_extender.cluster.base import BindRequest, ClusterError
 from elastico_extender.cluster.embedded import configmap_object
 from elastico_extender.cluster.state import ClusterState
-from elastico_extender.userfiles import YamlError, parse_yaml, read_bounded
+from elastico_extender.userfiles import YamlError, parse_yaml, read_text, reason
 
 __all__ = ["FIELD_MANAGER", "USER_AGENT", "KubeCluster", "api_client_from"]
 
@@ -82,11 +82,9 @@ def api_client_from(kubeconfig: str | None) -> client.ApiClient:
 def check_kubeconfig(path: str) -> None:
     """ValueError naming what is wrong when ``path`` is no kubeconfig (see above)."""
     try:
-        document = parse_yaml(read_bounded(path, MAX_KUBECONFIG_BYTES).decode("utf-8"))
+        document = parse_yaml(read_text(path, MAX_KUBECONFIG_BYTES))
     except OSError as exc:
-        raise ValueError(f"{path}: {exc.strerror}") from None
-    except UnicodeDecodeError:
-        raise ValueError(f"{path}: not UTF-8 text, so not a kubeconfig") from None
+        raise ValueError(f"{path}: {reason(exc)}") from None
     except YamlError as exc:
         where = f" at line {exc.line}" if exc.line is not None else ""
         raise ValueError(f"{path}: not YAML{where}, so not a kubeconfig") from None

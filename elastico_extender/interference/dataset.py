@@ -93,6 +93,7 @@ from elastico_extender.interference.lucid_tables import (
     lucid_solo_profiles,
     table_kind,
 )
+from elastico_extender.userfiles import reason
 
 __all__ = [
     "DEFAULT_DEVICE_MEMORY_GIB",
@@ -316,7 +317,7 @@ def _read_table(path: Path) -> tuple[str, list[CsvRow]]:
                 )
             rows = list(csv_rows(path, reader))
     except OSError as exc:
-        raise PredictorError(f"cannot read pair CSV {path}: {exc.strerror or exc}") from exc
+        raise PredictorError(f"cannot read pair CSV {path}: {reason(exc)}") from exc
     except ValueError as exc:  # a repeated column, more cells than the header, not UTF-8
         raise PredictorError(str(exc)) from None
     for row in rows:

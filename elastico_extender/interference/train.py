@@ -50,6 +50,7 @@ from elastico_extender.core.interference.features import FEATURE_NAMES, NUM_FEAT
 from elastico_extender.core.interference.predictor import mape_percent
 from elastico_extender.errors import PredictorError
 from elastico_extender.interference.dataset import load_pairs, shipped_csv
+from elastico_extender.userfiles import reason
 
 __all__ = [
     "EXPORT_TOLERANCE",
@@ -276,7 +277,7 @@ def run(csv: Sequence[Path] | None, out: Path, config: TrainConfig) -> int:
         print(f"elastico train-iac: error: {exc}", file=sys.stderr)
         return 1
     except OSError as exc:
-        print(f"elastico train-iac: cannot write {out}: {exc.strerror}", file=sys.stderr)
+        print(f"elastico train-iac: cannot write {out}: {reason(exc)}", file=sys.stderr)
         return 1
     print(
         f"trained on {len(data)} rows ({len(np.unique(data.pair_id))} job pairs) "
@@ -323,7 +324,7 @@ def run_from_store(store_path: Path, out: Path, config: TrainConfig) -> int:
         print(f"elastico train-iac: error: {exc}", file=sys.stderr)
         return 1
     except OSError as exc:
-        print(f"elastico train-iac: cannot write {out}: {exc.strerror}", file=sys.stderr)
+        print(f"elastico train-iac: cannot write {out}: {reason(exc)}", file=sys.stderr)
         return 1
     print(f"trained on {len(y)} observed pair samples from {store_path}")
     print(f"in-sample MAPE {mape:.2f}%; ONNX export check max |ORT - torch| = {diff:.2e}")

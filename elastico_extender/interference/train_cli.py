@@ -13,6 +13,8 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from elastico_extender.userfiles import reason
+
 __all__ = ["EXTRA_HINT", "TORCH_HINT", "main", "parser"]
 
 EXTRA_HINT = "pip install 'elastico-extender[train]'"
@@ -89,7 +91,7 @@ def _check_writable(p: argparse.ArgumentParser, out: Path) -> None:
         with open(out, "ab"):
             pass
     except OSError as exc:
-        p.error(f"--out: cannot write {out}: {exc.strerror}")
+        p.error(f"--out: cannot write {out}: {reason(exc)}")
     if not existed:
         os.unlink(out)
 

@@ -29,6 +29,7 @@ from pathlib import Path
 
 from elastico_extender.errors import ShimNotFoundError
 from elastico_extender.profiling.shim import shim_path
+from elastico_extender.userfiles import reason
 
 __all__ = ["WRAPPER", "build_bundle", "main"]
 
@@ -84,7 +85,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"elastico runtime-bundle: {exc}", file=sys.stderr)
         return 1
     except OSError as exc:
-        print(f"elastico runtime-bundle: cannot write {args.dest}: {exc.strerror}", file=sys.stderr)
+        print(f"elastico runtime-bundle: cannot write {args.dest}: {reason(exc)}", file=sys.stderr)
         return 1
     print(f"elastico runtime-bundle: {wrapper} ready")
     return 0

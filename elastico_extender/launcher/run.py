@@ -46,7 +46,7 @@ from elastico_extender.errors import AnnotationError, ElasticoError
 from elastico_extender.launcher.assignment import LaunchSettings, read_assignment
 from elastico_extender.launcher.downward import parse_annotations
 from elastico_extender.profiling.shim import shim_path
-from elastico_extender.userfiles import read_bounded
+from elastico_extender.userfiles import read_bounded, read_text, reason
 
 __all__ = [
     "Supervisor",
@@ -122,13 +122,9 @@ def load_assignment(
     annotations: dict[str, str] = {}
     if annotations_path.is_file():
         try:
-            text = read_bounded(annotations_path, MAX_ANNOTATIONS_FILE_BYTES).decode("utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            why = (
-                f"not UTF-8 text ({exc.reason})"
-                if isinstance(exc, UnicodeDecodeError)
-                else exc.strerror or str(exc)
-            )
+            text = read_text(annotations_path, MAX_ANNOTATIONS_FILE_BYTES)
+        except OSError as exc:
+            why = reason(exc)
             raise AnnotationError([(str(annotations_path), f"cannot be read: {why}")]) from exc
         annotations, problems = parse_annotations(text)
         bad = [(k, m) for k, m in problems if k.startswith("elastico.io/")]
@@ -357,7 +353,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"elastico-run: {exc}", file=sys.stderr)
         return 2
     except OSError as exc:  # the command could not be started (as a shell: 127 or 126)
-        print(f"elastico-run: cannot run {command[0]!r}: {exc.strerror}", file=sys.stderr)
+        print(f"elastico-run: cannot run {command[0]!r}: {reason(exc)}", file=sys.stderr)
         return 127 if isinstance(exc, FileNotFoundError) else 126
 
 

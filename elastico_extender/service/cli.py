@@ -31,6 +31,7 @@ from elastico_extender.core.settings import assignments
 from elastico_extender.service.gc_policy import FreezeAfterEpochs
 from elastico_extender.service.logs import configure_logging
 from elastico_extender.service.settings import PLANNER, ServiceSettings
+from elastico_extender.userfiles import reason
 
 __all__ = ["build_cluster", "build_servers", "listen", "main", "parser", "serve_main"]
 
@@ -305,14 +306,14 @@ def check_tls_files(settings: ServiceSettings) -> None:
     except OSError as exc:  # ssl.SSLError included
         raise OSError(
             f"tls_cert/tls_key: cannot load {settings.tls_cert} and {settings.tls_key}: "
-            f"{exc.strerror or exc}"
+            f"{reason(exc)}"
         ) from None
     if settings.client_ca_file:
         try:
             context.load_verify_locations(settings.client_ca_file)
         except OSError as exc:
             raise OSError(
-                f"client_ca_file: cannot load {settings.client_ca_file}: {exc.strerror or exc}"
+                f"client_ca_file: cannot load {settings.client_ca_file}: {reason(exc)}"
             ) from None
 
 
@@ -351,7 +352,7 @@ def listen(host: str, port: int) -> socket.socket:
         sock.listen(2048)
     except OSError as exc:
         sock.close()
-        raise OSError(exc.errno, f"{host}:{port}: {exc.strerror}") from None
+        raise OSError(exc.errno, f"{host}:{port}: {reason(exc)}") from None
     sock.set_inheritable(True)
     return sock
 

@@ -19,7 +19,7 @@ from typing import Any
 
 from elastico_extender.cluster.objects import quantity
 from elastico_extender.core.settings import PlannerSettings, coerce_fields
-from elastico_extender.userfiles import YamlError, parse_yaml, read_bounded
+from elastico_extender.userfiles import YamlError, parse_yaml, read_text, reason
 
 __all__ = [
     "ENV_PREFIX",
@@ -231,9 +231,9 @@ class ServiceSettings:
         problems: list[str] = []
         if file is not None:
             try:
-                text = read_bounded(file, MAX_SETTINGS_FILE_BYTES).decode()
-            except (OSError, UnicodeDecodeError) as exc:
-                raise ValueError(f"{file}: cannot read: {getattr(exc, 'strerror', exc)}") from None
+                text = read_text(file, MAX_SETTINGS_FILE_BYTES)
+            except OSError as exc:
+                raise ValueError(f"{file}: cannot read: {reason(exc)}") from None
             try:
                 doc = json.loads(text)
             except json.JSONDecodeError:

@@ -64,7 +64,7 @@ import numpy as np
 
 from elastico_extender.sim.traces import TraceJob
 from elastico_extender.sim.truth import GroundTruth
-from elastico_extender.userfiles import read_bounded
+from elastico_extender.userfiles import read_text, reason
 
 __all__ = [
     "DEFAULT_WORLD_FILE",
@@ -176,13 +176,11 @@ def _read_json(path: Path | str) -> Any:
     by name as not finite, never an OverflowError; nesting past the parser's recursion
     limit is a ValueError, not a RecursionError traceback."""
     try:
-        data = read_bounded(path, MAX_WORLD_FILE_BYTES)
+        text = read_text(path, MAX_WORLD_FILE_BYTES, encoding="utf-8-sig")
     except OSError as exc:
-        raise ValueError(f"cannot read world file {path}: {exc.strerror or exc}") from None
+        raise ValueError(f"cannot read world file {path}: {reason(exc)}") from None
     try:
-        return json.loads(data.decode("utf-8-sig"), parse_int=float)
-    except UnicodeDecodeError:
-        raise ValueError(f"{path}: not UTF-8 text") from None
+        return json.loads(text, parse_int=float)
     except json.JSONDecodeError as exc:
         raise ValueError(f"cannot read world file {path}: {exc}") from None
     except RecursionError:

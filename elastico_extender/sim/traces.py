@@ -108,6 +108,7 @@ from elastico_extender.sim.workloads import (
     TRAINING_WORKLOADS,
     workload_from_gavel,
 )
+from elastico_extender.userfiles import reason
 
 __all__ = [
     "HELIOS_COLUMNS",
@@ -429,7 +430,7 @@ def _philly_rows(path: Path | str | None) -> tuple[list[CsvRow], Path]:
             f"ELASTICO_DATA_DIR to a folder holding {PHILLY_FULL_NAME}"
         ) from None
     except OSError as exc:
-        raise ValueError(f"cannot read {source}: {exc.strerror or exc}") from None
+        raise ValueError(f"cannot read {source}: {reason(exc)}") from None
 
 
 def philly_vcs(path: Path | str | None = None) -> list[str]:
