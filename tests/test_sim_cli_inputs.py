@@ -462,3 +462,44 @@ def test_jobs_never_starts_more_processes_than_policies_or_cpus(
     assert "one process per policy and per CPU" in " ".join(
         cli.build_parser().format_help().split()
     )
+
+
+def _limit_file_size() -> None:
+    """In the child: files may grow to 64 bytes only, and exceeding that is an EFBIG
+    error instead of the SIGXFSZ that would kill the process (a disk filling up)."""
+    import resource
+    import signal
+
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (64, 64))
+
+
+def test_a_result_file_that_fails_to_write_after_the_run_is_a_clear_error(
+    tmp_path: Path,
+) -> None:
+    """The folder passed the upfront check, then the disk refused the results (here the
+    file size limit, as a full disk would): the run died with an OSError traceback.  Now
+    the file and the reason are named on one line, after the tables printed in full."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "elastico_extender.sim.cli", "--gpus", "4", "--duration", "1",
+         "--policy", "volcano", *FAST, "--out", str(tmp_path / "o")],
+        capture_output=True, text=True, timeout=120, preexec_fn=_limit_file_size,
+    )  # fmt: skip
+    error = proc.stderr.strip().splitlines()[-1]
+    assert proc.returncode == 1, proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr
+    tables = tmp_path / "o" / "tables.md"
+    assert error == f"elastico simulate: error: --out: cannot write {tables}: File too large", error
+    assert "## Main results" in proc.stdout and "results written" not in proc.stdout
+
+
+def test_a_load_on_a_window_left_with_one_arrival_names_the_window(tmp_path: Path) -> None:
+    """--duration 0.1 kept one of the 40 spaced jobs, and --load was then refused because
+    "every job of the trace arrives at the same instant": untrue of the file, and silent
+    about the option that caused it."""
+    proc = _simulate("--trace", str(_spaced_trace(tmp_path)), "--gpus", "4", "--duration", "0.1",
+                     "--load", "3", "--out", str(tmp_path / "o"))  # fmt: skip
+    error = proc.stderr.strip().splitlines()[-1]
+    assert proc.returncode == 2, proc.stderr
+    assert error.startswith("elastico simulate: error: --load/--duration: "), error
+    assert "the window --duration keeps holds 1 job" in error, error

@@ -45,6 +45,7 @@ from elastico_extender.sim.report import (
     summaries,
     time_table,
     write_run_files,
+    writing,
 )
 from elastico_extender.sim.runner import (
     DEFAULT_POLICIES,
@@ -72,6 +73,7 @@ from elastico_extender.sim.traces import (
 )
 from elastico_extender.sim.truth import DEFAULT_PAIRS, GroundTruth
 from elastico_extender.sim.workloads import ConfigTable
+from elastico_extender.userfiles import reason
 
 __all__ = [
     "WORLDS",
@@ -141,8 +143,8 @@ def text_arg(text: str) -> str:
 
 
 def _reason(exc: Exception) -> str:
-    """Why a file could not be read, in the OS's words without Python's ("[Errno 2]")."""
-    return (exc.strerror if isinstance(exc, OSError) else None) or str(exc)
+    """Why a file could not be read: the OS's words for an OSError, else the message."""
+    return reason(exc) if isinstance(exc, OSError) else str(exc)
 
 
 def _unreadable(option: str, path: object, exc: Exception) -> InputError:
@@ -328,6 +330,21 @@ def _figure(value: float) -> str:
     return f"{value:.2f}" if value < 1000 else f"{value:.3g}"
 
 
+def _no_spacing(args: argparse.Namespace, count: int, window: str | None) -> str:
+    """Why ``--load`` cannot apply: every job arrives at once, in the whole trace or in the
+    part of it the option ``window`` kept (then named, as the one to change)."""
+    tail = "so there is no arrival spacing to scale to a load"
+    if window is None:
+        return (
+            f"{_named(args, 'load')}: every job of {args.trace} arrives at the same instant, {tail}"
+        )
+    jobs = f"{count} job" + ("s" if count != 1 else "")
+    return (
+        f"{_named(args, 'load', window)}: the window {_named(args, window)} keeps holds {jobs} "
+        f"of {args.trace}, all arriving at one instant, {tail} (widen the window)"
+    )
+
+
 def load_trace(args: argparse.Namespace) -> tuple[list[TraceJob], int, float, TraceLoad]:
     """(jobs rebased to t=0, cluster GPUs, arrival span seconds, what was done) for ``args``;
     the span is 0 when every job arrives at once (no offered load exists then)."""
@@ -336,6 +353,7 @@ def load_trace(args: argparse.Namespace) -> tuple[list[TraceJob], int, float, Tr
     days = getattr(args, "days", None)
     share = getattr(args, "inference_share", None)
     clip_hours = getattr(args, "max_job_hours", None)
+    narrowed: str | None = None  # the option that kept only part of the trace's jobs
     if not args.trace.startswith("philly:"):
         # Philly-only options on another trace would be ignored silently: refuse them.
         for option, given in (
@@ -366,6 +384,8 @@ def load_trace(args: argparse.Namespace) -> tuple[list[TraceJob], int, float, Tr
             raise InputError("--duration: --days sets the Philly window; give one of the two")
         if hours and days is None:
             days = (0.0, hours / 24.0)
+        if days is not None:
+            narrowed = "duration" if hours else "days"
         share = PHILLY_INFERENCE_SHARE if share is None else share
         clip_hours = PHILLY_CLIP_HOURS if clip_hours is None else clip_hours
         clip = clip_hours * 3600.0 if clip_hours > 0 else None
@@ -395,6 +415,8 @@ def load_trace(args: argparse.Namespace) -> tuple[list[TraceJob], int, float, Tr
                 f"{_named(args, 'duration')}: kept the {len(kept)} of {len(jobs)} jobs arriving "
                 f"in the first {hours:g} h (dropped {len(jobs) - len(kept)} arriving later)"
             )
+            if len(kept) < len(jobs):
+                narrowed = "duration"
             jobs = kept
         loaded = TraceLoad(jobs, notes=tuple(notes))
     jobs = fit_to_cluster(loaded.jobs, gpus)
@@ -405,10 +427,7 @@ def load_trace(args: argparse.Namespace) -> tuple[list[TraceJob], int, float, Tr
     span = arrival_span(jobs)
     if args.load is not None:
         if span <= 0:
-            raise InputError(
-                f"{_named(args, 'load')}: every job of {args.trace} arrives at the same "
-                "instant, so there is no arrival spacing to scale to a load"
-            )
+            raise InputError(_no_spacing(args, len(jobs), narrowed))
         offered = offered_load(jobs, gpus, span)
         factor = args.load / max(offered, 1e-9)
         jobs = scale_arrivals(jobs, factor)
@@ -621,10 +640,18 @@ def main(argv: list[str] | None = None) -> int:
             )
     walls = ", ".join(f"{n} {r.wall_s:.1f}s" for n, r in results.items())
     print(f"simulation wall time: {walls}")
-    (out / TABLES_FILE).write_text(text + "\n")
-    write_run_files(results, out)
-    if not args.no_plots:
-        plot_all(results, out, title=f"({gpus} GPUs, load {load})")
+    try:
+        with writing(out / TABLES_FILE):
+            (out / TABLES_FILE).write_text(text + "\n")
+        write_run_files(results, out)
+        if not args.no_plots:
+            plot_all(results, out, title=f"({gpus} GPUs, load {load})")
+    except OSError as exc:  # the disk filled, or the folder changed, after the check
+        print(
+            f"{parser.prog}: error: --out: cannot write {exc.filename}: {_reason(exc)}",
+            file=sys.stderr,
+        )
+        return 1
     print(f"results written to {out}/")
     return 0
 

@@ -10,7 +10,8 @@ from __future__ import annotations
 import csv
 import itertools
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -29,6 +30,7 @@ __all__ = [
     "summaries",
     "time_table",
     "write_run_files",
+    "writing",
 ]
 
 Summary = Mapping[str, float]
@@ -248,6 +250,18 @@ def load_table(
     )
 
 
+@contextmanager
+def writing(path: Path) -> Iterator[None]:
+    """An OSError raised while ``path`` is written names it: a write that fails after the
+    open (a full disk, a file size limit) carries no file name of its own."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.filename is None:
+            exc.filename = str(path)
+        raise
+
+
 def write_summary_csv(summ: Mapping[str, Summary], path: Path) -> None:
     keys = sorted({k for s in summ.values() for k in s})
     with open(path, "w", newline="") as handle:
@@ -264,10 +278,11 @@ def write_run_files(results: Mapping[str, RunResult], out: Path) -> list[Path]:
     summ = summaries(results)
     summary, jobs, timeline = (out / name for name in RUN_FILES)
     p = summary
-    write_summary_csv(summ, p)
+    with writing(p):
+        write_summary_csv(summ, p)
     written.append(p)
     p = jobs
-    with open(p, "w", newline="") as handle:
+    with writing(p), open(p, "w", newline="") as handle:
         w = csv.writer(handle)
         w.writerow(
             [
@@ -290,7 +305,7 @@ def write_run_files(results: Mapping[str, RunResult], out: Path) -> list[Path]:
                 )  # fmt: skip
     written.append(p)
     p = timeline
-    with open(p, "w", newline="") as handle:
+    with writing(p), open(p, "w", newline="") as handle:
         w = csv.writer(handle)
         w.writerow(["policy", "hour", "sm_util", "mem_util", "busy_gpus", "useful_gpu_eq"])
         for name, r in results.items():
@@ -349,7 +364,8 @@ def plot_all(results: Mapping[str, RunResult], out: Path, title: str = "") -> li
     ax.grid(alpha=0.3)
     p = cdf
     fig.tight_layout()
-    fig.savefig(p, dpi=120)
+    with writing(p):
+        fig.savefig(p, dpi=120)
     plt.close(fig)
     written.append(p)
 
@@ -370,7 +386,8 @@ def plot_all(results: Mapping[str, RunResult], out: Path, title: str = "") -> li
     axes[0].set_title(f"Cluster utilisation over time {title}".strip())
     p = utilisation
     fig.tight_layout()
-    fig.savefig(p, dpi=120)
+    with writing(p):
+        fig.savefig(p, dpi=120)
     plt.close(fig)
     written.append(p)
 
@@ -388,7 +405,8 @@ def plot_all(results: Mapping[str, RunResult], out: Path, title: str = "") -> li
     ax.grid(alpha=0.3)
     p = queueing
     fig.tight_layout()
-    fig.savefig(p, dpi=120)
+    with writing(p):
+        fig.savefig(p, dpi=120)
     plt.close(fig)
     written.append(p)
     return written
