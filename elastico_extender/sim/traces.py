@@ -41,6 +41,19 @@ a job that failed or was cancelled held its GPUs as long as it ran.  CPU-only jo
 (``gpu_num`` 0) and jobs that never ran (``duration`` 0) are skipped, and the notes
 say how many (:func:`read_trace`).
 
+Alibaba GPU-sharing pod lists (``--trace openb_pod_list_default.csv``)
+----------------------------------------------------------------------
+The 2023 trace of Alibaba's GPU-sharing cluster (Weng et al., ATC'23; ``alibaba/
+clusterdata``, ``cluster-trace-gpu-v2023/csv``), one pod per row: ``name``, ``num_gpu``,
+``creation_time``, ``scheduled_time`` and ``deletion_time`` in seconds.  A pod arrives
+when created and runs from its scheduling to its deletion; CPU-only pods and pods never
+scheduled (``Pending``, or deleted as they were scheduled) are skipped.  Two things are
+not simulated as written, and the notes count each: a one-GPU pod that asked for part
+of a GPU (``gpu_milli`` under 1000) gets a whole one, the policy deciding what shares
+it (that is what the simulated schedulers are for), and a pod still running when the
+trace ends stops there.  ``qos``, ``gpu_spec`` and the CPU and memory columns are not
+used (:mod:`.trace_layouts`).
+
 A bad cell (not a number, NaN, infinite, out of range, a repeated id, an unknown
 workload) is a ``ValueError`` naming the file, line and column.  So is a bad file: a
 byte that is not UTF-8 names its line, and a column named twice in the header is
@@ -94,8 +107,8 @@ import csv
 import math
 import os
 import zlib
+from collections import Counter
 from dataclasses import dataclass, replace
-from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
@@ -103,6 +116,7 @@ import numpy as np
 from elastico_extender.core.duration import CompletedJob
 from elastico_extender.core.resources import MAX_CLUSTER_GPUS
 from elastico_extender.csv_row import CsvRow, csv_header, csv_rows, open_csv
+from elastico_extender.sim.trace_layouts import MAX_TRACE_SECONDS, layout_of
 from elastico_extender.sim.workloads import (
     INFERENCE_WORKLOADS,
     TRAINING_WORKLOADS,
@@ -111,7 +125,6 @@ from elastico_extender.sim.workloads import (
 from elastico_extender.userfiles import reason
 
 __all__ = [
-    "HELIOS_COLUMNS",
     "MAX_TRACE_SECONDS",
     "PHILLY_CLIP_HOURS",
     "PHILLY_DATA",
@@ -156,9 +169,6 @@ PHILLY_CLIP_HOURS = 48.0
 """Default clip of Philly durations (hours; the count is stated in the notes)."""
 PHILLY_INFERENCE_SHARE = 0.3
 """Default share of Philly's one-GPU jobs turned into LLM inference (module doc)."""
-MAX_TRACE_SECONDS = 366 * 86400.0
-"""Longest job and longest arrival span a trace may hold: the simulator steps every epoch
-up to the last completion, so a year bounds a run (Philly's longest job is 60 days)."""
 MIN_JOB_SECONDS = 1.0
 """Shortest duration a user trace's job runs for: a shorter one is raised to it, and the
 notes say how many were, so the run never differs from the file unsaid."""
@@ -273,18 +283,14 @@ class TraceLoad:
     notes: tuple[str, ...] = ()
 
 
-HELIOS_COLUMNS = frozenset({"submit_time", "gpu_num", "duration"})
-"""Columns that make a trace a Helios cluster log (module doc)."""
-
-
 def load_csv(path: Path | str, seed: int = 0) -> list[TraceJob]:
     """A user trace's jobs (:func:`read_trace` without its notes)."""
     return read_trace(path, seed).jobs
 
 
 def read_trace(path: Path | str, seed: int = 0) -> TraceLoad:
-    """A user trace (either format of the module docstring), sorted by arrival, with notes
-    of what was skipped.
+    """A user trace (any layout of :mod:`.trace_layouts`), sorted by arrival, with notes
+    of what was skipped or read differently.
 
     Every cell is checked (finite, in range, ids unique): a bad one raises
     ValueError naming the line and column, never a run that cannot end.
@@ -292,32 +298,28 @@ def read_trace(path: Path | str, seed: int = 0) -> TraceLoad:
     jobs: list[TraceJob] = []
     seen: set[str] = set()
     first, last = math.inf, -math.inf
-    cpu_only = never_ran = drawn = narrowed = raised = 0
+    skipped: Counter[str] = Counter()
+    marked: Counter[str] = Counter()
+    drawn = narrowed = raised = 0
     with open_csv(path) as handle:
         reader = csv.DictReader(handle)
         columns = set(csv_header(path, reader))
-        helios = columns >= HELIOS_COLUMNS and "arrival_time_s" not in columns
-        times = ("submit_time", "duration") if helios else ("arrival_time_s", "duration_s")
-        missing = {times[0], "gpu_num", times[1]} - columns
+        layout = layout_of(columns)
+        missing = layout.columns - columns
         if missing:
-            raise ValueError(f"{path}: missing columns {sorted(missing)}")
+            read_as = f" (read as {layout.title})" if layout.title else ""
+            raise ValueError(f"{path}: missing columns {sorted(missing)}{read_as}")
         for k, cells in enumerate(csv_rows(path, reader)):
-            if helios:
-                if cells.number("gpu_num", 0.0, MAX_CLUSTER_GPUS) == 0:
-                    cpu_only += 1
-                    continue
-                if cells.number(times[1], 0.0, MAX_TRACE_SECONDS) == 0:
-                    never_ran += 1
-                    continue
-            # A Helios row without a job_id is named by its jobname: a repeat names that column.
-            id_column = "jobname" if helios and not cells.text("job_id") else "job_id"
-            job_id = cells.text(id_column) or f"row{k:06d}"
+            record = layout.read(cells, k)
+            if isinstance(record, str):
+                skipped[record] += 1
+                continue
+            job_id = record.job_id
             if job_id in seen:
-                raise cells.fail(id_column, "used by an earlier row (ids must be unique)")
+                raise cells.fail(record.id_column, "used by an earlier row (ids must be unique)")
             seen.add(job_id)
-            arrival = _instant(cells, times[0])
-            gpus = cells.count("gpu_num", MAX_CLUSTER_GPUS)
-            duration = cells.number(times[1], 0.0, MAX_TRACE_SECONDS, above_low=True)
+            marked.update(record.marks)
+            gpus, duration = record.gpus, record.duration_s
             raised += duration < MIN_JOB_SECONDS
             name = cells.text("workload")
             # Draws keyed by the job, not by its row (module docstring).
@@ -332,21 +334,17 @@ def read_trace(path: Path | str, seed: int = 0) -> TraceLoad:
             if workload in INFERENCE_WORKLOADS and gpus > 1:
                 narrowed += 1
                 gpus = 1
-            first, last = min(first, arrival), max(last, arrival)
+            first, last = min(first, record.arrival_s), max(last, record.arrival_s)
             if last - first > MAX_TRACE_SECONDS:
                 why = f"arrivals span more than {MAX_TRACE_SECONDS / 86400:g} days"
-                raise cells.fail(times[0], why)
+                raise cells.fail(record.arrival_column, why)
             user = cells.text("user")
             duration = max(duration, MIN_JOB_SECONDS)
-            jobs.append(TraceJob(job_id, arrival, gpus, duration, workload, floor, user))
+            jobs.append(TraceJob(job_id, record.arrival_s, gpus, duration, workload, floor, user))
     jobs.sort(key=lambda j: (j.arrival_s, j.job_id))
     name = Path(path).name
-    notes = []
-    if helios:
-        notes.append(
-            f"{name}: a Helios cluster log: {len(jobs)} GPU jobs; skipped {cpu_only} "
-            f"CPU-only jobs (gpu_num 0) and {never_ran} that never ran (duration 0)"
-        )
+    notes = [layout.summary(name, len(jobs), skipped)]
+    notes += [f"{name}: {marked[key]} {words}" for key, words in layout.marks if marked[key]]
     if drawn:
         notes.append(
             f"{name}: {drawn} jobs name no workload: drawn from the synthetic mix with the "
@@ -362,7 +360,7 @@ def read_trace(path: Path | str, seed: int = 0) -> TraceLoad:
             f"{name}: {narrowed} jobs name an inference workload on more than one GPU: "
             "run on one (an engine serves from one GPU)"
         )
-    return TraceLoad(jobs, notes=tuple(notes))
+    return TraceLoad(jobs, notes=tuple(note for note in notes if note))
 
 
 def _draw(rng: np.random.Generator, gpus: int) -> str:
@@ -370,23 +368,6 @@ def _draw(rng: np.random.Generator, gpus: int) -> str:
     serves from one GPU, so drawing one would shrink the job to one GPU)."""
     pool = ALL_WORKLOADS if gpus == 1 else TRAINING_WORKLOADS
     return pool[int(rng.integers(len(pool)))]
-
-
-def _instant(cells: CsvRow, column: str) -> float:
-    """Seconds of a time cell: a number of seconds, or a date-time (naive ones are UTC)."""
-    text = cells.text(column)
-    try:
-        float(text)
-    except ValueError:
-        try:
-            when = datetime.fromisoformat(text)
-        except ValueError:
-            why = "not seconds nor a date-time such as 2020-04-01 00:00:09"
-            raise cells.fail(column, why) from None
-        if when.tzinfo is None:
-            when = when.replace(tzinfo=UTC)
-        return when.timestamp()
-    return cells.number(column, -math.inf, math.inf)
 
 
 PHILLY_COLUMNS = ("job_id", "vc", "arrival_time_s", "gpu_num", "duration_s", "job_type_seed0")
