@@ -429,14 +429,16 @@ def test_a_line_without_end_is_refused_without_reading_it_whole(tmp_path: Path) 
         handle.write(PHILLY.encode())
         for _ in range(200):
             handle.write(b"a" * (1 << 20))
+    # VmHWM: this process's own peak (ru_maxrss would start at the forking pytest's)
     probe = (
-        "import resource, sys\n"
+        "import re, sys\n"
         "from elastico_extender.sim.traces import philly_trace\n"
         "try:\n"
         "    philly_trace('vc1', sys.argv[1])\n"
         "except ValueError as exc:\n"
         "    print(exc)\n"
-        "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024)\n"
+        "status = open('/proc/self/status').read()\n"
+        "print(int(re.search(r'VmHWM:\\s+(\\d+) kB', status).group(1)) // 1024)\n"
     )
     proc = subprocess.run(
         [sys.executable, "-c", probe, str(path)], capture_output=True, text=True, timeout=120
