@@ -503,3 +503,27 @@ def test_a_load_on_a_window_left_with_one_arrival_names_the_window(tmp_path: Pat
     assert proc.returncode == 2, proc.stderr
     assert error.startswith("elastico simulate: error: --load/--duration: "), error
     assert "the window --duration keeps holds 1 job" in error, error
+
+
+def test_days_select_a_window_of_a_file_trace_with_its_history(tmp_path: Path) -> None:
+    """--days was Philly's only: a long trace of one's own (Alibaba's pod list spans 149
+    days) could be cut at its start (--duration) but never to a later week."""
+    path = tmp_path / "days.csv"
+    rows = [f"{86400 * k + 60},1,{3600 * (k + 1)},lstm,j{k}" for k in range(6)]
+    path.write_text("arrival_time_s,gpu_num,duration_s,workload,job_id\n" + "\n".join(rows))
+    args = cli.build_parser().parse_args(["--trace", str(path), "--days", "2:4"])
+    jobs, _, _, loaded = cli.load_trace(args)
+    assert [(j.job_id, j.arrival_s) for j in jobs] == [("j2", 0.0), ("j3", 86400.0)]
+    assert [c.duration_s for c in loaded.history] == [3600.0, 7200.0]  # j0, j1 ended before
+    note = (
+        "--days: kept the 2 of 6 jobs arriving in days 2-4, rebased to t=0; the 2 that "
+        "finished before day 2 are the history the duration estimators start from"
+    )
+    assert note in loaded.notes, loaded.notes
+    for argv, said in (
+        (["--days", "9:10"], "--days: no job of"),
+        (["--days", "1", "--duration", "5"], "--duration: --days sets the window"),
+    ):
+        args = cli.build_parser().parse_args(["--trace", str(path), *argv])
+        with pytest.raises(cli.InputError, match=said):
+            cli.load_trace(args)

@@ -28,6 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
+from elastico_extender.core.duration import CompletedJob
 from elastico_extender.core.resources import MAX_CLUSTER_GPUS
 from elastico_extender.core.settings import PlannerSettings, assignments
 from elastico_extender.csv_row import open_csv
@@ -64,6 +65,7 @@ from elastico_extender.sim.traces import (
     TraceLoad,
     arrival_span,
     fit_to_cluster,
+    in_window,
     offered_load,
     philly_trace,
     read_trace,
@@ -213,8 +215,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--days",
         type=days_arg,
-        help="Philly window in days since the VC's first job: N or START:END; jobs that "
-        "finished before START are the history Lucid's estimator starts from",
+        help="window of a Philly VC or a trace file in days since its first job: N or "
+        "START:END; jobs that finished before START are the history the duration "
+        "estimators start from",
     )
     p.add_argument(
         "--epoch",
@@ -345,6 +348,26 @@ def _no_spacing(args: argparse.Namespace, count: int, window: str | None) -> str
     )
 
 
+def _days_window(
+    trace: str, jobs: list[TraceJob], days: tuple[float, float], notes: list[str]
+) -> tuple[list[TraceJob], list[CompletedJob]]:
+    """The jobs of a file trace arriving in ``days`` (since its first arrival), rebased to
+    t = 0, and the completions before the window; the note saying so joins ``notes``."""
+    kept, history = in_window(jobs, days[0] * 86400.0, days[1] * 86400.0)
+    if not kept:
+        last = max(j.arrival_s for j in jobs) / 86400.0
+        raise InputError(
+            f"--days: no job of {trace} arrives in days {days[0]:g}-{days[1]:g} (its jobs "
+            f"arrive over days 0-{last:.1f} after its first)"
+        )
+    notes.append(
+        f"--days: kept the {len(kept)} of {len(jobs)} jobs arriving in days {days[0]:g}-"
+        f"{days[1]:g}, rebased to t=0; the {len(history)} that finished before day "
+        f"{days[0]:g} are the history the duration estimators start from"
+    )
+    return rebase(kept), history
+
+
 def load_trace(args: argparse.Namespace) -> tuple[list[TraceJob], int, float, TraceLoad]:
     """(jobs rebased to t=0, cluster GPUs, arrival span seconds, what was done) for ``args``;
     the span is 0 when every job arrives at once (no offered load exists then)."""
@@ -356,15 +379,14 @@ def load_trace(args: argparse.Namespace) -> tuple[list[TraceJob], int, float, Tr
     narrowed: str | None = None  # the option that kept only part of the trace's jobs
     if not args.trace.startswith("philly:"):
         # Philly-only options on another trace would be ignored silently: refuse them.
-        for option, given in (
-            ("--days", days),
-            ("--inference-share", share),
-            ("--max-job-hours", clip_hours),
-        ):
+        for option, given in (("--inference-share", share), ("--max-job-hours", clip_hours)):
             if given is not None:
-                hint = " (use --duration otherwise)" if option == "--days" else ""
-                raise InputError(f"{option}: only applies to --trace philly:VC{hint}")
+                raise InputError(f"{option}: only applies to --trace philly:VC")
+    if hours and days is not None:
+        raise InputError("--duration: --days sets the window; give one of the two")
     if args.trace == "synthetic":
+        if days is not None:
+            raise InputError("--days: applies to a trace's arrivals (use --duration)")
         gpus = gpus or 64
         window = (hours or 24.0) * 3600.0
         load = 1.0 if args.load is None else args.load
@@ -380,9 +402,7 @@ def load_trace(args: argparse.Namespace) -> tuple[list[TraceJob], int, float, Tr
         return jobs, gpus, window, TraceLoad(jobs)
     if args.trace.startswith("philly:"):
         vc = args.trace.split(":", 1)[1]
-        if hours and days is not None:
-            raise InputError("--duration: --days sets the Philly window; give one of the two")
-        if hours and days is None:
+        if hours:
             days = (0.0, hours / 24.0)
         if days is not None:
             narrowed = "duration" if hours else "days"
@@ -418,7 +438,11 @@ def load_trace(args: argparse.Namespace) -> tuple[list[TraceJob], int, float, Tr
             if len(kept) < len(jobs):
                 narrowed = "duration"
             jobs = kept
-        loaded = TraceLoad(jobs, notes=tuple(notes))
+        history: list[CompletedJob] = []
+        if days is not None:
+            jobs, history = _days_window(args.trace, jobs, days, notes)
+            narrowed = "days"
+        loaded = TraceLoad(jobs, history=tuple(history), notes=tuple(notes))
     jobs = fit_to_cluster(loaded.jobs, gpus)
     clipped = sum(j.gpus > gpus for j in loaded.jobs)
     if clipped:

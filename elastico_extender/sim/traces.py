@@ -135,6 +135,7 @@ __all__ = [
     "TraceJob",
     "TraceLoad",
     "default_data_dir",
+    "in_window",
     "load_csv",
     "load_philly",
     "offered_load",
@@ -432,9 +433,8 @@ def philly_trace(
     rows, source = _philly_rows(path)
     rng = np.random.default_rng([seed, zlib.crc32(vc.encode())])
     start, end = (days[0] * 86400.0, days[1] * 86400.0) if days else (0.0, math.inf)
-    jobs: list[TraceJob] = []
-    history: list[CompletedJob] = []
-    one_gpu = converted = clipped = 0
+    every: list[TraceJob] = []
+    clipped_ids: set[str] = set()
     seen: set[str] = set()
     for row in rows:
         if row.text("vc") != vc:
@@ -455,17 +455,14 @@ def philly_trace(
         duration = row.number("duration_s", 0.0, MAX_TRACE_SECONDS, above_low=True)
         if max_duration_s is not None and duration > max_duration_s:
             duration = max_duration_s
-            in_window = start <= arrival < end
-            clipped += in_window
-        if arrival < start:
-            if arrival + duration <= start:
-                history.append(CompletedJob(workload, gpus, duration))
-            continue
-        if arrival >= end:
-            continue
-        one_gpu += gpus == 1
-        converted += workload in INFERENCE_WORKLOADS
-        jobs.append(TraceJob(job_id, arrival, gpus, duration, workload, _floor(rng)))
+            clipped_ids.add(job_id)
+        every.append(TraceJob(job_id, arrival, gpus, duration, workload))
+    jobs, history = in_window(every, start, end)
+    # Floors drawn in row order for the window's jobs only: a window never shifts another's.
+    jobs = [replace(j, floor_frac=_floor(rng)) for j in jobs]
+    one_gpu = sum(j.gpus == 1 for j in jobs)
+    converted = sum(j.workload in INFERENCE_WORKLOADS for j in jobs)
+    clipped = sum(j.job_id in clipped_ids for j in jobs)
     if not jobs:
         arrivals = [r.number("arrival_time_s", 0.0, MAX_TRACE_SECONDS) for r in rows
                     if r.text("vc") == vc]  # fmt: skip
@@ -493,6 +490,21 @@ def philly_trace(
         else "durations not clipped",
     ]
     return TraceLoad(jobs, tuple(history), tuple(notes))
+
+
+def in_window(
+    jobs: list[TraceJob], start_s: float, end_s: float
+) -> tuple[list[TraceJob], list[CompletedJob]]:
+    """The jobs arriving in [start_s, end_s), in their order, and those that finished
+    before start_s as completions: what a cluster running since the trace began already
+    knows about job lengths (the duration estimators start from it)."""
+    kept = [j for j in jobs if start_s <= j.arrival_s < end_s]
+    history = [
+        CompletedJob(j.workload, j.gpus, j.duration_s, j.user)
+        for j in jobs
+        if j.arrival_s < start_s and j.arrival_s + j.duration_s <= start_s
+    ]
+    return kept, history
 
 
 def load_philly(
