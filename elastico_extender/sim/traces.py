@@ -48,11 +48,11 @@ clusterdata``, ``cluster-trace-gpu-v2023/csv``), one pod per row: ``name``, ``nu
 ``creation_time``, ``scheduled_time`` and ``deletion_time`` in seconds.  A pod arrives
 when created and runs from its scheduling to its deletion; CPU-only pods and pods never
 scheduled (``Pending``, or deleted as they were scheduled) are skipped.  Two things are
-not simulated as written, and the notes count each: a one-GPU pod that asked for part
-of a GPU (``gpu_milli`` under 1000) gets a whole one, the policy deciding what shares
-it (that is what the simulated schedulers are for), and a pod still running when the
-trace ends stops there.  ``qos``, ``gpu_spec`` and the CPU and memory columns are not
-used (:mod:`.trace_layouts`).
+not simulated as written: a one-GPU pod that asked for part of a GPU (``gpu_milli``
+under 1000; the notes count them) gets a whole one, the policy deciding what shares it
+(that is what the simulated schedulers are for); a pod deleted at the trace's last
+instant (still running then) stops there.  ``qos``, ``gpu_spec`` and the CPU and
+memory columns are not used (:mod:`.trace_layouts`).
 
 A bad cell (not a number, NaN, infinite, out of range, a repeated id, an unknown
 workload) is a ``ValueError`` naming the file, line and column.  So is a bad file: a
