@@ -521,7 +521,7 @@ def test_days_select_a_window_of_a_file_trace_with_its_history(tmp_path: Path) -
     )
     assert note in loaded.notes, loaded.notes
     for argv, said in (
-        (["--days", "9:10"], "--days: no job of"),
+        (["--days", "9:10"], "--days: .*days.csv: no job arrives in days 9-10"),
         (["--days", "1", "--duration", "5"], "--duration: --days sets the window"),
     ):
         args = cli.build_parser().parse_args(["--trace", str(path), *argv])

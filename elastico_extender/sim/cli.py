@@ -28,7 +28,6 @@ from pathlib import Path
 
 import numpy as np
 
-from elastico_extender.core.duration import CompletedJob
 from elastico_extender.core.resources import MAX_CLUSTER_GPUS
 from elastico_extender.core.settings import PlannerSettings, assignments
 from elastico_extender.csv_row import open_csv
@@ -64,8 +63,8 @@ from elastico_extender.sim.traces import (
     TraceJob,
     TraceLoad,
     arrival_span,
+    days_window,
     fit_to_cluster,
-    in_window,
     offered_load,
     philly_trace,
     read_trace,
@@ -348,26 +347,6 @@ def _no_spacing(args: argparse.Namespace, count: int, window: str | None) -> str
     )
 
 
-def _days_window(
-    trace: str, jobs: list[TraceJob], days: tuple[float, float], notes: list[str]
-) -> tuple[list[TraceJob], list[CompletedJob]]:
-    """The jobs of a file trace arriving in ``days`` (since its first arrival), rebased to
-    t = 0, and the completions before the window; the note saying so joins ``notes``."""
-    kept, history = in_window(jobs, days[0] * 86400.0, days[1] * 86400.0)
-    if not kept:
-        last = max(j.arrival_s for j in jobs) / 86400.0
-        raise InputError(
-            f"--days: no job of {trace} arrives in days {days[0]:g}-{days[1]:g} (its jobs "
-            f"arrive over days 0-{last:.1f} after its first)"
-        )
-    notes.append(
-        f"--days: kept the {len(kept)} of {len(jobs)} jobs arriving in days {days[0]:g}-"
-        f"{days[1]:g}, rebased to t=0; the {len(history)} that finished before day "
-        f"{days[0]:g} are the history the duration estimators start from"
-    )
-    return rebase(kept), history
-
-
 def load_trace(args: argparse.Namespace) -> tuple[list[TraceJob], int, float, TraceLoad]:
     """(jobs rebased to t=0, cluster GPUs, arrival span seconds, what was done) for ``args``;
     the span is 0 when every job arrives at once (no offered load exists then)."""
@@ -438,11 +417,14 @@ def load_trace(args: argparse.Namespace) -> tuple[list[TraceJob], int, float, Tr
             if len(kept) < len(jobs):
                 narrowed = "duration"
             jobs = kept
-        history: list[CompletedJob] = []
+        loaded = TraceLoad(jobs, notes=tuple(notes))
         if days is not None:
-            jobs, history = _days_window(args.trace, jobs, days, notes)
+            try:
+                window = days_window(jobs, days)
+            except EmptyWindowError as exc:
+                raise InputError(f"--days: {args.trace}: {exc}") from None
+            loaded = replace(window, notes=(*loaded.notes, *window.notes))
             narrowed = "days"
-        loaded = TraceLoad(jobs, history=tuple(history), notes=tuple(notes))
     jobs = fit_to_cluster(loaded.jobs, gpus)
     clipped = sum(j.gpus > gpus for j in loaded.jobs)
     if clipped:

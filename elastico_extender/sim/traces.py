@@ -134,6 +134,7 @@ __all__ = [
     "EmptyWindowError",
     "TraceJob",
     "TraceLoad",
+    "days_window",
     "default_data_dir",
     "in_window",
     "load_csv",
@@ -505,6 +506,25 @@ def in_window(
         if j.arrival_s < start_s and j.arrival_s + j.duration_s <= start_s
     ]
     return kept, history
+
+
+def days_window(jobs: list[TraceJob], days: tuple[float, float]) -> TraceLoad:
+    """A trace file's jobs (rebased to t = 0) arriving in ``days`` since the first arrival,
+    rebased again, with the completions before it as history and a note saying so;
+    :class:`EmptyWindowError` when no job arrives in it."""
+    kept, history = in_window(jobs, days[0] * 86400.0, days[1] * 86400.0)
+    if not kept:
+        last = max((j.arrival_s for j in jobs), default=0.0) / 86400.0
+        raise EmptyWindowError(
+            f"no job arrives in days {days[0]:g}-{days[1]:g} (the jobs arrive over days "
+            f"0-{last:.1f} after the first)"
+        )
+    note = (
+        f"--days: kept the {len(kept)} of {len(jobs)} jobs arriving in days {days[0]:g}-"
+        f"{days[1]:g}, rebased to t=0; the {len(history)} that finished before day "
+        f"{days[0]:g} are the history the duration estimators start from"
+    )
+    return TraceLoad(rebase(kept), tuple(history), (note,))
 
 
 def load_philly(
