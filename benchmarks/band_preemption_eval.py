@@ -36,9 +36,9 @@ from peers_eval import (
     SCALE,
     SHIPPED,
     WORLDS,
-    philly_experiment,
     row_stem,
     scale_experiment,
+    week_experiment,
     world_name,
 )
 
@@ -80,7 +80,7 @@ def experiment(row: str, world: str, seed: int) -> Experiment:
     if name == "scale":
         return scale_experiment(int(gpus), SCALE[int(gpus)], world, seed)
     days = next(d for vc, d, _ in PHILLY if vc == name)
-    return philly_experiment(philly_trace(name, seed=seed, days=days), int(gpus), world, seed)
+    return week_experiment(philly_trace(name, seed=seed, days=days), int(gpus), world, seed)
 
 
 def run(task: tuple[str, str, str, int, Path]) -> str:

@@ -16,6 +16,9 @@ Sections (results under ``benchmarks/results/peers/``, tables in ``PEERS.md``):
   the production world.  Jobs that finished before the week are the history the
   duration estimators start from (``--days``).  Durations clipped at 48 h and 30%
   of one-GPU jobs turned into LLM inference, as printed by ``elastico simulate``.
+* ``alibaba``: a week of Alibaba's GPU-sharing pod list (``ALIBABA_WEEK``; the file is not
+  shipped: ``--alibaba PATH``, default under ``ELASTICO_DATA_DIR``) at its native load on
+  two sizes, the same policies as ``scale``, in both worlds.
 * ``scale``: synthetic mix at load 1.5 on 64 .. 2,048 GPUs (windows shrink with
   size, see SCALE), every baseline and elastico, in both worlds.  ``--hours H``
   gives every size one window (saved as ``scale_<gpus>_<world>_<H>h``): only a
@@ -88,9 +91,13 @@ from elastico_extender.sim.runner import (
 )
 from elastico_extender.sim.traces import (
     TraceLoad,
+    days_window,
+    default_data_dir,
     fit_to_cluster,
     offered_load,
     philly_trace,
+    read_trace,
+    rebase,
     synthetic,
 )
 
@@ -110,10 +117,18 @@ PHILLY: tuple[tuple[str, tuple[float, float], tuple[int, int]], ...] = (
 Every VC of the trace whose busiest week (the 7 days with the most GPU-time arriving)
 holds at least 250 jobs; the sizes are that week's GPU-time over 0.6 and 0.9 of the
 week, rounded to a multiple of 16."""
+ALIBABA_FILE = "openb_pod_list_default.csv"
+ALIBABA_WEEK = (129.0, 136.0)
+ALIBABA_SIZES = (28, 20)
+"""Alibaba's GPU-sharing pod list (``alibaba/clusterdata``, ``cluster-trace-gpu-v2023``; not
+shipped: ``--alibaba PATH``): a week of its busy last month, days since its first pod,
+with 2,212 earlier completions as history, and two sizes for a native load of about 0.6
+and 0.9 as for Philly (that week's GPU-time over 0.6 and 0.9 of it, to a multiple of 4:
+the sample of 8,152 pods is far smaller than the 6,212-GPU cluster it ran on)."""
 SCALE = {64: 24.0, 128: 24.0, 256: 12.0, 512: 6.0, 1024: 3.0, 2048: 2.0}
 """GPUs -> arrival window in hours at load 1.5 (shorter at large sizes to bound run time)."""
 WORLDS = ("benchmark", "production")
-SECTIONS = ("philly", "scale", "collect")
+SECTIONS = ("philly", "alibaba", "scale", "collect")
 
 
 def _save(path: Path, meta: dict[str, object], summ: dict[str, dict[str, float]]) -> None:
@@ -187,8 +202,8 @@ def _run(
     print(f"  {key}: {time.time() - t0:.0f}s", file=sys.stderr)
 
 
-def philly_experiment(loaded: TraceLoad, gpus: int, world: str, seed: int) -> Experiment:
-    """One Philly row's experiment: the week's jobs fitted to ``gpus``, in ``world``."""
+def week_experiment(loaded: TraceLoad, gpus: int, world: str, seed: int) -> Experiment:
+    """One trace row's experiment: the week's jobs fitted to ``gpus``, in ``world``."""
     return Experiment(
         trace=tuple(fit_to_cluster(loaded.jobs, gpus)),
         cluster=ClusterSpec(gpus=gpus),
@@ -198,13 +213,29 @@ def philly_experiment(loaded: TraceLoad, gpus: int, world: str, seed: int) -> Ex
     )
 
 
-def philly_floors(meta: dict[str, object]) -> JctFloors:
-    """The average-JCT floors (``sim.bounds``) of a saved Philly row, of the seed it ran."""
+def alibaba_week(path: Path, seed: int) -> TraceLoad:
+    """The Alibaba row's week (``ALIBABA_WEEK``) of the pod list at ``path``."""
+    return days_window(rebase(read_trace(path, seed).jobs), ALIBABA_WEEK)
+
+
+ALIBABA_PATH = {"path": default_data_dir() / ALIBABA_FILE}
+"""Where the pod list is read (``--alibaba``): rows save its name only, no local path."""
+
+
+def row_floors(meta: dict[str, object]) -> JctFloors | None:
+    """The average-JCT floors (``sim.bounds``) of a saved trace row, of the seed it ran;
+    None for an Alibaba row when the pod list is not at ``--alibaba``."""
     days = meta["days"]
     assert isinstance(days, list)
     seed = int(str(meta.get("seed", 0)))
-    loaded = philly_trace(str(meta["vc"]), seed=seed, days=(float(days[0]), float(days[1])))
-    exp = philly_experiment(loaded, int(str(meta["gpus"])), str(meta["world"]), seed)
+    if meta["section"] == "alibaba":
+        path = ALIBABA_PATH["path"]
+        if not path.is_file():
+            return None
+        loaded = alibaba_week(path, seed)
+    else:
+        loaded = philly_trace(str(meta["vc"]), seed=seed, days=(float(days[0]), float(days[1])))
+    exp = week_experiment(loaded, int(str(meta["gpus"])), str(meta["world"]), seed)
     return jct_floors(exp.trace, configs_of(exp))
 
 
@@ -221,7 +252,7 @@ def philly(
                 continue
             loaded = philly_trace(vc, seed=seed, days=days)
             for gpus in sizes:
-                exp = philly_experiment(loaded, gpus, world, seed)
+                exp = week_experiment(loaded, gpus, world, seed)
                 jobs = list(exp.trace)
                 span = max(j.arrival_s for j in jobs)
                 meta = {
@@ -235,6 +266,28 @@ def philly(
                     "notes": list(loaded.notes),
                 }
                 _run(row_stem(vc, gpus, world), exp, policies, meta, resume)
+
+
+def alibaba(
+    worlds: tuple[str, ...], policies: tuple[str, ...], seed: int, resume: bool, path: Path
+) -> None:
+    """The Alibaba rows: ``ALIBABA_WEEK`` of the pod list at ``path`` on ``ALIBABA_SIZES``."""
+    loaded = alibaba_week(path, seed)
+    for world in worlds:
+        for gpus in ALIBABA_SIZES:
+            exp = week_experiment(loaded, gpus, world, seed)
+            jobs = list(exp.trace)
+            meta = {
+                "section": "alibaba",
+                "file": path.name,
+                "days": list(ALIBABA_WEEK),
+                "gpus": gpus,
+                "world": world,
+                "jobs": len(jobs),
+                "load": offered_load(jobs, gpus, max(j.arrival_s for j in jobs)),
+                "notes": list(loaded.notes),
+            }
+            _run(f"alibaba_{gpus}_{world}", exp, policies, meta, resume)
 
 
 def row_stem(vc: str | None, gpus: int, world: str) -> str:
@@ -311,12 +364,12 @@ def collect(command: str) -> str:
         "out of every scheduler's reach.",
         "",
     ]
-    for section in ("philly", "scale"):
+    for section in ("philly", "alibaba", "scale"):
         rows = [p for p in parts if p["meta"]["section"] == section]
         if not rows:
             continue
         names = [n for n in (*BASELINES, *ELASTICO) if any(n in p["summary"] for p in rows)]
-        floors = section == "philly"  # the JCT floors and issue 14's target per row
+        floors = section != "scale"  # the JCT floors and issue 14's target per row
         head = [
             "world",
             "cluster",
@@ -356,7 +409,8 @@ def collect(command: str) -> str:
             vs = f"{el['avg_jct_s'] / s[best]['avg_jct_s']:.2f}x of {best}" if el and best else "-"
             extra = _floor_cells(m, s, best, base) if floors else []
             tag = "" if m.get("complete", True) else " (partial)"
-            cluster = f"{m.get('vc', 'synthetic')}" + (
+            label = "pods" if section == "alibaba" else m.get("vc", "synthetic")
+            cluster = f"{label}" + (
                 f" d{m['days'][0]:g}-{m['days'][1]:g}" if "days" in m else f" {m['hours']:g}h"
             )
             lines.append(
@@ -417,7 +471,9 @@ def _floor_cells(
 ) -> list[str]:
     """A Philly row's JCT floors (``sim.bounds``) and target, both relative to volcano;
     the target is marked out of reach when it lies below the fastest floor."""
-    floors = philly_floors(meta)
+    floors = row_floors(meta)
+    if floors is None:
+        return ["-", "-"]
     cells = [f"{floors.default_s / base:.3f} / {floors.fastest_s / base:.3f}"]
     ratio = summary[best]["avg_jct_s"] / base if best else math.nan
     if not ratio <= TARGET_MARGIN:
@@ -453,6 +509,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--resume", action="store_true", help="run only policies not yet saved")
     ap.add_argument("--vcs", default="", help="comma list of Philly VCs to run (default: all)")
     ap.add_argument(
+        "--alibaba",
+        type=Path,
+        default=default_data_dir() / ALIBABA_FILE,
+        help=f"Alibaba's {ALIBABA_FILE} (default: under ELASTICO_DATA_DIR)",
+    )
+    ap.add_argument(
         "--policy-timeout",
         type=positive_float,
         default=LIMIT["policy_s"],
@@ -483,6 +545,12 @@ def main(argv: list[str] | None = None) -> int:
     OUT.mkdir(parents=True, exist_ok=True)
     if "philly" in only:
         philly(worlds, chosen or (*BASELINES, *elastico), args.seed, args.resume, vcs)
+    ALIBABA_PATH["path"] = args.alibaba
+    if "alibaba" in only:
+        if not args.alibaba.is_file():
+            ap.error(f"--alibaba: no file {args.alibaba} (alibaba/clusterdata, {ALIBABA_FILE})")
+        policies = chosen or (*BASELINES, "elastico", SHIPPED)
+        alibaba(worlds, policies, args.seed, args.resume, args.alibaba)
     if "scale" in only:
         policies = chosen or (*BASELINES, "elastico", SHIPPED)
         scale(worlds, args.sizes, policies, args.seed, args.resume, args.hours)

@@ -23,7 +23,7 @@ import time
 from dataclasses import replace
 
 from _args import day_window, positive_float, positive_int
-from peers_eval import philly_experiment
+from peers_eval import week_experiment
 
 from elastico_extender.sim.engine import ClusterSpec
 from elastico_extender.sim.metrics import summarise
@@ -39,7 +39,7 @@ def experiment(args: argparse.Namespace) -> tuple[Experiment, str]:
     if args.philly:
         lo, hi = args.days
         loaded = philly_trace(args.philly, seed=args.seed, days=(lo, hi))
-        exp = philly_experiment(loaded, args.gpus, args.world, args.seed)
+        exp = week_experiment(loaded, args.gpus, args.world, args.seed)
         return exp, f"Philly {args.philly} days {lo:g}:{hi:g}, {args.gpus} GPUs"
     jobs = synthetic(args.gpus, args.load, args.hours * 3600.0, args.seed)
     exp = Experiment(

@@ -24,7 +24,7 @@ import time
 from dataclasses import replace
 
 from _args import comma_list, day_window, positive_int
-from peers_eval import philly_experiment
+from peers_eval import week_experiment
 from synthetic_rows import experiment, row_parser
 
 from elastico_extender.core.settings import PlannerSettings
@@ -60,7 +60,7 @@ def philly_row(spec: PhillySpec, world: str) -> tuple[str, Experiment]:
     vc, days, size = spec
     loaded = philly_trace(vc, seed=0, days=days)
     label = f"Philly {vc} d{days[0]:g}-{days[1]:g}, {size} GPUs"
-    return label, philly_experiment(loaded, size, world, 0)
+    return label, week_experiment(loaded, size, world, 0)
 
 
 def main(argv: list[str] | None = None) -> int:
