@@ -55,11 +55,13 @@ RING_SUFFIX = ".ring"
 
 
 def ring_pid(name: str) -> int | None:
-    """The pid in a ring's file name (``elastico-shim-<pid>.ring``), else None."""
+    """The pid in a ring's file name (``elastico-shim-<pid>.ring``), else None.  Only
+    ASCII digits: ``str.isdigit`` also takes '²' (which ``int`` refuses) and '٣' (which
+    it reads as 3), names the shim never writes and a pod's own files may have."""
     if not (name.startswith(RING_PREFIX) and name.endswith(RING_SUFFIX)):
         return None
     pid = name[len(RING_PREFIX) : -len(RING_SUFFIX)]
-    return int(pid) if pid.isdigit() else None
+    return int(pid) if pid.isascii() and pid.isdigit() else None
 
 
 def find_rings(directory: str | Path) -> dict[int, Path]:
