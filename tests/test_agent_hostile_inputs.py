@@ -4,13 +4,21 @@ socket; the agent must skip what is bad, keep the node's other pods and say why.
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import socket
+import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from elastico_extender.agent.daemon import Agent, PodInfo
+from elastico_extender.agent.framework import read_counter
 from elastico_extender.agent.reporter import Reporter
 from elastico_extender.agent.rings import PodRings
+from elastico_extender.annotations import parse_progress_metrics
 from elastico_extender.profiling.ring import ring_pid
 from tests.test_agent_faults import write_ring
 
@@ -50,3 +58,148 @@ def test_a_ring_named_with_a_non_ascii_digit_is_no_process_and_costs_no_window(
     items = ring_window(tmp_path, [name])
     assert sorted(i["pod_uid"] for i in items) == ["uid-odd", "uid-ok"]
     assert all(i["rate"] == pytest.approx(100.0) for i in items)
+
+
+class RawEndpoint:
+    """A pod's metrics port speaking whatever bytes ``answer`` writes on each connection
+    (after reading the request): a broken or hostile HTTP server, not a mock."""
+
+    def __init__(self, answer: Callable[[socket.socket], None]) -> None:
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.answer = answer
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._one, args=(conn,), daemon=True).start()
+
+    def _one(self, conn: socket.socket) -> None:
+        with conn, contextlib.suppress(OSError):
+            conn.recv(65536)
+            self.answer(conn)
+
+    def close(self) -> None:
+        self.listener.close()
+
+
+def http_answer(head: bytes, body: bytes = b"") -> Callable[[socket.socket], None]:
+    return lambda conn: conn.sendall(head + b"\r\n\r\n" + body)
+
+
+def trickled_headers(conn: socket.socket) -> None:
+    """A status line, then one header byte every 0.2 s for a minute: each read is well
+    within the socket timeout, the answer never ends."""
+    conn.sendall(b"HTTP/1.1 200 OK\r\n")
+    for _ in range(300):
+        conn.sendall(b"X")
+        time.sleep(0.2)
+
+
+COUNTER = b"vllm:generation_tokens_total 5\n"
+BROKEN_ANSWERS = {
+    "a status line that is not HTTP": http_answer(b"HELLO THERE"),
+    "a header line over 64 KiB": http_answer(b"HTTP/1.1 200 OK\r\nX: " + b"a" * 70_000),
+    "a chunk size that is not hex": http_answer(
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked", b"zz\r\n" + COUNTER
+    ),
+    "a body shorter than its Content-Length": http_answer(
+        b"HTTP/1.1 200 OK\r\nContent-Length: 1000", COUNTER
+    ),
+    "a 404": http_answer(b"HTTP/1.1 404 Not Found\r\nContent-Length: 0"),
+}
+
+
+def read(port: int, path: str = "/metrics", timeout: float = 2.0) -> float | None:
+    endpoint = parse_progress_metrics(f"{port}{path}#vllm:generation_tokens_total")
+    return read_counter(endpoint, "127.0.0.1", timeout=timeout)
+
+
+@pytest.mark.parametrize("case", sorted(BROKEN_ANSWERS))
+def test_a_broken_metrics_answer_is_no_reading_and_a_log_line(case: str, caplog) -> None:
+    """http.client raises its own exceptions (BadStatusLine, LineTooLong, IncompleteRead),
+    not OSError: one pod's broken endpoint escaped ``read_counter`` and cost every pod on
+    the node the window.  A body cut short of its Content-Length was taken as the whole
+    exposition (a counter missing from it reads as a reset)."""
+    caplog.set_level(logging.INFO, logger="elastico_extender.agent.framework")
+    endpoint = RawEndpoint(BROKEN_ANSWERS[case])
+    try:
+        assert read(endpoint.port) is None
+    finally:
+        endpoint.close()
+    said = [r for r in caplog.records if r.getMessage() == "progress.scrape_failed"]
+    assert len(said) == 1 and said[0].url.startswith("http://127.0.0.1:")
+
+
+def test_a_declared_path_that_is_no_url_path_is_no_reading(caplog) -> None:
+    """``elastico.io/progress-metrics: 8000/met rics#...`` parses; http.client refuses the
+    path with InvalidURL, which is no OSError either."""
+    endpoint = RawEndpoint(http_answer(b"HTTP/1.1 200 OK\r\nContent-Length: 31", COUNTER))
+    try:
+        assert read(endpoint.port, "/met rics") is None
+        assert read(endpoint.port) == 5.0  # the same endpoint, a plain path: read
+    finally:
+        endpoint.close()
+
+
+def test_a_metrics_endpoint_that_trickles_its_headers_is_cut_off_in_time() -> None:
+    """A byte of header every 0.2 s keeps each read within a 0.5 s socket timeout: the
+    scrape waited out the whole minute (the body's deadline starts after the headers),
+    and with it the node's window."""
+    endpoint = RawEndpoint(trickled_headers)
+    started = time.monotonic()
+    try:
+        assert read(endpoint.port, timeout=0.5) is None
+    finally:
+        endpoint.close()
+    assert time.monotonic() - started < 3.0
+
+
+def test_a_redirect_from_a_pods_endpoint_is_not_followed() -> None:
+    """The agent reads the port the pod declared on the pod's IP; a 302 elsewhere (another
+    service on the node's network) is no reading of this pod's counter."""
+    elsewhere = RawEndpoint(http_answer(b"HTTP/1.1 200 OK\r\nContent-Length: 31", COUNTER))
+    location = f"http://127.0.0.1:{elsewhere.port}/metrics".encode()
+    redirect = RawEndpoint(
+        http_answer(b"HTTP/1.1 302 Found\r\nContent-Length: 0\r\nLocation: " + location)
+    )
+    try:
+        assert read(elsewhere.port) == 5.0
+        assert read(redirect.port) is None
+    finally:
+        redirect.close()
+        elsewhere.close()
+
+
+def test_a_broken_metrics_endpoint_costs_only_its_own_pods_window(tmp_path: Path) -> None:
+    """One pod's endpoint answers garbage, the other's a counter: the second pod's window
+    is reported, the first pod has none (its error stays in the scrape)."""
+    good_value = [100]
+
+    def good(conn: socket.socket) -> None:
+        body = f"vllm:generation_tokens_total {good_value[0]}\n".encode()
+        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+
+    endpoints = [RawEndpoint(http_answer(b"HELLO THERE")), RawEndpoint(good)]
+    pods = [
+        PodInfo(f"uid-{n}", f"ml/p{n}", "127.0.0.1", (), None,
+                parse_progress_metrics(f"{e.port}#vllm:generation_tokens_total"))
+        for n, e in enumerate(endpoints)
+    ]  # fmt: skip
+    clock = [1_000.0]
+    agent = Agent("g0", lambda: pods, PodRings(tmp_path), Reporter("http://127.0.0.1:9"),
+                  clock=lambda: clock[0], warmup_seconds=0.0)  # fmt: skip
+    try:
+        assert agent.observe() == []
+        clock[0] += 10.0
+        good_value[0] = 600
+        items = agent.observe()
+    finally:
+        agent.reporter.close()
+        for e in endpoints:
+            e.close()
+    assert [(i["pod_uid"], i["rate"]) for i in items] == [("uid-1", 50.0)]
