@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -35,6 +36,45 @@ def test_prometheus_text_parses_names_labels_values() -> None:
     assert len(rows) == 7
     name, labels, value = rows[0]
     assert name == "DCGM_FI_DEV_FB_USED" and labels["gpu"] == "0" and value == 10240.0
+
+
+@pytest.mark.parametrize(
+    ("line", "want"),
+    [
+        ('c{model="a"} 7 1700000000000', ("c", {"model": "a"}, 7.0)),  # with a timestamp
+        ('c{model="a"} 5 # {trace_id="x"} 1.0 1700000000',  # an OpenMetrics exemplar
+         ("c", {"model": "a"}, 5.0)),
+        ('c{path="a\\"} 9",model="b"} 3', ("c", {"path": 'a"} 9', "model": "b"}, 3.0)),
+        ('c{path="C:\\\\x\\ny"} 2', ("c", {"path": "C:\\x\ny"}, 2.0)),  # \\ and \n
+        ('c{model="a\u2028b"} 4', ("c", {"model": "a\u2028b"}, 4.0)),  # not a line end
+        ('c{model="a",} 1.5e3', ("c", {"model": "a"}, 1500.0)),  # a trailing comma
+        ("c +Inf", ("c", {}, float("inf"))),
+        ("c -Inf", ("c", {}, float("-inf"))),
+    ],
+)  # fmt: skip
+def test_prometheus_sample_lines(line: str, want: tuple) -> None:
+    """The text format's sample line, NAME[{LABELS}] VALUE [TIMESTAMP]: a value is the
+    token after the labels' closing brace, not after the line's last one."""
+    assert parse_prometheus(f"# TYPE c counter\n{line}\n") == [want]
+
+
+@pytest.mark.parametrize(
+    "line",
+    ['c{model="a} 1', "c 1_000", 'c{model="a",,} 1', "c{model=a} 1", "c", "# c 1", "c nan1"],
+)
+def test_prometheus_lines_that_are_no_sample_are_left_out(line: str) -> None:
+    assert parse_prometheus(line + "\nd 2\n") == [("d", {}, 2.0)]
+
+
+def test_prometheus_parse_is_linear_in_a_long_label_block() -> None:
+    """A pod serves its exposition (up to 8 MiB): ``c{xxxx...} 1`` made the label pattern
+    retry at every offset (quadratic: 8,000 characters took 0.4 s, 300,000 minutes), and
+    the agent's window waited on it."""
+    for block in ("x" * 300_000, 'a="' + "x" * 300_000, "a=" * 150_000):
+        text = "c{" + block + "} 1\nd 2\n"
+        started = time.monotonic()
+        assert parse_prometheus(text) == [("d", {}, 2.0)]
+        assert time.monotonic() - started < 1.0
 
 
 def test_dcgm_exporter_source_picks_its_gpu() -> None:

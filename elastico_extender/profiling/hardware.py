@@ -82,25 +82,67 @@ class HardwareSource(Protocol):
     def signature(self) -> str | None: ...
 
 
-_SAMPLE = re.compile(r"^(?P<name>[A-Za-z_:][A-Za-z0-9_:]*)(?:\{(?P<labels>.*)\})?\s+(?P<value>\S+)")
-_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+_NAME = re.compile(r"[A-Za-z_:][A-Za-z0-9_:]*")
+_LABEL = re.compile(r'([A-Za-z_][A-Za-z0-9_]*)="((?:[^"\\\n]|\\.)*)"(,?)')
+_VALUE = re.compile(r"[ \t]+(\S+)")
+_ESCAPE = re.compile(r"\\(.)")
+_UNESCAPED = {"n": "\n", "\\": "\\", '"': '"'}
+
+
+def _unescape(value: str) -> str:
+    """A label value as the text format escapes it (``\\\\``, ``\\"``, ``\\n``)."""
+    return _ESCAPE.sub(lambda m: _UNESCAPED.get(m[1], m[0]), value)
+
+
+def _labels(line: str, pos: int) -> tuple[dict[str, str], int] | None:
+    """The label set opening at ``line[pos]`` (``{``) and where it ends; None when it is
+    not one.  Each pair is matched where the last ended, so a long line costs linear time
+    (a pattern searched at every offset of an 8 MiB line is quadratic)."""
+    labels: dict[str, str] = {}
+    pos += 1
+    while not line.startswith("}", pos):
+        pair = _LABEL.match(line, pos)
+        if pair is None:
+            return None
+        labels[pair[1]] = _unescape(pair[2])
+        pos = pair.end()
+        if not pair[3] and not line.startswith("}", pos):
+            return None
+    return labels, pos + 1
+
+
+def _sample(line: str) -> tuple[str, dict[str, str], float] | None:
+    """``NAME[{LABELS}] VALUE [TIMESTAMP]``; what follows the value (a timestamp, an
+    OpenMetrics exemplar ``# {...} v``) is not read."""
+    name = _NAME.match(line)
+    if name is None:
+        return None
+    labels: dict[str, str] = {}
+    pos = name.end()
+    if line.startswith("{", pos):
+        found = _labels(line, pos)
+        if found is None:
+            return None
+        labels, pos = found
+    token = _VALUE.match(line, pos)
+    if token is None or "_" in token[1]:  # float() takes 1_000; the format does not
+        return None
+    try:
+        return name[0], labels, float(token[1])
+    except ValueError:
+        return None
 
 
 def parse_prometheus(text: str) -> list[tuple[str, dict[str, str], float]]:
-    """``(metric, labels, value)`` for every sample line of a text exposition."""
+    """``(metric, labels, value)`` for every sample line of a text exposition (lines end
+    at ``\\n`` only: a label value may hold U+2028 and the like)."""
     out = []
-    for line in text.splitlines():
-        if not line or line.startswith("#"):
+    for line in text.split("\n"):
+        if line.startswith("#"):
             continue
-        match = _SAMPLE.match(line)
-        if not match:
-            continue
-        try:
-            value = float(match["value"])
-        except ValueError:
-            continue
-        labels = dict(_LABEL.findall(match["labels"] or ""))
-        out.append((match["name"], labels, value))
+        sample = _sample(line)
+        if sample is not None:
+            out.append(sample)
     return out
 
 
