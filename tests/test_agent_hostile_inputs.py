@@ -20,7 +20,7 @@ from elastico_extender.agent.reporter import Reporter
 from elastico_extender.agent.rings import PodRings
 from elastico_extender.annotations import parse_progress_metrics
 from elastico_extender.profiling.ring import ring_pid
-from tests.test_agent_faults import write_ring
+from tests.test_agent_faults import Scripted, item, write_ring
 
 
 def ring_window(tmp_path: Path, odd_names: list[str]) -> list[dict]:
@@ -203,3 +203,100 @@ def test_a_broken_metrics_endpoint_costs_only_its_own_pods_window(tmp_path: Path
         for e in endpoints:
             e.close()
     assert [(i["pod_uid"], i["rate"]) for i in items] == [("uid-1", 50.0)]
+
+
+def counter_pods(bodies: list[list[bytes]]) -> tuple[list[PodInfo], list[RawEndpoint]]:
+    """One pod per entry of ``bodies``, whose endpoint serves the entry's next body on
+    each scrape (the last one for ever)."""
+
+    def serving(queue: list[bytes]) -> Callable[[socket.socket], None]:
+        def answer(conn: socket.socket) -> None:
+            body = queue.pop(0) if len(queue) > 1 else queue[0]
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+
+        return answer
+
+    endpoints = [RawEndpoint(serving(list(queue))) for queue in bodies]
+    pods = [
+        PodInfo(f"uid-{n}", f"ml/p{n}", "127.0.0.1", (), None,
+                parse_progress_metrics(f"{e.port}#vllm:generation_tokens_total"))
+        for n, e in enumerate(endpoints)
+    ]  # fmt: skip
+    return pods, endpoints
+
+
+HUGE = b'vllm:generation_tokens_total{model="a"} 1.7e308\n'
+
+
+@pytest.mark.parametrize(
+    "bodies",
+    [
+        [HUGE + HUGE.replace(b'"a"', b'"b"')],  # finite samples, an infinite sum
+        [b'vllm:generation_tokens_total{model="a"} -1.7e308\n', HUGE],  # a negative one
+    ],
+    ids=["sum-overflows", "negative-sample"],
+)
+def test_a_counter_that_is_no_finite_count_costs_neither_the_window_nor_held_ones(
+    bodies: list[bytes], caplog
+) -> None:
+    """Two finite samples of 1.7e308 sum to inf, and inf - inf is NaN; -1.7e308 then
+    1.7e308 is a rate of inf.  The reporter's JSON encoder refuses NaN and inf, so the
+    POST raised: the node's window went nowhere, and the windows held from an earlier
+    refusal were lost with it.  The reading is refused, and logged, instead."""
+    caplog.set_level(logging.INFO, logger="elastico_extender.agent.framework")
+    pods, endpoints = counter_pods([bodies, [b"vllm:generation_tokens_total 100\n",
+                                             b"vllm:generation_tokens_total 600\n"]])  # fmt: skip
+    server = Scripted([
+        (200, "application/json", b'{"accepted": 0}'),  # the first window: baselines only
+        (503, "application/json", b'{"Error": "not the leader"}'),  # another window, held
+        (200, "application/json", b'{"accepted": 1}'),  # the held window resent
+        (200, "application/json", b'{"accepted": 1}'),  # this window
+    ])  # fmt: skip
+    clock = [1_000.0]
+    reporter = Reporter(server.url, clock=lambda: clock[0])
+    agent = Agent("g0", lambda: pods, PodRings(None, kubelet_root="/nonexistent"), reporter,
+                  clock=lambda: clock[0], warmup_seconds=0.0)  # fmt: skip
+    try:
+        assert agent.run_once() == {"accepted": 0}
+        assert reporter.send("g0", [item("uid-9", 995.0)])["status"] == 503
+        clock[0] += 10.0
+        result = agent.run_once()
+    finally:
+        reporter.close()
+        server.stop()
+        for e in endpoints:
+            e.close()
+    assert result == {"accepted": 1, "resent": 1}
+    posted = [[(o["pod_uid"], o["rate"]) for o in p["observations"]] for p in server.posted]
+    assert posted == [[], [("uid-9", 5.0)], [("uid-9", 5.0)], [("uid-1", 50.0)]]
+    assert any(r.getMessage() == "progress.counter_invalid" for r in caplog.records)
+
+
+def test_a_rate_too_large_for_a_float_is_no_window(caplog) -> None:
+    """Two valid readings, 0 then 1.7e308, half a second apart (``--once`` may wait that
+    little): the rate overflows to inf, which the reporter could not encode.  The pod
+    gets no window; the window of the node's other pod goes out."""
+    caplog.set_level(logging.INFO, logger="elastico_extender.agent.daemon")
+    pods, endpoints = counter_pods([
+        [b"vllm:generation_tokens_total 0\n", HUGE],
+        [b"vllm:generation_tokens_total 100\n", b"vllm:generation_tokens_total 600\n"],
+    ])  # fmt: skip
+    server = Scripted([(200, "application/json", b'{"accepted": 0}'),
+                       (200, "application/json", b'{"accepted": 1}')])  # fmt: skip
+    clock = [1_000.0]
+    reporter = Reporter(server.url, clock=lambda: clock[0])
+    agent = Agent("g0", lambda: pods, PodRings(None, kubelet_root="/nonexistent"), reporter,
+                  clock=lambda: clock[0], warmup_seconds=0.0)  # fmt: skip
+    try:
+        agent.run_once()
+        clock[0] += 0.5
+        result = agent.run_once()
+    finally:
+        reporter.close()
+        server.stop()
+        for e in endpoints:
+            e.close()
+    assert result == {"accepted": 1}
+    posted = [[(o["pod_uid"], o["rate"]) for o in p["observations"]] for p in server.posted]
+    assert posted == [[], [("uid-1", 1000.0)]]
+    assert any(r.getMessage() == "window.rate_not_finite" for r in caplog.records)

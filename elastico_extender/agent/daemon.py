@@ -63,6 +63,7 @@ legacy hostPath mode; the kubelet removes a pod's emptyDir itself).
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -286,6 +287,9 @@ class Agent:
                 self._paused.discard(pod.uid)
             if resumed:  # progress began again part-way through the window (module doc)
                 log.debug("window.resumed", extra={"pod": pod.key})
+                continue
+            if rate is not None and not math.isfinite(rate):  # JSON has no inf: the POST fails
+                log.info("window.rate_not_finite", extra={"pod": pod.key, "rate": str(rate)})
                 continue
             if rate is None or seconds <= 0 or not _one_run(pod, launches, own_share[pod.uid]):
                 continue

@@ -110,5 +110,12 @@ def read_counter(
         log.info("progress.scrape_too_large", extra={"url": url, "bytes": len(text)})
         return None
     names = {endpoint.counter, endpoint.counter + "_total"}
-    values = [v for name, _, v in parse_prometheus(text) if name in names and math.isfinite(v)]
-    return sum(values) if values else None
+    values = [v for name, _, v in parse_prometheus(text) if name in names and not math.isnan(v)]
+    if not values:
+        return None
+    total = sum(values)
+    if not math.isfinite(total) or min(values) < 0:
+        # a count is finite and never negative: such a reading's rate would be NaN or inf
+        log.info("progress.counter_invalid", extra={"url": url, "samples": len(values)})
+        return None
+    return total
