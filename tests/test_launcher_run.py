@@ -402,6 +402,52 @@ def test_an_annotations_file_turned_to_garbage_leaves_the_workload_running(
     assert "Traceback" not in err
 
 
+BAD_KNOBS = {
+    "nested 100,000 deep": "[" * 100_000,  # json: RecursionError
+    "an integer of 5,000 digits": '{"batch_size": ' + "9" * 5_000 + "}",  # a ValueError
+    "NaN": '{"batch_size": NaN}',  # Python's json takes it; JSON has no NaN
+    "Infinity": '{"max_num_seqs": -Infinity}',
+    "a number past a float's range": '{"batch_size": 1e400}',  # json reads inf
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_KNOBS))
+def test_assigned_knobs_that_are_no_json_object_exit_2_naming_the_annotation(
+    tmp_path: Path, case: str
+) -> None:
+    """Each went on as a traceback (exit 1) or, for NaN and Infinity, launched the
+    workload with ELASTICO_BATCH_SIZE=nan: one line naming the annotation, exit 2."""
+    annotations = tmp_path / "annotations"
+    write_annotations(annotations, {**TRAINING, "elastico.io/assigned-knobs": BAD_KNOBS[case]})
+    done = subprocess.run(
+        [sys.executable, "-m", "elastico_extender.launcher.run", "--annotations",
+         str(annotations), "--", sys.executable, "-c", "print('workload ran')"],
+        env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert (done.returncode, done.stdout) == (2, "")
+    assert "elastico.io/assigned-knobs" in done.stderr and "Traceback" not in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
+
+
+def test_new_knobs_nested_too_deep_leave_the_workload_running(tmp_path: Path) -> None:
+    """A RecursionError is no ElasticoError: the launcher's poll loop died of it, and the
+    container with it; an invalid new assignment is logged and the workload runs on."""
+    annotations = tmp_path / "annotations"
+    write_annotations(annotations, TRAINING)
+    log = tmp_path / "log"
+    proc = launcher(tmp_path, annotations, "polite")
+    with stop_all(proc, log):
+        wait_for(lambda: lines(log) == ["start 10240 "])
+        deep = {**TRAINING, "elastico.io/assigned-knobs": BAD_KNOBS["nested 100,000 deep"]}
+        write_annotations(annotations, deep)
+        time.sleep(0.4)
+        assert proc.poll() is None  # the launcher is still there
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=10)
+    assert proc.returncode == 0 and lines(log) == ["start 10240 ", "term"]
+    assert "ignoring invalid new assignment" in err and "Traceback" not in err
+
+
 def test_an_annotations_path_turned_into_a_fifo_leaves_the_launcher_stoppable(
     tmp_path: Path,
 ) -> None:

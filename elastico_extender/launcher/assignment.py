@@ -116,6 +116,32 @@ def _sources(name: str) -> str:
     return f"annotation {PREFIX}{annotation} or environment variable {env}"
 
 
+def _no_constant(name: str) -> float:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _knobs(raw: str) -> dict[str, int | float | bool | str] | str:
+    """The knobs of ``raw`` (a JSON object of scalars), or what is wrong with it.  Python's
+    json takes NaN and Infinity (a workload started with ELASTICO_BATCH_SIZE=nan), raises
+    RecursionError past its nesting limit and ValueError for an integer of 4,300 digits:
+    each is a problem of this field, never a traceback."""
+    try:
+        knobs = json.loads(raw, parse_constant=_no_constant)
+    except json.JSONDecodeError as exc:
+        return f"not JSON: {exc.msg}"
+    except ValueError as exc:
+        return f"not JSON: {str(exc)[:120]}"
+    except RecursionError:
+        return "not JSON: nested too deeply"
+    if not isinstance(knobs, dict) or not all(
+        isinstance(v, int | float | bool | str) for v in knobs.values()
+    ):
+        return "must be a JSON object of scalar knob values"
+    if any(isinstance(v, float) and not math.isfinite(v) for v in knobs.values()):
+        return "a knob's number is out of range (1e400 reads as infinity)"
+    return knobs
+
+
 def read_assignment(annotations: Mapping[str, str], environ: Mapping[str, str]) -> Assignment:
     """Parse and validate; raises AnnotationError naming every bad or missing field."""
     problems: list[tuple[str, str]] = []
@@ -158,17 +184,11 @@ def read_assignment(annotations: Mapping[str, str], environ: Mapping[str, str]) 
     raw_config, where = _lookup("configuration", annotations, environ)
     configuration = Configuration(())
     if raw_config:
-        try:
-            knobs = json.loads(raw_config)
-        except json.JSONDecodeError as exc:
-            problems.append((where, f"not JSON: {exc.msg}"))
+        knobs = _knobs(raw_config)
+        if isinstance(knobs, str):
+            problems.append((where, knobs))
         else:
-            if not isinstance(knobs, dict) or not all(
-                isinstance(v, int | float | bool | str) for v in knobs.values()
-            ):
-                problems.append((where, "must be a JSON object of scalar knob values"))
-            else:
-                configuration = Configuration.from_dict(knobs)
+            configuration = Configuration.from_dict(knobs)
 
     budget = number("memory-budget-mib")
     device = number("device-memory-mib")
