@@ -131,6 +131,16 @@ def test_every_problem_is_reported_at_once() -> None:
     }
 
 
+@pytest.mark.parametrize("devices", ["1,1", "0,2,0"])
+def test_gpu_indices_that_bind_never_writes_are_a_problem_naming_them(devices: str) -> None:
+    """``1,1`` made CUDA_VISIBLE_DEVICES=0,1 over NVIDIA_VISIBLE_DEVICES=1,1: a workload
+    told it has two GPUs where the container has one (the agent's read_decision already
+    refuses a GPU held twice)."""
+    with pytest.raises(AnnotationError) as err:
+        read_assignment({**TRAINING, "elastico.io/assigned-devices": devices}, {})
+    assert [key for key, _ in err.value.problems] == ["elastico.io/assigned-devices"]
+
+
 def test_missing_fields_name_both_sources() -> None:
     with pytest.raises(AnnotationError) as err:
         read_assignment({}, {})

@@ -209,6 +209,9 @@ def read_assignment(annotations: Mapping[str, str], environ: Mapping[str, str]) 
                 raise ValueError
         except ValueError:
             problems.append((where, f"expected comma-separated GPU indices, got {raw_gpus!r}"))
+        else:
+            if len(set(gpus)) != len(gpus):  # bind writes distinct GPUs (read_decision)
+                problems.append((where, f"a GPU is listed twice in {raw_gpus!r}"))
 
     mps = flag("mps")
     profiling = flag("profiling")
