@@ -300,3 +300,21 @@ def test_a_rate_too_large_for_a_float_is_no_window(caplog) -> None:
     posted = [[(o["pod_uid"], o["rate"]) for o in p["observations"]] for p in server.posted]
     assert posted == [[], [("uid-1", 1000.0)]]
     assert any(r.getMessage() == "window.rate_not_finite" for r in caplog.records)
+
+
+def test_a_reply_nested_too_deep_neither_raises_nor_loses_held_windows() -> None:
+    """A proxy in front of the extender answers 500 with ``[[[[...`` 100,000 deep: json
+    raised RecursionError (no ValueError) out of Reporter.send after it had taken the held
+    windows out of its queue, so they were gone.  The reply is unreadable, the batch held."""
+    server = Scripted([
+        (503, "application/json", b'{"Error": "not the leader"}'),
+        (500, "application/json", b"[" * 100_000),
+    ])  # fmt: skip
+    reporter = Reporter(server.url, clock=lambda: 1_000.0)
+    try:
+        assert reporter.send("g0", [item("a", 990.0)])["status"] == 503
+        second = reporter.send("g0", [item("b", 995.0)])
+    finally:
+        reporter.close()
+        server.stop()
+    assert second["status"] == 500 and reporter.held == 2

@@ -88,10 +88,11 @@ def hold_bound(stated: str | None, default: float) -> float:
 
 
 def _json_object(reply: httpx.Response) -> dict[str, Any] | None:
-    """The reply's body when it is a JSON object (the extender's every answer), else None."""
+    """The reply's body when it is a JSON object (the extender's every answer), else None
+    (a proxy's page, or JSON nested past the parser's limit: RecursionError)."""
     try:
         body = reply.json()
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
     return body if isinstance(body, dict) else None
 
