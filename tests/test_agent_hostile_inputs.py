@@ -318,3 +318,17 @@ def test_a_reply_nested_too_deep_neither_raises_nor_loses_held_windows() -> None
         reporter.close()
         server.stop()
     assert second["status"] == 500 and reporter.held == 2
+
+
+def test_a_ring_that_is_a_link_is_not_followed(tmp_path: Path) -> None:
+    """A pod writes only its own volume, but a link there may point anywhere the agent can
+    read: ``elastico-shim-1.ring -> <another pod's ring>`` passed that pod's launches off
+    as this pod's.  A ring is read only as the regular file it is (O_NOFOLLOW)."""
+    other = tmp_path / "uid-b" / "elastico-shim-7.ring"
+    other.parent.mkdir()
+    write_ring(other, launches=1_000, flushed_ns=1_000 * 10**9)
+    (tmp_path / "uid-a").mkdir()
+    (tmp_path / "uid-a" / "elastico-shim-1.ring").symlink_to(other)
+    rings = PodRings(tmp_path)
+    assert rings.sample("uid-b") is not None
+    assert rings.sample("uid-a") is None

@@ -112,9 +112,10 @@ def _check(path: Path, head: dict[str, int], size: int) -> None:
 
 def read_header(path: str | Path) -> dict[str, int]:
     """A ring's header, read rather than mapped (see the module doc); RingFormatError
-    when the file is not a whole ring of this layout, OSError when it cannot be read."""
+    when the file is not a whole ring of this layout, OSError when it cannot be read or
+    is a link (a pod's link would pass another file off as its ring: O_NOFOLLOW)."""
     path = Path(path)
-    fd = _open_ring(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    fd = _open_ring(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOFOLLOW)
     try:
         size = os.fstat(fd).st_size
         data = os.pread(fd, HEADER_SIZE, 0)
