@@ -317,7 +317,8 @@ def _main(argv: Sequence[str] | None) -> int:
         return 1
     try:
         text = _show(args.command, args.output, pod, data)
-    except (KeyError, TypeError, ValueError, AttributeError):  # a field of the wrong kind
+    # a field of the wrong kind, or a number past a float's range (OverflowError)
+    except (KeyError, TypeError, ValueError, AttributeError, ArithmeticError):
         path = "/jobs or /prices" if args.command == "why" else f"/{args.command}"
         why = "a field missing or of another type"
         print(f"kubectl elastico: {NotTheView(path, why)}", file=sys.stderr)

@@ -150,6 +150,14 @@ NOT_THE_VIEW = [
         "not ElastiCo's",
         id="text-for-a-number",
     ),
+    pytest.param(  # an integer past a float's range: float() and / raise OverflowError
+        200,
+        b'[{"name": "n", "pod": "ml/a", "devices": ["g0"], "predicted_slowdown": %s, '
+        b'"gpus": [{"index": 0, "memory_assigned_mib": %s, "memory_mib": 1, '
+        b'"sm_assigned": 0}]}]' % (b"9" * 400, b"9" * 400),
+        "not ElastiCo's",
+        id="number-past-a-float",
+    ),
     pytest.param(200, b'{"metadata": [1], "items": [{}]}', "not ElastiCo's", id="page-meta"),
     pytest.param(
         200, b'{"metadata": {"continue": 5}, "items": [{}]}', "not ElastiCo's", id="page-token"
