@@ -332,3 +332,18 @@ def test_a_ring_that_is_a_link_is_not_followed(tmp_path: Path) -> None:
     rings = PodRings(tmp_path)
     assert rings.sample("uid-b") is not None
     assert rings.sample("uid-a") is None
+
+
+def test_a_series_listed_twice_is_no_reading(caplog) -> None:
+    """``{model="a"} 100`` twice (two registries served together) summed to 200: a count
+    the pod never made, and the day one copy goes, a false reset.  Prometheus refuses
+    such a scrape; so does the agent, and says so."""
+    caplog.set_level(logging.INFO, logger="elastico_extender.agent.framework")
+    series = b'vllm:generation_tokens_total{model="a"} 100\n'
+    body = series + b'vllm:generation_tokens_total{model="b"} 5\n' + series
+    endpoint = RawEndpoint(http_answer(b"HTTP/1.1 200 OK\r\nContent-Length: %d" % len(body), body))
+    try:
+        assert read(endpoint.port) is None
+    finally:
+        endpoint.close()
+    assert any(r.getMessage() == "progress.counter_invalid" for r in caplog.records)

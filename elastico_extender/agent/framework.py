@@ -110,12 +110,25 @@ def read_counter(
         log.info("progress.scrape_too_large", extra={"url": url, "bytes": len(text)})
         return None
     names = {endpoint.counter, endpoint.counter + "_total"}
-    values = [v for name, _, v in parse_prometheus(text) if name in names and not math.isnan(v)]
+    series: dict[tuple[str, frozenset[tuple[str, str]]], float] = {}
+    repeated = False
+    for name, labels, value in parse_prometheus(text):
+        if name in names and not math.isnan(value):
+            key = (name, frozenset(labels.items()))
+            repeated = repeated or key in series
+            series[key] = value
+    return _count(list(series.values()), repeated, url)
+
+
+def _count(values: list[float], repeated: bool, url: str) -> float | None:
+    """The sum of a counter's series; None (and a log line) when it is no count: a series
+    listed twice (Prometheus refuses such a scrape), a negative or infinite sample."""
     if not values:
         return None
     total = sum(values)
-    if not math.isfinite(total) or min(values) < 0:
-        # a count is finite and never negative: such a reading's rate would be NaN or inf
-        log.info("progress.counter_invalid", extra={"url": url, "samples": len(values)})
+    if repeated or not math.isfinite(total) or min(values) < 0:
+        # a rate from it would be NaN, inf, or a count the pod never made
+        log.info("progress.counter_invalid",
+                 extra={"url": url, "samples": len(values), "repeated": repeated})  # fmt: skip
         return None
     return total
