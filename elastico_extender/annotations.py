@@ -169,6 +169,9 @@ _FALSE = {"false", "off", "no", "0"}
 
 _COUNTER = re.compile(r"^[A-Za-z_:][A-Za-z0-9_:]*$")
 _UNIT = re.compile(r"^[A-Za-z0-9_.:]{1,32}/s$")
+_URL_PATH = re.compile(r"[A-Za-z0-9._~!$&'()*+,;=:@%/?-]*\Z")
+"""What a scrape's request line may hold (RFC 3986 path and query characters): the agent
+could never fetch another path, so admission refuses it where the user sees why."""
 
 
 @dataclass(frozen=True)
@@ -189,8 +192,10 @@ def parse_progress_metrics(text: str) -> ProgressEndpoint:
     if not sep or not rest:
         raise ValueError(f"expected PORT[/PATH]#COUNTER[@UNIT], got {text!r}")
     port_text, slash, path = where.partition("/")
-    if not port_text.isdigit() or not 0 < int(port_text) < 65536:
+    if not (port_text.isascii() and port_text.isdigit()) or not 0 < int(port_text) < 65536:
         raise ValueError(f"port must be 1..65535, got {port_text!r}")
+    if not _URL_PATH.match(path):
+        raise ValueError(f"path must be URL path characters (no space or control), got {path!r}")
     counter, at, unit = rest.partition("@")
     if not _COUNTER.match(counter):
         raise ValueError(f"not a Prometheus metric name: {counter!r}")

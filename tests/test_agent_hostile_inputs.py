@@ -18,7 +18,7 @@ from elastico_extender.agent.daemon import Agent, PodInfo
 from elastico_extender.agent.framework import read_counter
 from elastico_extender.agent.reporter import Reporter
 from elastico_extender.agent.rings import PodRings
-from elastico_extender.annotations import parse_progress_metrics
+from elastico_extender.annotations import ProgressEndpoint, parse_progress_metrics
 from elastico_extender.profiling.ring import ring_pid
 from tests.test_agent_faults import Scripted, item, write_ring
 
@@ -115,7 +115,9 @@ BROKEN_ANSWERS = {
 
 
 def read(port: int, path: str = "/metrics", timeout: float = 2.0) -> float | None:
-    endpoint = parse_progress_metrics(f"{port}{path}#vllm:generation_tokens_total")
+    # Built directly: admission now refuses a path the agent cannot fetch, but a pod
+    # admitted by an older extender may still carry one.
+    endpoint = ProgressEndpoint(port, path, "vllm:generation_tokens_total", "tokens/s")
     return read_counter(endpoint, "127.0.0.1", timeout=timeout)
 
 
@@ -135,9 +137,10 @@ def test_a_broken_metrics_answer_is_no_reading_and_a_log_line(case: str, caplog)
     assert len(said) == 1 and said[0].url.startswith("http://127.0.0.1:")
 
 
-def test_a_declared_path_that_is_no_url_path_is_no_reading(caplog) -> None:
-    """``elastico.io/progress-metrics: 8000/met rics#...`` parses; http.client refuses the
-    path with InvalidURL, which is no OSError either."""
+def test_a_declared_path_that_is_no_url_path_is_no_reading() -> None:
+    """``elastico.io/progress-metrics: 8000/met rics#...`` parsed (admission refuses it
+    now, test_annotations); http.client refuses the path with InvalidURL, which is no
+    OSError either."""
     endpoint = RawEndpoint(http_answer(b"HTTP/1.1 200 OK\r\nContent-Length: 31", COUNTER))
     try:
         assert read(endpoint.port, "/met rics") is None

@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from elastico_extender.annotations import decision_annotations, parse_intent, read_decision
+from elastico_extender.annotations import (
+    decision_annotations,
+    parse_intent,
+    parse_progress_metrics,
+    read_decision,
+)
 from elastico_extender.core.model import JobKind, Mode
 from elastico_extender.core.shapes.catalog import build_family
 from elastico_extender.errors import AnnotationError
@@ -123,3 +128,25 @@ def test_migration_is_opt_in_and_a_wrong_value_is_reported():
     with pytest.raises(AnnotationError) as err:
         parse_intent({**base, "elastico.io/migration": "sometimes"}, resolve)
     assert "elastico.io/migration" in str(err.value) and "sometimes" in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("text", "said"),
+    [
+        ("8000/met rics#tokens_total", "path"),  # http.client refuses it at every scrape
+        ("8000/metrics\x00#tokens_total", "path"),
+        ("8000/m\u2028#tokens_total", "path"),
+        ("８０００#tokens_total", "port"),  # full-width digits: isdigit, not a port written
+        ("8²#tokens_total", "port"),  # int() raised its own ValueError text
+    ],
+)
+def test_a_progress_endpoint_the_agent_could_never_scrape_is_refused_at_admission(
+    text: str, said: str
+) -> None:
+    """Found by the agent sweep: a path with a space or a control character parsed, and
+    every window of the pod then failed to scrape, silently for the user."""
+    with pytest.raises(ValueError) as caught:
+        parse_progress_metrics(text)
+    assert str(caught.value).startswith(said), caught.value
+    assert "invalid literal" not in str(caught.value)
+    assert parse_progress_metrics("8000/v1/metrics?x=1#tokens_total").path == "/v1/metrics?x=1"
