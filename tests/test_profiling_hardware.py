@@ -9,6 +9,7 @@ import pytest
 
 from elastico_extender.profiling import hardware
 from elastico_extender.profiling.hardware import (
+    HTTP_GET_MAX_BYTES,
     DcgmExporterSource,
     HardwareSample,
     NullSource,
@@ -137,3 +138,25 @@ def test_progress_sources(tmp_path) -> None:
         fetch=lambda u, t: text,
     )
     assert progress.read() == (15.0, 4096.0)
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        b"HELLO THERE\r\n\r\n",  # http.client's BadStatusLine: no OSError
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",  # IncompleteRead
+        b"HTTP/1.1 200 OK\r\n\r\n" + b"x" * (HTTP_GET_MAX_BYTES + 70_000),  # over the bound
+    ],
+    ids=["bad-status-line", "bad-chunk", "too-large"],
+)
+def test_a_broken_dcgm_exporter_is_no_sample_not_an_exception(answer: bytes) -> None:
+    """Found by the agent sweep: only OSError was caught, so a dcgm-exporter answering
+    garbage (or too much) raised out of the sample and cost the node's window."""
+    from test_agent_hostile_inputs import RawEndpoint
+
+    endpoint = RawEndpoint(lambda conn: conn.sendall(answer))
+    try:
+        source = DcgmExporterSource(f"http://127.0.0.1:{endpoint.port}/metrics", timeout=2.0)
+        assert source.sample() is None
+    finally:
+        endpoint.close()

@@ -18,6 +18,7 @@ and profiling proceeds on the software dimension alone.
 
 from __future__ import annotations
 
+import http.client
 import logging
 import math
 import re
@@ -168,7 +169,7 @@ class DcgmExporterSource:
     def sample(self) -> HardwareSample | None:
         try:
             text = self._fetch(self.url, self.timeout)
-        except OSError as exc:
+        except (OSError, ValueError) as exc:  # ValueError: an answer over the size bound
             log.warning("dcgm-exporter unreachable: %s", exc)
             return None
         values: dict[str, float] = {}
@@ -200,8 +201,11 @@ def http_get(url: str, timeout: float, *, max_bytes: int = HTTP_GET_MAX_BYTES) -
     ``2 * timeout``), and an answer over ``max_bytes`` is refused (ValueError) once that
     much has come, without reading the rest."""
     started = time.monotonic()
-    with urllib.request.urlopen(url, timeout=timeout) as reply:
-        body = read_reply(reply, url, started, timeout, max_bytes)
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as reply:
+            body = read_reply(reply, url, started, timeout, max_bytes)
+    except http.client.HTTPException as exc:  # a status line that is not HTTP, a bad chunk
+        raise OSError(f"{url}: not an HTTP answer: {type(exc).__name__}") from exc
     return body.decode("utf-8", errors="replace")
 
 
