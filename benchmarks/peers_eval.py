@@ -75,6 +75,7 @@ import multiprocessing as mp
 import multiprocessing.queues
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from queue import Empty
 
@@ -214,8 +215,11 @@ def week_experiment(loaded: TraceLoad, gpus: int, world: str, seed: int) -> Expe
 
 
 def alibaba_week(path: Path, seed: int) -> TraceLoad:
-    """The Alibaba row's week (``ALIBABA_WEEK``) of the pod list at ``path``."""
-    return days_window(rebase(read_trace(path, seed).jobs), ALIBABA_WEEK)
+    """The Alibaba row's week (``ALIBABA_WEEK``) of the pod list at ``path``, with the notes
+    of what reading the file and cutting the week did."""
+    loaded = read_trace(path, seed)
+    week = days_window(rebase(loaded.jobs), ALIBABA_WEEK)
+    return replace(week, notes=(*loaded.notes, *week.notes))
 
 
 ALIBABA_PATH = {"path": default_data_dir() / ALIBABA_FILE}
