@@ -64,6 +64,10 @@ Session 33 re-ran that column on session 32's tree (the correction's neighbours 
     $P --only scale --worlds benchmark $E --policy-timeout 1500
     $P --only scale --worlds benchmark --sizes 512,1024 --hours 24 $E --policy-timeout 2400
     $P --only collect
+
+Session 35 added the Alibaba rows (the pod list under ``ELASTICO_DATA_DIR``)::
+
+    ELASTICO_DATA_DIR=DIR $P --only alibaba,collect
 """
 
 from __future__ import annotations
@@ -351,7 +355,8 @@ def collect(command: str) -> str:
     """PEERS.md from every saved experiment (partial ones marked)."""
     parts = [json.loads(p.read_text()) for p in sorted(OUT.glob("*.json"))]
     lines = [
-        "# ElastiCo vs. peers (issue 14): Philly weeks at native load, and scale at load 1.5",
+        "# ElastiCo vs. peers (issue 14): Philly and Alibaba weeks at native load, and scale "
+        "at load 1.5",
         "",
         f"Last command: `{command}`.  The saved set came from the passes listed in "
         "`benchmarks/peers_eval.py`'s docstring (cheap policies first, per-policy time limit); "
@@ -361,8 +366,8 @@ def collect(command: str) -> str:
         "job's true remaining time (ORACLE). p99 JCT and worst queueing delay in hours.",
         f"`{SHIPPED}` is what the extender runs (it always closes the loop on observations);",
         "`elastico` is the same planner open-loop.  Where a row lacks it, `elastico` stands in.",
-        "Philly rows, last two columns: the average JCT no scheduler can beat (every job",
-        "started on arrival, alone, at its default / its fastest configuration:",
+        "Philly and Alibaba rows, last two columns: the average JCT no scheduler can beat",
+        "(every job started on arrival, alone, at its default / its fastest configuration:",
         "`elastico_extender/sim/bounds.py`), and issue 14's target (0.9x the best baseline where",
         "one beats FIFO by 10%), both relative to volcano; a target below the fastest floor is",
         "out of every scheduler's reach.",
