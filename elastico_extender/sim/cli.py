@@ -191,7 +191,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=text_arg,
         default="synthetic",
         help="'synthetic', 'philly:VC' (e.g. philly:ed69ec; ships with the package) or a CSV "
-        "path (format: sim.traces; a Helios cluster_log.csv, as Lucid's simulator reads, too)",
+        "path (format: sim.traces; a Helios cluster_log.csv, as Lucid's simulator reads, and "
+        "an Alibaba openb_pod_list_*.csv too)",
     )
     p.add_argument(
         "--gpus",
