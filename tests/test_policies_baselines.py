@@ -232,3 +232,47 @@ def test_lucid_classes_a_job_by_its_measured_solo_activity() -> None:
     idle = LucidPolicy(predictor=learned, profiled=lambda job_id: (0.01, 0.0))
     assert idle.sharing_score(fams, "lstm", 0, 39 * 1024.0, "j1") < heavy
     assert idle.sharing_score(fams, "lstm", 0, 39 * 1024.0, "j1") == 0
+
+
+# -- HAMi -------------------------------------------------------------------------------
+def _big(jobs: list[Job], gpus: int = 1) -> Snapshot:
+    """GPUs with memory for any number of jobs: only declared shares and counts bind."""
+    nodes = ClusterSpec(gpus=gpus, device_mib=1024 * 1024.0).nodes()
+    return Snapshot(nodes, tuple(jobs), FAMS, now=0.0)
+
+
+def test_hami_packs_declared_shares_up_to_a_whole_gpu() -> None:
+    """Three quarter-GPU jobs and one half-GPU job on one GPU with room for all in
+    memory: the first three share it (0.75), the half does not fit beside them and
+    waits; nothing about interference is asked."""
+    hami = make_policy("hami", shares={"j0": 0.25, "j1": 0.25, "j2": 0.25, "j3": 0.5})
+    plan = hami.plan(_big([_job(i, "ncf") for i in range(4)]))
+    assert {j: a.devices for j, a in plan.assignments.items()} == {
+        f"j{i}": (("node-0000", 0),) for i in range(3)
+    }
+    assert plan.queued == ("j3",)
+
+
+def test_hami_spreads_over_gpus_of_the_fullest_node() -> None:
+    """Node binpack, GPU spread (HAMi's chart defaults): the shared job goes to the node
+    with the most share taken, and there to its emptiest GPU."""
+    running = _job(0, "ncf", dev=0)  # half of node-0000's GPU 0
+    hami = make_policy("hami", shares={"j0": 0.5, "j1": 0.3})
+    plan = hami.plan(_big([running, _job(1, "ncf")], gpus=16))
+    assert plan.assignments["j1"].devices == (("node-0000", 1),)  # not GPU 0, not node-0001
+
+
+def test_hami_without_declared_shares_places_as_volcano() -> None:
+    jobs = [_job(0, "lstm", dev=0), _job(1, "bert", gpus=2), _job(2, "ncf"), _job(3, "lstm")]
+    ours = make_policy("hami").plan(_snap(jobs, gpus=4))
+    fifo = make_policy("volcano").plan(_snap(jobs, gpus=4))
+    assert {j: a.devices for j, a in ours.assignments.items()} == {
+        j: a.devices for j, a in fifo.assignments.items()
+    }
+    assert ours.queued == fifo.queued
+
+
+def test_hami_puts_at_most_ten_pods_on_a_gpu() -> None:
+    shares = {f"j{i}": 0.01 for i in range(12)}
+    plan = make_policy("hami", shares=shares).plan(_big([_job(i, "ncf") for i in range(12)]))
+    assert len(plan.assignments) == 10 and plan.queued == ("j10", "j11")

@@ -48,11 +48,13 @@ def test_a_pod_list_loads_each_pod_that_ran_from_its_scheduling_to_its_deletion(
     assert loaded.notes[:2] == (
         f"{name}: an Alibaba GPU-sharing pod list: 4 GPU jobs; skipped 1 CPU-only pods "
         "(num_gpu 0) and 2 that never ran (no scheduled_time, or deleted when scheduled)",
-        f"{name}: 1 one-GPU pods asked for part of a GPU (gpu_milli under 1000): each is "
-        "given a whole GPU, and the policy decides what shares it",
+        f"{name}: 1 one-GPU pods asked for part of a GPU (gpu_milli under 1000): the hami "
+        "baseline packs them by that share, every other policy decides what shares a GPU "
+        "itself",
     )
     assert loaded.notes[2].startswith(f"{name}: 4 jobs name no workload: drawn")
     assert all(j.workload for j in jobs)
+    assert [j.gpu_share for j in jobs] == [1.0, 0.25, 1.0, 1.0]  # a gang's gpu_milli: whole
 
 
 @pytest.mark.parametrize(
@@ -94,3 +96,27 @@ def test_a_pod_list_without_a_column_it_needs_says_which(tmp_path: Path) -> None
     path.write_text("when,gpu_num\n1,1\n")  # no layout's own column: the project's format
     with pytest.raises(ValueError, match=r"missing columns \['arrival_time_s', 'duration_s'\]$"):
         read_trace(path)
+
+
+def test_the_hami_baseline_packs_the_pods_by_their_declared_shares(tmp_path: Path) -> None:
+    """Two quarter-GPU pods on a one-GPU cluster: HAMi places both on the GPU at once,
+    FIFO on whole GPUs runs them one after the other."""
+    from elastico_extender.sim.engine import ClusterSpec
+    from elastico_extender.sim.runner import Experiment, run_one
+
+    path = tmp_path / "pods.csv"  # a workload column, so both fit one GPU's memory
+    path.write_text(
+        HEADER.replace("\n", ",workload\n")
+        + "pod-a,1,1,1,250,,BE,Succeeded,0,3600,0,ncf\n"
+        + "pod-b,1,1,1,250,,BE,Succeeded,10,3610,10,ncf\n"
+    )
+    jobs = tuple(read_trace(path).jobs)
+    exp = Experiment(trace=jobs, cluster=ClusterSpec(gpus=1), seed=0)
+    shared: dict[str, float] = {}
+    for name in ("hami", "volcano"):
+        plans: list[float] = []
+        run_one(
+            name, exp, planned=lambda plan, seen=plans: seen.append(plan.stats["colocated_devices"])
+        )
+        shared[name] = max(plans)
+    assert shared == {"hami": 1.0, "volcano": 0.0}

@@ -2,8 +2,9 @@
 
 ``make_policy("elastico")`` gives the full system; the ablations and the
 baselines (Volcano-like FIFO, Lucid-like, Tiresias-like 2D-LAS, SRTF with oracle
-durations; docs/baselines.md) register here too, so the simulator and
-the benchmarks run every policy through the same ``plan(snapshot, previous)``.
+durations, HAMi-like declared-share packing; docs/baselines.md) register here too,
+so the simulator and the benchmarks run every policy through the same
+``plan(snapshot, previous)``.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from collections.abc import Callable
 
 from elastico_extender.policies.base import Policy
 from elastico_extender.policies.elastico import ABLATIONS, ElasticoPolicy
+from elastico_extender.policies.hami import HamiPolicy
 from elastico_extender.policies.lucid import LucidPolicy
 from elastico_extender.policies.srtf import SrtfOraclePolicy
 from elastico_extender.policies.tiresias import TiresiasPolicy
@@ -42,3 +44,4 @@ register("volcano", VolcanoPolicy)
 register("lucid", LucidPolicy)
 register("tiresias", TiresiasPolicy)
 register("srtf", SrtfOraclePolicy)
+register("hami", HamiPolicy)

@@ -81,7 +81,7 @@ def affinity_class(mean_speed: float) -> int:
     return 2
 
 
-def _profiled_sm(family: ProfileFamily, config: int) -> float:
+def _profiled_sm(job: Job, family: ProfileFamily, config: int) -> float:
     return float(family.resources[config, GPU_SM])
 
 

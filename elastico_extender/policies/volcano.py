@@ -47,6 +47,7 @@ __all__ = [
     "gang",
     "rejection",
     "seat_running",
+    "seat_whole",
     "table_plan",
 ]
 
@@ -138,7 +139,7 @@ def rejection(job: Job, family: ProfileFamily, config: int, table: DeviceTable) 
 
 
 def seat_running(
-    snapshot: Snapshot, margin_mib: float, sm_share: Callable[[ProfileFamily, int], float]
+    snapshot: Snapshot, margin_mib: float, sm_share: Callable[[Job, ProfileFamily, int], float]
 ) -> tuple[DeviceTable, dict[str, Assignment], list[tuple[int, Job]]]:
     """Start a baseline's epoch: running jobs stay where they are, the rest wait.
 
@@ -157,7 +158,7 @@ def seat_running(
         fam = snapshot.families[job.family]
         config = default_config(job, fam)
         held = [table.index[r] for r in job.devices]
-        table.place(row, held, demand(fam.resources[config, GPU_MEM], sm_share(fam, config)))
+        table.place(row, held, demand(fam.resources[config, GPU_MEM], sm_share(job, fam, config)))
         assignments[job.id] = assignment(job, fam, config, job.devices)
     return table, assignments, pending
 
@@ -221,7 +222,7 @@ def table_plan(
     )
 
 
-def _whole_gpu(family: ProfileFamily, config: int) -> float:
+def _whole_gpu(job: Job, family: ProfileFamily, config: int) -> float:
     return 1.0
 
 
@@ -237,11 +238,18 @@ class VolcanoPolicy:
         pending.sort(key=lambda p: (p[1].arrival_time, p[1].id))
 
         def seat(row: int, job: Job, fam: ProfileFamily, config: int) -> list[int] | None:
-            # A whole GPU: idle, with room for the job's memory and all of its SM.
-            per_gpu = demand(fam.resources[config, GPU_MEM], 1.0)
-            devs = gang(table, (table.count == 0) & table.fits(per_gpu), job.gpus)
-            if devs is not None:
-                table.place(row, devs, per_gpu)
-            return devs
+            return seat_whole(table, row, job, fam, config)
 
         return admit_in_order(snapshot, table, pending, assignments, seat)
+
+
+def seat_whole(
+    table: DeviceTable, row: int, job: Job, family: ProfileFamily, config: int
+) -> list[int] | None:
+    """Volcano's placement: ``job.gpus`` idle GPUs with room for the job's memory and all
+    of its SM (:func:`gang`), placed in ``table``; None when they are not there."""
+    per_gpu = demand(family.resources[config, GPU_MEM], 1.0)
+    devs = gang(table, (table.count == 0) & table.fits(per_gpu), job.gpus)
+    if devs is not None:
+        table.place(row, devs, per_gpu)
+    return devs

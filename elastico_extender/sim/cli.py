@@ -179,7 +179,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--policy",
         action="append",
         help="policy to run (repeatable; default: all of " + ", ".join(DEFAULT_POLICIES) + "; "
-        "also tiresias, srtf = shortest remaining GPU-time first with ORACLE durations, and "
+        "also tiresias, srtf = shortest remaining GPU-time first with ORACLE durations, "
+        "hami = HAMi-like packing of the shares a trace declares (Alibaba's gpu_milli), and "
         + ", ".join(n for n in ABLATIONS if n not in DEFAULT_POLICIES)
         + "); "
         "suffix '+learned' plans ElastiCo with a predictor learned from 25%% of the "

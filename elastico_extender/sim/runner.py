@@ -126,6 +126,8 @@ def build_policy(name: str, exp: Experiment, truth: GroundTruth) -> Policy:
             # contention model (monotone in activity) can: the stronger Lucid.
             kwargs["profiled"] = truth.solo_profile
             kwargs["predictor"] = ContentionPredictor()
+    if base == "hami":  # the shares the trace declares: the only thing HAMi places by
+        kwargs["shares"] = {j.job_id: j.gpu_share for j in exp.trace if j.gpu_share < 1.0}
     if exp.planner is not None:
         kwargs["settings"] = exp.planner
     predictor: SlowdownPredictor | None = None

@@ -45,6 +45,8 @@ class TraceRecord:
     duration_s: float
     marks: frozenset[str] = frozenset()
     """Keys of :attr:`Layout.marks`: what the notes count about this job."""
+    share: float = 1.0
+    """The part of one GPU the job declared (1.0: whole GPUs)."""
 
 
 RowReader = Callable[[CsvRow, int], "TraceRecord | str"]
@@ -142,9 +144,10 @@ def _alibaba_pod(cells: CsvRow, k: int) -> TraceRecord | str:
         return "never"
     gpus = cells.count("num_gpu", MAX_CLUSTER_GPUS)
     marks = set()
+    share = 1.0
     if gpus == 1 and cells.text("gpu_milli"):
-        milli = cells.number("gpu_milli", 0.0, 1000.0)
-        if milli < 1000.0:
+        share = cells.number("gpu_milli", 0.0, 1000.0) / 1000.0
+        if share < 1.0:
             marks.add("fraction")
     return TraceRecord(
         job_id=cells.text("name") or f"row{k:06d}",
@@ -154,6 +157,7 @@ def _alibaba_pod(cells: CsvRow, k: int) -> TraceRecord | str:
         gpus=gpus,
         duration_s=deleted - scheduled,
         marks=frozenset(marks),
+        share=share,
     )
 
 
@@ -175,8 +179,8 @@ ALIBABA_PODS = Layout(
     marks=(
         (
             "fraction",
-            "one-GPU pods asked for part of a GPU (gpu_milli under 1000): each is given a "
-            "whole GPU, and the policy decides what shares it",
+            "one-GPU pods asked for part of a GPU (gpu_milli under 1000): the hami baseline "
+            "packs them by that share, every other policy decides what shares a GPU itself",
         ),
     ),
 )

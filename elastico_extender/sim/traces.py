@@ -49,10 +49,10 @@ clusterdata``, ``cluster-trace-gpu-v2023/csv``), one pod per row: ``name``, ``nu
 when created and runs from its scheduling to its deletion; CPU-only pods and pods never
 scheduled (``Pending``, or deleted as they were scheduled) are skipped.  Two things are
 not simulated as written: a one-GPU pod that asked for part of a GPU (``gpu_milli``
-under 1000; the notes count them) gets a whole one, the policy deciding what shares it
-(that is what the simulated schedulers are for); a pod deleted at the trace's last
-instant (still running then) stops there.  ``qos``, ``gpu_spec`` and the CPU and
-memory columns are not used (:mod:`.trace_layouts`).
+under 1000; the notes count them) keeps that share in ``TraceJob.gpu_share``, which only
+the ``hami`` baseline places by (every other policy decides what shares a GPU itself);
+a pod deleted at the trace's last instant (still running then) stops there.  ``qos``,
+``gpu_spec`` and the CPU and memory columns are not used (:mod:`.trace_layouts`).
 
 A bad cell (not a number, NaN, infinite, out of range, a repeated id, an unknown
 workload) is a ``ValueError`` naming the file, line and column.  So is a bad file: a
@@ -191,6 +191,9 @@ class TraceJob:
     workload: str
     floor_frac: float = 0.0
     user: str = ""
+    gpu_share: float = 1.0
+    """The part of one GPU the job declared (Alibaba's ``gpu_milli``; 1.0: whole GPUs).
+    Only the ``hami`` baseline reads it: the other policies decide sharing themselves."""
 
 
 def default_data_dir() -> Path:
@@ -342,7 +345,11 @@ def read_trace(path: Path | str, seed: int = 0) -> TraceLoad:
                 raise cells.fail(record.arrival_column, why)
             user = cells.text("user")
             duration = max(duration, MIN_JOB_SECONDS)
-            jobs.append(TraceJob(job_id, record.arrival_s, gpus, duration, workload, floor, user))
+            jobs.append(
+                TraceJob(
+                    job_id, record.arrival_s, gpus, duration, workload, floor, user, record.share
+                )
+            )
     jobs.sort(key=lambda j: (j.arrival_s, j.job_id))
     name = Path(path).name
     notes = [layout.summary(name, len(jobs), skipped)]
