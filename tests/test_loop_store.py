@@ -272,3 +272,24 @@ def test_samples_of_another_feature_layout_are_skipped_not_fatal(tmp_path: Path)
     assert (features == x).all()
     features, slowdown, at = store.recent_samples(3)
     assert (features == x).all() and slowdown.tolist() == [1.5, 1.8] and at.tolist() == [10, 12]
+
+
+@pytest.mark.parametrize("rate", [math.inf, 0.0, -5.0], ids=["inf", "zero", "negative"])
+def test_a_stored_solo_reference_without_a_usable_rate_is_skipped_whole(
+    tmp_path: Path, rate: float
+) -> None:
+    """A reference row marked measured alone whose rate is no rate (an older or hostile
+    writer's, or a checkpoint's 0): before, the book marked the key measured without
+    keeping the rate, and the job's next window raised KeyError out of ``record``."""
+    path = tmp_path / "loop.db"
+    store = LoopStore(path)
+    store.put_references([("b", 0, "launches/s", 50.0, True)], at=1.0)
+    with sqlite3.connect(path) as db:
+        db.execute("INSERT INTO loop_references VALUES ('a', 2, 'launches/s', ?, 1, 2)", (rate,))
+    book = ObservationBook()
+    store.load_references(book)
+    store.close()
+    book.record(Observation("a", 2, 10.0, 5.0, 60.0, partners=("b",)))
+    assert book.reference("a", 2, "launches/s") is None
+    assert "a" in book.unmeasured()  # no reference: no slowdown, not a crash
+    assert book.reference("b", 0, "launches/s") == pytest.approx(50.0)

@@ -490,10 +490,17 @@ class ObservationBook:
         }
 
     def restore(self, state: dict[str, list[list[object]]]) -> None:
+        """Load :meth:`state`'s rows.  A row whose rate is no reference (not finite or not
+        positive: an older or hostile writer's) is skipped whole: a key marked measured
+        must have a rate to read."""
         for job, config, unit, rate, *measured in state.get("refs", []):
-            self.set_reference(str(job), int(str(config)), str(unit), float(str(rate)))
+            key = (str(job), int(str(config)), str(unit))
+            value = float(str(rate))
+            if not (math.isfinite(value) and value > 0):
+                continue
+            self._put_ref(key, value)
             if measured and int(str(measured[0])):
-                self._measured.add((str(job), int(str(config)), str(unit)))
+                self._measured.add(key)
 
     def _reference_of(
         self, key: tuple[str, int, str], fkey: tuple[str, int, str] | None
