@@ -293,3 +293,30 @@ def test_a_stored_solo_reference_without_a_usable_rate_is_skipped_whole(
     assert book.reference("a", 2, "launches/s") is None
     assert "a" in book.unmeasured()  # no reference: no slowdown, not a crash
     assert book.reference("b", 0, "launches/s") == pytest.approx(50.0)
+
+
+@pytest.mark.parametrize("key", ["-1", str(2**64)], ids=["negative", "past-uint64"])
+def test_a_stored_correction_key_outside_uint64_is_skipped(
+    tmp_path: Path, families: dict, key: str
+) -> None:
+    """Pair keys are 64-bit hashes; a row holding another number (a hand-edited or hostile
+    file): before, it was restored, and every prediction and learning step after raised
+    OverflowError converting the table to uint64."""
+    path = tmp_path / "loop.db"
+    x = pair_features(families["bert"].features[[0]], families["resnet50"].features[[0]], 40)
+    learned = OnlineCorrection(ContentionPredictor())
+    for _ in range(5):
+        learned.learn(x, [2.2])
+    store = LoopStore(path)
+    store.save_correction(learned)
+    with sqlite3.connect(path) as db:
+        db.execute("INSERT INTO loop_correction VALUES ('config', ?, 0.5, 3)", (key,))
+        db.execute("INSERT INTO loop_correction VALUES ('family', ?, 0.5, 3)", (key,))
+        blob = np.zeros(36, dtype="<f4").tobytes()
+        db.execute("INSERT INTO loop_neighbours VALUES (99, ?, ?, 0.5, 3)", (key, blob))
+    restarted = OnlineCorrection(ContentionPredictor())
+    store.load_correction(restarted)
+    store.close()
+    np.testing.assert_allclose(restarted.predict(x), learned.predict(x))
+    restarted.learn(x, [2.2])
+    assert all(0 <= k < 2**64 for k, _, _, _ in restarted.neighbour_rows())

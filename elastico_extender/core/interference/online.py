@@ -126,6 +126,12 @@ def single_partner(samples: Iterable[PairSample], partners: dict[str, int]) -> l
     return [s for s in samples if partners.get(s.victim, 0) == 1]
 
 
+def _is_key(key: int) -> bool:
+    """Whether ``key`` is a pair key :func:`pair_keys` can produce (an unsigned 64-bit
+    integer), so a restored row fits the uint64 arrays the lookups build."""
+    return 0 <= int(key) < 2**64
+
+
 class _Level:
     """Mean log-residual and capped count per key, with sorted arrays for lookup."""
 
@@ -369,11 +375,13 @@ class OnlineCorrection:
 
     # -- persistence -----------------------------------------------------------------
     def restore_rows(self, level: str, rows: Iterable[tuple[int, float, float]]) -> None:
-        """Load [key, mean residual, count] rows into ``level`` ("config" or "family")."""
+        """Load [key, mean residual, count] rows into ``level`` ("config" or "family").
+        A row whose key is no 64-bit pair key, or whose numbers are not finite with a
+        positive count, is skipped (the lookup's uint64 table could not hold it)."""
         target = self._config if level == "config" else self._family
         added = 0
         for key, mean, count in rows:
-            if math.isfinite(mean) and math.isfinite(count) and count > 0:
+            if _is_key(key) and math.isfinite(mean) and math.isfinite(count) and count > 0:
                 target.table[int(key)] = (float(mean), min(float(count), float(target.memory)))
                 added += 1
         while len(target.table) > target.limit:
@@ -394,6 +402,7 @@ class OnlineCorrection:
         for key, row, mean, count in rows:
             x = np.asarray(row, dtype=np.float32)
             ok = x.shape == (NUM_FEATURES,) and np.isfinite(x).all() and self._ring.capacity > 0
+            ok = ok and _is_key(key)
             if ok and math.isfinite(mean) and math.isfinite(count) and count > 0:
                 self._ring.put(int(key), x, float(mean), float(count))
         self._borrowed.clear()
