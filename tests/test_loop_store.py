@@ -320,3 +320,80 @@ def test_a_stored_correction_key_outside_uint64_is_skipped(
     np.testing.assert_allclose(restarted.predict(x), learned.predict(x))
     restarted.learn(x, [2.2])
     assert all(0 <= k < 2**64 for k, _, _, _ in restarted.neighbour_rows())
+
+
+_FOREIGN_ROWS = {
+    "loop_references": [
+        "INSERT INTO loop_references VALUES ('x1', 'x', 'u', 3.0, 1, 5)",
+        "INSERT INTO loop_references VALUES ('x2', 1, 'u', 3.0, 'yes', 5)",
+        "INSERT INTO loop_references VALUES ('x3', 1, 'u', 'NaN', 0, 5)",
+        "INSERT INTO loop_references VALUES (X'0102', 1, 7, 3.0, 0, 5)",
+    ],
+    "loop_correction": [
+        "INSERT INTO loop_correction VALUES ('config', 'notanint', 0.5, 3)",
+        "INSERT INTO loop_correction VALUES ('family', '12', 'nan', 'x')",
+    ],
+    "loop_neighbours": ["INSERT INTO loop_neighbours VALUES (7, 'zz', zeroblob(144), 'x', 1)"],
+    "loop_samples": [
+        "INSERT INTO loop_samples (features, slowdown, observed_at) VALUES (zeroblob(144), "
+        "1.5, 'x')",
+        "INSERT INTO loop_samples (features, slowdown, observed_at) VALUES (zeroblob(144), "
+        "'nan', 2)",
+        "INSERT INTO loop_samples (features, slowdown, observed_at) VALUES (zeroblob(144), 0.5, 2)",
+    ],
+    "pair_samples": [
+        "INSERT INTO pair_samples (victim, victim_config, partner, slowdown, predicted, end_time) "
+        "VALUES (1, 'x', 2, 'nan', 'q', 'z')",
+    ],
+}
+
+
+def test_rows_of_the_wrong_type_are_skipped_and_counted_not_fatal(
+    tmp_path: Path, families: dict, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Rows an older or hostile writer left with text where numbers belong (or NaN, or a
+    slowdown below 1): before, restoring the references or the correction raised ValueError
+    ("invalid literal for int()": ``elastico serve`` refused to start without naming the
+    file), reading the samples raised (``train-iac --from-store`` and every checkpoint
+    write failed) and the per-pod records came back as strings.  Now each such row is
+    skipped, the good ones read, and one warning per table names the file and the count."""
+    path = tmp_path / "loop.db"
+    x = pair_features(families["bert"].features[[0]], families["resnet50"].features[[0]], 40)
+    learned = OnlineCorrection(ContentionPredictor())
+    for _ in range(5):
+        learned.learn(x, [2.2])
+    store = LoopStore(path)
+    store.save_correction(learned)
+    store.put_references([("a", 2, "launches/s", 120.0, True)], at=1.0)
+    store.add_samples(np.ones((1, 36), dtype=np.float32), np.array([1.5]), at=3.0)
+    store.add_pair_records([PairRecord("a", 2, "b", 1.4, 1.3, 3.0)])
+    with sqlite3.connect(path) as db:
+        for statements in _FOREIGN_ROWS.values():
+            for statement in statements:
+                db.execute(statement)
+
+    book, restarted = ObservationBook(), OnlineCorrection(ContentionPredictor())
+    with caplog.at_level("WARNING", logger="elastico_extender.profiles.loop_store"):
+        store.load_references(book)
+        store.load_correction(restarted)
+        features, slowdown = store.samples()
+        _, _, at = store.recent_samples(10)
+        records = store.pair_records()
+        assert store.merge_history((np.ones((1, 36)), np.array([1.7]), np.array([4.0])), []) == (
+            1,
+            0,
+        )  # newer than the newest numeric sample (3.0), not than the text 'x'
+    store.close()
+    assert book.state()["refs"] == [["a", 2, "launches/s", 120.0, 1]]
+    np.testing.assert_allclose(restarted.predict(x), learned.predict(x))
+    assert slowdown.tolist() == [1.5] and at.tolist() == [3.0] and features.shape == (1, 36)
+    assert records == [PairRecord("a", 2, "b", 1.4, 1.3, 3.0)]
+    skipped = {r.table: r.skipped for r in caplog.records if r.msg == "loop_store.foreign_rows"}
+    assert skipped == {
+        "loop_references": 4,
+        "loop_correction": 2,
+        "loop_neighbours": 1,
+        "loop_samples": 3,
+        "pair_samples": 1,
+    }
+    assert all(r.path == str(path) for r in caplog.records if r.msg == "loop_store.foreign_rows")

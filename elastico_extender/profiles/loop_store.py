@@ -27,6 +27,9 @@ A file written by the earlier separate observation store (its references in
 old table is dropped.
 
 Writes are batched per call (one transaction); the store is thread-safe.
+Rows read back that this version would not have written (another feature layout,
+text or NaN where numbers belong: an older or hostile writer's) are skipped, and how
+many per table is logged as ``loop_store.foreign_rows`` with the file.
 """
 
 from __future__ import annotations
@@ -35,10 +38,11 @@ import logging
 import math
 import sqlite3
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, TypeGuard
 
 import numpy as np
 
@@ -130,15 +134,79 @@ def _is_features(blob: object) -> bool:
     return isinstance(blob, bytes) and len(blob) == 4 * NUM_FEATURES
 
 
-def _decoded(
-    rows: Sequence[tuple[bytes, float, float]],
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Sample rows as arrays: features (n, 36) float32, slowdowns, when recorded.  A row
-    whose features are not 36 float32 (another version's layout, a hand-edited file) is
-    skipped: one foreign row must not cost every sample."""
-    kept = [r for r in rows if _is_features(r[0])]
+def _finite(value: object) -> TypeGuard[float]:
+    """Whether a stored value is a finite number (SQLite keeps text written where a number
+    belongs, 'NaN' included, as text)."""
+    return isinstance(value, int | float) and math.isfinite(value)
+
+
+def _is_key(value: object) -> bool:
+    """Whether a stored key is a 64-bit pair key in decimal, as this version writes it."""
+    return (
+        isinstance(value, str)
+        and 0 < len(value) <= 20
+        and value.isascii()
+        and value.isdigit()
+        and int(value) < 2**64
+    )
+
+
+def _is_reference(row: Sequence[object]) -> bool:
+    job, config, unit, rate, solo = row
+    return (
+        isinstance(job, str)
+        and isinstance(config, int)
+        and isinstance(unit, str)
+        and _finite(rate)
+        and rate > 0
+        and isinstance(solo, int)
+    )
+
+
+def _is_correction(row: Sequence[object]) -> bool:
+    level, key, mean, count = row
+    return level in ("config", "family") and _is_key(key) and _finite(mean) and _finite(count)
+
+
+def _is_neighbour(row: Sequence[object]) -> bool:
+    key, blob, mean, count = row
+    return _is_key(key) and _is_features(blob) and _finite(mean) and _finite(count)
+
+
+def _is_sample(row: Sequence[object]) -> bool:
+    blob, slowdown, at = row
+    return _is_features(blob) and _finite(slowdown) and slowdown >= 1 and _finite(at)
+
+
+def _is_record(row: Sequence[object]) -> bool:
+    victim, config, partner, slowdown, predicted, end = row
+    return (
+        isinstance(victim, str)
+        and isinstance(config, int)
+        and isinstance(partner, str)
+        and _finite(slowdown)
+        and (predicted is None or _finite(predicted))
+        and _finite(end)
+    )
+
+
+def _kept(rows: list[Any], usable: Callable[[Any], bool], table: str, path: str) -> list[Any]:
+    """The rows ``usable`` accepts; the others (an older or hostile writer's: another
+    feature layout, text where numbers belong) are skipped with one warning naming the
+    file, the table and how many: one foreign row must not cost every row."""
+    kept = [row for row in rows if usable(row)]
     if len(kept) < len(rows):
-        log.warning("loop_store.foreign_samples", extra={"skipped": len(rows) - len(kept)})
+        log.warning(
+            "loop_store.foreign_rows",
+            extra={"path": path, "table": table, "skipped": len(rows) - len(kept)},
+        )
+    return kept
+
+
+def _decoded(
+    kept: Sequence[tuple[bytes, float, float]],
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Checked sample rows as arrays: features (n, 36) float32, slowdowns, when recorded."""
     x = np.frombuffer(b"".join(r[0] for r in kept), dtype="<f4").reshape(-1, NUM_FEATURES)
     return (
         x.astype(np.float32),
@@ -207,14 +275,14 @@ class LoopStore:
             ring = self._db.execute(
                 "SELECT key, features, mean, count FROM loop_neighbours ORDER BY slot"
             ).fetchall()
+        rows = _kept(rows, _is_correction, "loop_correction", self.path)
+        ring = _kept(ring, _is_neighbour, "loop_neighbours", self.path)
         for level in ("config", "family"):
             correction.restore_rows(
                 level, ((int(k), float(m), float(n)) for lv, k, m, n in rows if lv == level)
             )
         correction.restore_neighbours(
-            (int(k), np.frombuffer(blob, dtype="<f4"), float(m), float(n))
-            for k, blob, m, n in ring
-            if _is_features(blob)
+            (int(k), np.frombuffer(blob, dtype="<f4"), float(m), float(n)) for k, blob, m, n in ring
         )
         return len(rows)
 
@@ -245,7 +313,7 @@ class LoopStore:
             rows = self._db.execute(
                 "SELECT features, slowdown, observed_at FROM loop_samples ORDER BY id"
             ).fetchall()
-        x, y, _ = _decoded(rows)
+        x, y, _ = _decoded(_kept(rows, _is_sample, "loop_samples", self.path))
         return x, y
 
     def recent_samples(self, limit: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -256,7 +324,7 @@ class LoopStore:
                 (max(0, limit),),
             ).fetchall()
         rows.reverse()
-        return _decoded(rows)
+        return _decoded(_kept(rows, _is_sample, "loop_samples", self.path))
 
     def merge_history(
         self, samples: tuple[np.ndarray, np.ndarray, np.ndarray], records: Sequence[PairRecord]
@@ -265,8 +333,15 @@ class LoopStore:
         store holds (so merging the same checkpoint twice adds nothing); returns how many."""
         x, y, at = samples
         with self._lock:
-            newest_sample = self._db.execute("SELECT MAX(observed_at) FROM loop_samples").fetchone()
-            newest_record = self._db.execute("SELECT MAX(end_time) FROM pair_samples").fetchone()
+            # numbers only: SQLite sorts text (a foreign row's) above every number
+            newest_sample = self._db.execute(
+                "SELECT MAX(observed_at) FROM loop_samples WHERE typeof(observed_at) IN "
+                "('integer', 'real')"
+            ).fetchone()
+            newest_record = self._db.execute(
+                "SELECT MAX(end_time) FROM pair_samples WHERE typeof(end_time) IN "
+                "('integer', 'real')"
+            ).fetchone()
         cut = float("-inf") if newest_sample[0] is None else float(newest_sample[0])
         xs = np.ascontiguousarray(x, dtype="<f4").reshape(-1, NUM_FEATURES)
         ys, ts = np.asarray(y, dtype=np.float64), np.asarray(at, dtype=np.float64)
@@ -329,6 +404,7 @@ class LoopStore:
                 "ORDER BY updated_at DESC, rowid DESC LIMIT ?",
                 (book.max_refs,),
             ).fetchall()
+        rows = _kept(rows, _is_reference, "loop_references", self.path)
         book.restore({"refs": [list(r) for r in reversed(rows)]})
         return len(rows)
 
@@ -359,4 +435,5 @@ class LoopStore:
                 "FROM pair_samples ORDER BY id DESC LIMIT ?",
                 (limit,),
             ).fetchall()
+        rows = _kept(rows, _is_record, "pair_samples", self.path)
         return [PairRecord(*row) for row in reversed(rows)]
