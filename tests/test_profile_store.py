@@ -138,3 +138,47 @@ def test_a_store_opens_while_another_process_writes_it(tmp_path, families):
     finally:
         other.execute("ROLLBACK")
         other.close()
+
+
+_FOREIGN_PROFILES = [
+    ("not json", "[1]", 5.0, None, 1.0),
+    (None, "[" * 100_000, 5.0, None, 1.0),
+    ('["a list"]', None, 5.0, None, 1.0),
+    (None, "[1, 2]", 5.0, None, 1.0),  # resources of another length
+    (None, None, "x", None, 1.0),
+    (None, None, -3.0, None, 1.0),
+    (None, "[NaN, 1, 1, 1]", 5.0, None, 1.0),
+    (None, None, 5.0, "[1, 2]", 1.0),
+    (None, None, 5.0, None, "yesterday"),
+]
+
+
+def test_rows_an_older_or_hostile_writer_left_are_skipped_not_fatal(tmp_path, families, caplog):
+    """Profile rows this version would never write (a configuration that is not JSON, too
+    few resources, a throughput of 'x' or -3): before, the family's first read raised
+    JSONDecodeError or a shape error out of ``family`` (the service only catches
+    ProfileStoreError there), or a negative throughput became the family's measured row.
+    Now each is skipped with one warning naming the file, and the good rows still read."""
+    path = tmp_path / "p.sqlite"
+    fam = families["resnet50"]
+    store = ProfileStore(path)
+    store.put("resnet50", fam.hardware, fam.configs[0], fam.resources[0], 123.0, measured_at=1)
+    good = sqlite3.connect(path).execute("SELECT * FROM profiles").fetchone()
+    with sqlite3.connect(path) as db:
+        for i, row in enumerate(_FOREIGN_PROFILES):
+            config = row[0] if row[0] is not None else f'{{"foreign": {i}}}'
+            values = [v if v is not None else good[k + 2] for k, v in enumerate(row)]
+            values[0] = config
+            db.execute(
+                "INSERT INTO profiles VALUES (?,?,?,?,?,?,?)",
+                ("resnet50", fam.hardware, *values),
+            )
+    with caplog.at_level("WARNING", logger="elastico_extender.profiles.store"):
+        records = store.records("resnet50", fam.hardware)
+        measured = store.family(fam)
+    store.close()
+    assert [r.throughput for r in records] == [123.0]
+    assert measured.throughput[0] == 123.0 and np.isfinite(measured.throughput).all()
+    warned = [r for r in caplog.records if r.msg == "profiles.foreign_rows"]
+    assert warned and all(r.skipped == len(_FOREIGN_PROFILES) for r in warned)
+    assert warned[0].path == str(path)

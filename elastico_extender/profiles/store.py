@@ -21,6 +21,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, TypeGuard
 
 import numpy as np
 
@@ -149,6 +150,47 @@ class ProfileRecord:
     measured_at: float
 
 
+def _finite(value: object) -> TypeGuard[float]:
+    """Whether a stored value is a finite number (SQLite keeps text written where a number
+    belongs as text)."""
+    return isinstance(value, int | float) and math.isfinite(value)
+
+
+def _record(workload: str, hardware: str, row: tuple[Any, ...]) -> ProfileRecord | None:
+    """One stored row as a record, or None when it is not a row :meth:`ProfileStore.put`
+    writes (an older or hostile writer's: a configuration that is not a JSON object of
+    knob values, resources or features of another length or not finite, a throughput
+    that is not a positive number): one such row must not cost the family its reads."""
+    cfg, res, tput, feats, at = row
+    try:
+        knobs = json.loads(cfg)
+        resources = np.array(json.loads(res), dtype=np.float64)
+        features = None if feats is None else np.array(json.loads(feats), dtype=np.float64)
+    except (TypeError, ValueError, RecursionError):  # RecursionError: nesting too deep
+        return None
+    if not isinstance(knobs, dict) or not all(
+        isinstance(v, int | float | str) for v in knobs.values()
+    ):
+        return None
+    if resources.shape != (NUM_RESOURCES,) or not np.isfinite(resources).all():
+        return None
+    if (resources < 0).any() or not (_finite(tput) and tput > 0) or not _finite(at):
+        return None
+    if features is not None and (
+        features.shape != (NUM_JOB_FEATURES,) or not np.isfinite(features).all()
+    ):
+        return None
+    return ProfileRecord(
+        workload=workload,
+        hardware=hardware,
+        configuration=Configuration.from_dict(knobs),
+        resources=resources,
+        throughput=float(tput),
+        features=features,
+        measured_at=float(at),
+    )
+
+
 class ProfileStore:
     """Thread-safe SQLite store of measured profiles."""
 
@@ -231,18 +273,18 @@ class ProfileStore:
                 ).fetchall()
         except sqlite3.Error as exc:
             raise ProfileStoreError(f"cannot read profile store {self.path}: {exc}") from exc
-        return [
-            ProfileRecord(
-                workload=workload,
-                hardware=hardware,
-                configuration=Configuration.from_dict(json.loads(cfg)),
-                resources=np.array(json.loads(res)),
-                throughput=tput,
-                features=None if feats is None else np.array(json.loads(feats)),
-                measured_at=at,
+        records = [_record(workload, hardware, row) for row in rows]
+        kept = [r for r in records if r is not None]
+        if len(kept) < len(records):
+            log.warning(
+                "profiles.foreign_rows",
+                extra={
+                    "path": self.path,
+                    "workload": workload,
+                    "skipped": len(records) - len(kept),
+                },
             )
-            for cfg, res, tput, feats, at in rows
-        ]
+        return kept
 
     def invalidate(self, *, hardware: str | None = None, workload: str | None = None) -> int:
         """Delete stale rows (by hardware signature and/or workload); returns how many."""
