@@ -592,6 +592,34 @@ def test_the_bound_drops_history_then_references_then_the_correction() -> None:
     assert [k for k, _, _ in decode(tight).config] == [k for k, _, _ in config[-kept["config"] :]]
 
 
+def test_rows_the_reader_would_refuse_are_dropped_by_the_writer_not_the_whole_checkpoint() -> None:
+    """A row the leader holds that the decoder refuses (a reference's configuration of
+    2**40 or a 300-character job read from a hand-edited store, a per-pod record's NaN):
+    before, it was written as is, and the next leader refused the whole checkpoint
+    ("references.config: not a count"), losing every learned row with it.  Now the writer
+    drops such rows and counts them as dropped."""
+    from elastico_extender.core.duration import CompletedJob
+
+    good_ref = ("pod-a", 3, "launches/s", 120.0, True)
+    good_record = PairRecord("pod-a", 3, "pod-b", 1.4, 1.3, 10.0)
+    good_done = ("uid-1", CompletedJob("bert", 1, 300.0, "team"), 20.0)
+    state = LearnedState(
+        config=[(7, 0.4, 2.0)],
+        references=[("pod-x", 2**40, "launches/s", 5.0, True), ("j" * 300, 1, "u", 5.0, False),
+                    good_ref],
+        records=[PairRecord("pod-x", 1, "pod-y", float("nan"), None, 10.0), good_record],
+        completions=[("uid-0", CompletedJob("bert", -1, 300.0, "team"), 20.0), good_done],
+    )  # fmt: skip
+    payload, kept, dropped = encode(state, 1 << 20)
+    back = decode(payload)
+    assert back.config == [(7, pytest.approx(0.4), 2.0)]
+    assert back.references == [good_ref]
+    assert back.records == [good_record]
+    assert back.completions == [good_done]
+    assert dropped["references"] == 2 and dropped["records"] == 1 and dropped["completions"] == 1
+    assert kept["references"] == 1
+
+
 def test_a_checkpoint_of_an_earlier_lease_does_not_depose_the_new_leader(
     api: FakeApiServer,
 ) -> None:
@@ -710,7 +738,9 @@ def test_a_service_starts_over_a_checkpoint_naming_an_impossible_configuration(
     """A well-formed checkpoint (an edited ConfigMap) whose rows name a configuration index
     no family has, beyond SQLite's 64-bit integers included, is unreadable: the replica
     starts and learns, as over any other garbage, and nothing of it reaches the book."""
-    payload, _, _ = encode(LearnedState(**rows), 1 << 20)
+    from elastico_extender.profiles.loop_snapshot import _pack
+
+    payload = _pack(LearnedState(**rows), {})  # unchecked, as a hostile or older writer's
     core = client.CoreV1Api(client.ApiClient(client.Configuration(host=api.url)))
     core.create_namespaced_config_map(NS, {"metadata": {"name": CM}, "binaryData": {
         DATA_KEY: base64.b64encode(payload).decode()}})  # fmt: skip

@@ -209,18 +209,7 @@ def _pack(state: LearnedState, dropped: dict[str, int]) -> bytes:
         "format": FORMAT,
         "written_at": state.written_at,
         "arrays": sections,
-        "references": [
-            [j, int(c), u, float(r), int(bool(m))] for j, c, u, r, m in state.references
-        ],
-        "records": [
-            [r.victim, int(r.victim_config), r.partner, float(r.slowdown), r.predicted, r.end]
-            for r in state.records
-        ],
-        "completions": [
-            [uid, job.family, int(job.gpus), job.user, float(job.duration_s), float(at)]
-            for uid, job, at in state.completions
-        ],
-        "succession": [list(row) for row in state.succession],
+        **{name: [write(row) for row in getattr(state, name)] for name, write in _WRITERS.items()},
         "kept": state.counts(),
         "dropped": dropped,
     }
@@ -228,12 +217,71 @@ def _pack(state: LearnedState, dropped: dict[str, int]) -> bytes:
     return zlib.compress(raw, 6)
 
 
+def _reference_row(row: ReferenceRow) -> list[Any]:
+    j, c, u, r, m = row
+    return [j, int(c), u, float(r), int(bool(m))]
+
+
+def _record_row(r: PairRecord) -> list[Any]:
+    return [r.victim, int(r.victim_config), r.partner, float(r.slowdown), r.predicted, r.end]
+
+
+def _completion_row(row: CompletionRow) -> list[Any]:
+    uid, job, at = row
+    return [uid, job.family, int(job.gpus), job.user, float(job.duration_s), float(at)]
+
+
+_WRITERS: dict[str, Callable[[Any], list[Any]]] = {
+    "references": _reference_row,
+    "records": _record_row,
+    "completions": _completion_row,
+    "succession": list,
+}
+"""Each row section's rows as the header's JSON lists."""
+
+
+def _readable(state: LearnedState) -> tuple[LearnedState, dict[str, int]]:
+    """``state`` without the rows :func:`decode`'s own checks refuse (a reference's
+    configuration past 2**31, a 300-character job, a NaN slowdown: read from a
+    hand-edited store, say), and how many per section."""
+    kept: dict[str, list[Any]] = {}
+    unreadable: dict[str, int] = {}
+    for name, write in _WRITERS.items():
+        rows = getattr(state, name)
+        kept[name] = [row for row in rows if _decodes(name, write, row)]
+        unreadable[name] = len(rows) - len(kept[name])
+    if not any(unreadable.values()):
+        return state, unreadable
+    return (
+        replace(
+            state,
+            references=kept["references"],
+            records=kept["records"],
+            completions=kept["completions"],
+            succession=kept["succession"],
+        ),
+        unreadable,
+    )
+
+
+def _decodes(name: str, write: Callable[[Any], list[Any]], row: Any) -> bool:
+    """Whether ``row`` of section ``name``, written, reads back."""
+    try:
+        _READERS[name](write(row))
+    except (CorruptSnapshot, TypeError, ValueError):
+        return False
+    return True
+
+
 def encode(state: LearnedState, max_bytes: int) -> tuple[bytes, dict[str, int], dict[str, int]]:
-    """``(payload, kept, dropped)`` with ``len(payload) <= max_bytes`` (module doc)."""
+    """``(payload, kept, dropped)`` with ``len(payload) <= max_bytes`` (module doc).  Rows
+    :func:`decode` would refuse are dropped first (and counted): one of them would make
+    the whole checkpoint unreadable to the next leader."""
+    state, unreadable = _readable(state)
     total = state.counts()
     keep = {k: min(n, max_bytes // MIN_ROW_BYTES) for k, n in total.items()}
     for attempt in range(60):
-        dropped = {k: total[k] - keep[k] for k in SECTIONS}
+        dropped = {k: total[k] - keep[k] + unreadable.get(k, 0) for k in SECTIONS}
         payload = _pack(state.newest(keep), dropped)
         if len(payload) <= max_bytes:
             return payload, keep, dropped
@@ -464,3 +512,13 @@ def _nonnegative(value: Any, what: str) -> float:
     if number < 0:
         raise CorruptSnapshot(f"{what}: negative")
     return number
+
+
+_READERS: dict[str, Callable[[list[Any]], Any]] = {
+    "references": _reference,
+    "records": _record,
+    "completions": _completion,
+    "succession": _succession,
+}
+"""Each row section's reader: the same checks :func:`decode` makes, which the writer
+applies too."""
