@@ -166,3 +166,30 @@ def test_a_store_restarted_before_it_prunes_still_keeps_only_the_newest(tmp_path
     CompletionStore(path, capacity=3).close()  # the next restart
     rows = sqlite3.connect(path).execute("SELECT uid FROM job_completions").fetchall()
     assert sorted(uid for (uid,) in rows) == ["u3", "u4", "u5"]
+
+
+def test_completion_rows_of_the_wrong_type_are_skipped_not_fatal(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Rows an older or hostile writer left (gpus 'x', finished_at 'later', a NaN run
+    time): before, ``load`` raised "invalid literal for int()" and ``elastico serve``
+    refused to start without naming the file.  Now they are skipped, with one warning
+    naming the file and the count, and the good completions still load."""
+    import sqlite3
+
+    from elastico_extender.core.duration import CompletedJob
+
+    path = tmp_path / "c.db"
+    store = CompletionStore(path)
+    store.add("u1", CompletedJob("bert", 1, 100.0, "t"), finished_at=5.0)
+    with sqlite3.connect(path) as db:
+        db.execute("INSERT INTO job_completions VALUES ('u2', 'bert', 'x', 't', 100, 6)")
+        db.execute("INSERT INTO job_completions VALUES ('u3', 'bert', 1, 't', 100, 'later')")
+        db.execute("INSERT INTO job_completions VALUES ('u4', 'bert', 1, 't', 'NaN', 7)")
+        db.execute("INSERT INTO job_completions VALUES ('u5', X'01', 1, 't', 100, 8)")
+    with caplog.at_level("WARNING", logger="elastico_extender.profiles.completions"):
+        rows = store.load()
+    store.close()
+    assert rows == [("u1", CompletedJob("bert", 1, 100.0, "t"), 5.0)]
+    warned = [r for r in caplog.records if r.msg == "completions.foreign_rows"]
+    assert [(r.path, r.skipped) for r in warned] == [(str(path), 4)]

@@ -11,16 +11,21 @@ thousands of rows too: :meth:`CompletionStore.add_many`).
 
 from __future__ import annotations
 
+import logging
+import math
 import sqlite3
 import threading
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 from elastico_extender.core.duration import MAX_COMPLETIONS, CompletedJob
 from elastico_extender.errors import ProfileStoreError
 from elastico_extender.profiles.store import keep_newest, keep_newest_at_open, open_database
 
 __all__ = ["CompletionRow", "CompletionStore"]
+
+log = logging.getLogger(__name__)
 
 CompletionRow = tuple[str, CompletedJob, float]
 """(the pod's uid, its completion, when it finished in epoch seconds)."""
@@ -96,7 +101,26 @@ class CompletionStore:
                 "ORDER BY finished_at DESC LIMIT ?",
                 (self.capacity,),
             ).fetchall()
+        kept = [row for row in rows if _usable(row)]
+        if len(kept) < len(rows):
+            log.warning(
+                "completions.foreign_rows",
+                extra={"path": self.path, "skipped": len(rows) - len(kept)},
+            )
         return [
             (uid, CompletedJob(f, int(g), float(d), u), float(at))
-            for uid, f, g, u, d, at in reversed(rows)
+            for uid, f, g, u, d, at in reversed(kept)
         ]
+
+
+def _usable(row: tuple[Any, ...]) -> bool:
+    """Whether a stored row is one :meth:`CompletionStore.add` writes (an older or hostile
+    writer's text where a number belongs, or NaN, is not): one such row must not stop the
+    service from starting."""
+    uid, family, gpus, user, duration, at = row
+    return (
+        all(isinstance(v, str) for v in (uid, family, user))
+        and isinstance(gpus, int)
+        and gpus >= 0
+        and all(isinstance(v, int | float) and math.isfinite(v) for v in (duration, at))
+    )
