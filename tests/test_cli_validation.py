@@ -120,6 +120,21 @@ def test_train_iac_help_and_errors_work_without_torch(tmp_path):
     assert not (tmp_path / "m.onnx").exists()  # the write check leaves nothing behind
 
 
+def test_train_iac_refuses_an_out_that_is_a_fifo_instead_of_waiting_for_a_reader(tmp_path):
+    """Before, the write check opened a FIFO for appending and waited for a reader forever
+    (the command hung before it said anything); an --out that exists and is not a regular
+    file (a FIFO, a socket, a device) is refused at once, naming the flag and the file."""
+    fifo = tmp_path / "model.onnx"
+    os.mkfifo(fifo)
+    done = subprocess.run(
+        [sys.executable, "-c", NO_TORCH, "train-iac", "--out", str(fifo)],
+        capture_output=True, text=True, timeout=20, env=ENV, cwd=ROOT,
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert last_line(done) == f"elastico train-iac: error: --out: {fifo} is not a regular file"
+    no_traceback(done)
+
+
 def test_train_iac_refuses_a_net_too_wide_to_allocate(tmp_path):
     # checked before torch is imported (a 100,000-wide layer pair is 40 GB of weights)
     done = elastico("train-iac", "--hidden", "100000", "--out", str(tmp_path / "m.onnx"),

@@ -83,10 +83,13 @@ def parser() -> argparse.ArgumentParser:
 
 
 def _check_writable(p: argparse.ArgumentParser, out: Path) -> None:
-    """Fail now, not after minutes of training, when --out cannot be written."""
+    """Fail now, not after minutes of training, when --out cannot be written.  Only a
+    regular file (or none yet) is opened: opening a FIFO would wait for a reader."""
     if out.is_dir():
         p.error(f"--out: {out} is a directory")
     existed = out.exists()
+    if existed and not out.is_file():
+        p.error(f"--out: {out} is not a regular file")
     try:
         with open(out, "ab"):
             pass
