@@ -193,3 +193,28 @@ def test_completion_rows_of_the_wrong_type_are_skipped_not_fatal(
     assert rows == [("u1", CompletedJob("bert", 1, 100.0, "t"), 5.0)]
     warned = [r for r in caplog.records if r.msg == "completions.foreign_rows"]
     assert [(r.path, r.skipped) for r in warned] == [(str(path), 4)]
+
+
+def test_rows_with_no_time_never_crowd_out_learned_completions(tmp_path: Path) -> None:
+    """SQLite sorts text above numbers: three rows finished 'later' were the newest, so a
+    store keeping two read none of its two real completions, and pruning at open deleted
+    them, keeping the foreign rows."""
+    import sqlite3
+
+    from elastico_extender.core.duration import CompletedJob
+
+    path = tmp_path / "c.db"
+    store = CompletionStore(path, capacity=5)
+    store.add("u1", CompletedJob("bert", 1, 100.0, "t"), finished_at=5.0)
+    store.add("u2", CompletedJob("ncf", 1, 50.0, "t"), finished_at=6.0)
+    store.close()
+    with sqlite3.connect(path) as db:
+        for k in range(3):
+            db.execute(f"INSERT INTO job_completions VALUES ('x{k}', 'bert', 1, 't', 1, 'later')")
+    store = CompletionStore(path, capacity=2)  # prunes at open to two rows
+    rows = store.load()
+    store.close()
+    assert [uid for uid, _, _ in rows] == ["u1", "u2"]
+    with sqlite3.connect(path) as db:
+        (left,) = db.execute("SELECT COUNT(*) FROM job_completions").fetchone()
+    assert left == 2

@@ -21,7 +21,12 @@ from typing import Any
 
 from elastico_extender.core.duration import MAX_COMPLETIONS, CompletedJob
 from elastico_extender.errors import ProfileStoreError
-from elastico_extender.profiles.store import keep_newest, keep_newest_at_open, open_database
+from elastico_extender.profiles.store import (
+    keep_newest,
+    keep_newest_at_open,
+    newest_first,
+    open_database,
+)
 
 __all__ = ["CompletionRow", "CompletionStore"]
 
@@ -98,7 +103,7 @@ class CompletionStore:
         with self._lock:
             rows = self._db.execute(
                 "SELECT uid, family, gpus, user, duration_s, finished_at FROM job_completions "
-                "ORDER BY finished_at DESC LIMIT ?",
+                f"ORDER BY {newest_first('finished_at')} LIMIT ?",
                 (self.capacity,),
             ).fetchall()
         kept = [row for row in rows if _usable(row)]

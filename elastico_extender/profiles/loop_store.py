@@ -49,7 +49,12 @@ import numpy as np
 from elastico_extender.core.interference.features import NUM_FEATURES
 from elastico_extender.core.interference.online import OnlineCorrection
 from elastico_extender.core.observations import ObservationBook
-from elastico_extender.profiles.store import keep_newest, keep_newest_at_open, open_database
+from elastico_extender.profiles.store import (
+    keep_newest,
+    keep_newest_at_open,
+    newest_first,
+    open_database,
+)
 
 __all__ = ["LoopStore", "PairRecord", "ReferenceRow"]
 
@@ -401,7 +406,7 @@ class LoopStore:
         with self._lock:
             rows = self._db.execute(
                 "SELECT job, config, unit, rate, solo FROM loop_references "
-                "ORDER BY updated_at DESC, rowid DESC LIMIT ?",
+                f"ORDER BY {newest_first('updated_at')}, rowid DESC LIMIT ?",
                 (book.max_refs,),
             ).fetchall()
         rows = _kept(rows, _is_reference, "loop_references", self.path)

@@ -31,7 +31,14 @@ from elastico_extender.core.resources import NUM_RESOURCES
 from elastico_extender.core.shapes.estimate import nearest_measured
 from elastico_extender.errors import InvalidProfileError, ProfileStoreError
 
-__all__ = ["MAX_PROFILES", "ProfileRecord", "ProfileStore", "keep_newest", "keep_newest_at_open"]
+__all__ = [
+    "MAX_PROFILES",
+    "ProfileRecord",
+    "ProfileStore",
+    "keep_newest",
+    "keep_newest_at_open",
+    "newest_first",
+]
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +90,14 @@ def open_database(
     return db
 
 
+def newest_first(column: str) -> str:
+    """An ``ORDER BY`` for ``column`` (a time), newest first, rows whose time is no number
+    last: SQLite sorts text above every number, so a few rows an older or hostile writer
+    left with 'later' there would otherwise be the "newest" kept and read, and the
+    learned rows the ones pruned or cut by a ``LIMIT``."""
+    return f"typeof({column}) IN ('integer', 'real') DESC, {column} DESC"
+
+
 def keep_newest(db: sqlite3.Connection, table: str, newest: str, capacity: int) -> int:
     """Delete the rows of ``table`` beyond the ``capacity`` with the largest ``newest``
     column (the caller commits); how many.  Within the bound it writes nothing, so a
@@ -93,7 +108,7 @@ def keep_newest(db: sqlite3.Connection, table: str, newest: str, capacity: int) 
         return 0
     return db.execute(
         f"DELETE FROM {table} WHERE rowid IN (SELECT rowid FROM {table} "
-        f"ORDER BY {newest} DESC, rowid DESC LIMIT -1 OFFSET ?)",
+        f"ORDER BY {newest_first(newest)}, rowid DESC LIMIT -1 OFFSET ?)",
         (capacity,),
     ).rowcount
 
