@@ -815,6 +815,7 @@ def test_a_store_that_refuses_writes_at_shutdown_is_a_warning_not_a_traceback(
     store._db.execute("PRAGMA query_only = ON")  # every write refused, as on a read-only disk
     with caplog.at_level("WARNING"):
         observed.close()
-    assert "observations.loop_not_saved" in caplog.text
+    said = [r for r in caplog.records if r.getMessage() == "observations.loop_not_saved"]
+    assert [r.path for r in said] == [str(tmp_path / "loop.db")]  # the file is named
     with pytest.raises(sqlite3.ProgrammingError):  # closed
         store.pair_records()

@@ -254,7 +254,10 @@ class ObservationService:
                     try:
                         self.store.save_correction(self.loop.correction, self.correction_lock)
                     except sqlite3.Error as exc:  # a full or read-only disk: said, not raised
-                        log.warning("observations.loop_not_saved", extra={"error": str(exc)})
+                        log.warning(
+                            "observations.loop_not_saved",
+                            extra={"path": self.store.path, "error": str(exc)},
+                        )
                 self.store.close()
 
     def attach(
@@ -389,7 +392,10 @@ class ObservationService:
                 self.store.save_correction(self.loop.correction, self.correction_lock)
                 self._saved_at = now
         except sqlite3.Error as exc:
-            log.warning("observations.loop_not_saved", extra={"error": str(exc)})
+            log.warning(
+                "observations.loop_not_saved",
+                extra={"path": self.store.path, "error": str(exc)},
+            )
 
     def _profile_unprofiled(self, pub: Published, windows: list[Observation], now: float) -> None:
         """Solo windows of pods whose family has no measured row become its profile."""
