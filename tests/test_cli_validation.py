@@ -420,3 +420,26 @@ def test_serve_help_says_how_each_flag_reads_the_environment():
     env = {"ELASTICO_CONFIG": str(ROOT / "no-such.yaml"), "ELASTICO_PLANNER_BANDS": "2"}
     loaded = ServiceSettings.load(env={**env, "ELASTICO_PORT": "9001"})
     assert (loaded.port, loaded.planner.bands) == (9001, 2)  # ELASTICO_CONFIG: not read
+
+
+@pytest.mark.parametrize("kind", ["foreign-sqlite", "not-sqlite"])
+def test_train_iac_from_a_file_that_is_no_observation_store_leaves_it_untouched(
+    tmp_path: Path, kind: str
+) -> None:
+    """Another program's SQLite file: opening it as a store wrote the loop's tables into
+    it (and then said it held 0 samples)."""
+    import sqlite3
+
+    path = tmp_path / "other.db"
+    if kind == "foreign-sqlite":
+        with sqlite3.connect(path) as db:
+            db.execute("CREATE TABLE accounts (id INTEGER, name TEXT)")
+    else:
+        path.write_bytes(b"not a database at all, but long enough " * 200)
+    before = path.read_bytes()
+    done = elastico("train-iac", "--from-store", str(path), "--out", str(tmp_path / "m.onnx"))
+    assert done.returncode == 2, done.stderr
+    said = f"--from-store: {path} is not an observation store"
+    assert last_line(done).endswith(said), done.stderr
+    no_traceback(done)
+    assert path.read_bytes() == before

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sqlite3
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -82,6 +83,23 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def _is_observation_store(path: Path) -> bool:
+    """Whether ``path`` is an SQLite file holding the closed loop's samples, read without
+    writing: opening another program's database as a store would add the store's tables
+    to it."""
+    try:
+        db = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
+        try:
+            found = db.execute(
+                "SELECT 1 FROM sqlite_master WHERE type='table' AND name='loop_samples'"
+            ).fetchone()
+        finally:
+            db.close()
+    except sqlite3.Error:  # not SQLite, damaged, unreadable
+        return False
+    return found is not None
+
+
 def _check_writable(p: argparse.ArgumentParser, out: Path) -> None:
     """Fail now, not after minutes of training, when --out cannot be written.  Only a
     regular file (or none yet) is opened: opening a FIFO would wait for a reader."""
@@ -112,6 +130,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             p.error(f"--from-store: {args.from_store} is not a readable file")
         if args.from_store.stat().st_size == 0:  # opening it would write a store's schema
             p.error(f"--from-store: {args.from_store} is empty, not an observation store")
+        if not _is_observation_store(args.from_store):
+            p.error(f"--from-store: {args.from_store} is not an observation store")
     _check_writable(p, args.out)
     try:
         from elastico_extender.interference import train
