@@ -377,3 +377,16 @@ def test_the_heuristic_chosen_as_the_base_is_healthy():
         assert published["epoch"] >= 1 and not published["predictor_degraded"]
     finally:
         server.stop()
+
+
+def test_a_model_path_that_is_a_fifo_is_named_as_such_not_missing(tmp_path) -> None:
+    """`--predictor-model` naming a FIFO was reported as "file not found"."""
+    import os
+
+    from elastico_extender.interference.onnx_predictor import load_predictor
+
+    fifo = tmp_path / "model.onnx"
+    os.mkfifo(fifo)
+    predictor, why = load_predictor(fifo)
+    assert why is not None and f"{fifo} is not a regular file" in why
+    assert predictor.name == "contention-heuristic"

@@ -136,6 +136,9 @@ class OnnxSlowdownPredictor:
         if self.path.is_dir():
             raise PredictorError(f"interference model {self.path} is a directory, not a file")
         if not self.path.is_file():
+            if self.path.exists():  # a FIFO would block the loader's open: never opened
+                why = "is not a regular file (a FIFO, socket or device)"
+                raise PredictorError(f"interference model {self.path} {why}")
             raise PredictorError(f"interference model file not found: {self.path}")
         size = self.path.stat().st_size
         if size > MAX_MODEL_BYTES:
