@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from test_service_behaviour import elastic_pod, gpu_node
 
 from elastico_extender.cluster.embedded import EmbeddedCluster
@@ -74,3 +75,46 @@ def test_without_a_state_file_nothing_is_written(tmp_path: Path) -> None:
     cluster.add_pod(elastic_pod("b"))
     assert list(tmp_path.iterdir()) == []
     assert cluster.state_file is None
+
+
+BROKEN_FILES = {
+    "nested": ("[" * 200_000, "nested too deeply"),
+    "metadata-array": (
+        json.dumps({"kind": "List", "items": [{"kind": "Node", "metadata": ["x"]}]}),
+        "items[0].metadata: must be an object",
+    ),
+    "pod-spec-array": (
+        json.dumps({"kind": "List", "items": [
+            {"kind": "Pod", "metadata": {"name": "p"}, "spec": ["x"]}]}),
+        "items[0].spec: must be an object",
+    ),
+    "container-not-object": (
+        json.dumps({"kind": "List", "items": [
+            {"kind": "Pod", "metadata": {"name": "p"}, "spec": {"containers": [7]}}]}),
+        "items[0].spec.containers[0]: must be an object",
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", sorted(BROKEN_FILES))
+def test_an_embedded_file_of_the_wrong_shape_names_the_field(tmp_path: Path, case: str) -> None:
+    """Before: a Pod whose spec is an array crashed the first epoch with a traceback; a
+    metadata array or deep nesting ended the start with Python's own words."""
+    from elastico_extender.cluster.embedded import load_objects
+
+    text, said = BROKEN_FILES[case]
+    path = tmp_path / "cluster.json"
+    path.write_text(text)
+    with pytest.raises(ValueError) as caught:
+        load_objects(path)
+    assert str(caught.value).startswith(f"{path}: ") and said in str(caught.value)
+
+
+def test_a_state_file_with_a_resource_version_in_other_digits_is_read(tmp_path: Path) -> None:
+    """'²' passes str.isdigit and int() refused it: the restart raised ValueError."""
+    state = tmp_path / "state.json"
+    node = gpu_node("n1")
+    node["metadata"]["resourceVersion"] = "²"
+    state.write_text(json.dumps({"kind": "List", "items": [node]}))
+    cluster = EmbeddedCluster([], state_file=state)
+    assert list(cluster.state.nodes()) == ["n1"]

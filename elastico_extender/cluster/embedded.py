@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from elastico_extender.cluster.base import BindRequest, ClusterError
+from elastico_extender.cluster.objects import PodFieldError, check_pod
 from elastico_extender.cluster.state import ClusterState, KubeObject
 from elastico_extender.userfiles import read_text, reason
 
@@ -55,13 +56,33 @@ def load_objects(path: str | Path | None = None) -> list[KubeObject]:
         doc = json.loads(text)
     except json.JSONDecodeError as exc:
         raise ValueError(f"{path}: not JSON ({exc.msg}, line {exc.lineno})") from None
+    except RecursionError:
+        raise ValueError(f"{path}: not JSON a cluster holds (nested too deeply)") from None
     items = doc.get("items") if isinstance(doc, dict) else doc
     if not isinstance(items, list):
         raise ValueError(f"{path}: embedded cluster file must be a v1 List with an items array")
     for i, item in enumerate(items):
-        if not isinstance(item, dict):
-            raise ValueError(f"{path}: items[{i}] is not a Node or Pod object")
+        _check_item(item, f"{path}: items[{i}]")
     return items
+
+
+def _check_item(item: object, where: str) -> None:
+    """The shape of one object of the file, as the API server would guarantee it: a file
+    is the user's, and a Pod whose spec is an array crashed the first epoch, a Node whose
+    metadata is an array the start (Python's words, no field named)."""
+    if not isinstance(item, dict):
+        raise ValueError(f"{where} is not a Node or Pod object")
+    meta = item.get("metadata")
+    if meta is not None and not isinstance(meta, dict):
+        raise ValueError(f"{where}.metadata: must be an object")
+    for part in ("spec", "status"):
+        if item.get(part) is not None and not isinstance(item[part], dict):
+            raise ValueError(f"{where}.{part}: must be an object")
+    if item.get("kind") == "Pod":
+        try:
+            check_pod(item)
+        except PodFieldError as exc:
+            raise ValueError(f"{where}.{exc}") from None
 
 
 class EmbeddedCluster:
@@ -88,7 +109,7 @@ class EmbeddedCluster:
             objects = load_objects(self.state_file)  # what the last run wrote, not the seed
             self.description = f"embedded cluster restored from {self.state_file}"
             versions = (str((o.get("metadata") or {}).get("resourceVersion", "")) for o in objects)
-            rvs = [int(v) for v in versions if v.isdigit()]
+            rvs = [int(v) for v in versions if v.isascii() and v.isdigit()]
             self._rv = itertools.count(max(rvs, default=999) + 1)
             for cm in (o for o in objects if o.get("kind") == "ConfigMap"):
                 self.configmaps[(cm["metadata"]["namespace"], cm["metadata"]["name"])] = cm
