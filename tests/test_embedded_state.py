@@ -118,3 +118,20 @@ def test_a_state_file_with_a_resource_version_in_other_digits_is_read(tmp_path: 
     state.write_text(json.dumps({"kind": "List", "items": [node]}))
     cluster = EmbeddedCluster([], state_file=state)
     assert list(cluster.state.nodes()) == ["n1"]
+
+
+def test_an_embedded_file_of_more_nodes_than_the_extender_takes_is_refused(
+    tmp_path: Path,
+) -> None:
+    """200,000 nodes (1.6 million GPUs) started and then would not stop promptly; an
+    embedded cluster now holds at most what one extender request may carry."""
+    from elastico_extender.cluster.embedded import load_objects
+    from elastico_extender.core.resources import MAX_NODES
+
+    items = [{"kind": "Node", "metadata": {"name": f"n{i}"}} for i in range(MAX_NODES + 1)]
+    path = tmp_path / "cluster.json"
+    path.write_text(json.dumps({"kind": "List", "items": items}))
+    with pytest.raises(ValueError, match=r"65,537 nodes; an embedded cluster holds at most 65,536"):
+        load_objects(path)
+    path.write_text(json.dumps({"kind": "List", "items": items[:MAX_NODES]}))
+    assert len(load_objects(path)) == MAX_NODES

@@ -17,6 +17,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from elastico_extender.core.resources import MAX_NODES
+
 __all__ = [
     "MAX_NODES",
     "ExtenderArgs",
@@ -39,10 +41,6 @@ KubeObject = dict[str, Any]
 
 FailedNodesMap = dict[str, str]
 """Node name -> reason the pod cannot run there."""
-
-MAX_NODES = 65_536
-"""Most nodes one request may name or carry: Kubernetes is tested to 5,000 nodes; a
-list of millions is no cluster's, and would hold the extender for seconds."""
 
 
 class _Wire(BaseModel):

@@ -30,6 +30,7 @@ from typing import Any
 from elastico_extender.cluster.base import BindRequest, ClusterError
 from elastico_extender.cluster.objects import PodFieldError, check_pod
 from elastico_extender.cluster.state import ClusterState, KubeObject
+from elastico_extender.core.resources import MAX_NODES
 from elastico_extender.userfiles import read_text, reason
 
 __all__ = ["DEFAULT_EMBEDDED", "MAX_EMBEDDED_FILE_BYTES", "EmbeddedCluster", "load_objects"]
@@ -63,6 +64,11 @@ def load_objects(path: str | Path | None = None) -> list[KubeObject]:
         raise ValueError(f"{path}: embedded cluster file must be a v1 List with an items array")
     for i, item in enumerate(items):
         _check_item(item, f"{path}: items[{i}]")
+    nodes = sum(item.get("kind") == "Node" for item in items)
+    if nodes > MAX_NODES:  # more than kube-scheduler could ever ask about
+        raise ValueError(
+            f"{path}: {nodes:,} nodes; an embedded cluster holds at most {MAX_NODES:,}"
+        )
     return items
 
 

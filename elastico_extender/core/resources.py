@@ -37,3 +37,8 @@ MAX_CLUSTER_GPUS = 65_536
 """Largest cluster (and widest gang) the demo planner and the simulator build: above
 Kubernetes' documented limit of 5,000 nodes at 8 GPUs each, and a bound on every
 per-GPU array and on the synthetic generator's job count."""
+
+MAX_NODES = 65_536
+"""Most nodes the extender takes in: what one request may name or carry, and what an
+embedded cluster file may hold.  Kubernetes is tested to 5,000 nodes; a list of millions
+is no cluster's, and would hold the extender for seconds."""
