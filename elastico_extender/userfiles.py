@@ -14,11 +14,29 @@ import stat
 from pathlib import Path
 from typing import Any, BinaryIO
 
-__all__ = ["YamlError", "open_regular", "parse_yaml", "read_bounded", "read_text", "reason"]
+__all__ = [
+    "YamlError",
+    "check_regular",
+    "open_regular",
+    "parse_yaml",
+    "read_bounded",
+    "read_text",
+    "reason",
+]
 
 
 def _too_large(path: str | Path, max_bytes: int) -> OSError:
     return OSError(errno.EFBIG, f"larger than {max_bytes:,} bytes", str(path))
+
+
+def check_regular(mode: int, path: str | Path) -> None:
+    """OSError unless ``mode`` (an ``st_mode``) is a regular file's: a directory, FIFO,
+    socket or device is refused before anything opens it (a FIFO would block the open
+    until a writer, or a reader, came)."""
+    if stat.S_ISDIR(mode):
+        raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(path))
+    if not stat.S_ISREG(mode):
+        raise OSError(errno.EINVAL, "not a regular file (a FIFO, socket or device)", str(path))
 
 
 def open_regular(path: str | Path, max_bytes: int, *, follow: bool = True) -> BinaryIO:
@@ -32,11 +50,7 @@ def open_regular(path: str | Path, max_bytes: int, *, follow: bool = True) -> Bi
     fd = os.open(path, flags)
     try:
         mode = os.fstat(fd)
-        if stat.S_ISDIR(mode.st_mode):
-            raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(path))
-        if not stat.S_ISREG(mode.st_mode):
-            why = "not a regular file (a FIFO, socket or device)"
-            raise OSError(errno.EINVAL, why, str(path))
+        check_regular(mode.st_mode, path)
         if mode.st_size > max_bytes:
             raise _too_large(path, max_bytes)
         os.set_blocking(fd, True)

@@ -20,7 +20,6 @@ import errno
 import logging
 import math
 import os
-import stat
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -74,7 +73,7 @@ from elastico_extender.sim.traces import (
 )
 from elastico_extender.sim.truth import DEFAULT_PAIRS, GroundTruth
 from elastico_extender.sim.workloads import ConfigTable
-from elastico_extender.userfiles import reason
+from elastico_extender.userfiles import check_regular, reason
 
 __all__ = [
     "WORLDS",
@@ -516,11 +515,7 @@ def _check_out(out: Path, names: Sequence[str]) -> None:
 def _check_writable_file(path: Path) -> None:
     """OSError unless ``path`` is a regular file this process may overwrite (opening a
     FIFO to write would wait for a reader)."""
-    mode = path.stat().st_mode
-    if stat.S_ISDIR(mode):
-        raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(path))
-    if not stat.S_ISREG(mode):
-        raise OSError(errno.EINVAL, "not a regular file (a FIFO, socket or device)", str(path))
+    check_regular(path.stat().st_mode, path)
     if not os.access(path, os.W_OK):
         raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(path))
 
