@@ -79,7 +79,6 @@ import multiprocessing as mp
 import multiprocessing.queues
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 from queue import Empty
 
@@ -102,7 +101,6 @@ from elastico_extender.sim.traces import (
     offered_load,
     philly_trace,
     read_trace,
-    rebase,
     synthetic,
 )
 
@@ -224,26 +222,20 @@ def week_experiment(loaded: TraceLoad, gpus: int, world: str, seed: int) -> Expe
 def alibaba_week(path: Path, seed: int) -> TraceLoad:
     """The Alibaba row's week (``ALIBABA_WEEK``) of the pod list at ``path``, with the notes
     of what reading the file and cutting the week did."""
-    loaded = read_trace(path, seed)
-    week = days_window(rebase(loaded.jobs), ALIBABA_WEEK)
-    return replace(week, notes=(*loaded.notes, *week.notes))
+    return days_window(read_trace(path, seed), ALIBABA_WEEK)
 
 
-ALIBABA_PATH = {"path": default_data_dir() / ALIBABA_FILE}
-"""Where the pod list is read (``--alibaba``): rows save its name only, no local path."""
-
-
-def row_floors(meta: dict[str, object]) -> JctFloors | None:
+def row_floors(meta: dict[str, object], alibaba: Path) -> JctFloors | None:
     """The average-JCT floors (``sim.bounds``) of a saved trace row, of the seed it ran;
-    None for an Alibaba row when the pod list is not at ``--alibaba``."""
+    None for an Alibaba row when the pod list is not at ``alibaba`` (``--alibaba``: rows
+    save the file's name only, no local path)."""
     days = meta["days"]
     assert isinstance(days, list)
     seed = int(str(meta.get("seed", 0)))
     if meta["section"] == "alibaba":
-        path = ALIBABA_PATH["path"]
-        if not path.is_file():
+        if not alibaba.is_file():
             return None
-        loaded = alibaba_week(path, seed)
+        loaded = alibaba_week(alibaba, seed)
     else:
         loaded = philly_trace(str(meta["vc"]), seed=seed, days=(float(days[0]), float(days[1])))
     exp = week_experiment(loaded, int(str(meta["gpus"])), str(meta["world"]), seed)
@@ -354,7 +346,7 @@ def _x(a: float, b: float) -> str:
     return f"{a / b:.2f}x" if b and math.isfinite(a) and math.isfinite(b) else "n/a"
 
 
-def collect(command: str) -> str:
+def collect(command: str, alibaba: Path) -> str:
     """PEERS.md from every saved experiment (partial ones marked)."""
     parts = [json.loads(p.read_text()) for p in sorted(OUT.glob("*.json"))]
     lines = [
@@ -419,7 +411,7 @@ def collect(command: str) -> str:
                 f"{s[n]['max_queue_s'] / 3600:.1f}" if n in s else "-" for n in ("volcano", ours)
             )
             vs = f"{el['avg_jct_s'] / s[best]['avg_jct_s']:.2f}x of {best}" if el and best else "-"
-            extra = _floor_cells(m, s, best, base) if floors else []
+            extra = _floor_cells(m, s, best, base, alibaba) if floors else []
             tag = "" if m.get("complete", True) else " (partial)"
             label = "pods" if section == "alibaba" else m.get("vc", "synthetic")
             cluster = f"{label}" + (
@@ -479,11 +471,15 @@ baseline by 10%: a target of 0.9x the best baseline's average JCT."""
 
 
 def _floor_cells(
-    meta: dict[str, object], summary: dict[str, dict[str, float]], best: str | None, base: float
+    meta: dict[str, object],
+    summary: dict[str, dict[str, float]],
+    best: str | None,
+    base: float,
+    alibaba: Path,
 ) -> list[str]:
-    """A Philly row's JCT floors (``sim.bounds``) and target, both relative to volcano;
+    """A trace row's JCT floors (``sim.bounds``) and target, both relative to volcano;
     the target is marked out of reach when it lies below the fastest floor."""
-    floors = row_floors(meta)
+    floors = row_floors(meta, alibaba)
     if floors is None:
         return ["-", "-"]
     cells = [f"{floors.default_s / base:.3f} / {floors.fastest_s / base:.3f}"]
@@ -557,7 +553,6 @@ def main(argv: list[str] | None = None) -> int:
     OUT.mkdir(parents=True, exist_ok=True)
     if "philly" in only:
         philly(worlds, chosen or (*BASELINES, *elastico), args.seed, args.resume, vcs)
-    ALIBABA_PATH["path"] = args.alibaba
     if "alibaba" in only:
         if not args.alibaba.is_file():
             ap.error(f"--alibaba: no file {args.alibaba} (alibaba/clusterdata, {ALIBABA_FILE})")
@@ -566,7 +561,7 @@ def main(argv: list[str] | None = None) -> int:
     if "scale" in only:
         policies = chosen or (*BASELINES, "elastico", SHIPPED)
         scale(worlds, args.sizes, policies, args.seed, args.resume, args.hours)
-    print(collect(command))
+    print(collect(command, args.alibaba))
     return 0
 
 

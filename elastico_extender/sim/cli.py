@@ -421,10 +421,9 @@ def load_trace(args: argparse.Namespace) -> tuple[list[TraceJob], int, float, Tr
         loaded = TraceLoad(jobs, notes=tuple(notes))
         if days is not None:
             try:
-                window = days_window(jobs, days)
+                loaded = days_window(loaded, days)
             except EmptyWindowError as exc:
                 raise InputError(f"--days: {args.trace}: {exc}") from None
-            loaded = replace(window, notes=(*loaded.notes, *window.notes))
             narrowed = "days"
     jobs = fit_to_cluster(loaded.jobs, gpus)
     clipped = sum(j.gpus > gpus for j in loaded.jobs)

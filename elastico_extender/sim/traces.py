@@ -472,8 +472,7 @@ def philly_trace(
     converted = sum(j.workload in INFERENCE_WORKLOADS for j in jobs)
     clipped = sum(j.job_id in clipped_ids for j in jobs)
     if not jobs:
-        arrivals = [r.number("arrival_time_s", 0.0, MAX_TRACE_SECONDS) for r in rows
-                    if r.text("vc") == vc]  # fmt: skip
+        arrivals = [j.arrival_s for j in every]
         if arrivals and days:
             raise EmptyWindowError(
                 f"no job of Philly VC {vc!r} arrives in days {days[0]:g}-{days[1]:g} "
@@ -515,10 +514,11 @@ def in_window(
     return kept, history
 
 
-def days_window(jobs: list[TraceJob], days: tuple[float, float]) -> TraceLoad:
-    """A trace file's jobs (rebased to t = 0) arriving in ``days`` since the first arrival,
-    rebased again, with the completions before it as history and a note saying so;
-    :class:`EmptyWindowError` when no job arrives in it."""
+def days_window(loaded: TraceLoad, days: tuple[float, float]) -> TraceLoad:
+    """A trace file's jobs arriving in ``days`` since its first arrival, rebased to t = 0,
+    with the completions before the window added to its history and a note saying so
+    added to its notes; :class:`EmptyWindowError` when no job arrives in it."""
+    jobs = rebase(loaded.jobs)
     kept, history = in_window(jobs, days[0] * 86400.0, days[1] * 86400.0)
     if not kept:
         last = max((j.arrival_s for j in jobs), default=0.0) / 86400.0
@@ -531,7 +531,7 @@ def days_window(jobs: list[TraceJob], days: tuple[float, float]) -> TraceLoad:
         f"{days[1]:g}, rebased to t=0; the {len(history)} that finished before day "
         f"{days[0]:g} are the history the duration estimators start from"
     )
-    return TraceLoad(rebase(kept), tuple(history), (note,))
+    return TraceLoad(rebase(kept), (*loaded.history, *history), (*loaded.notes, note))
 
 
 def load_philly(
