@@ -12,7 +12,6 @@ thousands of rows too: :meth:`CompletionStore.add_many`).
 from __future__ import annotations
 
 import logging
-import math
 import sqlite3
 import threading
 from collections.abc import Iterable
@@ -22,8 +21,10 @@ from typing import Any
 from elastico_extender.core.duration import MAX_COMPLETIONS, CompletedJob
 from elastico_extender.errors import ProfileStoreError
 from elastico_extender.profiles.store import (
+    finite_cell,
     keep_newest,
     keep_newest_at_open,
+    kept_rows,
     newest_first,
     open_database,
 )
@@ -106,12 +107,7 @@ class CompletionStore:
                 f"ORDER BY {newest_first('finished_at')} LIMIT ?",
                 (self.capacity,),
             ).fetchall()
-        kept = [row for row in rows if _usable(row)]
-        if len(kept) < len(rows):
-            log.warning(
-                "completions.foreign_rows",
-                extra={"path": self.path, "skipped": len(rows) - len(kept)},
-            )
+        kept = kept_rows(rows, _usable, log, "completions.foreign_rows", path=self.path)
         return [
             (uid, CompletedJob(f, int(g), float(d), u), float(at))
             for uid, f, g, u, d, at in reversed(kept)
@@ -127,5 +123,6 @@ def _usable(row: tuple[Any, ...]) -> bool:
         all(isinstance(v, str) for v in (uid, family, user))
         and isinstance(gpus, int)
         and gpus >= 0
-        and all(isinstance(v, int | float) and math.isfinite(v) for v in (duration, at))
+        and finite_cell(duration)
+        and finite_cell(at)
     )

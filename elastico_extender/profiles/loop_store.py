@@ -42,7 +42,7 @@ from collections.abc import Callable, Iterable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeGuard
+from typing import Any
 
 import numpy as np
 
@@ -50,8 +50,10 @@ from elastico_extender.core.interference.features import NUM_FEATURES
 from elastico_extender.core.interference.online import OnlineCorrection
 from elastico_extender.core.observations import ObservationBook
 from elastico_extender.profiles.store import (
+    finite_cell,
     keep_newest,
     keep_newest_at_open,
+    kept_rows,
     newest_first,
     open_database,
 )
@@ -139,12 +141,6 @@ def _is_features(blob: object) -> bool:
     return isinstance(blob, bytes) and len(blob) == 4 * NUM_FEATURES
 
 
-def _finite(value: object) -> TypeGuard[float]:
-    """Whether a stored value is a finite number (SQLite keeps text written where a number
-    belongs, 'NaN' included, as text)."""
-    return isinstance(value, int | float) and math.isfinite(value)
-
-
 def _is_key(value: object) -> bool:
     """Whether a stored key is a 64-bit pair key in decimal, as this version writes it."""
     return (
@@ -162,7 +158,7 @@ def _is_reference(row: Sequence[object]) -> bool:
         isinstance(job, str)
         and isinstance(config, int)
         and isinstance(unit, str)
-        and _finite(rate)
+        and finite_cell(rate)
         and rate > 0
         and isinstance(solo, int)
     )
@@ -170,17 +166,19 @@ def _is_reference(row: Sequence[object]) -> bool:
 
 def _is_correction(row: Sequence[object]) -> bool:
     level, key, mean, count = row
-    return level in ("config", "family") and _is_key(key) and _finite(mean) and _finite(count)
+    return (
+        level in ("config", "family") and _is_key(key) and finite_cell(mean) and finite_cell(count)
+    )
 
 
 def _is_neighbour(row: Sequence[object]) -> bool:
     key, blob, mean, count = row
-    return _is_key(key) and _is_features(blob) and _finite(mean) and _finite(count)
+    return _is_key(key) and _is_features(blob) and finite_cell(mean) and finite_cell(count)
 
 
 def _is_sample(row: Sequence[object]) -> bool:
     blob, slowdown, at = row
-    return _is_features(blob) and _finite(slowdown) and slowdown >= 1 and _finite(at)
+    return _is_features(blob) and finite_cell(slowdown) and slowdown >= 1 and finite_cell(at)
 
 
 def _is_record(row: Sequence[object]) -> bool:
@@ -189,23 +187,10 @@ def _is_record(row: Sequence[object]) -> bool:
         isinstance(victim, str)
         and isinstance(config, int)
         and isinstance(partner, str)
-        and _finite(slowdown)
-        and (predicted is None or _finite(predicted))
-        and _finite(end)
+        and finite_cell(slowdown)
+        and (predicted is None or finite_cell(predicted))
+        and finite_cell(end)
     )
-
-
-def _kept(rows: list[Any], usable: Callable[[Any], bool], table: str, path: str) -> list[Any]:
-    """The rows ``usable`` accepts; the others (an older or hostile writer's: another
-    feature layout, text where numbers belong) are skipped with one warning naming the
-    file, the table and how many: one foreign row must not cost every row."""
-    kept = [row for row in rows if usable(row)]
-    if len(kept) < len(rows):
-        log.warning(
-            "loop_store.foreign_rows",
-            extra={"path": path, "table": table, "skipped": len(rows) - len(kept)},
-        )
-    return kept
 
 
 def _decoded(
@@ -271,6 +256,10 @@ class LoopStore:
             self._db.execute("DELETE FROM loop_neighbours")
             self._db.executemany("INSERT INTO loop_neighbours VALUES (?,?,?,?,?)", ring)
 
+    def _kept(self, rows: list[Any], usable: Callable[[Any], bool], table: str) -> list[Any]:
+        """``rows`` of ``table`` this version would have written (:func:`kept_rows`)."""
+        return kept_rows(rows, usable, log, "loop_store.foreign_rows", path=self.path, table=table)
+
     def load_correction(self, correction: OnlineCorrection) -> int:
         """Restore the stored rows into ``correction``; returns how many were read."""
         with self._lock:
@@ -280,8 +269,8 @@ class LoopStore:
             ring = self._db.execute(
                 "SELECT key, features, mean, count FROM loop_neighbours ORDER BY slot"
             ).fetchall()
-        rows = _kept(rows, _is_correction, "loop_correction", self.path)
-        ring = _kept(ring, _is_neighbour, "loop_neighbours", self.path)
+        rows = self._kept(rows, _is_correction, "loop_correction")
+        ring = self._kept(ring, _is_neighbour, "loop_neighbours")
         for level in ("config", "family"):
             correction.restore_rows(
                 level, ((int(k), float(m), float(n)) for lv, k, m, n in rows if lv == level)
@@ -318,7 +307,7 @@ class LoopStore:
             rows = self._db.execute(
                 "SELECT features, slowdown, observed_at FROM loop_samples ORDER BY id"
             ).fetchall()
-        x, y, _ = _decoded(_kept(rows, _is_sample, "loop_samples", self.path))
+        x, y, _ = _decoded(self._kept(rows, _is_sample, "loop_samples"))
         return x, y
 
     def recent_samples(self, limit: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -329,7 +318,7 @@ class LoopStore:
                 (max(0, limit),),
             ).fetchall()
         rows.reverse()
-        return _decoded(_kept(rows, _is_sample, "loop_samples", self.path))
+        return _decoded(self._kept(rows, _is_sample, "loop_samples"))
 
     def merge_history(
         self, samples: tuple[np.ndarray, np.ndarray, np.ndarray], records: Sequence[PairRecord]
@@ -409,7 +398,7 @@ class LoopStore:
                 f"ORDER BY {newest_first('updated_at')}, rowid DESC LIMIT ?",
                 (book.max_refs,),
             ).fetchall()
-        rows = _kept(rows, _is_reference, "loop_references", self.path)
+        rows = self._kept(rows, _is_reference, "loop_references")
         book.restore({"refs": [list(r) for r in reversed(rows)]})
         return len(rows)
 
@@ -440,5 +429,5 @@ class LoopStore:
                 "FROM pair_samples ORDER BY id DESC LIMIT ?",
                 (limit,),
             ).fetchall()
-        rows = _kept(rows, _is_record, "pair_samples", self.path)
+        rows = self._kept(rows, _is_record, "pair_samples")
         return [PairRecord(*row) for row in reversed(rows)]

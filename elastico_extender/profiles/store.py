@@ -21,7 +21,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeGuard
+from typing import Any, TypeGuard, TypeVar
 
 import numpy as np
 
@@ -35,12 +35,16 @@ __all__ = [
     "MAX_PROFILES",
     "ProfileRecord",
     "ProfileStore",
+    "finite_cell",
     "keep_newest",
     "keep_newest_at_open",
+    "kept_rows",
     "newest_first",
 ]
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 MAX_PROFILES = 100_000
 """Rows a profile store keeps, the newest measured: a catalog family profiled on one GPU
@@ -165,10 +169,23 @@ class ProfileRecord:
     measured_at: float
 
 
-def _finite(value: object) -> TypeGuard[float]:
+def finite_cell(value: object) -> TypeGuard[float]:
     """Whether a stored value is a finite number (SQLite keeps text written where a number
-    belongs as text)."""
+    belongs, 'NaN' included, as text)."""
     return isinstance(value, int | float) and math.isfinite(value)
+
+
+def kept_rows(
+    rows: list[T], usable: Callable[[T], bool], logger: logging.Logger, event: str, **context: Any
+) -> list[T]:
+    """The rows ``usable`` accepts; the others (an older or hostile writer's: text where
+    numbers belong, another layout) are skipped with one ``event`` warning on ``logger``
+    giving ``context`` (the file, the table) and how many: one foreign row must not cost
+    every row, nor stop the service from starting."""
+    kept = [row for row in rows if usable(row)]
+    if len(kept) < len(rows):
+        logger.warning(event, extra={**context, "skipped": len(rows) - len(kept)})
+    return kept
 
 
 def _record(workload: str, hardware: str, row: tuple[Any, ...]) -> ProfileRecord | None:
@@ -189,7 +206,7 @@ def _record(workload: str, hardware: str, row: tuple[Any, ...]) -> ProfileRecord
         return None
     if resources.shape != (NUM_RESOURCES,) or not np.isfinite(resources).all():
         return None
-    if (resources < 0).any() or not (_finite(tput) and tput > 0) or not _finite(at):
+    if (resources < 0).any() or not (finite_cell(tput) and tput > 0) or not finite_cell(at):
         return None
     if features is not None and (
         features.shape != (NUM_JOB_FEATURES,) or not np.isfinite(features).all()
@@ -289,17 +306,15 @@ class ProfileStore:
         except sqlite3.Error as exc:
             raise ProfileStoreError(f"cannot read profile store {self.path}: {exc}") from exc
         records = [_record(workload, hardware, row) for row in rows]
-        kept = [r for r in records if r is not None]
-        if len(kept) < len(records):
-            log.warning(
-                "profiles.foreign_rows",
-                extra={
-                    "path": self.path,
-                    "workload": workload,
-                    "skipped": len(records) - len(kept),
-                },
-            )
-        return kept
+        kept = kept_rows(
+            records,
+            lambda r: r is not None,
+            log,
+            "profiles.foreign_rows",
+            path=self.path,
+            workload=workload,
+        )
+        return [r for r in kept if r is not None]  # the same list, as the type checker sees it
 
     def invalidate(self, *, hardware: str | None = None, workload: str | None = None) -> int:
         """Delete stale rows (by hardware signature and/or workload); returns how many."""
