@@ -9,7 +9,7 @@ import logging
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -188,11 +188,7 @@ def test_a_broken_metrics_endpoint_costs_only_its_own_pods_window(tmp_path: Path
         conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
 
     endpoints = [RawEndpoint(http_answer(b"HELLO THERE")), RawEndpoint(good)]
-    pods = [
-        PodInfo(f"uid-{n}", f"ml/p{n}", "127.0.0.1", (), None,
-                parse_progress_metrics(f"{e.port}#vllm:generation_tokens_total"))
-        for n, e in enumerate(endpoints)
-    ]  # fmt: skip
+    pods = pods_of(endpoints)
     clock = [1_000.0]
     agent = Agent("g0", lambda: pods, PodRings(tmp_path), Reporter("http://127.0.0.1:9"),
                   clock=lambda: clock[0], warmup_seconds=0.0)  # fmt: skip
@@ -220,12 +216,35 @@ def counter_pods(bodies: list[list[bytes]]) -> tuple[list[PodInfo], list[RawEndp
         return answer
 
     endpoints = [RawEndpoint(serving(list(queue))) for queue in bodies]
-    pods = [
+    return pods_of(endpoints), endpoints
+
+
+def pods_of(endpoints: list[RawEndpoint]) -> list[PodInfo]:
+    """A pod per endpoint, declaring vLLM's token counter on its port."""
+    return [
         PodInfo(f"uid-{n}", f"ml/p{n}", "127.0.0.1", (), None,
                 parse_progress_metrics(f"{e.port}#vllm:generation_tokens_total"))
         for n, e in enumerate(endpoints)
     ]  # fmt: skip
-    return pods, endpoints
+
+
+@contextlib.contextmanager
+def reporting_agent(
+    pods: list[PodInfo], server: Scripted, endpoints: list[RawEndpoint]
+) -> Iterator[tuple[Agent, Reporter, list[float]]]:
+    """A node agent over ``pods`` reporting to ``server``, with the clock it reads
+    (``clock[0]``, seconds); the reporter, the server and the endpoints closed after."""
+    clock = [1_000.0]
+    reporter = Reporter(server.url, clock=lambda: clock[0])
+    agent = Agent("g0", lambda: pods, PodRings(None, kubelet_root="/nonexistent"), reporter,
+                  clock=lambda: clock[0], warmup_seconds=0.0)  # fmt: skip
+    try:
+        yield agent, reporter, clock
+    finally:
+        reporter.close()
+        server.stop()
+        for e in endpoints:
+            e.close()
 
 
 HUGE = b'vllm:generation_tokens_total{model="a"} 1.7e308\n'
@@ -255,20 +274,11 @@ def test_a_counter_that_is_no_finite_count_costs_neither_the_window_nor_held_one
         (200, "application/json", b'{"accepted": 1}'),  # the held window resent
         (200, "application/json", b'{"accepted": 1}'),  # this window
     ])  # fmt: skip
-    clock = [1_000.0]
-    reporter = Reporter(server.url, clock=lambda: clock[0])
-    agent = Agent("g0", lambda: pods, PodRings(None, kubelet_root="/nonexistent"), reporter,
-                  clock=lambda: clock[0], warmup_seconds=0.0)  # fmt: skip
-    try:
+    with reporting_agent(pods, server, endpoints) as (agent, reporter, clock):
         assert agent.run_once() == {"accepted": 0}
         assert reporter.send("g0", [item("uid-9", 995.0)])["status"] == 503
         clock[0] += 10.0
         result = agent.run_once()
-    finally:
-        reporter.close()
-        server.stop()
-        for e in endpoints:
-            e.close()
     assert result == {"accepted": 1, "resent": 1}
     posted = [[(o["pod_uid"], o["rate"]) for o in p["observations"]] for p in server.posted]
     assert posted == [[], [("uid-9", 5.0)], [("uid-9", 5.0)], [("uid-1", 50.0)]]
@@ -286,19 +296,10 @@ def test_a_rate_too_large_for_a_float_is_no_window(caplog) -> None:
     ])  # fmt: skip
     server = Scripted([(200, "application/json", b'{"accepted": 0}'),
                        (200, "application/json", b'{"accepted": 1}')])  # fmt: skip
-    clock = [1_000.0]
-    reporter = Reporter(server.url, clock=lambda: clock[0])
-    agent = Agent("g0", lambda: pods, PodRings(None, kubelet_root="/nonexistent"), reporter,
-                  clock=lambda: clock[0], warmup_seconds=0.0)  # fmt: skip
-    try:
+    with reporting_agent(pods, server, endpoints) as (agent, _, clock):
         agent.run_once()
         clock[0] += 0.5
         result = agent.run_once()
-    finally:
-        reporter.close()
-        server.stop()
-        for e in endpoints:
-            e.close()
     assert result == {"accepted": 1}
     posted = [[(o["pod_uid"], o["rate"]) for o in p["observations"]] for p in server.posted]
     assert posted == [[], [("uid-1", 1000.0)]]

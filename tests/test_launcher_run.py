@@ -366,13 +366,24 @@ def launcher(tmp_path: Path, annotations: Path, mode: str, grace: str = "5") -> 
     )
 
 
-def test_restarts_gracefully_when_the_assignment_changes(tmp_path: Path) -> None:
+@contextlib.contextmanager
+def started(
+    tmp_path: Path, mode: str, grace: str = "5"
+) -> Iterator[tuple[subprocess.Popen, Path, Path]]:
+    """The launcher running ``mode``'s workload under the TRAINING assignment, its first
+    start logged: (the launcher, its annotations file, the workload's log); stopped by
+    :func:`stop_all` on the way out."""
     annotations = tmp_path / "annotations"
     write_annotations(annotations, TRAINING)
     log = tmp_path / "log"
-    proc = launcher(tmp_path, annotations, "polite")
+    proc = launcher(tmp_path, annotations, mode, grace=grace)
     with stop_all(proc, log):
         wait_for(lambda: lines(log) == ["start 10240 "])
+        yield proc, annotations, log
+
+
+def test_restarts_gracefully_when_the_assignment_changes(tmp_path: Path) -> None:
+    with started(tmp_path, "polite") as (proc, annotations, log):
         write_annotations(annotations, {**TRAINING, "elastico.io/owner": "x"})  # no change
         time.sleep(0.3)
         write_annotations(annotations, {**TRAINING, "elastico.io/memory-budget-mib": "oops"})
@@ -392,12 +403,7 @@ def test_an_annotations_file_turned_to_garbage_leaves_the_workload_running(
 ) -> None:
     """A new annotations file that cannot even be read as text is an invalid assignment
     like any other: logged, and the workload keeps running under its launcher."""
-    annotations = tmp_path / "annotations"
-    write_annotations(annotations, TRAINING)
-    log = tmp_path / "log"
-    proc = launcher(tmp_path, annotations, "polite")
-    with stop_all(proc, log):
-        wait_for(lambda: lines(log) == ["start 10240 "])
+    with started(tmp_path, "polite") as (proc, annotations, log):
         garbage = annotations.with_suffix(".tmp")
         garbage.write_bytes(b"\x00\xff\xfe binary \x80\n")
         garbage.replace(annotations)
@@ -442,12 +448,7 @@ def test_assigned_knobs_that_are_no_json_object_exit_2_naming_the_annotation(
 def test_new_knobs_nested_too_deep_leave_the_workload_running(tmp_path: Path) -> None:
     """A RecursionError is no ElasticoError: the launcher's poll loop died of it, and the
     container with it; an invalid new assignment is logged and the workload runs on."""
-    annotations = tmp_path / "annotations"
-    write_annotations(annotations, TRAINING)
-    log = tmp_path / "log"
-    proc = launcher(tmp_path, annotations, "polite")
-    with stop_all(proc, log):
-        wait_for(lambda: lines(log) == ["start 10240 "])
+    with started(tmp_path, "polite") as (proc, annotations, log):
         deep = {**TRAINING, "elastico.io/assigned-knobs": BAD_KNOBS["nested 100,000 deep"]}
         write_annotations(annotations, deep)
         time.sleep(0.4)
@@ -463,12 +464,7 @@ def test_an_annotations_path_turned_into_a_fifo_leaves_the_launcher_stoppable(
 ) -> None:
     """A FIFO at the annotations path (nobody writing) blocked the poll in ``open`` for
     ever: SIGTERM then reached neither the launcher's loop nor the workload."""
-    annotations = tmp_path / "annotations"
-    write_annotations(annotations, TRAINING)
-    log = tmp_path / "log"
-    proc = launcher(tmp_path, annotations, "polite")
-    with stop_all(proc, log):
-        wait_for(lambda: lines(log) == ["start 10240 "])
+    with started(tmp_path, "polite") as (proc, annotations, log):
         annotations.unlink()
         os.mkfifo(annotations)
         time.sleep(0.3)  # several polls
@@ -480,12 +476,7 @@ def test_an_annotations_path_turned_into_a_fifo_leaves_the_launcher_stoppable(
 
 
 def test_grace_period_ends_in_sigkill_and_relaunch(tmp_path: Path) -> None:
-    annotations = tmp_path / "annotations"
-    write_annotations(annotations, TRAINING)
-    log = tmp_path / "log"
-    proc = launcher(tmp_path, annotations, "stubborn", grace="0.3")
-    with stop_all(proc, log):
-        wait_for(lambda: lines(log) == ["start 10240 "])
+    with started(tmp_path, "stubborn", grace="0.3") as (proc, annotations, log):
         write_annotations(annotations, {**TRAINING, "elastico.io/memory-budget-mib": "512"})
         wait_for(lambda: lines(log) == ["start 10240 ", "start 512 "])
         proc.send_signal(signal.SIGTERM)
@@ -497,12 +488,7 @@ def test_grace_period_ends_in_sigkill_and_relaunch(tmp_path: Path) -> None:
 def test_a_stop_during_a_restart_starts_no_new_workload(tmp_path: Path) -> None:
     """SIGTERM while a restart waits out the old workload's grace period (the pod is being
     deleted): the launcher exits once the old one is gone, without starting the new."""
-    annotations = tmp_path / "annotations"
-    write_annotations(annotations, TRAINING)
-    log = tmp_path / "log"
-    proc = launcher(tmp_path, annotations, "stubborn", grace="1.0")
-    with stop_all(proc, log):
-        wait_for(lambda: lines(log) == ["start 10240 "])
+    with started(tmp_path, "stubborn", grace="1.0") as (proc, annotations, log):
         write_annotations(annotations, {**TRAINING, "elastico.io/memory-budget-mib": "512"})
         time.sleep(0.4)  # the restart has begun: SIGTERM sent, the grace period running
         proc.send_signal(signal.SIGTERM)

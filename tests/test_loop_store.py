@@ -295,6 +295,20 @@ def test_a_stored_solo_reference_without_a_usable_rate_is_skipped_whole(
     assert book.reference("b", 0, "launches/s") == pytest.approx(50.0)
 
 
+def _store_with_a_correction(
+    path: Path, families: dict
+) -> tuple[np.ndarray, OnlineCorrection, LoopStore]:
+    """A store at ``path`` holding a correction learned on one pair (bert next to
+    resnet50, observed at 2.2 five times): the pair's features, the correction, the store."""
+    x = pair_features(families["bert"].features[[0]], families["resnet50"].features[[0]], 40)
+    learned = OnlineCorrection(ContentionPredictor())
+    for _ in range(5):
+        learned.learn(x, [2.2])
+    store = LoopStore(path)
+    store.save_correction(learned)
+    return x, learned, store
+
+
 @pytest.mark.parametrize("key", ["-1", str(2**64)], ids=["negative", "past-uint64"])
 def test_a_stored_correction_key_outside_uint64_is_skipped(
     tmp_path: Path, families: dict, key: str
@@ -303,12 +317,7 @@ def test_a_stored_correction_key_outside_uint64_is_skipped(
     file): before, it was restored, and every prediction and learning step after raised
     OverflowError converting the table to uint64."""
     path = tmp_path / "loop.db"
-    x = pair_features(families["bert"].features[[0]], families["resnet50"].features[[0]], 40)
-    learned = OnlineCorrection(ContentionPredictor())
-    for _ in range(5):
-        learned.learn(x, [2.2])
-    store = LoopStore(path)
-    store.save_correction(learned)
+    x, learned, store = _store_with_a_correction(path, families)
     with sqlite3.connect(path) as db:
         db.execute("INSERT INTO loop_correction VALUES ('config', ?, 0.5, 3)", (key,))
         db.execute("INSERT INTO loop_correction VALUES ('family', ?, 0.5, 3)", (key,))
@@ -358,12 +367,7 @@ def test_rows_of_the_wrong_type_are_skipped_and_counted_not_fatal(
     write failed) and the per-pod records came back as strings.  Now each such row is
     skipped, the good ones read, and one warning per table names the file and the count."""
     path = tmp_path / "loop.db"
-    x = pair_features(families["bert"].features[[0]], families["resnet50"].features[[0]], 40)
-    learned = OnlineCorrection(ContentionPredictor())
-    for _ in range(5):
-        learned.learn(x, [2.2])
-    store = LoopStore(path)
-    store.save_correction(learned)
+    x, learned, store = _store_with_a_correction(path, families)
     store.put_references([("a", 2, "launches/s", 120.0, True)], at=1.0)
     store.add_samples(np.ones((1, 36), dtype=np.float32), np.array([1.5]), at=3.0)
     store.add_pair_records([PairRecord("a", 2, "b", 1.4, 1.3, 3.0)])
