@@ -21,12 +21,11 @@ import json
 import re
 import sys
 import time
-import urllib.error
 import urllib.parse
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from elastico_extender.profiling.hardware import http_get, read_reply
+from elastico_extender.httpget import HTTPStatusError, get_text, read_reply
 
 __all__ = ["MAX_ANSWER_BYTES", "PAGE_ROWS", "PAGE_TRIES", "TIMEOUT_S", "main"]
 
@@ -161,9 +160,11 @@ def _direct_fetcher(base: str) -> Fetch:
     def fetch(path: str, query: Mapping[str, str]) -> str:
         url = base.rstrip("/") + _with_query(path, query)
         try:
-            return http_get(url, TIMEOUT_S, max_bytes=MAX_ANSWER_BYTES)
-        except urllib.error.HTTPError as exc:
-            if exc.code == 410:
+            # each read within TIMEOUT_S / 2, the whole answer within TIMEOUT_S
+            return get_text(url, TIMEOUT_S / 2, max_bytes=MAX_ANSWER_BYTES,
+                            accept="application/json")  # fmt: skip
+        except HTTPStatusError as exc:
+            if exc.status == 410:
                 raise Gone(f"{path}: 410 Gone") from None
             raise
 

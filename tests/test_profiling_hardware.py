@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import socket
 import time
+from collections.abc import Callable
 from types import SimpleNamespace
 
 import pytest
 
+from elastico_extender.httpget import HTTPStatusError
 from elastico_extender.profiling import hardware
 from elastico_extender.profiling.hardware import (
     HTTP_GET_MAX_BYTES,
@@ -160,3 +163,70 @@ def test_a_broken_dcgm_exporter_is_no_sample_not_an_exception(answer: bytes) -> 
         assert source.sample() is None
     finally:
         endpoint.close()
+
+
+def trickle(first: bytes, each: bytes) -> Callable[[socket.socket], None]:
+    """An endpoint that sends ``first``, then ``each`` every 0.2 s for a minute: each
+    read comes well within the socket timeout and the answer never ends."""
+
+    def answer(conn: socket.socket) -> None:
+        conn.sendall(first)
+        for _ in range(300):
+            conn.sendall(each)
+            time.sleep(0.2)
+
+    return answer
+
+
+@pytest.mark.parametrize(
+    ("scheme", "answer"),
+    [
+        ("http", trickle(b"HTTP/1.1 200 OK\r\n", b"X-Slow: 1\r\n")),  # header lines
+        ("http", trickle(b"HTTP/1.1 200 OK\r\n", b"X")),  # one header line, bytewise
+        ("http", trickle(b"HTTP/1.1 200 OK\r\n\r\n", b"# still coming\n")),  # the body
+        ("https", trickle(b"\x16\x03\x03\x40\x00", b"\x00")),  # a TLS record, bytewise
+    ],
+    ids=["header-lines", "header-bytes", "body", "tls-handshake"],
+)
+def test_a_trickling_exporter_costs_one_bounded_read_in_every_phase(
+    scheme: str, answer: Callable[[socket.socket], None]
+) -> None:
+    """A socket timeout bounds one read: http_get bounded only the body's total time, so
+    a dcgm-exporter (or a profiled server) sending a header line now and then held the
+    caller for as long as it kept sending; the whole answer now ends by 2 * timeout."""
+    from test_agent_hostile_inputs import RawEndpoint
+
+    endpoint = RawEndpoint(answer)
+    try:
+        started = time.monotonic()
+        # CPython's ssl gives the whole handshake one deadline of its own: the timeout
+        late = r"127\.0\.0\.1.*(not complete after 1 s|timed out)"
+        with pytest.raises(TimeoutError, match=late):
+            hardware.http_get(f"{scheme}://127.0.0.1:{endpoint.port}/metrics", 0.5)
+        assert time.monotonic() - started < 5.0
+    finally:
+        endpoint.close()
+
+
+def test_a_redirect_is_an_error_naming_where_it_pointed_not_followed() -> None:
+    from test_agent_hostile_inputs import RawEndpoint
+
+    other = RawEndpoint(lambda conn: conn.sendall(b"HTTP/1.1 200 OK\r\n\r\n" + EXPORTER.encode()))
+    location = f"http://127.0.0.1:{other.port}/metrics"
+    moved = RawEndpoint(lambda conn: conn.sendall(
+        f"HTTP/1.1 302 Found\r\nLocation: {location}\r\nContent-Length: 0\r\n\r\n".encode()
+    ))  # fmt: skip
+    try:
+        url = f"http://127.0.0.1:{moved.port}/metrics"
+        with pytest.raises(HTTPStatusError, match=f"HTTP 302 Found .*{other.port}.*not followed"):
+            hardware.http_get(url, 2.0)
+        assert DcgmExporterSource(url, timeout=2.0).sample() is None
+    finally:
+        moved.close()
+        other.close()
+
+
+@pytest.mark.parametrize("url", ["ftp://127.0.0.1/x", "http:///metrics", "http://h:99999/"])
+def test_a_url_it_cannot_fetch_is_a_value_error_naming_it(url: str) -> None:
+    with pytest.raises(ValueError, match=r"(?i)url|port"):
+        hardware.http_get(url, 1.0)

@@ -10,20 +10,13 @@ docs/observability.md).  A scrape that fails or lacks the counter gives no windo
 
 from __future__ import annotations
 
-import http.client
 import logging
 import math
-import socket
-import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
-from urllib.parse import urlsplit
 
 from elastico_extender.annotations import ProgressEndpoint
-from elastico_extender.profiling.hardware import parse_prometheus, read_reply
-
-if TYPE_CHECKING:
-    from _typeshed import WriteableBuffer
+from elastico_extender.httpget import get_text
+from elastico_extender.profiling.hardware import parse_prometheus
 
 __all__ = ["MAX_SCRAPE_BYTES", "read_counter", "scrape", "scrape_url"]
 
@@ -35,60 +28,12 @@ MAX_SCRAPE_BYTES = 8 << 20
 Fetch = Callable[[str, float], str]
 
 
-class _DeadlineSocket(socket.socket):
-    """A socket each read of which ends by ``deadline`` (``time.monotonic()``): a socket
-    timeout bounds one read only, so an endpoint sending a byte of header now and then
-    would hold the scrape (and the node's window) for as long as it likes."""
-
-    deadline = math.inf
-
-    def recv_into(self, buffer: WriteableBuffer, nbytes: int = 0, flags: int = 0) -> int:
-        left = self.deadline - time.monotonic()
-        if left <= 0:
-            raise TimeoutError("answer not complete in time")
-        self.settimeout(left)
-        return super().recv_into(buffer, nbytes, flags)
-
-
-class _PodConnection(http.client.HTTPConnection):
-    """Plain HTTP to a pod's port whose reads all end by ``deadline`` (no proxy)."""
-
-    def __init__(self, host: str, port: int | None, timeout: float, deadline: float) -> None:
-        super().__init__(host, port, timeout=timeout)
-        self.deadline = deadline
-
-    def connect(self) -> None:
-        raw = socket.create_connection((self.host, self.port), self.timeout)
-        sock = _DeadlineSocket(raw.family, raw.type, raw.proto, fileno=raw.detach())
-        sock.deadline = self.deadline
-        sock.settimeout(self.timeout)
-        self.sock = sock
-
-
 def scrape(url: str, timeout: float) -> str:
-    """A pod's exposition: at most :data:`MAX_SCRAPE_BYTES`, within about ``2 * timeout``
-    however slowly or long the pod answers, headers included (connecting, then the
-    whole answer).  Only a whole 200 answer is one: a redirect is not followed (the pod
-    would send the agent to another service), a body short of its Content-Length is
-    refused, and http.client's own errors (a status line that is not HTTP, a header line
-    too long, a broken chunk, a path it refuses) become OSError naming the URL."""
-    parts = urlsplit(url)
-    target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-    started = time.monotonic()
-    conn = _PodConnection(parts.hostname or "", parts.port, timeout, started + 2 * timeout)
-    try:
-        conn.request("GET", target, headers={"Accept": "text/plain"})
-        reply = conn.getresponse()
-        if reply.status != 200:
-            raise OSError(f"{url}: HTTP {reply.status} {reply.reason}")
-        body = read_reply(reply, url, started, 2 * timeout, MAX_SCRAPE_BYTES)
-        if reply.length:  # the connection closed before Content-Length bytes came
-            raise OSError(f"{url}: answer cut short, {reply.length} bytes missing")
-    except http.client.HTTPException as exc:
-        raise OSError(f"{url}: not an HTTP answer: {type(exc).__name__}: {exc}"[:300]) from exc
-    finally:
-        conn.close()
-    return body.decode("utf-8", errors="replace")
+    """A pod's exposition: at most :data:`MAX_SCRAPE_BYTES`, within ``2 * timeout``
+    however slowly or long the pod answers, headers included; only a whole 200 answer
+    (a redirect is not followed: the pod would send the agent to another service).
+    See :func:`elastico_extender.httpget.get_text`."""
+    return get_text(url, timeout, max_bytes=MAX_SCRAPE_BYTES)
 
 
 def scrape_url(endpoint: ProgressEndpoint, pod_ip: str) -> str:

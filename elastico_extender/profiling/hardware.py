@@ -18,15 +18,14 @@ and profiling proceeds on the software dimension alone.
 
 from __future__ import annotations
 
-import http.client
 import logging
 import math
 import re
-import time
-import urllib.request
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 from typing import Any, Protocol
+
+from elastico_extender.httpget import get_text
 
 __all__ = [
     "DCGM_FIELDS",
@@ -39,7 +38,6 @@ __all__ = [
     "detect_source",
     "http_get",
     "parse_prometheus",
-    "read_reply",
 ]
 
 log = logging.getLogger(__name__)
@@ -194,36 +192,9 @@ HTTP_GET_MAX_BYTES = 16 << 20
 
 
 def http_get(url: str, timeout: float, *, max_bytes: int = HTTP_GET_MAX_BYTES) -> str:
-    """GET ``url`` as text (OSError on failure).
-
-    Bounded whatever the server does: ``timeout`` applies to each socket operation and
-    to the whole answer (a server sending a byte now and then is cut off after about
-    ``2 * timeout``), and an answer over ``max_bytes`` is refused (ValueError) once that
-    much has come, without reading the rest."""
-    started = time.monotonic()
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as reply:
-            body = read_reply(reply, url, started, timeout, max_bytes)
-    except http.client.HTTPException as exc:  # a status line that is not HTTP, a bad chunk
-        raise OSError(f"{url}: not an HTTP answer: {type(exc).__name__}") from exc
-    return body.decode("utf-8", errors="replace")
-
-
-def read_reply(reply: Any, url: str, started: float, timeout: float, max_bytes: int) -> bytes:
-    """The body of an HTTP answer (http.client's or urllib3's: anything with ``read1``),
-    read in pieces: ValueError once it passes ``max_bytes``, TimeoutError when it is
-    still coming ``timeout`` seconds after ``started`` (``time.monotonic()``)."""
-    deadline = started + timeout
-    parts: list[bytes] = []
-    size = 0
-    while chunk := reply.read1(65536):
-        parts.append(chunk)
-        size += len(chunk)
-        if size > max_bytes:
-            raise ValueError(f"{url}: answer larger than {max_bytes} bytes")
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{url}: answer not complete after {timeout:g} s")
-    return b"".join(parts)
+    """GET ``url`` as text, bounded whatever the server does (:mod:`elastico_extender.
+    httpget`): OSError on failure, ValueError for an answer over ``max_bytes``."""
+    return get_text(url, timeout, max_bytes=max_bytes)
 
 
 class NvmlSource:

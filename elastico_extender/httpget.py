@@ -1,0 +1,159 @@
+"""One bounded HTTP(S) GET for every endpoint ElastiCo reads but does not own.
+
+dcgm-exporter, a pod's framework metrics port, a profiled server's counters and the
+extender a ``kubectl elastico --server`` names are all answered by software that may be
+hung, broken or hostile.  A socket timeout bounds one read only: a server that sends a
+byte now and then (of the status line, a header, the TLS handshake or the body) would
+hold the caller (an agent's whole window) for as long as it liked.  Here a watchdog
+shuts the connection's socket when the answer (status line, headers, body) is not
+complete ``2 * timeout`` seconds after the request began, and the body is refused once
+it passes ``max_bytes``.
+
+Only a whole ``200`` answer is one.  A redirect is not followed (the error names where
+it pointed: a pod could send the agent to another service), a body short of its
+``Content-Length`` is refused, and http.client's own errors (a status line that is not
+HTTP, a header line too long, a broken chunk) become :class:`OSError` naming the URL.
+No proxy is used: each of these endpoints is on the node or named directly.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import socket
+import ssl
+import threading
+import time
+from typing import Any
+from urllib.parse import urlsplit
+
+__all__ = ["HTTPStatusError", "get_text", "read_reply"]
+
+
+class HTTPStatusError(OSError):
+    """The server answered with a status other than 200 (``status`` holds it)."""
+
+    def __init__(self, url: str, status: int, reason: str, location: str | None) -> None:
+        where = f" (to {location[:200]!r}, not followed)" if location else ""
+        super().__init__(f"{url}: HTTP {status} {reason[:100]}{where}")
+        self.status = status
+
+
+class _Watchdog:
+    """Shuts ``sock`` down ``seconds`` from now unless cancelled first.
+
+    The shutdown wakes a read blocked on it (status line, headers or body) with an end
+    of stream or an error; ``fired`` tells the caller it was the deadline, not the
+    server, that ended it.  It holds the socket itself, not the connection: http.client
+    lets go of the connection's socket once a reply that closes it has begun."""
+
+    def __init__(self, sock: socket.socket, seconds: float) -> None:
+        self._sock = sock
+        self._lock = threading.Lock()
+        self._finished = False
+        self.fired = False
+        self._timer = threading.Timer(seconds, self._fire)
+        self._timer.daemon = True
+        self._timer.start()
+
+    def _fire(self) -> None:
+        with self._lock:
+            if self._finished:
+                return
+            self.fired = True
+            # socket.socket's own shutdown: SSLSocket's would unwrap under the reader
+            with contextlib.suppress(OSError):
+                socket.socket.shutdown(self._sock, socket.SHUT_RDWR)
+
+    def cancel(self) -> None:
+        """Called before the socket is closed, so the shutdown never meets a closed one."""
+        with self._lock:
+            self._finished = True
+        self._timer.cancel()
+
+
+def _connection(url: str, timeout: float) -> http.client.HTTPConnection:
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"{url[:200]!r}: not an http:// or https:// URL with a host")
+    try:
+        port = parts.port
+    except ValueError as exc:  # a port that is not a number, or over 65535
+        raise ValueError(f"{url[:200]!r}: {exc}") from None
+    if parts.scheme == "https":
+        return http.client.HTTPSConnection(
+            parts.hostname, port, timeout=timeout, context=ssl.create_default_context()
+        )
+    return http.client.HTTPConnection(parts.hostname, port, timeout=timeout)
+
+
+def get_text(url: str, timeout: float, *, max_bytes: int, accept: str = "text/plain") -> str:
+    """GET ``url`` and decode the body as UTF-8 (undecodable bytes replaced).
+
+    ``timeout`` bounds each socket operation and ``2 * timeout`` the whole answer
+    (TimeoutError past it); a body over ``max_bytes`` is a ValueError once that much has
+    come; a status other than 200 is an :class:`HTTPStatusError`; anything else that
+    goes wrong is an OSError naming the URL."""
+    conn = _connection(url, timeout)
+    parts = urlsplit(url)
+    target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    started = time.monotonic()
+    watchdog: _Watchdog | None = None
+    reply: http.client.HTTPResponse | None = None
+    try:
+        # Connecting (each address within ``timeout``) and the TLS handshake (CPython
+        # gives the whole handshake one deadline of ``timeout``) bound themselves.
+        conn.connect()
+        left = started + 2 * timeout - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("connected too late")
+        assert conn.sock is not None  # connect() sets it or raises
+        watchdog = _Watchdog(conn.sock, left)
+        conn.request("GET", target, headers={"Accept": accept})
+        reply = conn.getresponse()
+        if reply.status != 200:
+            raise HTTPStatusError(url, reply.status, reply.reason, reply.getheader("Location"))
+        body = read_reply(reply, url, started, 2 * timeout, max_bytes)
+        if reply.length:  # the connection closed before Content-Length bytes came
+            raise OSError(f"{url}: answer cut short, {reply.length} bytes missing")
+    except (OSError, ValueError, http.client.HTTPException) as exc:
+        if watchdog is not None and watchdog.fired:
+            raise _late(url, timeout) from None
+        if isinstance(exc, http.client.HTTPException):
+            message = f"{url}: not an HTTP answer: {type(exc).__name__}: {exc}"
+            raise OSError(message[:300]) from exc
+        if isinstance(exc, TimeoutError):  # a socket's own per-operation timeout
+            raise TimeoutError(f"{url}: {exc}") from None
+        if isinstance(exc, OSError) and url not in str(exc):  # refused, reset, TLS, DNS
+            raise OSError(f"{url}: {exc}") from exc
+        raise
+    finally:
+        if watchdog is not None:
+            watchdog.cancel()
+        if reply is not None:
+            reply.close()
+        conn.close()
+    if watchdog is not None and watchdog.fired:  # its shutdown may have ended the body
+        raise _late(url, timeout)
+    return body.decode("utf-8", errors="replace")
+
+
+def _late(url: str, timeout: float) -> TimeoutError:
+    return TimeoutError(f"{url}: answer not complete after {2 * timeout:g} s")
+
+
+def read_reply(reply: Any, url: str, started: float, timeout: float, max_bytes: int) -> bytes:
+    """The body of an HTTP answer (http.client's or urllib3's: anything with ``read1``),
+    read in pieces: ValueError once it passes ``max_bytes``, TimeoutError when it is
+    still coming ``timeout`` seconds after ``started`` (``time.monotonic()``)."""
+    deadline = started + timeout
+    parts: list[bytes] = []
+    size = 0
+    while chunk := reply.read1(65536):
+        parts.append(chunk)
+        size += len(chunk)
+        if size > max_bytes:
+            raise ValueError(f"{url}: answer larger than {max_bytes} bytes")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{url}: answer not complete after {timeout:g} s")
+    return b"".join(parts)
