@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
-from elastico_extender.core.handoff import framework_settings
-from elastico_extender.core.model import JobKind
+from elastico_extender.core.handoff import framework_settings, knob_problems
+from elastico_extender.core.model import Configuration, JobKind
 
 
 def test_vllm_memory_utilization_is_budget_over_device_memory(families):
@@ -106,3 +108,54 @@ def test_impossible_budget_is_refused(families, budget):
             device_memory_mib=40960,
             device_indices=(0,),
         )
+
+
+def test_every_catalog_configuration_passes_the_knob_check(families) -> None:
+    """The check refuses what bind never writes: not one configuration of the catalog."""
+    refused = {
+        (name, config.label): knob_problems(config.as_dict())
+        for name, fam in families.items()
+        for config in fam.configs
+        if knob_problems(config.as_dict())
+    }
+    assert refused == {}
+    assert len(families) == 12 and sum(fam.size for fam in families.values()) == 768
+
+
+@pytest.mark.parametrize(
+    ("knobs", "named"),
+    [
+        ({"memory_budget_mib": 99_999}, "launcher's own ELASTICO_MEMORY_BUDGET_MIB"),
+        ({"Sm_Share": 1.0}, "launcher's own ELASTICO_SM_SHARE"),
+        ({"a b": 1}, "not a name"),
+        ({"x" * 65: 1}, "not a name"),
+        ({"amp": True, "AMP": False}, "only in case"),
+        ({"batch_size": 0}, "batch_size must be a positive integer"),
+        ({"batch_size": True}, "batch_size must be a positive integer"),
+        ({"prefix_caching": "off"}, "prefix_caching must be true or false"),
+        ({"gpu_memory_utilization": 0}, "gpu_memory_utilization must be a number in (0, 1]"),
+    ],
+    ids=["budget", "sm-share-any-case", "space", "too-long", "case-twin", "zero-batch",
+         "bool-batch", "word-switch", "zero-cap"],
+)  # fmt: skip
+def test_a_bad_knob_never_reaches_a_pod(knobs: dict, named: str) -> None:
+    assert any(named in problem for problem in knob_problems(knobs))
+    with pytest.raises(ValueError, match=re.escape(named)):
+        framework_settings(
+            kind=JobKind.TRAINING,
+            configuration=Configuration.from_dict(knobs),
+            memory_budget_mib=1024,
+            device_memory_mib=40960,
+            device_indices=(0,),
+        )
+
+
+def test_an_unknown_knob_with_a_plain_name_passes_as_its_own_variable() -> None:
+    env = framework_settings(
+        kind=JobKind.TRAINING,
+        configuration=Configuration.from_dict({"grad_accum": 4}),
+        memory_budget_mib=1024,
+        device_memory_mib=40960,
+        device_indices=(0,),
+    )
+    assert env["ELASTICO_GRAD_ACCUM"] == "4"

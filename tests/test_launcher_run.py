@@ -424,6 +424,20 @@ BAD_KNOBS = {
     "NaN": '{"batch_size": NaN}',  # Python's json takes it; JSON has no NaN
     "Infinity": '{"max_num_seqs": -Infinity}',
     "a number past a float's range": '{"batch_size": 1e400}',  # json reads inf
+    # A knob is one ELASTICO_<NAME> variable: one named like a setting the launcher
+    # writes itself replaced it (the workload read a budget of 99,999 MiB on its share).
+    "a knob named as the budget": '{"batch_size": 32, "memory_budget_mib": 99999}',
+    "a knob named as the devices": '{"gpu_indices": "0,1,2,3"}',
+    "a knob name no variable can hold": '{"a=b": 1}',  # Popen: illegal variable name
+    "a knob name with a NUL": '{"amp\\u0000": true}',  # Popen: embedded null byte
+    "an empty knob name": '{"": 1}',
+    # Known knobs of the wrong kind reached the framework as nonsense flags, or as the
+    # opposite of what was meant: "off" is a true string, so prefix caching came on.
+    "a negative micro-batch": '{"batch_size": -8}',
+    "a micro-batch in words": '{"batch_size": "32"}',
+    "a switch in words": '{"checkpointing": "off"}',
+    "a fractional sequence cap": '{"max_num_seqs": 2.5}',
+    "a memory cap past the device": '{"gpu_memory_utilization": 1.5}',
 }
 
 

@@ -29,9 +29,11 @@ from __future__ import annotations
 
 import json
 import math
+import re
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from elastico_extender.core.model import Configuration, JobKind
+from elastico_extender.core.model import Configuration, JobKind, KnobValue
 
 __all__ = [
     "ENV_PREFIX",
@@ -39,11 +41,70 @@ __all__ = [
     "MemoryShare",
     "framework_settings",
     "framework_share",
+    "knob_problems",
     "memory_share",
     "vllm_arguments",
 ]
 
 ENV_PREFIX = "ELASTICO_"
+
+OWN_SETTINGS = frozenset({
+    "GPU_INDICES", "WORKLOAD_KIND", "CONFIGURATION", "CONFIGURATION_JSON",
+    "MEMORY_BUDGET_MIB", "DEVICE_MEMORY_MIB", "MEMORY_FRACTION", "SM_SHARE", "MPS",
+    "VLLM_ARGS",
+})  # fmt: skip
+"""The ``ELASTICO_*`` variables :func:`framework_settings` writes itself: no knob may be
+named as one (a knob ``memory_budget_mib`` would have replaced the budget)."""
+
+KNOB_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
+"""A knob's name, which becomes an environment variable's (no ``=``, NUL or space)."""
+
+
+def _positive_int(value: KnobValue) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+def _switch(value: KnobValue) -> bool:
+    return isinstance(value, bool)
+
+
+def _fraction(value: KnobValue) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and 0 < value <= 1
+
+
+KNOB_KINDS: Mapping[str, tuple[Callable[[KnobValue], bool], str]] = {
+    "batch_size": (_positive_int, "a positive integer"),
+    "max_num_seqs": (_positive_int, "a positive integer"),
+    "max_model_len": (_positive_int, "a positive integer"),
+    "checkpointing": (_switch, "true or false"),
+    "amp": (_switch, "true or false"),
+    "prefix_caching": (_switch, "true or false"),
+    "gpu_memory_utilization": (_fraction, "a number in (0, 1]"),
+}
+"""What each knob the catalogs define (``core.shapes.knobs``) may hold: the value a
+framework flag or a training script gets verbatim."""
+
+
+def knob_problems(knobs: Mapping[str, KnobValue]) -> list[str]:
+    """What is wrong with knobs a pod was assigned (empty when nothing): names that no
+    environment variable can hold or that one of the launcher's own settings owns, and
+    known knobs of the wrong kind (``batch_size: -8`` would reach the workload as is,
+    ``prefix_caching: "off"`` would turn caching on)."""
+    problems = []
+    seen: set[str] = set()
+    for name, value in knobs.items():
+        shown = repr(name[:40])
+        if not KNOB_NAME.fullmatch(name):
+            problems.append(f"knob name {shown} is not a name of letters, digits and _")
+        elif name.upper() in OWN_SETTINGS:
+            problems.append(f"knob name {shown} is the launcher's own {_knob_env(name)}")
+        elif name.upper() in seen:
+            problems.append(f"knob name {shown} differs from another only in case")
+        seen.add(name.upper())
+        check = KNOB_KINDS.get(name)
+        if check is not None and not check[0](value):
+            problems.append(f"knob {name} must be {check[1]}, got {json.dumps(value)[:40]}")
+    return problems
 
 
 def _knob_env(name: str) -> str:
@@ -134,12 +195,16 @@ def framework_settings(
     """Environment for the workload container; every value is a string.
 
     Raises ValueError on a budget that is not a positive number no larger than
-    the device, so a bad decision never reaches a pod.
+    the device, or on knobs :func:`knob_problems` refuses, so a bad decision never
+    reaches a pod.
     """
     share = memory_share(memory_budget_mib, device_memory_mib)
     usable = framework_share(memory_budget_mib, device_memory_mib, mps)
     if not device_indices:
         raise ValueError("at least one device index is required")
+    problems = knob_problems(configuration.as_dict())
+    if problems:
+        raise ValueError("; ".join(problems))
     budget = share.budget_mib
     host = ",".join(str(i) for i in device_indices)
     env = {

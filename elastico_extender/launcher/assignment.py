@@ -39,7 +39,12 @@ from elastico_extender.annotations import (
     SM_SHARE,
     WORKLOAD_KIND,
 )
-from elastico_extender.core.handoff import framework_settings, framework_share, vllm_arguments
+from elastico_extender.core.handoff import (
+    framework_settings,
+    framework_share,
+    knob_problems,
+    vllm_arguments,
+)
 from elastico_extender.core.model import Configuration, JobKind
 from elastico_extender.errors import AnnotationError
 
@@ -139,7 +144,8 @@ def _knobs(raw: str) -> dict[str, int | float | bool | str] | str:
         return "must be a JSON object of scalar knob values"
     if any(isinstance(v, float) and not math.isfinite(v) for v in knobs.values()):
         return "a knob's number is out of range (1e400 reads as infinity)"
-    return knobs
+    problems = knob_problems(knobs)
+    return "; ".join(problems) if problems else knobs
 
 
 def read_assignment(annotations: Mapping[str, str], environ: Mapping[str, str]) -> Assignment:
