@@ -17,6 +17,7 @@ from typing import Any, BinaryIO
 __all__ = [
     "YamlError",
     "check_regular",
+    "check_writable",
     "open_regular",
     "parse_yaml",
     "read_bounded",
@@ -37,6 +38,25 @@ def check_regular(mode: int, path: str | Path) -> None:
         raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(path))
     if not stat.S_ISREG(mode):
         raise OSError(errno.EINVAL, "not a regular file (a FIFO, socket or device)", str(path))
+
+
+def check_writable(path: str | Path) -> None:
+    """OSError unless ``path`` can be written as a regular file, found out by opening it
+    to append (never blocking: a FIFO is refused, not waited on); a file created to
+    find out is removed again.  For a long job's output: fail before the work."""
+    if os.path.lexists(path) and not os.path.exists(path):
+        raise FileNotFoundError(errno.ENOENT, "a link to nothing", str(path))
+    existed = os.path.exists(path)
+    if existed:
+        check_regular(os.stat(path).st_mode, path)
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK | os.O_CLOEXEC
+    fd = os.open(path, flags, 0o666)
+    try:
+        check_regular(os.fstat(fd).st_mode, path)  # swapped for a FIFO since the stat
+    finally:
+        os.close(fd)
+        if not existed:
+            os.unlink(path)
 
 
 def open_regular(path: str | Path, max_bytes: int, *, follow: bool = True) -> BinaryIO:

@@ -131,7 +131,10 @@ def test_train_iac_refuses_an_out_that_is_a_fifo_instead_of_waiting_for_a_reader
         capture_output=True, text=True, timeout=20, env=ENV, cwd=ROOT,
     )  # fmt: skip
     assert done.returncode == 2
-    assert last_line(done) == f"elastico train-iac: error: --out: {fifo} is not a regular file"
+    assert last_line(done) == (
+        f"elastico train-iac: error: --out: cannot write {fifo}: "
+        "not a regular file (a FIFO, socket or device)"
+    )
     no_traceback(done)
 
 

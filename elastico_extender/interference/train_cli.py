@@ -8,13 +8,12 @@ missing torch is one clear line naming the CPU build to install, not a traceback
 from __future__ import annotations
 
 import argparse
-import os
 import sqlite3
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from elastico_extender.userfiles import reason
+from elastico_extender.userfiles import check_writable, reason
 
 __all__ = ["EXTRA_HINT", "TORCH_HINT", "main", "parser"]
 
@@ -100,23 +99,6 @@ def _is_observation_store(path: Path) -> bool:
     return found is not None
 
 
-def _check_writable(p: argparse.ArgumentParser, out: Path) -> None:
-    """Fail now, not after minutes of training, when --out cannot be written.  Only a
-    regular file (or none yet) is opened: opening a FIFO would wait for a reader."""
-    if out.is_dir():
-        p.error(f"--out: {out} is a directory")
-    existed = out.exists()
-    if existed and not out.is_file():
-        p.error(f"--out: {out} is not a regular file")
-    try:
-        with open(out, "ab"):
-            pass
-    except OSError as exc:
-        p.error(f"--out: cannot write {out}: {reason(exc)}")
-    if not existed:
-        os.unlink(out)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     p = parser()
     args = p.parse_args(argv)
@@ -132,7 +114,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             p.error(f"--from-store: {args.from_store} is empty, not an observation store")
         if not _is_observation_store(args.from_store):
             p.error(f"--from-store: {args.from_store} is not an observation store")
-    _check_writable(p, args.out)
+    try:  # now, not after minutes of training
+        check_writable(args.out)
+    except OSError as exc:
+        p.error(f"--out: cannot write {args.out}: {reason(exc)}")
     try:
         from elastico_extender.interference import train
     except ImportError as exc:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import errno
 import logging
 import math
 import os
@@ -73,7 +72,7 @@ from elastico_extender.sim.traces import (
 )
 from elastico_extender.sim.truth import DEFAULT_PAIRS, GroundTruth
 from elastico_extender.sim.workloads import ConfigTable
-from elastico_extender.userfiles import check_regular, reason
+from elastico_extender.userfiles import check_writable, reason
 
 __all__ = [
     "WORLDS",
@@ -506,17 +505,9 @@ def _check_out(out: Path, names: Sequence[str]) -> None:
         target = out / name
         try:
             if os.path.lexists(target):
-                _check_writable_file(target)
+                check_writable(target)
         except OSError as exc:
             raise InputError(f"--out: cannot write {target}: {_reason(exc)}") from None
-
-
-def _check_writable_file(path: Path) -> None:
-    """OSError unless ``path`` is a regular file this process may overwrite (opening a
-    FIFO to write would wait for a reader)."""
-    check_regular(path.stat().st_mode, path)
-    if not os.access(path, os.W_OK):
-        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(path))
 
 
 def _planner(flags: list[str] | None) -> PlannerSettings | None:
