@@ -159,3 +159,21 @@ def test_an_unknown_knob_with_a_plain_name_passes_as_its_own_variable() -> None:
         device_indices=(0,),
     )
     assert env["ELASTICO_GRAD_ACCUM"] == "4"
+
+
+def test_the_unprofiled_configuration_and_kubernetes_variable_names_pass() -> None:
+    """An unprofiled workload's one configuration is ``as-is=on``: refusing its ``-``
+    failed the bind of every unprofiled pod.  Kubernetes takes ``-`` and ``.`` in a
+    ConfigMap key and a variable name, so the check does too."""
+    from elastico_extender.service.families import UNPROFILED
+
+    assert knob_problems(UNPROFILED.as_dict()) == []
+    assert knob_problems({"lr.warmup": 10, "grad-accum": 4}) == []
+    env = framework_settings(
+        kind=JobKind.TRAINING,
+        configuration=UNPROFILED,
+        memory_budget_mib=1024,
+        device_memory_mib=40960,
+        device_indices=(0,),
+    )
+    assert env["ELASTICO_AS-IS"] == "1"

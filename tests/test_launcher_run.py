@@ -587,3 +587,11 @@ def test_an_inference_workload_vllm_flags_cannot_reach_gets_the_pytorch_memory_c
     argv, env = build_launch(["vllm", "serve", "m"], settings, {"PYTHONPATH": "/app"})
     assert argv[-1] == "--gpu-memory-utilization=0.2500"
     assert env["PYTHONPATH"] == "/app"  # vLLM sizes itself from the flag
+
+
+def test_an_unprofiled_workloads_assignment_launches() -> None:
+    """bind writes ``{"as-is": true}`` for an unprofiled workload; the launcher refused
+    the name (``-``), so such a workload never started under elastico-run."""
+    annotations = {**TRAINING, "elastico.io/assigned-knobs": '{"as-is": true}'}
+    settings = read_assignment(annotations, {}).settings()
+    assert settings.env["ELASTICO_AS-IS"] == "1"

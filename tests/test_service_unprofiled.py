@@ -273,3 +273,32 @@ def test_a_pod_job_built_from_a_family_forgotten_meanwhile_is_not_cached(
     assert jobs.get(pod).family.estimated.all()  # the old build, answered once
     family = jobs.get(pod).family
     assert family.estimated is not None and not family.estimated.any()
+
+
+def test_a_pending_unprofiled_pod_is_bound_with_its_one_configuration(tmp_path: Path) -> None:
+    """An unprofiled workload's one configuration is the knob ``as-is``: the knob check
+    bind runs refused its ``-`` (ValueError out of bind: every such pod failed to bind,
+    and the webhook's settings for it too).  It binds, its ConfigMap holding
+    ``ELASTICO_AS-IS`` (a name Kubernetes takes for a ConfigMap key and a variable)."""
+    import httpx
+
+    api = FakeApiServer().start()
+    api.put("nodes", gpu_node("g0", 1))
+    pod = pending_pod("n", family=FAMILY)
+    pod["metadata"]["annotations"]["elastico.io/kind"] = "training"
+    api.put("pods", pod)
+    server, kube, svc = start_service(api, observation_store=str(tmp_path / "loop.db"))
+    try:
+        assert wait_for(lambda: len(kube.state.pods()) == 1)
+        svc.epoch()
+        auth = {"Authorization": f"Bearer {svc.token}"}
+        bind = {"PodName": "n", "PodNamespace": "ml", "PodUID": "uid-n", "Node": "g0"}
+        reply = httpx.post(f"{svc.url}/scheduler/bind", json=bind, headers=auth, timeout=30)
+        assert reply.status_code == 200 and not reply.json().get("Error"), reply.text
+        notes = api.objects["pods"]["ml/n"]["metadata"]["annotations"]
+        assert notes["elastico.io/assigned-configuration"] == UNPROFILED.label
+        (configmap,) = [v for (ns, _), v in api.configmaps.items() if ns == "ml"]
+        assert configmap["data"]["ELASTICO_AS-IS"] == "1"
+    finally:
+        server.stop()
+        api.stop()

@@ -56,8 +56,10 @@ OWN_SETTINGS = frozenset({
 """The ``ELASTICO_*`` variables :func:`framework_settings` writes itself: no knob may be
 named as one (a knob ``memory_budget_mib`` would have replaced the budget)."""
 
-KNOB_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
-"""A knob's name, which becomes an environment variable's (no ``=``, NUL or space)."""
+KNOB_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,63}")
+"""A knob's name, which becomes an environment variable's and a ConfigMap key's (no
+``=``, NUL or space).  ``-`` and ``.`` are in both of Kubernetes' sets, and an unprofiled
+workload's one configuration is ``as-is`` (``service.families.UNPROFILED``)."""
 
 
 def _positive_int(value: KnobValue) -> bool:
@@ -95,7 +97,7 @@ def knob_problems(knobs: Mapping[str, KnobValue]) -> list[str]:
     for name, value in knobs.items():
         shown = repr(name[:40])
         if not KNOB_NAME.fullmatch(name):
-            problems.append(f"knob name {shown} is not a name of letters, digits and _")
+            problems.append(f"knob name {shown} is not a name of letters, digits, _, - and .")
         elif name.upper() in OWN_SETTINGS:
             problems.append(f"knob name {shown} is the launcher's own {_knob_env(name)}")
         elif name.upper() in seen:
