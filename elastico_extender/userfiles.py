@@ -46,16 +46,20 @@ def check_writable(path: str | Path) -> None:
     find out is removed again.  For a long job's output: fail before the work."""
     if os.path.lexists(path) and not os.path.exists(path):
         raise FileNotFoundError(errno.ENOENT, "a link to nothing", str(path))
-    existed = os.path.exists(path)
-    if existed:
+    if os.path.exists(path):
         check_regular(os.stat(path).st_mode, path)
-    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK | os.O_CLOEXEC
-    fd = os.open(path, flags, 0o666)
+    flags = os.O_WRONLY | os.O_APPEND | os.O_NONBLOCK | os.O_CLOEXEC
+    try:
+        fd, created = os.open(path, flags), False
+    except FileNotFoundError:
+        # O_EXCL: the probe is this call's own file, so removing it removes nobody's
+        # (a file another writer created since the look is opened above, not here)
+        fd, created = os.open(path, flags | os.O_CREAT | os.O_EXCL, 0o666), True
     try:
         check_regular(os.fstat(fd).st_mode, path)  # swapped for a FIFO since the stat
     finally:
         os.close(fd)
-        if not existed:
+        if created:
             os.unlink(path)
 
 

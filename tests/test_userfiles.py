@@ -48,3 +48,25 @@ def test_what_cannot_be_written_as_a_file_is_an_oserror_saying_why(
         check_writable(out)
     assert words in reason(caught.value)
     assert not (tmp_path / "nowhere").exists()  # nothing created through the link
+
+
+def test_a_file_another_writer_creates_during_the_check_is_not_removed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The check looked (no file), then opened with O_CREAT and removed what it opened
+    as its own probe: a file another process created in between (the previous run's
+    output landing, a colleague's) was deleted.  The other writer is played by a hook
+    on the look; only a file the check itself created is removed."""
+    out = tmp_path / "model.onnx"
+    real_exists = os.path.exists
+
+    def exists_then_written(path: object) -> bool:
+        found = real_exists(path)  # type: ignore[arg-type]
+        if Path(str(path)) == out and not found:
+            out.write_bytes(b"theirs")  # just after the look, before the open
+        return found
+
+    monkeypatch.setattr(os.path, "exists", exists_then_written)
+    check_writable(out)
+    monkeypatch.undo()
+    assert out.read_bytes() == b"theirs"
