@@ -230,3 +230,20 @@ def test_a_redirect_is_an_error_naming_where_it_pointed_not_followed() -> None:
 def test_a_url_it_cannot_fetch_is_a_value_error_naming_it(url: str) -> None:
     with pytest.raises(ValueError, match=r"(?i)url|port"):
         hardware.http_get(url, 1.0)
+
+
+def test_a_profiled_server_answering_too_much_is_no_reading_not_an_exception() -> None:
+    """ProgressSource.read raises OSError when a reading is unavailable, and the
+    profiling session skips that sample; PrometheusProgress let http_get's ValueError (an
+    answer over the bound) through, which ended the whole profiling run."""
+    from test_agent_hostile_inputs import RawEndpoint
+
+    huge = b"HTTP/1.1 200 OK\r\n\r\n" + b"x" * (HTTP_GET_MAX_BYTES + 70_000)
+    endpoint = RawEndpoint(lambda conn: conn.sendall(huge))
+    try:
+        url = f"http://127.0.0.1:{endpoint.port}/metrics"
+        progress = PrometheusProgress(url, "vllm:num_requests_success_total", "tokens")
+        with pytest.raises(OSError, match=f"{endpoint.port}/metrics: answer larger than"):
+            progress.read()
+    finally:
+        endpoint.close()

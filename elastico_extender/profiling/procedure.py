@@ -281,8 +281,14 @@ class PrometheusProgress:
         self._fetch = fetch or http_get
 
     def read(self) -> tuple[float, float]:
+        """OSError (the session's "no reading this time") for every failed read: the
+        fetch's ValueError too (an answer over its bound, a URL it cannot fetch)."""
+        try:
+            text = self._fetch(self.url, 2.0)
+        except ValueError as exc:
+            raise OSError(str(exc)) from exc
         totals = dict.fromkeys(self.metrics, 0.0)
-        for name, _labels, value in parse_prometheus(self._fetch(self.url, 2.0)):
+        for name, _labels, value in parse_prometheus(text):
             if name in totals:
                 totals[name] += value
         return totals[self.metrics[0]], totals[self.metrics[1]]
