@@ -72,19 +72,26 @@ class _Watchdog:
         self._timer.cancel()
 
 
-def _connection(url: str, timeout: float) -> http.client.HTTPConnection:
-    parts = urlsplit(url)
+def _connection(url: str, timeout: float) -> tuple[http.client.HTTPConnection, str]:
+    """The connection for ``url`` and the target its request line names; ValueError
+    naming the URL for one that no request can carry (checked before connecting)."""
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError as exc:  # "[::1" unclosed, a port that is not a number or too big
+        raise ValueError(f"{url[:200]!r}: {exc}") from None
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ValueError(f"{url[:200]!r}: not an http:// or https:// URL with a host")
-    try:
-        port = parts.port
-    except ValueError as exc:  # a port that is not a number, or over 65535
-        raise ValueError(f"{url[:200]!r}: {exc}") from None
-    if parts.scheme == "https":
+    target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    if not target.isascii() or any(c <= " " or c == "\x7f" for c in target):
+        raise ValueError(f"{url[:200]!r}: cannot be sent (a path of plain ASCII, encoded)")
+    https = parts.scheme == "https"
+    if https:
+        context = ssl.create_default_context()
         return http.client.HTTPSConnection(
-            parts.hostname, port, timeout=timeout, context=ssl.create_default_context()
-        )
-    return http.client.HTTPConnection(parts.hostname, port, timeout=timeout)
+            parts.hostname, port, timeout=timeout, context=context
+        ), target
+    return http.client.HTTPConnection(parts.hostname, port, timeout=timeout), target
 
 
 def get_text(url: str, timeout: float, *, max_bytes: int, accept: str = "text/plain") -> str:
@@ -94,9 +101,7 @@ def get_text(url: str, timeout: float, *, max_bytes: int, accept: str = "text/pl
     (TimeoutError past it); a body over ``max_bytes`` is a ValueError once that much has
     come; a status other than 200 is an :class:`HTTPStatusError`; anything else that
     goes wrong is an OSError naming the URL."""
-    conn = _connection(url, timeout)
-    parts = urlsplit(url)
-    target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    conn, target = _connection(url, timeout)
     started = time.monotonic()
     watchdog: _Watchdog | None = None
     reply: http.client.HTTPResponse | None = None

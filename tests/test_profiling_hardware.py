@@ -247,3 +247,24 @@ def test_a_profiled_server_answering_too_much_is_no_reading_not_an_exception() -
             progress.read()
     finally:
         endpoint.close()
+
+
+@pytest.mark.parametrize("tail", ["/métriques", "/a b", "/a\r\nX-Injected: 1"],
+                         ids=["non-ascii", "space", "crlf"])  # fmt: skip
+def test_a_path_no_request_line_can_carry_is_a_value_error_naming_the_url(tail: str) -> None:
+    """http.client refused these as a UnicodeEncodeError naming no URL, or as "not an
+    HTTP answer" (the answer was never asked for); now refused before connecting."""
+    from test_agent_hostile_inputs import RawEndpoint
+
+    endpoint = RawEndpoint(lambda conn: conn.sendall(b"HTTP/1.1 200 OK\r\n\r\n"))
+    try:
+        url = f"http://127.0.0.1:{endpoint.port}{tail}"
+        with pytest.raises(ValueError, match=f"127.0.0.1:{endpoint.port}.*cannot be sent"):
+            hardware.http_get(url, 1.0)
+    finally:
+        endpoint.close()
+
+
+def test_a_url_urlsplit_refuses_is_a_value_error_naming_it() -> None:
+    with pytest.raises(ValueError, match=r"http://\[::1/metrics"):
+        hardware.http_get("http://[::1/metrics", 1.0)
