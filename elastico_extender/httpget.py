@@ -86,6 +86,9 @@ def _connection(url: str, timeout: float) -> tuple[http.client.HTTPConnection, s
     if not target.isascii() or any(c <= " " or c == "\x7f" for c in target):
         raise ValueError(f"{url[:200]!r}: cannot be sent (a path of plain ASCII, encoded)")
     https = parts.scheme == "https"
+    # Always a port: without one, http.client reads an IPv6 literal's last group as
+    # the port ("::1" became host ":" port 1).
+    port = (443 if https else 80) if port is None else port
     if https:
         context = ssl.create_default_context()
         return http.client.HTTPSConnection(

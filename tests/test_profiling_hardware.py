@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+import threading
 import time
 from collections.abc import Callable
 from types import SimpleNamespace
@@ -268,3 +269,24 @@ def test_a_path_no_request_line_can_carry_is_a_value_error_naming_the_url(tail: 
 def test_a_url_urlsplit_refuses_is_a_value_error_naming_it() -> None:
     with pytest.raises(ValueError, match=r"http://\[::1/metrics"):
         hardware.http_get("http://[::1/metrics", 1.0)
+
+
+def test_an_ipv6_literal_without_a_port_is_its_own_address_on_the_default_port() -> None:
+    """http.client takes a host without a port to be host:port, so [::1] became host ':'
+    port 1 ("Name or service not known"); the scheme's port is now given explicitly."""
+    try:
+        listener = socket.create_server(("::1", 80), family=socket.AF_INET6)
+    except OSError as exc:  # no IPv6 loopback, not root, or port 80 taken
+        pytest.skip(f"cannot listen on [::1]:80: {exc}")
+
+    def serve() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            conn.recv(65536)
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nv6")
+
+    threading.Thread(target=serve, daemon=True).start()
+    try:
+        assert hardware.http_get("http://[::1]/metrics", 2.0) == "v6"
+    finally:
+        listener.close()
