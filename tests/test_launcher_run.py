@@ -595,3 +595,13 @@ def test_an_unprofiled_workloads_assignment_launches() -> None:
     annotations = {**TRAINING, "elastico.io/assigned-knobs": '{"as-is": true}'}
     settings = read_assignment(annotations, {}).settings()
     assert settings.env["ELASTICO_AS-IS"] == "1"
+
+
+def test_a_device_of_under_one_mib_is_a_problem_naming_it() -> None:
+    """memory_share rounds the device to whole MiB: 0.5 became 0 and the share divided by
+    it (ZeroDivisionError, no ElasticoError: a new assignment saying so ended the
+    launcher's poll loop with the workload left running unsupervised)."""
+    tiny = {**TRAINING, "elastico.io/memory-budget-mib": "0.3",
+            "elastico.io/device-memory-mib": "0.5"}  # fmt: skip
+    with pytest.raises(AnnotationError, match=r"device-memory-mib.*at least 1 MiB"):
+        read_assignment(tiny, {})

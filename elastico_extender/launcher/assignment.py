@@ -198,6 +198,9 @@ def read_assignment(annotations: Mapping[str, str], environ: Mapping[str, str]) 
 
     budget = number("memory-budget-mib")
     device = number("device-memory-mib")
+    if 0 < device < 1:  # whole MiB: memory_share would divide by a device of 0
+        problems.append((_lookup("device-memory-mib", annotations, environ)[1],
+                         f"must be at least 1 MiB, got {device:g}"))  # fmt: skip
     if math.isfinite(budget) and math.isfinite(device) and budget > device:
         problems.append(
             (PREFIX + MEMORY_BUDGET, f"budget {budget:g} MiB exceeds device memory {device:g} MiB")
