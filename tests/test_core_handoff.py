@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from elastico_extender.core.handoff import framework_settings, knob_problems
+from elastico_extender.core.handoff import framework_settings, knob_problems, memory_share
 from elastico_extender.core.model import Configuration, JobKind
 
 
@@ -125,8 +125,8 @@ def test_every_catalog_configuration_passes_the_knob_check(families) -> None:
 @pytest.mark.parametrize(
     ("knobs", "named"),
     [
-        ({"memory_budget_mib": 99_999}, "launcher's own ELASTICO_MEMORY_BUDGET_MIB"),
-        ({"Sm_Share": 1.0}, "launcher's own ELASTICO_SM_SHARE"),
+        ({"memory_budget_mib": 99_999}, "ElastiCo's own ELASTICO_MEMORY_BUDGET_MIB"),
+        ({"Sm_Share": 1.0}, "ElastiCo's own ELASTICO_SM_SHARE"),
         ({"a b": 1}, "not a name"),
         ({"x" * 65: 1}, "not a name"),
         ({"amp": True, "AMP": False}, "only in case"),
@@ -134,9 +134,14 @@ def test_every_catalog_configuration_passes_the_knob_check(families) -> None:
         ({"batch_size": True}, "batch_size must be a positive integer"),
         ({"prefix_caching": "off"}, "prefix_caching must be true or false"),
         ({"gpu_memory_utilization": 0}, "gpu_memory_utilization must be a number in (0, 1]"),
+        # read by the shim and elastico-run, not written by framework_settings: a knob
+        # shim_disable would have switched profiling (and so the loop's eyes) off
+        ({"shim_disable": True}, "ElastiCo's own ELASTICO_SHIM_DISABLE"),
+        ({"shim_dir": "/tmp"}, "ElastiCo's own ELASTICO_SHIM_DIR"),
+        ({"annotations_file": "/x"}, "ElastiCo's own ELASTICO_ANNOTATIONS_FILE"),
     ],
     ids=["budget", "sm-share-any-case", "space", "too-long", "case-twin", "zero-batch",
-         "bool-batch", "word-switch", "zero-cap"],
+         "bool-batch", "word-switch", "zero-cap", "shim-off", "shim-dir", "annotations"],
 )  # fmt: skip
 def test_a_bad_knob_never_reaches_a_pod(knobs: dict, named: str) -> None:
     assert any(named in problem for problem in knob_problems(knobs))
@@ -177,3 +182,10 @@ def test_the_unprofiled_configuration_and_kubernetes_variable_names_pass() -> No
         device_indices=(0,),
     )
     assert env["ELASTICO_AS-IS"] == "1"
+
+
+@pytest.mark.parametrize("device", [0.5, 0.0, -1.0], ids=["half-mib", "zero", "negative"])
+def test_a_device_under_one_mib_is_a_value_error_not_a_division_by_zero(device: float) -> None:
+    """Whole MiB: a device of 0.5 MiB rounded to 0 and was divided by."""
+    with pytest.raises(ValueError, match="MiB"):
+        memory_share(0.25, device)

@@ -49,12 +49,17 @@ __all__ = [
 ENV_PREFIX = "ELASTICO_"
 
 OWN_SETTINGS = frozenset({
+    # written by framework_settings itself
     "GPU_INDICES", "WORKLOAD_KIND", "CONFIGURATION", "CONFIGURATION_JSON",
     "MEMORY_BUDGET_MIB", "DEVICE_MEMORY_MIB", "MEMORY_FRACTION", "SM_SHARE", "MPS",
     "VLLM_ARGS",
+    # read by elastico-run, the runtime bundle and the node agent
+    "ANNOTATIONS_FILE", "USER_SETTINGS", "PROFILING", "GRACE_SECONDS", "POLL_SECONDS",
+    "PYTHON", "POD_UID", "CONTAINER_NAME", "RING_ROOT", "DCGM_URL",
 })  # fmt: skip
-"""The ``ELASTICO_*`` variables :func:`framework_settings` writes itself: no knob may be
-named as one (a knob ``memory_budget_mib`` would have replaced the budget)."""
+"""The ``ELASTICO_*`` variables ElastiCo sets or reads itself, and every ``SHIM_*`` one
+(the profiler shim's): no knob may be named as one.  A knob ``memory_budget_mib``
+would have replaced the budget, ``shim_disable`` switched the loop's eyes off."""
 
 KNOB_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,63}")
 """A knob's name, which becomes an environment variable's and a ConfigMap key's (no
@@ -98,8 +103,8 @@ def knob_problems(knobs: Mapping[str, KnobValue]) -> list[str]:
         shown = repr(name[:40])
         if not KNOB_NAME.fullmatch(name):
             problems.append(f"knob name {shown} is not a name of letters, digits, _, - and .")
-        elif name.upper() in OWN_SETTINGS:
-            problems.append(f"knob name {shown} is the launcher's own {_knob_env(name)}")
+        elif name.upper() in OWN_SETTINGS or name.upper().startswith("SHIM_"):
+            problems.append(f"knob name {shown} is ElastiCo's own {_knob_env(name)}")
         elif name.upper() in seen:
             problems.append(f"knob name {shown} differs from another only in case")
         seen.add(name.upper())
@@ -132,12 +137,11 @@ class MemoryShare:
 
 
 def memory_share(memory_budget_mib: float, device_memory_mib: float) -> MemoryShare:
-    """The one rounding of (M_j, M_GPU); ValueError unless 0 < M_j <= M_GPU."""
-    if not (
-        math.isfinite(memory_budget_mib)
-        and math.isfinite(device_memory_mib)
-        and 0 < memory_budget_mib <= device_memory_mib
-    ):
+    """The one rounding of (M_j, M_GPU); ValueError unless 0 < M_j <= M_GPU, 1 <= M_GPU."""
+    if not (math.isfinite(device_memory_mib) and device_memory_mib >= 1):
+        # whole MiB below: a device of 0.5 MiB would be one of 0, then divided by
+        raise ValueError(f"device memory {device_memory_mib} MiB must be at least 1 MiB")
+    if not (math.isfinite(memory_budget_mib) and 0 < memory_budget_mib <= device_memory_mib):
         raise ValueError(
             f"memory budget {memory_budget_mib} MiB must be in (0, {device_memory_mib}] MiB"
         )
