@@ -12,14 +12,17 @@ it passes ``max_bytes``.
 Only a whole ``200`` answer is one.  A redirect is not followed (the error names where
 it pointed: a pod could send the agent to another service), a body short of its
 ``Content-Length`` is refused, and http.client's own errors (a status line that is not
-HTTP, a header line too long, a broken chunk) become :class:`OSError` naming the URL.
-No proxy is used: each of these endpoints is on the node or named directly.
+HTTP, a header line too long, a broken chunk) become :class:`OSError` naming the URL
+(never a user or password written into it).  No encoding is asked for and one sent
+anyway (gzip) is refused.  No proxy is used: each of these endpoints is on the node or
+named directly.
 """
 
 from __future__ import annotations
 
 import contextlib
 import http.client
+import re
 import socket
 import ssl
 import threading
@@ -27,7 +30,7 @@ import time
 from typing import Any
 from urllib.parse import urlsplit
 
-__all__ = ["HTTPStatusError", "get_text", "read_reply"]
+__all__ = ["HTTPStatusError", "get_text", "read_reply", "shown"]
 
 
 class HTTPStatusError(OSError):
@@ -72,6 +75,15 @@ class _Watchdog:
         self._timer.cancel()
 
 
+_CREDENTIALS = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*://)[^/?#@]*@")
+
+
+def shown(url: str) -> str:
+    """``url`` as an error or a log line may show it: without a user or password, and at
+    most 200 characters."""
+    return _CREDENTIALS.sub(r"\1", url)[:200]
+
+
 def _connection(url: str, timeout: float) -> tuple[http.client.HTTPConnection, str]:
     """The connection for ``url`` and the target its request line names; ValueError
     naming the URL for one that no request can carry (checked before connecting)."""
@@ -79,12 +91,12 @@ def _connection(url: str, timeout: float) -> tuple[http.client.HTTPConnection, s
         parts = urlsplit(url)
         port = parts.port
     except ValueError as exc:  # "[::1" unclosed, a port that is not a number or too big
-        raise ValueError(f"{url[:200]!r}: {exc}") from None
+        raise ValueError(f"{shown(url)!r}: {exc}") from None
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ValueError(f"{url[:200]!r}: not an http:// or https:// URL with a host")
+        raise ValueError(f"{shown(url)!r}: not an http:// or https:// URL with a host")
     target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
     if not target.isascii() or any(c <= " " or c == "\x7f" for c in target):
-        raise ValueError(f"{url[:200]!r}: cannot be sent (a path of plain ASCII, encoded)")
+        raise ValueError(f"{shown(url)!r}: cannot be sent (a path of plain ASCII, encoded)")
     https = parts.scheme == "https"
     # Always a port: without one, http.client reads an IPv6 literal's last group as
     # the port ("::1" became host ":" port 1).
@@ -105,6 +117,7 @@ def get_text(url: str, timeout: float, *, max_bytes: int, accept: str = "text/pl
     come; a status other than 200 is an :class:`HTTPStatusError`; anything else that
     goes wrong is an OSError naming the URL."""
     conn, target = _connection(url, timeout)
+    name = shown(url)
     started = time.monotonic()
     watchdog: _Watchdog | None = None
     reply: http.client.HTTPResponse | None = None
@@ -117,23 +130,26 @@ def get_text(url: str, timeout: float, *, max_bytes: int, accept: str = "text/pl
             raise TimeoutError("connected too late")
         assert conn.sock is not None  # connect() sets it or raises
         watchdog = _Watchdog(conn.sock, left)
-        conn.request("GET", target, headers={"Accept": accept})
+        conn.request("GET", target, headers={"Accept": accept, "Accept-Encoding": "identity"})
         reply = conn.getresponse()
         if reply.status != 200:
-            raise HTTPStatusError(url, reply.status, reply.reason, reply.getheader("Location"))
-        body = read_reply(reply, url, started, 2 * timeout, max_bytes)
+            raise HTTPStatusError(name, reply.status, reply.reason, reply.getheader("Location"))
+        encoding = (reply.getheader("Content-Encoding") or "identity").strip()
+        if encoding.lower() != "identity":  # bytes no reader here can decode as text
+            raise OSError(f"{name}: answer in Content-Encoding {encoding[:40]!r}, asked for none")
+        body = read_reply(reply, name, started, 2 * timeout, max_bytes)
         if reply.length:  # the connection closed before Content-Length bytes came
-            raise OSError(f"{url}: answer cut short, {reply.length} bytes missing")
+            raise OSError(f"{name}: answer cut short, {reply.length} bytes missing")
     except (OSError, ValueError, http.client.HTTPException) as exc:
         if watchdog is not None and watchdog.fired:
-            raise _late(url, timeout) from None
+            raise _late(name, timeout) from None
         if isinstance(exc, http.client.HTTPException):
-            message = f"{url}: not an HTTP answer: {type(exc).__name__}: {exc}"
+            message = f"{name}: not an HTTP answer: {type(exc).__name__}: {exc}"
             raise OSError(message[:300]) from exc
         if isinstance(exc, TimeoutError):  # a socket's own per-operation timeout
-            raise TimeoutError(f"{url}: {exc}") from None
-        if isinstance(exc, OSError) and url not in str(exc):  # refused, reset, TLS, DNS
-            raise OSError(f"{url}: {exc}") from exc
+            raise TimeoutError(f"{name}: {exc}") from None
+        if isinstance(exc, OSError) and name not in str(exc):  # refused, reset, TLS, DNS
+            raise OSError(f"{name}: {exc}") from exc
         raise
     finally:
         if watchdog is not None:
@@ -142,7 +158,7 @@ def get_text(url: str, timeout: float, *, max_bytes: int, accept: str = "text/pl
             reply.close()
         conn.close()
     if watchdog is not None and watchdog.fired:  # its shutdown may have ended the body
-        raise _late(url, timeout)
+        raise _late(name, timeout)
     return body.decode("utf-8", errors="replace")
 
 

@@ -290,3 +290,41 @@ def test_an_ipv6_literal_without_a_port_is_its_own_address_on_the_default_port()
         assert hardware.http_get("http://[::1]/metrics", 2.0) == "v6"
     finally:
         listener.close()
+
+
+def test_a_compressed_answer_is_refused_not_read_as_text() -> None:
+    """Nothing asks for an encoding, yet a server may gzip anyway: its bytes were read
+    as an exposition of garbage (no sample, or a counter read from noise)."""
+    import gzip
+
+    from test_agent_hostile_inputs import RawEndpoint
+
+    body = gzip.compress(EXPORTER.encode())
+    head = f"HTTP/1.1 200 OK\r\nContent-Encoding: gzip\r\nContent-Length: {len(body)}\r\n\r\n"
+    endpoint = RawEndpoint(lambda conn: conn.sendall(head.encode() + body))
+    try:
+        url = f"http://127.0.0.1:{endpoint.port}/metrics"
+        with pytest.raises(OSError, match="Content-Encoding 'gzip'"):
+            hardware.http_get(url, 2.0)
+        assert DcgmExporterSource(url, timeout=2.0).sample() is None
+    finally:
+        endpoint.close()
+
+
+def test_a_password_in_the_url_never_reaches_an_error_message() -> None:
+    """Every error names the URL, and so printed a password written into it."""
+    from test_agent_hostile_inputs import RawEndpoint
+
+    endpoint = RawEndpoint(lambda conn: conn.sendall(b"HTTP/1.1 404 Not Found\r\n\r\n"))
+    closed = socket.create_server(("127.0.0.1", 0))
+    port = closed.getsockname()[1]
+    closed.close()  # nothing listens there now: connection refused
+    try:
+        for url in (f"http://ops:s3cret@127.0.0.1:{endpoint.port}/metrics",
+                    f"http://ops:s3cret@127.0.0.1:{port}/metrics",
+                    "ftp://ops:s3cret@127.0.0.1/metrics"):  # fmt: skip
+            with pytest.raises((OSError, ValueError)) as caught:
+                hardware.http_get(url, 2.0)
+            assert "s3cret" not in str(caught.value) and "127.0.0.1" in str(caught.value)
+    finally:
+        endpoint.close()
