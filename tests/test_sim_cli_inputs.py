@@ -527,3 +527,18 @@ def test_days_select_a_window_of_a_file_trace_with_its_history(tmp_path: Path) -
         args = cli.build_parser().parse_args(["--trace", str(path), *argv])
         with pytest.raises(cli.InputError, match=said):
             cli.load_trace(args)
+
+
+def test_the_folder_check_leaves_a_users_file_of_any_name_alone(tmp_path: Path) -> None:
+    """The write check of --out wrote and removed a fixed name, .elastico-write-test: a
+    user's file of that name was emptied and deleted (and two runs into one folder could
+    remove each other's probe mid-check)."""
+    out = tmp_path / "o"
+    out.mkdir()
+    mine = out / ".elastico-write-test"
+    mine.write_text("my notes\n")
+    proc = _simulate("--gpus", "4", "--duration", "1", "--policy", "volcano",
+                     "--out", str(out))  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert mine.read_text() == "my notes\n"
+    assert sorted(p.name for p in out.iterdir() if p.name.startswith(".")) == [mine.name]

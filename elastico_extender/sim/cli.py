@@ -20,6 +20,7 @@ import logging
 import math
 import os
 import sys
+import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -496,9 +497,8 @@ def _check_out(out: Path, names: Sequence[str]) -> None:
     simulation, not found when its results are written."""
     try:
         out.mkdir(parents=True, exist_ok=True)
-        probe = out / ".elastico-write-test"
-        probe.write_text("")
-        probe.unlink()
+        with tempfile.TemporaryFile(dir=out):  # a name of its own, gone when closed
+            pass
     except OSError as exc:
         raise InputError(f"--out: cannot write to {out}: {_reason(exc)}") from None
     for name in names:
