@@ -94,7 +94,7 @@ framework flag or a training script gets verbatim."""
 
 def knob_problems(knobs: Mapping[str, KnobValue]) -> list[str]:
     """What is wrong with knobs a pod was assigned (empty when nothing): names that no
-    environment variable can hold or that one of the launcher's own settings owns, and
+    environment variable can hold or that name a variable ElastiCo owns, and
     known knobs of the wrong kind (``batch_size: -8`` would reach the workload as is,
     ``prefix_caching: "off"`` would turn caching on)."""
     problems = []
