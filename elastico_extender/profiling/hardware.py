@@ -192,8 +192,8 @@ HTTP_GET_MAX_BYTES = 16 << 20
 
 
 def http_get(url: str, timeout: float, *, max_bytes: int = HTTP_GET_MAX_BYTES) -> str:
-    """GET ``url`` as text, bounded whatever the server does (:mod:`elastico_extender.
-    httpget`): OSError on failure, ValueError for an answer over ``max_bytes``."""
+    """GET ``url`` as text, bounded whatever the server does (``httpget.get_text``):
+    OSError on failure, ValueError for an answer over ``max_bytes``."""
     return get_text(url, timeout, max_bytes=max_bytes)
 
 
