@@ -52,6 +52,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <time.h>
@@ -489,6 +490,16 @@ static void es_init_locked(void) {
     }
     void *map = MAP_FAILED;
     int err = errno;
+    /* Growing a file past the file-size limit (ulimit -f) raises SIGXFSZ, which ends the
+     * workload: a ring that would cross it is not started. */
+    struct rlimit fsize;
+    if (fd >= 0 && !continued && getrlimit(RLIMIT_FSIZE, &fsize) == 0 &&
+        fsize.rlim_cur != RLIM_INFINITY && (uint64_t)fsize.rlim_cur < bytes) {
+        close(fd);
+        fd = -1;
+        unlink(es_g.path);
+        err = EFBIG;
+    }
     /* Reserve every page now: a ring on a full tmpfs (a memory emptyDir at its
      * sizeLimit, /dev/shm) must fail here, not SIGBUS the workload at a later write. */
     if (fd >= 0 && (err = posix_fallocate(fd, 0, (off_t)bytes)) == 0) {
