@@ -415,8 +415,8 @@ static uint64_t es_process_start_ticks(void) {
 static int es_ring_is_ours(int fd, uint64_t bytes, uint64_t capacity, uint64_t started) {
     es_header h;
     struct stat st;
-    if (!started || fstat(fd, &st) != 0 || (uint64_t)st.st_size != bytes ||
-        pread(fd, &h, sizeof h, 0) != (ssize_t)sizeof h)
+    if (!started || fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) ||
+        (uint64_t)st.st_size != bytes || pread(fd, &h, sizeof h, 0) != (ssize_t)sizeof h)
         return 0;
     return h.magic == ES_MAGIC && h.version == ES_LAYOUT_VERSION &&
            h.record_size == ES_RECORD_SIZE && h.header_size == ES_HEADER_SIZE &&
@@ -476,17 +476,20 @@ static void es_init_locked(void) {
     }
     /* An exec keeps the pid, so the ring an earlier image of this process left is here:
      * it is continued (counters, records and flush numbers go on, the agent sees one
-     * process), any other file under the name is truncated.  O_NOFOLLOW: in a directory
-     * other users share (/dev/shm, /tmp), a link planted under the ring's name must not
-     * make the truncation wipe the file it points to. */
+     * process).  Any other file under the name is replaced by a new one, never truncated
+     * in place: another live process may map it (two containers of a pod, each pid 1 of
+     * its own pid namespace, share /dev/shm), and cutting it under that mapping kills
+     * that process with SIGBUS; a hard link's other names keep their contents too.
+     * O_NOFOLLOW: in a directory other users share (/dev/shm, /tmp), a symbolic link
+     * planted under the ring's name is not followed, and profiling is off. */
     uint64_t started = es_process_start_ticks();
-    int fd = open(es_g.path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
+    int fd = open(es_g.path, O_RDWR | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
     int continued = fd >= 0 && es_ring_is_ours(fd, bytes, capacity, started);
-    if (fd >= 0 && !continued && ftruncate(fd, 0) != 0) {
-        int truncate_errno = errno;
-        close(fd);
+    if (!continued && (fd >= 0 || errno != ELOOP)) {
+        if (fd >= 0) close(fd);
         fd = -1;
-        errno = truncate_errno;
+        if (unlink(es_g.path) == 0 || errno == ENOENT)
+            fd = open(es_g.path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0644);
     }
     void *map = MAP_FAILED;
     int err = errno;

@@ -10,12 +10,15 @@ from __future__ import annotations
 import importlib.util
 import os
 import resource
+import shutil
 import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 
-from elastico_extender.profiling.ring import RingReader, find_rings
+from elastico_extender.profiling.ring import RingReader, find_rings, summarize
 
 ROOT = Path(__file__).resolve().parents[1]
 _spec = importlib.util.spec_from_file_location("shim_fakes", ROOT / "profiler_shim/tests/fakes.py")
@@ -82,3 +85,138 @@ def test_a_file_size_limit_below_the_ring_turns_profiling_off_not_the_workload(
         return
     with RingReader(rings[int(done.stdout.split()[1])]) as ring:
         assert ring.header()["launches"] == 100
+
+
+HOLDER = """
+import mmap, os, sys, time
+path, size, ready, go, verdict = sys.argv[1:]
+size = int(size)
+with open(path, "wb") as f:
+    f.write(b"\\xab" * size)
+fd = os.open(path, os.O_RDWR)
+m = mmap.mmap(fd, size)
+open(ready, "w").close()
+deadline = time.monotonic() + 60
+while not os.path.exists(go) and time.monotonic() < deadline:
+    time.sleep(0.01)
+intact = m[:] == b"\\xab" * size  # SIGBUS here if the file was cut short under the mapping
+m[size - 1] = 0xCD
+open(verdict, "w").write("intact" if intact else "changed")
+"""
+
+
+def test_a_file_a_live_process_maps_under_the_rings_name_is_not_cut_under_it(
+    built, tmp_path: Path
+) -> None:
+    """Two containers of one pod share /dev/shm (the default ring directory when the
+    launcher does not set one) but not their pid namespaces: both main processes may be
+    pid 1, so both open ``elastico-shim-1.ring``.  The second truncated the file in
+    place, under the first one's mapping: the first workload died of SIGBUS at its next
+    record (here a stand-in that maps the file reads it).  A file under the name that is
+    not this process's own earlier ring is now replaced (a new file under the name), never
+    truncated: whoever still maps the old one keeps it whole."""
+    rings = tmp_path / "rings"
+    rings.mkdir()
+    ready, go, verdict = (tmp_path / name for name in ("ready", "go", "verdict"))
+    script = (
+        f"{sys.executable} -c '{HOLDER}' {rings}/elastico-shim-$$.ring {1 << 20} "
+        f"{ready} {go} {verdict} >/dev/null 2>&1 & "
+        f"while [ ! -e {ready} ]; do sleep 0.01; done; "
+        f"exec {built.exits} 100 return"
+    )
+    done = subprocess.run(
+        ["sh", "-c", script],
+        env=preloaded(built, rings, ELASTICO_SHIM_BUFFER_BYTES="65536"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    go.touch()
+    assert done.returncode == 0, done.stderr
+    deadline = time.monotonic() + 15
+    while not verdict.exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert verdict.exists(), "the process mapping the file died (SIGBUS)"
+    assert verdict.read_text() == "intact"
+    with RingReader(find_rings(rings)[int(done.stdout.split()[1])]) as ring:
+        header = ring.header()
+        assert header["launches"] == summarize(ring.peek(), header).launches == 100
+
+
+def test_a_hard_link_under_the_rings_name_is_not_written_through(built, tmp_path: Path) -> None:
+    """A hard link named like the ring (in a directory a pod's containers share) is a
+    second name of another file: truncating and reserving "the ring" wiped that file.
+    The name is now replaced; the other file keeps its contents."""
+    victim = tmp_path / "precious.txt"
+    victim.write_text("keep me")
+    rings = tmp_path / "rings"
+    rings.mkdir()
+    script = f"ln {victim} {rings}/elastico-shim-$$.ring && exec {built.exits} 100 return"
+    done = subprocess.run(
+        ["sh", "-c", script], env=preloaded(built, rings), capture_output=True, text=True,
+        timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert victim.read_text() == "keep me"
+    with RingReader(find_rings(rings)[int(done.stdout.split()[1])]) as ring:
+        assert ring.header()["launches"] == 100
+
+
+def _pid_namespaces() -> bool:
+    unshare = shutil.which("unshare")
+    if unshare is None:
+        return False
+    probe = subprocess.run(
+        [unshare, "--pid", "--fork", "sh", "-c", "echo $$"], capture_output=True, text=True
+    )
+    return probe.returncode == 0 and probe.stdout.strip() == "1"
+
+
+SLOW = """
+import ctypes, os, sys, time
+ctypes.CDLL(sys.argv[1], mode=ctypes.RTLD_GLOBAL)
+launch = ctypes.CDLL(None).cuLaunchKernel
+launch.argtypes = [ctypes.c_void_p, *[ctypes.c_uint] * 7, *[ctypes.c_void_p] * 3]
+end = time.monotonic() + float(sys.argv[2])
+i = 0
+while time.monotonic() < end:  # keys of their own: every launch evicts one, a record
+    for _ in range(50):
+        i += 1
+        assert launch(0x10000 + i, 2, 1, 1, 64, 1, 1, 0, 0x700, None, None) == 0
+    time.sleep(0.001)
+print("OK", os.getpid(), i, flush=True)
+"""
+
+
+@pytest.mark.skipif(not _pid_namespaces(), reason="cannot make pid namespaces here")
+def test_two_containers_pid_1_in_one_ring_directory_both_survive(built, tmp_path: Path) -> None:
+    """The real case: two processes, each pid 1 of its own pid namespace, one ring
+    directory.  The second one (a smaller ring) cut the first one's file to 64 KiB under
+    its mapping: the first died of SIGBUS.  Both now run to the end."""
+    command = ["unshare", "--pid", "--fork", sys.executable, "-c", SLOW]
+    libcuda = str(built.directory / "libcuda.so")
+    first = subprocess.Popen(
+        [*command, libcuda, "2.5"], env=preloaded(built, tmp_path),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        time.sleep(1.0)
+        second = subprocess.run(
+            [*command, libcuda, "0.3"],
+            env=preloaded(built, tmp_path, ELASTICO_SHIM_BUFFER_BYTES="65536"),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        out, err = first.communicate(timeout=60)
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.communicate()
+    assert second.returncode == 0, second.stderr
+    assert first.returncode == 0, (first.returncode, err)  # -7: SIGBUS
+    assert out.startswith("OK 1 ")
+    with RingReader(find_rings(tmp_path)[1]) as ring:  # the second one's, whole
+        header = ring.header()
+        assert header["buffer_bytes"] == 65536
+        assert header["launches"] == int(second.stdout.split()[2])

@@ -27,8 +27,8 @@ rate, no error).
 What is read: only the ring *headers*, never the records (the agent consumes nothing, so a
 profiler draining the same ring is undisturbed), each window anew with one ``pread``
 (:func:`~elastico_extender.profiling.ring.read_header`), never through a mapping: the pod
-owns the file, and a ring truncated under a mapping (a restarted process with the same
-pid re-creates it with ``O_TRUNC``) would fault the agent with SIGBUS.  The header's
+owns the file, and a ring truncated under a mapping (by the pod, or by an older shim
+that re-created it with ``O_TRUNC``) would fault the agent with SIGBUS.  The header's
 ``launches`` counter is cumulative and published at the shim's flushes (every
 ``ELASTICO_SHIM_FLUSH_MS``, default 2 s), which also stamp ``last_flush_monotonic_ns``
 and ``last_flush_realtime_ns``.  A process's launch rate over a window is therefore

@@ -8,9 +8,9 @@ not finished (pre-empted, killed) is never read as data; such slots are reported
 ``incomplete``.  :func:`summarize` folds records into per-process totals.
 
 :func:`read_header` reads a header without mapping the file: for a reader that only
-looks at the counters (the node agent), a file truncated meanwhile (a restarted process
-with the same pid re-creates its ring with ``O_TRUNC``) is then a short read, not a
-SIGBUS on a mapped page past its end.
+looks at the counters (the node agent), a file truncated meanwhile (by the pod that owns
+it, or an older shim that re-created its ring with ``O_TRUNC``; the shim now replaces the
+file under the name) is then a short read, not a SIGBUS on a mapped page past its end.
 """
 
 from __future__ import annotations
