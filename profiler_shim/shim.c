@@ -100,6 +100,45 @@ enum {
 #undef ES_FLAG_ENUM
 };
 
+/* ---- a line on stderr ------------------------------------------------------------ */
+/* One write(2) of the formatted line: no stdio lock or buffer.  SIGPIPE is held off while
+ * it is written and the one the write raised is taken back, so a stderr pipe whose reader
+ * has gone loses the line instead of killing a workload that never writes there itself;
+ * a SIGPIPE already pending for the application is left alone.  errno is kept. */
+__attribute__((format(printf, 1, 2))) static void es_warn(const char *format, ...) {
+    char line[PATH_MAX + 256];
+    va_list ap;
+    va_start(ap, format);
+    int saved = errno, n = vsnprintf(line, sizeof line, format, ap);
+    va_end(ap);
+    if (n <= 0) {
+        errno = saved;
+        return;
+    }
+    size_t len = (size_t)n < sizeof line ? (size_t)n : sizeof line - 1;
+    line[len - 1] = '\n'; /* a line cut short still ends one */
+    sigset_t pipe_only, old, pending;
+    sigemptyset(&pipe_only);
+    sigaddset(&pipe_only, SIGPIPE);
+    pthread_sigmask(SIG_BLOCK, &pipe_only, &old);
+    int was_pending = sigpending(&pending) == 0 && sigismember(&pending, SIGPIPE) == 1;
+    for (size_t off = 0; off < len;) {
+        ssize_t w = write(STDERR_FILENO, line + off, len - off);
+        if (w > 0)
+            off += (size_t)w;
+        else if (w < 0 && errno == EINTR)
+            continue;
+        else
+            break;
+    }
+    if (!was_pending) {
+        struct timespec now = {0, 0};
+        sigtimedwait(&pipe_only, NULL, &now);
+    }
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    errno = saved;
+}
+
 /* ---- real symbols: resolved once each, lazily (libnccl may be loaded late) -------- */
 static void *es_real[ES_API_COUNT];
 
@@ -131,7 +170,7 @@ __attribute__((noinline)) static es_fn_dlsym *es_dlsym_resolve(void) {
     if (p)
         __atomic_store_n(&es_dlsym_real, p, __ATOMIC_RELEASE);
     else if (!__atomic_exchange_n(&reported, 1, __ATOMIC_RELAXED))
-        fprintf(stderr, "elastico-shim: the C library's dlsym cannot be found\n");
+        es_warn("elastico-shim: the C library's dlsym cannot be found\n");
     errno = saved;
     return p;
 }
@@ -375,8 +414,8 @@ static uint64_t es_env_u64(const char *name, uint64_t fallback, uint64_t low, ui
     int bad = !end || *end || errno == ERANGE || v < low || v > high;
     errno = saved;
     if (bad) {
-        fprintf(stderr, "elastico-shim: ignoring %s=%s (need an integer from %llu to %llu)\n",
-                name, s, (unsigned long long)low, (unsigned long long)high);
+        es_warn("elastico-shim: ignoring %s=%.200s (need an integer from %llu to %llu)\n", name, s,
+                (unsigned long long)low, (unsigned long long)high);
         return fallback;
     }
     return v;
@@ -469,7 +508,7 @@ static void es_init_locked(void) {
     int n = snprintf(es_g.path, sizeof es_g.path, "%s/elastico-shim-%ld.ring", dir,
                      (long)getpid());
     if (n < 0 || (size_t)n >= sizeof es_g.path) { /* never a ring under a name cut short */
-        fprintf(stderr, "elastico-shim: ring directory %s is too long; profiling is off\n", dir);
+        es_warn("elastico-shim: ring directory %.200s... is too long; profiling is off\n", dir);
         es_g.path[0] = '\0';
         es_g.state = ES_DISABLED;
         return;
@@ -512,7 +551,7 @@ static void es_init_locked(void) {
     if (fd >= 0) close(fd);
     if (map == MAP_FAILED) {
         if (fd >= 0) unlink(es_g.path); /* give back what a partial reservation took */
-        fprintf(stderr, "elastico-shim: cannot map %s (%s); profiling is off\n", es_g.path,
+        es_warn("elastico-shim: cannot map %s (%s); profiling is off\n", es_g.path,
                 strerror(err));
         es_g.state = ES_DISABLED;
         return;
@@ -542,7 +581,7 @@ static void es_init_locked(void) {
     pthread_attr_init(&attr);
     pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
     if (pthread_create(&tid, &attr, es_flusher, NULL) != 0)
-        fprintf(stderr, "elastico-shim: no flusher thread; records publish on eviction/exit\n");
+        es_warn("elastico-shim: no flusher thread; records publish on eviction/exit\n");
     pthread_attr_destroy(&attr);
     pthread_sigmask(SIG_SETMASK, &old, NULL);
 }

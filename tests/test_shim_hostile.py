@@ -220,3 +220,33 @@ def test_two_containers_pid_1_in_one_ring_directory_both_survive(built, tmp_path
         header = ring.header()
         assert header["buffer_bytes"] == 65536
         assert header["launches"] == int(second.stdout.split()[2])
+
+
+@pytest.mark.parametrize(
+    "env",
+    [{"ELASTICO_SHIM_FLUSH_MS": "soon"}, {"ELASTICO_SHIM_DIR": "/nonexistent/rings"}],
+    ids=["bad-setting", "no-directory"],
+)
+def test_a_warning_to_a_stderr_nobody_reads_does_not_kill_the_workload(
+    built, tmp_path: Path, env: dict[str, str]
+) -> None:
+    """The shim says why a setting was ignored or profiling is off on stderr.  When that
+    is a pipe whose reader has gone (a log shipper that died, ``| head``), the write
+    raised SIGPIPE and killed a workload that never writes to stderr itself (status
+    -13) at its first CUDA call.  The line is now written with SIGPIPE held off: it is
+    lost, the workload runs on."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        done = subprocess.run(
+            [str(built.exits), "100", "return"],
+            env=preloaded(built, tmp_path, **env),
+            stdout=subprocess.PIPE,
+            stderr=write_end,
+            text=True,
+            timeout=60,
+        )
+    finally:
+        os.close(write_end)
+    assert done.returncode == 0, done.returncode
+    assert done.stdout.split()[0] == unpreloaded_output(built, "100", "return")
