@@ -21,18 +21,19 @@ _spec.loader.exec_module(fakes)
 pytestmark = pytest.mark.skipif(shutil.which("valgrind") is None, reason="valgrind not installed")
 
 
+MEMCHECK = [
+    "--error-exitcode=99",
+    "--leak-check=full",
+    "--errors-for-leak-kinds=definite",
+    "--child-silent-after-fork=no",
+]
+
+
 def memcheck(command: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     """``command`` under valgrind memcheck (forked children too), asserted clean: no error
     and no definite leak."""
     done = subprocess.run(
-        [
-            "valgrind",
-            "--error-exitcode=99",
-            "--leak-check=full",
-            "--errors-for-leak-kinds=definite",
-            "--child-silent-after-fork=no",
-            *command,
-        ],
+        ["valgrind", *MEMCHECK, *command],
         env=env,
         capture_output=True,
         text=True,
@@ -78,3 +79,40 @@ def test_dlsym_lookups_under_valgrind_memcheck(tmp_path: Path) -> None:
     done = memcheck(command, env)
     with RingReader(find_rings(rings)[int(done.stdout.split()[-1])]) as ring:
         assert summarize(ring.peek(), ring.header()).launches == 3 * 50
+
+
+@pytest.mark.parametrize("case", ["replaced", "file-size-limit"], ids=["replaced", "fsize"])
+def test_hostile_ring_setups_under_valgrind_memcheck(tmp_path: Path, case: str) -> None:
+    """tests/test_shim_hostile.py's set-ups: a stale file under the ring's name is
+    replaced (and a malformed setting warned about), or a file-size limit below the ring
+    turns profiling off; memcheck stays clean either way."""
+    built = fakes.build_all(tmp_path / "build", opt="-O1")
+    rings = tmp_path / "rings"
+    rings.mkdir()
+    env = {
+        **os.environ,
+        "LD_PRELOAD": str(built.shim),
+        "ELASTICO_SHIM_DIR": str(rings),
+        "ELASTICO_SHIM_FLUSH_MS": "soon",
+    }
+    program = " ".join(["valgrind", *MEMCHECK, str(built.exits), "100", "return"])
+    if case == "replaced":  # valgrind runs the program in its own process: the same pid
+        setup = f"head -c 8192 /dev/urandom > {rings}/elastico-shim-$$.ring"
+    else:  # 1 or 2 MiB, as the shell counts blocks; the ring is 8 MiB
+        setup = "ulimit -f 2048"
+        env["ELASTICO_SHIM_BUFFER_BYTES"] = str(8 << 20)
+    done = subprocess.run(
+        ["sh", "-c", f"{setup} && exec {program}"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert "ERROR SUMMARY: 0 errors" in done.stderr
+    assert "ignoring ELASTICO_SHIM_FLUSH_MS" in done.stderr
+    if case == "replaced":
+        with RingReader(find_rings(rings)[int(done.stdout.split()[1])]) as ring:
+            assert ring.header()["launches"] == 100
+    else:
+        assert "profiling is off" in done.stderr and find_rings(rings) == {}
