@@ -30,9 +30,9 @@
  *
  * Environment: ELASTICO_SHIM_DIR (default /dev/shm, else /tmp), ELASTICO_SHIM_BUFFER_BYTES
  * (default 4 MiB, the whole mapping; 1536 B to 1 GiB), ELASTICO_SHIM_FLUSH_MS (default
- * 2000; 10 to 3600000), ELASTICO_SHIM_DISABLE=1 (pure pass-through); a value out of range
- * or not a decimal integer is reported on stderr and the default used.  fork() gives the
- * child a ring of its own.
+ * 2000; 10 to 3600000), ELASTICO_SHIM_DISABLE=1 (pure pass-through; 0, false, no, off
+ * leave it on); a value out of range or not a decimal integer is reported on stderr and
+ * the default used.  fork() gives the child a ring of its own.
  *
  * A process publishes the calling thread's pending launches and a final tick at exit()
  * (the destructor), and also when it ends with _exit()/_Exit() or replaces its image with
@@ -51,6 +51,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
@@ -485,10 +486,18 @@ static void es_ring_start(es_header *h, uint64_t bytes, uint64_t started) {
     __atomic_store_n(&h->magic, ES_MAGIC, __ATOMIC_RELEASE); /* readers wait for this */
 }
 
-/* Whether ELASTICO_SHIM_DISABLE makes the shim a pure pass-through. */
+/* Whether ELASTICO_SHIM_DISABLE makes the shim a pure pass-through: any value but an
+ * empty one or a switch written as off (0, false, no, off, in any case), which a chart or
+ * a user writes as readily as 0 and must not turn profiling off. */
 static int es_env_disabled(void) {
-    const char *off = getenv("ELASTICO_SHIM_DISABLE");
-    return off && *off && strcmp(off, "0") != 0;
+    const char *v = getenv("ELASTICO_SHIM_DISABLE");
+    if (!v || !*v)
+        return 0;
+    static const char *const off[] = {"0", "false", "no", "off"};
+    for (size_t i = 0; i < sizeof off / sizeof off[0]; i++)
+        if (strcasecmp(v, off[i]) == 0)
+            return 0;
+    return 1;
 }
 
 /* Called with es_g.lock held. */

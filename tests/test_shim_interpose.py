@@ -560,9 +560,19 @@ def test_every_runtime_and_cooperative_launch_entry_point_is_counted(built, tmp_
     assert header["launches"] == 9 * calls
 
 
-def test_disabled_shim_passes_through_and_writes_nothing(built, tmp_path: Path) -> None:
-    run_workload(built, tmp_path, "2", "50", ELASTICO_SHIM_DISABLE="1")
+@pytest.mark.parametrize("value", ["1", "true", "Yes", "on"])
+def test_disabled_shim_passes_through_and_writes_nothing(built, tmp_path: Path, value: str) -> None:
+    run_workload(built, tmp_path, "2", "50", ELASTICO_SHIM_DISABLE=value)
     assert find_rings(tmp_path) == {}
+
+
+@pytest.mark.parametrize("value", ["", "0", "false", "FALSE", "no", "off"])
+def test_a_switch_written_as_off_leaves_the_shim_on(built, tmp_path: Path, value: str) -> None:
+    """Any value but "0" disabled the shim, so ELASTICO_SHIM_DISABLE=false (as a chart
+    or a user writes a switch) turned profiling, and the loop's observations, off."""
+    run_workload(built, tmp_path, "2", "50", ELASTICO_SHIM_DISABLE=value)
+    with RingReader(only_ring(tmp_path)) as ring:
+        assert ring.header()["launches"] > 0
 
 
 def test_buffer_size_and_flush_interval_are_configurable(built, tmp_path: Path) -> None:
