@@ -55,6 +55,20 @@ def a100_nodes(count: int, gpus_per_node: int = 8) -> tuple[Node, ...]:
     )
 
 
+def _load_shim_fakes() -> ModuleType:
+    """``profiler_shim/tests/fakes.py``, which builds the fake CUDA/NCCL libraries, the
+    test programs and a shim; loaded by path (it is no package), once for every test."""
+    path = Path(__file__).resolve().parents[1] / "profiler_shim" / "tests" / "fakes.py"
+    spec = importlib.util.spec_from_file_location("shim_fakes", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+fakes = _load_shim_fakes()
+
+
 def load_benchmark(name: str, monkeypatch: pytest.MonkeyPatch) -> ModuleType:
     """``benchmarks/<name>.py`` imported as a module, with ``benchmarks/`` on the path for
     its sibling ``_args`` as when it is run (both undone after the test)."""

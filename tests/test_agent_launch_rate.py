@@ -8,22 +8,18 @@ rates as the agent reads them must match the ratio of step rates the program ach
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import time
 from pathlib import Path
 
 import pytest
+from conftest import fakes
 
 from elastico_extender.agent.rings import PodRings
 from elastico_extender.launcher.run import build_launch, load_settings
 
 ROOT = Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location("shim_fakes", ROOT / "profiler_shim/tests/fakes.py")
-assert _spec and _spec.loader
-fakes = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(fakes)
 
 LAUNCHES_PER_STEP = 12
 FAST, SLOW = 80.0, 20.0  # steps per second

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import json
 import os
 import signal
@@ -14,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from conftest import fakes
 
 from elastico_extender.errors import AnnotationError
 from elastico_extender.launcher.assignment import read_assignment
@@ -28,10 +28,6 @@ from elastico_extender.launcher.run import (
 from elastico_extender.profiling.ring import RingReader, find_rings, summarize
 
 ROOT = Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location("shim_fakes", ROOT / "profiler_shim/tests/fakes.py")
-assert _spec and _spec.loader
-fakes = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(fakes)
 
 TRAINING = {
     "elastico.io/workload-kind": "training",

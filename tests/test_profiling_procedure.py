@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import os
 import subprocess
-from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import fakes
 
 from elastico_extender.core.interference.features import JOB_FEATURES
 from elastico_extender.core.model import Configuration, JobKind
@@ -27,12 +26,6 @@ from elastico_extender.profiling.procedure import (
     write_profile,
 )
 from elastico_extender.profiling.ring import RingReader, ShimSummary, find_rings, summarize
-
-ROOT = Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location("shim_fakes", ROOT / "profiler_shim/tests/fakes.py")
-assert _spec and _spec.loader
-fakes = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(fakes)
 
 CONFIG = Configuration.from_dict({"batch_size": 32, "checkpointing": True, "amp": False})
 

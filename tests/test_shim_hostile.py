@@ -7,7 +7,6 @@ program's own exit status and output first, then what happened to the files arou
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import resource
 import shutil
@@ -17,14 +16,9 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import fakes
 
 from elastico_extender.profiling.ring import RingReader, find_rings, summarize
-
-ROOT = Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location("shim_fakes", ROOT / "profiler_shim/tests/fakes.py")
-assert _spec and _spec.loader
-fakes = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(fakes)
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,6 @@ expectations below rebuild it and compare with what the decoder reads from the r
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import os
 import shutil
 import subprocess
@@ -18,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import fakes
 
 from elastico_extender.profiling.layout import API_NAMES, HEADER_DTYPE, Flag, Kind
 from elastico_extender.profiling.ring import (
@@ -28,12 +28,6 @@ from elastico_extender.profiling.ring import (
     find_rings,
     summarize,
 )
-
-ROOT = Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location("shim_fakes", ROOT / "profiler_shim/tests/fakes.py")
-assert _spec and _spec.loader
-fakes = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(fakes)
 
 
 @pytest.fixture(scope="module")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import platform
 import re
 import subprocess
@@ -10,14 +9,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import fakes
 
 from elastico_extender.profiling import layout
 
 ROOT = Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location("shim_fakes", ROOT / "profiler_shim/tests/fakes.py")
-assert _spec and _spec.loader
-fakes = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(fakes)
 
 
 @pytest.fixture(scope="module")
