@@ -51,6 +51,7 @@ from elastico_extender.core.interference.online import OnlineCorrection
 from elastico_extender.core.observations import ObservationBook
 from elastico_extender.profiles.store import (
     finite_cell,
+    is_number,
     keep_newest,
     keep_newest_at_open,
     kept_rows,
@@ -329,12 +330,10 @@ class LoopStore:
         with self._lock:
             # numbers only: SQLite sorts text (a foreign row's) above every number
             newest_sample = self._db.execute(
-                "SELECT MAX(observed_at) FROM loop_samples WHERE typeof(observed_at) IN "
-                "('integer', 'real')"
+                f"SELECT MAX(observed_at) FROM loop_samples WHERE {is_number('observed_at')}"
             ).fetchone()
             newest_record = self._db.execute(
-                "SELECT MAX(end_time) FROM pair_samples WHERE typeof(end_time) IN "
-                "('integer', 'real')"
+                f"SELECT MAX(end_time) FROM pair_samples WHERE {is_number('end_time')}"
             ).fetchone()
         cut = float("-inf") if newest_sample[0] is None else float(newest_sample[0])
         xs = np.ascontiguousarray(x, dtype="<f4").reshape(-1, NUM_FEATURES)

@@ -36,6 +36,7 @@ __all__ = [
     "ProfileRecord",
     "ProfileStore",
     "finite_cell",
+    "is_number",
     "keep_newest",
     "keep_newest_at_open",
     "kept_rows",
@@ -94,12 +95,18 @@ def open_database(
     return db
 
 
+def is_number(column: str) -> str:
+    """SQL that is true where ``column`` holds a number: SQLite keeps text written where a
+    number belongs as text, and sorts it above every number."""
+    return f"typeof({column}) IN ('integer', 'real')"
+
+
 def newest_first(column: str) -> str:
     """An ``ORDER BY`` for ``column`` (a time), newest first, rows whose time is no number
     last: SQLite sorts text above every number, so a few rows an older or hostile writer
     left with 'later' there would otherwise be the "newest" kept and read, and the
     learned rows the ones pruned or cut by a ``LIMIT``."""
-    return f"typeof({column}) IN ('integer', 'real') DESC, {column} DESC"
+    return f"{is_number(column)} DESC, {column} DESC"
 
 
 def keep_newest(db: sqlite3.Connection, table: str, newest: str, capacity: int) -> int:
