@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import fakes
@@ -23,31 +25,33 @@ MEMCHECK = [
 ]
 
 
-def memcheck(command: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+def memcheck(
+    command: list[str], env: dict[str, str], setup: str | None = None
+) -> subprocess.CompletedProcess[str]:
     """``command`` under valgrind memcheck (forked children too), asserted clean: no error
-    and no definite leak."""
-    done = subprocess.run(
-        ["valgrind", *MEMCHECK, *command],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
+    and no definite leak.  ``setup``: shell commands run first, in the same process (a
+    ``ulimit``, a file named after its pid), which then becomes valgrind."""
+    argv = ["valgrind", *MEMCHECK, *command]
+    if setup is not None:
+        argv = ["sh", "-c", f"{setup} && exec {shlex.join(argv)}"]
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stderr[-4000:]
     assert "ERROR SUMMARY: 0 errors" in done.stderr
     return done
 
 
-def test_workload_under_valgrind_memcheck(tmp_path: Path) -> None:
+def preloaded(tmp_path: Path, **settings: str) -> tuple[Any, Path, dict[str, str]]:
+    """The fakes and shim built for valgrind (-O1), an empty ring directory, and the
+    environment that preloads the shim to write there, with ``settings`` added."""
     built = fakes.build_all(tmp_path / "build", opt="-O1")
     rings = tmp_path / "rings"
     rings.mkdir()
-    env = {
-        **os.environ,
-        "LD_PRELOAD": str(built.shim),
-        "ELASTICO_SHIM_DIR": str(rings),
-        "ELASTICO_SHIM_FLUSH_MS": "20",
-    }
+    env = {**os.environ, "LD_PRELOAD": str(built.shim), "ELASTICO_SHIM_DIR": str(rings)}
+    return built, rings, {**env, **settings}
+
+
+def test_workload_under_valgrind_memcheck(tmp_path: Path) -> None:
+    built, rings, env = preloaded(tmp_path, ELASTICO_SHIM_FLUSH_MS="20")
     done = memcheck([str(built.workload), "3", "200", "fork"], env)
     found = find_rings(rings)
     assert len(found) == 2  # parent and forked child
@@ -60,10 +64,7 @@ def test_workload_under_valgrind_memcheck(tmp_path: Path) -> None:
 def test_dlsym_lookups_under_valgrind_memcheck(tmp_path: Path) -> None:
     """The shim's dlsym on the path Triton's launcher takes: a library loaded RTLD_LOCAL
     looks the driver's launch functions up on its own handle of libcuda.so.1."""
-    built = fakes.build_all(tmp_path / "build", opt="-O1")
-    rings = tmp_path / "rings"
-    rings.mkdir()
-    env = {**os.environ, "LD_PRELOAD": str(built.shim), "ELASTICO_SHIM_DIR": str(rings)}
+    built, rings, env = preloaded(tmp_path)
     command = [
         str(built.local_loader),
         str(built.dlsym_launch_library),
@@ -80,30 +81,13 @@ def test_hostile_ring_setups_under_valgrind_memcheck(tmp_path: Path, case: str) 
     """tests/test_shim_hostile.py's set-ups: a stale file under the ring's name is
     replaced (and a malformed setting warned about), or a file-size limit below the ring
     turns profiling off; memcheck stays clean either way."""
-    built = fakes.build_all(tmp_path / "build", opt="-O1")
-    rings = tmp_path / "rings"
-    rings.mkdir()
-    env = {
-        **os.environ,
-        "LD_PRELOAD": str(built.shim),
-        "ELASTICO_SHIM_DIR": str(rings),
-        "ELASTICO_SHIM_FLUSH_MS": "soon",
-    }
-    program = " ".join(["valgrind", *MEMCHECK, str(built.exits), "100", "return"])
+    built, rings, env = preloaded(tmp_path, ELASTICO_SHIM_FLUSH_MS="soon")
     if case == "replaced":  # valgrind runs the program in its own process: the same pid
         setup = f"head -c 8192 /dev/urandom > {rings}/elastico-shim-$$.ring"
     else:  # 1 or 2 MiB, as the shell counts blocks; the ring is 8 MiB
         setup = "ulimit -f 2048"
         env["ELASTICO_SHIM_BUFFER_BYTES"] = str(8 << 20)
-    done = subprocess.run(
-        ["sh", "-c", f"{setup} && exec {program}"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
-    assert done.returncode == 0, done.stderr[-4000:]
-    assert "ERROR SUMMARY: 0 errors" in done.stderr
+    done = memcheck([str(built.exits), "100", "return"], env, setup)
     assert "ignoring ELASTICO_SHIM_FLUSH_MS" in done.stderr
     if case == "replaced":
         with RingReader(find_rings(rings)[int(done.stdout.split()[1])]) as ring:
