@@ -37,6 +37,7 @@ from elastico_extender.core.model import Configuration, JobKind, KnobValue
 
 __all__ = [
     "ENV_PREFIX",
+    "MIN_DEVICE_MIB",
     "MPS_CONTEXT_RESERVE_MIB",
     "MemoryShare",
     "framework_settings",
@@ -136,10 +137,14 @@ class MemoryShare:
         return float(self.fraction)
 
 
+MIN_DEVICE_MIB = 1.0
+"""The smallest device memory a decision may name: shares are in whole MiB, so a device
+of 0.5 MiB would be one of 0, and divided by."""
+
+
 def memory_share(memory_budget_mib: float, device_memory_mib: float) -> MemoryShare:
     """The one rounding of (M_j, M_GPU); ValueError unless 0 < M_j <= M_GPU, 1 <= M_GPU."""
-    if not (math.isfinite(device_memory_mib) and device_memory_mib >= 1):
-        # whole MiB below: a device of 0.5 MiB would be one of 0, then divided by
+    if not (math.isfinite(device_memory_mib) and device_memory_mib >= MIN_DEVICE_MIB):
         raise ValueError(f"device memory {device_memory_mib} MiB must be at least 1 MiB")
     if not (math.isfinite(memory_budget_mib) and 0 < memory_budget_mib <= device_memory_mib):
         raise ValueError(

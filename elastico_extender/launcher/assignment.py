@@ -40,6 +40,7 @@ from elastico_extender.annotations import (
     WORKLOAD_KIND,
 )
 from elastico_extender.core.handoff import (
+    MIN_DEVICE_MIB,
     framework_settings,
     framework_share,
     knob_problems,
@@ -198,7 +199,7 @@ def read_assignment(annotations: Mapping[str, str], environ: Mapping[str, str]) 
 
     budget = number("memory-budget-mib")
     device = number("device-memory-mib")
-    if 0 < device < 1:  # whole MiB: memory_share would divide by a device of 0
+    if 0 < device < MIN_DEVICE_MIB:  # named here: memory_share's ValueError names no field
         problems.append((_lookup("device-memory-mib", annotations, environ)[1],
                          f"must be at least 1 MiB, got {device:g}"))  # fmt: skip
     if math.isfinite(budget) and math.isfinite(device) and budget > device:
