@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import socket
 import threading
 import time
@@ -9,6 +10,7 @@ from collections.abc import Callable
 from types import SimpleNamespace
 
 import pytest
+from test_agent_hostile_inputs import RawEndpoint
 
 from elastico_extender.httpget import HTTPStatusError
 from elastico_extender.profiling import hardware
@@ -156,8 +158,6 @@ def test_progress_sources(tmp_path) -> None:
 def test_a_broken_dcgm_exporter_is_no_sample_not_an_exception(answer: bytes) -> None:
     """Found by the agent sweep: only OSError was caught, so a dcgm-exporter answering
     garbage (or too much) raised out of the sample and cost the node's window."""
-    from test_agent_hostile_inputs import RawEndpoint
-
     endpoint = RawEndpoint(lambda conn: conn.sendall(answer))
     try:
         source = DcgmExporterSource(f"http://127.0.0.1:{endpoint.port}/metrics", timeout=2.0)
@@ -195,8 +195,6 @@ def test_a_trickling_exporter_costs_one_bounded_read_in_every_phase(
     """A socket timeout bounds one read: http_get bounded only the body's total time, so
     a dcgm-exporter (or a profiled server) sending a header line now and then held the
     caller for as long as it kept sending; the whole answer now ends by 2 * timeout."""
-    from test_agent_hostile_inputs import RawEndpoint
-
     endpoint = RawEndpoint(answer)
     try:
         started = time.monotonic()
@@ -210,8 +208,6 @@ def test_a_trickling_exporter_costs_one_bounded_read_in_every_phase(
 
 
 def test_a_redirect_is_an_error_naming_where_it_pointed_not_followed() -> None:
-    from test_agent_hostile_inputs import RawEndpoint
-
     other = RawEndpoint(lambda conn: conn.sendall(b"HTTP/1.1 200 OK\r\n\r\n" + EXPORTER.encode()))
     location = f"http://127.0.0.1:{other.port}/metrics"
     moved = RawEndpoint(lambda conn: conn.sendall(
@@ -237,8 +233,6 @@ def test_a_profiled_server_answering_too_much_is_no_reading_not_an_exception() -
     """ProgressSource.read raises OSError when a reading is unavailable, and the
     profiling session skips that sample; PrometheusProgress let http_get's ValueError (an
     answer over the bound) through, which ended the whole profiling run."""
-    from test_agent_hostile_inputs import RawEndpoint
-
     huge = b"HTTP/1.1 200 OK\r\n\r\n" + b"x" * (HTTP_GET_MAX_BYTES + 70_000)
     endpoint = RawEndpoint(lambda conn: conn.sendall(huge))
     try:
@@ -255,8 +249,6 @@ def test_a_profiled_server_answering_too_much_is_no_reading_not_an_exception() -
 def test_a_path_no_request_line_can_carry_is_a_value_error_naming_the_url(tail: str) -> None:
     """http.client refused these as a UnicodeEncodeError naming no URL, or as "not an
     HTTP answer" (the answer was never asked for); now refused before connecting."""
-    from test_agent_hostile_inputs import RawEndpoint
-
     endpoint = RawEndpoint(lambda conn: conn.sendall(b"HTTP/1.1 200 OK\r\n\r\n"))
     try:
         url = f"http://127.0.0.1:{endpoint.port}{tail}"
@@ -295,10 +287,6 @@ def test_an_ipv6_literal_without_a_port_is_its_own_address_on_the_default_port()
 def test_a_compressed_answer_is_refused_not_read_as_text() -> None:
     """Nothing asks for an encoding, yet a server may gzip anyway: its bytes were read
     as an exposition of garbage (no sample, or a counter read from noise)."""
-    import gzip
-
-    from test_agent_hostile_inputs import RawEndpoint
-
     body = gzip.compress(EXPORTER.encode())
     head = f"HTTP/1.1 200 OK\r\nContent-Encoding: gzip\r\nContent-Length: {len(body)}\r\n\r\n"
     endpoint = RawEndpoint(lambda conn: conn.sendall(head.encode() + body))
@@ -313,8 +301,6 @@ def test_a_compressed_answer_is_refused_not_read_as_text() -> None:
 
 def test_a_password_in_the_url_never_reaches_an_error_message() -> None:
     """Every error names the URL, and so printed a password written into it."""
-    from test_agent_hostile_inputs import RawEndpoint
-
     endpoint = RawEndpoint(lambda conn: conn.sendall(b"HTTP/1.1 404 Not Found\r\n\r\n"))
     closed = socket.create_server(("127.0.0.1", 0))
     port = closed.getsockname()[1]
