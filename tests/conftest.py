@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import numpy as np
 import pytest
@@ -67,6 +68,12 @@ def _load_shim_fakes() -> ModuleType:
 
 
 fakes = _load_shim_fakes()
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """The fake CUDA libraries, test programs and shim, built once per test module."""
+    return fakes.build_all(tmp_path_factory.mktemp("fakes"))
 
 
 def load_benchmark(name: str, monkeypatch: pytest.MonkeyPatch) -> ModuleType:

@@ -16,14 +16,8 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import fakes
 
 from elastico_extender.profiling.ring import RingReader, find_rings, summarize
-
-
-@pytest.fixture(scope="module")
-def built(tmp_path_factory: pytest.TempPathFactory):
-    return fakes.build_all(tmp_path_factory.mktemp("fakes"))
 
 
 def preloaded(built, ring_dir: Path | str, **env: str) -> dict[str, str]:

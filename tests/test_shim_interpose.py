@@ -30,11 +30,6 @@ from elastico_extender.profiling.ring import (
 )
 
 
-@pytest.fixture(scope="module")
-def built(tmp_path_factory: pytest.TempPathFactory):
-    return fakes.build_all(tmp_path_factory.mktemp("fakes"))
-
-
 def run_workload(
     built,
     ring_dir: Path,
