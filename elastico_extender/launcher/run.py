@@ -6,11 +6,16 @@
    PyTorch (applied by ``_site/sitecustomize.py``), MPS limits, visible devices.
 2. With profiling on, append the profiler shim to ``LD_PRELOAD`` (kept after any hook
    already there, e.g. HAMi-core).
-3. Run the command in its own process group; forward SIGTERM/SIGINT to it; exit with
-   its status (128 + signal number when a signal ended it).
+3. Run the command in its own process group; on SIGTERM/SIGINT stop it (the signal to
+   the group, the grace period, SIGKILL); forward SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2 and
+   SIGWINCH to the group as they come; exit with the command's status (128 + signal
+   number when a signal ended it).
 4. Every poll interval re-read the annotations; when the settings they imply change,
    restart gracefully: SIGTERM to the group, wait the grace period, SIGKILL, relaunch.
    A new assignment that is invalid is logged and ignored: the running workload stays.
+5. As the container's first process, adopt and reap the workload's orphans, and wait for
+   every process of the workload, not only the command, before a restart or an exit
+   (``launcher.processes``).
 
 Exit status 2 with a one-line reason when the starting assignment is invalid (an
 annotations file that is not UTF-8 text included) or the shim is missing while profiling
@@ -45,6 +50,7 @@ from elastico_extender.annotations import (
 from elastico_extender.errors import AnnotationError, ElasticoError
 from elastico_extender.launcher.assignment import LaunchSettings, read_assignment
 from elastico_extender.launcher.downward import parse_annotations
+from elastico_extender.launcher.processes import WorkloadProcesses, become_subreaper
 from elastico_extender.profiling.shim import shim_path
 from elastico_extender.userfiles import read_bounded, read_text, reason
 
@@ -64,6 +70,12 @@ DEFAULT_ANNOTATIONS = ANNOTATIONS_FILE  # where the webhook mounts the downward-
 MAX_ANNOTATIONS_FILE_BYTES = 1 << 20
 """Largest annotations file read: Kubernetes caps a pod's annotations at 256 KiB, and
 the downward-API file quotes them."""
+FORWARDED_SIGNALS = (
+    signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGWINCH
+)  # fmt: skip
+"""Passed on to the workload's group as they come: pid 1 has no default action for any
+signal, so without a handler each was dropped (a SIGQUIT for a thread dump, a SIGUSR1
+to rotate logs or checkpoint, SIGWINCH of a terminal)."""
 DEFAULT_RING_ROOT = RINGS_DIR
 """Where the webhook mounts the pod's rings volume (an emptyDir by default, the legacy
 shared hostPath on request): ``elastico agent`` reads ``<it>/<pod uid>/`` from the node."""
@@ -174,7 +186,11 @@ class Supervisor:
         *,
         grace_seconds: float = 30.0,
         poll_seconds: float = 2.0,
+        adopt_orphans: bool = False,
     ) -> None:
+        """``adopt_orphans``: this process reaps every child it gets (it is pid 1 or a
+        subreaper: :func:`become_subreaper`), so orphans of the workload count as its
+        processes; leave it off inside a program that has children of its own."""
         self.command = list(command)
         self.annotations_path = annotations_path
         self.environ = dict(environ)
@@ -183,21 +199,30 @@ class Supervisor:
         self.restarts = 0
         self._stop = threading.Event()
         self._stop_signal = signal.SIGTERM
-        self._proc: subprocess.Popen[bytes] | None = None
+        self.adopt_orphans = adopt_orphans
+        self._workload: WorkloadProcesses | None = None
         self._shim_dir: Path | None = None  # the workload's ring directory, if profiled
 
     def request_stop(self, signum: int = signal.SIGTERM) -> None:
         self._stop_signal = signal.Signals(signum)
         self._stop.set()
 
-    def _start(self, settings: LaunchSettings, label: str | None) -> subprocess.Popen[bytes]:
+    def forward(self, signum: int) -> None:
+        """Pass ``signum`` on to the running workload's group (nothing between two)."""
+        workload = self._workload
+        if workload is not None and workload.leader.returncode is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(workload.leader.pid, signum)
+
+    def _start(self, settings: LaunchSettings, label: str | None) -> WorkloadProcesses:
         argv, env = build_launch(self.command, settings, self.environ)
         log.info("starting workload: %s (restarts=%d)", " ".join(argv), self.restarts)
         proc = subprocess.Popen(argv, env=env, start_new_session=True)
         shim_dir = env.get("ELASTICO_SHIM_DIR")
         self._shim_dir = Path(shim_dir) if settings.profiling and shim_dir else None
         self._mark(label)
-        return proc
+        self._workload = WorkloadProcesses(proc, adopt=self.adopt_orphans)
+        return self._workload
 
     def _mark(self, label: str | None) -> None:
         """Say beside the workload's rings which configuration it runs under
@@ -216,35 +241,17 @@ class Supervisor:
         except OSError as exc:
             log.warning("cannot record the launched configuration in %s: %s", path, exc)
 
-    def _terminate(self, proc: subprocess.Popen[bytes], signum: int) -> int:
-        """Signal the group, wait the grace period, then SIGKILL; returns the status."""
-        if proc.poll() is None:
-            self._signal_group(proc, signum)
-            try:
-                proc.wait(timeout=self.grace)
-            except subprocess.TimeoutExpired:
-                log.warning("grace period over, killing workload (pid %d)", proc.pid)
-                self._signal_group(proc, signal.SIGKILL)
-                proc.wait()
-        return proc.returncode
-
-    @staticmethod
-    def _signal_group(proc: subprocess.Popen[bytes], signum: int) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signum)
-
     def run(self) -> int:
         settings, label = load_assignment(self.annotations_path, self.environ)
-        proc = self._proc = self._start(settings, label)
+        workload = self._start(settings, label)
         seen = self._file_bytes()
         next_poll = time.monotonic() + self.poll
         while True:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(timeout=min(0.1, self.poll))
+            workload.wait_leader(min(0.1, self.poll), self._stop)
             if self._stop.is_set():
-                return _status(self._terminate(proc, self._stop_signal))
-            if proc.returncode is not None:
-                return _status(proc.returncode)
+                return _status(workload.stop(self._stop_signal, self.grace))
+            if workload.status is not None:
+                return _status(workload.status)
             if time.monotonic() < next_poll:
                 continue
             next_poll = time.monotonic() + self.poll
@@ -262,13 +269,13 @@ class Supervisor:
                     label = new_label
                     self._mark(label)
                 continue
-            log.info("assignment changed, restarting workload (pid %d)", proc.pid)
-            status = self._terminate(proc, signal.SIGTERM)
+            log.info("assignment changed, restarting workload (pid %d)", workload.leader.pid)
+            status = workload.stop(signal.SIGTERM, self.grace)
             if self._stop.is_set():  # stopped meanwhile (the pod is going): no new workload
                 return _status(status)
             self.restarts += 1
             settings, label = new, new_label
-            proc = self._proc = self._start(settings, label)
+            workload = self._start(settings, label)
 
     def _file_bytes(self) -> bytes | None:
         """The file as it is now (bytes: whether it changed, not whether it is valid)."""
@@ -344,9 +351,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         environ,
         grace_seconds=args.grace_period,
         poll_seconds=args.poll_interval,
+        adopt_orphans=become_subreaper(),
     )
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda s, _f: supervisor.request_stop(s))
+    for signum in FORWARDED_SIGNALS:
+        signal.signal(signum, lambda s, _f: supervisor.forward(s))
     try:
         return supervisor.run()
     except ElasticoError as exc:
