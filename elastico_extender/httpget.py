@@ -30,7 +30,10 @@ import time
 from typing import Any
 from urllib.parse import urlsplit
 
-__all__ = ["HTTPStatusError", "get_text", "read_reply", "shown"]
+__all__ = ["MAX_INFORMATIONAL", "HTTPStatusError", "get_text", "read_reply", "shown"]
+
+MAX_INFORMATIONAL = 16
+"""Informational answers (1xx but 101) skipped ahead of the answer; one more is an error."""
 
 
 class HTTPStatusError(OSError):
@@ -75,6 +78,23 @@ class _Watchdog:
         self._timer.cancel()
 
 
+class _Answer(http.client.HTTPResponse):
+    """http.client's reading of an answer, less what it misreads in real servers' answers.
+
+    It skips only ``100 Continue``: a ``103 Early Hints`` (or ``102 Processing``) ahead
+    of the answer became the answer.  Every informational answer but ``101`` (nothing
+    asked to switch protocols) is skipped here, at most :data:`MAX_INFORMATIONAL` of them
+    (the watchdog's deadline bounds the ``100`` s http.client skips itself)."""
+
+    def begin(self) -> None:
+        for _ in range(MAX_INFORMATIONAL + 1):
+            super().begin()
+            if not 100 <= self.status < 200 or self.status == 101:
+                return
+            self.headers = None  # type: ignore[assignment]  # begin() reads the next one
+        raise OSError(f"more than {MAX_INFORMATIONAL} informational (1xx) answers, no answer")
+
+
 _CREDENTIALS = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*://)[^/?#@]*@")
 
 
@@ -103,10 +123,13 @@ def _connection(url: str, timeout: float) -> tuple[http.client.HTTPConnection, s
     port = (443 if https else 80) if port is None else port
     if https:
         context = ssl.create_default_context()
-        return http.client.HTTPSConnection(
+        conn: http.client.HTTPConnection = http.client.HTTPSConnection(
             parts.hostname, port, timeout=timeout, context=context
-        ), target
-    return http.client.HTTPConnection(parts.hostname, port, timeout=timeout), target
+        )
+    else:
+        conn = http.client.HTTPConnection(parts.hostname, port, timeout=timeout)
+    conn.response_class = _Answer
+    return conn, target
 
 
 def get_text(url: str, timeout: float, *, max_bytes: int, accept: str = "text/plain") -> str:
