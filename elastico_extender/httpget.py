@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import http.client
+import io
 import re
 import socket
 import ssl
@@ -78,17 +79,37 @@ class _Watchdog:
         self._timer.cancel()
 
 
+class _Lines(io.BufferedReader):
+    """An answer's bytes, remembering the last line read: http.client ends a header
+    block at the end of the stream just as at the blank line that ends a whole one."""
+
+    last = b""
+
+    def readline(self, size: int | None = -1, /) -> bytes:
+        self.last = super().readline(size)
+        return self.last
+
+
 class _Answer(http.client.HTTPResponse):
     """http.client's reading of an answer, less what it misreads in real servers' answers.
 
     It skips only ``100 Continue``: a ``103 Early Hints`` (or ``102 Processing``) ahead
     of the answer became the answer.  Every informational answer but ``101`` (nothing
     asked to switch protocols) is skipped here, at most :data:`MAX_INFORMATIONAL` of them
-    (the watchdog's deadline bounds the ``100`` s http.client skips itself)."""
+    (the watchdog's deadline bounds the ``100`` s http.client skips itself).  And a
+    connection closed inside the headers was a whole answer with no body (an empty
+    200, "no data"): here it is an error."""
+
+    def __init__(self, sock: socket.socket, *args: Any, **kwargs: Any) -> None:
+        super().__init__(sock, *args, **kwargs)
+        self._lines = _Lines(self.fp.detach())  # nothing read yet: no byte lost
+        self.fp = self._lines
 
     def begin(self) -> None:
         for _ in range(MAX_INFORMATIONAL + 1):
             super().begin()
+            if self._lines.last not in (b"\r\n", b"\n"):
+                raise OSError("connection closed before the answer's headers ended")
             if not 100 <= self.status < 200 or self.status == 101:
                 return
             self.headers = None  # type: ignore[assignment]  # begin() reads the next one

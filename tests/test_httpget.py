@@ -68,3 +68,38 @@ def test_endless_informational_answers_are_cut(pause: float) -> None:
     with pytest.raises(OSError, match=r"127\.0\.0\.1.*(informational|not complete after 1 s)"):
         fetch(early_hints_forever(pause), timeout=0.5)
     assert time.monotonic() - started < 2.0
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        b"HTTP/1.1 200 OK",
+        b"HTTP/1.1 200 OK\r\n",
+        b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n",
+        b"HTTP/1.1 200 OK\r\nContent-Ty",
+        b"HTTP/1.1 103 Early Hints\r\nLink: </a>\r\n",
+    ],
+    ids=["status-line-unended", "status-line", "header-lines", "header-line-cut", "in-a-103"],
+)
+def test_a_connection_closed_inside_the_headers_is_an_error_not_an_empty_200(
+    answer: bytes,
+) -> None:
+    """http.client ends a header block at the end of the stream as at a blank line, so
+    a server closing before its headers ended was an empty 200: "no data", not an error."""
+    with pytest.raises(OSError, match=r"127\.0\.0\.1:\d+/metrics: .*headers") as caught:
+        fetch(lambda conn: conn.sendall(answer))
+    assert not isinstance(caught.value, HTTPStatusError)
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n40\r\nvllm:gen",
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nvllm:\r\n",
+        b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n" + BODY,
+    ],
+    ids=["chunk-cut", "last-chunk-missing", "short-of-content-length"],
+)
+def test_a_body_cut_short_is_still_an_error(answer: bytes) -> None:
+    with pytest.raises(OSError, match=r"127\.0\.0\.1:\d+/metrics"):
+        fetch(lambda conn: conn.sendall(answer))
