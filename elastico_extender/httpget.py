@@ -23,15 +23,16 @@ from __future__ import annotations
 import contextlib
 import http.client
 import io
+import ipaddress
 import re
 import socket
 import ssl
 import threading
 import time
-from typing import Any
+from typing import Any, NamedTuple
 from urllib.parse import urlsplit
 
-__all__ = ["MAX_INFORMATIONAL", "HTTPStatusError", "get_text", "read_reply", "shown"]
+__all__ = ["MAX_INFORMATIONAL", "MAX_LOOKUPS", "HTTPStatusError", "get_text", "read_reply", "shown"]
 
 MAX_INFORMATIONAL = 16
 """Informational answers (1xx but 101) skipped ahead of the answer; one more is an error."""
@@ -125,9 +126,18 @@ def shown(url: str) -> str:
     return _CREDENTIALS.sub(r"\1", url)[:200]
 
 
-def _connection(url: str, timeout: float) -> tuple[http.client.HTTPConnection, str]:
-    """The connection for ``url`` and the target its request line names; ValueError
-    naming the URL for one that no request can carry (checked before connecting)."""
+class _Request(NamedTuple):
+    """One GET of a URL as its URL says it, read before anything is sent."""
+
+    conn: http.client.HTTPConnection  # connected here, not by http.client
+    target: str  # the request line's path and query
+    host: str  # the name or address to connect to
+    tls: ssl.SSLContext | None  # for https://
+
+
+def _request(url: str, timeout: float) -> _Request:
+    """The GET ``url`` asks for; ValueError naming the URL for one that no request can
+    carry (checked before connecting)."""
     try:
         parts = urlsplit(url)
         port = parts.port
@@ -142,15 +152,89 @@ def _connection(url: str, timeout: float) -> tuple[http.client.HTTPConnection, s
     # Always a port: without one, http.client reads an IPv6 literal's last group as
     # the port ("::1" became host ":" port 1).
     port = (443 if https else 80) if port is None else port
-    if https:
-        context = ssl.create_default_context()
+    tls = ssl.create_default_context() if https else None
+    if tls is not None:
         conn: http.client.HTTPConnection = http.client.HTTPSConnection(
-            parts.hostname, port, timeout=timeout, context=context
+            parts.hostname, port, timeout=timeout, context=tls
         )
     else:
         conn = http.client.HTTPConnection(parts.hostname, port, timeout=timeout)
     conn.response_class = _Answer
-    return conn, target
+    return _Request(conn, target, parts.hostname, tls)
+
+
+MAX_LOOKUPS = 4
+"""Name lookups running at once, at most.  getaddrinfo cannot be interrupted: a GET
+stops waiting for a hung one at its timeout and leaves it to its thread, and while this
+many are still hung a GET fails instead of starting another thread."""
+
+_LOOKUPS = threading.BoundedSemaphore(MAX_LOOKUPS)
+
+_Address = tuple[int, tuple[Any, ...]]  # a socket family and an address of that family
+
+
+def _addresses(host: str, port: int, timeout: float) -> list[_Address]:
+    """Where ``host`` is: an IP literal as it is, a name looked up within ``timeout``
+    (TimeoutError past it)."""
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:  # a name
+        return _look_up(host, port, timeout)
+    if address.version == 4:
+        return [(socket.AF_INET, (host, port))]
+    return [(socket.AF_INET6, (host, port, 0, 0))]
+
+
+def _look_up(name: str, port: int, timeout: float) -> list[_Address]:
+    """getaddrinfo in a thread of its own, waited for ``timeout`` seconds at most (it
+    asks a resolver that may never answer, and no socket timeout covers it)."""
+    ends = time.monotonic() + timeout
+    if not _LOOKUPS.acquire(timeout=timeout):
+        raise TimeoutError(f"name not looked up: {MAX_LOOKUPS} lookups still hung")
+    found: list[_Address] = []
+    failed: list[Exception] = []
+    done = threading.Event()
+
+    def look_up() -> None:
+        try:
+            for family, _, _, _, address in socket.getaddrinfo(name, port, type=socket.SOCK_STREAM):
+                found.append((family, address))
+        except (OSError, UnicodeError) as exc:  # not found; a name IDNA cannot encode
+            failed.append(exc)
+        finally:
+            _LOOKUPS.release()
+            done.set()
+
+    threading.Thread(target=look_up, name="httpget-lookup", daemon=True).start()
+    if not done.wait(max(0.0, ends - time.monotonic())):
+        raise TimeoutError(f"name not looked up within {timeout:g} s")
+    if failed:
+        raise OSError(f"name not looked up: {failed[0]}")
+    if not found:
+        raise OSError("no address for the name")
+    return found
+
+
+def _connect(addresses: list[_Address], timeout: float, deadline: float) -> socket.socket:
+    """A socket connected to the first of ``addresses`` that answers, each tried within
+    ``timeout`` and all by ``deadline`` (``time.monotonic()``): socket.create_connection
+    gives each address the whole timeout, so a name's N dead addresses cost N of them."""
+    failure = OSError("no address to connect to")
+    for family, address in addresses:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            break
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.settimeout(min(timeout, left))
+        try:
+            sock.connect(address)
+        except OSError as exc:  # refused, unreachable, timed out: the next one
+            sock.close()
+            failure = exc
+            continue
+        sock.settimeout(timeout)
+        return sock
+    raise failure
 
 
 def get_text(url: str, timeout: float, *, max_bytes: int, accept: str = "text/plain") -> str:
@@ -160,21 +244,31 @@ def get_text(url: str, timeout: float, *, max_bytes: int, accept: str = "text/pl
     (TimeoutError past it); a body over ``max_bytes`` is a ValueError once that much has
     come; a status other than 200 is an :class:`HTTPStatusError`; anything else that
     goes wrong is an OSError naming the URL."""
-    conn, target = _connection(url, timeout)
+    request = _request(url, timeout)
+    conn = request.conn
     name = shown(url)
     started = time.monotonic()
+    deadline = started + 2 * timeout
     watchdog: _Watchdog | None = None
     reply: http.client.HTTPResponse | None = None
     try:
-        # Connecting (each address within ``timeout``) and the TLS handshake (CPython
-        # gives the whole handshake one deadline of ``timeout``) bound themselves.
-        conn.connect()
-        left = started + 2 * timeout - time.monotonic()
+        # The lookup (within ``timeout``) and connecting (each address within what is
+        # left, at most ``timeout``) bound themselves; the watchdog all the rest.
+        addresses = _addresses(request.host, conn.port, timeout)
+        sock = conn.sock = _connect(addresses, timeout, deadline)
+        if request.tls is not None:  # no byte sent yet: the handshake comes below
+            sock = conn.sock = request.tls.wrap_socket(
+                sock, server_hostname=conn.host, do_handshake_on_connect=False
+            )
+        left = deadline - time.monotonic()
         if left <= 0:
             raise TimeoutError("connected too late")
-        assert conn.sock is not None  # connect() sets it or raises
-        watchdog = _Watchdog(conn.sock, left)
-        conn.request("GET", target, headers={"Accept": accept, "Accept-Encoding": "identity"})
+        watchdog = _Watchdog(sock, left)
+        if isinstance(sock, ssl.SSLSocket):
+            sock.do_handshake()
+        conn.request(
+            "GET", request.target, headers={"Accept": accept, "Accept-Encoding": "identity"}
+        )
         reply = conn.getresponse()
         if reply.status != 200:
             raise HTTPStatusError(name, reply.status, reply.reason, reply.getheader("Location"))

@@ -4,13 +4,21 @@ server is a real socket on loopback, each lookup the real code path with only
 
 from __future__ import annotations
 
+import contextlib
+import shutil
 import socket
+import ssl
+import subprocess
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 from test_agent_hostile_inputs import RawEndpoint
 
+from elastico_extender import httpget
 from elastico_extender.httpget import HTTPStatusError, get_text
 
 BODY = b"vllm:generation_tokens_total 5\n"
@@ -103,3 +111,159 @@ def test_a_connection_closed_inside_the_headers_is_an_error_not_an_empty_200(
 def test_a_body_cut_short_is_still_an_error(answer: bytes) -> None:
     with pytest.raises(OSError, match=r"127\.0\.0\.1:\d+/metrics"):
         fetch(lambda conn: conn.sendall(answer))
+
+
+def test_a_host_name_that_cannot_be_encoded_is_an_error_naming_the_url() -> None:
+    """getaddrinfo's UnicodeError (an empty label) came out bare, naming no URL."""
+    with pytest.raises(OSError, match=r"http://a\.\.b:9400/metrics") as caught:
+        get_text("http://ops:s3cret@a..b:9400/metrics", 0.5, max_bytes=100)
+    assert "s3cret" not in str(caught.value)
+
+
+@contextlib.contextmanager
+def resolving(
+    monkeypatch: pytest.MonkeyPatch, answer: Callable[[], list[tuple[str, int]]]
+) -> Iterator[dict[str, int]]:
+    """``NAME`` resolves to ``answer()``'s (address, port) pairs; every other name as
+    before.  Yields counts of lookups running now and at most at once."""
+    real = socket.getaddrinfo
+    counts = {"running": 0, "most": 0}
+    lock = threading.Lock()
+
+    def getaddrinfo(host: Any, port: Any, *args: Any, **kwargs: Any) -> list:
+        if host != NAME:
+            return real(host, port, *args, **kwargs)
+        with lock:
+            counts["running"] += 1
+            counts["most"] = max(counts["most"], counts["running"])
+        try:
+            pairs = answer()
+        finally:
+            with lock:
+                counts["running"] -= 1
+        return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", pair) for pair in pairs]
+
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+    yield counts
+
+
+def hang_until(release: threading.Event) -> Callable[[], list[tuple[str, int]]]:
+    """A lookup that answers nothing until ``release`` is set (three seconds at most)."""
+
+    def answer() -> list[tuple[str, int]]:
+        release.wait(3.0)
+        return []
+
+    return answer
+
+
+def test_a_hung_name_lookup_ends_within_the_bound(monkeypatch: pytest.MonkeyPatch) -> None:
+    """getaddrinfo ran before any deadline: a resolver that never answered held the
+    caller for as long as the resolver liked."""
+    release = threading.Event()
+    try:
+        with resolving(monkeypatch, hang_until(release)):
+            started = time.monotonic()
+            with pytest.raises(TimeoutError, match=f"http://{NAME}:9400/metrics"):
+                get_text(f"http://{NAME}:9400/metrics", 0.3, max_bytes=100)
+            assert time.monotonic() - started < 0.6 + 0.3
+    finally:
+        release.set()
+
+
+def test_hung_lookups_one_after_another_hold_a_bounded_number_of_threads(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A lookup cannot be interrupted, so each hung one keeps its thread until the
+    resolver gives up: repeated GETs of a name whose lookups hang must not each add one."""
+    release = threading.Event()
+    try:
+        with resolving(monkeypatch, hang_until(release)) as counts:
+            for _ in range(3 * httpget.MAX_LOOKUPS):
+                started = time.monotonic()
+                with pytest.raises(TimeoutError, match=NAME):
+                    get_text(f"http://{NAME}:9400/metrics", 0.05, max_bytes=100)
+                assert time.monotonic() - started < 0.1 + 0.3
+            assert counts["most"] <= httpget.MAX_LOOKUPS
+    finally:
+        release.set()
+    # the released lookups end within the next GET's timeout and free their slots
+    with resolving(monkeypatch, lambda: []), pytest.raises(OSError, match="no address"):
+        get_text(f"http://{NAME}:9400/metrics", 0.5, max_bytes=100)
+
+
+@contextlib.contextmanager
+def blackholes(count: int) -> Iterator[list[tuple[str, int]]]:
+    """``count`` loopback addresses (127.0.0.2, ...) whose listener's backlog is full:
+    a connection there is never accepted nor refused, it waits until its timeout."""
+    sockets: list[socket.socket] = []
+    pairs = []
+    try:
+        for index in range(count):
+            listener = socket.socket()
+            sockets.append(listener)
+            listener.bind((f"127.0.0.{2 + index}", 0))
+            listener.listen(0)
+            pair = listener.getsockname()
+            filler = socket.create_connection(pair, timeout=1.0)  # fills the backlog
+            sockets.append(filler)
+            pairs.append(pair)
+        yield pairs
+    finally:
+        for each in sockets:
+            each.close()
+
+
+def test_several_dead_addresses_cost_one_bound_not_a_timeout_each(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """socket.create_connection gives each address the whole timeout: a name with three
+    dead addresses before the live one took 3 * timeout to connect, then the answer."""
+    endpoint = RawEndpoint(lambda conn: conn.sendall(WHOLE))
+    try:
+        with blackholes(3) as dead:
+            live = [("127.0.0.1", endpoint.port)]
+            with resolving(monkeypatch, lambda: dead + live):
+                started = time.monotonic()
+                with pytest.raises(TimeoutError, match=NAME):
+                    get_text(f"http://{NAME}/metrics", 0.4, max_bytes=100)
+                assert time.monotonic() - started < 0.8 + 0.3
+            with resolving(monkeypatch, lambda: dead[:1] + live):  # time left for the next
+                assert get_text(f"http://{NAME}/metrics", 0.4, max_bytes=100) == BODY.decode()
+    finally:
+        endpoint.close()
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs openssl")
+def test_an_https_answer_is_read_through_the_handshake_get_text_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """get_text now connects and starts TLS itself (under the watchdog): a server whose
+    certificate the default context trusts is read, one it does not trust is refused."""
+    cert, key = tmp_path / "server.crt", tmp_path / "server.key"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt",
+                    "ec_paramgen_curve:prime256v1", "-nodes", "-days", "1", "-subj", "/CN=t",
+                    "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key),
+                    "-out", str(cert)], check=True, capture_output=True)  # fmt: skip
+    server = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server.load_cert_chain(cert, key)
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+
+    def serve() -> None:
+        for _ in range(2):
+            with contextlib.suppress(OSError):
+                conn, _ = listener.accept()
+                with server.wrap_socket(conn, server_side=True) as tls:
+                    tls.recv(65536)
+                    tls.sendall(WHOLE)
+
+    threading.Thread(target=serve, daemon=True).start()
+    try:
+        url = f"https://127.0.0.1:{port}/metrics"
+        with pytest.raises(OSError, match=f"{port}/metrics: .*CERTIFICATE_VERIFY_FAILED"):
+            get_text(url, 2.0, max_bytes=100)
+        monkeypatch.setenv("SSL_CERT_FILE", str(cert))  # read by the default context
+        assert get_text(url, 2.0, max_bytes=100) == BODY.decode()
+    finally:
+        listener.close()
