@@ -30,7 +30,7 @@ import ssl
 import threading
 import time
 from typing import Any, NamedTuple
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 __all__ = ["MAX_INFORMATIONAL", "MAX_LOOKUPS", "HTTPStatusError", "get_text", "read_reply", "shown"]
 
@@ -152,15 +152,21 @@ def _request(url: str, timeout: float) -> _Request:
     # Always a port: without one, http.client reads an IPv6 literal's last group as
     # the port ("::1" became host ":" port 1).
     port = (443 if https else 80) if port is None else port
+    host = parts.hostname
+    if ":" in host and "%" in host:  # an IPv6 zone id, written "%25eth0" (RFC 6874) or raw
+        address, _, zone = host.partition("%")
+        host = f"{address}%{unquote(zone.removeprefix('25'))}"
+    # The connection's host is the Host header's, where a zone id means nothing.
+    header_host = host.partition("%")[0]
     tls = ssl.create_default_context() if https else None
     if tls is not None:
         conn: http.client.HTTPConnection = http.client.HTTPSConnection(
-            parts.hostname, port, timeout=timeout, context=tls
+            header_host, port, timeout=timeout, context=tls
         )
     else:
-        conn = http.client.HTTPConnection(parts.hostname, port, timeout=timeout)
+        conn = http.client.HTTPConnection(header_host, port, timeout=timeout)
     conn.response_class = _Answer
-    return _Request(conn, target, parts.hostname, tls)
+    return _Request(conn, target, host, tls)
 
 
 MAX_LOOKUPS = 4
@@ -174,15 +180,28 @@ _Address = tuple[int, tuple[Any, ...]]  # a socket family and an address of that
 
 
 def _addresses(host: str, port: int, timeout: float) -> list[_Address]:
-    """Where ``host`` is: an IP literal as it is, a name looked up within ``timeout``
-    (TimeoutError past it)."""
+    """Where ``host`` is: an IP literal as it is (an IPv6 one's zone id the index of its
+    interface), a name looked up within ``timeout`` (TimeoutError past it)."""
     try:
         address = ipaddress.ip_address(host)
     except ValueError:  # a name
         return _look_up(host, port, timeout)
-    if address.version == 4:
+    if isinstance(address, ipaddress.IPv4Address):
         return [(socket.AF_INET, (host, port))]
-    return [(socket.AF_INET6, (host, port, 0, 0))]
+    zone = _interface(address.scope_id) if address.scope_id else 0
+    return [(socket.AF_INET6, (host.partition("%")[0], port, 0, zone))]
+
+
+def _interface(zone: str) -> int:
+    """The index of the interface an IPv6 zone id names, by name or by number (asked of
+    the system here: getaddrinfo takes a name only after a link-local address)."""
+    try:
+        if zone.isascii() and zone.isdigit():
+            socket.if_indextoname(int(zone))  # an OSError when there is none
+            return int(zone)
+        return socket.if_nametoindex(zone)
+    except (OSError, ValueError, OverflowError):  # none, a NUL in it, a number too big
+        raise OSError(f"no network interface {zone[:40]!r} (the address's zone id)") from None
 
 
 def _look_up(name: str, port: int, timeout: float) -> list[_Address]:

@@ -234,6 +234,46 @@ def test_several_dead_addresses_cost_one_bound_not_a_timeout_each(
         endpoint.close()
 
 
+def ipv6_loopback() -> socket.socket:
+    try:
+        if not socket.has_ipv6:
+            raise OSError("no IPv6 in this Python")
+        socket.if_nametoindex("lo")
+        return socket.create_server(("::1", 0), family=socket.AF_INET6)
+    except OSError as exc:
+        pytest.skip(f"no IPv6 loopback named lo: {exc}")
+
+
+@pytest.mark.parametrize("zone", ["%25lo", "%lo", "%251"], ids=["encoded", "raw", "index"])
+def test_an_ipv6_zone_id_names_the_interface(zone: str) -> None:
+    """urlsplit keeps the zone as written ("::1%25lo"), which no lookup resolves; the
+    zone is now the interface (by name or number) and the Host header goes without it."""
+    listener = ipv6_loopback()
+    port = listener.getsockname()[1]
+    asked: list[bytes] = []
+
+    def serve() -> None:
+        try:
+            conn, _ = listener.accept()
+        except OSError:  # closed unasked: the GET never came
+            return
+        with conn:
+            asked.append(conn.recv(65536))
+            conn.sendall(WHOLE)
+
+    threading.Thread(target=serve, daemon=True).start()
+    try:
+        assert get_text(f"http://[::1{zone}]:{port}/metrics", 2.0, max_bytes=100) == BODY.decode()
+        assert f"\r\nHost: [::1]:{port}\r\n".encode() in asked[0]
+    finally:
+        listener.close()
+
+
+def test_an_ipv6_zone_naming_no_interface_is_an_error_naming_the_url() -> None:
+    with pytest.raises(OSError, match=r"\[::1%25nosuch9\]:9400.*interface"):
+        get_text("http://[::1%25nosuch9]:9400/metrics", 0.5, max_bytes=100)
+
+
 @pytest.mark.skipif(shutil.which("openssl") is None, reason="needs openssl")
 def test_an_https_answer_is_read_through_the_handshake_get_text_starts(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
