@@ -291,6 +291,7 @@ def get_text(url: str, timeout: float, *, max_bytes: int, accept: str = "text/pl
         reply = conn.getresponse()
         if reply.status != 200:
             raise HTTPStatusError(name, reply.status, reply.reason, reply.getheader("Location"))
+        _check_framing(reply, name)
         encoding = (reply.getheader("Content-Encoding") or "identity").strip()
         if encoding.lower() != "identity":  # bytes no reader here can decode as text
             raise OSError(f"{name}: answer in Content-Encoding {encoding[:40]!r}, asked for none")
@@ -317,6 +318,18 @@ def get_text(url: str, timeout: float, *, max_bytes: int, accept: str = "text/pl
     if watchdog is not None and watchdog.fired:  # its shutdown may have ended the body
         raise _late(name, timeout)
     return body.decode("utf-8", errors="replace")
+
+
+def _check_framing(reply: http.client.HTTPResponse, url: str) -> None:
+    """OSError for a body http.client would read as whatever comes until the connection
+    closes: it decodes ``chunked`` only when that is the whole Transfer-Encoding, and
+    drops a Content-Length that is not one number ("31, 31", "-1")."""
+    coding = reply.getheader("Transfer-Encoding")
+    if coding is not None and not reply.chunked:
+        raise OSError(f"{url}: answer in Transfer-Encoding {coding[:40]!r}, not chunked")
+    length = reply.getheader("Content-Length")
+    if length is not None and reply.length is None and not reply.chunked:
+        raise OSError(f"{url}: answer's Content-Length {length[:40]!r} is not a length")
 
 
 def _late(url: str, timeout: float) -> TimeoutError:

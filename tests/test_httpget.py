@@ -113,6 +113,29 @@ def test_a_body_cut_short_is_still_an_error(answer: bytes) -> None:
         fetch(lambda conn: conn.sendall(answer))
 
 
+@pytest.mark.parametrize(
+    ("header", "refused"),
+    [
+        (b"Transfer-Encoding: gzip, chunked", "Transfer-Encoding 'gzip, chunked'"),
+        (b"Transfer-Encoding: identity", "Transfer-Encoding 'identity'"),
+        (b"Content-Length: 31, 31", "Content-Length '31, 31'"),
+        (b"Content-Length: -1", "Content-Length '-1'"),
+        (b"Content-Length: 0x1f", "Content-Length '0x1f'"),
+    ],
+    ids=["gzip-chunked", "identity", "length-list", "length-negative", "length-hex"],
+)
+def test_an_answer_framed_in_a_way_http_client_cannot_read_is_refused(
+    header: bytes, refused: str
+) -> None:
+    """http.client decodes ``chunked`` only when it is the whole Transfer-Encoding, and
+    drops a Content-Length that is not one number: either way the answer was read as
+    whatever came until the connection closed (chunk sizes, compressed bytes, or more
+    than the length said) and taken for the text."""
+    answer = b"HTTP/1.1 200 OK\r\n" + header + b"\r\n\r\n1f\r\n" + BODY + b"\r\n0\r\n\r\n"
+    with pytest.raises(OSError, match=f"127.0.0.1:\\d+/metrics: .*{refused}"):
+        fetch(lambda conn: conn.sendall(answer))
+
+
 def test_a_host_name_that_cannot_be_encoded_is_an_error_naming_the_url() -> None:
     """getaddrinfo's UnicodeError (an empty label) came out bare, naming no URL."""
     with pytest.raises(OSError, match=r"http://a\.\.b:9400/metrics") as caught:
