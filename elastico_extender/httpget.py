@@ -148,6 +148,8 @@ def _request(url: str, timeout: float) -> _Request:
     target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
     if not target.isascii() or any(c <= " " or c == "\x7f" for c in target):
         raise ValueError(f"{shown(url)!r}: cannot be sent (a path of plain ASCII, encoded)")
+    if any(c <= " " or c == "\x7f" for c in parts.hostname):  # http.client's InvalidURL
+        raise ValueError(f"{shown(url)!r}: cannot be sent (a space or control in the host)")
     https = parts.scheme == "https"
     # Always a port: without one, http.client reads an IPv6 literal's last group as
     # the port ("::1" became host ":" port 1).

@@ -143,6 +143,15 @@ def test_a_host_name_that_cannot_be_encoded_is_an_error_naming_the_url() -> None
     assert "s3cret" not in str(caught.value)
 
 
+@pytest.mark.parametrize("host", ["a b", "h\x7f", "h\x00"], ids=["space", "del", "nul"])
+def test_a_host_no_request_can_carry_is_a_value_error_naming_the_url(host: str) -> None:
+    """http.client refuses such a host as InvalidURL, neither an OSError nor a
+    ValueError (so no caller caught it) and naming only the host."""
+    with pytest.raises(ValueError, match="cannot be sent") as caught:
+        get_text(f"http://ops:s3cret@{host}:9400/metrics", 0.5, max_bytes=100)
+    assert "9400/metrics" in str(caught.value) and "s3cret" not in str(caught.value)
+
+
 @contextlib.contextmanager
 def resolving(
     monkeypatch: pytest.MonkeyPatch, answer: Callable[[], list[tuple[str, int]]]
