@@ -4,18 +4,25 @@ dcgm-exporter, a pod's framework metrics port, a profiled server's counters and 
 extender a ``kubectl elastico --server`` names are all answered by software that may be
 hung, broken or hostile.  A socket timeout bounds one read only: a server that sends a
 byte now and then (of the status line, a header, the TLS handshake or the body) would
-hold the caller (an agent's whole window) for as long as it liked.  Here a watchdog
-shuts the connection's socket when the answer (status line, headers, body) is not
-complete ``2 * timeout`` seconds after the request began, and the body is refused once
-it passes ``max_bytes``.
+hold the caller (an agent's whole window) for as long as it liked.  So the whole GET
+ends ``2 * timeout`` seconds after it began: the name lookup runs in a thread waited
+for ``timeout`` at most (getaddrinfo has no timeout of its own; at most
+:data:`MAX_LOOKUPS` hung ones at once), each of the name's addresses is tried within
+what is left, and a watchdog shuts the socket when the TLS handshake and the answer
+(status line, headers, body) are not done by then.  The body is refused once it passes
+``max_bytes``.
 
-Only a whole ``200`` answer is one.  A redirect is not followed (the error names where
-it pointed: a pod could send the agent to another service), a body short of its
-``Content-Length`` is refused, and http.client's own errors (a status line that is not
-HTTP, a header line too long, a broken chunk) become :class:`OSError` naming the URL
-(never a user or password written into it).  No encoding is asked for and one sent
-anyway (gzip) is refused.  No proxy is used: each of these endpoints is on the node or
-named directly.
+Only a whole ``200`` answer is one.  Informational answers ahead of it (``103 Early
+Hints``, ``102``; any 1xx but ``101``) are skipped, at most :data:`MAX_INFORMATIONAL`.
+A redirect is not followed (the error names where it pointed: a pod could send the
+agent to another service); a connection closed inside the headers, a body short of its
+``Content-Length``, a Content-Length that is not one number and a Transfer-Encoding
+other than ``chunked`` are refused; and http.client's own errors (a status line that
+is not HTTP, a header line too long, a broken chunk) become :class:`OSError` naming the
+URL (never a user or password written into it).  No encoding is asked for and one sent
+anyway (gzip) is refused.  An IPv6 zone id (``http://[fe80::1%25eth0]:9400/``) names
+the interface and is left out of the Host header.  No proxy is used: each of these
+endpoints is on the node or named directly.
 """
 
 from __future__ import annotations
