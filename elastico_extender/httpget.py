@@ -57,10 +57,10 @@ class HTTPStatusError(OSError):
 class _Watchdog:
     """Shuts ``sock`` down ``seconds`` from now unless cancelled first.
 
-    The shutdown wakes a read blocked on it (status line, headers or body) with an end
-    of stream or an error; ``fired`` tells the caller it was the deadline, not the
-    server, that ended it.  It holds the socket itself, not the connection: http.client
-    lets go of the connection's socket once a reply that closes it has begun."""
+    The shutdown wakes a read blocked on it (TLS handshake, status line, headers or body)
+    with an end of stream or an error; ``fired`` tells the caller it was the deadline,
+    not the server, that ended it.  It holds the socket itself, not the connection:
+    http.client lets go of the connection's socket once a reply that closes it has begun."""
 
     def __init__(self, sock: socket.socket, seconds: float) -> None:
         self._sock = sock
@@ -134,7 +134,7 @@ def shown(url: str) -> str:
 
 
 class _Request(NamedTuple):
-    """One GET of a URL as its URL says it, read before anything is sent."""
+    """What one GET needs, all read from its URL before anything is sent."""
 
     conn: http.client.HTTPConnection  # connected here, not by http.client
     target: str  # the request line's path and query
