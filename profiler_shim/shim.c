@@ -32,7 +32,8 @@
  * (default 4 MiB, the whole mapping; 1536 B to 1 GiB), ELASTICO_SHIM_FLUSH_MS (default
  * 2000; 10 to 3600000), ELASTICO_SHIM_DISABLE=1 (pure pass-through; 0, false, no, off
  * leave it on); a value out of range or not a decimal integer is reported on stderr and
- * the default used.  fork() gives the child a ring of its own.
+ * the default used.  fork() gives the child a ring of its own; a child made by a clone
+ * that runs no pthread_atfork handler publishes nothing (es_ring_mine).
  *
  * A process publishes the calling thread's pending launches and a final tick at exit()
  * (the destructor), and also when it ends with _exit()/_Exit() or replaces its image with
@@ -239,7 +240,10 @@ static inline void *es_next(int api, const void *caller) {
 #define ES_MAX_BUFFER (1ull << 30) /* 16 Mi records; each ring is reserved whole, in memory */
 #define ES_MAX_FLUSH_MS 3600000ull /* an hour; counters advance only at flushes */
 
-enum { ES_UNINIT = 0, ES_ACTIVE = 1, ES_DISABLED = 2 };
+/* ES_ORPHAN: a child that still maps its parent's ring and holds the shim's state as the
+ * parent left it, made by a clone that is no C library fork (es_fork_child never ran);
+ * it publishes nothing (es_ring_mine). */
+enum { ES_UNINIT = 0, ES_ACTIVE = 1, ES_DISABLED = 2, ES_ORPHAN = 3 };
 
 /* A launch key packed into six words, built in registers: (function, stream,
  * grid x|y, grid z|block x, block y|z, shared memory|api<<32|flags<<40).  Building it
@@ -277,6 +281,7 @@ static struct {
     pthread_key_t thread_key;
     int key_ok;
     int ended; /* the final tick is written */
+    uint64_t *mine; /* nonzero in the process that started the ring (es_ring_mine) */
     char path[PATH_MAX];
 } es_g = {.lock = PTHREAD_MUTEX_INITIALIZER, .alloc_lock = PTHREAD_MUTEX_INITIALIZER};
 
@@ -295,6 +300,29 @@ static uint64_t es_realtime_ns(void) { return es_clock_ns(CLOCK_REALTIME); }
 static uint64_t es_monotonic_ns(void) { return es_clock_ns(CLOCK_MONOTONIC); }
 
 /* ---- the ring --------------------------------------------------------------------- */
+/* Whether the ring mapped is this process's own.  A child made by fork() gets a ring of
+ * its own (es_fork_child), but one made by a clone that skips the pthread_atfork handlers
+ * (syscall(SYS_clone, SIGCHLD), clone(2) without CLONE_VM) keeps the parent's MAP_SHARED
+ * ring, state and launch caches: all it published would be mixed into the parent's
+ * counts.  The word es_g.mine points to lies in a page the kernel hands every such child
+ * zeroed (MADV_WIPEONFORK, Linux 4.14): one load, no system call, so it is asked at each
+ * publish, never per launch.  Where the kernel lacks it, the pid is (getpid(), a system
+ * call, at each record and eviction: old kernels only).  The child then publishes
+ * nothing: a ring of its own would need a lock that another of the parent's threads may
+ * have held at the clone, and a flusher thread. */
+static inline int es_ring_mine(void) {
+    const uint64_t *mine = es_g.mine;
+    if (ES_LIKELY(mine != NULL)) return __atomic_load_n(mine, __ATOMIC_RELAXED) != 0;
+    return es_g.hdr->pid == (uint64_t)getpid();
+}
+
+/* es_ring_mine(), and a child that finds the ring is its parent's is marked ES_ORPHAN. */
+static int es_ring_kept(void) {
+    if (ES_LIKELY(es_ring_mine())) return 1;
+    __atomic_store_n(&es_g.state, ES_ORPHAN, __ATOMIC_RELAXED);
+    return 0;
+}
+
 static inline void es_add(uint64_t *counter, uint64_t n) {
     __atomic_fetch_add(counter, n, __ATOMIC_RELAXED);
 }
@@ -363,6 +391,7 @@ static void es_publish(es_slot *s) {
     uint64_t count = s->count;
     s->count = 0;
     __atomic_signal_fence(__ATOMIC_SEQ_CST);
+    if (ES_UNLIKELY(!es_ring_kept())) return; /* a child's copy of its parent's cache */
     uint16_t flags = (uint16_t)(s->w[5] >> 40);
     uint32_t grid[3] = {(uint32_t)s->w[2], (uint32_t)(s->w[2] >> 32), (uint32_t)s->w[3]};
     uint32_t block[3] = {(uint32_t)(s->w[3] >> 32), (uint32_t)s->w[4],
@@ -500,6 +529,27 @@ static int es_env_disabled(void) {
     return 1;
 }
 
+/* Mark the ring this process's own (es_ring_mine): a page of its own, wiped in children
+ * that do not share its memory, mapped once (a forked child's is already zero); NULL
+ * where the kernel cannot wipe it, and the pid is compared instead.  ES_NO_WIPEONFORK
+ * builds the shim as it runs on such a kernel (tests/test_shim_interpose.py). */
+static void es_mark_mine(void) {
+    if (!es_g.mine) {
+        long page = sysconf(_SC_PAGESIZE);
+        size_t bytes = page > 0 ? (size_t)page : 4096;
+        void *m = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        int wiped = 0;
+#if defined(MADV_WIPEONFORK) && !defined(ES_NO_WIPEONFORK)
+        wiped = m != MAP_FAILED && madvise(m, bytes, MADV_WIPEONFORK) == 0;
+#endif
+        if (wiped)
+            es_g.mine = m;
+        else if (m != MAP_FAILED)
+            munmap(m, bytes);
+    }
+    if (es_g.mine) __atomic_store_n(es_g.mine, 1, __ATOMIC_RELAXED);
+}
+
 /* Called with es_g.lock held. */
 static void es_init_locked(void) {
     if (es_env_disabled()) {
@@ -581,6 +631,7 @@ static void es_init_locked(void) {
     else
         es_ring_start(h, bytes, started);
 
+    es_mark_mine();
     __atomic_store_n(&es_g.state, ES_ACTIVE, __ATOMIC_RELEASE);
     sigset_t all, old;
     sigfillset(&all);
@@ -597,7 +648,7 @@ static void es_init_locked(void) {
 
 static int es_ready(void) {
     int s = __atomic_load_n(&es_g.state, __ATOMIC_ACQUIRE);
-    if (ES_LIKELY(s != ES_UNINIT)) return s == ES_ACTIVE;
+    if (ES_LIKELY(s != ES_UNINIT)) return s == ES_ACTIVE && es_ring_kept();
     int saved = errno;
     pthread_mutex_lock(&es_g.lock);
     if (es_g.state == ES_UNINIT) es_init_locked();
@@ -626,7 +677,8 @@ ES_INLINE void es_note_launch(uint8_t api, const void *func, uint32_t gx, uint32
                                   uint32_t smem, const void *stream, int failed) {
     es_thread *t = es_tls;
     if (ES_UNLIKELY(!t)) {
-        if (__atomic_load_n(&es_g.state, __ATOMIC_RELAXED) == ES_DISABLED) return;
+        if (__atomic_load_n(&es_g.state, __ATOMIC_RELAXED) >= ES_DISABLED) /* or ES_ORPHAN */
+            return;
         int saved = errno;
         t = es_thread_attach();
         errno = saved;
@@ -1400,7 +1452,7 @@ static void es_fork_parent(void) {
 static void es_fork_child(void) {
     pthread_mutex_init(&es_g.lock, NULL);
     pthread_mutex_init(&es_g.alloc_lock, NULL);
-    if (es_g.state == ES_ACTIVE) {
+    if (es_g.state == ES_ACTIVE || es_g.state == ES_ORPHAN) {
         munmap(es_g.hdr, es_g.map_bytes);
         es_g.hdr = NULL;
         es_g.ring = NULL;

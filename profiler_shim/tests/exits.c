@@ -9,15 +9,26 @@
  *                                keys (f=0xe000+i: past 1024, keys meet in the cache's
  *                                slots) and returns (exit()) or calls _exit; the parent
  *                                waits and returns
+ *   clone | clone_fn             the same child, made without the C library's fork (so
+ *                                without pthread_atfork handlers): syscall(SYS_clone,
+ *                                SIGCHLD) returning into main, which ends with exit(), or
+ *                                clone(2) running a function on a stack of its own, whose
+ *                                return ends it; the child also keeps a 2 MiB cudaMalloc
+ *                                live, prints "CHILD <pid>" and the parent waits, returns
+ *   fork_first                   forks before any CUDA call (the child _exits at once),
+ *                                then goes on as return
  *   execv | execve | execvp | execvpe | fexecve | execveat | execl | execle | execlp
  *                                replaces itself with PROGRAM ARGS... by that call (the
  *                                l-forms take up to three ARGS)
  * and exits 1 when a call failed or the exec returned. */
 #define _GNU_SOURCE
 #include <fcntl.h>
+#include <sched.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include "hooks.h"
@@ -32,11 +43,33 @@ static int launch(long n, int keys) {
     return 0;
 }
 
+/* The child of a clone that is no C library fork: its own launches and memory. */
+static int clone_child(long n) {
+    void *q = NULL;
+    if (launch(n, 1) || cudaMalloc(&q, 2 << 20) != cudaSuccess) return 1;
+    printf("CHILD %ld\n", (long)getpid());
+    fflush(stdout);
+    return 0;
+}
+
+static int clone_fn(void *arg) { return clone_child(*(long *)arg); }
+
+static int wait_for(pid_t child) {
+    int status = 1;
+    return child <= 0 || waitpid(child, &status, 0) != child || status != 0;
+}
+
 int main(int argc, char **argv) {
     if (argc < 3) return 2;
     long n = atol(argv[1]);
     const char *how = argv[2];
     void *p = NULL;
+    if (!strcmp(how, "fork_first")) {
+        pid_t child = fork();
+        if (child == 0) _exit(0);
+        if (wait_for(child)) return 1;
+        how = "return";
+    }
     if (launch(n, 0) || cudaMalloc(&p, 1 << 20) != cudaSuccess) return 1;
     printf("OK %ld\n", (long)getpid());
     fflush(stdout);
@@ -49,6 +82,15 @@ int main(int argc, char **argv) {
         if (child == 0) return launch(n, 1);
         int status = 1;
         return child < 0 || waitpid(child, &status, 0) != child || status != 0;
+    }
+    if (!strcmp(how, "clone")) {
+        pid_t child = (pid_t)syscall(SYS_clone, SIGCHLD, 0, NULL, NULL, 0);
+        if (child == 0) exit(clone_child(n));
+        return wait_for(child);
+    }
+    if (!strcmp(how, "clone_fn")) {
+        static char stack[1 << 16] __attribute__((aligned(16)));
+        return wait_for(clone(clone_fn, stack + sizeof stack, SIGCHLD, &n));
     }
     if (argc < 4) return 2;
     char **rest = argv + 3;
