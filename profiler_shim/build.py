@@ -35,7 +35,10 @@ STRICT_CFLAGS = ("-Werror",)
 Not the default, so a newer compiler that warns about something new does not fail
 ``pip install`` for a user; the project's own CI still treats every warning as an error.
 """
-LIBS = ("-ldl",)
+LIBS = ("-ldl", "-Wl,-z,nodelete")
+"""``-z nodelete``: never unloaded, not even by a dlclose of a handle that opened it, since
+exit() calls the final flush the shim registers without a DSO handle (shim.c,
+es_exit_handler) and must find it mapped."""
 
 
 def compiler() -> list[str]:

@@ -36,7 +36,7 @@
  * that runs no pthread_atfork handler publishes nothing (es_ring_mine).
  *
  * A process publishes the calling thread's pending launches and a final tick at exit()
- * (the destructor), and also when it ends with _exit()/_Exit() or replaces its image with
+ * (after every destructor: es_exit_handler), and also when it ends with _exit()/_Exit() or replaces its image with
  * an exec call (hooks.h's ES_PROCESS_HOOKS): os._exit, multiprocessing and DataLoader
  * workers, launchers.  Other threads' caches, and a process killed by a signal, keep
  * what they launched since the last flush they noticed.
@@ -1595,15 +1595,38 @@ ES_EXPORT int execlp(const char *file, const char *arg, ...) {
     return execvp(file, argv);
 }
 
+/* The final flush at exit() runs as late as it can: after every destructor.  The
+ * preloaded shim is no dependency of the workload's libraries, so the dynamic linker
+ * finalises it before them (libcudart, libcuda, a framework's libraries), whose
+ * destructors may still launch, allocate and free.  exit() runs its handlers last
+ * registered first; the one that runs every destructor (_dl_fini) is registered by
+ * __libc_start_main, after the constructors of preloaded and needed libraries ran, so a
+ * handler the shim's constructor registers runs after it.  It is registered with no DSO
+ * handle (atexit() from a library would tie it to the library's own finalisation), so it
+ * must never point into an unloaded shim: the shim is linked -z nodelete (build.py).
+ * Where the registration failed, or the shim was loaded later with dlopen (the handler
+ * then runs before _dl_fini), the destructor still flushes; es_flush_at_end writes the
+ * final tick once, whichever comes first. */
+extern int __cxa_atexit(void (*fn)(void *), void *arg, void *dso_handle);
+static int es_exit_late;
+
+static void es_exit_handler(void *arg) {
+    (void)arg;
+    es_flush_at_end(ES_FLAG_FINAL);
+}
+
 __attribute__((constructor)) static void es_constructor(void) {
     es_g.key_ok = pthread_key_create(&es_g.thread_key, es_thread_exit) == 0;
     pthread_atfork(es_fork_prepare, es_fork_parent, es_fork_child);
     es_proc_resolve();
+    es_exit_late = __cxa_atexit(es_exit_handler, NULL, NULL) == 0;
 }
 
 /* Threads still running at exit keep whatever their caches hold; joined threads and the
  * exiting thread have published everything. */
-__attribute__((destructor)) static void es_destructor(void) { es_flush_at_end(ES_FLAG_FINAL); }
+__attribute__((destructor)) static void es_destructor(void) {
+    if (!es_exit_late) es_flush_at_end(ES_FLAG_FINAL);
+}
 
 /* ---- introspection for the decoder twin and the tests ---------------------------- */
 ES_EXPORT const char *elastico_shim_layout(void) {

@@ -242,6 +242,34 @@ def test_launches_before_an_exit_that_skips_exit_handlers_reach_the_ring(
     assert header["live_bytes"] == header["peak_bytes"] == 1 << 20
 
 
+def test_launches_from_a_library_finalised_after_the_shim_reach_the_ring(
+    built, tmp_path: Path
+) -> None:
+    """The preloaded shim depends on no library of the workload's, so exit() finalises
+    it before them (libcudart, libcuda, a framework's libraries tearing down), and its
+    destructor wrote the final tick first: a later destructor's 500 launches were never
+    published, and its allocation and free landed after the final tick.  The final
+    flush now runs after every destructor: all of it is published, the final tick last."""
+    out = run_workload(
+        built,
+        tmp_path,
+        str(EXIT_LAUNCHES),
+        "return",
+        program=built.exits_early,
+        EARLY_DESTRUCTOR_LAUNCHES="500",
+    )
+    with RingReader(find_rings(tmp_path)[int(out.stdout.split()[1])]) as ring:
+        header, records = ring.header(), ring.peek()
+        assert ring.incomplete == 0
+    got = summarize(records, header)
+    assert header["launches"] == got.launches == EXIT_LAUNCHES + 500
+    late = KernelKey("cuLaunchKernel", 0xD000, (3, 1, 1), (32, 1, 1), 0, 0x700, False)
+    assert got.kernels[late] == 500
+    assert (header["allocs"], header["frees"], header["live_bytes"]) == (2, 1, 1 << 20)
+    assert records["kind"][-1] == Kind.TICK and records["flags"][-1] & Flag.FINAL
+    assert header["flushes"] == len(ticks(records))
+
+
 @pytest.mark.parametrize(
     ("how", "program"),
     [

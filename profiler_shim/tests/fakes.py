@@ -4,10 +4,10 @@ Stdlib only; loaded by path from tests/test_shim_*.py and benchmarks/shim_overhe
 Everything lands in one directory: libcuda.so, libcudart.so, libnccl.so,
 libotherhook.so, workload, bench_launch, libworkload.so (the workload as a library),
 local_loader (which dlopens it RTLD_LOCAL), entry_points, allocs, graphs,
-launches, vmm, exits, dlsym_launch, libdlsym_launch.so (it as a library),
-dlsym_launch_unlinked (it without libcuda) and libelastico_shim.so; libcuda.so.1
-links to libcuda.so, the name programs that load the driver themselves (Triton) ask
-dlopen for.
+launches, vmm, exits, libearly.so, exits_early (exits linked with it), dlsym_launch,
+libdlsym_launch.so (it as a library), dlsym_launch_unlinked (it without libcuda) and
+libelastico_shim.so; libcuda.so.1 links to libcuda.so, the name programs that load the
+driver themselves (Triton) ask dlopen for.
 """
 
 from __future__ import annotations
@@ -47,6 +47,7 @@ class Built(NamedTuple):
     launches: Path
     vmm: Path
     exits: Path
+    exits_early: Path
     dlsym_launch: Path
     dlsym_launch_library: Path
     dlsym_launch_unlinked: Path
@@ -89,6 +90,9 @@ def build_all(directory: Path, *, opt: str = "-O2", shim_flags: tuple[str, ...] 
     _cc(*common, "-o", d / "launches", HERE / "launches.c", "-Wl,--no-as-needed", *libs)
     _cc(*common, "-o", d / "vmm", HERE / "vmm.c", "-Wl,--no-as-needed", *libs)
     _cc(*common, "-o", d / "exits", HERE / "exits.c", "-Wl,--no-as-needed", *libs)
+    _cc(*lib, "-o", d / "libearly.so", HERE / "early.c", f"-L{d}", "-lcuda", "-pthread")
+    early = (f"-L{d}", "-learly", *libs)
+    _cc(*common, "-o", d / "exits_early", HERE / "exits.c", "-Wl,--no-as-needed", *early)
     # libcuda NEEDED but never called by name, as Triton's launcher module has it
     driver = ("-Wl,--no-as-needed", f"-L{d}", "-lcuda", "-ldl", rpath)
     _cc(*common, "-o", d / "dlsym_launch", HERE / "dlsym_launch.c", *driver)
@@ -118,6 +122,7 @@ def build_all(directory: Path, *, opt: str = "-O2", shim_flags: tuple[str, ...] 
         d / "launches",
         d / "vmm",
         d / "exits",
+        d / "exits_early",
         d / "dlsym_launch",
         d / "libdlsym_launch.so",
         d / "dlsym_launch_unlinked",

@@ -1,0 +1,28 @@
+/* Test library: one the shim is no dependency of, as libcudart, libcuda and a framework's
+ * libraries are, so the dynamic linker initialises it before the preloaded shim and
+ * finalises it after.  Linked into exits_early (exits.c).  By the environment:
+ *   EARLY_DESTRUCTOR_LAUNCHES=N  its destructor launches N kernels of one key (f=0xd000,
+ *                                grid=(3,1,1), block=(32,1,1), stream=0x700) and
+ *                                allocates and frees 4096 bytes, as a library that
+ *                                tears down at exit does
+ * A call that fails makes the process exit 3 at the end (the destructor's own: _exit). */
+#define _GNU_SOURCE
+#include <stdlib.h>
+#include <unistd.h>
+#include "hooks.h"
+
+static int failed;
+
+static void launch_and_allocate(CUfunction f, long launches) {
+    for (long i = 0; i < launches; i++)
+        if (cuLaunchKernel(f, 3, 1, 1, 32, 1, 1, 0, (CUstream)0x700, NULL, NULL) != CUDA_SUCCESS)
+            failed = 1;
+    CUdeviceptr p = 0;
+    if (cuMemAlloc_v2(&p, 4096) != CUDA_SUCCESS || cuMemFree_v2(p) != CUDA_SUCCESS) failed = 1;
+}
+
+__attribute__((destructor)) static void early_fini(void) {
+    const char *v = getenv("EARLY_DESTRUCTOR_LAUNCHES");
+    if (v) launch_and_allocate((CUfunction)0xd000, atol(v));
+    if (failed) _exit(3);
+}
