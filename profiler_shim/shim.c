@@ -1434,12 +1434,20 @@ ES_EXPORT void *dlsym(void *handle, const char *name) {
 #endif
 
 /* ---- lifecycle: fork, thread exit, process exit, exec ----------------------------- */
+/* From the prepare handler to the parent or child one the forking thread holds both
+ * locks, and its reentrancy depth is raised: a CUDA call it makes in between (a signal
+ * handler's, another library's fork handler's: those registered before the shim's run
+ * inside the window) passes straight through, as a call made inside a wrapper does,
+ * where it would wait for a lock its own thread holds (an allocation, the process's
+ * first call) for good. */
 static void es_fork_prepare(void) {
     pthread_mutex_lock(&es_g.lock);
     pthread_mutex_lock(&es_g.alloc_lock);
+    es_depth++;
 }
 
 static void es_fork_parent(void) {
+    es_depth--;
     pthread_mutex_unlock(&es_g.alloc_lock);
     pthread_mutex_unlock(&es_g.lock);
 }
@@ -1452,6 +1460,7 @@ static void es_fork_parent(void) {
 static void es_fork_child(void) {
     pthread_mutex_init(&es_g.lock, NULL);
     pthread_mutex_init(&es_g.alloc_lock, NULL);
+    es_depth--; /* the forking thread's, raised in es_fork_prepare */
     if (es_g.state == ES_ACTIVE || es_g.state == ES_ORPHAN) {
         munmap(es_g.hdr, es_g.map_bytes);
         es_g.hdr = NULL;

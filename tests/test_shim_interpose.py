@@ -317,6 +317,38 @@ def test_a_child_forked_by_a_launching_thread_profiles_its_own_launches(
         assert len(functions) == (1 if pid == parent else EXIT_LAUNCHES)
 
 
+@pytest.mark.parametrize("how", ["fork", "fork_first"])
+def test_a_signal_handler_calling_cuda_while_its_thread_forks_does_not_deadlock(
+    built, tmp_path: Path, how: str
+) -> None:
+    """fork() holds the shim's locks from its prepare handler to its parent and child
+    handlers, and a signal the forking thread takes in between (raised here by another
+    library's prepare handler, which runs after the shim's) may call CUDA: its
+    allocation waited for the allocation map's lock, or its first call of the process
+    for the start-up lock, each held by its own thread: the process hung for good.  Such
+    a call is now passed through uncounted, as any call a signal handler makes while its
+    thread is inside the shim; the workload runs on and counts the rest."""
+    environment = {
+        **os.environ,
+        "LD_PRELOAD": str(built.shim),
+        "ELASTICO_SHIM_DIR": str(tmp_path),
+        "EARLY_FORK_SIGNAL": "1",
+    }
+    command = [str(built.exits_early), str(EXIT_LAUNCHES), how]
+    try:
+        done = subprocess.run(command, env=environment, capture_output=True, text=True, timeout=20)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"{how}: deadlocked in fork()")
+    assert done.returncode == 0, done.stderr
+    parent = int(done.stdout.split()[1])
+    rings = find_rings(tmp_path)
+    assert len(rings) == (2 if how == "fork" else 1) and parent in rings
+    with RingReader(rings[parent]) as ring:
+        header, records = ring.header(), ring.peek()
+    assert header["launches"] == summarize(records).launches == EXIT_LAUNCHES
+    assert (header["allocs"], header["frees"]) == (1, 0)
+
+
 @pytest.fixture(scope="module")
 def built_without_wipeonfork(tmp_path_factory: pytest.TempPathFactory) -> Any:
     """The fakes and a shim built as it runs on a kernel before 4.14 (no
