@@ -7,6 +7,7 @@ program's own exit status and output first, then what happened to the files arou
 
 from __future__ import annotations
 
+import errno
 import os
 import resource
 import shutil
@@ -238,3 +239,60 @@ def test_a_warning_to_a_stderr_nobody_reads_does_not_kill_the_workload(
         os.close(write_end)
     assert done.returncode == 0, done.returncode
     assert done.stdout.split()[0] == unpreloaded_output(built, "100", "return")
+
+
+def _user_namespaces() -> bool:
+    unshare = shutil.which("unshare")
+    return unshare is not None and subprocess.run([unshare, "--user", "true"]).returncode == 0
+
+
+SINGLE_THREADED = """
+import ctypes, sys
+CLONE_NEWUSER = 0x10000000
+libc = ctypes.CDLL(None, use_errno=True)
+ctypes.CDLL(sys.argv[1], mode=ctypes.RTLD_GLOBAL)
+process = ctypes.CDLL(None)
+def threads():
+    with open("/proc/self/status") as status:
+        return next(int(line.split()[1]) for line in status if line.startswith("Threads:"))
+def unshare_user(now):  # once: an unshared process is unmapped in its new namespace
+    return (0 if libc.unshare(CLONE_NEWUSER) == 0 else ctypes.get_errno()) if now else -1
+pfn = ctypes.c_void_p()
+assert process.cuGetProcAddress(b"cuLaunchKernel", ctypes.byref(pfn), 12000, 0) == 0
+before = threads()  # loaded, a driver function looked up: nothing counted yet
+first = unshare_user(sys.argv[2] == "before")
+launch = process.cuLaunchKernel
+launch.argtypes = [ctypes.c_void_p, *[ctypes.c_uint] * 7, *[ctypes.c_void_p] * 3]
+assert launch(0xe000, 2, 1, 1, 64, 1, 1, 0, 0x700, None, None) == 0
+print(before, first, threads(), unshare_user(sys.argv[2] == "after"), flush=True)
+"""
+
+
+@pytest.mark.skipif(not _user_namespaces(), reason="cannot make user namespaces here")
+@pytest.mark.parametrize(
+    ("disabled", "when", "want"),
+    [("", "before", (1, 0, 2, -1)), ("", "after", (1, -1, 2, errno.EINVAL)),
+     ("1", "after", (1, -1, 1, 0))],
+    ids=["before-first-call", "after-first-call", "disabled"],
+)  # fmt: skip
+def test_the_flusher_thread_starts_at_the_first_counted_call_not_at_load(
+    built, tmp_path: Path, disabled: str, when: str, want: tuple[int, int, int, int]
+) -> None:
+    """The shim's one thread of its own (the flusher, which advances the flush epoch and
+    stamps the ring every ELASTICO_SHIM_FLUSH_MS) makes the workload multi-threaded,
+    and ``unshare(CLONE_NEWUSER)`` fails with EINVAL in a multi-threaded process.  The
+    thread starts at the process's first launch, allocation or collective, never at
+    load or at a lookup: a program that unshares before its first CUDA call (the real
+    driver starts threads of its own at cuInit too) is unchanged, and one under
+    ELASTICO_SHIM_DISABLE=1 never gets the thread.  Printed: threads before the first
+    call, the unshare's errno before it, threads after it, the unshare's errno after it
+    (-1: not tried)."""
+    done = subprocess.run(
+        [sys.executable, "-c", SINGLE_THREADED, str(built.directory / "libcuda.so"), when],
+        env=preloaded(built, tmp_path, ELASTICO_SHIM_DISABLE=disabled),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert tuple(map(int, done.stdout.split())) == want
