@@ -61,6 +61,19 @@ def test_workload_under_valgrind_memcheck(tmp_path: Path) -> None:
     assert got.launches == 3 * (4 * 200 + 1)
 
 
+def test_exit_paths_under_valgrind_memcheck(tmp_path: Path) -> None:
+    """A child cloned without fork() (which must leave its parent's ring alone), then a
+    library finalised after the shim launching and allocating in its destructor (the
+    final flush runs after it, from the handler the shim registers with exit())."""
+    built, rings, env = preloaded(tmp_path, EARLY_DESTRUCTOR_LAUNCHES="50")
+    done = memcheck([str(built.exits_early), "100", "clone"], env)
+    parent = int(dict(line.split() for line in done.stdout.splitlines())["OK"])
+    assert set(find_rings(rings)) == {parent}
+    with RingReader(find_rings(rings)[parent]) as ring:
+        header = ring.header()
+        assert header["launches"] == summarize(ring.peek(), header).launches == 100 + 50
+
+
 def test_dlsym_lookups_under_valgrind_memcheck(tmp_path: Path) -> None:
     """The shim's dlsym on the path Triton's launcher takes: a library loaded RTLD_LOCAL
     looks the driver's launch functions up on its own handle of libcuda.so.1."""
