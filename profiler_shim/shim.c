@@ -36,9 +36,9 @@
  * that runs no pthread_atfork handler publishes nothing (es_ring_mine).
  *
  * A process publishes the calling thread's pending launches and a final tick at exit()
- * (after every destructor: es_exit_handler), and also when it ends with _exit()/_Exit() or replaces its image with
- * an exec call (hooks.h's ES_PROCESS_HOOKS): os._exit, multiprocessing and DataLoader
- * workers, launchers.  Other threads' caches, and a process killed by a signal, keep
+ * (after every destructor: es_exit_handler), and also when it ends with _exit()/_Exit()
+ * or replaces its image with an exec call (hooks.h's ES_PROCESS_HOOKS): os._exit,
+ * multiprocessing and DataLoader workers, launchers.  Other threads' caches, and a process killed by a signal, keep
  * what they launched since the last flush they noticed.
  */
 #define _GNU_SOURCE
@@ -1613,9 +1613,10 @@ ES_EXPORT int execlp(const char *file, const char *arg, ...) {
  * handler the shim's constructor registers runs after it.  It is registered with no DSO
  * handle (atexit() from a library would tie it to the library's own finalisation), so it
  * must never point into an unloaded shim: the shim is linked -z nodelete (build.py).
- * Where the registration failed, or the shim was loaded later with dlopen (the handler
- * then runs before _dl_fini), the destructor still flushes; es_flush_at_end writes the
- * final tick once, whichever comes first. */
+ * Where the registration failed the destructor flushes instead.  A shim loaded with
+ * dlopen once main runs (not how it is deployed) registers after _dl_fini, so its
+ * handler runs before every destructor, whose launches are then all lost (as were
+ * those of the ones finalised after it before). */
 extern int __cxa_atexit(void (*fn)(void *), void *arg, void *dso_handle);
 static int es_exit_late;
 
