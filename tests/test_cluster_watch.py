@@ -154,6 +154,26 @@ def test_410_gone_on_a_resumed_watch_is_logged_as_gone_and_relisted_at_once(serv
     assert not [r for r in caplog.records if r.getMessage() == "watch.dropped"]
 
 
+def test_watches_the_api_server_ends_at_once_are_reopened_with_a_back_off(server, cluster):
+    """An API server (shutting down, or a proxy in front of it) that ends every watch
+    cleanly at once, before any event: the informer backs off between watches, as
+    client-go's reflector does for a "very short watch", instead of reopening them as
+    fast as the connection allows (some twenty a second before the fix); no event is
+    lost, and a watch that lasts again resets the back-off."""
+    watching(server, "pods")
+    server.watch_limit_seconds = 0.0
+    time.sleep(0.3)  # the open watches see the limit at their next wake-up
+    opened = server.watch_count["pods"]
+    time.sleep(2.0)
+    assert server.watch_count["pods"] - opened <= 6  # 0.2 s doubling: about four
+    server.put("pods", pod("while-short"))  # delivered by the next short watch
+    assert wait_for(lambda: "while-short" in names(cluster))
+    server.watch_limit_seconds = None
+    assert wait_for(lambda: server.watch_count["pods"] > opened + 1)
+    server.put("pods", pod("after"))
+    assert wait_for(lambda: {"while-short", "after"} <= names(cluster), timeout=5)
+
+
 def test_a_bind_the_api_server_never_answers_fails_in_bounded_time(monkeypatch):
     """An API server that accepts the connection and never answers: the bind fails as
     'outcome unknown' (the caller keeps the booking) after the write timeout, instead of

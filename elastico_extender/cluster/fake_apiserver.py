@@ -35,7 +35,8 @@ It serves, over real HTTP/1.1 on 127.0.0.1:
 
 Test hooks: :meth:`compact` (older versions expire), :meth:`drop_watches`
 (cut every open stream mid-chunk, as a dying load balancer would),
-:meth:`bookmark`, :attr:`write_delay` (each write waits, as an etcd commit does),
+:meth:`bookmark`, :attr:`watch_limit_seconds` (streams closed early, cleanly),
+:attr:`write_delay` (each write waits, as an etcd commit does),
 :attr:`before_reply` (act between a write and its answer).
 The official ``kubernetes`` client talks to it unchanged.
 """
@@ -110,6 +111,10 @@ class FakeApiServer:
         self.tokens: dict[str, tuple[list[str], float, dict[str, Any]]] = {}
         self.token_reviews = 0
         self.write_delay = 0.0  # seconds each write takes (a real server's etcd commit)
+        # Each watch ends cleanly (the chunked stream's last chunk) after at most this many
+        # seconds, whatever its timeoutSeconds: an API server shutting down, or a proxy in
+        # front of it, closing streams early (0: at once, before any event).
+        self.watch_limit_seconds: float | None = None
         # Called with (method, path) once a write was applied, before it is answered: a
         # test acts in that gap (another client reads, the writer's clock moves on) as
         # for a writer paused or a slow network back.
@@ -353,7 +358,8 @@ class FakeApiServer:
     def _watch(self, handler: BaseHTTPRequestHandler, kind: str, query: dict[str, str]) -> None:
         since = int(query.get("resourceVersion") or 0)
         timeout = float(query.get("timeoutSeconds") or 30)
-        deadline = time.monotonic() + timeout
+        started = time.monotonic()
+        deadline = started + timeout
         handler.send_response(200)
         handler.send_header("Content-Type", "application/json")
         handler.send_header("Transfer-Encoding", "chunked")
@@ -372,6 +378,9 @@ class FakeApiServer:
                 return
             sent = since
             while True:
+                limit = self.watch_limit_seconds  # read each time: it applies to open streams
+                if limit is not None:
+                    deadline = min(deadline, started + limit)
                 with self.cond:
                     pending = [e for e in self.events[kind] if e[0] > sent]
                     if not pending and self.drops == drops:

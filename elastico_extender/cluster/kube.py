@@ -5,7 +5,8 @@ own cache follows:
 
 1. **list** (``resourceVersion`` of the list remembered), replacing the view;
 2. **watch** from that version with bookmarks; each event replaces one object;
-   a normal end of the watch (server timeout) resumes from the last version;
+   a normal end of the watch (server timeout) resumes from the last version, after a
+   back-off when it ended within a second and brought no event (a "very short watch");
 3. **relist** on ``410 Gone`` (an ERROR event or status), on a dropped or broken
    stream, and every ``resync_seconds`` (periodic resync).
 
@@ -41,6 +42,10 @@ __all__ = ["FIELD_MANAGER", "USER_AGENT", "KubeCluster", "api_client_from"]
 log = logging.getLogger(__name__)
 
 HTTP_GONE = 410
+SHORT_WATCH_SECONDS = 1.0
+"""A watch that ends cleanly sooner than this with no event is a "very short watch" (as
+client-go's reflector calls it): the API server or a proxy closing streams at once. The
+next one waits a back-off, instead of reopening watches as fast as the connection allows."""
 WRITE_TIMEOUT_SECONDS = 30.0
 """Longest wait for the API server's answer to one write (bind, reconfigure, evict): one
 that accepts and never answers fails the write as "outcome unknown" instead of holding
@@ -150,8 +155,14 @@ class _Informer:
                     listed_at = time.monotonic()
                     self.on_relist(self.kind, rv)
                 remaining = self.resync_seconds - (time.monotonic() - listed_at)
-                rv = self._watch(rv, max(1, min(self.watch_timeout, int(remaining) + 1)))
-                backoff = 0.2
+                opened = time.monotonic()
+                rv, events = self._watch(rv, max(1, min(self.watch_timeout, int(remaining) + 1)))
+                if events or time.monotonic() - opened >= SHORT_WATCH_SECONDS:
+                    backoff = 0.2
+                elif not self.stop.is_set():  # resumed from rv after the wait: nothing lost
+                    log.warning("watch.short", extra={"kind": self.kind, "rv": rv})
+                    self._sleep(backoff)
+                    backoff = min(backoff * 2, 30.0)
             except ApiException as exc:
                 if exc.status == HTTP_GONE:
                     log.info("watch.gone", extra={"kind": self.kind, "rv": rv})
@@ -171,9 +182,11 @@ class _Informer:
     def _sleep(self, seconds: float) -> None:
         self.stop.wait(seconds * (0.5 + random.random()))
 
-    def _watch(self, rv: str, timeout: int) -> str:
+    def _watch(self, rv: str, timeout: int) -> tuple[str, int]:
+        """One watch from ``rv``: the version to resume from and how many events came."""
         w = _RawWatch()
         self.watcher = w
+        events = 0
         try:
             for event in w.stream(
                 self.list_call,
@@ -184,6 +197,7 @@ class _Informer:
             ):
                 if event is None:
                     continue  # a blank line
+                events += 1
                 kind = event.get("type")
                 obj = event.get("object") or {}
                 if kind == "BOOKMARK":
@@ -196,7 +210,7 @@ class _Informer:
                     break
         finally:
             self.watcher = None
-        return rv
+        return rv, events
 
 
 @contextmanager
