@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import random
 import threading
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
@@ -265,3 +266,46 @@ def test_the_plans_idle_proposal_keeps_a_seen_pod_off_shared_gpus(shared_and_idl
     assert proposal(url, "ml/x") == "g1"  # the plan put it on the idle GPU
     body = call(url, "filter", args(cluster.state.pod("uid-x"), ["g0", "g1"])).json()
     assert body["NodeNames"] == ["g1"] and "idle GPU" in body["FailedNodes"]["g0"]
+
+
+def test_a_bind_to_a_node_the_watch_shows_deleted_writes_nothing():
+    """The node left the cluster (the watch shows it deleted) after the epoch that
+    published the view: bind refuses it, naming the node, and writes nothing (before,
+    it booked the pod on the published view and the API server took the Binding, so
+    the pod sat bound to a node that no longer exists until the pod GC deleted it).
+    The booking holds no GPU: a bind to the node that is left goes through."""
+    from kubernetes import client
+
+    from elastico_extender.cluster.fake_apiserver import FakeApiServer
+    from elastico_extender.cluster.kube import KubeCluster
+    from elastico_extender.service.engine import Engine
+    from elastico_extender.service.settings import ServiceSettings
+
+    api = FakeApiServer().start()
+    api.put("nodes", gpu_node("g0"))
+    api.put("nodes", gpu_node("g1"))
+    api.put("pods", elastic_pod("p"))
+    plain = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "plain", "namespace": "ml"},
+             "spec": {"containers": [{"name": "main", "image": "img"}]}}  # fmt: skip
+    api.put("pods", plain)
+    kube = KubeCluster(client.ApiClient(client.Configuration(host=api.url)), resync_seconds=300)
+    kube.start()
+    try:
+        assert kube.wait_synced(15)
+        engine = Engine(ServiceSettings(epoch_seconds=3600), kube)
+        engine.run_epoch()  # no loop thread: the view stays the one with g0
+        api.delete("nodes", "g0")
+        deadline = time.monotonic() + 15
+        while kube.state.node("g0") is not None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert kube.state.node("g0") is None
+        error = engine.bind("ml", "p", "uid-p", "g0")
+        assert "g0" in error and "not in its cluster view" in error, error
+        # a pod ElastiCo only binds (no opt-in) is refused the same way
+        assert "g0" in engine.bind("ml", "plain", "uid-plain", "g0")
+        assert api.bindings == [] and api.configmaps == {}
+        assert engine.bind("ml", "p", "uid-p", "g1") == ""
+        assert [b["target"]["name"] for b in api.bindings] == ["g1"]
+    finally:
+        kube.stop()
+        api.stop()

@@ -360,6 +360,16 @@ class Verbs:
                 return ""  # a retry of a bind that went through: idempotent
             self.metrics.bind("rejected")
             return f"elastico: pod {key} is already bound to {bound_to}; not binding it to {node}"
+        if self.cluster.state.node(node) is None:
+            # Left the cluster since the view was published (or never in it): a Binding
+            # to it would be accepted and leave the pod on no node until the pod GC.
+            message = (
+                f"elastico: node {node} is not in its cluster view (deleted, or not yet "
+                f"seen); not binding {key} to it, the scheduler will retry"
+            )
+            self.metrics.bind("rejected")
+            self.actuator.refused(namespace, name, uid, node, message)
+            return message
         try:
             pj = self.pod_jobs.get(pod)
         except (AnnotationError, ValueError) as exc:
