@@ -292,3 +292,35 @@ def test_evict_goes_through_the_eviction_api_and_reports_a_budget_refusal(server
         cluster.evict("ml", "c", c["metadata"]["uid"])
     assert "c" in names(cluster)
     assert "POST /api/v1/namespaces/ml/pods/b/eviction" in server.requests
+
+
+def test_a_reconfiguration_never_lands_on_a_same_named_successor(server, cluster):
+    """The pod was deleted and recreated under its name (a StatefulSet's pod) after the
+    epoch read it: the reconfiguration, meant for the old pod's UID, must not write the
+    old pod's decision (its node, devices, budget) onto the successor, which may already
+    run on other devices.  Before, the merge patch went by name and did; now it carries
+    the UID as a precondition and the API server refuses it (a ClusterError with the
+    4xx), as it refuses the Binding and the Eviction of another UID."""
+    from elastico_extender.cluster.base import ClusterError
+
+    old = cluster.state.pod_by_name("ml", "a") or {}
+    old_uid = old["metadata"]["uid"]
+    server.delete("pods", "ml/a")
+    successor = pod("a", node_name="gpu-1")
+    successor["metadata"]["uid"] = "uid-a-successor"
+    successor["metadata"]["annotations"] = {"elastico.io/assigned-devices": "0"}
+    server.put("pods", successor)
+    request = BindRequest("ml", "a", old_uid, "gpu-0", {"elastico.io/assigned-devices": "3"},
+                          "elastico-a", {"CUDA_VISIBLE_DEVICES": "3"})  # fmt: skip
+    with pytest.raises(ClusterError) as refused:
+        cluster.reconfigure(request)
+    assert refused.value.status is not None and 400 <= refused.value.status < 500
+    stored = server.objects["pods"]["ml/a"]
+    assert stored["metadata"]["uid"] == "uid-a-successor"
+    assert stored["metadata"]["annotations"] == {"elastico.io/assigned-devices": "0"}
+    # the pod itself, the UID unchanged, is reconfigured as before
+    current = dict(request.__dict__, uid="uid-a-successor")
+    cluster.reconfigure(BindRequest(**current))
+    assert server.objects["pods"]["ml/a"]["metadata"]["annotations"] == {
+        "elastico.io/assigned-devices": "3"
+    }

@@ -135,3 +135,21 @@ def test_an_embedded_file_of_more_nodes_than_the_extender_takes_is_refused(
         load_objects(path)
     path.write_text(json.dumps({"kind": "List", "items": items[:MAX_NODES]}))
     assert len(load_objects(path)) == MAX_NODES
+
+
+def test_a_reconfiguration_for_another_uid_leaves_the_same_named_pod_alone() -> None:
+    """As on a real API server (the patch carries the UID): the embedded cluster refuses
+    a reconfiguration whose UID is not the pod's, a successor of the same name."""
+    from elastico_extender.cluster.base import BindRequest, ClusterError
+
+    cluster = EmbeddedCluster([gpu_node("g0")], "test")
+    pod = elastic_pod("p")
+    pod["spec"]["nodeName"] = "g0"
+    cluster.add_pod(pod)
+    request = BindRequest("ml", "p", "uid-of-the-deleted-p", "g0",
+                          {"elastico.io/assigned-devices": "0"})  # fmt: skip
+    with pytest.raises(ClusterError) as refused:
+        cluster.reconfigure(request)
+    assert "uid-of-the-deleted-p" in str(refused.value)
+    annotations = (cluster.state.pod("uid-p") or {})["metadata"]["annotations"]
+    assert "elastico.io/assigned-devices" not in annotations

@@ -245,6 +245,12 @@ class EmbeddedCluster:
             pod = self.state.pod_by_name(request.namespace, request.name)
             if pod is None:
                 raise ClusterError(f"pod {request.namespace}/{request.name} not found")
+            uid = str(pod["metadata"].get("uid"))
+            if request.uid and uid != request.uid:  # a same-named successor
+                raise ClusterError(
+                    f"pod {request.namespace}/{request.name} has UID {uid}, not {request.uid}",
+                    422,
+                )
             if (pod.get("spec") or {}).get("nodeName") != request.node:
                 raise ClusterError(
                     f"pod {request.namespace}/{request.name} is not bound to {request.node}"

@@ -12,7 +12,7 @@ It serves, over real HTTP/1.1 on 127.0.0.1:
 * ``POST .../pods/{name}/binding`` (the Binding's ``metadata.annotations`` are
   copied onto the pod with its node, as kube-apiserver's binding registry does;
   409 when already bound), ``PATCH .../pods/{name}`` (merge patch of its labels and
-  annotations),
+  annotations; 422 for a ``metadata.uid`` other than the pod's, which is immutable),
   ``POST``/``PUT``/``GET``/``DELETE .../configmaps``: the writes bind performs and the learned-state
   checkpoint (each write assigns a ``resourceVersion``; a ``PUT`` carrying a stale one
   gets ``409 Conflict``, to a missing object ``404``);
@@ -516,6 +516,14 @@ class FakeApiServer:
                 return
             if method == "PATCH":  # merge patch of labels and annotations (null: removed)
                 patch = body.get("metadata") or {}
+                uid = current["metadata"].get("uid")
+                if patch.get("uid") not in (None, uid):
+                    # as kube-apiserver: a patch may not change the UID (immutable), so
+                    # one carrying another pod's UID changes nothing
+                    self._send_json(handler, 422, _status(422, "Invalid", (
+                        f'Pod "{name}" is invalid: metadata.uid: Invalid value: '
+                        f'"{patch["uid"]}": field is immutable')))  # fmt: skip
+                    return
                 for field in ("annotations", "labels"):
                     if isinstance(patch.get(field), dict):
                         merged = merge_patch(updated["metadata"].get(field) or {}, patch[field])

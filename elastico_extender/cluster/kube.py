@@ -360,15 +360,22 @@ class KubeCluster:
             )
 
     def _write_decision(self, request: BindRequest) -> None:
-        """ConfigMap first (the webhook's env refers to it), then the pod's annotations."""
+        """ConfigMap first (the webhook's env refers to it), then the pod's annotations,
+        only on the pod with ``request.uid``."""
         self._write_configmap(request)
         if request.annotations:
             self.may_write("reconfigure")
+            meta: dict[str, Any] = {"annotations": request.annotations}
+            if request.uid:
+                # A precondition, as the garbage collector's patches carry it: the UID is
+                # immutable, so a same-named successor (a StatefulSet pod recreated since
+                # the view was read) refuses the patch instead of taking our decision.
+                meta["uid"] = request.uid
             with _as_cluster_error():
                 self.api.patch_namespaced_pod(
                     request.name,
                     request.namespace,
-                    {"metadata": {"annotations": request.annotations}},
+                    {"metadata": meta},
                     _preload_content=False,
                     _request_timeout=WRITE_TIMEOUT_SECONDS,
                 )
