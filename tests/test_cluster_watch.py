@@ -324,3 +324,25 @@ def test_a_reconfiguration_never_lands_on_a_same_named_successor(server, cluster
     assert server.objects["pods"]["ml/a"]["metadata"]["annotations"] == {
         "elastico.io/assigned-devices": "3"
     }
+
+
+def test_a_binding_for_a_deleted_pods_uid_leaves_its_same_named_successor_unbound(server, cluster):
+    """The Binding names the UID the extender decided for; kube-apiserver checks it as a
+    precondition (409 Conflict), so a successor of the same name created since is neither
+    bound nor given the old pod's decision.  (Before, the fake API server ignored the
+    Binding's UID, so no test could see a bind reach the wrong pod.)"""
+    from elastico_extender.cluster.base import ClusterError
+
+    old_uid = (cluster.state.pod_by_name("ml", "a") or {})["metadata"]["uid"]
+    server.delete("pods", "ml/a")
+    successor = pod("a")
+    successor["metadata"]["uid"] = "uid-a-successor"
+    server.put("pods", successor)
+    request = BindRequest("ml", "a", old_uid, "gpu-0", {"elastico.io/assigned-devices": "1"})
+    with pytest.raises(ClusterError) as refused:
+        cluster.bind(request)
+    assert refused.value.status == 409
+    assert "Precondition failed" in str(refused.value)
+    stored = server.objects["pods"]["ml/a"]
+    assert not stored["spec"].get("nodeName") and not stored["metadata"].get("annotations")
+    assert server.bindings == []

@@ -11,8 +11,9 @@ It serves, over real HTTP/1.1 on 127.0.0.1:
   ``ERROR`` event carrying a ``410 Expired`` Status, as etcd compaction causes;
 * ``POST .../pods/{name}/binding`` (the Binding's ``metadata.annotations`` are
   copied onto the pod with its node, as kube-apiserver's binding registry does;
-  409 when already bound), ``PATCH .../pods/{name}`` (merge patch of its labels and
-  annotations; 422 for a ``metadata.uid`` other than the pod's, which is immutable),
+  409 when already bound, or when its ``metadata.uid`` is not the pod's),
+  ``PATCH .../pods/{name}`` (merge patch of its labels and annotations; 422 for a
+  ``metadata.uid`` other than the pod's, which is immutable),
   ``POST``/``PUT``/``GET``/``DELETE .../configmaps``: the writes bind performs and the learned-state
   checkpoint (each write assigns a ``resourceVersion``; a ``PUT`` carrying a stale one
   gets ``409 Conflict``, to a missing object ``404``);
@@ -496,6 +497,14 @@ class FakeApiServer:
                 self._send_json(handler, 201, {"kind": "Status", "status": "Success", "code": 201})
                 return
             if binding and method == "POST":
+                wanted = (body.get("metadata") or {}).get("uid")
+                uid = current["metadata"].get("uid")
+                if wanted and wanted != uid:  # kube-apiserver's UID precondition
+                    self._send_json(handler, 409, _status(409, "Conflict", (
+                        f'Operation cannot be fulfilled on pods/binding "{name}": '
+                        f"Precondition failed: UID in precondition: {wanted}, "
+                        f"UID in object meta: {uid}")))  # fmt: skip
+                    return
                 if updated["spec"].get("nodeName"):
                     assigned = updated["spec"]["nodeName"]
                     self._send_json(handler, 409, {"kind": "Status", "code": 409,

@@ -213,18 +213,40 @@ class _Informer:
         return rv, events
 
 
+STATUS_MESSAGE_CHARS = 300
+"""Most of an API server's Status message kept in a ClusterError (the reply to a verb)."""
+
+
+def _status_message(body: Any) -> str:
+    """The ``message`` of the Status an API server answered (why a write was refused:
+    "already assigned to node ...", "Precondition failed: UID ..."), cut to
+    :data:`STATUS_MESSAGE_CHARS`; '' when the body is no Status."""
+    try:
+        doc = json.loads(body) if isinstance(body, (str, bytes)) else None
+    except ValueError:
+        return ""
+    said = doc.get("message") if isinstance(doc, dict) else None
+    if not isinstance(said, str):
+        return ""
+    said = " ".join(said.split())
+    return said if len(said) <= STATUS_MESSAGE_CHARS else said[: STATUS_MESSAGE_CHARS - 3] + "..."
+
+
 @contextmanager
 def _as_cluster_error(known: Mapping[int, str] | None = None) -> Iterator[None]:
     """Any failure of the API writes inside as :class:`ClusterError`: the message
     ``known`` gives for the status, else the status and reason the API server
-    answered, or why it could not be reached."""
+    answered with its Status message, or why it could not be reached."""
     try:
         yield
     except ApiException as exc:
         message = (known or {}).get(exc.status)
-        raise ClusterError(
-            message or f"API server answered {exc.status}: {exc.reason}", status=exc.status
-        ) from exc
+        if message is None:
+            message = f"API server answered {exc.status}: {exc.reason}"
+            said = _status_message(exc.body)
+            if said:
+                message += f" ({said})"
+        raise ClusterError(message, status=exc.status) from exc
     except Exception as exc:  # urllib3 connection errors and the like: outcome unknown
         raise ClusterError(f"API server unreachable: {exc}") from exc
 
