@@ -279,3 +279,82 @@ def test_the_replacement_keeps_its_place_when_every_replica_restarts(tmp_path: P
     finally:
         z.server.stop()
         api.stop()
+
+
+def cordoned(node: dict) -> dict:
+    """``node`` after ``kubectl cordon``: spec.unschedulable, and the taint the node
+    lifecycle controller adds for it."""
+    node["spec"] = {"unschedulable": True, "taints": [
+        {"key": "node.kubernetes.io/unschedulable", "effect": "NoSchedule"}]}  # fmt: skip
+    return node
+
+
+@pytest.mark.parametrize("closed", ["cordoned", "tainted"])
+def test_no_pod_is_evicted_to_move_it_onto_a_node_it_cannot_be_scheduled_to(
+    tmp_path: Path, closed: str
+) -> None:
+    """a and b share g0's one GPU; g1's GPU is idle, but g1 is cordoned (or tainted
+    NoSchedule with a taint the pods do not tolerate): kube-scheduler would never place a
+    replacement there, so evicting a pod to move it there only restarts it.  Before, the
+    plan's move was carried out all the same; now it is only logged, and carried out once
+    the node takes pods again."""
+    api = FakeApiServer().start()
+    api.put("nodes", gpu_node("g0", 1))
+    g1 = gpu_node("g1", 1)
+    if closed == "cordoned":
+        api.put("nodes", cordoned(g1))
+    else:
+        g1["spec"] = {"taints": [{"key": "maintenance", "value": "bios", "effect": "NoSchedule"}]}
+        api.put("nodes", g1)
+    now = time.time()
+    for name in ("a", "b"):
+        api.put("pods", started_pod(name, created=now - 3 * HOUR, started=now - 2 * HOUR))
+    server, kube, service = start_service(api, observation_store=str(tmp_path / "loop.db"))
+    try:
+        assert wait_for(lambda: len(kube.state.pods()) == 2)
+        for _ in range(3):
+            service.epoch()
+        assert api.evictions == []
+        api.put("nodes", gpu_node("g1", 1))  # uncordoned: the move is made
+        assert wait_for(lambda: not (kube.state.node("g1") or {}).get("spec"))
+        for _ in range(3):
+            service.epoch()
+            if api.evictions:
+                break
+        assert len(api.evictions) == 1
+    finally:
+        server.stop()
+        api.stop()
+
+
+def test_closed_to_follows_kube_schedulers_taint_and_toleration_rules() -> None:
+    """Tolerations as v1.Toleration.ToleratesTaint matches them: Exists on the key (any
+    value), Equal on key and value, an empty effect for every effect, an empty key with
+    Exists for every taint; PreferNoSchedule keeps nobody out."""
+    from elastico_extender.cluster.objects import closed_to
+
+    node = gpu_node("g1", 1)
+    node["spec"] = {"taints": [{"key": "maintenance", "value": "bios", "effect": "NoExecute"}]}
+    pod = started_pod("a", created=0.0, started=0.0)
+    assert closed_to(node, pod) == (
+        "node g1 has the taint maintenance=bios:NoExecute, not tolerated by the pod"
+    )
+    for tolerations, tolerated in (
+        ([{"key": "maintenance", "operator": "Exists"}], True),
+        ([{"key": "maintenance", "value": "bios", "effect": "NoExecute"}], True),
+        ([{"key": "maintenance", "operator": "Equal", "value": "bios"}], True),
+        ([{"operator": "Exists"}], True),
+        ([{"key": "maintenance", "value": "disk"}], False),
+        ([{"key": "maintenance", "operator": "Exists", "effect": "NoSchedule"}], False),
+        ([{"key": "other", "operator": "Exists"}], False),
+    ):
+        pod["spec"]["tolerations"] = tolerations
+        assert (closed_to(node, pod) == "") is tolerated, tolerations
+    node["spec"] = {"taints": [{"key": "soft", "effect": "PreferNoSchedule"}]}
+    pod["spec"]["tolerations"] = []
+    assert closed_to(node, pod) == ""
+    node = cordoned(gpu_node("g1", 1))
+    assert closed_to(node, pod) == "node g1 is cordoned (spec.unschedulable)"
+    pod["spec"]["tolerations"] = [{"key": "node.kubernetes.io/unschedulable",
+                                   "operator": "Exists", "effect": "NoSchedule"}]  # fmt: skip
+    assert closed_to(node, pod) == ""

@@ -38,6 +38,7 @@ __all__ = [
     "MAX_GPUS_PER_NODE",
     "PodFieldError",
     "check_pod",
+    "closed_to",
     "node_from_json",
     "pod_gpu_request",
     "pod_is_active",
@@ -364,3 +365,47 @@ def pod_key(obj: Mapping[str, Any]) -> str:
     """``namespace/name`` of a pod object."""
     meta = obj.get("metadata") or {}
     return f"{meta.get('namespace') or 'default'}/{meta.get('name', '')}"
+
+
+UNSCHEDULABLE_TAINT = "node.kubernetes.io/unschedulable"
+"""The taint the node lifecycle controller puts on a cordoned node (tolerated by
+DaemonSet pods; kube-scheduler's NodeUnschedulable filter honours its toleration)."""
+_KEEPS_OUT = ("NoSchedule", "NoExecute")
+
+
+def _tolerates(tolerations: Any, key: str, value: str, effect: str) -> bool:
+    """Whether any toleration matches the taint, as v1.Toleration.ToleratesTaint:
+    same effect unless empty, same key unless empty, and Exists or an equal value."""
+    for t in tolerations if isinstance(tolerations, list) else ():
+        if not isinstance(t, Mapping):
+            continue
+        if t.get("effect") and t.get("effect") != effect:
+            continue
+        if t.get("key") and t.get("key") != key:
+            continue
+        operator = t.get("operator") or "Equal"
+        if operator == "Exists" or (operator == "Equal" and (t.get("value") or "") == value):
+            return True
+    return False
+
+
+def closed_to(node: Mapping[str, Any], pod: Mapping[str, Any]) -> str:
+    """Why kube-scheduler would not place ``pod`` (or its replacement, from the same
+    template) on ``node``: cordoned, or a NoSchedule/NoExecute taint it does not
+    tolerate; '' when neither.  The plan does not know either, so the actuator must not
+    evict a pod to move it there."""
+    name = _get(node, "metadata", "name")
+    tolerations = _get(pod, "spec", "tolerations")
+    if _get(node, "spec", "unschedulable") is True and not _tolerates(
+        tolerations, UNSCHEDULABLE_TAINT, "", "NoSchedule"
+    ):
+        return f"node {name} is cordoned (spec.unschedulable)"
+    taints = _get(node, "spec", "taints")
+    for taint in taints if isinstance(taints, list) else ():
+        if not isinstance(taint, Mapping) or taint.get("effect") not in _KEEPS_OUT:
+            continue
+        key, value = str(taint.get("key") or ""), str(taint.get("value") or "")
+        if not _tolerates(tolerations, key, value, str(taint["effect"])):
+            shown = f"{key}={value}" if value else key
+            return f"node {name} has the taint {shown}:{taint['effect']}, not tolerated by the pod"
+    return ""

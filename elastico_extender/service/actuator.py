@@ -43,6 +43,7 @@ from elastico_extender.annotations import (
     read_decision,
 )
 from elastico_extender.cluster.base import BindRequest, Cluster, ClusterError
+from elastico_extender.cluster.objects import closed_to
 from elastico_extender.core.handoff import framework_settings
 from elastico_extender.core.model import Action, DeviceRef, Node, Plan
 from elastico_extender.core.planner import NodeVerdict
@@ -273,19 +274,30 @@ class Actuator:
         if not self.is_leader():
             return chosen
         # Requeued running pods first (the closed loop undoing observed harm), then moves.
-        wanted = [j for j in plan.preempted if j not in skip]
-        wanted += [
-            a.job_id for a in plan.changed() if a.action is Action.MIGRATE and a.job_id not in skip
+        wanted: list[tuple[str, tuple[DeviceRef, ...]]] = [
+            (j, ()) for j in plan.preempted if j not in skip
         ]
-        for job_id in wanted:
+        wanted += [
+            (a.job_id, a.devices)
+            for a in plan.changed()
+            if a.action is Action.MIGRATE and a.job_id not in skip
+        ]
+        for job_id, to in wanted:
             if len(chosen) >= self.settings.max_migrations_per_epoch:
                 break
-            if not self._why_not(job_id, pods.get(job_id), self.cluster.state.pod(job_id)):
+            if not self._why_not(job_id, pods.get(job_id), self.cluster.state.pod(job_id), to):
                 chosen.add(job_id)
         return chosen
 
-    def _why_not(self, job_id: str, pj: PodJob | None, pod: Mapping[str, Any] | None) -> str:
-        """Why the pod of job ``job_id`` may not be moved or requeued ('' when it may)."""
+    def _why_not(
+        self,
+        job_id: str,
+        pj: PodJob | None,
+        pod: Mapping[str, Any] | None,
+        to: tuple[DeviceRef, ...] = (),
+    ) -> str:
+        """Why the pod of job ``job_id`` may not be moved (to ``to``) or requeued ('' when
+        it may)."""
         if pj is None or pod is None:
             return "pod no longer known"
         why = unmovable(pod, pj.intent)  # the planner's Job.preemptible, by the same rule
@@ -293,6 +305,10 @@ class Actuator:
             return why
         if job_id in self._evicted:
             return "eviction already requested"
+        target = self.cluster.state.node(to[0][0]) if to else None
+        if target is not None:
+            # The plan knows no cordon or taint: a replacement would never be placed there.
+            return closed_to(target, pod)
         return ""
 
     def _reconfigure(
@@ -364,7 +380,7 @@ class Actuator:
         PodDisruptionBudgets and the pod's graceful termination, in which
         ``elastico-run`` forwards SIGTERM so the workload can checkpoint."""
         pod = self.cluster.state.pod(job_id)
-        why = "not the leader" if not self.is_leader() else self._why_not(job_id, pj, pod)
+        why = "not the leader" if not self.is_leader() else self._why_not(job_id, pj, pod, to)
         if not why and done >= self.settings.max_migrations_per_epoch:
             why = "max_migrations_per_epoch reached"
         if why:
