@@ -201,3 +201,53 @@ def test_a_running_pod_carries_its_start_time_for_attained_service():
     assert abs(snapshot.now - time.time()) < 60
     key, _ = service_keys(snapshot)  # one GPU since then: attained GPU-seconds
     assert key[0] == pytest.approx(snapshot.now - 1767225600.0)
+
+
+def test_a_terminating_pod_holds_its_gpu_until_it_is_gone():
+    """A bound pod being deleted (``deletionTimestamp`` set: graceful termination, in
+    which elastico-run forwards SIGTERM so the workload can checkpoint) still runs on
+    its GPU, as kube-scheduler's cache counts it until the pod is removed.  Before, the
+    snapshot dropped it at once, so its GPU looked free and filter offered it to a pod
+    that cannot share it.  Now it is counted where it runs, held in its configuration
+    and never moved, until the watch shows it deleted.  Through the service, with the
+    real client and the fake API server."""
+    import httpx
+    from test_service_events import pending_pod
+    from test_service_observations import gpu_node as node_of
+    from test_service_observations import running_pod, start_service, wait_for
+
+    from elastico_extender.cluster.fake_apiserver import FakeApiServer, evicting
+
+    api = FakeApiServer().start()
+    api.put("nodes", node_of("g0", 1, memory_mib=40960))  # two berts never share 40 GiB
+    api.put("pods", running_pod("a", "g0", 0))
+    api.put("pods", pending_pod("b"))
+    server, kube, service = start_service(api)
+
+    def passed() -> list[str]:
+        body = {"Pod": api.objects["pods"]["ml/b"], "NodeNames": ["g0"]}
+        reply = httpx.post(f"{service.url}/scheduler/filter", json=body, timeout=30)
+        assert reply.status_code == 200, reply.text
+        return reply.json()["NodeNames"]
+
+    try:
+        assert wait_for(lambda: len(kube.state.pods()) == 2)
+        service.epoch()
+        assert passed() == []
+        api.put("pods", evicting(api.objects["pods"]["ml/a"]))  # deleted, still running
+        assert wait_for(
+            lambda: (kube.state.pod("uid-a") or {})["metadata"].get("deletionTimestamp")
+        )
+        for _ in range(2):  # the second epoch reads the same pod object again
+            service.epoch()
+            assert passed() == []
+            job = {j.id: j for j in service.engine.published.snapshot.jobs}["uid-a"]
+            assert job.devices == (("g0", 0),) and not job.preemptible
+            assert job.allowed == (job.current_config,)
+        api.delete("pods", "ml/a")
+        assert wait_for(lambda: kube.state.pod("uid-a") is None)
+        service.epoch()
+        assert passed() == ["g0"]
+    finally:
+        server.stop()
+        api.stop()

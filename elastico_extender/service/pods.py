@@ -121,7 +121,11 @@ def unmovable(pod: Mapping[str, Any], intent: PodIntent | None) -> str:
 
     The one rule for both sides: the actuator evicts only such pods, and the planner
     is told (``Job.preemptible``) so it does not count on devices that would not free.
-    An eviction needs the pod's opt-in, and a controller to create the replacement."""
+    An eviction needs the pod's opt-in, and a controller to create the replacement, and
+    none is asked of a pod being deleted already."""
+    meta = pod.get("metadata")
+    if isinstance(meta, Mapping) and meta.get("deletionTimestamp"):
+        return "pod is being deleted (graceful termination)"
     if intent is None or not intent.migration_allowed:
         return "pod does not allow migration (elastico.io/migration: allowed)"
     if controller_of(pod) is None:

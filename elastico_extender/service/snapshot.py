@@ -191,6 +191,7 @@ class SnapshotBuilder:
         deferred: list[tuple[PodJob, str, int]] = []
         confirmed: set[str] = set()
         in_snapshot: set[str] = set()
+        terminating: set[str] = set()
         invalid: dict[str, str] = {}
         bound: dict[str, tuple[dict[str, Any], PodJob, Node, Job]] = {}
         wanted = self.scheduler_name
@@ -214,9 +215,13 @@ class SnapshotBuilder:
             if not pod_is_active(pod):
                 self._finished(uid, pod)
                 continue
-            if (pod.get("metadata") or {}).get("deletionTimestamp"):
-                continue
             node_name = (pod.get("spec") or {}).get("nodeName")
+            if (pod.get("metadata") or {}).get("deletionTimestamp"):
+                if not node_name:
+                    continue  # a pending pod being deleted: nothing to plan
+                # Terminating, still running (a checkpoint on SIGTERM): its GPU is not free
+                # until the pod is gone, as kube-scheduler's cache counts it.
+                terminating.add(uid)
             try:
                 pj = self.pod_jobs.get(pod)
             except AnnotationError as exc:
@@ -243,7 +248,8 @@ class SnapshotBuilder:
                     and all(d in indices for d in decision.devices)
                 ):
                     running = running_job(job, node_name, decision.devices, config)
-                    if uid not in invalid:  # an invalid pod is reported again every epoch
+                    # an invalid pod is reported again every epoch, a terminating one held
+                    if uid not in invalid and uid not in terminating:
                         bound[uid] = (pod, pj, node, running)
                     jobs.append(running)
                     meta[uid] = pj
@@ -287,6 +293,8 @@ class SnapshotBuilder:
                 taken.update(devices)
                 jobs.append(running_job(pj.job, node_name, devices, config))
                 meta[pj.job.id] = pj
+        if terminating:
+            jobs = [staying(j) if j.id in terminating else j for j in jobs]
         self._bound = bound
         if self.succession is not None:
             jobs = self.succession.continued(jobs, pods, self.wall_clock())
@@ -374,6 +382,14 @@ def running_job(job: Job, node: str, devices: tuple[int, ...], config: int) -> J
     if allowed is not None and config not in allowed:
         allowed = (*allowed, config)
     return dataclasses.replace(job, devices=refs, current_config=config, allowed=allowed)
+
+
+def staying(job: Job) -> Job:
+    """A terminating pod's job: where and as it runs until it is gone (never reshaped,
+    moved or requeued: its workload may be checkpointing on SIGTERM)."""
+    config = job.current_config
+    allowed = (config,) if config is not None else job.allowed
+    return dataclasses.replace(job, allowed=allowed, preemptible=False)
 
 
 def booked_job(job: Job, verdict: NodeVerdict) -> Job:
