@@ -251,3 +251,47 @@ def test_a_terminating_pod_holds_its_gpu_until_it_is_gone():
     finally:
         server.stop()
         api.stop()
+
+
+def test_a_pod_whose_decision_annotations_were_removed_keeps_the_devices_it_ran_on():
+    """A user strips the decision annotations off a running pod (``kubectl annotate
+    ... elastico.io/assigned-devices-``).  Its container still runs on the GPU bind chose
+    (the environment came from its ConfigMap), so the extender keeps counting it on the
+    devices it last counted it on.  Before, it was counted on the lowest free device
+    instead, so the GPU it really uses looked idle and the plan put a pod that cannot
+    share it there."""
+    from test_service_events import pending_pod
+    from test_service_observations import gpu_node as node_of
+    from test_service_observations import running_pod, start_service, wait_for
+
+    from elastico_extender.cluster.fake_apiserver import FakeApiServer
+
+    api = FakeApiServer().start()
+    api.put("nodes", node_of("g0", 2, memory_mib=40960))  # two berts never share 40 GiB
+    api.put("pods", running_pod("a", "g0", 1))
+    server, kube, service = start_service(api)
+    try:
+        assert wait_for(lambda: len(kube.state.pods()) == 1)
+        service.epoch()
+        stripped = api.objects["pods"]["ml/a"]
+        for key in ("assigned-node", "assigned-devices", "assigned-configuration"):
+            del stripped["metadata"]["annotations"][f"elastico.io/{key}"]
+        api.put("pods", stripped)
+        assert wait_for(
+            lambda: (
+                "elastico.io/assigned-devices"
+                not in (kube.state.pod("uid-a") or {})["metadata"]["annotations"]
+            )
+        )
+        for _ in range(2):
+            service.epoch()
+            job = {j.id: j for j in service.engine.published.snapshot.jobs}["uid-a"]
+            assert job.devices == (("g0", 1),)
+        api.put("pods", pending_pod("b"))
+        assert wait_for(lambda: kube.state.pod("uid-b") is not None)
+        service.epoch()
+        plan = service.engine.published.plan
+        assert plan.assignments["uid-b"].devices == (("g0", 0),)  # not onto a's GPU
+    finally:
+        server.stop()
+        api.stop()

@@ -116,6 +116,10 @@ class SnapshotBuilder:
         # Bound pods' running records from the last snapshot, by pod uid, with what
         # they were built from: (Pod object, PodJob, Node, running Job).
         self._bound: dict[str, tuple[dict[str, Any], PodJob, Node, Job]] = {}
+        # Where each bound pod's decision annotations last placed it, by pod uid: (node,
+        # devices, configuration row); one whose annotations went is counted there still.
+        # Rebuilt every snapshot from the pods it holds, so bounded by them.
+        self._decided: dict[str, tuple[str, tuple[int, ...], int]] = {}
         # Families whose profile changed since the last build: their bound pods' records
         # are built again (they hold the old family).  Taken at the start of a build, so
         # a change that lands during one is seen by the next.
@@ -189,6 +193,8 @@ class SnapshotBuilder:
         jobs: list[Job] = []
         meta: dict[str, PodJob] = {}
         deferred: list[tuple[PodJob, str, int]] = []
+        # uid -> (node, devices, configuration) of each pod's decision, for the next build
+        decided: dict[str, tuple[str, tuple[int, ...], int]] = {}
         confirmed: set[str] = set()
         in_snapshot: set[str] = set()
         terminating: set[str] = set()
@@ -209,6 +215,7 @@ class SnapshotBuilder:
                 and hit[1].family.workload not in stale
             ):
                 bound[uid] = hit
+                decided[uid] = decided_of(hit[3])
                 jobs.append(hit[3])
                 meta[uid] = hit[1]
                 continue
@@ -248,6 +255,7 @@ class SnapshotBuilder:
                     and all(d in indices for d in decision.devices)
                 ):
                     running = running_job(job, node_name, decision.devices, config)
+                    decided[uid] = (node_name, decision.devices, config)
                     # an invalid pod is reported again every epoch, a terminating one held
                     if uid not in invalid and uid not in terminating:
                         bound[uid] = (pod, pj, node, running)
@@ -282,17 +290,25 @@ class SnapshotBuilder:
             for placed in jobs:
                 for ref_node, device in placed.devices:
                     used.setdefault(ref_node, set()).add(device)
-            for pj, node_name, config in deferred:  # bound elsewhere: lowest free devices
+            for pj, node_name, config in deferred:
                 node = by_name[node_name]
                 taken = used.setdefault(node_name, set())
-                free = [g.index for g in node.gpus if g.index not in taken]
-                pool = free + [g.index for g in node.gpus if g.index in taken]
-                devices = tuple(pool[: pj.job.gpus])
-                if len(devices) < pj.job.gpus:
-                    continue
+                last = last_decided(self._decided.get(pj.job.id), node, pj.job.gpus)
+                if last is not None:
+                    # Its decision annotations went (a user removed them): the container
+                    # still runs where bind put it, so where its decision last said.
+                    devices, config = last
+                    decided[pj.job.id] = (node_name, devices, config)
+                else:  # bound elsewhere (or before this process): lowest free devices
+                    free = [g.index for g in node.gpus if g.index not in taken]
+                    pool = free + [g.index for g in node.gpus if g.index in taken]
+                    devices = tuple(pool[: pj.job.gpus])
+                    if len(devices) < pj.job.gpus:
+                        continue
                 taken.update(devices)
                 jobs.append(running_job(pj.job, node_name, devices, config))
                 meta[pj.job.id] = pj
+        self._decided = decided
         if terminating:
             jobs = [staying(j) if j.id in terminating else j for j in jobs]
         self._bound = bound
@@ -382,6 +398,23 @@ def running_job(job: Job, node: str, devices: tuple[int, ...], config: int) -> J
     if allowed is not None and config not in allowed:
         allowed = (*allowed, config)
     return dataclasses.replace(job, devices=refs, current_config=config, allowed=allowed)
+
+
+def decided_of(job: Job) -> tuple[str, tuple[int, ...], int]:
+    """(node, devices, configuration) of a running job counted by its decision."""
+    config = job.current_config
+    return job.devices[0][0], tuple(d for _, d in job.devices), -1 if config is None else config
+
+
+def last_decided(
+    last: tuple[str, tuple[int, ...], int] | None, node: Node, gpus: int
+) -> tuple[tuple[int, ...], int] | None:
+    """The devices and configuration a pod's decision last named, if on ``node``, with
+    ``gpus`` devices that it still has; else None."""
+    if last is None or last[0] != node.name or len(last[1]) != gpus or last[2] < 0:
+        return None
+    indices = {g.index for g in node.gpus}
+    return (last[1], last[2]) if all(d in indices for d in last[1]) else None
 
 
 def staying(job: Job) -> Job:
