@@ -75,3 +75,33 @@ def test_the_loop_replans_soon_after_a_node_is_added():
         assert engine.published.plan.epoch == epoch  # a heartbeat is no reason to replan
     finally:
         engine.stop()
+
+
+def test_a_bind_on_a_view_planned_before_the_sync_replans_first():
+    """The extender restarted between kube-scheduler's filter and its bind: the bind
+    reaches a process whose cluster view has synced but whose published plan was made
+    before (on an empty view).  Filter replans first in that case; bind did not, and
+    refused a node it could take ("no GPU inventory known to ElastiCo") with a Refused
+    Event.  Now it replans first too and binds.  The real client and the fake API
+    server; the engine without its loop thread, so no epoch comes in between."""
+    from kubernetes import client
+
+    from elastico_extender.cluster.fake_apiserver import FakeApiServer
+    from elastico_extender.cluster.kube import KubeCluster
+
+    api = FakeApiServer().start()
+    api.put("nodes", gpu_node("g0"))
+    api.put("pods", elastic_pod("p"))
+    kube = KubeCluster(client.ApiClient(client.Configuration(host=api.url)))
+    engine = Engine(ServiceSettings(epoch_seconds=3600), kube)
+    try:
+        engine.run_epoch()  # the plan made at start, before the view synced
+        kube.start()
+        assert kube.wait_synced(15)
+        assert not engine.bookings.published.synced
+        assert engine.bind("ml", "p", "uid-p", "g0") == ""
+        assert [b["target"]["name"] for b in api.bindings] == ["g0"]
+        assert engine.published.synced
+    finally:
+        kube.stop()
+        api.stop()

@@ -377,6 +377,11 @@ class Verbs:
             return f"pod {key}: {exc}"
         if pj is None:  # neither opted in nor asking for GPUs: bound untouched
             return self._write_plain(BindRequest(namespace, name, uid or "", node))
+        if self._knows_more(self.bookings.latest, [node]):
+            # As filter does: no plan, one from before the sync (this process restarted
+            # since the scheduler's filter), or one without the node: replan first.
+            # Never under ``serial``, which the epoch's publish takes.
+            self.loop.refresh()
         with self.bookings.serial:
             try:
                 booking = self.bookings.book(pj, node)
