@@ -363,3 +363,55 @@ def test_a_view_without_nodes_tells_a_pending_pod_nothing(rejected_pod):
     api, _, _ = rejected_pod()
     time.sleep(0.3)
     assert not [e for e in events(api) if e["reason"] == "ConfigurationsRejected"]
+
+
+def test_a_shrink_the_api_server_refuses_frees_no_memory_in_the_view():
+    """The epoch writes a reconfiguration that shrinks a running pod's budget before it
+    publishes the view that counts the memory freed.  When the API server refuses that
+    write (503: etcd away; 429 would do the same), the pod keeps its old decision and
+    its workload keeps its memory: the view must still count it so.  Before, the view
+    was published with the plan's smaller budget all the same, and filter offered the
+    'freed' memory to the pod the shrink was for; now the pod is counted where and as
+    it runs, and the shrink is made, and the memory offered, once a write goes
+    through."""
+    import httpx
+    from test_service_observations import gpu_node, start_service, wait_for
+
+    api = FakeApiServer().start()
+    api.put("nodes", gpu_node("g0", 1, memory_mib=40960))
+    api.put("pods", pending_pod("a", "bert"))
+    server, kube, svc = start_service(api, min_dwell_seconds=0)
+
+    def passed(name: str) -> list[str]:
+        body = {"Pod": api.objects["pods"][f"ml/{name}"], "NodeNames": ["g0"]}
+        reply = httpx.post(f"{svc.url}/scheduler/filter", json=body, timeout=30)
+        assert reply.status_code == 200, reply.text
+        return reply.json()["NodeNames"]
+
+    try:
+        assert wait_for(lambda: len(kube.state.pods()) == 1)
+        svc.epoch()
+        auth = {"Authorization": f"Bearer {svc.token}"}
+        bind = {"PodName": "a", "PodNamespace": "ml", "PodUID": "uid-a", "Node": "g0"}
+        reply = httpx.post(f"{svc.url}/scheduler/bind", json=bind, headers=auth, timeout=30)
+        assert not reply.json().get("Error"), reply.text
+        before = dict(api.objects["pods"]["ml/a"]["metadata"]["annotations"])
+        assert wait_for(lambda: (kube.state.pod("uid-a") or {}).get("spec", {}).get("nodeName"))
+        unavailable = (503, {"kind": "Status", "code": 503, "reason": "ServiceUnavailable",
+                             "message": "etcdserver: request timed out"})  # fmt: skip
+        api.write_fault = lambda method, path: (
+            unavailable if method == "PATCH" and path.endswith("/pods/a") else None
+        )
+        api.put("pods", pending_pod("b", "resnet50"))
+        assert wait_for(lambda: len(kube.state.pods()) == 2)
+        svc.epoch()
+        assert api.objects["pods"]["ml/a"]["metadata"]["annotations"] == before
+        assert passed("b") == []  # a still holds its peak budget
+        api.write_fault = None
+        svc.epoch()
+        after = api.objects["pods"]["ml/a"]["metadata"]["annotations"]
+        assert after["elastico.io/memory-budget-mib"] != before["elastico.io/memory-budget-mib"]
+        assert passed("b") == ["g0"]
+    finally:
+        server.stop()
+        api.stop()

@@ -38,6 +38,7 @@ Test hooks: :meth:`compact` (older versions expire), :meth:`drop_watches`
 (cut every open stream mid-chunk, as a dying load balancer would),
 :meth:`bookmark`, :attr:`watch_limit_seconds` (streams closed early, cleanly),
 :attr:`write_delay` (each write waits, as an etcd commit does),
+:attr:`write_fault` (answer a write with an error instead of applying it),
 :attr:`before_reply` (act between a write and its answer).
 The official ``kubernetes`` client talks to it unchanged.
 """
@@ -120,6 +121,10 @@ class FakeApiServer:
         # test acts in that gap (another client reads, the writer's clock moves on) as
         # for a writer paused or a slow network back.
         self.before_reply: Callable[[str, str], None] | None = None
+        # Called with (method, path) before a write is applied: a (status, Status body)
+        # it returns is the answer instead and nothing is written (a 429 from priority
+        # and fairness, a 503 while etcd is away); None lets the write through.
+        self.write_fault: Callable[[str, str], tuple[int, dict[str, Any]] | None] | None = None
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -455,6 +460,10 @@ class FakeApiServer:
             return
         if self.write_delay:
             time.sleep(self.write_delay)
+        fault = self.write_fault(method, path) if self.write_fault is not None else None
+        if fault is not None:
+            self._send_json(handler, *fault)
+            return
         agent = handler.headers.get("User-Agent") or ""
         # kube-apiserver: the fieldManager parameter, else the User-Agent's product name.
         manager = (parse_qs(url.query).get("fieldManager") or [agent.split("/")[0]])[0]

@@ -20,8 +20,10 @@ and writes on its own thread: a verb only queues.
 
 Ordering keeps the cluster's record of decisions within capacity at all
 times: reconfigurations that shrink (or keep) a budget are written before the
-epoch publishes the view that counts the freed memory (:meth:`shrink`); ones
-that grow it, and evictions, after (:meth:`apply`).
+epoch publishes the view that counts the freed memory (:meth:`shrink`, which
+returns the pods whose write failed: the epoch counts them as they run, and holds
+back what the plan grows or moves onto their devices); ones that grow it, and
+evictions, after (:meth:`apply`).
 """
 
 from __future__ import annotations
@@ -240,10 +242,11 @@ class Actuator:
         pods: Mapping[str, PodJob],
         nodes: Mapping[str, Node],
         skip: Container[str] = (),
-    ) -> None:
+    ) -> set[str]:
         """Write the reconfigurations that do not grow a pod's memory budget (before
-        the view that counts the freed memory is published)."""
-        self._reconfigure(plan, pods, nodes, skip, grow=False)
+        the view that counts the freed memory is published); returns the jobs whose
+        write failed: they still run as before, and the view must count them so."""
+        return self._reconfigure(plan, pods, nodes, skip, grow=False)
 
     def apply(
         self,
@@ -319,12 +322,14 @@ class Actuator:
         skip: Container[str],
         *,
         grow: bool,
-    ) -> None:
+    ) -> set[str]:
         """Push in-place reconfigurations of bound pods to the cluster (spec 4.2): the
         new ConfigMap and decision annotations reach the workload through
-        ``elastico-run``; only those that grow the budget (``grow``) or not."""
+        ``elastico-run``; only those that grow the budget (``grow``) or not.  Returns
+        the jobs whose write failed."""
+        failed: set[str] = set()
         if not self.is_leader():
-            return
+            return failed
         for a in plan.changed():
             if a.action is not Action.RECONFIGURE or a.job_id in skip:
                 continue
@@ -352,6 +357,7 @@ class Actuator:
             except (ClusterError, OSError) as exc:
                 self.metrics.bind("reconfigure-error")
                 log.warning("reconfigure.failed", extra=decision_fields(request, error=str(exc)))
+                failed.add(a.job_id)
                 continue
             self.metrics.bind("reconfigured")
             log.info("reconfigure.ok", extra=decision_fields(request))
@@ -368,6 +374,7 @@ class Actuator:
                 self.events.reconfigured(
                     self._ref(request), reconfigured_message(before, after, because)
                 )
+        return failed
 
     def _migrate(self, job_id: str, to: tuple[DeviceRef, ...], pj: PodJob | None, done: int) -> int:
         """Evict a pod the plan moves (to ``to``) or requeues (``to`` empty), when it may

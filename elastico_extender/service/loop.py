@@ -18,7 +18,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Container
 from typing import Any, Protocol
 
 from elastico_extender.core.interference.predictor import SlowdownPredictor
@@ -176,11 +176,14 @@ class EpochLoop:
         elapsed = time.perf_counter() - started
         nodes = {n.name: n for n in built.snapshot.nodes}
         leading = self.is_leader()
+        refused: set[str] = set()
         if leading:
-            self.actuator.shrink(new_plan, built.pods, nodes, bookings.pinned())
+            refused = self.actuator.shrink(new_plan, built.pods, nodes, bookings.pinned())
         pending = frozenset(j.id for j in built.snapshot.jobs if not j.running)
         moves = self.actuator.moves(new_plan, built.pods, bookings.pinned()) if leading else set()
-        in_place = self._unmoved(new_plan, built, moves)
+        held = self._held_back(new_plan, built, refused)
+        moves -= held
+        in_place = self._unmoved(new_plan, built, moves, refused)
         published = Published(
             built.snapshot,
             new_plan,
@@ -199,7 +202,8 @@ class EpochLoop:
             booked = bookings.pinned()
         self.last_epoch_error = None
         if leading:
-            self.actuator.apply(new_plan, built.pods, nodes, booked, moves)
+            skip = set(booked) | held if held else booked
+            self.actuator.apply(new_plan, built.pods, nodes, skip, moves)
             if nodes:  # a view without nodes yet (startup) says nothing about a pod
                 self.actuator.announce_rejected(new_plan, built.pods)
         self.history.append(
@@ -209,14 +213,32 @@ class EpochLoop:
         return new_plan
 
     @staticmethod
-    def _unmoved(plan: Plan, built: Built, moves: set[str]) -> list[tuple[PodJob, NodeVerdict]]:
-        """The plan's migrations nobody will carry out, as placements where the pods
-        run now (the view must count a pod where it is, not where the plan wished)."""
+    def _held_back(plan: Plan, built: Built, refused: set[str]) -> set[str]:
+        """The jobs a refused shrink holds back: those refused (they run as before), and
+        any the plan grows or moves onto the devices they still fill, so no write counts
+        on memory that was never freed."""
+        if not refused:
+            return set()
+        jobs = {j.id: j for j in built.snapshot.jobs}
+        full = {ref for j in refused if j in jobs for ref in jobs[j].devices}
+        return refused | {
+            a.job_id
+            for a in plan.changed()
+            if a.action in (Action.RECONFIGURE, Action.MIGRATE) and full.intersection(a.devices)
+        }
+
+    @staticmethod
+    def _unmoved(
+        plan: Plan, built: Built, moves: set[str], refused: Container[str] = ()
+    ) -> list[tuple[PodJob, NodeVerdict]]:
+        """The plan's migrations nobody will carry out, and the shrinks the API server
+        refused (``refused``), as placements where and as the pods run now (the view
+        must count a pod as it is, not as the plan wished)."""
         # Moves and requeues (preempted running pods) nobody carries out: the pod stays.
         stay = [
             (a.job_id, a.predicted_slowdown, a.tolerance)
             for a in plan.changed()
-            if a.action is Action.MIGRATE and a.job_id not in moves
+            if (a.action is Action.MIGRATE and a.job_id not in moves) or a.job_id in refused
         ]
         stay += [(j, 1.0, 1.0) for j in plan.preempted if j not in moves]
         if not stay:
