@@ -257,11 +257,9 @@ def test_a_pod_is_never_bound_without_its_decision(server, cluster):
         v["metadata"].get("annotations", {}).get("elastico.io/assigned-devices") == "3"
         for v in bound
     )
-    from elastico_extender.cluster.base import ClusterError
-
-    with pytest.raises(ClusterError) as again:  # a retried Binding: 409, reported as such
-        cluster.bind(request)
-    assert again.value.status == 409
+    # A retried Binding gets 409, but the pod is bound as asked: the bind is done.
+    cluster.bind(request)
+    assert len(server.bindings) == 1
 
 
 def test_evict_goes_through_the_eviction_api_and_reports_a_budget_refusal(server, cluster):
@@ -346,3 +344,35 @@ def test_a_binding_for_a_deleted_pods_uid_leaves_its_same_named_successor_unboun
     stored = server.objects["pods"]["ml/a"]
     assert not stored["spec"].get("nodeName") and not stored["metadata"].get("annotations")
     assert server.bindings == []
+
+
+def test_a_binding_retried_after_its_answer_was_lost_succeeds(server, cluster):
+    """The first Binding lands but its answer never comes back (the connection drops:
+    'outcome unknown'); kube-scheduler, or a duplicate bind waiting on the first, tries
+    again and the API server answers 409, the pod being bound already, to the very node
+    asked for.  That is the bind done, not a failure: before, the retry failed with the
+    409 and the scheduler recorded FailedScheduling for a pod bound as it asked."""
+    from elastico_extender.cluster.base import ClusterError
+
+    a = cluster.state.pod_by_name("ml", "a") or {}
+    request = BindRequest("ml", "a", a["metadata"]["uid"], "gpu-0",
+                          {"elastico.io/assigned-devices": "1"})  # fmt: skip
+
+    def lose_the_answer(method: str, path: str) -> None:
+        if path.endswith("/binding"):
+            server.before_reply = None
+            raise ConnectionResetError("the answer is lost")  # the handler hangs up
+
+    server.before_reply = lose_the_answer
+    with pytest.raises(ClusterError) as lost:
+        cluster.bind(request)
+    assert lost.value.status is None  # outcome unknown
+    assert server.objects["pods"]["ml/a"]["spec"]["nodeName"] == "gpu-0"
+    cluster.bind(request)  # the retry: 409 from the API server, the pod on gpu-0
+    assert len(server.bindings) == 1
+    # bound to another node than asked, or another pod of that name: still a 409 error
+    with pytest.raises(ClusterError) as elsewhere:
+        cluster.bind(BindRequest("ml", "a", a["metadata"]["uid"], "gpu-1"))
+    assert elsewhere.value.status == 409 and 'already assigned to node "gpu-0"' in str(
+        elsewhere.value
+    )

@@ -330,16 +330,42 @@ class KubeCluster:
         }
         if request.annotations:
             binding["metadata"]["annotations"] = dict(request.annotations)
-        with _as_cluster_error():
-            # _preload_content=False: the client's Binding model rejects the Status reply.
-            self.api.create_namespaced_pod_binding(
-                name,
-                ns,
-                binding,
-                field_manager=FIELD_MANAGER,
+        try:
+            with _as_cluster_error():
+                # _preload_content=False: the client's Binding model rejects the Status reply.
+                self.api.create_namespaced_pod_binding(
+                    name,
+                    ns,
+                    binding,
+                    field_manager=FIELD_MANAGER,
+                    _preload_content=False,
+                    _request_timeout=WRITE_TIMEOUT_SECONDS,
+                )
+        except ClusterError as exc:
+            if exc.status != 409 or not self._bound_as_asked(request):
+                raise
+
+    def _bound_as_asked(self, request: BindRequest) -> bool:
+        """Whether the pod (``request.uid``) is bound to ``request.node`` with the
+        decision: a Binding of ours that landed though its answer was lost, so a retry
+        got 409.  False when that cannot be read."""
+        try:
+            reply: Any = self.api.read_namespaced_pod(
+                request.name,
+                request.namespace,
                 _preload_content=False,
                 _request_timeout=WRITE_TIMEOUT_SECONDS,
             )
+            pod = json.loads(reply.data)
+        except Exception:  # no answer, or no pod: the 409 stands
+            return False
+        meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
+        notes = meta.get("annotations") or {}
+        return (
+            (not request.uid or meta.get("uid") == request.uid)
+            and spec.get("nodeName") == request.node
+            and all(notes.get(k) == v for k, v in request.annotations.items())
+        )
 
     def reconfigure(self, request: BindRequest) -> None:
         self._write_decision(request)
