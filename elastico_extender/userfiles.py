@@ -8,13 +8,17 @@ whose ``strerror`` says why, which is what every caller already reports.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
+import secrets
 import stat
 from pathlib import Path
+from types import TracebackType
 from typing import Any, BinaryIO
 
 __all__ = [
+    "Staging",
     "YamlError",
     "check_regular",
     "check_writable",
@@ -61,6 +65,87 @@ def check_writable(path: str | Path) -> None:
         os.close(fd)
         if created:
             os.unlink(path)
+
+
+class Staging:
+    """Files written under temporary names beside their targets and renamed into place
+    together once every one is written, or removed when one fails: a write that fails
+    half-way (a full disk, a file size limit) leaves no cut-off file under a result's
+    name, and no mix of this run's files with an earlier run's.
+
+    Calling it with a target gives the path to write ``target``'s content to.  Used as a context
+    manager: committed on a clean exit, discarded on an exception, and an OSError about
+    a temporary file is re-raised naming its target (what the user asked to write)."""
+
+    SUFFIX = ".part"
+
+    def __init__(self) -> None:
+        self._targets: dict[str, tuple[Path, Path]] = {}  # temporary -> (target, its file)
+
+    def __call__(self, target: str | Path) -> Path:
+        target = Path(target)
+        # beside what a link names, so the rename stays on its file system and the
+        # write goes where it went before (a link to a results file keeps working)
+        real = Path(os.path.realpath(target))
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
+        try:
+            while True:
+                temp = real.with_name(f".{real.name}.{secrets.token_hex(4)}{self.SUFFIX}")
+                try:
+                    fd = os.open(temp, flags, 0o666)  # the umask applies, as to open(.., "w")
+                    break
+                except FileExistsError:
+                    continue
+            try:
+                if real.exists():  # a rewritten file keeps its mode, as open(.., "w") kept it
+                    os.fchmod(fd, stat.S_IMODE(real.stat().st_mode))
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            exc.filename = str(target)
+            raise
+        self._targets[str(temp)] = (target, real)
+        return temp
+
+    def _name_target(self, exc: OSError) -> None:
+        """``exc`` names the target of the temporary file it is about (the user's name)."""
+        if str(exc.filename) in self._targets:
+            exc.filename = str(self._targets[str(exc.filename)][0])
+
+    def commit(self) -> None:
+        """Every staged file renamed onto its target (a rename within one folder); when
+        one fails, the others not yet renamed are removed."""
+        try:
+            for temp, (_, real) in list(self._targets.items()):
+                os.replace(temp, real)
+                del self._targets[temp]
+        except OSError as exc:
+            self._name_target(exc)
+            self.discard()
+            raise
+
+    def discard(self) -> None:
+        """Every staged file not yet renamed removed; the targets are left as they were."""
+        for temp in self._targets:
+            with contextlib.suppress(FileNotFoundError):  # removed by someone else
+                os.unlink(temp)
+        self._targets.clear()
+
+    def __enter__(self) -> Staging:
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        exc: BaseException | None,
+        trace: TracebackType | None,
+    ) -> None:
+        if exc is None:
+            self.commit()
+            return
+        if isinstance(exc, OSError):
+            self._name_target(exc)
+        self.discard()
 
 
 def open_regular(path: str | Path, max_bytes: int, *, follow: bool = True) -> BinaryIO:

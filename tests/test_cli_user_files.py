@@ -88,3 +88,32 @@ def test_simulate_refuses_a_fifo_it_would_wait_on_for_ever(option, extra, tmp_pa
     assert done.returncode == 2, done.stderr
     error = done.stderr.strip().splitlines()[-1]
     assert option in error and str(fifo) in error and "not a regular file" in error
+
+
+def test_staged_files_keep_a_links_target_and_a_files_mode(tmp_path: Path) -> None:
+    """Results staged under temporary names (userfiles.Staging) must land where writing
+    them in place did: through a link to a file elsewhere (not over the link), with the
+    mode a rewritten file had; a failure leaves the targets and no temporary file."""
+    from elastico_extender.userfiles import Staging
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "jobs.csv").write_text("old\n")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "jobs.csv").symlink_to(elsewhere / "jobs.csv")
+    (out / "tables.md").write_text("old\n")
+    (out / "tables.md").chmod(0o640)
+    with pytest.raises(OSError) as caught, Staging() as staged:
+        staged(out / "tables.md").write_text("new\n")
+        raise OSError(28, "No space left on device", str(staged(out / "jobs.csv")))
+    assert caught.value.filename == str(out / "jobs.csv")  # the user's name, not the temporary
+    assert sorted(p.name for p in out.iterdir()) == ["jobs.csv", "tables.md"]
+    assert [p.name for p in elsewhere.iterdir()] == ["jobs.csv"]
+    assert (out / "tables.md").read_text() == "old\n"
+    with Staging() as staged:
+        staged(out / "tables.md").write_text("new\n")
+        staged(out / "jobs.csv").write_text("new\n")
+    assert (out / "jobs.csv").is_symlink() and (elsewhere / "jobs.csv").read_text() == "new\n"
+    assert (out / "tables.md").read_text() == "new\n"
+    assert (out / "tables.md").stat().st_mode & 0o777 == 0o640

@@ -493,6 +493,35 @@ def test_a_result_file_that_fails_to_write_after_the_run_is_a_clear_error(
     assert "## Main results" in proc.stdout and "results written" not in proc.stdout
 
 
+def test_a_result_file_that_fails_to_write_leaves_no_half_written_table(tmp_path: Path) -> None:
+    """After the write error above, tables.md stayed behind cut off at the 64 bytes the
+    limit let through, under its own name, looking like a run's result; over an earlier
+    run's folder the files that were rewritten before the error mixed with the old ones.
+    Now the files are written under temporary names and renamed into place together: a
+    failure leaves the folder as it was (no temporary file either)."""
+    out = tmp_path / "o"
+    argv = ["--gpus", "4", "--duration", "1", *FAST, "--out", str(out)]
+    first = _simulate(*argv, "--policy", "volcano")
+    assert first.returncode == 0, first.stderr
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    assert set(before) == {"tables.md", "summary.csv", "jobs.csv", "timeline.csv"}, before
+    proc = subprocess.run(
+        [sys.executable, "-m", "elastico_extender.sim.cli", *argv, "--policy", "lucid"],
+        capture_output=True, text=True, timeout=120, preexec_fn=_limit_file_size,
+    )  # fmt: skip
+    assert proc.returncode == 1, proc.stderr
+    error = proc.stderr.strip().splitlines()[-1]
+    assert error.endswith(f"--out: cannot write {out / 'tables.md'}: File too large"), error
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    fresh = tmp_path / "fresh"
+    proc = subprocess.run(
+        [sys.executable, "-m", "elastico_extender.sim.cli", *argv[:-1], str(fresh)],
+        capture_output=True, text=True, timeout=120, preexec_fn=_limit_file_size,
+    )  # fmt: skip
+    assert proc.returncode == 1, proc.stderr
+    assert list(fresh.iterdir()) == []
+
+
 def test_a_load_on_a_window_left_with_one_arrival_names_the_window(tmp_path: Path) -> None:
     """--duration 0.1 kept one of the 40 spaced jobs, and --load was then refused because
     "every job of the trace arrives at the same instant": untrue of the file, and silent

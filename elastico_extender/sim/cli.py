@@ -73,7 +73,7 @@ from elastico_extender.sim.traces import (
 )
 from elastico_extender.sim.truth import DEFAULT_PAIRS, GroundTruth
 from elastico_extender.sim.workloads import ConfigTable
-from elastico_extender.userfiles import check_writable, reason
+from elastico_extender.userfiles import Staging, check_writable, reason
 
 __all__ = [
     "WORLDS",
@@ -633,12 +633,14 @@ def main(argv: list[str] | None = None) -> int:
             )
     walls = ", ".join(f"{n} {r.wall_s:.1f}s" for n, r in results.items())
     print(f"simulation wall time: {walls}")
-    try:
-        with writing(out / TABLES_FILE):
-            (out / TABLES_FILE).write_text(text + "\n")
-        write_run_files(results, out)
-        if not args.no_plots:
-            plot_all(results, out, title=f"({gpus} GPUs, load {load})")
+    try:  # all renamed into place once all are written: a failure leaves none cut off
+        with Staging() as staged:
+            tables = staged(out / TABLES_FILE)
+            with writing(tables):
+                tables.write_text(text + "\n")
+            write_run_files(results, out, place=staged)
+            if not args.no_plots:
+                plot_all(results, out, title=f"({gpus} GPUs, load {load})", place=staged)
     except OSError as exc:  # the disk filled, or the folder changed, after the check
         print(
             f"{parser.prog}: error: --out: cannot write {exc.filename}: {_reason(exc)}",

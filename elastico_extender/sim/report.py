@@ -271,12 +271,24 @@ def write_summary_csv(summ: Mapping[str, Summary], path: Path) -> None:
             w.writerow([name, *(f"{s.get(k, float('nan')):.6g}" for k in keys)])
 
 
-def write_run_files(results: Mapping[str, RunResult], out: Path) -> list[Path]:
-    """Per-job and timeline CSVs of every run, plus the summary CSV."""
+Place = Callable[[Path], Path]
+"""The path to write a result file's content to: the file itself, or a temporary name
+that a :class:`~elastico_extender.userfiles.Staging` renames onto it once all are written."""
+
+
+def _itself(path: Path) -> Path:
+    return path
+
+
+def write_run_files(
+    results: Mapping[str, RunResult], out: Path, place: Place = _itself
+) -> list[Path]:
+    """Per-job and timeline CSVs of every run, plus the summary CSV (each written to
+    ``place(out / name)``); the paths written to."""
     out.mkdir(parents=True, exist_ok=True)
     written = []
     summ = summaries(results)
-    summary, jobs, timeline = (out / name for name in RUN_FILES)
+    summary, jobs, timeline = (place(out / name) for name in RUN_FILES)
     p = summary
     with writing(p):
         write_summary_csv(summ, p)
@@ -336,8 +348,11 @@ def _hourly(r: RunResult, bin_s: float = 3600.0) -> dict[float, tuple[float, ...
     return out
 
 
-def plot_all(results: Mapping[str, RunResult], out: Path, title: str = "") -> list[Path]:
-    """CDF of JCT, SM utilisation over time, queueing delay by arrival order (PNG)."""
+def plot_all(
+    results: Mapping[str, RunResult], out: Path, title: str = "", place: Place = _itself
+) -> list[Path]:
+    """CDF of JCT, SM utilisation over time, queueing delay by arrival order (PNG, each
+    written to ``place(out / name)``); the paths written to."""
     try:
         import matplotlib
 
@@ -348,7 +363,7 @@ def plot_all(results: Mapping[str, RunResult], out: Path, title: str = "") -> li
         print("matplotlib not installed: plots skipped (CSV files written); pip install matplotlib")
         return []
     out.mkdir(parents=True, exist_ok=True)
-    cdf, utilisation, queueing = (out / name for name in PLOT_FILES)
+    cdf, utilisation, queueing = (place(out / name) for name in PLOT_FILES)
     written = []
     fig, ax = plt.subplots(figsize=(6, 4))
     for name, r in results.items():
@@ -365,7 +380,7 @@ def plot_all(results: Mapping[str, RunResult], out: Path, title: str = "") -> li
     p = cdf
     fig.tight_layout()
     with writing(p):
-        fig.savefig(p, dpi=120)
+        fig.savefig(p, dpi=120, format="png")  # a staged name ends .part
     plt.close(fig)
     written.append(p)
 
@@ -387,7 +402,7 @@ def plot_all(results: Mapping[str, RunResult], out: Path, title: str = "") -> li
     p = utilisation
     fig.tight_layout()
     with writing(p):
-        fig.savefig(p, dpi=120)
+        fig.savefig(p, dpi=120, format="png")  # a staged name ends .part
     plt.close(fig)
     written.append(p)
 
@@ -406,7 +421,7 @@ def plot_all(results: Mapping[str, RunResult], out: Path, title: str = "") -> li
     p = queueing
     fig.tight_layout()
     with writing(p):
-        fig.savefig(p, dpi=120)
+        fig.savefig(p, dpi=120, format="png")  # a staged name ends .part
     plt.close(fig)
     written.append(p)
     return written
