@@ -571,3 +571,22 @@ def test_the_folder_check_leaves_a_users_file_of_any_name_alone(tmp_path: Path) 
     assert proc.returncode == 0, proc.stderr
     assert mine.read_text() == "my notes\n"
     assert sorted(p.name for p in out.iterdir() if p.name.startswith(".")) == [mine.name]
+
+
+@pytest.mark.parametrize("count", [1, 2])
+def test_a_trace_of_one_or_two_jobs_plots(tmp_path: Path, count: int) -> None:
+    """The queueing plot's moving average spans at least 3 jobs: on a trace of one or
+    two, np.convolve's "same" output was 3 long, and matplotlib's "x and y must have
+    same first dimension" ValueError ended the run with a traceback after the tables,
+    writing nothing."""
+    pytest.importorskip("matplotlib")
+    trace = tmp_path / "tiny.csv"
+    rows = "".join(f"{600 * k},1,3600,lstm\n" for k in range(count))
+    trace.write_text("arrival_time_s,gpu_num,duration_s,workload\n" + rows)
+    out = tmp_path / "o"
+    proc = simulate("--trace", str(trace), "--gpus", "4", "--policy", "volcano",
+                    "--no-progress", "--jobs", "1", "--out", str(out), timeout=120)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr
+    for name in ("jct_cdf.png", "utilisation.png", "queueing.png"):
+        assert (out / name).read_bytes()[:4] == b"\x89PNG", name

@@ -410,7 +410,9 @@ def plot_all(
     for name, r in results.items():
         order = np.argsort(r.arrival, kind="stable")
         q = (r.first_start - r.arrival)[order] / 60.0
-        k = max(3, q.size // 20)
+        # a window of 3 jobs or a 20th of them, but no wider than the jobs there are
+        # ("same" mode returns the longer input: a wider window would outgrow the x axis)
+        k = min(max(3, q.size // 20), q.size)
         smooth = np.convolve(np.nan_to_num(q), np.ones(k) / k, mode="same")
         ax.plot(np.arange(q.size), smooth, label=name)
     ax.set_xlabel("job arrival order")
