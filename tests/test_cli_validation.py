@@ -4,9 +4,13 @@ its arguments, says what is wrong, and never ends in a traceback."""
 from __future__ import annotations
 
 import os
+import re
+import resource
+import signal
 import socket
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -264,6 +268,48 @@ def test_runtime_bundle_without_a_shim_says_so_and_writes_nothing(tmp_path):
     assert "ELASTICO_SHIM_PATH" in done.stderr and "None" not in done.stderr
     assert not dest.exists() or not any(dest.iterdir())
     no_traceback(done)
+
+
+def _limit_file_size(limit: int) -> Callable[[], None]:
+    """A child's files may grow to ``limit`` bytes only, and a write past that is an
+    EFBIG error (SIGXFSZ ignored, not killing it), as on a disk that fills up."""
+
+    def limit_in_child() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    return limit_in_child
+
+
+def test_runtime_bundle_that_fails_to_write_names_the_file_and_keeps_the_old_bundle(tmp_path):
+    """A write that failed while the bundle was copied (a full disk; here a 20 kB file
+    size limit) printed shutil's list of every failed copy as one error of kilobytes, and
+    left the older bundle's bin/elastico-run in front of a lib/ it had deleted and half
+    refilled (files cut off): a bundle that looks complete and cannot run.  Now the error
+    names the first file, and the older bundle is left whole."""
+    shim = tmp_path / "libelastico_shim.so"
+    shim.write_bytes(b"\x7fELF fake")
+    env = {**ENV, "ELASTICO_SHIM_PATH": str(shim)}
+    dest = tmp_path / "bundle"
+    assert elastico("runtime-bundle", str(dest), env=env).returncode == 0
+
+    def contents() -> dict[str, bytes]:
+        return {str(p.relative_to(dest)): p.read_bytes() for p in dest.rglob("*") if p.is_file()}
+
+    before = contents()
+    done = subprocess.run(
+        [sys.executable, "-m", "elastico_extender.cli", "runtime-bundle", str(dest)],
+        capture_output=True, text=True, timeout=60, env=env, preexec_fn=_limit_file_size(20000),
+    )  # fmt: skip
+    assert done.returncode == 1, done.stderr
+    no_traceback(done)
+    error = done.stderr.strip()
+    assert len(error.splitlines()) == 1 and len(error) < 300, error
+    lib = re.escape(str(dest / "lib" / "elastico_extender"))
+    said = rf"elastico runtime-bundle: cannot write {lib}/\S+\.py: File too large"
+    assert re.fullmatch(said, error), error
+    assert contents() == before
+    assert sorted(p.name for p in (dest / "lib").iterdir()) == ["elastico_extender"]
 
 
 @pytest.mark.parametrize(

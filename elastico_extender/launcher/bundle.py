@@ -21,15 +21,17 @@ rebuilt with ``pip install elastico-extender``).
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import stat
 import sys
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
 from elastico_extender.errors import ShimNotFoundError
 from elastico_extender.profiling.shim import shim_path
-from elastico_extender.userfiles import reason
+from elastico_extender.userfiles import Staging, reason
 
 __all__ = ["WRAPPER", "build_bundle", "main"]
 
@@ -52,20 +54,69 @@ def _sources(src: str, names: list[str]) -> set[str]:
     return {n for n in names if n not in keep or n == "__pycache__"}
 
 
+class _CopyFailed(Exception):
+    """Carries the first failed copy out of ``shutil.copytree``, which would otherwise
+    go on copying and report every failure in one list of kilobytes."""
+
+    def __init__(self, error: OSError) -> None:
+        super().__init__(error)
+        self.error = error
+
+
+def _copy(src: str, dst: str) -> None:
+    """``shutil.copy2`` that stops the tree copy at the first failure, naming the file
+    written (copy2 names the source first when the write fails: a full disk)."""
+    try:
+        shutil.copy2(src, dst)
+    except OSError as exc:
+        exc.filename, exc.filename2 = dst, None
+        raise _CopyFailed(exc) from None
+
+
+def _swap_in(fresh: Path, lib: Path) -> None:
+    """``fresh`` renamed to ``lib``; an older ``lib`` moved aside first, removed after."""
+    aside = None
+    if lib.exists():
+        aside = Path(tempfile.mkdtemp(prefix=f".{lib.name}.", suffix=".old", dir=lib.parent))
+        os.replace(lib, aside / lib.name)
+    os.replace(fresh, lib)
+    if aside is not None:
+        shutil.rmtree(aside, ignore_errors=True)
+
+
 def build_bundle(dest: Path) -> Path:
-    """Write the bundle into ``dest`` (created if missing; an older bundle is replaced)."""
+    """Write the bundle into ``dest`` (created if missing; an older bundle is replaced).
+
+    The sources are copied beside ``lib/elastico_extender`` under a temporary name and
+    the wrapper staged, both renamed into place only once all is written: a write that
+    fails (a full disk) leaves an older bundle whole, never its ``bin/elastico-run`` in
+    front of a half-copied ``lib/``.  An OSError names the file of the bundle it is about."""
     dest = Path(dest)
     shim = shim_path()  # raises ShimNotFoundError with the build instructions, before any write
     lib = dest / "lib" / "elastico_extender"
-    if lib.exists():
-        shutil.rmtree(lib)
-    shutil.copytree(PACKAGE_DIR, lib, ignore=_sources)
-    (lib / "_shim").mkdir(parents=True, exist_ok=True)
-    shutil.copy2(shim, lib / "_shim" / shim.name)
     wrapper = dest / "bin" / "elastico-run"
+    lib.parent.mkdir(parents=True, exist_ok=True)
     wrapper.parent.mkdir(parents=True, exist_ok=True)
-    wrapper.write_text(WRAPPER)
-    wrapper.chmod(wrapper.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+    fresh = Path(tempfile.mkdtemp(prefix=f".{lib.name}.", suffix=".part", dir=lib.parent))
+    try:
+        with Staging() as staged:
+            try:
+                shutil.copytree(
+                    PACKAGE_DIR, fresh, ignore=_sources, copy_function=_copy, dirs_exist_ok=True
+                )
+                (fresh / "_shim").mkdir(parents=True, exist_ok=True)
+                _copy(str(shim), str(fresh / "_shim" / shim.name))
+            except (_CopyFailed, OSError) as exc:  # named as the bundle's file, not the copy's
+                error = exc.error if isinstance(exc, _CopyFailed) else exc
+                if error.filename is not None:
+                    error.filename = str(error.filename).replace(str(fresh), str(lib), 1)
+                raise error from None
+            script = staged(wrapper)
+            script.write_text(WRAPPER)
+            script.chmod(script.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+            _swap_in(fresh, lib)
+    finally:
+        shutil.rmtree(fresh, ignore_errors=True)  # gone already when it was renamed
     return wrapper
 
 
@@ -84,8 +135,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ShimNotFoundError as exc:  # an OSError too, but not one about DEST
         print(f"elastico runtime-bundle: {exc}", file=sys.stderr)
         return 1
-    except OSError as exc:
-        print(f"elastico runtime-bundle: cannot write {args.dest}: {reason(exc)}", file=sys.stderr)
+    except OSError as exc:  # a full disk, a folder it may not write: the file it was writing
+        where = exc.filename or args.dest
+        print(f"elastico runtime-bundle: cannot write {where}: {reason(exc)}", file=sys.stderr)
         return 1
     print(f"elastico runtime-bundle: {wrapper} ready")
     return 0
