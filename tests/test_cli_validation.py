@@ -312,6 +312,27 @@ def test_runtime_bundle_that_fails_to_write_names_the_file_and_keeps_the_old_bun
     assert sorted(p.name for p in (dest / "lib").iterdir()) == ["elastico_extender"]
 
 
+def test_train_iac_that_fails_to_write_the_model_leaves_the_old_one(tmp_path):
+    """export_onnx wrote the model in place: a write that failed (a full disk; here a
+    4 kB file size limit) left the file cut off at the bytes written, an ONNX file that
+    no longer loads, where the previous model had been.  Now it is renamed into place
+    once written, and the old model is left as it was."""
+    pytest.importorskip("torch")
+    pytest.importorskip("onnx")
+    out = tmp_path / "m.onnx"
+    out.write_bytes(b"the previous model")
+    done = subprocess.run(
+        [sys.executable, "-m", "elastico_extender.cli", "train-iac", "--epochs", "1",
+         "--out", str(out)],
+        capture_output=True, text=True, timeout=300, env=ENV, preexec_fn=_limit_file_size(4096),
+    )  # fmt: skip
+    assert done.returncode == 1, done.stderr
+    no_traceback(done)
+    assert last_line(done) == f"elastico train-iac: cannot write {out}: File too large"
+    assert out.read_bytes() == b"the previous model"
+    assert [p.name for p in tmp_path.iterdir()] == ["m.onnx"]
+
+
 @pytest.mark.parametrize(
     ("content", "named"),
     [

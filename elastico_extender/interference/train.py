@@ -50,7 +50,7 @@ from elastico_extender.core.interference.features import FEATURE_NAMES, NUM_FEAT
 from elastico_extender.core.interference.predictor import mape_percent
 from elastico_extender.errors import PredictorError
 from elastico_extender.interference.dataset import load_pairs, shipped_csv
-from elastico_extender.userfiles import reason
+from elastico_extender.userfiles import Staging, reason
 
 __all__ = [
     "EXPORT_TOLERANCE",
@@ -253,7 +253,9 @@ def export_onnx(
     if not diff <= EXPORT_TOLERANCE:
         raise PredictorError(f"ONNX export check failed: max |ORT - torch| = {diff:.3g}")
     Path(path).parent.mkdir(parents=True, exist_ok=True)
-    Path(path).write_bytes(data)
+    # renamed into place once written: a full disk leaves no cut-off model behind
+    with Staging() as staged:
+        staged(path).write_bytes(data)
     return diff
 
 
