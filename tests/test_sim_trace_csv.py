@@ -446,3 +446,28 @@ def test_a_line_without_end_is_refused_without_reading_it_whole(tmp_path: Path) 
     error, peak_mib = proc.stdout.strip().splitlines()
     assert error.startswith(f"{path}, line 3: longer than 1,048,576 characters"), error
     assert int(peak_mib) < 160, peak_mib
+
+
+def test_a_large_philly_copy_holds_only_the_asked_vcs_jobs(tmp_path: Path) -> None:
+    """The Philly loader kept every record of the file as a CsvRow (a dict of cells)
+    before picking the VC's: about 40 bytes of memory per byte of a short-rowed file,
+    so a copy at the 256 MiB size bound peaked near 10 GiB.  Records are now read one
+    at a time and only the VC's jobs kept: a 20 MiB copy of which the VC asked for has
+    a few rows stays near the size of the process that reads it."""
+    path = tmp_path / "philly_gavel_vc_traces.csv"
+    rows = (f"j{k},{'mine' if k % 1000 == 0 else 'other'},{k},1,600,A3C\n" for k in range(700_000))
+    path.write_text(PHILLY + "".join(rows))
+    assert path.stat().st_size > 20 << 20
+    probe = (
+        "import re, sys\n"
+        "from elastico_extender.sim.traces import philly_trace\n"
+        "print(len(philly_trace('mine', sys.argv[1]).jobs))\n"
+        "status = open('/proc/self/status').read()\n"
+        "print(int(re.search(r'VmHWM:\\s+(\\d+) kB', status).group(1)) // 1024)\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", probe, str(path)], capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr
+    jobs, peak_mib = proc.stdout.split()
+    assert jobs == "700" and int(peak_mib) < 200, (jobs, peak_mib)

@@ -108,6 +108,8 @@ import math
 import os
 import zlib
 from collections import Counter
+from collections.abc import Generator
+from contextlib import closing
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -401,17 +403,17 @@ def philly_source(path: Path | str | None = None) -> Path:
     return full if env and os.path.lexists(full) else PHILLY_DATA
 
 
-def _philly_rows(path: Path | str | None) -> tuple[list[CsvRow], Path]:
-    """Every record of the Philly file (plain or gzip-compressed, read bounded), each with
-    its line (errors name it), and the file read."""
-    source = philly_source(path)
+def _philly_rows(source: Path) -> Generator[CsvRow, None, None]:
+    """Each record of the Philly file ``source`` (plain or gzip-compressed, read bounded)
+    with its line (errors name it), one at a time: held all at once, a file at the size
+    bound took about 40 times its size in memory (a dict of cells per record)."""
     try:
         with open_csv(source, gzipped=True) as handle:
             reader = csv.DictReader(handle)
             missing = set(PHILLY_COLUMNS) - set(csv_header(source, reader))
             if missing:
                 raise ValueError(f"{source}: missing columns {sorted(missing)}")
-            return list(csv_rows(source, reader)), source
+            yield from csv_rows(source, reader)
     except FileNotFoundError:
         raise ValueError(
             f"Philly trace not found at {source}: it ships with the package as "
@@ -423,10 +425,13 @@ def _philly_rows(path: Path | str | None) -> tuple[list[CsvRow], Path]:
         raise ValueError(f"cannot read {source}: {reason(exc)}") from None
 
 
+MAX_NAMED_VCS = 32
+"""Most VC ids an error lists (a file of a million distinct ones must not be held)."""
+
+
 def philly_vcs(path: Path | str | None = None) -> list[str]:
     """The VC ids in the trace file."""
-    rows, _ = _philly_rows(path)
-    return sorted({r.text("vc") for r in rows})
+    return sorted({r.text("vc") for r in _philly_rows(philly_source(path))})
 
 
 def philly_trace(
@@ -438,33 +443,40 @@ def philly_trace(
     days: tuple[float, float] | None = None,
 ) -> TraceLoad:
     """One Philly VC with the transformations of the module docstring, each stated in notes."""
-    rows, source = _philly_rows(path)
+    source = philly_source(path)
     rng = np.random.default_rng([seed, zlib.crc32(vc.encode())])
     start, end = (days[0] * 86400.0, days[1] * 86400.0) if days else (0.0, math.inf)
     every: list[TraceJob] = []
     clipped_ids: set[str] = set()
     seen: set[str] = set()
-    for row in rows:
-        if row.text("vc") != vc:
-            continue
-        arrival = row.number("arrival_time_s", 0.0, MAX_TRACE_SECONDS)
-        job_id = row.text("job_id")
-        if job_id in seen:
-            raise row.fail("job_id", f"used by an earlier row of VC {vc} (ids must be unique)")
-        seen.add(job_id)
-        gpus = row.count("gpu_num", MAX_CLUSTER_GPUS)
-        try:
-            workload = workload_from_gavel(row.text("job_type_seed0"), job_id)
-        except ValueError as exc:
-            raise row.fail("job_type_seed0", str(exc)) from None
-        h = zlib.crc32(("inf:" + job_id).encode()) / 2**32
-        if gpus == 1 and h < inference_share:
-            workload = INFERENCE_WORKLOADS[int(h / inference_share * 4) % 4]
-        duration = row.number("duration_s", 0.0, MAX_TRACE_SECONDS, above_low=True)
-        if max_duration_s is not None and duration > max_duration_s:
-            duration = max_duration_s
-            clipped_ids.add(job_id)
-        every.append(TraceJob(job_id, arrival, gpus, duration, workload))
+    others: set[str] = set()  # the VCs an error lists, at most MAX_NAMED_VCS of them
+    more = False
+    with closing(_philly_rows(source)) as records:  # closed on a bad row too
+        for row in records:
+            if row.text("vc") != vc:
+                if len(others) < MAX_NAMED_VCS:
+                    others.add(row.text("vc"))
+                else:
+                    more = more or row.text("vc") not in others
+                continue
+            arrival = row.number("arrival_time_s", 0.0, MAX_TRACE_SECONDS)
+            job_id = row.text("job_id")
+            if job_id in seen:
+                raise row.fail("job_id", f"used by an earlier row of VC {vc} (ids must be unique)")
+            seen.add(job_id)
+            gpus = row.count("gpu_num", MAX_CLUSTER_GPUS)
+            try:
+                workload = workload_from_gavel(row.text("job_type_seed0"), job_id)
+            except ValueError as exc:
+                raise row.fail("job_type_seed0", str(exc)) from None
+            h = zlib.crc32(("inf:" + job_id).encode()) / 2**32
+            if gpus == 1 and h < inference_share:
+                workload = INFERENCE_WORKLOADS[int(h / inference_share * 4) % 4]
+            duration = row.number("duration_s", 0.0, MAX_TRACE_SECONDS, above_low=True)
+            if max_duration_s is not None and duration > max_duration_s:
+                duration = max_duration_s
+                clipped_ids.add(job_id)
+            every.append(TraceJob(job_id, arrival, gpus, duration, workload))
     jobs, history = in_window(every, start, end)
     # Floors drawn in row order for the window's jobs only: a window never shifts another's.
     jobs = [replace(j, floor_frac=_floor(rng)) for j in jobs]
@@ -479,7 +491,7 @@ def philly_trace(
                 f"(its jobs arrive over days {min(arrivals) / 86400:.1f}-"
                 f"{max(arrivals) / 86400:.1f})"
             )
-        known = ", ".join(sorted({r.text("vc") for r in rows}))
+        known = ", ".join(sorted(others)) + (", ..." if more else "")
         raise ValueError(f"no jobs for Philly VC {vc!r} in {source} (VCs: {known})")
     jobs.sort(key=lambda j: (j.arrival_s, j.job_id))
     shift = jobs[0].arrival_s
