@@ -471,3 +471,31 @@ def test_a_large_philly_copy_holds_only_the_asked_vcs_jobs(tmp_path: Path) -> No
     assert proc.returncode == 0, proc.stderr
     jobs, peak_mib = proc.stdout.split()
     assert jobs == "700" and int(peak_mib) < 200, (jobs, peak_mib)
+
+
+def test_a_trace_of_more_jobs_than_a_run_holds_is_refused_naming_the_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Only the 256 MiB file bound limited a trace's jobs: about 11 million short rows,
+    some 4.4 GiB of jobs held and minutes of reading before a run that could never end
+    (the synthetic generator stops at a million jobs).  A file of more than
+    MAX_TRACE_JOBS jobs is now refused at the first row past it, naming the file and
+    line; a Philly VC likewise (the bound is patched small here)."""
+    from elastico_extender.sim import traces
+
+    monkeypatch.setattr(traces, "MAX_TRACE_JOBS", 5)
+    path = tmp_path / "many.csv"
+    path.write_text(
+        "arrival_time_s,gpu_num,duration_s\n" + "".join(f"{k},1,60\n" for k in range(6))
+    )
+    with pytest.raises(ValueError, match=rf"^{path}, line 7: more than 5 jobs \(the most"):
+        load_csv(path)
+    path.write_text(
+        "arrival_time_s,gpu_num,duration_s\n" + "".join(f"{k},1,60\n" for k in range(5))
+    )
+    assert len(load_csv(path)) == 5
+    philly = tmp_path / "philly.csv"
+    rows = "".join(f"j{k},vc1,{k},1,600,A3C\n" for k in range(2, 8))
+    philly.write_text(PHILLY + rows)
+    with pytest.raises(ValueError, match=rf"^{philly}, line 7: more than 5 jobs of VC vc1"):
+        philly_trace("vc1", philly)

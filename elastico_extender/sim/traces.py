@@ -178,6 +178,12 @@ MIN_JOB_SECONDS = 1.0
 notes say how many were, so the run never differs from the file unsaid."""
 MAX_SYNTHETIC_JOBS = 1_000_000
 """Most jobs the generator draws (load x GPUs x hours sets the count): memory stays bounded."""
+MAX_TRACE_JOBS = 2_000_000
+"""Most jobs a trace file (or a Philly VC) may hold: some 0.8 GiB of jobs and a minute of
+reading.  The file bound alone let about 11 million short rows through, 4.4 GiB held
+for a run that could never end; the largest published trace (Helios's Saturn
+cluster, 1.75 million jobs with its CPU-only ones) fits."""
+_TOO_MANY = "(the most a trace may hold: split the file)"
 
 
 class EmptyWindowError(ValueError):
@@ -345,6 +351,8 @@ def read_trace(path: Path | str, seed: int = 0) -> TraceLoad:
             if last - first > MAX_TRACE_SECONDS:
                 why = f"arrivals span more than {MAX_TRACE_SECONDS / 86400:g} days"
                 raise cells.fail(record.arrival_column, why)
+            if len(jobs) == MAX_TRACE_JOBS:
+                raise ValueError(f"{cells.where}: more than {MAX_TRACE_JOBS:,} jobs {_TOO_MANY}")
             user = cells.text("user")
             duration = max(duration, MIN_JOB_SECONDS)
             jobs.append(
@@ -459,6 +467,10 @@ def philly_trace(
                 else:
                     more = more or row.text("vc") not in others
                 continue
+            if len(every) == MAX_TRACE_JOBS:
+                raise ValueError(
+                    f"{row.where}: more than {MAX_TRACE_JOBS:,} jobs of VC {vc} {_TOO_MANY}"
+                )
             arrival = row.number("arrival_time_s", 0.0, MAX_TRACE_SECONDS)
             job_id = row.text("job_id")
             if job_id in seen:
