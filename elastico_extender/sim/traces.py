@@ -108,7 +108,7 @@ import math
 import os
 import zlib
 from collections import Counter
-from collections.abc import Generator
+from collections.abc import Generator, Iterable
 from contextlib import closing
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -118,7 +118,12 @@ import numpy as np
 from elastico_extender.core.duration import CompletedJob
 from elastico_extender.core.resources import MAX_CLUSTER_GPUS
 from elastico_extender.csv_row import CsvRow, csv_header, csv_rows, open_csv
-from elastico_extender.sim.trace_layouts import MAX_TRACE_SECONDS, layout_of
+from elastico_extender.sim.trace_layouts import (
+    MAX_TRACE_SECONDS,
+    Layout,
+    TraceRecord,
+    layout_of,
+)
 from elastico_extender.sim.workloads import (
     INFERENCE_WORKLOADS,
     TRAINING_WORKLOADS,
@@ -141,6 +146,7 @@ __all__ = [
     "in_window",
     "load_csv",
     "load_philly",
+    "load_records",
     "offered_load",
     "philly_source",
     "philly_trace",
@@ -308,12 +314,6 @@ def read_trace(path: Path | str, seed: int = 0) -> TraceLoad:
     Every cell is checked (finite, in range, ids unique): a bad one raises
     ValueError naming the line and column, never a run that cannot end.
     """
-    jobs: list[TraceJob] = []
-    seen: set[str] = set()
-    first, last = math.inf, -math.inf
-    skipped: Counter[str] = Counter()
-    marked: Counter[str] = Counter()
-    drawn = narrowed = raised = 0
     with open_csv(path) as handle:
         reader = csv.DictReader(handle)
         columns = set(csv_header(path, reader))
@@ -322,46 +322,66 @@ def read_trace(path: Path | str, seed: int = 0) -> TraceLoad:
         if missing:
             read_as = f" (read as {layout.title})" if layout.title else ""
             raise ValueError(f"{path}: missing columns {sorted(missing)}{read_as}")
-        for k, cells in enumerate(csv_rows(path, reader)):
-            record = layout.read(cells, k)
-            if isinstance(record, str):
-                skipped[record] += 1
-                continue
-            job_id = record.job_id
-            if job_id in seen:
-                raise cells.fail(record.id_column, "used by an earlier row (ids must be unique)")
-            seen.add(job_id)
-            marked.update(record.marks)
-            gpus, duration = record.gpus, record.duration_s
-            raised += duration < MIN_JOB_SECONDS
-            name = cells.text("workload")
-            # Draws keyed by the job, not by its row (module docstring).
-            rng = np.random.default_rng([seed, 0xC5F, zlib.crc32(job_id.encode())])
-            try:
-                workload = _resolve_workload(name, job_id) if name else _draw(rng, gpus)
-            except ValueError as exc:
-                raise cells.fail("workload", str(exc)) from None
-            drawn += not name
-            has_floor = bool(cells.text("min_throughput_frac"))
-            floor = cells.number("min_throughput_frac", 0.0, 1.0) if has_floor else _floor(rng)
-            if workload in INFERENCE_WORKLOADS and gpus > 1:
-                narrowed += 1
-                gpus = 1
-            first, last = min(first, record.arrival_s), max(last, record.arrival_s)
-            if last - first > MAX_TRACE_SECONDS:
-                why = f"arrivals span more than {MAX_TRACE_SECONDS / 86400:g} days"
-                raise cells.fail(record.arrival_column, why)
-            if len(jobs) == MAX_TRACE_JOBS:
-                raise ValueError(f"{cells.where}: more than {MAX_TRACE_JOBS:,} jobs {_TOO_MANY}")
-            user = cells.text("user")
-            duration = max(duration, MIN_JOB_SECONDS)
-            jobs.append(
-                TraceJob(
-                    job_id, record.arrival_s, gpus, duration, workload, floor, user, record.share
-                )
+        rows = csv_rows(path, reader)
+        records = ((cells, layout.read(cells, k)) for k, cells in enumerate(rows))
+        return load_records(Path(path).name, layout, records, seed)
+
+
+def load_records(
+    name: str,
+    layout: Layout,
+    records: Iterable[tuple[CsvRow, TraceRecord | str]],
+    seed: int = 0,
+) -> TraceLoad:
+    """The jobs of ``records`` (each the row it was read from, and the job or why it is
+    skipped), sorted by arrival, with the notes :func:`read_trace` gives, ``name`` the
+    trace they call: what every layout shares, for readers that join several files
+    into one record (:mod:`.pai_trace`).  The row's ``workload``, ``min_throughput_frac``
+    and ``user`` cells are read as a user trace's, and a bad value names that row."""
+    jobs: list[TraceJob] = []
+    seen: set[str] = set()
+    first, last = math.inf, -math.inf
+    skipped: Counter[str] = Counter()
+    marked: Counter[str] = Counter()
+    drawn = narrowed = raised = 0
+    for cells, record in records:
+        if isinstance(record, str):
+            skipped[record] += 1
+            continue
+        job_id = record.job_id
+        if job_id in seen:
+            raise cells.fail(record.id_column, "used by an earlier row (ids must be unique)")
+        seen.add(job_id)
+        marked.update(record.marks)
+        gpus, duration = record.gpus, record.duration_s
+        raised += duration < MIN_JOB_SECONDS
+        workload_name = cells.text("workload")
+        # Draws keyed by the job, not by its row (module docstring).
+        rng = np.random.default_rng([seed, 0xC5F, zlib.crc32(job_id.encode())])
+        try:
+            workload = (
+                _resolve_workload(workload_name, job_id) if workload_name else _draw(rng, gpus)
             )
+        except ValueError as exc:
+            raise cells.fail("workload", str(exc)) from None
+        drawn += not workload_name
+        has_floor = bool(cells.text("min_throughput_frac"))
+        floor = cells.number("min_throughput_frac", 0.0, 1.0) if has_floor else _floor(rng)
+        if workload in INFERENCE_WORKLOADS and gpus > 1:
+            narrowed += 1
+            gpus = 1
+        first, last = min(first, record.arrival_s), max(last, record.arrival_s)
+        if last - first > MAX_TRACE_SECONDS:
+            why = f"arrivals span more than {MAX_TRACE_SECONDS / 86400:g} days"
+            raise cells.fail(record.arrival_column, why)
+        if len(jobs) == MAX_TRACE_JOBS:
+            raise ValueError(f"{cells.where}: more than {MAX_TRACE_JOBS:,} jobs {_TOO_MANY}")
+        user = cells.text("user")
+        duration = max(duration, MIN_JOB_SECONDS)
+        jobs.append(
+            TraceJob(job_id, record.arrival_s, gpus, duration, workload, floor, user, record.share)
+        )
     jobs.sort(key=lambda j: (j.arrival_s, j.job_id))
-    name = Path(path).name
     notes = [layout.summary(name, len(jobs), skipped)]
     notes += [f"{name}: {marked[key]} {words}" for key, words in layout.marks if marked[key]]
     if drawn:
