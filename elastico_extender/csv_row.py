@@ -47,16 +47,17 @@ _NOT_UTF8 = re.compile("[\udc80-\udcff]")
 """What ``surrogateescape`` decodes a byte that is not UTF-8 to."""
 
 
-def open_csv(path: Path | str, *, gzipped: bool = False) -> CsvText:
+def open_csv(path: Path | str, *, gzipped: bool = False, max_bytes: int = MAX_CSV_BYTES) -> CsvText:
     """``path`` opened as the loaders read a CSV (UTF-8, BOM or not); OSError, without
-    waiting, when it is not a regular file of at most :data:`MAX_CSV_BYTES`.  With
-    ``gzipped``, a file that starts as gzip does is read as the text it holds (at most
-    :data:`MAX_CSV_BYTES` of it: a small file must not inflate without end)."""
-    raw = open_regular(path, MAX_CSV_BYTES)
+    waiting, when it is not a regular file of at most ``max_bytes`` (a reader that streams
+    a larger published table sets its own bound).  With ``gzipped``, a file that starts as
+    gzip does is read as the text it holds (at most ``max_bytes`` of it: a small file must
+    not inflate without end)."""
+    raw = open_regular(path, max_bytes)
     try:
         if gzipped and raw.read(2) == GZIP_MAGIC:
             raw.seek(0)
-            return CsvText(path, io.BufferedReader(_Inflated(path, raw)))
+            return CsvText(path, io.BufferedReader(_Inflated(path, raw, max_bytes)))
         raw.seek(0)
         return CsvText(path, raw)
     except BaseException:
@@ -65,12 +66,13 @@ def open_csv(path: Path | str, *, gzipped: bool = False) -> CsvText:
 
 
 class _Inflated(io.RawIOBase):
-    """The bytes a gzip file holds, at most :data:`MAX_CSV_BYTES`; a damaged or cut-off
-    file is a ValueError naming it, not the gzip module's EOFError or zlib's jargon."""
+    """The bytes a gzip file holds, at most ``max_bytes``; a damaged or cut-off file is a
+    ValueError naming it, not the gzip module's EOFError or zlib's jargon."""
 
-    def __init__(self, path: Path | str, raw: BinaryIO) -> None:
+    def __init__(self, path: Path | str, raw: BinaryIO, max_bytes: int) -> None:
         self._path = path
         self._raw = raw
+        self._max_bytes = max_bytes
         self._gzip = gzip.GzipFile(fileobj=raw)
         self._total = 0
 
@@ -83,8 +85,8 @@ class _Inflated(io.RawIOBase):
         except (EOFError, zlib.error, gzip.BadGzipFile):
             raise ValueError(f"{self._path}: a damaged or cut-off gzip file") from None
         self._total += count
-        if self._total > MAX_CSV_BYTES:
-            why = f"holds more than {MAX_CSV_BYTES:,} bytes of text"
+        if self._total > self._max_bytes:
+            why = f"holds more than {self._max_bytes:,} bytes of text"
             raise OSError(errno.EFBIG, why, str(self._path))
         return count
 
