@@ -56,6 +56,8 @@ FAST = ["--no-progress", "--no-plots", "--jobs", "1"]
         (["--interference", "/nope.csv"], "--interference"),
         (["--trace", "/nope.csv"], "--trace"),
         (["--trace", "philly:zzzzzz"], "--trace"),
+        (["--trace", "pai:/nope"], "--trace"),
+        (["--trace", "pai:"], "--trace"),
         (["--days", "3:1"], "--days"),
         (["--days", "x"], "--days"),
         (["--inference-share", "2"], "--inference-share"),

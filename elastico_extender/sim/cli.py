@@ -33,6 +33,7 @@ from elastico_extender.csv_row import open_csv
 from elastico_extender.policies.elastico import ABLATIONS
 from elastico_extender.sim.engine import ClusterSpec
 from elastico_extender.sim.instances import instances_needed
+from elastico_extender.sim.pai_trace import PAI_PREFIX, is_pai_table, pai_trace
 from elastico_extender.sim.production import ProductionWorld
 from elastico_extender.sim.progress import ProgressBar
 from elastico_extender.sim.report import (
@@ -190,9 +191,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--trace",
         type=text_arg,
         default="synthetic",
-        help="'synthetic', 'philly:VC' (e.g. philly:ed69ec; ships with the package) or a CSV "
+        help="'synthetic', 'philly:VC' (e.g. philly:ed69ec; ships with the package), a CSV "
         "path (format: sim.traces; a Helios cluster_log.csv, as Lucid's simulator reads, and "
-        "an Alibaba openb_pod_list_*.csv too)",
+        "an Alibaba openb_pod_list_*.csv too) or 'pai:DIR', a folder of Alibaba PAI's 2020 "
+        "pai_task_table.csv and pai_job_table.csv (sim.pai_trace)",
     )
     p.add_argument(
         "--gpus",
@@ -348,6 +350,30 @@ def _no_spacing(args: argparse.Namespace, count: int, window: str | None) -> str
     )
 
 
+def _read_trace_file(args: argparse.Namespace) -> TraceLoad:
+    """The trace file ``--trace`` names: a CSV of a layout told apart by its header, or a
+    folder of Alibaba PAI's headerless 2020 tables (``pai:DIR``, :mod:`.pai_trace`)."""
+    if args.trace.startswith(PAI_PREFIX):
+        folder = args.trace.removeprefix(PAI_PREFIX)
+        if not folder:
+            raise InputError(f"--trace: {PAI_PREFIX} names no folder (use {PAI_PREFIX}DIR)")
+        try:
+            return pai_trace(folder, args.seed)
+        except ValueError as exc:  # it names the table, and the line and column
+            raise InputError(f"--trace: {exc}") from None
+        except OSError as exc:  # a read that failed part way
+            raise _unreadable("--trace", args.trace, exc) from None
+    if is_pai_table(args.trace):  # its first record would be read as a header
+        raise InputError(
+            f"--trace: {args.trace} is a table of Alibaba PAI's 2020 trace, which has no "
+            f"header row: give its folder, --trace {PAI_PREFIX}{Path(args.trace).parent}"
+        )
+    try:
+        return read_trace(args.trace, args.seed)
+    except (OSError, ValueError, KeyError) as exc:
+        raise _unreadable("--trace", args.trace, exc) from None
+
+
 def load_trace(args: argparse.Namespace) -> tuple[list[TraceJob], int, float, TraceLoad]:
     """(jobs rebased to t=0, cluster GPUs, arrival span seconds, what was done) for ``args``;
     the span is 0 when every job arrives at once (no offered load exists then)."""
@@ -399,10 +425,7 @@ def load_trace(args: argparse.Namespace) -> tuple[list[TraceJob], int, float, Tr
             raise InputError(f"--trace: {exc}") from None
         gpus = gpus or PHILLY_VC_GPUS.get(vc, 64)
     else:
-        try:
-            loaded = read_trace(args.trace, args.seed)
-        except (OSError, ValueError, KeyError) as exc:
-            raise _unreadable("--trace", args.trace, exc) from None
+        loaded = _read_trace_file(args)
         if not loaded.jobs:  # the notes say why (a Helios log's skipped rows)
             why = "".join(f"; {note}" for note in loaded.notes)
             raise InputError(f"--trace: {args.trace} has no jobs{why}")
