@@ -18,14 +18,22 @@ the notes that count what each layout skipped or read differently.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from elastico_extender.core.resources import MAX_CLUSTER_GPUS
 from elastico_extender.csv_row import CsvRow
 
-__all__ = ["LAYOUTS", "MAX_TRACE_SECONDS", "Layout", "TraceRecord", "instant", "layout_of"]
+__all__ = [
+    "LAYOUTS",
+    "MAX_TRACE_SECONDS",
+    "Layout",
+    "RecordRows",
+    "TraceRecord",
+    "instant",
+    "layout_of",
+]
 
 MAX_TRACE_SECONDS = 366 * 86400.0
 """Longest job and longest arrival span a trace may hold: the simulator steps every epoch
@@ -51,6 +59,9 @@ class TraceRecord:
 
 RowReader = Callable[[CsvRow, int], "TraceRecord | str"]
 """(record, its index among the rows) -> the job, or the key of why it is skipped."""
+RecordRows = Iterable[tuple[CsvRow, "TraceRecord | str"]]
+"""Each row read with its job or the key of why it is skipped: what
+:func:`elastico_extender.sim.traces.load_records` turns into jobs and notes."""
 
 
 @dataclass(frozen=True)

@@ -108,7 +108,7 @@ import math
 import os
 import zlib
 from collections import Counter
-from collections.abc import Generator, Iterable
+from collections.abc import Generator
 from contextlib import closing
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -121,7 +121,7 @@ from elastico_extender.csv_row import CsvRow, csv_header, csv_rows, open_csv
 from elastico_extender.sim.trace_layouts import (
     MAX_TRACE_SECONDS,
     Layout,
-    TraceRecord,
+    RecordRows,
     layout_of,
 )
 from elastico_extender.sim.workloads import (
@@ -330,7 +330,7 @@ def read_trace(path: Path | str, seed: int = 0) -> TraceLoad:
 def load_records(
     name: str,
     layout: Layout,
-    records: Iterable[tuple[CsvRow, TraceRecord | str]],
+    records: RecordRows,
     seed: int = 0,
 ) -> TraceLoad:
     """The jobs of ``records`` (each the row it was read from, and the job or why it is
