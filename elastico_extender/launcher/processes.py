@@ -130,10 +130,14 @@ class WorkloadProcesses:
             pass
         return self.adopt and next(_children(), None) is not None
 
-    def send(self, signum: int) -> None:
-        """``signum`` to the workload's group, once, and to its orphans."""
+    def signal_group(self, signum: int) -> None:
+        """``signum`` to the workload's process group (gone already: nothing)."""
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.leader.pid, signum)
+
+    def send(self, signum: int) -> None:
+        """``signum`` to the workload's group, once, and to its orphans."""
+        self.signal_group(signum)
         self._send_orphans(signum)
 
     def _send_orphans(self, signum: int) -> None:

@@ -26,7 +26,6 @@ a shell would.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import logging
 import math
 import os
@@ -211,8 +210,7 @@ class Supervisor:
         """Pass ``signum`` on to the running workload's group (nothing between two)."""
         workload = self._workload
         if workload is not None and workload.leader.returncode is None:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(workload.leader.pid, signum)
+            workload.signal_group(signum)
 
     def _start(self, settings: LaunchSettings, label: str | None) -> WorkloadProcesses:
         argv, env = build_launch(self.command, settings, self.environ)
