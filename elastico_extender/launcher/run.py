@@ -51,7 +51,7 @@ from elastico_extender.launcher.assignment import LaunchSettings, read_assignmen
 from elastico_extender.launcher.downward import parse_annotations
 from elastico_extender.launcher.processes import WorkloadProcesses, become_subreaper
 from elastico_extender.profiling.shim import shim_path
-from elastico_extender.userfiles import read_bounded, read_text, reason
+from elastico_extender.userfiles import Staging, read_bounded, read_text, reason
 
 __all__ = [
     "Supervisor",
@@ -233,9 +233,8 @@ class Supervisor:
             if label is None:
                 path.unlink(missing_ok=True)  # an earlier container's, now untrue
                 return
-            tmp = path.with_name(f".{path.name}.{os.getpid()}")
-            tmp.write_text(label, encoding="utf-8")
-            tmp.replace(path)  # the agent reads the old label or the new, never half
+            with Staging() as staged:  # the agent reads the old label or the new, never half
+                staged(path).write_text(label, encoding="utf-8")
         except OSError as exc:
             log.warning("cannot record the launched configuration in %s: %s", path, exc)
 
