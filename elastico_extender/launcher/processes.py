@@ -15,7 +15,13 @@ it started does not:
   that left the group (``setsid``) is found as an orphan once its parent has gone.
 * **A stop ends after the workload's processes have.**  When pid 1 exits the kernel
   kills whatever is left in its namespace at once, cutting a helper's own graceful
-  shutdown (a checkpoint being written) short of the pod's grace period.
+  shutdown (a checkpoint being written) short of the pod's grace period.  The same holds
+  when the command exits by itself: what it left running (a DataLoader worker, a
+  checkpoint upload) is stopped as on a stop, SIGTERM and the grace period first.
+
+Orphans are listed from ``/proc`` (each process's parent).  Without it (a sandbox that
+mounts none) they cannot be found: the workload's process group is still signalled and
+waited for, and a warning says that orphans are not.
 
 Orphans are adopted only where the launcher owns its process (``adopt=True``: the
 ``elastico-run`` program); a launcher run inside another program (a test) waits for the
@@ -32,9 +38,11 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
+from pathlib import Path
 
-__all__ = ["KILL_WAIT_SECONDS", "WorkloadProcesses", "become_subreaper"]
+from elastico_extender.userfiles import reason
+
+__all__ = ["KILL_WAIT_SECONDS", "PROC_ROOT", "WorkloadProcesses", "become_subreaper"]
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +53,7 @@ KILL_WAIT_SECONDS = 10.0
 the GPU driver) can outlast it; the launcher then goes on, with a warning, rather than
 leave the pod without a workload for ever."""
 _PR_SET_CHILD_SUBREAPER = 36  # <linux/prctl.h>
+PROC_ROOT = Path("/proc")
 
 
 def become_subreaper() -> bool:
@@ -59,30 +68,39 @@ def become_subreaper() -> bool:
         return False
 
 
-def _children() -> Iterator[int]:
-    """Pids of this process's living children (``/proc/*/stat``'s parent field)."""
+def _children(proc_root: Path) -> list[int]:
+    """Pids of this process's living children (``<proc_root>/*/stat``'s parent field);
+    OSError when ``proc_root`` cannot be listed."""
     me = os.getpid()
-    with contextlib.suppress(OSError):
-        for entry in os.scandir("/proc"):
+    found = []
+    with os.scandir(proc_root) as entries:
+        for entry in entries:
             if not entry.name.isdigit():
                 continue
             try:
-                with open(f"/proc/{entry.name}/stat", "rb") as stat:
+                with open(os.path.join(proc_root, entry.name, "stat"), "rb") as stat:
                     fields = stat.read().rsplit(b")", 1)[1].split()
             except (OSError, IndexError):
                 continue  # gone meanwhile
             if len(fields) > 1 and fields[0] != b"Z" and int(fields[1]) == me:
-                yield int(entry.name)
+                found.append(int(entry.name))
+    return found
 
 
 class WorkloadProcesses:
     """One launched workload: its leader (started in a session and group of its own),
     the rest of that group and, with ``adopt``, every orphan handed to this process."""
 
-    def __init__(self, leader: subprocess.Popen[bytes], *, adopt: bool) -> None:
+    def __init__(
+        self, leader: subprocess.Popen[bytes], *, adopt: bool, proc_root: Path = PROC_ROOT
+    ) -> None:
+        """``proc_root``: where orphans are listed from (``/proc``; another path in tests,
+        to see the launcher without one)."""
         self.leader = leader
         self.adopt = adopt
+        self.proc_root = proc_root
         self._signalled: dict[int, int] = {}  # adopted pid -> the last signal it was sent
+        self._unlisted = False  # warned that orphans cannot be listed
 
     @property
     def status(self) -> int | None:
@@ -128,7 +146,26 @@ class WorkloadProcesses:
             return True  # members this process may not signal (a setuid program)
         except ProcessLookupError:
             pass
-        return self.adopt and next(_children(), None) is not None
+        return bool(self._orphans())
+
+    def _orphans(self) -> list[int]:
+        """The adopted orphans living now (none without ``adopt``).  Without a readable
+        proc root there is no way to tell which children are there, short of blocking in
+        ``waitpid``: none are listed, and a warning says so once."""
+        if not self.adopt:
+            return []
+        try:
+            return [pid for pid in _children(self.proc_root) if pid != self.leader.pid]
+        except OSError as exc:
+            if not self._unlisted:
+                self._unlisted = True
+                log.warning(
+                    "cannot list the workload's orphans (%s: %s): only its process group "
+                    "is signalled and waited for",
+                    self.proc_root,
+                    reason(exc),
+                )
+            return []
 
     def signal_group(self, signum: int) -> None:
         """``signum`` to the workload's process group (gone already: nothing)."""
@@ -144,10 +181,8 @@ class WorkloadProcesses:
         """``signum`` to each adopted orphan not yet sent it: never twice to one process,
         since a second SIGTERM or SIGINT means "now, without cleaning up" to many
         programs (torchrun, vLLM)."""
-        if not self.adopt:
-            return
-        for pid in _children():
-            if pid != self.leader.pid and self._signalled.get(pid) != signum:
+        for pid in self._orphans():
+            if self._signalled.get(pid) != signum:
                 self._signalled[pid] = signum
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signum)

@@ -9,7 +9,8 @@
 3. Run the command in its own process group; on SIGTERM/SIGINT stop it (the signal to
    the group, the grace period, SIGKILL); forward SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2 and
    SIGWINCH to the group as they come; exit with the command's status (128 + signal
-   number when a signal ended it).
+   number when a signal ended it).  When the command exits by itself, what it left
+   running is stopped the same way (SIGTERM, the grace period, SIGKILL) first.
 4. Every poll interval re-read the annotations; when the settings they imply change,
    restart gracefully: SIGTERM to the group, wait the grace period, SIGKILL, relaunch.
    A new assignment that is invalid is logged and ignored: the running workload stays.
@@ -49,7 +50,7 @@ from elastico_extender.annotations import (
 from elastico_extender.errors import AnnotationError, ElasticoError
 from elastico_extender.launcher.assignment import LaunchSettings, read_assignment
 from elastico_extender.launcher.downward import parse_annotations
-from elastico_extender.launcher.processes import WorkloadProcesses, become_subreaper
+from elastico_extender.launcher.processes import PROC_ROOT, WorkloadProcesses, become_subreaper
 from elastico_extender.profiling.shim import shim_path
 from elastico_extender.userfiles import Staging, read_bounded, read_text, reason
 
@@ -186,10 +187,12 @@ class Supervisor:
         grace_seconds: float = 30.0,
         poll_seconds: float = 2.0,
         adopt_orphans: bool = False,
+        proc_root: Path = PROC_ROOT,
     ) -> None:
         """``adopt_orphans``: this process reaps every child it gets (it is pid 1 or a
         subreaper: :func:`become_subreaper`), so orphans of the workload count as its
-        processes; leave it off inside a program that has children of its own."""
+        processes; leave it off inside a program that has children of its own.
+        ``proc_root``: where those orphans are listed from (:class:`WorkloadProcesses`)."""
         self.command = list(command)
         self.annotations_path = annotations_path
         self.environ = dict(environ)
@@ -199,6 +202,7 @@ class Supervisor:
         self._stop = threading.Event()
         self._stop_signal = signal.SIGTERM
         self.adopt_orphans = adopt_orphans
+        self.proc_root = proc_root
         self._workload: WorkloadProcesses | None = None
         self._shim_dir: Path | None = None  # the workload's ring directory, if profiled
 
@@ -219,7 +223,7 @@ class Supervisor:
         shim_dir = env.get("ELASTICO_SHIM_DIR")
         self._shim_dir = Path(shim_dir) if settings.profiling and shim_dir else None
         self._mark(label)
-        self._workload = WorkloadProcesses(proc, adopt=self.adopt_orphans)
+        self._workload = WorkloadProcesses(proc, adopt=self.adopt_orphans, proc_root=self.proc_root)
         return self._workload
 
     def _mark(self, label: str | None) -> None:
@@ -248,7 +252,7 @@ class Supervisor:
             if self._stop.is_set():
                 return _status(workload.stop(self._stop_signal, self.grace))
             if workload.status is not None:
-                return _status(workload.status)
+                return _status(self._finish(workload))
             if time.monotonic() < next_poll:
                 continue
             next_poll = time.monotonic() + self.poll
@@ -273,6 +277,25 @@ class Supervisor:
             self.restarts += 1
             settings, label = new, new_label
             workload = self._start(settings, label)
+
+    def _finish(self, workload: WorkloadProcesses) -> int:
+        """The command exited by itself: stop what it left running as a stop would
+        (SIGTERM once, the grace period, SIGKILL) before this process exits, and return
+        the command's status.  As pid 1 this process exiting has the kernel SIGKILL the
+        rest of the namespace at once, so a DataLoader worker or a checkpoint upload the
+        command left got no grace at all.  Nothing left: returns at once."""
+        status = workload.leader.returncode
+        assert status is not None
+        if not workload.remaining():
+            return status
+        log.info(
+            "workload exited with status %d; stopping the processes it left "
+            "(SIGTERM, %g s grace, then SIGKILL)",
+            _status(status),
+            self.grace,
+        )
+        workload.stop(signal.SIGTERM, self.grace)
+        return status
 
     def _file_bytes(self) -> bytes | None:
         """The file as it is now (bytes: whether it changed, not whether it is valid)."""
