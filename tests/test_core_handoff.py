@@ -139,9 +139,17 @@ def test_every_catalog_configuration_passes_the_knob_check(families) -> None:
         ({"shim_disable": True}, "ElastiCo's own ELASTICO_SHIM_DISABLE"),
         ({"shim_dir": "/tmp"}, "ElastiCo's own ELASTICO_SHIM_DIR"),
         ({"annotations_file": "/x"}, "ElastiCo's own ELASTICO_ANNOTATIONS_FILE"),
+        # '-' and '.' become '_' in the variable: these are ElastiCo's own names too ...
+        ({"memory-budget-mib": 99_999}, "ElastiCo's own ELASTICO_MEMORY_BUDGET_MIB"),
+        ({"shim.disable": True}, "ElastiCo's own ELASTICO_SHIM_DISABLE"),
+        # ... and two knobs that map alike would set one variable twice
+        ({"grad-accum": 4, "grad_accum": 2},
+         "knob names 'grad-accum' and 'grad_accum' both become ELASTICO_GRAD_ACCUM"),
+        ({"lr.warmup": 10, "LR-WARMUP": 5}, "both become ELASTICO_LR_WARMUP"),
     ],
     ids=["budget", "sm-share-any-case", "space", "too-long", "case-twin", "zero-batch",
-         "bool-batch", "word-switch", "zero-cap", "shim-off", "shim-dir", "annotations"],
+         "bool-batch", "word-switch", "zero-cap", "shim-off", "shim-dir", "annotations",
+         "budget-dashed", "shim-dotted", "dash-twin", "dot-dash-twin"],
 )  # fmt: skip
 def test_a_bad_knob_never_reaches_a_pod(knobs: dict, named: str) -> None:
     assert any(named in problem for problem in knob_problems(knobs))
@@ -166,22 +174,30 @@ def test_an_unknown_knob_with_a_plain_name_passes_as_its_own_variable() -> None:
     assert env["ELASTICO_GRAD_ACCUM"] == "4"
 
 
-def test_the_unprofiled_configuration_and_kubernetes_variable_names_pass() -> None:
+def test_knob_names_with_dash_or_dot_become_variables_a_shell_can_name() -> None:
     """An unprofiled workload's one configuration is ``as-is=on``: refusing its ``-``
-    failed the bind of every unprofiled pod.  Kubernetes takes ``-`` and ``.`` in a
-    ConfigMap key and a variable name, so the check does too."""
+    failed the bind of every unprofiled pod, so ``-`` and ``.`` pass the check.  But the
+    variable was ``ELASTICO_AS-IS``, which no POSIX shell can read (``$ELASTICO_AS-IS``
+    is ``$ELASTICO_AS`` and ``-IS``) and dash drops: each becomes ``_``."""
     from elastico_extender.service.families import UNPROFILED
 
     assert knob_problems(UNPROFILED.as_dict()) == []
-    assert knob_problems({"lr.warmup": 10, "grad-accum": 4}) == []
+    knobs = {"lr.warmup": 10, "grad-accum": 4, "as-is": True}
+    assert knob_problems(knobs) == []
     env = framework_settings(
         kind=JobKind.TRAINING,
-        configuration=UNPROFILED,
+        configuration=Configuration.from_dict(knobs),
         memory_budget_mib=1024,
         device_memory_mib=40960,
         device_indices=(0,),
     )
-    assert env["ELASTICO_AS-IS"] == "1"
+    assert (env["ELASTICO_AS_IS"], env["ELASTICO_LR_WARMUP"], env["ELASTICO_GRAD_ACCUM"]) == (
+        "1",
+        "10",
+        "4",
+    )
+    shell_name = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+    assert [name for name in env if not shell_name.fullmatch(name)] == []
 
 
 @pytest.mark.parametrize("device", [0.5, 0.0, -1.0], ids=["half-mib", "zero", "negative"])

@@ -590,7 +590,41 @@ def test_an_unprofiled_workloads_assignment_launches() -> None:
     the name (``-``), so such a workload never started under elastico-run."""
     annotations = {**TRAINING, "elastico.io/assigned-knobs": '{"as-is": true}'}
     settings = read_assignment(annotations, {}).settings()
-    assert settings.env["ELASTICO_AS-IS"] == "1"
+    assert settings.env["ELASTICO_AS_IS"] == "1"
+
+
+def test_a_shell_workload_reads_a_dashed_knob(tmp_path: Path) -> None:
+    """A launch script (``sh -c``) read ``$ELASTICO_AS-IS`` as ``$ELASTICO_AS`` then
+    ``-IS``, and dash passes no such variable on: the knob never reached it."""
+    annotations = tmp_path / "annotations"
+    knobs = json.dumps({"as-is": True, "lr.warmup": 10})
+    write_annotations(annotations, {**TRAINING, "elastico.io/assigned-knobs": knobs})
+    out = tmp_path / "out"
+    script = f'printf "%s %s" "$ELASTICO_AS_IS" "$ELASTICO_LR_WARMUP" > {out}'
+    assert main(["--annotations", str(annotations), "--", "sh", "-c", script]) == 0
+    assert out.read_text() == "1 10"
+
+
+@pytest.mark.parametrize("source", ["annotation", "environment"])
+def test_knobs_that_would_set_one_variable_twice_exit_2_naming_both(
+    tmp_path: Path, capsys, monkeypatch, source: str
+) -> None:
+    """``grad-accum`` and ``grad_accum`` are both ``ELASTICO_GRAD_ACCUM``: refused, naming
+    the annotation (or the environment fallback) and both knobs, never one value
+    silently winning."""
+    knobs = json.dumps({"grad-accum": 4, "grad_accum": 2})
+    annotations = tmp_path / "annotations"
+    if source == "annotation":
+        write_annotations(annotations, {**TRAINING, "elastico.io/assigned-knobs": knobs})
+        where = "elastico.io/assigned-knobs"
+    else:
+        write_annotations(annotations, {k: v for k, v in TRAINING.items() if "knobs" not in k})
+        monkeypatch.setenv("ELASTICO_CONFIGURATION_JSON", knobs)
+        where = "ELASTICO_CONFIGURATION_JSON"
+    assert main(["--annotations", str(annotations), "--", "true"]) == 2
+    err = capsys.readouterr().err
+    assert where in err
+    assert "'grad-accum' and 'grad_accum' both become ELASTICO_GRAD_ACCUM" in err
 
 
 def test_a_device_of_under_one_mib_is_a_problem_naming_it() -> None:

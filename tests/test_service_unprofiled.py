@@ -279,7 +279,7 @@ def test_a_pending_unprofiled_pod_is_bound_with_its_one_configuration(tmp_path: 
     """An unprofiled workload's one configuration is the knob ``as-is``: the knob check
     bind runs refused its ``-`` (ValueError out of bind: every such pod failed to bind,
     and the webhook's settings for it too).  It binds, its ConfigMap holding
-    ``ELASTICO_AS-IS`` (a name Kubernetes takes for a ConfigMap key and a variable)."""
+    ``ELASTICO_AS_IS`` (``core.handoff.knob_variable``: a name a shell can read too)."""
     import httpx
 
     api = FakeApiServer().start()
@@ -298,7 +298,7 @@ def test_a_pending_unprofiled_pod_is_bound_with_its_one_configuration(tmp_path: 
         notes = api.objects["pods"]["ml/n"]["metadata"]["annotations"]
         assert notes["elastico.io/assigned-configuration"] == UNPROFILED.label
         (configmap,) = [v for (ns, _), v in api.configmaps.items() if ns == "ml"]
-        assert configmap["data"]["ELASTICO_AS-IS"] == "1"
+        assert configmap["data"]["ELASTICO_AS_IS"] == "1"
     finally:
         server.stop()
         api.stop()

@@ -43,6 +43,7 @@ __all__ = [
     "framework_settings",
     "framework_share",
     "knob_problems",
+    "knob_variable",
     "memory_share",
     "vllm_arguments",
 ]
@@ -63,9 +64,22 @@ OWN_SETTINGS = frozenset({
 would have replaced the budget, ``shim_disable`` switched the loop's eyes off."""
 
 KNOB_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,63}")
-"""A knob's name, which becomes an environment variable's and a ConfigMap key's (no
-``=``, NUL or space).  ``-`` and ``.`` are in both of Kubernetes' sets, and an unprofiled
-workload's one configuration is ``as-is`` (``service.families.UNPROFILED``)."""
+"""A knob's name: letters, digits, ``_``, ``-`` and ``.``.  An unprofiled workload's one
+configuration is ``as-is`` (``service.families.UNPROFILED``), and profiling tools name
+knobs ``lr.warmup`` or ``grad-accum``; its variable is :func:`knob_variable`'s."""
+_NOT_IN_A_VARIABLE = str.maketrans("-.", "__")
+
+
+def knob_variable(name: str) -> str:
+    """The environment variable a knob reaches the workload as: ``ELASTICO_`` and the name
+    upper-cased with ``-`` and ``.`` as ``_`` (``as-is`` is ``ELASTICO_AS_IS``).
+
+    Kubernetes takes ``-`` and ``.`` in a variable's name, but a POSIX shell cannot:
+    ``$ELASTICO_AS-IS`` reads ``$ELASTICO_AS`` then ``-IS``, and dash and busybox sh drop
+    such variables from the environment they pass on, so a launch script never saw the
+    knob.  The mapping is many-to-one (``grad-accum``, ``grad_accum``, ``GRAD.ACCUM``),
+    so :func:`knob_problems` refuses two knobs of one configuration that map alike."""
+    return ENV_PREFIX + name.upper().translate(_NOT_IN_A_VARIABLE)
 
 
 def _positive_int(value: KnobValue) -> bool:
@@ -99,16 +113,22 @@ def knob_problems(knobs: Mapping[str, KnobValue]) -> list[str]:
     known knobs of the wrong kind (``batch_size: -8`` would reach the workload as is,
     ``prefix_caching: "off"`` would turn caching on)."""
     problems = []
-    seen: set[str] = set()
+    seen: dict[str, str] = {}  # variable -> the knob that takes it
     for name, value in knobs.items():
         shown = repr(name[:40])
+        variable = knob_variable(name)
+        own = variable.removeprefix(ENV_PREFIX)
         if not KNOB_NAME.fullmatch(name):
             problems.append(f"knob name {shown} is not a name of letters, digits, _, - and .")
-        elif name.upper() in OWN_SETTINGS or name.upper().startswith("SHIM_"):
-            problems.append(f"knob name {shown} is ElastiCo's own {_knob_env(name)}")
-        elif name.upper() in seen:
-            problems.append(f"knob name {shown} differs from another only in case")
-        seen.add(name.upper())
+        elif own in OWN_SETTINGS or own.startswith("SHIM_"):
+            problems.append(f"knob name {shown} is ElastiCo's own {variable}")
+        elif variable in seen:
+            problems.append(
+                f"knob names {seen[variable][:40]!r} and {shown} both become {variable} "
+                "(names may not differ only in case or in '-', '.' and '_')"
+            )
+        else:
+            seen[variable] = name
         check = KNOB_KINDS.get(name)
         if check is not None and not check[0](value):
             problems.append(f"knob {name} must be {check[1]}, got {json.dumps(value)[:40]}")
@@ -234,7 +254,7 @@ def framework_settings(
     }
     for name, value in configuration.knobs:
         shown = ("1" if value else "0") if isinstance(value, bool) else str(value)
-        env[_knob_env(name)] = shown
+        env[knob_variable(name)] = shown
     if kind is JobKind.INFERENCE:
         # The profile's MU knob is relative to the device it was profiled on (an A100
         # 40 GB for the catalog); on any other device the share vLLM really gets is the
