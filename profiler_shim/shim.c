@@ -309,7 +309,10 @@ static uint64_t es_monotonic_ns(void) { return es_clock_ns(CLOCK_MONOTONIC); }
  * publish, never per launch.  Where the kernel lacks it, the pid is (getpid(), a system
  * call, at each record and eviction: old kernels only).  The child then publishes
  * nothing: a ring of its own would need a lock that another of the parent's threads may
- * have held at the clone, and a flusher thread. */
+ * have held at the clone, and a flusher thread.  A clone(CLONE_VM) child shares the page
+ * too (nothing is copied, so nothing is wiped), and its parent's thread's TLS: its
+ * launches are aggregated in that thread's cache, and only a system call per launch
+ * could tell them apart, so they count as the parent's (docs/observability.md). */
 static inline int es_ring_mine(void) {
     const uint64_t *mine = es_g.mine;
     if (ES_LIKELY(mine != NULL)) return __atomic_load_n(mine, __ATOMIC_RELAXED) != 0;

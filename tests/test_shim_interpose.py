@@ -389,6 +389,27 @@ def test_a_child_cloned_without_fork_never_publishes_into_its_parents_ring(
     assert int(ticks(records)["grid_x"][-1]) == header["flushes"]
 
 
+def test_a_child_cloned_with_clone_vm_counts_as_its_parent(built, tmp_path: Path) -> None:
+    """A child made by clone(CLONE_VM) without CLONE_THREAD is a process of its own that
+    runs in its parent's memory with its parent's thread's TLS: the shim's state, the
+    launch cache and the ring are the parent's, and no page or flag differs (nothing is
+    copied, so MADV_WIPEONFORK wipes nothing).  Telling it apart would take a system call
+    (getpid or gettid) at each launch.  Its launches and allocations count as the
+    parent's, in the parent's ring, complete and consistent (the parent waits meanwhile);
+    it makes no ring of its own (docs/observability.md)."""
+    out = run_workload(built, tmp_path, str(EXIT_LAUNCHES), "clone_vm", program=built.exits)
+    words = dict(line.split() for line in out.stdout.splitlines())
+    parent, child = int(words["OK"]), int(words["CHILD"])
+    rings = find_rings(tmp_path)
+    assert child not in rings and set(rings) == {parent}
+    with RingReader(rings[parent]) as ring:
+        header, records = ring.header(), ring.peek()
+        assert ring.incomplete == 0
+    got = summarize(records, header)
+    assert header["launches"] == got.launches == 2 * EXIT_LAUNCHES
+    assert (header["allocs"], header["peak_bytes"]) == (2, 3 << 20)
+
+
 def test_the_image_an_exec_starts_continues_its_process_ring(built, tmp_path: Path) -> None:
     """Launchers and torchrun re-exec themselves: the pid stays, so the ring file does.
     The new image continues it (counters, records and flush numbers go on) instead of

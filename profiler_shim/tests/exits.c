@@ -15,6 +15,9 @@
  *                                clone(2) running a function on a stack of its own, whose
  *                                return ends it; the child also keeps a 2 MiB cudaMalloc
  *                                live, prints "CHILD <pid>" and the parent waits, returns
+ *   clone_vm                     clone_fn's child made with CLONE_VM: a process of its own
+ *                                in the parent's memory, with the parent's thread's TLS
+ *                                (no CLONE_SETTLS), as a vfork child that goes on to CUDA
  *   fork_first                   forks before any CUDA call (the child _exits at once),
  *                                then goes on as return
  *   execv | execve | execvp | execvpe | fexecve | execveat | execl | execle | execlp
@@ -88,9 +91,10 @@ int main(int argc, char **argv) {
         if (child == 0) exit(clone_child(n));
         return wait_for(child);
     }
-    if (!strcmp(how, "clone_fn")) {
+    if (!strcmp(how, "clone_fn") || !strcmp(how, "clone_vm")) {
         static char stack[1 << 16] __attribute__((aligned(16)));
-        return wait_for(clone(clone_fn, stack + sizeof stack, SIGCHLD, &n));
+        int flags = SIGCHLD | (!strcmp(how, "clone_vm") ? CLONE_VM : 0);
+        return wait_for(clone(clone_fn, stack + sizeof stack, flags, &n));
     }
     if (argc < 4) return 2;
     char **rest = argv + 3;
