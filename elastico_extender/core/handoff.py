@@ -135,10 +135,6 @@ def knob_problems(knobs: Mapping[str, KnobValue]) -> list[str]:
     return problems
 
 
-def _knob_env(name: str) -> str:
-    return ENV_PREFIX + name.upper()
-
-
 @dataclass(frozen=True)
 class MemoryShare:
     """A job's memory budget M_j on a device of M_GPU MiB, as every consumer writes it.
@@ -242,15 +238,15 @@ def framework_settings(
         # The NVIDIA container runtime exposes these host GPUs; inside, CUDA numbers them 0..n-1.
         "NVIDIA_VISIBLE_DEVICES": host,
         "CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in range(len(device_indices))),
-        _knob_env("GPU_INDICES"): host,
-        _knob_env("WORKLOAD_KIND"): kind.value,
-        _knob_env("CONFIGURATION"): configuration.label,
-        _knob_env("CONFIGURATION_JSON"): json.dumps(configuration.as_dict()),
-        _knob_env("MEMORY_BUDGET_MIB"): str(budget),
-        _knob_env("DEVICE_MEMORY_MIB"): str(share.device_mib),
-        _knob_env("MEMORY_FRACTION"): usable.fraction,
-        _knob_env("SM_SHARE"): f"{sm_share:.4f}",
-        _knob_env("MPS"): "true" if mps else "false",
+        knob_variable("GPU_INDICES"): host,
+        knob_variable("WORKLOAD_KIND"): kind.value,
+        knob_variable("CONFIGURATION"): configuration.label,
+        knob_variable("CONFIGURATION_JSON"): json.dumps(configuration.as_dict()),
+        knob_variable("MEMORY_BUDGET_MIB"): str(budget),
+        knob_variable("DEVICE_MEMORY_MIB"): str(share.device_mib),
+        knob_variable("MEMORY_FRACTION"): usable.fraction,
+        knob_variable("SM_SHARE"): f"{sm_share:.4f}",
+        knob_variable("MPS"): "true" if mps else "false",
     }
     for name, value in configuration.knobs:
         shown = ("1" if value else "0") if isinstance(value, bool) else str(value)
@@ -259,8 +255,8 @@ def framework_settings(
         # The profile's MU knob is relative to the device it was profiled on (an A100
         # 40 GB for the catalog); on any other device the share vLLM really gets is the
         # budget's, so the knob variable says that one value too.
-        env[_knob_env("GPU_MEMORY_UTILIZATION")] = usable.fraction
-        env[_knob_env("VLLM_ARGS")] = " ".join(vllm_arguments(configuration, usable.value))
+        env[knob_variable("GPU_MEMORY_UTILIZATION")] = usable.fraction
+        env[knob_variable("VLLM_ARGS")] = " ".join(vllm_arguments(configuration, usable.value))
         env["VLLM_GPU_MEMORY_UTILIZATION"] = usable.fraction
     else:
         env["PYTORCH_CUDA_ALLOC_CONF"] = f"max_split_size_mb:{budget}"
