@@ -32,6 +32,7 @@ __all__ = [
     "CsvText",
     "csv_header",
     "csv_rows",
+    "open_bytes",
     "open_csv",
 ]
 
@@ -53,13 +54,21 @@ def open_csv(path: Path | str, *, gzipped: bool = False, max_bytes: int = MAX_CS
     a larger published table sets its own bound).  With ``gzipped``, a file that starts as
     gzip does is read as the text it holds (at most ``max_bytes`` of it: a small file must
     not inflate without end)."""
+    return CsvText(path, open_bytes(path, gzipped=gzipped, max_bytes=max_bytes))
+
+
+def open_bytes(
+    path: Path | str, *, gzipped: bool = False, max_bytes: int = MAX_CSV_BYTES
+) -> BinaryIO:
+    """The bytes :func:`open_csv` reads, for a reader of another text format (the Philly
+    job log is JSON): the same bounds, and with ``gzipped`` a gzip file's contents."""
     raw = open_regular(path, max_bytes)
     try:
         if gzipped and raw.read(2) == GZIP_MAGIC:
             raw.seek(0)
-            return CsvText(path, io.BufferedReader(_Inflated(path, raw, max_bytes)))
+            return io.BufferedReader(_Inflated(path, raw, max_bytes))
         raw.seek(0)
-        return CsvText(path, raw)
+        return raw
     except BaseException:
         raw.close()
         raise
