@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import simulate
 
 from elastico_extender.sim import philly_log as pl
 from elastico_extender.sim.traces import days_window
@@ -312,3 +313,58 @@ def test_days_keep_a_window_and_the_jobs_done_before_it_are_history(tmp_path: Pa
     windowed = days_window(pl.philly_log(_log(tmp_path)), (1.0, 2.0))
     assert [(j.job_id, j.arrival_s) for j in windowed.jobs] == [("j09", 0.0)]
     assert len(windowed.history) == 3
+
+
+FAST = ["--policy", "volcano", "--no-progress", "--no-plots"]
+
+
+def test_the_simulator_runs_a_philly_log_and_says_what_it_read_and_skipped(
+    tmp_path: Path,
+) -> None:
+    path = _log(tmp_path)
+    argv = ["--trace", f"philly-log:{path}", "--gpus", "16", *FAST, "--out", str(tmp_path / "o")]
+    proc = simulate(*argv)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert f"trace=philly-log:{path} jobs=4 gpus=16 " in proc.stdout
+    assert SUMMARY in proc.stdout
+    assert f"philly-log:{path}: 4 jobs, rebased to t=0" in proc.stdout
+    assert (tmp_path / "o" / "tables.md").is_file()
+
+
+def test_a_vc_of_the_log_runs_on_its_size_and_days_keep_its_history(tmp_path: Path) -> None:
+    path = _log(tmp_path)
+    argv = ["--trace", f"philly-log:{path}@ee9e8c", "--days", "1:2", *FAST]
+    proc = simulate(*argv, "--out", str(tmp_path / "o"))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert " jobs=1 gpus=512 " in proc.stdout  # ee9e8c's 64 servers of 8
+    assert (
+        "--days: kept the 1 of 3 jobs arriving in days 1-2, rebased to t=0; the 2 that "
+        "finished before day 1 are the history"
+    ) in proc.stdout
+
+
+@pytest.mark.parametrize(
+    ("case", "said"),
+    [
+        ("bad-json", "job 1 (byte 1): not JSON: Expecting property name enclosed"),
+        ("no-file", "cluster_job_log: cannot read: No such file or directory"),
+        ("bare-path", "is Philly's job log (JSON, not CSV): read it with --trace philly-log:"),
+        ("clip", "--max-job-hours: only applies to --trace philly:VC"),
+        ("empty-vc", "no VC after the @"),
+    ],
+)
+def test_the_simulator_names_a_bad_philly_log_and_exits_2(
+    tmp_path: Path, case: str, said: str
+) -> None:
+    path = _log(tmp_path, '[{"jobid": "x", }]' if case == "bad-json" else None)
+    trace = {
+        "bad-json": f"philly-log:{path}",
+        "no-file": f"philly-log:{tmp_path / 'nope' / 'cluster_job_log'}",
+        "bare-path": str(path),
+        "clip": f"philly-log:{path}",
+        "empty-vc": f"philly-log:{path}@",
+    }[case]
+    extra = ["--max-job-hours", "12"] if case == "clip" else []
+    proc = simulate("--trace", trace, *extra, *FAST, "--out", str(tmp_path / "o"))
+    assert proc.returncode == 2, proc.stdout[-2000:]
+    assert said in proc.stderr and "Traceback" not in proc.stderr

@@ -34,6 +34,7 @@ from elastico_extender.policies.elastico import ABLATIONS
 from elastico_extender.sim.engine import ClusterSpec
 from elastico_extender.sim.instances import instances_needed
 from elastico_extender.sim.pai_trace import PAI_PREFIX, is_pai_table, pai_trace
+from elastico_extender.sim.philly_log import PHILLY_LOG_PREFIX, is_job_log, parse_spec, philly_log
 from elastico_extender.sim.production import ProductionWorld
 from elastico_extender.sim.progress import ProgressBar
 from elastico_extender.sim.report import (
@@ -193,13 +194,16 @@ def build_parser() -> argparse.ArgumentParser:
         default="synthetic",
         help="'synthetic', 'philly:VC' (e.g. philly:ed69ec; ships with the package), a CSV "
         "path (format: sim.traces; a Helios cluster_log.csv, as Lucid's simulator reads, and "
-        "an Alibaba openb_pod_list_*.csv too) or 'pai:DIR', a folder of Alibaba PAI's 2020 "
-        "pai_task_table.csv and pai_job_table.csv (sim.pai_trace)",
+        "an Alibaba openb_pod_list_*.csv too), 'pai:DIR', a folder of Alibaba PAI's 2020 "
+        "pai_task_table.csv and pai_job_table.csv (sim.pai_trace), or 'philly-log:FILE', "
+        "Microsoft's Philly cluster_job_log, plain or gzip ('philly-log:FILE@VC': one VC's "
+        "jobs; sim.philly_log)",
     )
     p.add_argument(
         "--gpus",
         type=_whole(1, MAX_CLUSTER_GPUS),
-        help="cluster GPUs (default 64; a Philly VC's own size; at most 65,536)",
+        help="cluster GPUs (default 64; a Philly VC's own size, philly-log:FILE@VC's too; at "
+        "most 65,536)",
     )
     p.add_argument(
         "--load",
@@ -351,8 +355,19 @@ def _no_spacing(args: argparse.Namespace, count: int, window: str | None) -> str
 
 
 def _read_trace_file(args: argparse.Namespace) -> TraceLoad:
-    """The trace file ``--trace`` names: a CSV of a layout told apart by its header, or a
-    folder of Alibaba PAI's headerless 2020 tables (``pai:DIR``, :mod:`.pai_trace`)."""
+    """The trace file ``--trace`` names: a CSV of a layout told apart by its header, a
+    folder of Alibaba PAI's headerless 2020 tables (``pai:DIR``, :mod:`.pai_trace`), or
+    Philly's JSON job log (``philly-log:FILE[@VC]``, :mod:`.philly_log`)."""
+    if args.trace.startswith(PHILLY_LOG_PREFIX):
+        try:
+            return philly_log(*parse_spec(args.trace), seed=args.seed)
+        except ValueError as exc:  # it names the file, and the job and its byte offset
+            raise InputError(f"--trace: {exc}") from None
+    if is_job_log(args.trace):  # JSON: read as a CSV, its first line would be the header
+        raise InputError(
+            f"--trace: {args.trace} is Philly's job log (JSON, not CSV): read it with "
+            f"--trace {PHILLY_LOG_PREFIX}{args.trace}"
+        )
     if args.trace.startswith(PAI_PREFIX):
         folder = args.trace.removeprefix(PAI_PREFIX)
         if not folder:
@@ -372,6 +387,14 @@ def _read_trace_file(args: argparse.Namespace) -> TraceLoad:
         return read_trace(args.trace, args.seed)
     except (OSError, ValueError, KeyError) as exc:
         raise _unreadable("--trace", args.trace, exc) from None
+
+
+def _file_gpus(trace: str) -> int:
+    """The cluster a trace file runs on without ``--gpus``: the VC's own size for a Philly
+    job log read for one VC of known size (as ``philly:VC``), else 64."""
+    if trace.startswith(PHILLY_LOG_PREFIX):
+        return PHILLY_VC_GPUS.get(parse_spec(trace)[1] or "", 64)
+    return 64
 
 
 def load_trace(args: argparse.Namespace) -> tuple[list[TraceJob], int, float, TraceLoad]:
@@ -429,7 +452,7 @@ def load_trace(args: argparse.Namespace) -> tuple[list[TraceJob], int, float, Tr
         if not loaded.jobs:  # the notes say why (a Helios log's skipped rows)
             why = "".join(f"; {note}" for note in loaded.notes)
             raise InputError(f"--trace: {args.trace} has no jobs{why}")
-        gpus = gpus or 64
+        gpus = gpus or _file_gpus(args.trace)
         jobs = rebase(loaded.jobs)
         notes = [*loaded.notes, f"{args.trace}: {len(jobs)} jobs, rebased to t=0"]
         if hours:
