@@ -101,9 +101,9 @@ MAX_PHILLY_LOG_BYTES = 1 << 30
 """Largest log read, as a file and as the text a gzip file holds (1 GiB: a log of the
 published 117,325 jobs in its layout is about 100 MB)."""
 MAX_JOB_CHARS = 4 << 20
-"""Longest job object, in characters (4 MiB): a job of a thousand attempts on 16 servers
-each is about 1 MB written with indents, and a file that is no job array (one huge
-string, say) must not be buffered whole to find out."""
+"""Longest job object, in characters (4 MiB): an attempt on 16 servers of 8 GPUs is 4.5 KB
+written with indents, so a job may hold some 900 of them, and a file that is no job array
+(one huge string, say) must not be buffered whole to find out."""
 READ_BYTES = 1 << 20
 """How much of the file one read adds to the buffer."""
 _WS = re.compile(r"[ \t\n\r]*")
