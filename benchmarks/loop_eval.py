@@ -51,6 +51,7 @@ import sys
 import time
 from pathlib import Path
 
+import _results
 import numpy as np
 from _args import policy_name, positive_float, positive_int
 
@@ -214,7 +215,9 @@ def plot(parts: dict[str, dict], path: Path) -> None:
     ax.set_ylabel("MAPE on observed pairs (%)")
     ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    with _results.results() as out:  # a staged name ends .part: the format is given
+        out.save(path, lambda staged: fig.savefig(staged, dpi=120, format="png"))
+    plt.close(fig)
 
 
 def scenario_tag(args: argparse.Namespace, gpus: int) -> str:
@@ -238,8 +241,7 @@ def run_seed(
     base = scenario_tag(args, gpus)
     tag = base + (f"_seed{seed}" if seed else "")
     tag += f"_epoch{args.epoch:g}s" if args.epoch != 60.0 else ""
-    saved = args.out / f"{tag}.parts"
-    saved.mkdir(parents=True, exist_ok=True)
+    saved = _results.folder(args.out / f"{tag}.parts")
     t0 = time.time()
     parts: dict[str, dict] = {}
     for name in policies:
@@ -249,7 +251,7 @@ def run_seed(
             continue
         result = run_experiment(exp, [name], workers=1)[name]
         parts[name] = figures(result, args.epoch)
-        part.write_text(json.dumps(parts[name]))
+        _results.write_text(part, json.dumps(parts[name]))
         print(f"{name}: done in {result.wall_s:.0f} s", file=sys.stderr, flush=True)
     text = (
         f"# Closed loop: {args.scenario} ({gpus} GPUs, {len(jobs)} jobs, seed {seed}, "
@@ -263,7 +265,7 @@ def run_seed(
         + "\n"
     )
     print(text)
-    (args.out / f"{tag}.md").write_text(text)
+    _results.write_text(args.out / f"{tag}.md", text)
     if args.plot:
         plot(parts, args.out / f"{tag}_mape.png")
     return parts, base
@@ -350,7 +352,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(text)
     epoch = f"_epoch{args.epoch:g}s" if args.epoch != 60.0 else ""
-    (args.out / f"{base}_seeds{epoch}.md").write_text(text)
+    _results.write_text(args.out / f"{base}_seeds{epoch}.md", text)
     return 0
 
 
