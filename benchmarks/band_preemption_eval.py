@@ -28,6 +28,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+import _results
 from _args import comma_list, positive_int
 from peers_eval import (
     BASELINES,
@@ -83,8 +84,10 @@ def experiment(row: str, world: str, seed: int) -> Experiment:
     return week_experiment(philly_trace(name, seed=seed, days=days), int(gpus), world, seed)
 
 
-def run(task: tuple[str, str, str, int, Path]) -> str:
-    """One run of ``elastico+online``; its summary saved as JSON under the output folder."""
+def run(task: tuple[str, str, str, int, Path]) -> tuple[Path, str, str]:
+    """One run of ``elastico+online`` (in a pool worker): where its summary goes, the
+    summary as JSON, and the line to print.  The parent writes it: a failed write in a
+    worker would end the worker, and the pool would wait for its answer forever."""
     row, world, setting, seed, out = task
     exp = replace(experiment(row, world, seed), planner=SETTINGS[setting])
     band = [0.0]
@@ -95,8 +98,7 @@ def run(task: tuple[str, str, str, int, Path]) -> str:
     result = run_one(SHIPPED, exp, planned=count)
     summary = {**summarise(result), "band_preemptions": band[0], "wall_s": result.wall_s}
     path = out / f"{saved_key(row, world)}_{setting}.json"
-    path.write_text(json.dumps(summary, indent=1, sort_keys=True))
-    return f"{path.name}: {result.wall_s:.0f}s"
+    return path, json.dumps(summary, indent=1, sort_keys=True), f"{path.name}: {result.wall_s:.0f}s"
 
 
 def table(rows: list[str], worlds: list[str], out: Path, command: str) -> str:
@@ -145,7 +147,7 @@ def table(rows: list[str], worlds: list[str], out: Path, command: str) -> str:
             ]
             lines.append("| " + " | ".join(cells) + " |")
     text = "\n".join(lines) + "\n"
-    (out / "band_preemption.md").write_text(text)
+    _results.write_text(out / "band_preemption.md", text)
     return text
 
 
@@ -180,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     out: Path = args.out
     if out.exists() and not out.is_dir():
         ap.error(f"--out: {out} is not a folder")
-    out.mkdir(parents=True, exist_ok=True)
+    _results.folder(out)
     tasks = [
         (row, world, setting, args.seed, out)
         for world in args.worlds
@@ -191,7 +193,8 @@ def main(argv: list[str] | None = None) -> int:
     tasks.sort(key=lambda task: saved_wall_s(task[0], task[1]))  # cheapest rows first
     t0 = time.time()
     with mp.get_context("fork").Pool(args.jobs) as pool:
-        for done in pool.imap_unordered(run, tasks):
+        for path, summary, done in pool.imap_unordered(run, tasks):
+            _results.write_text(path, summary)  # saved as it finishes: a rerun resumes
             print(f"  {done} ({time.time() - t0:.0f}s)", file=sys.stderr, flush=True)
     command = "PYTHONPATH=. nice -n 5 python benchmarks/band_preemption_eval.py " + " ".join(
         argv if argv is not None else sys.argv[1:]

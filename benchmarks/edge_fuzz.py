@@ -34,6 +34,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import _results
 import httpx
 from _args import positive_int
 
@@ -70,6 +71,8 @@ def main(argv: list[str] | None = None) -> int:
         "default: the tree on PYTHONPATH",
     )
     args = p.parse_args(argv)
+    if args.out:  # before the minutes of requests, not after them
+        _results.check(args.out)
 
     work = Path(tempfile.mkdtemp(prefix="elastico-fuzz-"))
     cluster_file = work / "cluster.json"
@@ -183,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
     report = "\n".join(lines) + "\n"
     print(report)
     if args.out:
-        args.out.write_text(report)
+        _results.write_text(args.out, report)
     return 1 if five or transport_errors or leaks or tracebacks else 0
 
 

@@ -82,6 +82,7 @@ import time
 from pathlib import Path
 from queue import Empty
 
+import _results
 from _args import comma_list, positive_float, positive_int
 
 from elastico_extender.sim.bounds import JctFloors, jct_floors
@@ -138,8 +139,8 @@ SECTIONS = ("philly", "alibaba", "scale", "collect")
 
 
 def _save(path: Path, meta: dict[str, object], summ: dict[str, dict[str, float]]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"meta": meta, "summary": summ}, indent=1, sort_keys=True))
+    _results.folder(path.parent)
+    _results.write_text(path, json.dumps({"meta": meta, "summary": summ}, indent=1, sort_keys=True))
 
 
 LIMIT = {"policy_s": 3600.0}
@@ -461,7 +462,7 @@ def collect(command: str, alibaba: Path) -> str:
         )
         lines.append("")
     text = "\n".join(lines)
-    (OUT / "PEERS.md").write_text(text + "\n")
+    _results.write_text(OUT / "PEERS.md", text + "\n")
     return text
 
 
@@ -550,7 +551,7 @@ def main(argv: list[str] | None = None) -> int:
     command = "PYTHONPATH=. nice -n 5 python benchmarks/peers_eval.py " + " ".join(
         argv if argv is not None else sys.argv[1:]
     )
-    OUT.mkdir(parents=True, exist_ok=True)
+    _results.folder(OUT)
     if "philly" in only:
         philly(worlds, chosen or (*BASELINES, *elastico), args.seed, args.resume, vcs)
     if "alibaba" in only:

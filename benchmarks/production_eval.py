@@ -57,6 +57,7 @@ import sys
 import time
 from pathlib import Path
 
+import _results
 import numpy as np
 from _args import comma_list, positive_float
 
@@ -167,8 +168,8 @@ def run(rows: list[tuple[float, float]], resume: bool) -> dict[str, dict[str, ob
             summary[name] = s
             walls[name] = time.perf_counter() - t0
             print(f"  {key} {name}: {walls[name]:.0f}s", file=sys.stderr)
-            OUT.parent.mkdir(parents=True, exist_ok=True)
-            OUT.write_text(json.dumps(saved, indent=1, sort_keys=True))
+            _results.folder(OUT.parent)
+            _results.write_text(OUT, json.dumps(saved, indent=1, sort_keys=True))
     return saved
 
 

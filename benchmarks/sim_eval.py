@@ -49,6 +49,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import _results
 from _args import positive_float
 
 from elastico_extender.sim.engine import ClusterSpec, RunResult
@@ -116,6 +117,17 @@ def _check(results: dict[str, RunResult]) -> list[str]:
     return notes
 
 
+def save_runs(results: dict[str, RunResult], where: Path, title: str | None = None) -> None:
+    """A run's CSVs (and, given a title, its plots) under ``where``, renamed into place
+    together once all are written (``_results``): an interrupted or failed write leaves
+    the folder as an earlier run left it."""
+    _results.folder(where)
+    with _results.results() as staged:
+        write_run_files(results, where, place=staged.path)
+        if title is not None:
+            plot_all(results, where, title=title, place=staged.path)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--only", default="main,load,scale,instances,philly")
@@ -159,22 +171,31 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(tempfile.mkdtemp(prefix="sim_eval_quick_")) if args.quick else OUT
     if args.quick:
         print(f"quick run: results under {out}", file=sys.stderr)
-    out.mkdir(parents=True, exist_ok=True)
+    _results.folder(out)
     report: list[str] = [
         "# Simulation results (regenerate: `PYTHONPATH=. python benchmarks/sim_eval.py`)\n",
         f"seed={args.seed}, epoch={args.epoch:g}s, quick={args.quick}\n",
     ]
     seed, ep = args.seed, args.epoch
 
-    def collect() -> None:
-        """RESULTS.md from every part there is (``analysis.md`` is written by hand)."""
-        parts = [(out / f"{sec}.md").read_text() for sec in PARTS if (out / f"{sec}.md").exists()]
-        (out / "RESULTS.md").write_text("\n".join([*report[:2], *parts]) + "\n")
+    def collect(done: dict[str, str] | None = None) -> None:
+        """RESULTS.md from every part there is (``analysis.md`` is written by hand), with
+        the parts in ``done`` (section -> text) written beside it: renamed into place
+        together, so RESULTS.md never holds a part its own file does not."""
+        done = done or {}
+        parts = [
+            done[sec] if sec in done else (out / f"{sec}.md").read_text()
+            for sec in PARTS
+            if sec in done or (out / f"{sec}.md").exists()
+        ]
+        with _results.results() as staged:
+            for sec, text in done.items():
+                staged.text(out / f"{sec}.md", text)
+            staged.text(out / "RESULTS.md", "\n".join([*report[:2], *parts]) + "\n")
 
     def finish(section: str, mark: int) -> None:
         """Write a section's Markdown as soon as it is done, and RESULTS.md from all parts."""
-        (out / f"{section}.md").write_text("\n".join(report[mark:]) + "\n")
-        collect()
+        collect({section: "\n".join(report[mark:]) + "\n"})
 
     if "collect" in only:
         collect()
@@ -187,8 +208,7 @@ def main(argv: list[str] | None = None) -> int:
         exp = Experiment(tuple(trace), ClusterSpec(gpus=main_gpus), seed, ep)
         res = _run(f"main {main_gpus} GPUs", exp, MAIN_POLICIES, args.jobs)
         summ = summaries(res)
-        write_run_files(res, out / "main")
-        plot_all(res, out / "main", title=f"({main_gpus} GPUs)")
+        save_runs(res, out / "main", title=f"({main_gpus} GPUs)")
         report += [
             f"## Main results: {main_gpus} GPUs, {len(trace)} jobs, {main_hours:g} h, "
             f"load {offered_load(trace, main_gpus, main_hours * 3600):.2f}\n",
@@ -218,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
         for load in (0.5, 1.0, 1.5):
             res = sweep_point(f"load {load:.0%} {gpus} GPUs", gpus, load, hours)
             points.append((load, summaries(res)))
-            write_run_files(res, out / f"load_{int(load * 100)}")
+            save_runs(res, out / f"load_{int(load * 100)}")
             report += _check(res)
         report += [
             f"\n## Load sensitivity ({gpus} GPUs, {hours:g} h arrival window, seed {seed})\n",
@@ -237,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
         for gpus, hours in sizes.items():
             res = sweep_point(f"scale {gpus} GPUs ({hours:g} h)", gpus, 1.0, hours)
             sizes_done.append((gpus, summaries(res)))
-            write_run_files(res, out / f"scale_{gpus}")
+            save_runs(res, out / f"scale_{gpus}")
             notes += _check(res)
             # Rewritten after every size, so the sizes done so far survive an interrupted run.
             done = dict(sizes_done)
@@ -290,8 +310,7 @@ def main(argv: list[str] | None = None) -> int:
         exp = Experiment(tuple(trace), ClusterSpec(gpus=gpus), seed, ep)
         res = _run(f"philly {vc}", exp, COMPARE, args.jobs)
         summ = summaries(res)
-        write_run_files(res, out / "philly")
-        plot_all(res, out / "philly", title=f"(Philly {vc}, {gpus} GPUs)")
+        save_runs(res, out / "philly", title=f"(Philly {vc}, {gpus} GPUs)")
         report += [
             f"\n## Philly VC {vc} ({gpus} GPUs, {len(trace)} jobs; real GPU counts, durations "
             f"clipped at 48 h, arrival order and gaps compressed x{1 / native:.1f} from the "

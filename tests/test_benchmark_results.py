@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -169,3 +170,46 @@ def test_loop_eval_with_a_file_for_its_folder_is_one_line(tmp_path):
     (error,) = proc.stderr.strip().splitlines()
     assert error.startswith(f"loop_eval.py: error: cannot write {blocker}"), error
     assert blocker.read_text() == "not a folder\n"
+
+
+def test_edge_fuzz_refuses_an_unwritable_out_before_its_requests(tmp_path):
+    """``--out`` in a missing folder was a traceback after the whole run (100,000
+    requests by default); now one line before the first."""
+    target = tmp_path / "nowhere" / "edge_fuzz.md"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "edge_fuzz.py"), "--out", str(target)],
+        capture_output=True, text=True, timeout=60, cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )  # fmt: skip
+    assert proc.returncode == 1, proc.stderr
+    (error,) = proc.stderr.strip().splitlines()
+    assert error == f"edge_fuzz.py: error: cannot write {target}: No such file or directory"
+    assert proc.stdout == ""
+
+
+SCRATCH = {
+    # (script, text of the line): files a script makes for its own run, not results
+    ("edge_fuzz.py", 'cluster_file.write_text(json.dumps({"kind": "List"'),
+    ("edge_fuzz.py", '(work / "token").write_text(token)'),
+    ("edge_fuzz.py", 'with log_path.open("w") as log:'),
+    ("shim_real_cuda.py", "program.write_text("),
+    ("online_transfer.py", 'with open(target, "w", newline="", encoding="utf-8")'),
+    ("extender_latency.py", 'tempfile.NamedTemporaryFile("w"'),
+}
+WRITES = re.compile(r"\.write_text\(|\.write_bytes\(|open\([^)]*[\"'][wax]b?[\"']|\.savefig\(|"
+                    r"NamedTemporaryFile\(")  # fmt: skip
+
+
+def test_every_result_write_of_a_benchmark_goes_through_results():
+    """A new ``write_text`` in benchmarks/ would bring the cut-off table back: every
+    write found is ``_results``' or a listed scratch file."""
+    found = set()
+    for script in sorted((ROOT / "benchmarks").glob("*.py")):
+        if script.name == "_results.py":
+            continue
+        for line in script.read_text().splitlines():
+            if WRITES.search(line) and "_results" not in line and "staged" not in line:
+                match = [s for s in SCRATCH if s[0] == script.name and s[1] in line]
+                assert match, f"{script.name}: {line.strip()}"
+                found.update(match)
+    assert found == SCRATCH  # the list names no write that is gone
