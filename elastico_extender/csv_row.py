@@ -18,16 +18,18 @@ import gzip
 import io
 import math
 import re
+import tarfile
 import zlib
-from collections.abc import Iterator
-from pathlib import Path
-from typing import BinaryIO
+from collections.abc import Callable, Iterator
+from pathlib import Path, PurePosixPath
+from typing import IO, BinaryIO
 
 from elastico_extender.userfiles import open_regular
 
 __all__ = [
     "MAX_CSV_BYTES",
     "MAX_CSV_LINE",
+    "TAR_SLACK",
     "CsvRow",
     "CsvText",
     "csv_header",
@@ -48,13 +50,33 @@ _NOT_UTF8 = re.compile("[\udc80-\udcff]")
 """What ``surrogateescape`` decodes a byte that is not UTF-8 to."""
 
 
-def open_csv(path: Path | str, *, gzipped: bool = False, max_bytes: int = MAX_CSV_BYTES) -> CsvText:
+TAR_SLACK = 1 << 20
+"""Bytes a tar stream may hold beyond its member's bound: the tar's own headers and
+padding (a few KiB a member), so a member at the bound still reads."""
+
+
+def open_csv(
+    path: Path | str,
+    *,
+    gzipped: bool = False,
+    max_bytes: int = MAX_CSV_BYTES,
+    member: str | None = None,
+) -> CsvText:
     """``path`` opened as the loaders read a CSV (UTF-8, BOM or not); OSError, without
     waiting, when it is not a regular file of at most ``max_bytes`` (a reader that streams
     a larger published table sets its own bound).  With ``gzipped``, a file that starts as
     gzip does is read as the text it holds (at most ``max_bytes`` of it: a small file must
-    not inflate without end)."""
-    return CsvText(path, open_bytes(path, gzipped=gzipped, max_bytes=max_bytes))
+    not inflate without end).  With ``member``, ``path`` is a tar archive (gzip-compressed
+    or not, as datasets are published: ``x.tar.gz`` holding ``x.csv``) and the CSV read is
+    its regular file of that base name, streamed from the archive (:func:`_tar_member`)."""
+    if member is None:
+        return CsvText(path, open_bytes(path, gzipped=gzipped, max_bytes=max_bytes))
+    raw = open_regular(path, max_bytes)
+    try:
+        return _tar_member(path, raw, member, max_bytes)
+    except BaseException:
+        raw.close()
+        raise
 
 
 def open_bytes(
@@ -72,6 +94,69 @@ def open_bytes(
     except BaseException:
         raw.close()
         raise
+
+
+def _tar_member(path: Path | str, raw: BinaryIO, member: str, max_bytes: int) -> CsvText:
+    """The CSV ``member`` of the tar archive open as ``raw``, read as the archive streams
+    past (never unpacked to disk, never seeking): the gzip layer inflates at most
+    ``max_bytes`` plus :data:`TAR_SLACK`, and a member larger than ``max_bytes`` is refused
+    by the size its header gives before a byte of it is read.  A link, a folder or a
+    missing member is a ValueError naming the archive; so is a file that is no tar."""
+    binary: BinaryIO | io.BufferedReader = raw
+    if raw.read(2) == GZIP_MAGIC:
+        raw.seek(0)
+        binary = io.BufferedReader(_Inflated(path, raw, max_bytes + TAR_SLACK))
+    else:
+        raw.seek(0)
+    try:
+        # closed by the CsvText returned (it outlives this call), or below
+        archive = tarfile.open(fileobj=binary, mode="r|")  # noqa: SIM115
+        for entry in archive:
+            if PurePosixPath(entry.name).name != member:
+                continue
+            if not entry.isfile():
+                raise ValueError(f"{path}: its {member} is not a regular file (a link or folder)")
+            if entry.size > max_bytes:
+                why = f"its {member} is larger than {max_bytes:,} bytes"
+                raise OSError(errno.EFBIG, why, str(path))
+            handle = archive.extractfile(entry)
+            if handle is None:  # not for a regular file; said for the type checker
+                raise ValueError(f"{path}: cannot read its {member}")
+            reader = io.BufferedReader(_Member(path, handle))
+            closes = (archive.close, binary.close)
+            return CsvText(f"{path} member {entry.name}", reader, also=closes)
+    except tarfile.TarError as exc:
+        binary.close()
+        raise ValueError(f"{path}: not a tar archive, or a damaged one ({exc})") from None
+    except BaseException:
+        binary.close()
+        raise
+    archive.close()
+    binary.close()
+    raise ValueError(f"{path}: holds no {member}")
+
+
+class _Member(io.RawIOBase):
+    """A tar member's bytes; an archive that ends inside it is a ValueError naming the
+    archive (tarfile's ReadError is neither an OSError nor a ValueError)."""
+
+    def __init__(self, path: Path | str, handle: IO[bytes]) -> None:
+        self._path = path
+        self._handle = handle
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: memoryview) -> int:  # type: ignore[override]
+        try:
+            return self._handle.readinto(buffer)  # type: ignore[attr-defined]
+        except tarfile.TarError:
+            raise ValueError(f"{self._path}: a damaged or cut-off tar archive") from None
+
+    def close(self) -> None:
+        if not self.closed:
+            self._handle.close()
+        super().close()
 
 
 class _Inflated(io.RawIOBase):
@@ -111,9 +196,15 @@ class CsvText:
     that is not is a ValueError naming the file and its line (the codec would name
     only a position in whichever 8 KiB chunk it was decoding)."""
 
-    def __init__(self, path: Path | str, binary: BinaryIO | io.BufferedReader) -> None:
+    def __init__(
+        self,
+        path: Path | str,
+        binary: BinaryIO | io.BufferedReader,
+        also: tuple[Callable[[], object], ...] = (),
+    ) -> None:
         self.path = path
         self.line = 0
+        self._also = also  # what closes with it: the archive a member is read from
         self._text = io.TextIOWrapper(
             binary, encoding="utf-8-sig", errors="surrogateescape", newline=""
         )
@@ -147,6 +238,8 @@ class CsvText:
 
     def close(self) -> None:
         self._text.close()
+        for close in self._also:
+            close()
 
 
 def csv_header(path: Path | str, reader: csv.DictReader[str]) -> list[str]:
