@@ -2,17 +2,26 @@
 
 Pure functions over plain dicts (the API server's JSON, as the watch and the
 extender wire deliver it).  GPU inventory follows NVIDIA GPU feature
-discovery (GFD) labels, falling back to node allocatable:
+discovery (GFD) labels and node allocatable:
 
-==========================  ===============================================  ==========
-source                      meaning                                          unit
-==========================  ===============================================  ==========
-nvidia.com/gpu.count        GPUs on the node (label)                         count
-status.allocatable          ``nvidia.com/gpu`` when the label is absent      count
-nvidia.com/gpu.memory       memory of one GPU (label, as GFD writes it)      MiB
-nvidia.com/gpu.product      GPU model, e.g. ``NVIDIA-A100-SXM4-40GB``        text
-allocatable cpu / memory    host resources left for pods                     cores / MiB
-==========================  ===============================================  ==========
+============================  =============================================  ==========
+source                        meaning                                        unit
+============================  =============================================  ==========
+allocatable nvidia.com/gpu    GPUs the device plugin offers pods now         count
+nvidia.com/gpu.count          GPUs on the node (label), when allocatable     count
+                              has no ``nvidia.com/gpu`` (no device plugin)
+nvidia.com/gpu.replicas       times the plugin advertises each GPU           count
+                              (time-slicing; divides allocatable)
+nvidia.com/gpu.memory         memory of one GPU (label, as GFD writes it)    MiB
+nvidia.com/gpu.product        GPU model, e.g. ``NVIDIA-A100-SXM4-40GB``      text
+allocatable cpu / memory      host resources left for pods                   cores / MiB
+============================  =============================================  ==========
+
+Allocatable, never capacity: it is what the kubelet admits pods against (capacity less
+reserved resources and, for ``nvidia.com/gpu``, less the devices its plugin reports
+unhealthy).  Where the device plugin advertises ``nvidia.com/gpu`` its count wins over
+the label: a node whose plugin offers 0 (no healthy GPU, or GPUs being drained) would
+refuse every GPU pod at admission whatever GFD counted.
 
 A node without the memory label gets ``default_gpu_memory_mib`` (a service
 setting, logged once per node) rather than being dropped.
@@ -35,6 +44,7 @@ __all__ = [
     "LABEL_COUNT",
     "LABEL_MEMORY",
     "LABEL_PRODUCT",
+    "LABEL_REPLICAS",
     "MAX_GPUS_PER_NODE",
     "PodFieldError",
     "check_pod",
@@ -50,6 +60,7 @@ log = logging.getLogger(__name__)
 
 GPU_RESOURCE = "nvidia.com/gpu"
 LABEL_COUNT = "nvidia.com/gpu.count"
+LABEL_REPLICAS = "nvidia.com/gpu.replicas"
 LABEL_MEMORY = "nvidia.com/gpu.memory"
 LABEL_PRODUCT = "nvidia.com/gpu.product"
 
@@ -162,10 +173,7 @@ def node_from_json(obj: Mapping[str, Any], default_gpu_memory_mib: float) -> Nod
     if not isinstance(labels, Mapping) or not isinstance(allocatable, Mapping):
         raise ValueError(f"node {name}: labels and status.allocatable must be objects")
     try:
-        if LABEL_COUNT in labels:
-            count = int(quantity(labels[LABEL_COUNT]))
-        else:
-            count = int(quantity(allocatable.get(GPU_RESOURCE, 0)))
+        count = _node_gpus(labels, allocatable)
         memory = (
             quantity(labels[LABEL_MEMORY]) if LABEL_MEMORY in labels else default_gpu_memory_mib
         )
@@ -178,6 +186,23 @@ def node_from_json(obj: Mapping[str, Any], default_gpu_memory_mib: float) -> Nod
     product = str(labels.get(LABEL_PRODUCT, "unknown"))
     gpus = tuple(GpuDevice(i, memory, product) for i in range(count))
     return Node(name=name, gpus=gpus, cpu_cores=cpu, host_mem_mib=ram)
+
+
+def _node_gpus(labels: Mapping[str, Any], allocatable: Mapping[str, Any]) -> int:
+    """The GPUs pods can get on a node: allocatable's ``nvidia.com/gpu`` where the device
+    plugin advertises it (divided by GFD's replicas label under time-slicing, which
+    advertises each GPU that many times), else the ``nvidia.com/gpu.count`` label (mode A
+    of docs/node-setup.md: no device plugin resource), else 0.
+
+    The label counts hardware; allocatable is what the kubelet admits pods against, so
+    when they differ (unhealthy GPUs, a plugin draining them) allocatable is the truth."""
+    if allocatable.get(GPU_RESOURCE) is not None:
+        count = int(quantity(allocatable[GPU_RESOURCE]))
+        replicas = int(quantity(labels[LABEL_REPLICAS])) if LABEL_REPLICAS in labels else 1
+        return count // replicas if replicas > 1 else count
+    if LABEL_COUNT in labels:
+        return int(quantity(labels[LABEL_COUNT]))
+    return 0
 
 
 class PodFieldError(ValueError):
