@@ -174,6 +174,68 @@ def test_watches_the_api_server_ends_at_once_are_reopened_with_a_back_off(server
     assert wait_for(lambda: {"while-short", "after"} <= names(cluster), timeout=5)
 
 
+def test_a_stalled_watch_is_replaced_and_relisted_within_its_timeout_and_grace(server, caplog):
+    """A watch whose connection stays open and brings nothing more, past its own
+    timeoutSeconds (a proxy or load balancer that lost the API server half-way: the fake
+    holds every stream open in silence).  The informer reads with a timeout of
+    ``watch_timeout_seconds + watch_grace_seconds`` (3 s here), so it gives the stream
+    up, logs ``watch.stalled`` and relists: a pod created meanwhile, which the stalled
+    stream never delivers, is in the view within that bound.  Before, the read timeout
+    was the watch timeout plus a fixed 30 s (270 s with the default 240 s watch), and
+    nothing else noticed the stall."""
+    config = client.Configuration(host=server.url)
+    kube = KubeCluster(
+        client.ApiClient(config),
+        resync_seconds=300,
+        watch_timeout_seconds=2,
+        watch_grace_seconds=1.0,
+    )
+    caplog.set_level(logging.INFO, logger="elastico_extender.cluster.kube")
+    kube.start()
+    try:
+        assert kube.wait_synced(15)
+        watching(server, "pods")
+        relists = kube.relists["pods"]
+        server.stall_watches = True
+        time.sleep(0.3)  # open streams see the stall at their next wake-up
+        stalled_at = time.monotonic()
+        server.put("pods", pod("during-stall"))  # only a relist can bring it now
+        assert wait_for(lambda: "during-stall" in names(kube), timeout=20)
+        # within the read timeout (3 s) plus a back-off and a list, not the 32 s of before
+        assert time.monotonic() - stalled_at < 8
+        assert kube.relists["pods"] > relists
+        server.stall_watches = False
+        server.put("pods", pod("after"))  # watched again: the view follows events
+        assert wait_for(lambda: names(kube) == {"a", "during-stall", "after"})
+    finally:
+        kube.stop()
+    said = [(r.getMessage(), getattr(r, "kind", None)) for r in caplog.records]
+    assert ("watch.stalled", "pods") in said
+
+
+def test_by_default_a_watch_asks_for_a_short_server_timeout_and_bookmarks(server):
+    """The defaults bound how long a stall goes unnoticed to 75 s (60 s ``timeoutSeconds``,
+    which the API server honours, plus 15 s of grace); each watch asks for bookmarks."""
+    from elastico_extender.service.settings import ServiceSettings
+
+    settings = ServiceSettings()
+    assert settings.watch_timeout_seconds + settings.watch_grace_seconds <= 90
+    kube = KubeCluster(client.ApiClient(client.Configuration(host=server.url)))
+    kube.start()
+    try:
+        assert kube.wait_synced(15)
+        assert wait_for(lambda: server.watch_count["pods"] >= 1)
+    finally:
+        kube.stop()
+    watches = [r for r in server.requests if "watch=" in r and r.startswith("/api/v1/pods")]
+    assert watches and all(
+        "timeoutSeconds=60" in r and "allowWatchBookmarks=true" in r for r in watches
+    ), watches
+    with pytest.raises(ValueError, match="watch_grace_seconds"):
+        KubeCluster(client.ApiClient(client.Configuration(host=server.url)),
+                    watch_grace_seconds=0)  # fmt: skip
+
+
 def test_a_bind_the_api_server_never_answers_fails_in_bounded_time(monkeypatch):
     """An API server that accepts the connection and never answers: the bind fails as
     'outcome unknown' (the caller keeps the booking) after the write timeout, instead of

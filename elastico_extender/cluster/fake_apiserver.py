@@ -37,6 +37,7 @@ It serves, over real HTTP/1.1 on 127.0.0.1:
 Test hooks: :meth:`compact` (older versions expire), :meth:`drop_watches`
 (cut every open stream mid-chunk, as a dying load balancer would),
 :meth:`bookmark`, :attr:`watch_limit_seconds` (streams closed early, cleanly),
+:attr:`stall_watches` (streams held open in silence, past their ``timeoutSeconds``),
 :attr:`write_delay` (each write waits, as an etcd commit does),
 :attr:`write_fault` (answer a write with an error instead of applying it),
 :attr:`before_reply` (act between a write and its answer).
@@ -117,6 +118,11 @@ class FakeApiServer:
         # seconds, whatever its timeoutSeconds: an API server shutting down, or a proxy in
         # front of it, closing streams early (0: at once, before any event).
         self.watch_limit_seconds: float | None = None
+        # While set, every watch stream (open ones included) sends nothing more and never
+        # ends, whatever its timeoutSeconds: a connection left half-dead by a proxy or a
+        # load balancer, which the client can only notice by its own read timeout.  Cleared,
+        # the streams still open go on as before.
+        self.stall_watches = False
         # Called with (method, path) once a write was applied, before it is answered: a
         # test acts in that gap (another client reads, the writer's clock moves on) as
         # for a writer paused or a slow network back.
@@ -387,11 +393,14 @@ class FakeApiServer:
                 limit = self.watch_limit_seconds  # read each time: it applies to open streams
                 if limit is not None:
                     deadline = min(deadline, started + limit)
+                stalled = self.stall_watches  # the same: a stream can go silent mid-way
                 with self.cond:
-                    pending = [e for e in self.events[kind] if e[0] > sent]
+                    pending = [] if stalled else [e for e in self.events[kind] if e[0] > sent]
                     if not pending and self.drops == drops:
-                        self.cond.wait(max(0.0, min(0.2, deadline - time.monotonic())))
-                        pending = [e for e in self.events[kind] if e[0] > sent]
+                        wait = 0.2 if stalled else min(0.2, deadline - time.monotonic())
+                        self.cond.wait(max(0.0, wait))
+                        if not stalled:
+                            pending = [e for e in self.events[kind] if e[0] > sent]
                     dropped = self.drops != drops
                 if dropped:
                     handler.wfile.write(b'7f\r\n{"type": "MOD')  # half a chunk, then cut
@@ -402,7 +411,7 @@ class FakeApiServer:
                 for rv, etype, obj in pending:
                     self._chunk(handler, {"type": etype, "object": obj})
                     sent = rv
-                if time.monotonic() >= deadline:
+                if not stalled and time.monotonic() >= deadline:
                     handler.wfile.write(b"0\r\n\r\n")
                     return
         except (BrokenPipeError, ConnectionResetError, OSError):

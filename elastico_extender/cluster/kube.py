@@ -8,7 +8,17 @@ own cache follows:
    a normal end of the watch (server timeout) resumes from the last version, after a
    back-off when it ended within a second and brought no event (a "very short watch");
 3. **relist** on ``410 Gone`` (an ERROR event or status), on a dropped or broken
-   stream, and every ``resync_seconds`` (periodic resync).
+   stream, on a stalled one, and every ``resync_seconds`` (periodic resync).
+
+A stalled watch is a connection that stays open and brings nothing: a proxy or load
+balancer that lost its upstream half-way keeps the client's socket alive, and a quiet
+watch on a healthy API server looks the same from the client.  Each watch therefore asks
+the API server to end it after ``watch_timeout_seconds`` (``timeoutSeconds``, which
+kube-apiserver honours, default 60 s) and reads with a timeout of that plus
+``watch_grace_seconds`` (default 15 s): a healthy server has ended the stream by then,
+so a silent socket past it is a dead one, dropped and replaced by a relist.  A stall is
+noticed within ``watch_timeout_seconds + watch_grace_seconds`` (75 s by default; before,
+only by the 270 s read timeout of a 240 s watch).
 
 Objects are kept as raw JSON dicts (``_preload_content=False``, and a watch whose
 events are left undecoded, :class:`_RawWatch`): the extender reads a few fields and
@@ -21,6 +31,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import random
 import threading
 import time
@@ -30,6 +41,7 @@ from typing import Any
 
 from kubernetes import client, config, watch
 from kubernetes.client.rest import ApiException
+from urllib3.exceptions import ReadTimeoutError
 
 from elastico_extender import __version__
 from elastico_extender.cluster.base import BindRequest, ClusterError
@@ -46,6 +58,16 @@ SHORT_WATCH_SECONDS = 1.0
 """A watch that ends cleanly sooner than this with no event is a "very short watch" (as
 client-go's reflector calls it): the API server or a proxy closing streams at once. The
 next one waits a back-off, instead of reopening watches as fast as the connection allows."""
+WATCH_TIMEOUT_SECONDS = 60
+"""Default ``timeoutSeconds`` of one watch: the API server ends it then and the informer
+resumes from the last version (a cheap request; no relist).  Short, because only a
+stream's end proves the connection alive (see the module doc)."""
+WATCH_GRACE_SECONDS = 15.0
+"""Default time a watch may stay silent past its ``timeoutSeconds`` before the client
+gives up on the connection (the read timeout is the sum): room for a busy API server to
+send its closing chunk, short enough to bound how long a stalled stream goes unnoticed."""
+CONNECT_TIMEOUT_SECONDS = 10.0
+"""Longest wait for the TCP (and TLS) connection of a list or watch."""
 WRITE_TIMEOUT_SECONDS = 30.0
 """Longest wait for the API server's answer to one write (bind, reconfigure, evict): one
 that accepts and never answers fails the write as "outcome unknown" instead of holding
@@ -125,6 +147,7 @@ class _Informer:
         resync_seconds: float,
         watch_timeout: int,
         on_relist: Callable[[str, str], None],
+        watch_grace: float = WATCH_GRACE_SECONDS,
     ) -> None:
         self.kind = kind
         self.state = state
@@ -132,6 +155,7 @@ class _Informer:
         self.stop = stop
         self.resync_seconds = resync_seconds
         self.watch_timeout = watch_timeout
+        self.watch_grace = watch_grace
         self.on_relist = on_relist
         self.watcher: _RawWatch | None = None
         self.relists = 0
@@ -171,10 +195,18 @@ class _Informer:
                     self._sleep(backoff)
                     backoff = min(backoff * 2, 30.0)
                 rv = ""  # relist
-            except Exception as exc:  # dropped connection, protocol error: relist
+            except Exception as exc:  # dropped or stalled connection, protocol error: relist
                 if self.stop.is_set():
                     break
-                log.warning("watch.dropped", extra={"kind": self.kind, "error": repr(exc)})
+                if _read_timed_out(exc):
+                    # Open but silent past its timeoutSeconds: a dead connection (module doc).
+                    log.warning(
+                        "watch.stalled",
+                        extra={"kind": self.kind, "rv": rv,
+                               "silent_s": self.watch_timeout + self.watch_grace},
+                    )  # fmt: skip
+                else:
+                    log.warning("watch.dropped", extra={"kind": self.kind, "error": repr(exc)})
                 self._sleep(backoff)
                 backoff = min(backoff * 2, 30.0)
                 rv = ""
@@ -193,7 +225,9 @@ class _Informer:
                 resource_version=rv,
                 timeout_seconds=timeout,
                 allow_watch_bookmarks=True,
-                _request_timeout=timeout + 30,
+                # (connect, read): the read timeout is per socket read, so a stream silent
+                # for longer than its own timeoutSeconds plus the grace is given up on.
+                _request_timeout=(CONNECT_TIMEOUT_SECONDS, timeout + self.watch_grace),
             ):
                 if event is None:
                     continue  # a blank line
@@ -211,6 +245,21 @@ class _Informer:
         finally:
             self.watcher = None
         return rv, events
+
+
+def _read_timed_out(exc: BaseException) -> bool:
+    """Whether ``exc`` (or what it wraps: urllib3 raises a ProtocolError around the socket
+    timeout of a chunked read) is a read timeout."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, ReadTimeoutError | TimeoutError):
+            return True
+        if any(isinstance(arg, ReadTimeoutError | TimeoutError) for arg in current.args):
+            return True
+        current = current.__cause__ or current.__context__
+    return False
 
 
 STATUS_MESSAGE_CHARS = 300
@@ -259,9 +308,18 @@ class KubeCluster:
         api_client: client.ApiClient,
         *,
         resync_seconds: float = 300.0,
-        watch_timeout_seconds: int = 240,
+        watch_timeout_seconds: int = WATCH_TIMEOUT_SECONDS,
+        watch_grace_seconds: float = WATCH_GRACE_SECONDS,
         description: str | None = None,
     ) -> None:
+        """``watch_timeout_seconds`` is each watch's ``timeoutSeconds``; a watch silent
+        ``watch_grace_seconds`` longer is taken for a dead connection and replaced by a
+        relist (module doc)."""
+        if watch_timeout_seconds < 1 or not 0 < watch_grace_seconds < math.inf:
+            raise ValueError(
+                "watch_timeout_seconds must be >= 1 and watch_grace_seconds a finite "
+                f"number > 0, got {watch_timeout_seconds} and {watch_grace_seconds}"
+            )
         api_client.user_agent = USER_AGENT  # instead of the client's OpenAPI-Generator/...
         self.api = client.CoreV1Api(api_client)
         self.state = ClusterState()
@@ -276,11 +334,11 @@ class KubeCluster:
         self.informers = {
             "nodes": _Informer(
                 "nodes", self.state, self.api.list_node, self._stop, resync_seconds,
-                watch_timeout_seconds, self._count,
+                watch_timeout_seconds, self._count, watch_grace_seconds,
             ),
             "pods": _Informer(
                 "pods", self.state, self.api.list_pod_for_all_namespaces, self._stop,
-                resync_seconds, watch_timeout_seconds, self._count,
+                resync_seconds, watch_timeout_seconds, self._count, watch_grace_seconds,
             ),
         }  # fmt: skip
 

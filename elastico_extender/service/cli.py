@@ -148,6 +148,7 @@ def build_cluster(settings: ServiceSettings) -> Cluster:
             api_client,
             resync_seconds=settings.resync_seconds,
             watch_timeout_seconds=settings.watch_timeout_seconds,
+            watch_grace_seconds=settings.watch_grace_seconds,
         )
         if not settings.leader_election:
             return kube

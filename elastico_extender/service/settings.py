@@ -111,8 +111,15 @@ class ServiceSettings:
     (A100-SXM4-40GB, the spec's testbed)."""
     resync_seconds: float = 300.0
     """Full relist period of the watch, seconds (on top of relists after 410/drops)."""
-    watch_timeout_seconds: int = 240
-    """Server-side timeout of one watch request, seconds (below typical LB idle cuts)."""
+    watch_timeout_seconds: int = 60
+    """Server-side timeout of one watch request (``timeoutSeconds``), seconds: the API
+    server ends the stream then and the watch resumes from its last version.  Short,
+    because only a stream's end shows a quiet connection is alive (``cluster.kube``)."""
+    watch_grace_seconds: float = 15.0
+    """How long a watch may stay silent past its ``timeoutSeconds`` before the connection
+    is taken for dead (a proxy or load balancer that lost its upstream) and replaced by a
+    relist, seconds: a stalled watch is noticed within ``watch_timeout_seconds`` plus this
+    (75 s by default)."""
     # --- scheduling ------------------------------------------------------
     epoch_seconds: float = 5.0
     """Delta T of the background planning loop, seconds (spec 3.4 default)."""
@@ -291,10 +298,13 @@ class ServiceSettings:
                 f"epoch_seconds: must be >= {MIN_EPOCH_SECONDS:g} s (an epoch plans the whole "
                 "cluster; shorter ones only keep the leader's CPU busy)"
             )
+        if self.watch_timeout_seconds < 1:
+            found.append(f"watch_timeout_seconds: must be >= 1 s, got {self.watch_timeout_seconds}")
         for name in (
             "epoch_seconds",
             "assume_ttl_seconds",
             "resync_seconds",
+            "watch_grace_seconds",
             "observation_max_age_seconds",
             "observation_max_skew_seconds",
             "observation_stale_seconds",
