@@ -428,6 +428,7 @@ def test_extender_rbac_covers_every_request_the_code_makes(tmp_path):
         request = BindRequest("ml", "p", "uid-p", "n0", {"elastico.io/x": "1"}, "cm-p", {"K": "v"})
         cluster.bind(request)
         cluster.reconfigure(request)
+        assert cluster.read_configmap("ml", "cm-p") is not None  # a placement read back
         cluster.evict("ml", "p", "uid-p")
         label_own_pod(k8s.CoreV1Api(api), NAMESPACE, account, False)
         events = EventRecorder(api)

@@ -295,3 +295,71 @@ def test_a_pod_whose_decision_annotations_were_removed_keeps_the_devices_it_ran_
     finally:
         server.stop()
         api.stop()
+
+
+@pytest.mark.parametrize("strip_configmap_annotation", [False, True])
+def test_a_placement_whose_annotations_were_removed_survives_a_restart(
+    strip_configmap_annotation,
+):
+    """Bind puts pod a on GPU 1 of g0 (GPU 0 is taken); pod x on GPU 0 then finishes and a
+    user strips a's decision annotations; the extender restarts (a new cluster view and
+    service over the same API server).  The container still runs on GPU 1, as its
+    ConfigMap (owned by the pod, written by that bind) says: the restarted extender reads
+    the placement back from it and counts a there, so a new pod goes to GPU 0.  Before,
+    the last placement lived only in the old process's memory: after the restart a was
+    counted on the lowest free GPU (0) and the new pod planned onto a's GPU 1, which it
+    cannot share.  The ConfigMap is found by the webhook's ``elastico.io/configmap``
+    annotation, or, stripped too, by the pod's env that refers to it."""
+    import httpx
+    from test_service_events import pending_pod
+    from test_service_observations import gpu_node as node_of
+    from test_service_observations import running_pod, start_service, wait_for
+
+    from elastico_extender.cluster.fake_apiserver import FakeApiServer
+
+    api = FakeApiServer().start()
+    api.put("nodes", node_of("g0", 2, memory_mib=40960))  # two berts never share 40 GiB
+    api.put("pods", running_pod("x", "g0", 0))
+    pod = pending_pod("a")
+    cm = "elastico-a-1f2e3d"  # as the webhook names it, and refers to it in the env
+    pod["metadata"]["annotations"]["elastico.io/configmap"] = cm
+    ref = {"configMapKeyRef": {"name": cm, "key": "ELASTICO_GPU_INDICES"}}
+    pod["spec"]["containers"][0]["env"] = [{"name": "ELASTICO_GPU_INDICES", "valueFrom": ref}]
+    api.put("pods", pod)
+    server, kube, service = start_service(api)
+    try:
+        assert wait_for(lambda: len(kube.state.pods()) == 2)
+        service.epoch()
+        auth = {"Authorization": f"Bearer {service.token}"}
+        bind = {"PodName": "a", "PodNamespace": "ml", "PodUID": "uid-a", "Node": "g0"}
+        reply = httpx.post(f"{service.url}/scheduler/bind", json=bind, headers=auth, timeout=30)
+        assert reply.status_code == 200 and not reply.json().get("Error"), reply.text
+        bound = api.objects["pods"]["ml/a"]
+        assert bound["metadata"]["annotations"]["elastico.io/assigned-devices"] == "1"
+        assert api.configmaps[("ml", cm)]["data"]["ELASTICO_GPU_INDICES"] == "1"
+    finally:
+        server.stop()
+        kube.stop()
+    api.delete("pods", "ml/x")  # GPU 0 is free now
+    stripped = api.objects["pods"]["ml/a"]
+    keep = {"elastico.io/family", "elastico.io/configmap"} - (
+        {"elastico.io/configmap"} if strip_configmap_annotation else set()
+    )
+    notes = stripped["metadata"]["annotations"]
+    stripped["metadata"]["annotations"] = {k: v for k, v in notes.items() if k in keep}
+    api.put("pods", stripped)
+    server, kube, service = start_service(api)  # the restarted extender
+    try:
+        assert wait_for(lambda: set(kube.state.pods()) == {"uid-a"})
+        service.epoch()
+        job = {j.id: j for j in service.engine.published.snapshot.jobs}["uid-a"]
+        assert job.devices == (("g0", 1),)
+        api.put("pods", pending_pod("b"))
+        assert wait_for(lambda: kube.state.pod("uid-b") is not None)
+        service.epoch()
+        plan = service.engine.published.plan
+        assert plan.assignments["uid-b"].devices == (("g0", 0),)  # not onto a's GPU
+    finally:
+        server.stop()
+        kube.stop()
+        api.stop()

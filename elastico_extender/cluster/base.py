@@ -8,12 +8,12 @@ Node/Pod objects, the no-cluster default and the test fixture).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from elastico_extender.cluster.state import ClusterState
 from elastico_extender.errors import ClusterError
 
-__all__ = ["BindRequest", "Cluster", "ClusterError"]
+__all__ = ["BindRequest", "Cluster", "ClusterError", "ConfigMapReader"]
 
 
 @dataclass(frozen=True)
@@ -58,4 +58,16 @@ class Cluster(Protocol):
     def evict(self, namespace: str, name: str, uid: str) -> None:
         """Evict the pod through the Eviction API (its controller recreates it; a
         PodDisruptionBudget may refuse: ClusterError).  Only a pod with ``uid``."""
+        ...
+
+
+@runtime_checkable
+class ConfigMapReader(Protocol):
+    """A cluster that can read back a pod's ConfigMap: bind writes the decision there as
+    well as on the pod's annotations, and the ConfigMap is what a restarted extender
+    still finds when a user removed the annotations (``service.recovery``)."""
+
+    def read_configmap(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The ConfigMap object, None when there is none of that name; ClusterError when
+        the API server cannot answer (the caller tries again later)."""
         ...

@@ -258,6 +258,12 @@ class EmbeddedCluster:
             self._write_decision(pod, request, bind=False)
             self._save()
 
+    def read_configmap(self, namespace: str, name: str) -> KubeObject | None:
+        """A copy of the ConfigMap bind wrote (:class:`~.base.ConfigMapReader`), or None."""
+        with self._lock:
+            found = self.configmaps.get((namespace, name))
+            return copy.deepcopy(found) if found is not None else None
+
     def _write_decision(self, pod: KubeObject, request: BindRequest, *, bind: bool) -> None:
         """ConfigMap, then the pod's decision annotations (and nodeName when binding);
         call with the lock held."""

@@ -54,6 +54,7 @@ __all__ = ["FIELD_MANAGER", "USER_AGENT", "KubeCluster", "api_client_from"]
 log = logging.getLogger(__name__)
 
 HTTP_GONE = 410
+HTTP_NOT_FOUND = 404
 SHORT_WATCH_SECONDS = 1.0
 """A watch that ends cleanly sooner than this with no event is a "very short watch" (as
 client-go's reflector calls it): the API server or a proxy closing streams at once. The
@@ -72,6 +73,9 @@ WRITE_TIMEOUT_SECONDS = 30.0
 """Longest wait for the API server's answer to one write (bind, reconfigure, evict): one
 that accepts and never answers fails the write as "outcome unknown" instead of holding
 the caller (a verb's handler, the booking's write lock) for ever."""
+READ_TIMEOUT_SECONDS = 5.0
+"""Longest wait for one object read (a pod's ConfigMap, read back by the epoch thread when
+a pod lost its decision annotations): a slow API server delays one epoch by this much."""
 REVIEW_TIMEOUT_SECONDS = 5.0
 """Longest wait for a TokenReview: a node agent's report waits on it (its own timeout is
 10 s) and is answered 503, to be retried, when the API server does not answer in time."""
@@ -427,6 +431,21 @@ class KubeCluster:
 
     def reconfigure(self, request: BindRequest) -> None:
         self._write_decision(request)
+
+    def read_configmap(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The ConfigMap ``namespace/name`` as JSON, or None when the API server has none
+        (404); ClusterError when it cannot answer (see :class:`~.base.ConfigMapReader`)."""
+        try:
+            with _as_cluster_error():
+                reply: Any = self.api.read_namespaced_config_map(
+                    name, namespace, _preload_content=False, _request_timeout=READ_TIMEOUT_SECONDS
+                )
+                doc = json.loads(reply.data)
+        except ClusterError as exc:
+            if exc.status == HTTP_NOT_FOUND:
+                return None
+            raise
+        return doc if isinstance(doc, dict) else None
 
     def review_token(self, token: str, audiences: list[str]) -> dict[str, Any]:
         """The API server's ``TokenReview`` status of ``token`` for ``audiences`` (who it

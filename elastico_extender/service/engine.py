@@ -31,7 +31,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from elastico_extender.cluster.base import Cluster
+from elastico_extender.cluster.base import Cluster, ConfigMapReader
 from elastico_extender.core.interference.predictor import SlowdownPredictor
 from elastico_extender.core.model import Plan
 from elastico_extender.core.observations import ObservedSlowdown
@@ -44,6 +44,7 @@ from elastico_extender.service.events import EventRecorder
 from elastico_extender.service.families import FamilyResolver
 from elastico_extender.service.loop import EpochLoop
 from elastico_extender.service.pods import PodJob, PodJobs
+from elastico_extender.service.recovery import PlacementRecovery
 from elastico_extender.service.settings import ServiceSettings
 from elastico_extender.service.snapshot import Built, SnapshotBuilder
 from elastico_extender.service.succession import Succession
@@ -129,6 +130,8 @@ class Engine:
             dwell_seconds=settings.min_dwell_seconds,
             completions=completions if completions is not None else CompletionRecorder(),
             succession=self.succession,
+            # a cluster that can read a pod's ConfigMap back (the API server, the file)
+            recovery=PlacementRecovery(cluster) if isinstance(cluster, ConfigMapReader) else None,
         )
         self.bookings = Bookings(clock, settings.assume_ttl_seconds)
         self.actuator = Actuator(

@@ -9,8 +9,11 @@ Bound pods take their devices from the decision annotations bind wrote
 (``annotations.read_decision``): the API server is the only store, so a
 restarted extender rebuilds every placement from it.  Placements booked by
 bind and not yet shown by the watch come in as ``bookings`` and are counted as
-running where they were booked.  Observations (the closed loop) come from an
-``observed`` callable given by their owner; the snapshot only carries them.
+running where they were booked.  A bound pod whose decision annotations a user
+removed is counted where they last said (remembered from the last build) or, after a
+restart, where its ConfigMap says (``service.recovery``).  Observations (the closed
+loop) come from an ``observed`` callable given by their owner; the snapshot only
+carries them.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from elastico_extender.core.planner.observed_throughput import SoloRates
 from elastico_extender.errors import AnnotationError
 from elastico_extender.service.completions import CompletionRecorder
 from elastico_extender.service.pods import PodJob, PodJobs
+from elastico_extender.service.recovery import PlacementRecovery
 from elastico_extender.service.succession import Succession
 
 __all__ = ["Built", "Pinned", "SnapshotBuilder"]
@@ -82,8 +86,12 @@ class SnapshotBuilder:
         dwell_seconds: float = 0.0,
         completions: CompletionRecorder | None = None,
         succession: Succession | None = None,
+        recovery: PlacementRecovery | None = None,
     ) -> None:
         self.state = state
+        # Placements of bound pods that lost their decision annotations before this
+        # process saw them, read back from their ConfigMaps (None: not read).
+        self.recovery = recovery
         # Finished pods teach expected run times; every job gets one (service.completions).
         self.completions = completions
         # Replacement pods of pods ElastiCo evicted continue their jobs (service.succession).
@@ -192,7 +200,7 @@ class SnapshotBuilder:
         pods = self.state.pods()
         jobs: list[Job] = []
         meta: dict[str, PodJob] = {}
-        deferred: list[tuple[PodJob, str, int]] = []
+        deferred: list[tuple[PodJob, str, int, dict[str, Any]]] = []
         # uid -> (node, devices, configuration) of each pod's decision, for the next build
         decided: dict[str, tuple[str, tuple[int, ...], int]] = {}
         confirmed: set[str] = set()
@@ -268,7 +276,7 @@ class SnapshotBuilder:
                     jobs.append(running_job(job, node_name, devices, booked.verdict.config_index))
                     meta[uid] = pj
                     continue
-                deferred.append((pj, node_name, config))
+                deferred.append((pj, node_name, config, pod))
             elif uid in assumed:
                 jobs.append(booked_job(job, assumed[uid].verdict))
                 in_snapshot.add(uid)
@@ -290,10 +298,19 @@ class SnapshotBuilder:
             for placed in jobs:
                 for ref_node, device in placed.devices:
                     used.setdefault(ref_node, set()).add(device)
-            for pj, node_name, config in deferred:
+            if self.recovery is not None:
+                self.recovery.begin()
+            for pj, node_name, config, pod in deferred:
                 node = by_name[node_name]
                 taken = used.setdefault(node_name, set())
                 last = last_decided(self._decided.get(pj.job.id), node, pj.job.gpus)
+                if last is None and self.recovery is not None:
+                    # Not seen with its decision by this process (a restart since): where
+                    # the ConfigMap that bind wrote with the decision says.
+                    found = self.recovery.placement(pj.job.id, pod)
+                    if found is not None:
+                        row = config_row(pj.family, pj, found.configuration)
+                        last = last_decided((node_name, found.devices, row), node, pj.job.gpus)
                 if last is not None:
                     # Its decision annotations went (a user removed them): the container
                     # still runs where bind put it, so where its decision last said.
@@ -308,6 +325,8 @@ class SnapshotBuilder:
                 taken.update(devices)
                 jobs.append(running_job(pj.job, node_name, devices, config))
                 meta[pj.job.id] = pj
+            if self.recovery is not None:
+                self.recovery.end()
         self._decided = decided
         if terminating:
             jobs = [staying(j) if j.id in terminating else j for j in jobs]
