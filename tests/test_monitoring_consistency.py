@@ -55,7 +55,7 @@ BOUNDED = {  # label -> the values it may take (never free text, ids or pod name
     },
     ("elastico_rejections", "reason"): {
         "webhook", "annotation", "unknown-node", "idle-elsewhere", "interference", "gpu-memory",
-        "gpu-compute", "gpu-count", "host", "no-configuration", "other",
+        "gpu-compute", "gpu-count", "host", "no-configuration", "closed-node", "other",
     },
     ("elastico_observation_windows", "result"): {"accepted", "refused"},
     ("elastico_pairs_separated", "action"): {"migrate", "reconfigure", "preempt", "move",

@@ -284,6 +284,12 @@ class Job:
     (``service.pods.unmovable``).  The planner picks no such job as a band-preemption
     victim, nor to leave a harmful pair or to spread, so it never counts on devices
     that would not free."""
+    barred_nodes: frozenset[str] = frozenset()
+    """Nodes the planner must not place this job on when it places it afresh (admits it,
+    or finds it new devices): the driver knows the job could never start there (the
+    extender: a cordoned node, or a taint the pod does not tolerate, which kube-scheduler
+    would never bind it to).  Devices a running job holds are kept even on such a node
+    (a cordon evicts nothing)."""
 
     @property
     def running(self) -> bool:

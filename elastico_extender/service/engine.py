@@ -39,6 +39,7 @@ from elastico_extender.core.planner.observed_throughput import SoloRates
 from elastico_extender.core.settings import PlannerSettings
 from elastico_extender.service.actuator import Actuator
 from elastico_extender.service.bookings import Bookings, Published
+from elastico_extender.service.closures import Closures
 from elastico_extender.service.completions import CompletionRecorder
 from elastico_extender.service.events import EventRecorder
 from elastico_extender.service.families import FamilyResolver
@@ -118,6 +119,8 @@ class Engine:
         self.pod_jobs = PodJobs(self.families, require_webhook=settings.require_webhook)
         # Evicted pods' jobs, for their replacements (service.succession).
         self.succession = succession if succession is not None else Succession()
+        # Nodes closed to a pod (cordon, taints): the plan and the verbs agree on them.
+        self.closures = Closures(cluster.state)
         self.builder = SnapshotBuilder(
             cluster.state,
             self.pod_jobs,
@@ -132,6 +135,7 @@ class Engine:
             succession=self.succession,
             # a cluster that can read a pod's ConfigMap back (the API server, the file)
             recovery=PlacementRecovery(cluster) if isinstance(cluster, ConfigMapReader) else None,
+            closures=self.closures,
         )
         self.bookings = Bookings(clock, settings.assume_ttl_seconds)
         self.actuator = Actuator(
@@ -155,7 +159,13 @@ class Engine:
             is_leader=is_leader,
         )
         self.verbs = Verbs(
-            cluster, self.pod_jobs, self.bookings, self.actuator, self.loop, self.metrics
+            cluster,
+            self.pod_jobs,
+            self.bookings,
+            self.actuator,
+            self.loop,
+            self.metrics,
+            closures=self.closures,
         )
         self.views = RestViews(
             self.bookings,

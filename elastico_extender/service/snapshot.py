@@ -11,7 +11,9 @@ restarted extender rebuilds every placement from it.  Placements booked by
 bind and not yet shown by the watch come in as ``bookings`` and are counted as
 running where they were booked.  A bound pod whose decision annotations a user
 removed is counted where they last said (remembered from the last build) or, after a
-restart, where its ConfigMap says (``service.recovery``).  Observations (the closed
+restart, where its ConfigMap says (``service.recovery``).  A pending pod's job carries
+the nodes closed to it, cordoned or tainted against it (``service.closures``), which
+the planner leaves out for it.  Observations (the closed
 loop) come from an ``observed`` callable given by their owner; the snapshot only
 carries them.
 """
@@ -35,6 +37,7 @@ from elastico_extender.core.observations import ObservedSlowdown
 from elastico_extender.core.planner import NodeVerdict
 from elastico_extender.core.planner.observed_throughput import SoloRates
 from elastico_extender.errors import AnnotationError
+from elastico_extender.service.closures import Closures
 from elastico_extender.service.completions import CompletionRecorder
 from elastico_extender.service.pods import PodJob, PodJobs
 from elastico_extender.service.recovery import PlacementRecovery
@@ -87,8 +90,14 @@ class SnapshotBuilder:
         completions: CompletionRecorder | None = None,
         succession: Succession | None = None,
         recovery: PlacementRecovery | None = None,
+        closures: Closures | None = None,
     ) -> None:
         self.state = state
+        # Nodes closed to a pod (cordoned, tainted): barred to its job while it is pending.
+        self.closures = closures
+        # Per pending pod uid: (its job, the nodes barred, the job with them), so an
+        # unchanged pod keeps one record from epoch to epoch.
+        self._barred: dict[str, tuple[Job, frozenset[str], Job]] = {}
         # Placements of bound pods that lost their decision annotations before this
         # process saw them, read back from their ConfigMaps (None: not read).
         self.recovery = recovery
@@ -208,6 +217,7 @@ class SnapshotBuilder:
         terminating: set[str] = set()
         invalid: dict[str, str] = {}
         bound: dict[str, tuple[dict[str, Any], PodJob, Node, Job]] = {}
+        barred: dict[str, tuple[Job, frozenset[str], Job]] = {}
         wanted = self.scheduler_name
         previous = self._bound
         with self._stale_lock:
@@ -282,7 +292,7 @@ class SnapshotBuilder:
                 in_snapshot.add(uid)
                 meta[uid] = pj
             elif not wanted or (pod.get("spec") or {}).get("schedulerName") == wanted:
-                jobs.append(job)
+                jobs.append(self._open_to(uid, job, pod, barred))
                 meta[uid] = pj
         for uid, a in assumed.items():  # booked by us, not yet seen bound by the watch
             if uid not in pods:
@@ -328,6 +338,7 @@ class SnapshotBuilder:
             if self.recovery is not None:
                 self.recovery.end()
         self._decided = decided
+        self._barred = barred
         if terminating:
             jobs = [staying(j) if j.id in terminating else j for j in jobs]
         self._bound = bound
@@ -354,6 +365,28 @@ class SnapshotBuilder:
             ),
         )
         return Built(snapshot, meta, in_snapshot, invalid, confirmed, synced, generation)
+
+    def _open_to(
+        self,
+        uid: str,
+        job: Job,
+        pod: dict[str, Any],
+        barred: dict[str, tuple[Job, frozenset[str], Job]],
+    ) -> Job:
+        """A pending pod's job with the nodes closed to it barred (``Job.barred_nodes``):
+        kube-scheduler would never bind it there, so the plan must not reserve GPUs for
+        it there.  The same record while the pod and its closed nodes are the same."""
+        if self.closures is None:
+            return job
+        closed = self.closures.closed(pod)
+        if not closed:
+            return job
+        names = frozenset(closed)
+        kept = self._barred.get(uid)
+        if kept is None or kept[0] is not job or kept[1] != names:
+            kept = (job, names, dataclasses.replace(job, barred_nodes=names))
+        barred[uid] = kept
+        return kept[2]
 
     def _finished(self, uid: str, pod: dict[str, Any]) -> None:
         """A pod that ran to its end: a completion, if it succeeded as an ElastiCo job."""

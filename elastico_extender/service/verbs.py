@@ -43,6 +43,7 @@ from elastico_extender.service.bookings import (
     Published,
     Refused,
 )
+from elastico_extender.service.closures import Closures
 from elastico_extender.service.loop import EpochLoop
 from elastico_extender.service.pods import PodJob, PodJobs
 
@@ -52,7 +53,9 @@ log = logging.getLogger(__name__)
 
 MAX_SCORE = 10
 """Upper end of the extender score range (kube-scheduler multiplies by weight and 10)."""
-_UNRESOLVABLE = frozenset({"unknown-node", "gpu-count", "no-configuration", "webhook"})
+_UNRESOLVABLE = frozenset(
+    {"unknown-node", "gpu-count", "no-configuration", "webhook", "closed-node"}
+)
 """Rejection labels that no preemption can cure (FailedAndUnresolvableNodes)."""
 SHARED_WHILE_IDLE = (
     "would share a GPU while another node offered has an idle GPU that fits "
@@ -99,6 +102,8 @@ def reason_label(reason: str) -> str:
         ("webhook", "webhook"),
         ("annotation", "annotation"),
         (PREFIX, "annotation"),
+        ("is cordoned", "closed-node"),
+        ("not tolerated by the pod", "closed-node"),
         ("not in its cluster view", "unknown-node"),
         ("unknown node", "unknown-node"),
         ("idle gpu", "idle-elsewhere"),
@@ -126,8 +131,13 @@ class Verbs:
         actuator: Actuator,
         loop: EpochLoop,
         metrics: VerbMetrics,
+        *,
+        closures: Closures | None = None,
     ) -> None:
         self.cluster = cluster
+        # Nodes closed to a pod (cordoned, tainted against it): filter and bind refuse them,
+        # as kube-scheduler does and as the plan leaves them out for a pending pod.
+        self.closures = closures
         self.pod_jobs = pod_jobs
         self.bookings = bookings
         self.actuator = actuator
@@ -258,11 +268,15 @@ class Verbs:
             return FilterOutcome([], {}, {n: message for n in names})
         if pj is None:
             return FilterOutcome(list(dict.fromkeys(names)), {}, {})
+        closed = self.closures.closed(pod) if self.closures is not None else {}
         pub, names, at = self._view_for(names)
+        shut = np.fromiter((n in closed for n in names), bool, len(names)) if closed else None
         with self.bookings.lock:
             answers = self._answers(pub, pj, at)
             ok = np.zeros(at.size, dtype=bool)
             ok[at >= 0] = answers.feasible[at[at >= 0]]
+            if shut is not None:  # kube-scheduler never binds there: no idle GPU offered
+                ok &= ~shut
             # Idle GPUs first, across the nodes offered as the plan does across the cluster:
             # a node where the pod would share fails while another offers an idle fit.
             shared = ok & ~alone_on(pub.view, answers, at, pj.job.id)
@@ -279,6 +293,12 @@ class Verbs:
         counts: dict[str, int] = {}
         note = f" (pod {pj.note})" if pj.note else ""
         for pos in np.flatnonzero(~ok).tolist():
+            if shut is not None and shut[pos]:
+                # one reason per node (it names the node and the taint): never preemptible
+                unresolvable[names[pos]] = f"elastico: {closed[names[pos]]}"
+                counts["closed-node"] = counts.get("closed-node", 0) + 1
+                seen.setdefault(-4, (unresolvable, unresolvable[names[pos]], ""))  # the Event
+                continue
             node = int(at[pos])
             code = -3 if shared[pos] else int(answers.reason_of[node]) if node >= 0 else -2
             hit = seen.get(code)
@@ -375,6 +395,14 @@ class Verbs:
         except (AnnotationError, ValueError) as exc:
             self.metrics.bind("invalid")
             return f"pod {key}: {exc}"
+        why = self.closures.closed(pod).get(node, "") if self.closures is not None else ""
+        if pj is not None and why:
+            # As filter refuses it: the plan reserved nothing there, and kube-scheduler's
+            # own filters would not have chosen it.
+            message = f"elastico: {why}; not binding {key} to it"
+            self.metrics.bind("rejected")
+            self.actuator.refused(namespace, name, uid, node, message)
+            return message
         if pj is None:  # neither opted in nor asking for GPUs: bound untouched
             return self._write_plain(BindRequest(namespace, name, uid or "", node))
         if self._knows_more(self.bookings.latest, [node]):

@@ -42,6 +42,10 @@ class EpochRows(Protocol):
         """Place ``row`` in the first of ``options`` that fits safely (anywhere allowed)."""
         ...
 
+    def open_devices(self, row: int) -> np.ndarray | None:
+        """(G,) devices not on a node barred to ``row`` (``Job.barred_nodes``); None: all."""
+        ...
+
     def commit_row(self, placer: Placer, row: int, config: int, devices: Sequence[int]) -> None:
         """Commit ``row`` at ``config`` on ``devices`` (known to fit)."""
         ...

@@ -178,6 +178,10 @@ WAIT_FOR_OWN_GPU = (
     "waiting for a GPU of its own: sharing now would finish later than waiting for one "
     "expected to free up soon (share-or-wait rule)"
 )
+WAIT_FOR_OPEN_NODE = (
+    "too few GPUs on nodes open to it: the others are barred to it (cordoned, or with a "
+    "taint it does not tolerate); it starts when such a node opens or an open one has room"
+)
 WAIT_IN_LINE = "waiting behind jobs ahead of it in the queue"
 """``Plan.queue_reasons``: why a queued job waits, by where the epoch left it."""
 
@@ -225,6 +229,7 @@ class _Epoch:
         self.patience: Patience | None = None  # share-or-wait rule, fresh per packing pass
         self.why_waiting: dict[int, str] = {}  # row -> why it is not placed, per packing pass
         self._tau: dict[int, np.ndarray] = {}  # row -> tau at every configuration
+        self._open: dict[int, np.ndarray | None] = {}  # row -> devices open to it (barred)
         self._loop_setup()
 
     def _loop_setup(self) -> None:
@@ -564,6 +569,9 @@ class _Epoch:
             config = int(placer.config[row])
             need = t.per_gpu[row, config]
             idle = table.fits(need) & (table.count == 0)
+            open_devices = self.open_devices(row)  # never onto a node barred to it
+            if open_devices is not None:
+                idle &= open_devices
             if not idle.any():
                 continue
             target = table.choose(idle, need, 1, best_fit=True)
@@ -698,11 +706,20 @@ class _Epoch:
         allowed_devices: np.ndarray | None = None,
         tolerance: np.ndarray | None = None,
     ) -> bool:
-        """``Placer.try_place`` for one job row, with its features and tolerances per config."""
+        """``Placer.try_place`` for one job row, with its features and tolerances per config;
+        never on devices of the row's barred nodes (``Job.barred_nodes``)."""
         t = self.t
+        gpus = int(t.gpus[row])
+        open_devices = self.open_devices(row)
+        if open_devices is not None:
+            if np.count_nonzero(open_devices) < gpus:
+                self.why_waiting[row] = WAIT_FOR_OPEN_NODE
+                return False
+            allowed_devices = (
+                open_devices if allowed_devices is None else allowed_devices & open_devices
+            )
         if tolerance is None:
             tolerance = self.tolerance_rows(np.array([row]))[0]
-        gpus = int(t.gpus[row])
         # A queued job with an expected duration starts shared only if that beats waiting.
         patience = self.patience if not t.running[row] and self.patience is not None else None
         if patience is not None and patience.expected[row] <= 0:
@@ -731,6 +748,21 @@ class _Epoch:
             return False
         self.commit_row(placer, row, placed.config, placed.devices)
         return True
+
+    def open_devices(self, row: int) -> np.ndarray | None:
+        """(G,) mask of the devices not on a node barred to ``row``, or None when no node
+        is (the common case: every device); computed once per row and epoch."""
+        if row in self._open:
+            return self._open[row]
+        barred = self.t.jobs[row].barred_nodes
+        mask: np.ndarray | None = None
+        if barred:
+            position = self.snapshot.devices.node_position
+            closed = [position[name] for name in barred if name in position]
+            if closed:
+                mask = ~np.isin(self.device_probe.node_of, closed)
+        self._open[row] = mask
+        return mask
 
     def commit_row(self, placer: Placer, row: int, config: int, devices: Sequence[int]) -> None:
         """``Placer.commit`` of one job row at ``config`` on ``devices``."""

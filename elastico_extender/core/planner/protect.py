@@ -367,6 +367,9 @@ def _move_target(epoch: EpochRows, placer: Placer, leaving: list[int]) -> tuple[
             continue
         need = t.per_gpu[row, int(placer.config[row])]
         idle = table.fits(need) & (table.count == 0)
+        open_devices = epoch.open_devices(row)  # never onto a node barred to it
+        if open_devices is not None:
+            idle &= open_devices
         if idle.any():
             target = table.choose(idle, need, 1, best_fit=True)
             if target is not None:
