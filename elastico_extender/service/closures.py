@@ -24,11 +24,14 @@ import orjson
 from elastico_extender.cluster.objects import closed_to
 from elastico_extender.cluster.state import ClusterState
 
-__all__ = ["MAX_TOLERATION_SETS", "Closures", "KeepOut", "keep_out"]
+__all__ = ["MAX_KEY_BYTES", "MAX_TOLERATION_SETS", "Closures", "KeepOut", "keep_out"]
 
 MAX_TOLERATION_SETS = 256
 """Distinct toleration lists whose answers are kept per node set (callers choose pods'
 tolerations, so the bound is in entries; a list is typically a few hundred bytes)."""
+MAX_KEY_BYTES = 8192
+"""Longer toleration lists (as JSON) are answered but not kept: with the entry bound,
+the cache holds at most about 2 MiB of keys whatever filter callers send."""
 _KEEP_OUT = ("NoSchedule", "NoExecute")
 
 
@@ -93,6 +96,8 @@ class Closures:
         try:
             key = orjson.dumps(tolerations, option=orjson.OPT_SORT_KEYS)
         except TypeError:  # not JSON (a caller's body): no cache, same answer
+            key = b""
+        if len(key) > MAX_KEY_BYTES:
             key = b""
         with self._lock:
             self._refresh()
