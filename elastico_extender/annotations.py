@@ -42,6 +42,7 @@ import math
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from elastico_extender.core.handoff import memory_share
 from elastico_extender.core.model import (
@@ -73,7 +74,9 @@ __all__ = [
     "PodIntent",
     "ProgressEndpoint",
     "check_warmup_seconds",
+    "configmap_name",
     "decision_annotations",
+    "device_indices",
     "family_knob_space",
     "is_opted_in",
     "parse_intent",
@@ -582,6 +585,28 @@ def decision_annotations(
     }
 
 
+def configmap_name(meta: Mapping[str, Any]) -> str:
+    """The ConfigMap bind writes a pod's decision to: the one the webhook named
+    (``elastico.io/configmap``), else ``elastico-<pod name>`` (a pod the webhook did not
+    see), cut to a DNS subdomain's 253 characters."""
+    named = (meta.get("annotations") or {}).get(_key(CONFIGMAP))
+    if isinstance(named, str) and named:
+        return named
+    return ("elastico-" + str(meta.get("name", "")))[:253]
+
+
+def device_indices(text: str) -> tuple[int, ...] | None:
+    """GPU indices as bind writes them (``"0,3"``: distinct, not negative); None when
+    ``text`` is not that (a GPU held twice, a word)."""
+    try:
+        indices = tuple(int(d) for d in text.split(",") if d.strip())
+    except ValueError:
+        return None
+    if len(set(indices)) != len(indices) or any(i < 0 for i in indices):
+        return None
+    return indices
+
+
 def read_decision(annotations: Mapping[str, str] | None) -> Decision | None:
     """The decision bind recorded, or None when absent or unreadable."""
     if not annotations:
@@ -590,13 +615,13 @@ def read_decision(annotations: Mapping[str, str] | None) -> Decision | None:
     devices = annotations.get(_key(ASSIGNED_DEVICES))
     if not node or devices is None:
         return None
+    indices = device_indices(devices)
+    if indices is None:
+        return None  # not what bind writes (distinct GPU indices): a GPU held twice
     try:
-        indices = tuple(int(d) for d in devices.split(",") if d.strip())
         budget = float(annotations.get(_key(MEMORY_BUDGET), "0") or 0)
     except ValueError:
         return None
-    if len(set(indices)) != len(indices) or any(i < 0 for i in indices):
-        return None  # not what bind writes (distinct GPU indices): a GPU held twice
     return Decision(
         node=node,
         devices=indices,

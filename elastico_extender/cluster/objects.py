@@ -41,6 +41,7 @@ from elastico_extender.core.model import GpuDevice, Node
 
 __all__ = [
     "GPU_RESOURCE",
+    "KEEP_OUT_EFFECTS",
     "LABEL_COUNT",
     "LABEL_MEMORY",
     "LABEL_PRODUCT",
@@ -395,7 +396,9 @@ def pod_key(obj: Mapping[str, Any]) -> str:
 UNSCHEDULABLE_TAINT = "node.kubernetes.io/unschedulable"
 """The taint the node lifecycle controller puts on a cordoned node (tolerated by
 DaemonSet pods; kube-scheduler's NodeUnschedulable filter honours its toleration)."""
-_KEEPS_OUT = ("NoSchedule", "NoExecute")
+KEEP_OUT_EFFECTS = ("NoSchedule", "NoExecute")
+"""Taint effects that keep a pod that does not tolerate them off a node (kube-scheduler's
+TaintToleration filter); PreferNoSchedule only scores."""
 
 
 def _tolerates(tolerations: Any, key: str, value: str, effect: str) -> bool:
@@ -427,7 +430,7 @@ def closed_to(node: Mapping[str, Any], pod: Mapping[str, Any]) -> str:
         return f"node {name} is cordoned (spec.unschedulable)"
     taints = _get(node, "spec", "taints")
     for taint in taints if isinstance(taints, list) else ():
-        if not isinstance(taint, Mapping) or taint.get("effect") not in _KEEPS_OUT:
+        if not isinstance(taint, Mapping) or taint.get("effect") not in KEEP_OUT_EFFECTS:
             continue
         key, value = str(taint.get("key") or ""), str(taint.get("value") or "")
         if not _tolerates(tolerations, key, value, str(taint["effect"])):

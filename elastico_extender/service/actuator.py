@@ -41,6 +41,7 @@ from elastico_extender.annotations import (
     ASSIGNED_NODE,
     MEMORY_BUDGET,
     PREFIX,
+    configmap_name,
     decision_annotations,
     read_decision,
 )
@@ -137,9 +138,7 @@ class Actuator:
         )
         budget = float(verdict.memory_budget_mib or family.resources[config, GPU_MEM])
         budget = min(budget, device_mib)
-        configmap = (meta.get("annotations") or {}).get(PREFIX + "configmap") or (
-            "elastico-" + name
-        )[:253]
+        configmap = configmap_name(meta)
         sm_share = float(family.resources[config, GPU_SM])
         data = framework_settings(
             kind=family.kind,

@@ -21,7 +21,7 @@ from typing import Any
 
 import orjson
 
-from elastico_extender.cluster.objects import closed_to
+from elastico_extender.cluster.objects import KEEP_OUT_EFFECTS, closed_to
 from elastico_extender.cluster.state import ClusterState
 
 __all__ = ["MAX_KEY_BYTES", "MAX_TOLERATION_SETS", "Closures", "KeepOut", "keep_out"]
@@ -32,7 +32,6 @@ tolerations, so the bound is in entries; a list is typically a few hundred bytes
 MAX_KEY_BYTES = 8192
 """Longer toleration lists (as JSON) are answered but not kept: with the entry bound,
 the cache holds at most about 2 MiB of keys whatever filter callers send."""
-_KEEP_OUT = ("NoSchedule", "NoExecute")
 
 
 KeepOut = tuple[bool, tuple[tuple[str, str, str], ...]]
@@ -49,7 +48,7 @@ def keep_out(node: Mapping[str, Any]) -> KeepOut | None:
     kept = tuple(
         (str(t.get("key") or ""), str(t.get("value") or ""), str(t["effect"]))
         for t in (taints if isinstance(taints, list) else ())
-        if isinstance(t, Mapping) and t.get("effect") in _KEEP_OUT
+        if isinstance(t, Mapping) and t.get("effect") in KEEP_OUT_EFFECTS
     )
     cordoned = spec.get("unschedulable") is True
     return (cordoned, kept) if cordoned or kept else None

@@ -22,9 +22,9 @@ import logging
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
-from elastico_extender.annotations import PREFIX
+from elastico_extender.annotations import PREFIX, configmap_name, device_indices
 from elastico_extender.cluster.base import ConfigMapReader
-from elastico_extender.core.handoff import ENV_PREFIX
+from elastico_extender.core.handoff import knob_variable
 from elastico_extender.errors import ClusterError
 
 __all__ = [
@@ -33,15 +33,15 @@ __all__ = [
     "MAX_READS_PER_BUILD",
     "PlacementRecovery",
     "Recovered",
-    "configmap_name",
+    "configmap_of",
     "placement_from",
 ]
 
 log = logging.getLogger(__name__)
 
-GPU_INDICES_KEY = ENV_PREFIX + "GPU_INDICES"
+GPU_INDICES_KEY = knob_variable("GPU_INDICES")
 """The ConfigMap key holding the host GPU indices bind chose (``core.handoff``)."""
-CONFIGURATION_KEY = ENV_PREFIX + "CONFIGURATION"
+CONFIGURATION_KEY = knob_variable("CONFIGURATION")
 """The ConfigMap key holding the label of the configuration bind chose."""
 MAX_READS_PER_BUILD = 16
 """ConfigMaps read per snapshot at most: after a restart with many stripped pods the
@@ -56,7 +56,7 @@ class Recovered(NamedTuple):
     configuration: str  # the configuration's label ('' when absent)
 
 
-def configmap_name(pod: Mapping[str, Any]) -> str:
+def configmap_of(pod: Mapping[str, Any]) -> str:
     """The name of the pod's ConfigMap (module docstring: annotation, env, default)."""
     meta = pod.get("metadata") or {}
     named = (meta.get("annotations") or {}).get(PREFIX + "configmap")
@@ -72,7 +72,7 @@ def configmap_name(pod: Mapping[str, Any]) -> str:
             name = ref.get("name") if isinstance(ref, dict) else None
             if isinstance(name, str) and name:
                 return name
-    return ("elastico-" + str(meta.get("name", "")))[:253]  # as the actuator names it
+    return configmap_name(meta)  # the name bind gives a pod the webhook did not see
 
 
 def placement_from(pod: Mapping[str, Any], configmap: Mapping[str, Any] | None) -> Recovered | None:
@@ -89,11 +89,8 @@ def placement_from(pod: Mapping[str, Any], configmap: Mapping[str, Any] | None) 
     indices = data.get(GPU_INDICES_KEY) if isinstance(data, dict) else None
     if not isinstance(indices, str):
         return None
-    try:
-        devices = tuple(int(d) for d in indices.split(",") if d.strip())
-    except ValueError:
-        return None
-    if not devices or len(set(devices)) != len(devices) or min(devices) < 0:
+    devices = device_indices(indices)
+    if not devices:
         return None
     label = data.get(CONFIGURATION_KEY)
     return Recovered(devices, label if isinstance(label, str) else "")
@@ -128,7 +125,7 @@ class PlacementRecovery:
             return None  # its turn comes at a later build
         self._reads += 1
         meta = pod.get("metadata") or {}
-        namespace, name = str(meta.get("namespace") or "default"), configmap_name(pod)
+        namespace, name = str(meta.get("namespace") or "default"), configmap_of(pod)
         try:
             found = placement_from(pod, self.reader.read_configmap(namespace, name))
         except ClusterError as exc:
